@@ -1,0 +1,1 @@
+//! Kafka sink (to be implemented).

@@ -1,0 +1,1 @@
+//! Outbox routing (to be implemented).
