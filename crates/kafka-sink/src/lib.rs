@@ -1,1 +1,19 @@
-//! Kafka sink (to be implemented).
+//! The Kafka sink: an idempotent producer, per-record delivery reports and topic creation.
+//!
+//! - [`config`] holds the user-facing `[kafka]` settings and the producer defaults Siphon needs.
+//! - [`producer`] sends [`siphon_router::RoutedRecord`]s and reports each delivery on a channel.
+//! - [`topics`] creates output topics the broker does not have yet.
+//!
+//! # Invariants
+//! - Every record handed to [`KafkaSink::send`] produces exactly one [`Delivery`] on the
+//!   delivery channel, carrying the caller's token, unless the sink is dropped first.
+//! - Records sent to one partition are written in the order they were sent (idempotent producer).
+
+pub mod config;
+pub mod error;
+pub mod producer;
+pub mod topics;
+
+pub use config::{SinkConfig, TopicCreation};
+pub use error::{DeliveryError, SinkError};
+pub use producer::{Delivered, Delivery, KafkaSink};

@@ -5,15 +5,24 @@
 //! (by reference count) from that buffer, so tuple data and names are never copied.
 //!
 //! # Invariants
-//! - [`parse`] never panics, whatever the input; malformed input is a [`DecodeError`].
+//! - [`parse`] and [`Decoder::decode`] never panic, whatever the input; malformed input is a
+//!   [`DecodeError`].
+//! - No allocation is sized from a length field alone: vectors are bounded by what the rest of
+//!   the buffer can hold.
 //! - A message must be consumed exactly: trailing bytes are an error.
 //! - Text fields are validated UTF-8 when decoded; column values are handed over raw.
 
+#![warn(missing_docs)]
+
+mod body;
 mod error;
+mod kind;
 mod lsn;
 mod message;
 mod parse;
+mod reader;
 mod text;
+mod tuple;
 
 pub use error::DecodeError;
 pub use lsn::{Lsn, ParseLsnError};

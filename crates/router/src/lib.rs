@@ -1,1 +1,55 @@
-//! Outbox routing (to be implemented).
+//! Outbox routing with the semantics of Debezium's outbox Event Router
+//! (`io.debezium.transforms.outbox.EventRouter`) followed by Kafka Connect's converters.
+//!
+//! The crate is a pure function from an outbox row, as pgoutput delivers it, to the Kafka
+//! record Debezium would have written, byte for byte:
+//!
+//! ```text
+//! RouterOptions::from_map(options) ─┐
+//!                                   ├─ EventRouter::new ─ bind(Relation) ─ TableBinding
+//! Format { key, value } ────────────┘                                         │
+//!                                     route(&binding, Change::Insert(row)) ─ Routed::Record
+//! ```
+//!
+//! Modules, each with one job:
+//! - [`options`]: the Debezium option names, defaults and validation.
+//! - [`binding`]: finding the configured columns in a table.
+//! - [`route`]: turning a change into a [`RoutedRecord`] or a skip.
+//! - [`encode`]: column values as `JsonConverter` / `StringConverter` write them.
+//! - [`json`]: JSON string literals escaped exactly as Jackson escapes them.
+//! - [`javanum`]: floating-point numbers printed as Java prints them.
+//! - [`topic`]: `route.topic.replacement` and Kafka's topic name rules.
+//! - [`partition`]: Kafka's murmur2 key partitioning.
+//! - [`error`]: configuration and routing errors, each naming the fix.
+//!
+//! # Invariants
+//! - Routing has no side effects and never panics; every row is either a record, a skip
+//!   with a [`SkipReason`], or a [`RouteError`] that names the table.
+//! - Input text is never re-serialized: a jsonb payload reaches Kafka as PostgreSQL printed
+//!   it (as a JSON string literal with the Json encoding, unchanged with the String
+//!   encoding).
+//!
+//! # Differences from Debezium
+//! - A configured column missing from the table, or a NULL event id, is an error; Debezium
+//!   uses a null key for a missing key column and a null `id` header for a NULL id.
+//! - Text that is not valid UTF-8 is an error; Java would replace the bad bytes with U+FFFD.
+//! - A topic name Kafka would refuse is an error when routing, rather than when producing.
+
+pub mod binding;
+pub mod encode;
+pub mod error;
+pub mod javanum;
+pub mod json;
+pub mod options;
+pub mod partition;
+pub mod route;
+pub mod topic;
+
+pub use binding::{ColumnRole, TableBinding};
+pub use encode::ValueKind;
+pub use error::{ConfigError, RouteError};
+pub use options::{InvalidOperationBehavior, RouterOptions};
+pub use partition::{murmur2, partition_for_key};
+pub use route::{
+    Change, Encoding, EventRouter, Format, Header, LogLevel, Routed, RoutedRecord, SkipReason,
+};

@@ -1,1 +1,26 @@
-//! Replication source (to be implemented).
+//! The replication source: everything between a PostgreSQL logical replication slot and the
+//! pipeline.
+//!
+//! - [`setup`] checks the server and creates (or validates) the slot and the publication over an
+//!   ordinary SQL connection (tokio-postgres).
+//! - [`stream`] runs `START_REPLICATION` over pgwire-replication, decodes pgoutput with the
+//!   [`pgoutput`] crate and hands out [`SourceEvent`]s.
+//! - [`assembly`] is the sans-IO state machine in between: it keeps the relation cache and checks
+//!   transaction framing (Begin .. Commit), so it is tested without a server.
+//!
+//! # Invariants
+//! - The position reported to the server as flushed is only ever one the caller passed to
+//!   [`ReplicationStream::confirm`]; it never moves backwards.
+//! - Row changes are only emitted between a [`SourceEvent::Begin`] and its [`SourceEvent::Commit`].
+
+pub mod assembly;
+pub mod config;
+pub mod error;
+pub mod setup;
+pub mod stream;
+
+pub use assembly::{RowChange, SourceEvent};
+pub use config::{ConnectionParams, SourceConfig, TableName};
+pub use error::SourceError;
+pub use setup::{prepare, SlotState};
+pub use stream::ReplicationStream;

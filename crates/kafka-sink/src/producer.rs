@@ -1,0 +1,161 @@
+//! The producer and its delivery reports.
+//!
+//! # Invariants
+//! - One [`Delivery`] per successfully enqueued record, sent from librdkafka's delivery callback
+//!   with the token the caller gave.
+//! - [`KafkaSink::send`] never drops a record: when librdkafka's queue is full it waits and
+//!   retries.
+
+use crate::topics::TopicCreator;
+use crate::{DeliveryError, SinkConfig, SinkError};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use siphon_router::RoutedRecord;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// Where a delivered record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// The outcome of one record.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The token given to [`KafkaSink::send`].
+    pub token: usize,
+    /// Key, value and header bytes of the record (what it held in the in-flight window).
+    pub bytes: usize,
+    pub result: Result<Delivered, DeliveryError>,
+}
+
+/// Routes librdkafka callbacks: deliveries to the channel, client errors to the log.
+pub struct DeliveryContext {
+    deliveries: mpsc::UnboundedSender<Delivery>,
+}
+
+impl ClientContext for DeliveryContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Broker-down and similar errors are retried by librdkafka; they are logged once each.
+        warn!(%error, reason, "Kafka client error");
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => warn!(fac, "librdkafka: {log_message}"),
+            _ => debug!(fac, "librdkafka: {log_message}"),
+        }
+    }
+}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, token: usize) {
+        let delivery = match result {
+            Ok(message) => Delivery {
+                token,
+                bytes: message_bytes(message),
+                result: Ok(Delivered { partition: message.partition(), offset: message.offset() }),
+            },
+            Err((error, message)) => Delivery {
+                token,
+                bytes: message_bytes(message),
+                result: Err(DeliveryError::from_kafka(message.topic(), error)),
+            },
+        };
+        // The receiver is gone only when the pipeline is shutting down.
+        let _ = self.deliveries.send(delivery);
+    }
+}
+
+fn message_bytes<M: Message>(message: &M) -> usize {
+    let headers = message
+        .headers()
+        .map(|h| h.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum())
+        .unwrap_or(0);
+    message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len) + headers
+}
+
+/// The size a record holds in the in-flight window (key, value and headers).
+pub fn record_bytes(record: &RoutedRecord) -> usize {
+    let headers: usize = record.headers.iter().map(|h| h.name.len() + h.value.len()).sum();
+    record.key.as_ref().map_or(0, |k| k.len()) + record.value.as_ref().map_or(0, |v| v.len()) + headers
+}
+
+/// An idempotent Kafka producer with topic creation.
+pub struct KafkaSink {
+    producer: ThreadedProducer<DeliveryContext>,
+    topics: TopicCreator,
+}
+
+impl KafkaSink {
+    /// Creates the producer; deliveries arrive on the returned channel.
+    pub fn new(config: &SinkConfig) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
+        let properties = config.client_properties()?;
+        let mut client_config = ClientConfig::new();
+        for (key, value) in &properties {
+            client_config.set(key, value);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let producer: ThreadedProducer<DeliveryContext> = client_config
+            .create_with_context(DeliveryContext { deliveries: tx })
+            .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))?;
+        let topics = TopicCreator::new(&properties, config.topic_creation.clone())?;
+        Ok((KafkaSink { producer, topics }, rx))
+    }
+
+    /// Enqueues `record`; its [`Delivery`] carries `token`.
+    ///
+    /// Creates the topic first if it is new to this sink. Waits while librdkafka's queue is full.
+    pub async fn send(&mut self, token: usize, record: &RoutedRecord) -> Result<(), SinkError> {
+        let topic: &str = record.topic.as_ref();
+        self.topics.ensure(topic).await?;
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        for header in &record.headers {
+            headers = headers.insert(Header { key: header.name.as_ref(), value: Some(&header.value[..]) });
+        }
+        loop {
+            let mut base: BaseRecord<'_, [u8], [u8], usize> =
+                BaseRecord::with_opaque_to(topic, token).headers(headers.clone());
+            if let Some(key) = &record.key {
+                base = base.key(&key[..]);
+            }
+            if let Some(value) = &record.value {
+                base = base.payload(&value[..]);
+            }
+            if let Some(ts) = record.timestamp_ms {
+                base = base.timestamp(ts);
+            }
+            match self.producer.send(base) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((KafkaError::MessageProduction(code @ RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                    return Err(SinkError::Definite(format!(
+                        "record for topic {topic} is larger than the producer's message.max.bytes ({code}): raise kafka.properties.\"message.max.bytes\" (and the topic's max.message.bytes), or make the payload smaller"
+                    )));
+                }
+                Err((e, _)) => return Err(SinkError::Transient(format!("enqueueing a record for {topic}: {e}"))),
+            }
+        }
+    }
+
+    /// Records enqueued but not yet reported.
+    pub fn in_flight(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+
+    /// The producer's fatal error, if it has one (it must then be rebuilt).
+    pub fn fatal_error(&self) -> Option<String> {
+        self.producer.client().fatal_error().map(|(code, reason)| format!("{code}: {reason}"))
+    }
+}

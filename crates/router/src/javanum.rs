@@ -1,0 +1,259 @@
+//! Floating-point numbers printed as Java's `Double.toString` / `Float.toString` print them.
+//!
+//! Jackson writes a `double` / `float` with exactly these methods, and Kafka Connect's
+//! `StringConverter` and `SimpleHeaderConverter` use them too, so one formatter serves all
+//! encodings.
+//!
+//! The rules (Java 19 and later, which pick the shortest decimal that reads back as the same
+//! number, like Rust):
+//! - `NaN`, `Infinity`, `-Infinity`; zero is `0.0` or `-0.0`.
+//! - If 10^-3 <= |x| < 10^7: plain decimal with at least one fractional digit
+//!   (`100.0`, `0.001`, `1234567.0`).
+//! - Otherwise: one digit, a point, at least one more digit, `E` and the exponent
+//!   (`1.0E7`, `1.0E-4`, `1.2345E-5`, `-2.5E10`).
+//! - When the shortest decimal has a single digit, Java prints the closest two-digit decimal
+//!   that still reads back as the number, if it is closer (`4.9E-324` rather than `5.0E-324`).
+//!
+//! # Edge cases
+//! - Java 17 and earlier used an older algorithm that sometimes printed more digits than
+//!   needed (JDK-4511638) and did not apply the two-digit rule above. A Kafka Connect worker
+//!   on such a JDK can differ from this module in those rare cases; this module follows the
+//!   Java 19+ specification.
+//! - Jackson writes non-finite numbers as JSON strings (`"NaN"`, `"Infinity"`); [`FloatText`]
+//!   says whether a value is finite so the JSON encoder can quote it.
+//!
+//! # Invariants
+//! - The printed decimal reads back (with Rust's or Java's parser) as exactly the input value.
+
+use std::fmt::Write as _;
+
+/// A number printed the Java way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FloatText {
+    /// The text, e.g. `1.5`, `1.0E-5` or `NaN`.
+    pub text: String,
+    /// Whether the number is finite (Jackson quotes non-finite numbers).
+    pub finite: bool,
+}
+
+/// Java's `Double.toString(v)`.
+pub fn java_double(v: f64) -> FloatText {
+    if v.is_nan() {
+        return non_finite("NaN");
+    }
+    if v.is_infinite() {
+        return non_finite(if v < 0.0 { "-Infinity" } else { "Infinity" });
+    }
+    let abs = v.abs();
+    let shortest = format!("{abs:e}");
+    let two_digits = format!("{abs:.1e}");
+    let reads_back = two_digits.parse::<f64>().is_ok_and(|x| x == abs);
+    render(
+        v.is_sign_negative(),
+        abs == 0.0,
+        &shortest,
+        &two_digits,
+        reads_back,
+    )
+}
+
+/// Java's `Float.toString(v)`.
+pub fn java_float(v: f32) -> FloatText {
+    if v.is_nan() {
+        return non_finite("NaN");
+    }
+    if v.is_infinite() {
+        return non_finite(if v < 0.0 { "-Infinity" } else { "Infinity" });
+    }
+    let abs = v.abs();
+    let shortest = format!("{abs:e}");
+    let two_digits = format!("{abs:.1e}");
+    let reads_back = two_digits.parse::<f32>().is_ok_and(|x| x == abs);
+    render(
+        v.is_sign_negative(),
+        abs == 0.0,
+        &shortest,
+        &two_digits,
+        reads_back,
+    )
+}
+
+fn non_finite(text: &str) -> FloatText {
+    FloatText {
+        text: text.to_owned(),
+        finite: false,
+    }
+}
+
+/// Splits Rust's `{:e}` output (`1.2345e-5`, `5e-324`) into digits and decimal exponent
+/// (value = d1.d2d3… × 10^exponent).
+fn split_scientific(s: &str) -> Option<(String, i32)> {
+    let (mantissa, exponent) = s.split_once('e')?;
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    Some((digits, exponent.parse().ok()?))
+}
+
+fn render(
+    negative: bool,
+    zero: bool,
+    shortest: &str,
+    two_digits: &str,
+    two_digits_reads_back: bool,
+) -> FloatText {
+    let mut text = String::with_capacity(24);
+    if negative {
+        text.push('-');
+    }
+    let parts = if zero {
+        Some(("0".to_owned(), 0))
+    } else {
+        split_scientific(shortest).map(|(digits, exponent)| {
+            if digits.len() == 1 && two_digits_reads_back {
+                match split_scientific(two_digits) {
+                    // A two-digit decimal ending in 0 is the one-digit decimal itself.
+                    Some((two, e)) if !two.ends_with('0') => (two, e),
+                    _ => (digits, exponent),
+                }
+            } else {
+                (digits, exponent)
+            }
+        })
+    };
+    // `{:e}` always has the expected shape; fall back to Rust's own text if it ever did not.
+    let Some((digits, exponent)) = parts else {
+        text.push_str(shortest);
+        return FloatText { text, finite: true };
+    };
+    let digits = digits.trim_end_matches('0');
+    let digits = if digits.is_empty() { "0" } else { digits };
+    if (-3..7).contains(&exponent) {
+        if exponent >= 0 {
+            let int_len = exponent.unsigned_abs() as usize + 1;
+            if digits.len() > int_len {
+                text.push_str(&digits[..int_len]);
+                text.push('.');
+                text.push_str(&digits[int_len..]);
+            } else {
+                text.push_str(digits);
+                text.extend(std::iter::repeat_n('0', int_len - digits.len()));
+                text.push_str(".0");
+            }
+        } else {
+            text.push_str("0.");
+            text.extend(std::iter::repeat_n(
+                '0',
+                exponent.unsigned_abs() as usize - 1,
+            ));
+            text.push_str(digits);
+        }
+    } else {
+        text.push_str(&digits[..1]);
+        text.push('.');
+        if digits.len() > 1 {
+            text.push_str(&digits[1..]);
+        } else {
+            text.push('0');
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(text, "E{exponent}");
+    }
+    FloatText { text, finite: true }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn d(v: f64) -> String {
+        java_double(v).text
+    }
+
+    fn f(v: f32) -> String {
+        java_float(v).text
+    }
+
+    // Expected strings are what `Double.toString` / `Float.toString` print on Java 19+.
+    #[test]
+    fn doubles_in_plain_range() {
+        assert_eq!(d(0.0), "0.0");
+        assert_eq!(d(-0.0), "-0.0");
+        assert_eq!(d(1.0), "1.0");
+        assert_eq!(d(-1.5), "-1.5");
+        assert_eq!(d(100.0), "100.0");
+        assert_eq!(d(39.98), "39.98");
+        assert_eq!(d(0.001), "0.001");
+        assert_eq!(d(0.1 + 0.2), "0.30000000000000004");
+        assert_eq!(d(1234567.0), "1234567.0");
+        assert_eq!(d(9999999.999), "9999999.999");
+        assert_eq!(d(123.456), "123.456");
+    }
+
+    #[test]
+    fn doubles_in_scientific_range() {
+        assert_eq!(d(1e7), "1.0E7");
+        assert_eq!(d(12345678.0), "1.2345678E7");
+        assert_eq!(d(0.0001), "1.0E-4");
+        assert_eq!(d(0.000999), "9.99E-4");
+        assert_eq!(d(1.2345e-5), "1.2345E-5");
+        assert_eq!(d(-2.5e10), "-2.5E10");
+        assert_eq!(d(1e100), "1.0E100");
+        assert_eq!(d(f64::MAX), "1.7976931348623157E308");
+        assert_eq!(d(f64::MIN_POSITIVE), "2.2250738585072014E-308");
+        assert_eq!(d(1e23), "1.0E23");
+        assert_eq!(d(2e-3), "0.002");
+    }
+
+    #[test]
+    fn doubles_that_java_prints_with_two_digits() {
+        // Double.MIN_VALUE: the shortest decimal is 5E-324, Java prints the closer 4.9E-324.
+        assert_eq!(d(f64::from_bits(1)), "4.9E-324");
+        // 2 * Double.MIN_VALUE: 9.9E-324 is closer to the exact value than 1.0E-323.
+        assert_eq!(d(f64::from_bits(2)), "9.9E-324");
+    }
+
+    #[test]
+    fn non_finite_doubles() {
+        assert_eq!(java_double(f64::NAN), non_finite("NaN"));
+        assert_eq!(java_double(f64::INFINITY), non_finite("Infinity"));
+        assert_eq!(java_double(f64::NEG_INFINITY), non_finite("-Infinity"));
+        assert!(java_double(1.0).finite);
+    }
+
+    #[test]
+    fn floats() {
+        assert_eq!(f(0.0), "0.0");
+        assert_eq!(f(-0.0), "-0.0");
+        assert_eq!(f(1.1), "1.1");
+        assert_eq!(f(0.1), "0.1");
+        assert_eq!(f(3.4028235e38), "3.4028235E38");
+        assert_eq!(f(1.0e7), "1.0E7");
+        assert_eq!(f(1.2345679e-5), "1.2345679E-5");
+        assert_eq!(f(f32::from_bits(1)), "1.4E-45");
+        assert_eq!(f(f32::NAN), "NaN");
+        assert_eq!(f(f32::NEG_INFINITY), "-Infinity");
+    }
+
+    proptest! {
+        #[test]
+        fn doubles_read_back(bits in any::<u64>()) {
+            let v = f64::from_bits(bits);
+            let out = java_double(v);
+            if v.is_finite() {
+                let back: f64 = out.text.parse().map_err(|e| TestCaseError::fail(format!("{e}: {}", out.text)))?;
+                prop_assert_eq!(back.to_bits(), v.to_bits());
+                prop_assert!(out.text.contains('.'));
+            }
+        }
+
+        #[test]
+        fn floats_read_back(bits in any::<u32>()) {
+            let v = f32::from_bits(bits);
+            let out = java_float(v);
+            if v.is_finite() {
+                let back: f32 = out.text.parse().map_err(|e| TestCaseError::fail(format!("{e}: {}", out.text)))?;
+                prop_assert_eq!(back.to_bits(), v.to_bits());
+            }
+        }
+    }
+}

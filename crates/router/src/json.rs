@@ -1,0 +1,177 @@
+//! JSON string literals written byte for byte as Jackson's `UTF8JsonGenerator` writes them
+//! (the generator behind Kafka Connect's `JsonConverter`).
+//!
+//! Jackson escapes only what JSON requires:
+//!
+//! | input                              | output                 |
+//! |------------------------------------|------------------------|
+//! | `"`                                | `\"`                   |
+//! | `\`                                | `\\`                   |
+//! | 0x08, 0x09, 0x0A, 0x0C, 0x0D       | `\b`, `\t`, `\n`, `\f`, `\r` |
+//! | other bytes below 0x20             | `\u00XX`, upper-case hex (`\u001F`) |
+//! | everything else                    | unchanged: `/`, DEL (0x7F), all non-ASCII UTF-8, U+2028 |
+//!
+//! (`serde_json` writes lower-case hex, hence this module.)
+//!
+//! # Invariants
+//! - The output is a valid JSON string literal that decodes to the input.
+//! - One pass over the input; bytes that need no escape are copied in runs.
+
+/// Upper-case hex digits, as Jackson writes them.
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Marker in [`ESCAPES`] for the `\u00XX` form.
+const UNICODE: u8 = b'u';
+
+/// For each byte: 0 when written as is, otherwise the character after the backslash
+/// ([`UNICODE`] for the `\u00XX` form).
+const ESCAPES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = UNICODE;
+        b += 1;
+    }
+    table[0x08] = b'b';
+    table[0x09] = b't';
+    table[0x0A] = b'n';
+    table[0x0C] = b'f';
+    table[0x0D] = b'r';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
+/// Appends `text` to `out` as a JSON string literal, quotes included.
+pub fn write_json_string(out: &mut Vec<u8>, text: &str) {
+    let bytes = text.as_bytes();
+    // Most payloads are JSON documents whose quotes all need escaping: leave room for some.
+    out.reserve(bytes.len() + bytes.len() / 8 + 2);
+    out.push(b'"');
+    let mut run_start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape = ESCAPES[usize::from(b)];
+        if escape == 0 {
+            continue;
+        }
+        out.extend_from_slice(&bytes[run_start..i]);
+        if escape == UNICODE {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0x0F)],
+            ]);
+        } else {
+            out.extend_from_slice(&[b'\\', escape]);
+        }
+        run_start = i + 1;
+    }
+    out.extend_from_slice(&bytes[run_start..]);
+    out.push(b'"');
+}
+
+/// `text` as a JSON string literal, quotes included.
+pub fn json_string(text: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_json_string(&mut out, text);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn lit(text: &str) -> String {
+        match String::from_utf8(json_string(text)) {
+            Ok(s) => s,
+            Err(e) => panic!("escaper wrote invalid UTF-8: {e}"),
+        }
+    }
+
+    #[test]
+    fn empty_string() {
+        assert_eq!(lit(""), r#""""#);
+    }
+
+    #[test]
+    fn plain_ascii_is_unchanged() {
+        assert_eq!(lit("order-1"), r#""order-1""#);
+    }
+
+    #[test]
+    fn quotes_and_backslashes() {
+        assert_eq!(lit(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(lit(r#"{"a": 1}"#), r#""{\"a\": 1}""#);
+    }
+
+    #[test]
+    fn short_escapes() {
+        assert_eq!(lit("\u{8}\t\n\u{c}\r"), r#""\b\t\n\f\r""#);
+    }
+
+    #[test]
+    fn other_control_chars_use_upper_case_hex() {
+        assert_eq!(lit("\u{0}"), r#""\u0000""#);
+        assert_eq!(lit("\u{1}\u{b}\u{e}"), r#""\u0001\u000B\u000E""#);
+        assert_eq!(lit("\u{1f}"), r#""\u001F""#);
+        assert_eq!(lit("a\u{1a}b"), r#""a\u001Ab""#);
+    }
+
+    #[test]
+    fn slash_del_and_non_ascii_are_raw() {
+        assert_eq!(lit("a/b"), r#""a/b""#);
+        assert_eq!(lit("\u{7f}").as_bytes(), b"\"\x7f\"");
+        assert_eq!(lit("café ü 日本"), "\"café ü 日本\"");
+        assert_eq!(lit("\u{2028}\u{2029}"), "\"\u{2028}\u{2029}\"");
+        assert_eq!(lit("🎉"), "\"🎉\"");
+        assert_eq!(json_string("🎉"), b"\"\xf0\x9f\x8e\x89\"");
+    }
+
+    #[test]
+    fn every_byte_below_0x20() {
+        for b in 0u8..0x20 {
+            let text = char::from(b).to_string();
+            let expected = match b {
+                0x08 => r"\b".to_owned(),
+                0x09 => r"\t".to_owned(),
+                0x0A => r"\n".to_owned(),
+                0x0C => r"\f".to_owned(),
+                0x0D => r"\r".to_owned(),
+                _ => format!("\\u{:04X}", b),
+            };
+            assert_eq!(lit(&text), format!("\"{expected}\""), "byte {b:#04x}");
+        }
+    }
+
+    #[test]
+    fn appends_to_existing_output() {
+        let mut out = b"x".to_vec();
+        write_json_string(&mut out, "y\"");
+        assert_eq!(out, b"x\"y\\\"\"");
+    }
+
+    proptest! {
+        #[test]
+        fn serde_json_reads_back_the_input(text in any::<String>()) {
+            let out = json_string(&text);
+            let back: String = serde_json::from_slice(&out).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(back, text);
+        }
+
+        #[test]
+        fn control_heavy_input_round_trips(text in "[\\x00-\\x20\"\\\\/\\x7f\u{80}-\u{10ffff}]{0,64}") {
+            let out = json_string(&text);
+            let back: String = serde_json::from_slice(&out).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(back, text);
+            // Every `\u00XX` escape uses upper-case hex.
+            for (i, _) in out.windows(4).enumerate().filter(|(_, w)| *w == b"\\u00") {
+                let digits = &out[i + 4..i + 6];
+                prop_assert!(digits.iter().all(|d| d.is_ascii_digit() || (b'A'..=b'F').contains(d)));
+            }
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! `siphon.toml`: the user's configuration, with environment overrides.
+//!
+//! Doc comments on the fields below are the reference for every key (docs/configuration.md
+//! lists them; a test keeps the two in step).
+//!
+//! # Invariants
+//! - Unknown keys are an error naming the key; missing required keys name what is missing.
+//! - Every key can be overridden by an environment variable `SIPHON_<SECTION>_<KEY>`.
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the events come from.
+    pub source: SourceSection,
+    /// Where the records go.
+    pub kafka: KafkaSection,
+    /// Debezium Outbox Event Router options, under their Debezium names.
+    #[serde(default)]
+    pub router: BTreeMap<String, toml::Value>,
+    /// How keys and values are encoded.
+    #[serde(default)]
+    pub format: FormatSection,
+    /// Flow control and shutdown.
+    #[serde(default)]
+    pub pipeline: PipelineSection,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogSection,
+}
+
+/// `[source]`: the PostgreSQL side.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSection {
+    /// PostgreSQL URL, e.g. `postgres://siphon:secret@127.0.0.1:5432/app`. Required.
+    pub url: String,
+    /// Logical replication slot; created with the pgoutput plugin if missing.
+    #[serde(default = "default_slot")]
+    pub slot: String,
+    /// Publication; created `FOR TABLE <tables>` if missing.
+    #[serde(default = "default_publication")]
+    pub publication: String,
+    /// Outbox tables, `schema.table` (schema `public` if omitted).
+    #[serde(default = "default_tables")]
+    pub tables: Vec<String>,
+    /// How often, at most, the confirmed position is reported to PostgreSQL, in milliseconds.
+    #[serde(default = "default_status_interval_ms")]
+    pub status_interval_ms: u64,
+    /// `application_name` of Siphon's connections (shown in `pg_stat_replication`).
+    #[serde(default = "default_application_name")]
+    pub application_name: String,
+}
+
+/// `[kafka]`: the broker side.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSection {
+    /// Comma-separated `host:port` list. Required.
+    pub bootstrap_servers: String,
+    /// Any librdkafka property, passed through (`enable.idempotence` and `acks` are fixed).
+    #[serde(default)]
+    pub properties: BTreeMap<String, toml::Value>,
+    /// How Siphon creates output topics that do not exist yet.
+    #[serde(default)]
+    pub topic_creation: TopicCreationSection,
+}
+
+/// `[kafka.topic_creation]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicCreationSection {
+    /// Create missing output topics before the first record is sent to them.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Partitions of a created topic; -1 takes the broker's default.
+    #[serde(default = "minus_one")]
+    pub partitions: i32,
+    /// Replication factor of a created topic; -1 takes the broker's default.
+    #[serde(default = "minus_one")]
+    pub replication_factor: i32,
+}
+
+impl Default for TopicCreationSection {
+    fn default() -> Self {
+        TopicCreationSection { enabled: true, partitions: -1, replication_factor: -1 }
+    }
+}
+
+/// The encoding of keys or values.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingName {
+    /// As Kafka Connect's JsonConverter with `schemas.enable=false`.
+    #[default]
+    Json,
+    /// As Kafka Connect's StringConverter.
+    String,
+}
+
+/// `[format]`.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FormatSection {
+    /// Key encoding: `json` (default) or `string`.
+    #[serde(default)]
+    pub key: EncodingName,
+    /// Value encoding: `json` (default) or `string`.
+    #[serde(default)]
+    pub value: EncodingName,
+}
+
+/// `[pipeline]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSection {
+    /// Most records handed to Kafka and not yet acknowledged; reading pauses at the limit.
+    #[serde(default = "default_max_in_flight_records")]
+    pub max_in_flight_records: usize,
+    /// Most bytes (keys, values, headers) handed to Kafka and not yet acknowledged.
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: usize,
+    /// On SIGTERM/SIGINT, how long to wait for in-flight records to be acknowledged, in seconds.
+    #[serde(default = "default_shutdown_timeout_secs")]
+    pub shutdown_timeout_secs: u64,
+    /// Longest wait between reconnection attempts after a transient failure, in seconds.
+    #[serde(default = "default_max_backoff_secs")]
+    pub max_backoff_secs: u64,
+}
+
+impl Default for PipelineSection {
+    fn default() -> Self {
+        PipelineSection {
+            max_in_flight_records: default_max_in_flight_records(),
+            max_in_flight_bytes: default_max_in_flight_bytes(),
+            shutdown_timeout_secs: default_shutdown_timeout_secs(),
+            max_backoff_secs: default_max_backoff_secs(),
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`. Levels come from `RUST_LOG` (default `info`).
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` (default) or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+fn default_slot() -> String {
+    "siphon".into()
+}
+fn default_publication() -> String {
+    "siphon_outbox".into()
+}
+fn default_tables() -> Vec<String> {
+    vec!["public.outbox".into()]
+}
+fn default_status_interval_ms() -> u64 {
+    1000
+}
+fn default_application_name() -> String {
+    "siphon".into()
+}
+fn yes() -> bool {
+    true
+}
+fn minus_one() -> i32 {
+    -1
+}
+fn default_max_in_flight_records() -> usize {
+    10_000
+}
+fn default_max_in_flight_bytes() -> usize {
+    32 * 1024 * 1024
+}
+fn default_shutdown_timeout_secs() -> u64 {
+    30
+}
+fn default_max_backoff_secs() -> u64 {
+    30
+}
+
+/// Flattens a table of scalar option values into strings (`true` -> `"true"`, `5` -> `"5"`).
+pub fn option_strings(table: &BTreeMap<String, toml::Value>, section: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    table
+        .iter()
+        .map(|(key, value)| {
+            let text = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => bail!("{section}.\"{key}\" must be a string, number or boolean, not {}", other.type_str()),
+            };
+            Ok((key.clone(), text))
+        })
+        .collect()
+}
+
+/// Where an environment variable lands in the document.
+struct EnvSection {
+    prefix: &'static str,
+    path: &'static [&'static str],
+    /// Keys of this table use dots (librdkafka and Debezium names): `_` in the variable stands
+    /// for `.`.
+    dotted: bool,
+}
+
+/// Longest prefixes first, so `KAFKA_PROPERTIES_` wins over `KAFKA_`.
+const ENV_SECTIONS: &[EnvSection] = &[
+    EnvSection { prefix: "KAFKA_PROPERTIES_", path: &["kafka", "properties"], dotted: true },
+    EnvSection { prefix: "KAFKA_TOPIC_CREATION_", path: &["kafka", "topic_creation"], dotted: false },
+    EnvSection { prefix: "KAFKA_", path: &["kafka"], dotted: false },
+    EnvSection { prefix: "SOURCE_", path: &["source"], dotted: false },
+    EnvSection { prefix: "ROUTER_", path: &["router"], dotted: true },
+    EnvSection { prefix: "FORMAT_", path: &["format"], dotted: false },
+    EnvSection { prefix: "PIPELINE_", path: &["pipeline"], dotted: false },
+    EnvSection { prefix: "LOG_", path: &["log"], dotted: false },
+];
+
+/// Keys whose values are not strings: the variable's text is read as a TOML value.
+const TYPED_KEYS: &[&str] = &[
+    "source.status_interval_ms",
+    "kafka.topic_creation.enabled",
+    "kafka.topic_creation.partitions",
+    "kafka.topic_creation.replication_factor",
+    "pipeline.max_in_flight_records",
+    "pipeline.max_in_flight_bytes",
+    "pipeline.shutdown_timeout_secs",
+    "pipeline.max_backoff_secs",
+];
+
+/// Applies `SIPHON_<SECTION>_<KEY>` variables to a parsed document.
+///
+/// `SIPHON_SOURCE_URL` sets `source.url`; `SIPHON_SOURCE_TABLES` takes a comma-separated list;
+/// `SIPHON_KAFKA_PROPERTIES_LINGER_MS` sets `kafka.properties."linger.ms"`;
+/// `SIPHON_ROUTER_ROUTE_BY_FIELD` sets `router."route.by.field"`.
+pub fn apply_env(doc: &mut toml::Table, vars: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
+    for (name, value) in vars {
+        let Some(rest) = name.strip_prefix("SIPHON_") else { continue };
+        if rest == "CONFIG" {
+            continue;
+        }
+        let Some(section) = ENV_SECTIONS.iter().find(|s| rest.starts_with(s.prefix)) else {
+            bail!("environment variable {name} names no configuration section (expected SIPHON_SOURCE_*, SIPHON_KAFKA_*, SIPHON_ROUTER_*, SIPHON_FORMAT_*, SIPHON_PIPELINE_* or SIPHON_LOG_*)");
+        };
+        let raw_key = rest[section.prefix.len()..].to_ascii_lowercase();
+        if raw_key.is_empty() {
+            bail!("environment variable {name} names no key");
+        }
+        let key = if section.dotted { raw_key.replace('_', ".") } else { raw_key };
+        let full = format!("{}.{key}", section.path.join("."));
+        let parsed = if full == "source.tables" {
+            toml::Value::Array(value.split(',').map(|t| toml::Value::String(t.trim().to_owned())).collect())
+        } else if TYPED_KEYS.contains(&full.as_str()) {
+            value
+                .parse::<toml::Value>()
+                .or_else(|_| format!("v = {value}").parse::<toml::Table>().map(|mut t| t.remove("v").unwrap_or(toml::Value::String(value.clone()))))
+                .with_context(|| format!("environment variable {name}: {value:?} is not a valid value for {full}"))?
+        } else {
+            toml::Value::String(value)
+        };
+        let mut table = &mut *doc;
+        for part in section.path {
+            let entry = table.entry((*part).to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            table = match entry {
+                toml::Value::Table(t) => t,
+                _ => bail!("{} is not a table in the configuration file", section.path.join(".")),
+            };
+        }
+        table.insert(key, parsed);
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Parses a configuration document (after environment overrides).
+    pub fn from_table(doc: toml::Table) -> anyhow::Result<Config> {
+        let config: Config = toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.message()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads `path`, applies the process environment and parses the result.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut doc: toml::Table = text.parse().with_context(|| format!("{} is not valid TOML", path.display()))?;
+        apply_env(&mut doc, std::env::vars())?;
+        Config::from_table(doc).with_context(|| format!("invalid configuration in {}", path.display()))
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.source.tables.is_empty() {
+            bail!("source.tables is empty: list the outbox tables, e.g. tables = [\"public.outbox\"]");
+        }
+        if self.pipeline.max_in_flight_records == 0 || self.pipeline.max_in_flight_bytes == 0 {
+            bail!("pipeline.max_in_flight_records and pipeline.max_in_flight_bytes must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [source]
+        url = "postgres://siphon@127.0.0.1:5432/app"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+    "#;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> anyhow::Result<Config> {
+        let mut doc: toml::Table = text.parse()?;
+        apply_env(&mut doc, env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))?;
+        Config::from_table(doc)
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_file() {
+        let c = parse(MINIMAL, &[]).unwrap();
+        assert_eq!(c.source.slot, "siphon");
+        assert_eq!(c.source.publication, "siphon_outbox");
+        assert_eq!(c.source.tables, vec!["public.outbox".to_owned()]);
+        assert_eq!(c.format.key, EncodingName::Json);
+        assert_eq!(c.pipeline.max_in_flight_records, 10_000);
+        assert!(c.kafka.topic_creation.enabled);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = parse(&format!("{MINIMAL}\n[pipeline]\nmax_in_flight = 3\n"), &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("max_in_flight"), "{err:#}");
+        let err = parse("[source]\nurl='x'\nslott='a'\n[kafka]\nbootstrap_servers='b'\n", &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("slott"), "{err:#}");
+    }
+
+    #[test]
+    fn missing_required_keys_are_named() {
+        let err = parse("[source]\nurl='x'\n", &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("kafka"), "{err:#}");
+        let err = parse("[source]\n[kafka]\nbootstrap_servers='b'\n", &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("url"), "{err:#}");
+    }
+
+    #[test]
+    fn environment_overrides_every_kind_of_key() {
+        let c = parse(
+            MINIMAL,
+            &[
+                ("SIPHON_SOURCE_URL", "postgres://other@127.0.0.1/db"),
+                ("SIPHON_SOURCE_TABLES", "public.a, app.b"),
+                ("SIPHON_KAFKA_PROPERTIES_LINGER_MS", "20"),
+                ("SIPHON_KAFKA_TOPIC_CREATION_PARTITIONS", "3"),
+                ("SIPHON_ROUTER_ROUTE_BY_FIELD", "type"),
+                ("SIPHON_FORMAT_VALUE", "string"),
+                ("SIPHON_PIPELINE_MAX_IN_FLIGHT_RECORDS", "7"),
+                ("SIPHON_CONFIG", "ignored.toml"),
+                ("OTHER_VAR", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.source.url, "postgres://other@127.0.0.1/db");
+        assert_eq!(c.source.tables, vec!["public.a".to_owned(), "app.b".to_owned()]);
+        assert_eq!(option_strings(&c.kafka.properties, "kafka.properties").unwrap()["linger.ms"], "20");
+        assert_eq!(c.kafka.topic_creation.partitions, 3);
+        assert_eq!(option_strings(&c.router, "router").unwrap()["route.by.field"], "type");
+        assert_eq!(c.format.value, EncodingName::String);
+        assert_eq!(c.pipeline.max_in_flight_records, 7);
+    }
+
+    #[test]
+    fn bad_environment_is_named() {
+        let err = parse(MINIMAL, &[("SIPHON_BOGUS_KEY", "1")]).unwrap_err();
+        assert!(err.to_string().contains("SIPHON_BOGUS_KEY"), "{err}");
+        let err = parse(MINIMAL, &[("SIPHON_PIPELINE_MAX_IN_FLIGHT_RECORDS", "many")]).unwrap_err();
+        assert!(format!("{err:#}").contains("max_in_flight_records"), "{err:#}");
+        let err = parse(MINIMAL, &[("SIPHON_SOURCE_NOPE", "1")]).unwrap_err();
+        assert!(format!("{err:#}").contains("nope"), "{err:#}");
+    }
+
+    /// Every key of the configuration, as `section.key` paths (from the structs' defaults).
+    fn all_keys() -> Vec<String> {
+        fn walk(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+            for (k, v) in table {
+                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                match v {
+                    toml::Value::Table(t) if !matches!(path.as_str(), "router" | "kafka.properties") => walk(&path, t, out),
+                    _ => out.push(path),
+                }
+            }
+        }
+        let config = parse(MINIMAL, &[]).unwrap();
+        let doc = toml::Table::try_from(&config).unwrap();
+        let mut keys = Vec::new();
+        walk("", &doc, &mut keys);
+        keys
+    }
+
+    #[test]
+    fn documentation_and_example_cover_every_key() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let docs = std::fs::read_to_string(format!("{root}/docs/configuration.md")).unwrap();
+        let example_text = std::fs::read_to_string(format!("{root}/examples/siphon.toml")).unwrap();
+        let example: toml::Table = example_text.parse().unwrap();
+        Config::from_table(example.clone()).expect("examples/siphon.toml is a valid configuration");
+        for key in all_keys() {
+            assert!(docs.contains(&format!("`{key}`")), "docs/configuration.md does not document `{key}`");
+            let mut node = Some(&example);
+            let parts: Vec<&str> = key.split('.').collect();
+            for part in &parts[..parts.len() - 1] {
+                node = node.and_then(|t| t.get(*part)).and_then(toml::Value::as_table);
+            }
+            assert!(
+                node.is_some_and(|t| t.contains_key(parts[parts.len() - 1])),
+                "examples/siphon.toml does not show `{key}`"
+            );
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Source errors, sorted by consequence.
+//!
+//! # Invariants
+//! - [`SourceError::is_transient`] is true only for errors that reconnecting from the confirmed
+//!   position can cure; every other error names what the operator must fix.
+
+/// What went wrong between Siphon and PostgreSQL.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The configuration cannot work; the message names the key to change.
+    #[error("{0}")]
+    Config(String),
+    /// The server is not set up for logical replication, or the slot, publication or tables are
+    /// not what Siphon needs. The message names the fix.
+    #[error("{0}")]
+    Definite(String),
+    /// The connection failed or was cut; reconnecting from the confirmed position is safe.
+    #[error("connection to PostgreSQL lost: {0}")]
+    Transient(String),
+    /// The stream broke the protocol (a bug on one side); reconnecting replays from the confirmed
+    /// position.
+    #[error("replication protocol error: {0}")]
+    Protocol(String),
+}
+
+impl SourceError {
+    /// Whether reconnecting from the confirmed position can cure the error.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SourceError::Transient(_) | SourceError::Protocol(_))
+    }
+
+    /// Classifies an error from an ordinary SQL connection.
+    pub(crate) fn from_sql(context: &str, err: tokio_postgres::Error) -> Self {
+        if let Some(db) = err.as_db_error() {
+            let code = db.code().code();
+            // Class 28: invalid authorization; 3D: invalid catalog (database); 42: syntax or access.
+            if code.starts_with("28") || code.starts_with("3D") || code.starts_with("42") {
+                return SourceError::Definite(format!("{context}: {} (SQLSTATE {code})", db.message()));
+            }
+            return SourceError::Transient(format!("{context}: {} (SQLSTATE {code})", db.message()));
+        }
+        SourceError::Transient(format!("{context}: {err}"))
+    }
+
+    /// Classifies an error from the replication connection.
+    pub(crate) fn from_replication(slot: &str, err: pgwire_replication::PgWireError) -> Self {
+        use pgwire_replication::PgWireError as E;
+        match &err {
+            E::Auth(m) => SourceError::Definite(format!(
+                "PostgreSQL refused the replication login: {m}; check the user and password in source.url and that pg_hba.conf allows a replication connection for that user"
+            )),
+            E::Tls(m) => SourceError::Definite(format!("TLS to PostgreSQL failed: {m}")),
+            E::MessageTooLarge { .. } => SourceError::Definite(format!("{err}")),
+            E::Server(m) => classify_server_message(slot, m),
+            _ => SourceError::Transient(err.to_string()),
+        }
+    }
+}
+
+/// Sorts a server error on the replication connection by what cures it.
+fn classify_server_message(slot: &str, message: &str) -> SourceError {
+    if message.contains("does not exist") && message.contains("replication slot") {
+        return SourceError::Definite(format!(
+            "replication slot \"{slot}\" does not exist (it was dropped): restart Siphon to create it again; events written while it was missing were not captured: {message}"
+        ));
+    }
+    if message.contains("publication") && message.contains("does not exist") {
+        return SourceError::Definite(format!(
+            "the publication was dropped: restart Siphon to create it again, or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>: {message}"
+        ));
+    }
+    if message.contains("can no longer get changes from replication slot")
+        || message.contains("has been invalidated")
+    {
+        return SourceError::Definite(format!(
+            "replication slot \"{slot}\" was invalidated (its WAL was removed, see max_slot_wal_keep_size): drop it with SELECT pg_drop_replication_slot('{slot}') and restart Siphon; events in the lost WAL cannot be recovered: {message}"
+        ));
+    }
+    SourceError::Transient(message.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_errors_are_sorted_by_consequence() {
+        assert!(!classify_server_message("s", "ERROR: replication slot \"s\" does not exist").is_transient());
+        assert!(!classify_server_message("s", "ERROR: can no longer get changes from replication slot \"s\"").is_transient());
+        assert!(classify_server_message("s", "ERROR: replication slot \"s\" is active for PID 42").is_transient());
+        assert!(classify_server_message("s", "FATAL: terminating connection due to administrator command").is_transient());
+    }
+}

@@ -1,0 +1,128 @@
+//! The replication connection: `START_REPLICATION` and the event stream.
+//!
+//! # Invariants
+//! - [`ReplicationStream::confirm`] is monotonic; the server is only told positions passed to it.
+//! - [`ReplicationStream::next`] is cancel-safe: its only await point is the receive from the
+//!   network reader's channel, so it can sit in a `select!`.
+
+use crate::assembly::{Assembler, SourceEvent};
+use crate::{ConnectionParams, SourceConfig, SourceError};
+use pgoutput::Lsn;
+use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use std::time::Duration;
+use tracing::{debug, info};
+
+/// A running logical replication stream.
+pub struct ReplicationStream {
+    client: ReplicationClient,
+    assembler: Assembler,
+    slot: String,
+    confirmed: Lsn,
+}
+
+impl ReplicationStream {
+    /// Starts streaming from `start_lsn` (the slot's confirmed position).
+    pub async fn start(config: &SourceConfig, start_lsn: Lsn) -> Result<Self, SourceError> {
+        let params = ConnectionParams::from_url(&config.url)?;
+        let wire = ReplicationConfig::new(
+            params.host,
+            params.user,
+            params.password,
+            params.database,
+            config.slot.clone(),
+            config.publication.clone(),
+        )
+        .with_port(params.port)
+        .with_tls(TlsConfig::disabled())
+        .with_start_lsn(WireLsn::from_u64(start_lsn.0))
+        .with_ack_lsn(WireLsn::from_u64(start_lsn.0))
+        .with_status_interval(config.status_interval)
+        .with_wakeup_interval(config.idle_wakeup_interval)
+        .with_buffer_size(config.buffer_events)
+        .with_application_name(config.application_name.clone());
+        let mut client = ReplicationClient::connect(wire)
+            .await
+            .map_err(|e| SourceError::from_replication(&config.slot, e))?;
+        client
+            .wait_started()
+            .await
+            .map_err(|e| SourceError::from_replication(&config.slot, e))?;
+        info!(slot = %config.slot, from = %start_lsn, "streaming");
+        Ok(ReplicationStream {
+            client,
+            assembler: Assembler::new(),
+            slot: config.slot.clone(),
+            confirmed: start_lsn,
+        })
+    }
+
+    /// The next event. `Ok(None)` when the stream ended after [`ReplicationStream::stop`].
+    pub async fn next(&mut self) -> Result<Option<SourceEvent>, SourceError> {
+        loop {
+            let event = self
+                .client
+                .recv()
+                .await
+                .map_err(|e| SourceError::from_replication(&self.slot, e))?;
+            let Some(event) = event else { return Ok(None) };
+            let produced = match event {
+                ReplicationEvent::Begin { final_lsn, xid, commit_time_micros } => {
+                    Some(self.assembler.begin(xid, Lsn(final_lsn.as_u64()), commit_time_micros)?)
+                }
+                ReplicationEvent::Commit { lsn, end_lsn, commit_time_micros } => Some(self.assembler.commit(
+                    Lsn(lsn.as_u64()),
+                    Lsn(end_lsn.as_u64()),
+                    commit_time_micros,
+                )?),
+                ReplicationEvent::XLogData { data, .. } => self.assembler.data(&data)?,
+                ReplicationEvent::KeepAlive { wal_end, .. } => self.assembler.keepalive(Lsn(wal_end.as_u64())),
+                ReplicationEvent::Message { prefix, .. } => {
+                    debug!(prefix, "ignoring logical decoding message");
+                    None
+                }
+                ReplicationEvent::StoppedAt { .. } => None,
+            };
+            if let Some(event) = produced {
+                return Ok(Some(event));
+            }
+        }
+    }
+
+    /// Reports `lsn` as flushed: everything before it is delivered. Lower positions are ignored.
+    pub fn confirm(&mut self, lsn: Lsn) {
+        if lsn > self.confirmed {
+            self.confirmed = lsn;
+            self.client.update_applied_lsn(WireLsn::from_u64(lsn.0));
+        }
+    }
+
+    /// The highest position passed to [`ReplicationStream::confirm`] (or the start position).
+    pub fn confirmed(&self) -> Lsn {
+        self.confirmed
+    }
+
+    /// The position last reported to the server in a status update.
+    pub fn reported(&self) -> Lsn {
+        Lsn(self.client.metrics().last_applied_lsn().as_u64())
+    }
+
+    /// The server's WAL end as last seen on the stream.
+    pub fn server_wal_end(&self) -> Lsn {
+        Lsn(self.client.metrics().last_wal_end().as_u64())
+    }
+
+    /// Waits (up to `timeout`) until the confirmed position has been reported to the server, then
+    /// ends the stream cleanly.
+    pub async fn finish(mut self, timeout: Duration) -> Result<Lsn, SourceError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.reported() < self.confirmed && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let reported = self.reported();
+        self.client
+            .shutdown()
+            .await
+            .map_err(|e| SourceError::from_replication(&self.slot, e))?;
+        Ok(reported)
+    }
+}

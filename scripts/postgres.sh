@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Run a scratch PostgreSQL cluster for tests and demos.
+#
+# Usage: scripts/postgres.sh {start|stop|kill|restart|status} DATADIR PORT
+#
+#   start    initdb DATADIR if it holds no cluster yet, then start the server on
+#            127.0.0.1:PORT and wait until it accepts connections.
+#   stop     fast shutdown (waits). Succeeds if the server is not running.
+#   kill     immediate shutdown (no checkpoint: the next start runs crash
+#            recovery). Succeeds if the server is not running.
+#   restart  fast shutdown, then start on the same PORT.
+#   status   exit 0 if running, 3 if not running, 4 if DATADIR holds no cluster.
+#
+# The cluster:
+#   * superuser `siphon` with password `siphon` (SCRAM-SHA-256), database `siphon`:
+#       postgres://siphon:siphon@127.0.0.1:PORT/siphon
+#   * TCP only on 127.0.0.1; the Unix socket lives in DATADIR (trust auth), so
+#     DATADIR must be a short path (socket paths are limited to 107 bytes).
+#   * wal_level=logical, 20 replication slots / WAL senders,
+#     wal_sender_timeout=60s, fsync=off (scratch data only).
+#   * server log: DATADIR/log/postgresql.log
+#
+# PostgreSQL refuses to run as root. When this script runs as root it creates
+# (once) the system user `siphon-pg`, hands DATADIR to it and runs the server
+# binaries as that user; otherwise it runs them as the current user.
+#
+# Environment: SIPHON_PG_BIN overrides the detected /usr/lib/postgresql/*/bin.
+set -euo pipefail
+
+PG_OS_USER=siphon-pg
+
+die() {
+    printf 'postgres.sh: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+usage() {
+    echo "usage: $0 {start|stop|kill|restart|status} DATADIR PORT" >&2
+    exit 2
+}
+
+[[ $# -eq 3 ]] || usage
+cmd=$1
+port=$3
+if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1 || port > 65535)); then
+    die "invalid port '$port'"
+fi
+if [[ $cmd == start || $cmd == restart ]]; then
+    mkdir -p "$2" || die "cannot create DATADIR '$2'"
+elif [[ ! -d $2 ]]; then
+    [[ $cmd == status ]] && {
+        echo "postgres.sh: no cluster in $2"
+        exit 4
+    }
+    die "no such DATADIR '$2'"
+fi
+datadir=$(cd "$2" && pwd -P)
+# Run the server binaries from a directory every user can enter.
+cd /
+
+# Socket file: DATADIR/.s.PGSQL.PORT (and its .lock), at most 107 bytes.
+sock="$datadir/.s.PGSQL.$port.lock"
+((${#sock} <= 107)) || die "DATADIR path too long for a Unix socket (${#sock} > 107 bytes): $datadir"
+
+if [[ -n ${SIPHON_PG_BIN:-} ]]; then
+    pg_bin=$SIPHON_PG_BIN
+else
+    pg_bin=$(for d in /usr/lib/postgresql/*/bin; do
+        [[ -x $d/initdb && -x $d/pg_ctl ]] && printf '%s\n' "$d"
+    done | sort -V | tail -n1)
+fi
+[[ -n $pg_bin && -x $pg_bin/pg_ctl ]] || die "PostgreSQL server binaries not found; run scripts/install-deps.sh"
+
+as_pg=()
+if [[ $(id -u) -eq 0 ]]; then
+    if ! id -u "$PG_OS_USER" >/dev/null 2>&1; then
+        # Serialize: concurrent useradd calls fail on the passwd lock.
+        (
+            flock 9
+            id -u "$PG_OS_USER" >/dev/null 2>&1 ||
+                useradd --system --user-group --no-create-home --home-dir /nonexistent \
+                    --shell /usr/sbin/nologin "$PG_OS_USER"
+        ) 9>/tmp/.siphon-pg-useradd.lock
+    fi
+    as_pg=(runuser -u "$PG_OS_USER" --)
+fi
+
+pg() { "${as_pg[@]}" "$@"; }
+
+is_cluster() { [[ -f $datadir/PG_VERSION ]]; }
+
+status() {
+    is_cluster || return 4
+    local rc=0
+    pg "$pg_bin/pg_ctl" status -D "$datadir" >/dev/null 2>&1 || rc=$?
+    return "$rc"
+}
+
+init_cluster() {
+    if [[ -n $(ls -A "$datadir") ]]; then
+        die "DATADIR $datadir is not empty and holds no cluster"
+    fi
+    if ((${#as_pg[@]} > 0)); then
+        chown "$PG_OS_USER:" "$datadir"
+    fi
+    chmod 0700 "$datadir"
+    pg test -w "$datadir" || die "user $PG_OS_USER cannot write $datadir (is a parent directory private?)"
+    local out
+    if ! out=$(pg "$pg_bin/initdb" -D "$datadir" -U siphon --no-sync --no-locale -E UTF8 \
+        --auth-host=scram-sha-256 --auth-local=trust 2>&1); then
+        printf '%s\n' "$out" >&2
+        die "initdb failed"
+    fi
+    pg mkdir -p "$datadir/log"
+    pg tee -a "$datadir/postgresql.conf" >/dev/null <<EOF
+
+# --- scratch cluster settings (scripts/postgres.sh) ---
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$datadir'
+wal_level = logical
+max_replication_slots = 20
+max_wal_senders = 20
+wal_sender_timeout = 60s
+fsync = off
+full_page_writes = off
+shared_buffers = 32MB
+log_line_prefix = '%m [%p] %q%u@%d '
+log_replication_commands = on
+include_if_exists = 'siphon-port.conf'
+EOF
+    first_start=1
+}
+
+start() {
+    first_start=0
+    is_cluster || init_cluster
+    if status; then
+        echo "postgres.sh: already running (DATADIR $datadir)"
+        return 0
+    fi
+    echo "port = $port" | pg tee "$datadir/siphon-port.conf" >/dev/null
+    local out
+    if ! out=$(pg "$pg_bin/pg_ctl" start -D "$datadir" -w -t 60 -l "$datadir/log/postgresql.log" 2>&1); then
+        printf '%s\n' "$out" >&2
+        tail -n 30 "$datadir/log/postgresql.log" >&2 || true
+        die "server did not start (log: $datadir/log/postgresql.log)"
+    fi
+    local i
+    for ((i = 0; i < 300; i++)); do
+        "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$port" -d siphon -U siphon -t 1 && break
+        sleep 0.1
+    done
+    "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$port" -t 1 ||
+        die "server started but does not accept TCP connections on 127.0.0.1:$port"
+    if ((first_start)); then
+        # Set the password here rather than through initdb so that it is stored
+        # as SCRAM-SHA-256 on every server version.
+        pg "$pg_bin/psql" -X -q -v ON_ERROR_STOP=1 -h "$datadir" -p "$port" -U siphon -d postgres <<'EOF' ||
+SET password_encryption = 'scram-sha-256';
+ALTER ROLE siphon PASSWORD 'siphon';
+CREATE DATABASE siphon;
+EOF
+            die "could not create role/database"
+    fi
+    echo "postgres.sh: running: postgres://siphon:siphon@127.0.0.1:$port/siphon (DATADIR $datadir)"
+}
+
+shutdown() {
+    local mode=$1
+    is_cluster || die "DATADIR $datadir holds no cluster"
+    status || return 0
+    local out
+    if ! out=$(pg "$pg_bin/pg_ctl" stop -D "$datadir" -m "$mode" -w -t 60 2>&1); then
+        # It may have exited on its own in the meantime.
+        status || return 0
+        printf '%s\n' "$out" >&2
+        die "pg_ctl stop -m $mode failed"
+    fi
+}
+
+case $cmd in
+start) start ;;
+stop) shutdown fast ;;
+kill) shutdown immediate ;;
+restart)
+    shutdown fast
+    start
+    ;;
+status)
+    rc=0
+    status || rc=$?
+    case $rc in
+    0) echo "postgres.sh: running (DATADIR $datadir)" ;;
+    3) echo "postgres.sh: not running (DATADIR $datadir)" ;;
+    4) echo "postgres.sh: no cluster in $datadir" ;;
+    esac
+    exit "$rc"
+    ;;
+*) usage ;;
+esac

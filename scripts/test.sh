@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The project's test command: installs dependencies, builds everything and runs
+# every test, including the end-to-end tests (which start their own
+# PostgreSQL clusters and brokers through the harness in tests/).
+#
+# Usage: scripts/test.sh [EXTRA CARGO TEST ARGS...]
+#   e.g. scripts/test.sh -- --test-threads=1
+#
+# Steps:
+#   1. scripts/install-deps.sh
+#   2. cargo build --workspace --all-targets   (builds target/debug/siphon)
+#   3. cargo test --workspace --no-fail-fast
+# Exits non-zero if any step fails. The full test output is also written to
+# target/test-output.log. Under CI (CI=true) colours are off.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+
+if [[ -n ${CI:-} && ${CI:-} != false && ${CI:-} != 0 ]]; then
+    export CARGO_TERM_COLOR=never
+fi
+# Backtraces for panics, not for every anyhow error a test returns.
+export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
+export RUST_LIB_BACKTRACE=${RUST_LIB_BACKTRACE:-0}
+
+if ! command -v cargo >/dev/null 2>&1 && [[ -f ${HOME:-/root}/.cargo/env ]]; then
+    # shellcheck source=/dev/null
+    . "${HOME:-/root}/.cargo/env"
+fi
+
+summary=()
+started=$SECONDS
+
+# step NAME CMD...: runs CMD, records its duration and status.
+step() {
+    local name=$1
+    shift
+    local t0=$SECONDS rc=0
+    printf '\n==> %s\n' "$name"
+    "$@" || rc=$?
+    local took=$((SECONDS - t0))
+    if ((rc == 0)); then
+        summary+=("  ok      ${name} (${took}s)")
+    else
+        summary+=("  FAILED  ${name} (${took}s, exit ${rc})")
+    fi
+    return "$rc"
+}
+
+print_summary() {
+    local rc=$1
+    printf '\n==> Summary\n'
+    printf '%s\n' "${summary[@]}"
+    if [[ -f $root/target/test-output.log ]]; then
+        local passed=0 failed=0 ignored=0 p f i line
+        while IFS= read -r line; do
+            if [[ $line =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed\;\ ([0-9]+)\ ignored ]]; then
+                p=${BASH_REMATCH[1]} f=${BASH_REMATCH[2]} i=${BASH_REMATCH[3]}
+                passed=$((passed + p)) failed=$((failed + f)) ignored=$((ignored + i))
+            fi
+        done < <(grep '^test result:' "$root/target/test-output.log" || true)
+        printf '  tests: %d passed, %d failed, %d ignored (output: target/test-output.log)\n' \
+            "$passed" "$failed" "$ignored"
+        if ((failed > 0)); then
+            printf '  failing tests:\n'
+            grep -E '^test .* \.\.\. FAILED$' "$root/target/test-output.log" |
+                sed -E 's/^test (.*) \.\.\. FAILED$/    \1/' | sort -u || true
+        fi
+    fi
+    if ((rc == 0)); then
+        printf 'RESULT: PASS (%ss)\n' "$((SECONDS - started))"
+    else
+        printf 'RESULT: FAIL (%ss)\n' "$((SECONDS - started))"
+    fi
+}
+
+# shellcheck disable=SC2317 # invoked indirectly through `step`
+run_tests() {
+    mkdir -p "$root/target"
+    cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$root/target/test-output.log"
+}
+
+rc=0
+rm -f "$root/target/test-output.log"
+step "install dependencies" bash scripts/install-deps.sh || rc=$?
+if ((rc == 0)); then
+    command -v cargo >/dev/null 2>&1 || {
+        echo "cargo not found: install a Rust toolchain (rust-version in Cargo.toml)" >&2
+        rc=1
+    }
+fi
+if ((rc == 0)); then
+    step "cargo build --workspace --all-targets" cargo build --workspace --all-targets || rc=$?
+fi
+if ((rc == 0)); then
+    step "cargo test --workspace" run_tests "$@" || rc=$?
+fi
+print_summary "$rc"
+exit "$rc"

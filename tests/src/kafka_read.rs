@@ -1,0 +1,186 @@
+//! Reading what is in a topic, in a way that works on Tansu: explicit
+//! partition assignment (no consumer-group protocol) and reading until every
+//! partition reports EOF (no reliance on ListOffsets "latest").
+//!
+//! # Invariants
+//!
+//! - [`read_topic`] returns every record that was in the topic's partitions
+//!   when each partition reached EOF, ordered by (partition, offset).
+//! - It never commits offsets and uses a fresh group id per call, so reads
+//!   are independent of each other and of anything the system under test
+//!   does.
+//! - It never creates topics: a topic that does not exist reads as empty.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// How long a single metadata request may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One record as read back from the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumedRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// Headers in wire order; duplicates are kept.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Milliseconds since the epoch (create or log-append time), if any.
+    pub timestamp: Option<i64>,
+}
+
+impl ConsumedRecord {
+    /// The key as UTF-8 (lossy), for assertions and messages.
+    pub fn key_str(&self) -> Option<String> {
+        self.key
+            .as_deref()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+    }
+
+    /// The value as UTF-8 (lossy), for assertions and messages.
+    pub fn value_str(&self) -> Option<String> {
+        self.value
+            .as_deref()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    /// The value of the first header named `name`, if present and non-null.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_deref())
+    }
+}
+
+fn consumer(bootstrap: &str) -> Result<BaseConsumer> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let group = format!(
+        "siphon-tests-read-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("allow.auto.create.topics", "false")
+        .set("fetch.wait.max.ms", "100")
+        .create()
+        .context("creating an rdkafka consumer")
+}
+
+/// Reads every record of `topic` from the beginning of each partition until
+/// every partition has reported EOF. Fails if that takes longer than
+/// `timeout`. A topic that does not exist yields an empty list.
+///
+/// Blocks the calling thread; from async code use [`read_topic_async`] when
+/// other tasks must keep running meanwhile.
+pub fn read_topic(bootstrap: &str, topic: &str, timeout: Duration) -> Result<Vec<ConsumedRecord>> {
+    let deadline = Instant::now() + timeout;
+    let consumer = consumer(bootstrap)?;
+    let md = consumer
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT.min(timeout))
+        .with_context(|| format!("metadata for topic {topic:?} from {bootstrap}"))?;
+    let Some(md_topic) = md.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(Vec::new());
+    };
+    match md_topic.error().map(RDKafkaErrorCode::from) {
+        None => {}
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Vec::new()),
+        Some(code) => bail!("metadata for topic {topic:?} from {bootstrap}: {code}"),
+    }
+    let partitions: Vec<i32> = md_topic.partitions().iter().map(|p| p.id()).collect();
+    if partitions.is_empty() {
+        return Ok(Vec::new());
+    }
+
+    let mut tpl = TopicPartitionList::new();
+    for &p in &partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .with_context(|| format!("assigning {topic}/{p}"))?;
+    }
+    consumer
+        .assign(&tpl)
+        .with_context(|| format!("assigning partitions of {topic:?}"))?;
+
+    let mut pending: BTreeSet<i32> = partitions.iter().copied().collect();
+    let mut records = Vec::new();
+    while !pending.is_empty() {
+        let now = Instant::now();
+        if now >= deadline {
+            bail!(
+                "reading topic {topic:?} from {bootstrap}: partitions {pending:?} of {partitions:?} \
+                 did not reach EOF within {timeout:?} ({} records read so far)",
+                records.len()
+            );
+        }
+        let wait = (deadline - now).min(Duration::from_millis(200));
+        match consumer.poll(wait) {
+            None => {}
+            Some(Ok(msg)) => {
+                let headers = msg
+                    .headers()
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                records.push(ConsumedRecord {
+                    topic: msg.topic().to_owned(),
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                    key: msg.key().map(<[u8]>::to_vec),
+                    value: msg.payload().map(<[u8]>::to_vec),
+                    headers,
+                    timestamp: msg.timestamp().to_millis(),
+                });
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                pending.remove(&p);
+            }
+            Some(Err(e)) => {
+                return Err(anyhow!(e).context(format!("reading topic {topic:?} from {bootstrap}")))
+            }
+        }
+    }
+    records.sort_by_key(|r| (r.partition, r.offset));
+    Ok(records)
+}
+
+/// [`read_topic`] on Tokio's blocking thread pool.
+pub async fn read_topic_async(
+    bootstrap: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<ConsumedRecord>> {
+    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || read_topic(&bootstrap, &topic, timeout))
+        .await
+        .context("read_topic task failed")?
+}
+
+/// Names of all topics the broker reports, sorted.
+pub fn list_topics(bootstrap: &str) -> Result<Vec<String>> {
+    let consumer = consumer(bootstrap)?;
+    let md = consumer
+        .fetch_metadata(None, METADATA_TIMEOUT)
+        .with_context(|| format!("metadata from {bootstrap}"))?;
+    let mut names: Vec<String> = md.topics().iter().map(|t| t.name().to_owned()).collect();
+    names.sort();
+    Ok(names)
+}

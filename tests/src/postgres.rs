@@ -1,0 +1,148 @@
+//! A scratch PostgreSQL cluster per test, managed through
+//! `scripts/postgres.sh`.
+//!
+//! The cluster has superuser `siphon` / password `siphon` (SCRAM-SHA-256),
+//! database `siphon`, `wal_level=logical`, 20 replication slots and WAL
+//! senders, `fsync=off`, and listens on 127.0.0.1 only. Its server log is
+//! `<data_dir>/log/postgresql.log`.
+//!
+//! # Invariants
+//!
+//! - Each [`Postgres`] owns a fresh directory under `/tmp` and a port from
+//!   [`free_port`](crate::free_port); the port never changes, so
+//!   [`Postgres::url`] stays valid across `kill`/`start_again`/`restart`.
+//! - Dropping the handle shuts the server down immediately and removes the
+//!   directory (kept and reported when the thread is panicking).
+//! - All methods block the calling thread while the script runs (about a
+//!   second for a start); none needs a Tokio runtime except
+//!   [`Postgres::connect`].
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context as _, Result};
+
+/// A running (or deliberately stopped) scratch PostgreSQL cluster.
+pub struct Postgres {
+    dir: Option<tempfile::TempDir>,
+    data_dir: PathBuf,
+    port: u16,
+}
+
+impl Postgres {
+    /// Initializes a fresh cluster in a new directory, starts it on a free
+    /// port and waits until it accepts connections.
+    pub fn start() -> Result<Postgres> {
+        let dir = crate::short_tempdir("siphon-pg-")?;
+        let data_dir = dir.path().to_path_buf();
+        let pg = Postgres {
+            dir: Some(dir),
+            data_dir,
+            port: crate::free_port(),
+        };
+        pg.script("start")?;
+        Ok(pg)
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://siphon:siphon@127.0.0.1:PORT/siphon`
+    pub fn url(&self) -> String {
+        format!("postgres://siphon:siphon@127.0.0.1:{}/siphon", self.port)
+    }
+
+    /// The cluster's data directory (also holds the Unix socket).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The server log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.data_dir.join("log").join("postgresql.log")
+    }
+
+    /// Connects over TCP as `siphon` to database `siphon`; the connection is
+    /// driven by a task spawned on the current Tokio runtime.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client> {
+        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .with_context(|| format!("connecting to {}", self.url()))?;
+        tokio::spawn(async move {
+            // The connection ends with an error whenever a test stops the
+            // server; that is expected and the client reports it anyway.
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    /// Fast shutdown, then start again on the same port.
+    pub fn restart(&self) -> Result<()> {
+        self.script("restart")
+    }
+
+    /// Fast shutdown (waits for it). A no-op if the server is not running.
+    pub fn stop(&self) -> Result<()> {
+        self.script("stop")
+    }
+
+    /// Immediate shutdown: no checkpoint, clients are cut off; the next start
+    /// runs crash recovery. A no-op if the server is not running.
+    pub fn kill(&self) -> Result<()> {
+        self.script("kill")
+    }
+
+    /// Starts the existing cluster again on the same port.
+    pub fn start_again(&self) -> Result<()> {
+        self.script("start")
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&self) -> bool {
+        self.command("status")
+            .output()
+            .is_ok_and(|out| out.status.success())
+    }
+
+    fn command(&self, action: &str) -> Command {
+        let mut cmd = Command::new("bash");
+        cmd.arg(crate::workspace_root().join("scripts/postgres.sh"))
+            .arg(action)
+            .arg(&self.data_dir)
+            .arg(self.port.to_string())
+            .stdin(std::process::Stdio::null());
+        cmd
+    }
+
+    fn script(&self, action: &str) -> Result<()> {
+        let out = self
+            .command(action)
+            .output()
+            .with_context(|| format!("running scripts/postgres.sh {action}"))?;
+        if !out.status.success() {
+            bail!(
+                "scripts/postgres.sh {action} {} {} failed ({}):\n{}{}\n(server log: {})",
+                self.data_dir.display(),
+                self.port,
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.log_path().display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if let Err(e) = self.kill() {
+            eprintln!("postgres on port {}: {e:#}", self.port);
+        }
+        if let Some(dir) = self.dir.take() {
+            crate::finish_dir(dir, "postgres", &self.log_path(), false);
+        }
+    }
+}
