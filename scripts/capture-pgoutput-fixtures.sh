@@ -93,6 +93,8 @@ capture() {
 
 psql_run -c "CREATE PUBLICATION pub FOR ALL TABLES"
 
+# Each scenario runs in order on the same database; later ones reuse earlier objects.
+
 capture basic 1 false "'publication_names', 'pub'" \
     "Insert, updates (key unchanged and key changed) and delete on a table with a primary key, with a user-defined enum type" \
     "CREATE SCHEMA app;
@@ -135,7 +137,7 @@ TRUNCATE trunc_a RESTART IDENTITY CASCADE;"
 
 capture messages 1 false "'publication_names', 'pub', 'messages', 'true'" \
     "pg_logical_emit_message, transactional and not" \
-    "SELECT 1;" \
+    "-- none" \
     "BEGIN;
 SELECT pg_logical_emit_message(true, 'siphon', 'hello');
 COMMIT;
@@ -158,15 +160,13 @@ capture binary 1 false "'publication_names', 'pub', 'binary', 'true'" \
     "INSERT INTO bin VALUES (7, 'hello', '\\xdeadbeef', '2000-01-01 00:00:01+00', NULL);"
 
 # Changes to ballast count towards logical_decoding_work_mem (so they force the transaction to
-# be streamed) but are not published, which keeps the fixture small.
-psql_run -c "CREATE TABLE ballast (id int, pad text)"
-psql_run -c "CREATE TABLE streamed (id int PRIMARY KEY, mood app.mood, val text)"
-psql_run -c "CREATE TABLE streamed_trunc (id int)"
-psql_run -c "CREATE PUBLICATION pub_stream FOR TABLE streamed, streamed_trunc"
-
+# be streamed) but are not in pub_stream or pub_tp, which keeps those fixtures small.
 capture stream 2 false "'publication_names', 'pub_stream', 'messages', 'true', 'streaming', 'true'" \
-    "Streamed in-progress transactions (protocol 2, logical_decoding_work_mem = 64kB): one committed, one with an aborted subtransaction, one aborted" \
-    "SELECT 1;" \
+    "Streamed in-progress transactions (protocol 2, logical_decoding_work_mem = 64kB): one committed, one with an aborted subtransaction, two aborted as a whole" \
+    "CREATE TABLE ballast (id int, pad text);
+CREATE TABLE streamed (id int PRIMARY KEY, mood app.mood, val text);
+CREATE TABLE streamed_trunc (id int);
+CREATE PUBLICATION pub_stream FOR TABLE streamed, streamed_trunc;" \
     "BEGIN;
 INSERT INTO ballast SELECT g, repeat('x', 1000) FROM generate_series(1, 100) g;
 SELECT pg_logical_emit_message(true, 'siphon', 'in-stream');
@@ -192,12 +192,10 @@ INSERT INTO ballast SELECT g, repeat('x', 1000) FROM generate_series(1, 100) g;
 INSERT INTO streamed VALUES (6, 'sad', 'six');
 ROLLBACK;"
 
-psql_run -c "CREATE TABLE tp (id int PRIMARY KEY, val text)"
-psql_run -c "CREATE PUBLICATION pub_tp FOR TABLE tp"
-
 capture two_phase 3 true "'publication_names', 'pub_tp', 'two_phase', 'true'" \
     "Two-phase commit (protocol 3, slot created with two_phase): PREPARE + COMMIT PREPARED, PREPARE + ROLLBACK PREPARED" \
-    "SELECT 1;" \
+    "CREATE TABLE tp (id int PRIMARY KEY, val text);
+CREATE PUBLICATION pub_tp FOR TABLE tp;" \
     "BEGIN;
 INSERT INTO tp VALUES (1, 'committed');
 PREPARE TRANSACTION 'siphon-gid-1';
@@ -209,7 +207,7 @@ ROLLBACK PREPARED 'siphon-gid-2';"
 
 capture stream_two_phase 3 true "'publication_names', 'pub_tp', 'two_phase', 'true', 'streaming', 'true'" \
     "A streamed transaction that is prepared (Stream Prepare) and then committed (protocol 3)" \
-    "SELECT 1;" \
+    "-- none (tp, pub_tp and ballast exist already)" \
     "BEGIN;
 INSERT INTO tp VALUES (3, 'streamed and prepared');
 INSERT INTO ballast SELECT g, repeat('x', 1000) FROM generate_series(1, 100) g;

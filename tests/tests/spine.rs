@@ -2,7 +2,9 @@
 //! exact records out, the slot confirmed only after the broker acknowledged them.
 
 use anyhow::{Context, Result};
-use siphon_tests::{read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess};
+use siphon_tests::{
+    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 use tokio_postgres::Client;
@@ -27,6 +29,9 @@ status_interval_ms = 200
 [kafka]
 bootstrap_servers = "{bootstrap}"
 
+[kafka.properties]
+"message.timeout.ms" = "10000"
+
 [kafka.topic_creation]
 partitions = 3
 replication_factor = 1
@@ -48,19 +53,27 @@ async fn slot_lsn(client: &Client, slot: &str) -> Result<Option<u64>> {
             &[&slot],
         )
         .await?;
-    Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|v| v as u64))
+    Ok(row
+        .and_then(|r| r.get::<_, Option<i64>>(0))
+        .map(|v| v as u64))
 }
 
 async fn slot_active(client: &Client, slot: &str) -> Result<bool> {
     let row = client
-        .query_opt("SELECT active FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+        .query_opt(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
         .await?;
     Ok(row.map(|r| r.get::<_, bool>(0)).unwrap_or(false))
 }
 
 async fn current_insert_lsn(client: &Client) -> Result<u64> {
     let row = client
-        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint", &[])
+        .query_one(
+            "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
+            &[],
+        )
         .await?;
     Ok(row.get::<_, i64>(0) as u64)
 }
@@ -76,7 +89,11 @@ struct Event {
 }
 
 fn event(seq: u64, committed: bool) -> Event {
-    let aggregatetype = if seq % 3 == 0 { "Customer" } else { "Order" };
+    let aggregatetype = if seq.is_multiple_of(3) {
+        "Customer"
+    } else {
+        "Order"
+    };
     let note = match seq % 5 {
         0 => "plain".to_owned(),
         1 => "quote \" and backslash \\ and slash /".to_owned(),
@@ -100,7 +117,11 @@ async fn insert_transaction(client: &mut Client, events: &[Event], commit: bool)
         .prepare("INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1::text::uuid, $2, $3, 'Event', $4::text::jsonb)")
         .await?;
     for e in events {
-        tx.execute(&stmt, &[&e.id, &e.aggregatetype, &e.aggregateid, &e.payload]).await?;
+        tx.execute(
+            &stmt,
+            &[&e.id, &e.aggregatetype, &e.aggregateid, &e.payload],
+        )
+        .await?;
     }
     tx.execute("DELETE FROM outbox", &[]).await?;
     if commit {
@@ -114,7 +135,10 @@ async fn insert_transaction(client: &mut Client, events: &[Event], commit: bool)
 /// PostgreSQL's canonical text of each payload as jsonb (what pgoutput sends).
 async fn canonical_jsonb(client: &Client, payloads: &[String]) -> Result<Vec<String>> {
     let rows = client
-        .query("SELECT p::jsonb::text FROM unnest($1::text[]) WITH ORDINALITY AS t(p, n) ORDER BY n", &[&payloads])
+        .query(
+            "SELECT p::jsonb::text FROM unnest($1::text[]) WITH ORDINALITY AS t(p, n) ORDER BY n",
+            &[&payloads],
+        )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
@@ -134,13 +158,33 @@ async fn read_all(broker: &Broker, topics: &[&str]) -> Result<Vec<ConsumedRecord
     Ok(all)
 }
 
-async fn wait_for_records(broker: &Broker, topics: &[&str], expected: usize, timeout: Duration) -> Result<Vec<ConsumedRecord>> {
+async fn wait_for_records(
+    broker: &Broker,
+    topics: &[&str],
+    expected: usize,
+    timeout: Duration,
+) -> Result<Vec<ConsumedRecord>> {
     wait_for(timeout, Duration::from_millis(500), || async {
         let records = read_all(broker, topics).await?;
-        anyhow::ensure!(records.len() <= expected, "{} records, more than the {expected} expected", records.len());
+        anyhow::ensure!(
+            records.len() <= expected,
+            "{} records, more than the {expected} expected",
+            records.len()
+        );
         Ok((records.len() == expected).then_some(records))
     })
     .await
+}
+
+async fn create_topic(broker: &Broker, topic: &str, partitions: i32) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()?;
+    let topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    admin.create_topics([&topic], &AdminOptions::new()).await?;
+    Ok(())
 }
 
 const TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
@@ -152,9 +196,11 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let siphon = SiphonProcess::start(&config(&pg, &broker, "spine"))?;
-    wait_until(Duration::from_secs(60), Duration::from_millis(200), || async {
-        slot_active(&client, "spine").await
-    })
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, "spine").await },
+    )
     .await
     .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
 
@@ -163,7 +209,12 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     let mut seq = 0u64;
     for txn in 0..110u64 {
         let commit = txn % 11 != 5;
-        let events: Vec<Event> = (0..100).map(|_| { seq += 1; event(seq, commit) }).collect();
+        let events: Vec<Event> = (0..100)
+            .map(|_| {
+                seq += 1;
+                event(seq, commit)
+            })
+            .collect();
         insert_transaction(&mut client, &events, commit).await?;
         if commit {
             committed.extend(events);
@@ -179,55 +230,110 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     // Exactly the committed events, each byte for byte.
     let payloads: Vec<String> = committed.iter().map(|e| e.payload.clone()).collect();
     let canonical = canonical_jsonb(&client, &payloads).await?;
-    let expected: HashMap<&str, (&Event, &String)> =
-        committed.iter().zip(&canonical).map(|(e, c)| (e.id.as_str(), (e, c))).collect();
+    let expected: HashMap<&str, (&Event, &String)> = committed
+        .iter()
+        .zip(&canonical)
+        .map(|(e, c)| (e.id.as_str(), (e, c)))
+        .collect();
     let mut seen = BTreeSet::new();
     for record in &records {
-        let id = String::from_utf8(record.header("id").context("record without id header")?.to_vec())?;
-        let (event, canonical) = expected.get(id.as_str()).with_context(|| format!("unexpected event {id} (rolled back?)"))?;
+        let id = String::from_utf8(
+            record
+                .header("id")
+                .context("record without id header")?
+                .to_vec(),
+        )?;
+        let (event, canonical) = expected
+            .get(id.as_str())
+            .with_context(|| format!("unexpected event {id} (rolled back?)"))?;
         assert!(seen.insert(id.clone()), "event {id} delivered twice");
-        assert_eq!(record.topic, format!("outbox.event.{}", event.aggregatetype));
-        assert_eq!(record.key.as_deref(), Some(json_string(&event.aggregateid).as_slice()), "key of {id}");
-        assert_eq!(record.value.as_deref(), Some(json_string(canonical).as_slice()), "value of {id}");
-        assert_eq!(record.headers.len(), 1, "only the id header: {:?}", record.headers);
+        assert_eq!(
+            record.topic,
+            format!("outbox.event.{}", event.aggregatetype)
+        );
+        assert_eq!(
+            record.key.as_deref(),
+            Some(json_string(&event.aggregateid).as_slice()),
+            "key of {id}"
+        );
+        assert_eq!(
+            record.value.as_deref(),
+            Some(json_string(canonical).as_slice()),
+            "value of {id}"
+        );
+        assert_eq!(
+            record.headers.len(),
+            1,
+            "only the id header: {:?}",
+            record.headers
+        );
     }
     assert_eq!(seen.len(), 10_000);
 
     // Per aggregate: one partition, and commit order.
     let mut by_aggregate: BTreeMap<(String, Vec<u8>), Vec<&ConsumedRecord>> = BTreeMap::new();
     for record in &records {
-        by_aggregate.entry((record.topic.clone(), record.key.clone().unwrap_or_default())).or_default().push(record);
+        by_aggregate
+            .entry((record.topic.clone(), record.key.clone().unwrap_or_default()))
+            .or_default()
+            .push(record);
     }
     for ((topic, key), mut group) in by_aggregate {
         let partitions: BTreeSet<i32> = group.iter().map(|r| r.partition).collect();
-        assert_eq!(partitions.len(), 1, "{topic} key {:?} spread over {partitions:?}", String::from_utf8_lossy(&key));
+        assert_eq!(
+            partitions.len(),
+            1,
+            "{topic} key {:?} spread over {partitions:?}",
+            String::from_utf8_lossy(&key)
+        );
         group.sort_by_key(|r| r.offset);
         let seqs: Vec<u64> = group
             .iter()
-            .map(|r| expected[std::str::from_utf8(r.header("id").unwrap_or_default()).unwrap_or_default()].0.seq)
+            .map(|r| {
+                expected
+                    [std::str::from_utf8(r.header("id").unwrap_or_default()).unwrap_or_default()]
+                .0
+                .seq
+            })
             .collect();
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{topic} key {:?} out of commit order: {seqs:?}", String::from_utf8_lossy(&key));
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "{topic} key {:?} out of commit order: {seqs:?}",
+            String::from_utf8_lossy(&key)
+        );
     }
 
     // The slot follows the acknowledgements to the end of the last transaction.
-    wait_until(Duration::from_secs(30), Duration::from_millis(200), || async {
-        Ok(slot_lsn(&client, "spine").await?.unwrap_or(0) >= end_of_last_commit)
-    })
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(slot_lsn(&client, "spine").await?.unwrap_or(0) >= end_of_last_commit) },
+    )
     .await
     .context("confirmed_flush_lsn did not reach the end of the last transaction")?;
 
     // A graceful stop, then a restart: nothing is sent again.
     siphon.terminate()?;
     let status = siphon.wait_exit(Duration::from_secs(30))?;
-    assert!(status.success(), "siphon exit status {status:?}; log:\n{}", siphon.log());
+    assert!(
+        status.success(),
+        "siphon exit status {status:?}; log:\n{}",
+        siphon.log()
+    );
     siphon.start_again()?;
-    wait_until(Duration::from_secs(60), Duration::from_millis(200), || async {
-        slot_active(&client, "spine").await
-    })
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, "spine").await },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let again = read_all(&broker, &TOPICS).await?;
-    assert_eq!(again.len(), 10_000, "a restart after the acknowledgements must not repeat records");
+    assert_eq!(
+        again.len(),
+        10_000,
+        "a restart after the acknowledgements must not repeat records"
+    );
     Ok(())
 }
 
@@ -238,9 +344,11 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let siphon = SiphonProcess::start(&config(&pg, &broker, "outage"))?;
-    wait_until(Duration::from_secs(60), Duration::from_millis(200), || async {
-        slot_active(&client, "outage").await
-    })
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, "outage").await },
+    )
     .await
     .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
 
@@ -266,25 +374,41 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
 
     // The broker returns empty (in-memory storage): every undelivered event still arrives.
     broker.start_again()?;
-    let expected: BTreeSet<String> = [2u64, 10, 13, 16, 19].iter().map(|&s| event(s, true).id).collect();
-    let ids = wait_for(Duration::from_secs(120), Duration::from_millis(500), || async {
-        let records = read_all(&broker, &["outbox.event.Order"]).await?;
-        let ids: BTreeSet<String> = records
-            .iter()
-            .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
-            .collect();
-        Ok(expected.is_subset(&ids).then_some(ids))
-    })
+    // A real broker keeps its topics across a restart; this one starts empty, so the topic is
+    // created again as it was (otherwise the producer waits for it to appear).
+    create_topic(&broker, "outbox.event.Order", 3).await?;
+    let expected: BTreeSet<String> = [2u64, 10, 13, 16, 19]
+        .iter()
+        .map(|&s| event(s, true).id)
+        .collect();
+    let ids = wait_for(
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let records = read_all(&broker, &["outbox.event.Order"]).await?;
+            let ids: BTreeSet<String> = records
+                .iter()
+                .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+                .collect();
+            Ok(expected.is_subset(&ids).then_some(ids))
+        },
+    )
     .await
     .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     // The first event was delivered before the outage; a repeat of it is allowed, nothing else.
     let mut allowed = expected.clone();
     allowed.insert(event(1, true).id);
-    assert!(ids.is_subset(&allowed), "unexpected events: {:?}", ids.difference(&allowed).collect::<Vec<_>>());
+    assert!(
+        ids.is_subset(&allowed),
+        "unexpected events: {:?}",
+        ids.difference(&allowed).collect::<Vec<_>>()
+    );
     let end = current_insert_lsn(&client).await?;
-    wait_until(Duration::from_secs(30), Duration::from_millis(200), || async {
-        Ok(slot_lsn(&client, "outage").await?.unwrap_or(0) >= end)
-    })
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(slot_lsn(&client, "outage").await?.unwrap_or(0) >= end) },
+    )
     .await
     .context("the slot did not move on after delivery")?;
     Ok(())

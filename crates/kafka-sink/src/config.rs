@@ -31,7 +31,11 @@ pub struct TopicCreation {
 
 impl Default for TopicCreation {
     fn default() -> Self {
-        TopicCreation { enabled: true, partitions: -1, replication_factor: -1 }
+        TopicCreation {
+            enabled: true,
+            partitions: -1,
+            replication_factor: -1,
+        }
     }
 }
 
@@ -39,8 +43,10 @@ impl Default for TopicCreation {
 const DEFAULTS: &[(&str, &str)] = &[
     // Same partition for the same key as the Java client.
     ("partitioner", "murmur2_random"),
-    // Like Kafka Connect: retry until delivered, never drop a record on a timeout.
-    ("message.timeout.ms", "0"),
+    // A record not acknowledged in time fails its delivery; the pipeline then rebuilds the
+    // producer and resends from the acknowledged position, so a wedged producer cannot stall
+    // delivery forever. Nothing is lost either way.
+    ("message.timeout.ms", "300000"),
     ("linger.ms", "5"),
     ("socket.keepalive.enable", "true"),
 ];
@@ -51,8 +57,10 @@ const REQUIRED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "al
 impl SinkConfig {
     /// The full librdkafka configuration: defaults, then user properties, then required ones.
     pub fn client_properties(&self) -> Result<BTreeMap<String, String>, SinkError> {
-        let mut props: BTreeMap<String, String> =
-            DEFAULTS.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let mut props: BTreeMap<String, String> = DEFAULTS
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         for (key, value) in &self.properties {
             if let Some((_, required)) = REQUIRED.iter().find(|(k, _)| k == key) {
                 let acceptable = value == required || (key == "acks" && (value == "-1"));
@@ -84,7 +92,10 @@ mod tests {
     fn config(props: &[(&str, &str)]) -> SinkConfig {
         SinkConfig {
             bootstrap_servers: "127.0.0.1:9092".into(),
-            properties: props.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+            properties: props
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
             topic_creation: TopicCreation::default(),
         }
     }
@@ -95,7 +106,10 @@ mod tests {
         assert_eq!(props["enable.idempotence"], "true");
         assert_eq!(props["acks"], "all");
         assert_eq!(props["partitioner"], "murmur2_random");
-        assert_eq!(props["linger.ms"], "20", "user properties override defaults");
+        assert_eq!(
+            props["linger.ms"], "20",
+            "user properties override defaults"
+        );
         assert_eq!(props["bootstrap.servers"], "127.0.0.1:9092");
     }
 
@@ -103,7 +117,9 @@ mod tests {
     fn guarantees_cannot_be_weakened() {
         let err = config(&[("acks", "1")]).client_properties().unwrap_err();
         assert!(err.to_string().contains("acks"), "{err}");
-        assert!(config(&[("enable.idempotence", "false")]).client_properties().is_err());
+        assert!(config(&[("enable.idempotence", "false")])
+            .client_properties()
+            .is_err());
         assert!(config(&[("acks", "-1")]).client_properties().is_ok());
     }
 }

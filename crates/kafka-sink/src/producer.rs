@@ -63,7 +63,10 @@ impl ProducerContext for DeliveryContext {
             Ok(message) => Delivery {
                 token,
                 bytes: message_bytes(message),
-                result: Ok(Delivered { partition: message.partition(), offset: message.offset() }),
+                result: Ok(Delivered {
+                    partition: message.partition(),
+                    offset: message.offset(),
+                }),
             },
             Err((error, message)) => Delivery {
                 token,
@@ -79,15 +82,25 @@ impl ProducerContext for DeliveryContext {
 fn message_bytes<M: Message>(message: &M) -> usize {
     let headers = message
         .headers()
-        .map(|h| h.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum())
+        .map(|h| {
+            h.iter()
+                .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+                .sum()
+        })
         .unwrap_or(0);
     message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len) + headers
 }
 
 /// The size a record holds in the in-flight window (key, value and headers).
 pub fn record_bytes(record: &RoutedRecord) -> usize {
-    let headers: usize = record.headers.iter().map(|h| h.name.len() + h.value.len()).sum();
-    record.key.as_ref().map_or(0, |k| k.len()) + record.value.as_ref().map_or(0, |v| v.len()) + headers
+    let headers: usize = record
+        .headers
+        .iter()
+        .map(|h| h.name.len() + h.value.len())
+        .sum();
+    record.key.as_ref().map_or(0, |k| k.len())
+        + record.value.as_ref().map_or(0, |v| v.len())
+        + headers
 }
 
 /// An idempotent Kafka producer with topic creation.
@@ -98,7 +111,9 @@ pub struct KafkaSink {
 
 impl KafkaSink {
     /// Creates the producer; deliveries arrive on the returned channel.
-    pub fn new(config: &SinkConfig) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
+    pub fn new(
+        config: &SinkConfig,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
         let properties = config.client_properties()?;
         let mut client_config = ClientConfig::new();
         for (key, value) in &properties {
@@ -120,7 +135,10 @@ impl KafkaSink {
         self.topics.ensure(topic).await?;
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for header in &record.headers {
-            headers = headers.insert(Header { key: header.name.as_ref(), value: Some(&header.value[..]) });
+            headers = headers.insert(Header {
+                key: header.name.as_ref(),
+                value: Some(&header.value[..]),
+            });
         }
         loop {
             let mut base: BaseRecord<'_, [u8], [u8], usize> =
@@ -139,12 +157,19 @@ impl KafkaSink {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err((KafkaError::MessageProduction(code @ RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                Err((
+                    KafkaError::MessageProduction(code @ RDKafkaErrorCode::MessageSizeTooLarge),
+                    _,
+                )) => {
                     return Err(SinkError::Definite(format!(
                         "record for topic {topic} is larger than the producer's message.max.bytes ({code}): raise kafka.properties.\"message.max.bytes\" (and the topic's max.message.bytes), or make the payload smaller"
                     )));
                 }
-                Err((e, _)) => return Err(SinkError::Transient(format!("enqueueing a record for {topic}: {e}"))),
+                Err((e, _)) => {
+                    return Err(SinkError::Transient(format!(
+                        "enqueueing a record for {topic}: {e}"
+                    )))
+                }
             }
         }
     }
@@ -156,6 +181,9 @@ impl KafkaSink {
 
     /// The producer's fatal error, if it has one (it must then be rebuilt).
     pub fn fatal_error(&self) -> Option<String> {
-        self.producer.client().fatal_error().map(|(code, reason)| format!("{code}: {reason}"))
+        self.producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code}: {reason}"))
     }
 }

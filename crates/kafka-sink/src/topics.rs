@@ -51,17 +51,26 @@ fn is_producer_only(key: &str) -> bool {
 
 impl TopicCreator {
     /// Builds the admin client from the producer's connection properties.
-    pub fn new(properties: &BTreeMap<String, String>, settings: TopicCreation) -> Result<Self, SinkError> {
+    pub fn new(
+        properties: &BTreeMap<String, String>,
+        settings: TopicCreation,
+    ) -> Result<Self, SinkError> {
         let admin = if settings.enabled {
             let mut config = ClientConfig::new();
             for (key, value) in properties.iter().filter(|(k, _)| !is_producer_only(k)) {
                 config.set(key, value);
             }
-            Some(config.create().map_err(|e| SinkError::Config(format!("invalid Kafka admin configuration: {e}")))?)
+            Some(config.create().map_err(|e| {
+                SinkError::Config(format!("invalid Kafka admin configuration: {e}"))
+            })?)
         } else {
             None
         };
-        Ok(TopicCreator { admin, settings, known: HashSet::new() })
+        Ok(TopicCreator {
+            admin,
+            settings,
+            known: HashSet::new(),
+        })
     }
 
     /// Makes sure `topic` exists (creating it if needed).
@@ -73,7 +82,11 @@ impl TopicCreator {
             self.known.insert(topic.to_owned());
             return Ok(());
         };
-        let new_topic = NewTopic::new(topic, self.settings.partitions, TopicReplication::Fixed(self.settings.replication_factor));
+        let new_topic = NewTopic::new(
+            topic,
+            self.settings.partitions,
+            TopicReplication::Fixed(self.settings.replication_factor),
+        );
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
         let results = admin
             .create_topics([&new_topic], &options)

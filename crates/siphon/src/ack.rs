@@ -65,7 +65,12 @@ pub struct AckTracker {
 impl AckTracker {
     /// A tracker whose watermark starts at `start` (the slot's confirmed position).
     pub fn new(start: Lsn) -> Self {
-        AckTracker { pending: VecDeque::new(), first: 0, open: false, watermark: start }
+        AckTracker {
+            pending: VecDeque::new(),
+            first: 0,
+            open: false,
+            watermark: start,
+        }
     }
 
     /// The position that may be confirmed to PostgreSQL.
@@ -89,7 +94,10 @@ impl AckTracker {
             return Err(AckError::AlreadyOpen);
         }
         self.open = true;
-        self.pending.push_back(PendingTxn { unacked: 0, end_lsn: None });
+        self.pending.push_back(PendingTxn {
+            unacked: 0,
+            end_lsn: None,
+        });
         Ok(TxnId(self.first + self.pending.len() as u64 - 1))
     }
 
@@ -117,12 +125,18 @@ impl AckTracker {
 
     /// One record of `txn` was acknowledged. Returns the new watermark if it moved.
     pub fn ack(&mut self, txn: TxnId) -> Result<Option<Lsn>, AckError> {
-        let index = txn.0.checked_sub(self.first).ok_or(AckError::UnknownTransaction(txn))?;
+        let index = txn
+            .0
+            .checked_sub(self.first)
+            .ok_or(AckError::UnknownTransaction(txn))?;
         let entry = usize::try_from(index)
             .ok()
             .and_then(|i| self.pending.get_mut(i))
             .ok_or(AckError::UnknownTransaction(txn))?;
-        entry.unacked = entry.unacked.checked_sub(1).ok_or(AckError::TooManyAcks(txn))?;
+        entry.unacked = entry
+            .unacked
+            .checked_sub(1)
+            .ok_or(AckError::TooManyAcks(txn))?;
         Ok(self.fold())
     }
 
@@ -190,7 +204,11 @@ mod tests {
         let a = t.begin().unwrap();
         t.record().unwrap();
         assert_eq!(t.ack(a).unwrap(), None, "acked but not committed");
-        assert_eq!(t.idle(Lsn(500)), None, "no idle advance inside a transaction");
+        assert_eq!(
+            t.idle(Lsn(500)),
+            None,
+            "no idle advance inside a transaction"
+        );
         assert_eq!(t.commit(Lsn(50)).unwrap(), Some(Lsn(50)));
     }
 
@@ -223,7 +241,10 @@ mod tests {
         let a = t.begin().unwrap();
         assert_eq!(t.begin(), Err(AckError::AlreadyOpen));
         assert_eq!(t.ack(a), Err(AckError::TooManyAcks(a)));
-        assert_eq!(t.ack(TxnId(99)), Err(AckError::UnknownTransaction(TxnId(99))));
+        assert_eq!(
+            t.ack(TxnId(99)),
+            Err(AckError::UnknownTransaction(TxnId(99)))
+        );
         t.abandon_open();
         assert_eq!(t.pending_transactions(), 0);
         assert!(t.begin().is_ok());

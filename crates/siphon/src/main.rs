@@ -47,9 +47,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config } => run(&config),
-        Command::CheckConfig { config } => match config::Config::load(&config).and_then(|c| settings::build(&c).map(|_| c)) {
+        Command::CheckConfig { config } => match config::Config::load(&config)
+            .and_then(|c| settings::build(&c).map(|_| c))
+        {
             Ok(c) => {
-                println!("configuration OK: slot {} publication {} tables {:?} -> {}", c.source.slot, c.source.publication, c.source.tables, c.kafka.bootstrap_servers);
+                println!(
+                    "configuration OK: slot {} publication {} tables {:?} -> {}",
+                    c.source.slot, c.source.publication, c.source.tables, c.kafka.bootstrap_servers
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -79,7 +84,12 @@ fn run(path: &std::path::Path) -> ExitCode {
             let (stop_tx, stop_rx) = watch::channel(false);
             tokio::spawn(settings::forward_signals(stop_tx));
             info!(version = env!("CARGO_PKG_VERSION"), "siphon starting");
-            supervisor::supervise(settings, std::time::Duration::from_secs(config.pipeline.max_backoff_secs), stop_rx).await
+            supervisor::supervise(
+                settings,
+                std::time::Duration::from_secs(config.pipeline.max_backoff_secs),
+                stop_rx,
+            )
+            .await
         }))
     })();
     match result {

@@ -120,7 +120,10 @@ impl Session<'_> {
                 self.tracker.begin()?;
             }
             SourceEvent::Relation(relation) => {
-                let name = TableName { schema: relation.namespace.to_string(), name: relation.name.to_string() };
+                let name = TableName {
+                    schema: relation.namespace.to_string(),
+                    name: relation.name.to_string(),
+                };
                 if self.tables.contains(&name) {
                     let binding = self
                         .settings
@@ -139,7 +142,10 @@ impl Session<'_> {
                 };
                 let change = match &change {
                     RowChange::Insert(new) => Change::Insert(new),
-                    RowChange::Update { old, new } => Change::Update { old: old.as_ref().map(|o| o.tuple()), new },
+                    RowChange::Update { old, new } => Change::Update {
+                        old: old.as_ref().map(|o| o.tuple()),
+                        new,
+                    },
                     RowChange::Delete(old) => Change::Delete(old.tuple()),
                 };
                 match self.settings.router.route(binding, change) {
@@ -149,7 +155,9 @@ impl Session<'_> {
                         self.sink.send(txn.token(), &record).await?;
                         self.window.add(bytes);
                     }
-                    Ok(Routed::Skipped(reason)) => log_skipped(&self.settings.router, reason, &relation),
+                    Ok(Routed::Skipped(reason)) => {
+                        log_skipped(&self.settings.router, reason, &relation)
+                    }
                     Err(e) => return Err(PipelineError::Definite(e.to_string())),
                 }
             }

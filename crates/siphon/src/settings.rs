@@ -40,10 +40,14 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         buffer_events: 4096,
         application_name: config.source.application_name.clone(),
     };
-    let router_options = RouterOptions::from_map(&option_strings(&config.router, "router")?).context("[router]")?;
+    let router_options =
+        RouterOptions::from_map(&option_strings(&config.router, "router")?).context("[router]")?;
     let router = EventRouter::new(
         router_options,
-        Format { key: encoding(config.format.key), value: encoding(config.format.value) },
+        Format {
+            key: encoding(config.format.key),
+            value: encoding(config.format.value),
+        },
     );
     let sink = SinkConfig {
         bootstrap_servers: config.kafka.bootstrap_servers.clone(),
@@ -69,7 +73,9 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -79,8 +85,13 @@ pub fn init_logging(format: LogFormat) {
 /// Sets `stop` on the first SIGTERM or SIGINT.
 pub async fn forward_signals(stop: watch::Sender<bool>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers; stop Siphon with SIGKILL (it resumes safely)");
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!(
+            "cannot install signal handlers; stop Siphon with SIGKILL (it resumes safely)"
+        );
         return;
     };
     let name = tokio::select! {

@@ -22,7 +22,11 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(initial: Duration, max: Duration) -> Self {
-        Backoff { initial, max: max.max(initial), current: initial }
+        Backoff {
+            initial,
+            max: max.max(initial),
+            current: initial,
+        }
     }
 
     /// The next delay: the current step with up to 50% random jitter; the step doubles up to
@@ -85,14 +89,19 @@ mod tests {
         let no_jitter: Vec<_> = (0..6).map(|_| b.next_delay(0.0)).collect();
         assert_eq!(
             no_jitter,
-            [500, 1000, 2000, 4000, 4000, 4000].map(Duration::from_millis).to_vec()
+            [500, 1000, 2000, 4000, 4000, 4000]
+                .map(Duration::from_millis)
+                .to_vec()
         );
         b.reset();
         let jittered = b.next_delay(0.999);
         assert!(jittered >= Duration::from_millis(500) && jittered <= Duration::from_millis(750));
         b.reset();
         for _ in 0..10 {
-            assert!(b.next_delay(0.99) <= Duration::from_secs(4), "jitter never exceeds the cap");
+            assert!(
+                b.next_delay(0.99) <= Duration::from_secs(4),
+                "jitter never exceeds the cap"
+            );
         }
     }
 }

@@ -17,7 +17,12 @@ pub struct InFlightWindow {
 impl InFlightWindow {
     /// A window of at most `max_records` records and `max_bytes` bytes (both at least 1).
     pub fn new(max_records: usize, max_bytes: usize) -> Self {
-        InFlightWindow { max_records: max_records.max(1), max_bytes: max_bytes.max(1), records: 0, bytes: 0 }
+        InFlightWindow {
+            max_records: max_records.max(1),
+            max_bytes: max_bytes.max(1),
+            records: 0,
+            bytes: 0,
+        }
     }
 
     /// Whether another record may be read.

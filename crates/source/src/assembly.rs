@@ -13,7 +13,7 @@
 
 use crate::SourceError;
 use bytes::Bytes;
-use pgoutput::{Decoder, DecoderOptions, Lsn, Message, OldTuple, Oid, Relation, TupleData, Xid};
+use pgoutput::{Decoder, DecoderOptions, Lsn, Message, Oid, OldTuple, Relation, TupleData, Xid};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -21,7 +21,10 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq)]
 pub enum RowChange {
     Insert(TupleData),
-    Update { old: Option<OldTuple>, new: TupleData },
+    Update {
+        old: Option<OldTuple>,
+        new: TupleData,
+    },
     Delete(OldTuple),
 }
 
@@ -29,13 +32,24 @@ pub enum RowChange {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceEvent {
     /// A transaction starts.
-    Begin { xid: Xid, final_lsn: Lsn, commit_time_us: i64 },
+    Begin {
+        xid: Xid,
+        final_lsn: Lsn,
+        commit_time_us: i64,
+    },
     /// A table was described (first use in this session, or its definition changed).
     Relation(Arc<Relation>),
     /// A row changed.
-    Change { relation: Arc<Relation>, change: RowChange },
+    Change {
+        relation: Arc<Relation>,
+        change: RowChange,
+    },
     /// The transaction ends; `end_lsn` is the position to confirm once it is delivered.
-    Commit { commit_lsn: Lsn, end_lsn: Lsn, commit_time_us: i64 },
+    Commit {
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time_us: i64,
+    },
     /// The server has sent everything up to `wal_end` and no transaction is open.
     Idle { wal_end: Lsn },
 }
@@ -64,7 +78,10 @@ impl Assembler {
     /// A fresh assembler for a session using pgoutput protocol version 1.
     pub fn new() -> Self {
         Assembler {
-            decoder: Decoder::new(DecoderOptions { protocol_version: 1, parallel_streaming: false }),
+            decoder: Decoder::new(DecoderOptions {
+                protocol_version: 1,
+                parallel_streaming: false,
+            }),
             relations: HashMap::new(),
             open: None,
         }
@@ -76,7 +93,12 @@ impl Assembler {
     }
 
     /// A transaction starts.
-    pub fn begin(&mut self, xid: Xid, final_lsn: Lsn, commit_time_us: i64) -> Result<SourceEvent, SourceError> {
+    pub fn begin(
+        &mut self,
+        xid: Xid,
+        final_lsn: Lsn,
+        commit_time_us: i64,
+    ) -> Result<SourceEvent, SourceError> {
         if let Some(open) = self.open {
             return Err(SourceError::Protocol(format!(
                 "Begin of transaction {xid} while transaction {} (final LSN {}) is still open",
@@ -84,13 +106,24 @@ impl Assembler {
             )));
         }
         self.open = Some(OpenTransaction { xid, final_lsn });
-        Ok(SourceEvent::Begin { xid, final_lsn, commit_time_us })
+        Ok(SourceEvent::Begin {
+            xid,
+            final_lsn,
+            commit_time_us,
+        })
     }
 
     /// The open transaction commits.
-    pub fn commit(&mut self, commit_lsn: Lsn, end_lsn: Lsn, commit_time_us: i64) -> Result<SourceEvent, SourceError> {
+    pub fn commit(
+        &mut self,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time_us: i64,
+    ) -> Result<SourceEvent, SourceError> {
         let Some(open) = self.open.take() else {
-            return Err(SourceError::Protocol(format!("Commit at {commit_lsn} without a transaction")));
+            return Err(SourceError::Protocol(format!(
+                "Commit at {commit_lsn} without a transaction"
+            )));
         };
         if open.final_lsn != commit_lsn {
             return Err(SourceError::Protocol(format!(
@@ -98,7 +131,11 @@ impl Assembler {
                 open.xid, open.final_lsn
             )));
         }
-        Ok(SourceEvent::Commit { commit_lsn, end_lsn, commit_time_us })
+        Ok(SourceEvent::Commit {
+            commit_lsn,
+            end_lsn,
+            commit_time_us,
+        })
     }
 
     /// The server reports its WAL end; yields [`SourceEvent::Idle`] outside transactions.
@@ -114,33 +151,57 @@ impl Assembler {
             .map_err(|e| SourceError::Protocol(format!("undecodable pgoutput message: {e}")))?;
         match message {
             Message::Begin(b) => self.begin(b.xid, b.final_lsn, b.commit_timestamp).map(Some),
-            Message::Commit(c) => self.commit(c.commit_lsn, c.end_lsn, c.commit_timestamp).map(Some),
+            Message::Commit(c) => self
+                .commit(c.commit_lsn, c.end_lsn, c.commit_timestamp)
+                .map(Some),
             Message::Relation(relation) => {
                 let relation = Arc::new(relation);
                 self.relations.insert(relation.id, Arc::clone(&relation));
                 Ok(Some(SourceEvent::Relation(relation)))
             }
-            Message::Insert(insert) => self.change(insert.relation_id, RowChange::Insert(insert.new)),
-            Message::Update(update) => {
-                self.change(update.relation_id, RowChange::Update { old: update.old, new: update.new })
+            Message::Insert(insert) => {
+                self.change(insert.relation_id, RowChange::Insert(insert.new))
             }
-            Message::Delete(delete) => self.change(delete.relation_id, RowChange::Delete(delete.old)),
+            Message::Update(update) => self.change(
+                update.relation_id,
+                RowChange::Update {
+                    old: update.old,
+                    new: update.new,
+                },
+            ),
+            Message::Delete(delete) => {
+                self.change(delete.relation_id, RowChange::Delete(delete.old))
+            }
             // Types, origins, truncates and logical messages carry no outbox rows.
-            Message::Type(_) | Message::Origin(_) | Message::Truncate(_) | Message::LogicalMessage(_) => Ok(None),
+            Message::Type(_)
+            | Message::Origin(_)
+            | Message::Truncate(_)
+            | Message::LogicalMessage(_) => Ok(None),
             other => Err(SourceError::Protocol(format!(
                 "unexpected pgoutput message for protocol version 1: {other:?}"
             ))),
         }
     }
 
-    fn change(&mut self, relation_id: Oid, change: RowChange) -> Result<Option<SourceEvent>, SourceError> {
+    fn change(
+        &mut self,
+        relation_id: Oid,
+        change: RowChange,
+    ) -> Result<Option<SourceEvent>, SourceError> {
         if self.open.is_none() {
-            return Err(SourceError::Protocol(format!("row change of relation {relation_id} outside a transaction")));
+            return Err(SourceError::Protocol(format!(
+                "row change of relation {relation_id} outside a transaction"
+            )));
         }
         let relation = self.relations.get(&relation_id).ok_or_else(|| {
-            SourceError::Protocol(format!("row change of relation {relation_id} before its Relation message"))
+            SourceError::Protocol(format!(
+                "row change of relation {relation_id} before its Relation message"
+            ))
         })?;
-        Ok(Some(SourceEvent::Change { relation: Arc::clone(relation), change }))
+        Ok(Some(SourceEvent::Change {
+            relation: Arc::clone(relation),
+            change,
+        }))
     }
 }
 
@@ -175,29 +236,65 @@ mod tests {
     #[test]
     fn a_transaction_yields_begin_relation_change_commit() {
         let mut a = Assembler::new();
-        assert!(matches!(a.begin(7, Lsn(100), 1).unwrap(), SourceEvent::Begin { xid: 7, .. }));
-        assert!(matches!(a.data(&relation_message(42)).unwrap(), Some(SourceEvent::Relation(_))));
+        assert!(matches!(
+            a.begin(7, Lsn(100), 1).unwrap(),
+            SourceEvent::Begin { xid: 7, .. }
+        ));
+        assert!(matches!(
+            a.data(&relation_message(42)).unwrap(),
+            Some(SourceEvent::Relation(_))
+        ));
         match a.data(&insert_message(42, b"abc")).unwrap() {
-            Some(SourceEvent::Change { relation, change: RowChange::Insert(t) }) => {
+            Some(SourceEvent::Change {
+                relation,
+                change: RowChange::Insert(t),
+            }) => {
                 assert_eq!(relation.name, "outbox");
-                assert_eq!(t.columns, vec![pgoutput::Column::Text(Bytes::from_static(b"abc"))]);
+                assert_eq!(
+                    t.columns,
+                    vec![pgoutput::Column::Text(Bytes::from_static(b"abc"))]
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
-        assert!(a.keepalive(Lsn(90)).is_none(), "no idle confirmation inside a transaction");
-        assert!(matches!(a.commit(Lsn(100), Lsn(108), 1).unwrap(), SourceEvent::Commit { end_lsn: Lsn(108), .. }));
-        assert_eq!(a.keepalive(Lsn(200)), Some(SourceEvent::Idle { wal_end: Lsn(200) }));
+        assert!(
+            a.keepalive(Lsn(90)).is_none(),
+            "no idle confirmation inside a transaction"
+        );
+        assert!(matches!(
+            a.commit(Lsn(100), Lsn(108), 1).unwrap(),
+            SourceEvent::Commit {
+                end_lsn: Lsn(108),
+                ..
+            }
+        ));
+        assert_eq!(
+            a.keepalive(Lsn(200)),
+            Some(SourceEvent::Idle { wal_end: Lsn(200) })
+        );
     }
 
     #[test]
     fn framing_errors_are_reported() {
         let mut a = Assembler::new();
         assert!(a.commit(Lsn(1), Lsn(2), 0).is_err());
-        assert!(a.data(&relation_message(1)).unwrap().is_some(), "relations may arrive outside transactions");
-        assert!(a.data(&insert_message(1, b"x")).is_err(), "change outside a transaction");
+        assert!(
+            a.data(&relation_message(1)).unwrap().is_some(),
+            "relations may arrive outside transactions"
+        );
+        assert!(
+            a.data(&insert_message(1, b"x")).is_err(),
+            "change outside a transaction"
+        );
         a.begin(1, Lsn(10), 0).unwrap();
         assert!(a.begin(2, Lsn(20), 0).is_err());
-        assert!(a.data(&insert_message(99, b"x")).is_err(), "unknown relation");
-        assert!(a.commit(Lsn(11), Lsn(12), 0).is_err(), "commit LSN must match begin");
+        assert!(
+            a.data(&insert_message(99, b"x")).is_err(),
+            "unknown relation"
+        );
+        assert!(
+            a.commit(Lsn(11), Lsn(12), 0).is_err(),
+            "commit LSN must match begin"
+        );
     }
 }

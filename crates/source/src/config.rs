@@ -38,11 +38,20 @@ pub struct TableName {
 impl TableName {
     /// Parses `schema.table` or `table` (schema `public`). Double quotes keep dots and case.
     pub fn parse(text: &str) -> Result<Self, SourceError> {
-        let parts = split_identifiers(text)
-            .ok_or_else(|| SourceError::Config(format!("invalid table name {text:?}: expected schema.table")))?;
+        let parts = split_identifiers(text).ok_or_else(|| {
+            SourceError::Config(format!(
+                "invalid table name {text:?}: expected schema.table"
+            ))
+        })?;
         match parts.as_slice() {
-            [name] => Ok(TableName { schema: "public".into(), name: name.clone() }),
-            [schema, name] => Ok(TableName { schema: schema.clone(), name: name.clone() }),
+            [name] => Ok(TableName {
+                schema: "public".into(),
+                name: name.clone(),
+            }),
+            [schema, name] => Ok(TableName {
+                schema: schema.clone(),
+                name: name.clone(),
+            }),
             _ => Err(SourceError::Config(format!(
                 "invalid table name {text:?}: expected schema.table"
             ))),
@@ -135,9 +144,9 @@ impl fmt::Debug for ConnectionParams {
 impl ConnectionParams {
     /// Reads the parameters out of a libpq-style URL or key/value string.
     pub fn from_url(url: &str) -> Result<Self, SourceError> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| SourceError::Config(format!("source.url is not a valid PostgreSQL URL: {e}")))?;
+        let config: tokio_postgres::Config = url.parse().map_err(|e| {
+            SourceError::Config(format!("source.url is not a valid PostgreSQL URL: {e}"))
+        })?;
         let host = match config.get_hosts().first() {
             Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
             Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
@@ -146,14 +155,24 @@ impl ConnectionParams {
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let user = config
             .get_user()
-            .ok_or_else(|| SourceError::Config("source.url names no user: add one, e.g. postgres://siphon@host/db".into()))?
+            .ok_or_else(|| {
+                SourceError::Config(
+                    "source.url names no user: add one, e.g. postgres://siphon@host/db".into(),
+                )
+            })?
             .to_owned();
         let password = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned())
             .unwrap_or_default();
         let database = config.get_dbname().unwrap_or(&user).to_owned();
-        Ok(ConnectionParams { host, port, user, password, database })
+        Ok(ConnectionParams {
+            host,
+            port,
+            user,
+            password,
+            database,
+        })
     }
 }
 
@@ -163,8 +182,14 @@ mod tests {
 
     #[test]
     fn table_names_default_to_public_and_fold_case() {
-        assert_eq!(TableName::parse("outbox").unwrap().to_string(), "public.outbox");
-        assert_eq!(TableName::parse("App.Outbox").unwrap().to_string(), "app.outbox");
+        assert_eq!(
+            TableName::parse("outbox").unwrap().to_string(),
+            "public.outbox"
+        );
+        assert_eq!(
+            TableName::parse("App.Outbox").unwrap().to_string(),
+            "app.outbox"
+        );
         let quoted = TableName::parse("\"My.Schema\".\"Out\"\"box\"").unwrap();
         assert_eq!(quoted.schema, "My.Schema");
         assert_eq!(quoted.name, "Out\"box");
@@ -177,7 +202,15 @@ mod tests {
     #[test]
     fn connection_params_come_from_the_url_and_hide_the_password() {
         let p = ConnectionParams::from_url("postgres://alice:s3cret@127.0.0.1:5433/app").unwrap();
-        assert_eq!((p.host.as_str(), p.port, p.user.as_str(), p.database.as_str()), ("127.0.0.1", 5433, "alice", "app"));
+        assert_eq!(
+            (
+                p.host.as_str(),
+                p.port,
+                p.user.as_str(),
+                p.database.as_str()
+            ),
+            ("127.0.0.1", 5433, "alice", "app")
+        );
         assert_eq!(p.password, "s3cret");
         assert!(!format!("{p:?}").contains("s3cret"));
         assert!(ConnectionParams::from_url("postgres://127.0.0.1/app").is_err());

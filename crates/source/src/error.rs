@@ -35,9 +35,15 @@ impl SourceError {
             let code = db.code().code();
             // Class 28: invalid authorization; 3D: invalid catalog (database); 42: syntax or access.
             if code.starts_with("28") || code.starts_with("3D") || code.starts_with("42") {
-                return SourceError::Definite(format!("{context}: {} (SQLSTATE {code})", db.message()));
+                return SourceError::Definite(format!(
+                    "{context}: {} (SQLSTATE {code})",
+                    db.message()
+                ));
             }
-            return SourceError::Transient(format!("{context}: {} (SQLSTATE {code})", db.message()));
+            return SourceError::Transient(format!(
+                "{context}: {} (SQLSTATE {code})",
+                db.message()
+            ));
         }
         SourceError::Transient(format!("{context}: {err}"))
     }
@@ -85,9 +91,23 @@ mod tests {
 
     #[test]
     fn server_errors_are_sorted_by_consequence() {
-        assert!(!classify_server_message("s", "ERROR: replication slot \"s\" does not exist").is_transient());
-        assert!(!classify_server_message("s", "ERROR: can no longer get changes from replication slot \"s\"").is_transient());
-        assert!(classify_server_message("s", "ERROR: replication slot \"s\" is active for PID 42").is_transient());
-        assert!(classify_server_message("s", "FATAL: terminating connection due to administrator command").is_transient());
+        assert!(
+            !classify_server_message("s", "ERROR: replication slot \"s\" does not exist")
+                .is_transient()
+        );
+        assert!(!classify_server_message(
+            "s",
+            "ERROR: can no longer get changes from replication slot \"s\""
+        )
+        .is_transient());
+        assert!(
+            classify_server_message("s", "ERROR: replication slot \"s\" is active for PID 42")
+                .is_transient()
+        );
+        assert!(classify_server_message(
+            "s",
+            "FATAL: terminating connection due to administrator command"
+        )
+        .is_transient());
     }
 }

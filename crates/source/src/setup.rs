@@ -76,15 +76,26 @@ async fn check_tables(client: &Client, tables: &[TableName]) -> Result<(), Sourc
     Ok(())
 }
 
-async fn ensure_publication(client: &Client, publication: &str, tables: &[TableName]) -> Result<(), SourceError> {
+async fn ensure_publication(
+    client: &Client,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<(), SourceError> {
     let exists = client
-        .query_opt("SELECT puballtables FROM pg_publication WHERE pubname = $1", &[&publication])
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
         .await
         .map_err(|e| SourceError::from_sql("looking up the publication", e))?;
     match exists {
         None => {
             let list: Vec<String> = tables.iter().map(TableName::quoted).collect();
-            let sql = format!("CREATE PUBLICATION {} FOR TABLE {}", quote_ident(publication), list.join(", "));
+            let sql = format!(
+                "CREATE PUBLICATION {} FOR TABLE {}",
+                quote_ident(publication),
+                list.join(", ")
+            );
             client.batch_execute(&sql).await.map_err(|e| {
                 SourceError::from_sql(
                     &format!("creating publication \"{publication}\" (run `{sql}` as a user that owns the tables, or grant that)"),
@@ -100,14 +111,24 @@ async fn ensure_publication(client: &Client, publication: &str, tables: &[TableN
                 return Ok(());
             }
             let rows = client
-                .query("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1", &[&publication])
+                .query(
+                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1",
+                    &[&publication],
+                )
                 .await
                 .map_err(|e| SourceError::from_sql("reading the publication's tables", e))?;
             let published: BTreeSet<TableName> = rows
                 .iter()
-                .map(|r| TableName { schema: r.get(0), name: r.get(1) })
+                .map(|r| TableName {
+                    schema: r.get(0),
+                    name: r.get(1),
+                })
                 .collect();
-            let missing: Vec<String> = tables.iter().filter(|t| !published.contains(t)).map(TableName::quoted).collect();
+            let missing: Vec<String> = tables
+                .iter()
+                .filter(|t| !published.contains(t))
+                .map(TableName::quoted)
+                .collect();
             if missing.is_empty() {
                 Ok(())
             } else {
@@ -132,7 +153,10 @@ async fn ensure_slot(client: &Client, slot: &str) -> Result<SlotState, SourceErr
         .await
         .map_err(|e| SourceError::from_sql("looking up the replication slot", e))?;
     let Some(row) = row else {
-        let sql = format!("SELECT lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')", quote_literal(slot));
+        let sql = format!(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')",
+            quote_literal(slot)
+        );
         let created = client.query_one(&sql, &[]).await.map_err(|e| {
             SourceError::from_sql(
                 &format!("creating replication slot \"{slot}\" (the user needs the REPLICATION attribute; max_replication_slots may be exhausted)"),
@@ -141,7 +165,10 @@ async fn ensure_slot(client: &Client, slot: &str) -> Result<SlotState, SourceErr
         })?;
         let lsn = parse_lsn(created.get(0))?;
         info!(slot, %lsn, "created replication slot");
-        return Ok(SlotState { confirmed_flush_lsn: lsn, created: true });
+        return Ok(SlotState {
+            confirmed_flush_lsn: lsn,
+            created: true,
+        });
     };
     let plugin: Option<String> = row.get(0);
     let slot_type: String = row.get(1);
@@ -171,17 +198,24 @@ async fn ensure_slot(client: &Client, slot: &str) -> Result<SlotState, SourceErr
         )));
     }
     let lsn = parse_lsn(confirmed.as_deref().unwrap_or("0/0"))?;
-    Ok(SlotState { confirmed_flush_lsn: lsn, created: false })
+    Ok(SlotState {
+        confirmed_flush_lsn: lsn,
+        created: false,
+    })
 }
 
 fn parse_lsn(text: &str) -> Result<Lsn, SourceError> {
-    text.parse().map_err(|e| SourceError::Protocol(format!("{e}")))
+    text.parse()
+        .map_err(|e| SourceError::Protocol(format!("{e}")))
 }
 
 /// Reads the slot's `confirmed_flush_lsn` (for status reports and tests).
 pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
     let row = client
-        .query_opt("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
         .await
         .map_err(|e| SourceError::from_sql("reading the replication slot", e))?;
     match row.and_then(|r| r.get::<_, Option<String>>(0)) {

@@ -8,7 +8,9 @@
 use crate::assembly::{Assembler, SourceEvent};
 use crate::{ConnectionParams, SourceConfig, SourceError};
 use pgoutput::Lsn;
-use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use pgwire_replication::{
+    Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
+};
 use std::time::Duration;
 use tracing::{debug, info};
 
@@ -66,16 +68,28 @@ impl ReplicationStream {
                 .map_err(|e| SourceError::from_replication(&self.slot, e))?;
             let Some(event) = event else { return Ok(None) };
             let produced = match event {
-                ReplicationEvent::Begin { final_lsn, xid, commit_time_micros } => {
-                    Some(self.assembler.begin(xid, Lsn(final_lsn.as_u64()), commit_time_micros)?)
-                }
-                ReplicationEvent::Commit { lsn, end_lsn, commit_time_micros } => Some(self.assembler.commit(
+                ReplicationEvent::Begin {
+                    final_lsn,
+                    xid,
+                    commit_time_micros,
+                } => Some(self.assembler.begin(
+                    xid,
+                    Lsn(final_lsn.as_u64()),
+                    commit_time_micros,
+                )?),
+                ReplicationEvent::Commit {
+                    lsn,
+                    end_lsn,
+                    commit_time_micros,
+                } => Some(self.assembler.commit(
                     Lsn(lsn.as_u64()),
                     Lsn(end_lsn.as_u64()),
                     commit_time_micros,
                 )?),
                 ReplicationEvent::XLogData { data, .. } => self.assembler.data(&data)?,
-                ReplicationEvent::KeepAlive { wal_end, .. } => self.assembler.keepalive(Lsn(wal_end.as_u64())),
+                ReplicationEvent::KeepAlive { wal_end, .. } => {
+                    self.assembler.keepalive(Lsn(wal_end.as_u64()))
+                }
                 ReplicationEvent::Message { prefix, .. } => {
                     debug!(prefix, "ignoring logical decoding message");
                     None
