@@ -525,6 +525,16 @@ mod tests {
     }
 
     #[test]
+    fn shipped_example_configurations_are_valid() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        for file in ["examples/siphon.toml", "examples/docker-siphon.toml"] {
+            let text = std::fs::read_to_string(format!("{root}/{file}")).unwrap();
+            let doc: toml::Table = text.parse().unwrap();
+            Config::from_table(doc).unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        }
+    }
+
+    #[test]
     fn documentation_and_example_cover_every_key() {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
         let docs = std::fs::read_to_string(format!("{root}/docs/configuration.md")).unwrap();

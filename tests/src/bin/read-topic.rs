@@ -13,7 +13,10 @@ fn show(bytes: Option<&[u8]>) -> String {
         None => "null".to_owned(),
         Some(b) => match std::str::from_utf8(b) {
             Ok(s) => s.to_owned(),
-            Err(_) => format!("0x{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
+            Err(_) => format!(
+                "0x{}",
+                b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+            ),
         },
     }
 }
@@ -31,8 +34,11 @@ fn main() -> Result<()> {
         let records = siphon_tests::read_topic(bootstrap, topic, Duration::from_secs(30))?;
         writeln!(out, "== {topic}: {} record(s)", records.len())?;
         for r in records {
-            let headers: Vec<String> =
-                r.headers.iter().map(|(k, v)| format!("{k}={}", show(v.as_deref()))).collect();
+            let headers: Vec<String> = r
+                .headers
+                .iter()
+                .map(|(k, v)| format!("{k}={}", show(v.as_deref())))
+                .collect();
             writeln!(
                 out,
                 "partition={} offset={} key={} headers=[{}] value={}",
