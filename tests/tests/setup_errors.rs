@@ -1,0 +1,132 @@
+//! Definite errors: Siphon stops with exit status 2 and a message naming the fix, instead of
+//! retrying forever or skipping data.
+
+use anyhow::Result;
+use siphon_tests::{Broker, Postgres, SiphonProcess};
+use std::time::Duration;
+
+const EXIT_DEFINITE: i32 = 2;
+
+fn config(pg: &Postgres, broker: &Broker) -> String {
+    format!(
+        r#"
+[source]
+url = "{}"
+slot = "s"
+publication = "p"
+tables = ["public.outbox"]
+
+[kafka]
+bootstrap_servers = "{}"
+"#,
+        pg.url(),
+        broker.bootstrap()
+    )
+}
+
+const OUTBOX: &str = "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb)";
+
+/// Starts Siphon, waits for it to exit and returns its log; fails unless the exit status is 2.
+fn expect_definite_error(pg: &Postgres, broker: &Broker) -> Result<String> {
+    let siphon = SiphonProcess::start(&config(pg, broker))?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    let log = siphon.log();
+    assert_eq!(
+        status.code(),
+        Some(EXIT_DEFINITE),
+        "exit status {status:?}; log:\n{log}"
+    );
+    Ok(log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_outbox_table_is_named() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let log = expect_definite_error(&pg, &broker)?;
+    assert!(
+        log.contains("outbox table public.outbox does not exist"),
+        "{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_without_the_table_names_the_alter_to_run() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    client
+        .batch_execute(
+            "CREATE TABLE other (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE other",
+        )
+        .await?;
+    let log = expect_definite_error(&pg, &broker)?;
+    assert!(
+        log.contains(r#"ALTER PUBLICATION "p" ADD TABLE "public"."outbox""#),
+        "{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_with_another_plugin_is_refused() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding')")
+        .await?;
+    let log = expect_definite_error(&pg, &broker)?;
+    assert!(
+        log.contains("plugin test_decoding") && log.contains("pgoutput"),
+        "{log}"
+    );
+    // The slot is left alone: its position is the only record of what was delivered.
+    let plugin: String = client
+        .query_one(
+            "SELECT plugin FROM pg_replication_slots WHERE slot_name = 's'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(plugin, "test_decoding");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_table_without_a_configured_column_is_named_and_the_row_is_not_skipped(
+) -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client
+        .batch_execute("CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, type text NOT NULL, payload jsonb)")
+        .await?;
+    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    client
+        .batch_execute(
+            "INSERT INTO outbox VALUES (gen_random_uuid(), 'Order', 'OrderCreated', '{}')",
+        )
+        .await?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    let log = siphon.log();
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+    assert!(
+        log.contains("aggregateid") && log.contains("table.field.event.key"),
+        "{log}"
+    );
+    // The row was not skipped: a restart stops on it again (the dead-letter policy is the way
+    // past a row that can never be routed).
+    siphon.start_again()?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{}", siphon.log());
+    let failures = siphon.log().matches("table.field.event.key").count();
+    assert!(
+        failures >= 2,
+        "both runs stop on the same row:\n{}",
+        siphon.log()
+    );
+    Ok(())
+}
