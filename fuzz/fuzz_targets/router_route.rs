@@ -1,13 +1,16 @@
 //! Arbitrary router options, outbox relations and row changes through the router.
 //!
-//! Option names, column names, type oids and column texts are mostly drawn from small
-//! alphabets of meaningful values (Debezium's option names and defaults, the outbox column
-//! names, common type oids, numbers and booleans as PostgreSQL prints them), with arbitrary
-//! values mixed in, so the fuzzer reaches a bound table and a routed record quickly.
+//! Option names, option values, column names, type oids and column texts are mostly drawn
+//! from small alphabets of meaningful values (the router's own option names, Debezium's
+//! defaults, the outbox column names, common type oids, values as PostgreSQL prints them),
+//! with arbitrary values mixed in, so the fuzzer reaches a bound table and a routed record
+//! quickly.
 //!
 //! Besides "never panics", the target checks the documented router invariants:
 //! - routing is deterministic: the same inputs give the same output;
 //! - a routed record's topic is a legal Kafka topic name.
+//!
+//! `fuzz/make_seeds.py` encodes a few hand-made inputs of this shape: keep the two in step.
 
 #![no_main]
 
@@ -15,22 +18,20 @@ use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use pgoutput::{Column, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
-use siphon_router::encode::oid;
+use siphon_router::encode::{oid, FIRST_USER_OID};
 use siphon_router::topic::check_topic_name;
 use siphon_router::{
-    partition_for_key, Change, Encoding, EventRouter, Format, Routed, RouterOptions, SkipReason,
+    partition_for_key, Change, Encoding, EventRouter, Format, Routed, RouterContext,
+    RouterOptions, SkipReason,
 };
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
-const OPTION_NAMES: &[&str] = &[
-    "table.field.event.id",
-    "table.field.event.key",
-    "table.field.event.payload",
-    "route.by.field",
-    "route.topic.replacement",
-    "table.op.invalid.behavior",
-    "route.topic.regex",
+/// Option names besides the router's own (`supported_options` and `ignored_options`).
+const EXTRA_OPTION_NAMES: &[&str] = &[
     "transforms.outbox.route.by.field",
+    "route.by.field ",
+    "ROUTE.BY.FIELD",
     "",
 ];
 
@@ -40,14 +41,16 @@ const COLUMN_NAMES: &[&str] = &[
     "aggregateid",
     "payload",
     "type",
+    "created_at",
+    "version",
+    "part",
     "event_id",
-    "aggregate_type",
-    "aggregate_id",
-    "body",
+    "kind",
     "",
 ];
 
 const OPTION_VALUES: &[&str] = &[
+    // route.topic.replacement
     "outbox.event.${routedByValue}",
     "${routedByValue}",
     "events.$1",
@@ -59,12 +62,43 @@ const OPTION_VALUES: &[&str] = &[
     "${",
     "${type}",
     "$2",
+    // route.topic.regex
+    "(?<routedByValue>.*)",
+    "(.*)",
+    "(?<routedByValue>.*)Created",
+    "([a-z]+)\\.(.*)",
+    "(?i)order",
+    "(",
+    "a{1000}{1000}",
+    "\\p{Greek}+",
+    // behaviours and booleans
     "warn",
     "error",
     "fatal",
     "FATAL",
     " Warn ",
     "ignore",
+    "optional_bytes",
+    "optional_string",
+    "true",
+    "false",
+    "TRUE",
+    "yes",
+    // table.fields.additional.placement
+    "type:header",
+    "type:header:eventType",
+    "type:envelope",
+    "type:envelope:payload",
+    "aggregateid:partition",
+    "part:partition",
+    "type:envelope:t,version:envelope:t",
+    "type:header,aggregateid:envelope:agg,part:partition",
+    "type",
+    "type:nowhere",
+    ":header",
+    ",,",
+    // topic.prefix
+    "siphon",
     " ",
     "",
 ];
@@ -92,13 +126,14 @@ const OIDS: &[u32] = &[
     oid::NUMERIC,
     oid::UUID,
     oid::JSONB,
-    siphon_router::encode::FIRST_USER_OID,
-    siphon_router::encode::FIRST_USER_OID - 1,
+    FIRST_USER_OID,
+    FIRST_USER_OID - 1,
     u32::MAX,
     0,
 ];
 
 const TEXTS: &[&str] = &[
+    // routing values and topics
     "Order",
     "order-events",
     "a.b_c-d",
@@ -106,11 +141,13 @@ const TEXTS: &[&str] = &[
     "..",
     "bad topic",
     "line\nbreak",
+    // numbers
     "0",
     "-1",
     "42",
     "+7",
     "007",
+    "2147483648",
     "9223372036854775807",
     "-9223372036854775808",
     "9223372036854775808",
@@ -124,12 +161,33 @@ const TEXTS: &[&str] = &[
     "NaN",
     "Infinity",
     "-Infinity",
+    // booleans
     "t",
     "f",
     "true",
-    "false",
+    // JSON
     "{\"a\": [1, 2.5, null, \"\\u00e9\"]}",
+    "{\"a\":{\"b\":[1,{\"c\":null}],\"d\":[],\"e\":true,\"f\":1e400}}",
+    "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+    "{\"k\": 12345678901234567890, \"s\": \"\\ud800\"}",
+    "[]",
+    "{}",
+    "null",
     "\"\u{2028}\u{1F600}\"",
+    // timestamps
+    "2024-01-02 03:04:05.123456+00",
+    "2024-01-02 03:04:05",
+    "2024-02-30 25:61:61+14:59",
+    "294276-12-31 23:59:59.999999+00",
+    "0001-01-01 00:00:00+00 BC",
+    "infinity",
+    "-infinity",
+    // bytea
+    "\\xdeadbeef",
+    "\\x",
+    "\\xZZ",
+    "abc\\\\000\\001",
+    // uuid
     "f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
     "",
 ];
@@ -170,6 +228,18 @@ struct ColumnSpec {
     type_oid: TypeOid,
     flags: u8,
     type_modifier: i32,
+    not_null: bool,
+}
+
+/// Bytes taken as one length-prefixed run (cheaper for the fuzzer than a `Vec<u8>`, which
+/// spends a continuation byte per element).
+#[derive(Debug)]
+struct Raw(Vec<u8>);
+
+impl<'a> Arbitrary<'a> for Raw {
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        <&[u8]>::arbitrary(u).map(|b| Raw(b.to_vec()))
+    }
 }
 
 #[derive(Arbitrary, Debug)]
@@ -177,8 +247,8 @@ enum Value {
     Null,
     UnchangedToast,
     KnownText(u8),
-    Text(Vec<u8>),
-    Binary(Vec<u8>),
+    Text(Raw),
+    Binary(Raw),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -195,11 +265,21 @@ enum ChangeSpec {
     Delete(Row),
 }
 
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum EncodingSpec {
+    Json,
+    String,
+    JsonSchemas,
+    Binary,
+}
+
 #[derive(Arbitrary, Debug)]
 struct Input {
     options: Vec<(Pick, OptionValue)>,
-    key_string: bool,
-    value_string: bool,
+    key: EncodingSpec,
+    value: EncodingSpec,
+    /// The run id of Debezium's context headers; `None` builds the router without them.
+    context: Option<String>,
     relation_id: u32,
     namespace: String,
     table: String,
@@ -209,12 +289,27 @@ struct Input {
     partitions: i32,
 }
 
-fn encoding(string: bool) -> Encoding {
-    if string {
-        Encoding::String
-    } else {
-        Encoding::Json
+fn option_names() -> &'static [&'static str] {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        RouterOptions::supported_options()
+            .chain(RouterOptions::ignored_options())
+            .chain(EXTRA_OPTION_NAMES.iter().copied())
+            .collect()
+    })
+}
+
+fn encoding(spec: EncodingSpec) -> Encoding {
+    match spec {
+        EncodingSpec::Json => Encoding::Json,
+        EncodingSpec::String => Encoding::String,
+        EncodingSpec::JsonSchemas => Encoding::JsonSchemas,
+        EncodingSpec::Binary => Encoding::Binary,
     }
+}
+
+fn text(s: String) -> Text {
+    Text::new(Bytes::from(s.into_bytes())).expect("a String is UTF-8")
 }
 
 fn tuple(row: &Row, column_count: usize) -> TupleData {
@@ -227,8 +322,8 @@ fn tuple(row: &Row, column_count: usize) -> TupleData {
             Value::KnownText(i) => {
                 Column::Text(Bytes::from_static(TEXTS[usize::from(*i) % TEXTS.len()].as_bytes()))
             }
-            Value::Text(b) => Column::Text(Bytes::copy_from_slice(b)),
-            Value::Binary(b) => Column::Binary(Bytes::copy_from_slice(b)),
+            Value::Text(Raw(b)) => Column::Text(Bytes::copy_from_slice(b)),
+            Value::Binary(Raw(b)) => Column::Binary(Bytes::copy_from_slice(b)),
         })
         .collect();
     if row.fit {
@@ -246,11 +341,14 @@ fuzz_target!(|input: Input| {
                 OptionValue::Column(p) => p.get(COLUMN_NAMES),
                 OptionValue::Other(p) => p.get(OPTION_VALUES),
             };
-            (name.get(OPTION_NAMES), value)
+            (name.get(option_names()), value)
         })
         .collect();
     let options = match RouterOptions::from_map(&map) {
-        Ok(options) => options,
+        Ok(options) => {
+            let _ = options.warnings();
+            options
+        }
         Err(error) => {
             let _ = error.to_string();
             // Carry on with the defaults, so a bad option map still reaches routing.
@@ -261,9 +359,8 @@ fuzz_target!(|input: Input| {
     let relation = Relation {
         xid: None,
         id: input.relation_id,
-        namespace: Text::new(Bytes::from(input.namespace.clone().into_bytes()))
-            .expect("a String is UTF-8"),
-        name: Text::new(Bytes::from(input.table.clone().into_bytes())).expect("a String is UTF-8"),
+        namespace: text(input.namespace.clone()),
+        name: text(input.table.clone()),
         replica_identity: match input.replica_identity % 4 {
             0 => ReplicaIdentity::Default,
             1 => ReplicaIdentity::Nothing,
@@ -275,8 +372,7 @@ fuzz_target!(|input: Input| {
             .iter()
             .map(|c| RelationColumn {
                 flags: c.flags,
-                name: Text::new(Bytes::from(c.name.get(COLUMN_NAMES).into_bytes()))
-                    .expect("a String is UTF-8"),
+                name: text(c.name.get(COLUMN_NAMES)),
                 type_oid: match c.type_oid {
                     TypeOid::Known(i) => OIDS[usize::from(i) % OIDS.len()],
                     TypeOid::Random(o) => o,
@@ -285,15 +381,35 @@ fuzz_target!(|input: Input| {
             })
             .collect(),
     };
+    let not_null = |name: &str| {
+        relation
+            .columns
+            .iter()
+            .zip(&input.columns)
+            .any(|(c, spec)| spec.not_null && c.name.as_str() == name)
+    };
 
-    let router = EventRouter::new(
-        options,
-        Format {
-            key: encoding(input.key_string),
-            value: encoding(input.value_string),
-        },
-    );
-    let binding = match router.bind(&relation) {
+    let format = Format {
+        key: encoding(input.key),
+        value: encoding(input.value),
+    };
+    let router = match &input.context {
+        None => EventRouter::new(options, format),
+        Some(run_id) => {
+            match EventRouter::new_with_context(
+                options.clone(),
+                format,
+                RouterContext::postgresql(run_id.clone()),
+            ) {
+                Ok(router) => router,
+                Err(error) => {
+                    let _ = error.to_string();
+                    EventRouter::new(options, format)
+                }
+            }
+        }
+    };
+    let binding = match router.bind_with_not_null(&relation, &not_null) {
         Ok(binding) => binding,
         Err(error) => {
             let _ = error.to_string();
@@ -301,6 +417,9 @@ fuzz_target!(|input: Input| {
         }
     };
     assert_eq!(binding.column_count(), relation.columns.len());
+    if let Ok(plain) = router.bind(&relation) {
+        assert_eq!(plain.column_count(), binding.column_count());
+    }
 
     let n = relation.columns.len();
     for spec in &input.changes {
@@ -324,7 +443,11 @@ fuzz_target!(|input: Input| {
             }
         };
         let routed = router.route(&binding, change);
-        assert_eq!(routed, router.route(&binding, change), "routing is not deterministic");
+        assert_eq!(
+            routed,
+            router.route(&binding, change),
+            "routing is not deterministic"
+        );
         match &routed {
             Ok(Routed::Record(record)) => {
                 if let Err(reason) = check_topic_name(&record.topic) {

@@ -35,6 +35,7 @@
 
 pub mod broker;
 pub mod kafka_read;
+pub mod outbox;
 pub mod ports;
 pub mod postgres;
 pub mod siphon;

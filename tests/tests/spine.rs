@@ -2,135 +2,16 @@
 //! exact records out, the slot confirmed only after the broker acknowledged them.
 
 use anyhow::{Context, Result};
+use siphon_tests::outbox::{
+    current_insert_lsn, event, insert_transaction, siphon_config, slot_active, slot_confirmed_lsn,
+    Event, OUTBOX_DDL,
+};
 use siphon_tests::{
     read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 use tokio_postgres::Client;
-
-const OUTBOX_DDL: &str = "CREATE TABLE outbox (
-    id uuid PRIMARY KEY,
-    aggregatetype varchar(255) NOT NULL,
-    aggregateid varchar(255) NOT NULL,
-    type varchar(255) NOT NULL,
-    payload jsonb)";
-
-fn config(pg: &Postgres, broker: &Broker, slot: &str) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-slot = "{slot}"
-publication = "{slot}_pub"
-tables = ["public.outbox"]
-status_interval_ms = 200
-
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[kafka.properties]
-"message.timeout.ms" = "10000"
-
-[kafka.topic_creation]
-partitions = 3
-replication_factor = 1
-
-[pipeline]
-max_in_flight_records = 500
-shutdown_timeout_secs = 20
-max_backoff_secs = 2
-"#,
-        url = pg.url(),
-        bootstrap = broker.bootstrap()
-    )
-}
-
-async fn slot_lsn(client: &Client, slot: &str) -> Result<Option<u64>> {
-    let row = client
-        .query_opt(
-            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint, active FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row
-        .and_then(|r| r.get::<_, Option<i64>>(0))
-        .map(|v| v as u64))
-}
-
-async fn slot_active(client: &Client, slot: &str) -> Result<bool> {
-    let row = client
-        .query_opt(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row.map(|r| r.get::<_, bool>(0)).unwrap_or(false))
-}
-
-async fn current_insert_lsn(client: &Client) -> Result<u64> {
-    let row = client
-        .query_one(
-            "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
-            &[],
-        )
-        .await?;
-    Ok(row.get::<_, i64>(0) as u64)
-}
-
-/// The event as the application wrote it.
-#[derive(Debug, Clone)]
-struct Event {
-    id: String,
-    aggregatetype: &'static str,
-    aggregateid: String,
-    seq: u64,
-    payload: String,
-}
-
-fn event(seq: u64, committed: bool) -> Event {
-    let aggregatetype = if seq.is_multiple_of(3) {
-        "Customer"
-    } else {
-        "Order"
-    };
-    let note = match seq % 5 {
-        0 => "plain".to_owned(),
-        1 => "quote \" and backslash \\ and slash /".to_owned(),
-        2 => "tab\tnewline\nreturn\r".to_owned(),
-        3 => "non-ASCII: zürich, 東京, emoji 🚀".to_owned(),
-        _ => String::new(),
-    };
-    let payload = serde_json::json!({ "seq": seq, "note": note, "committed": committed, "items": [1, 2.5, null, true] }).to_string();
-    Event {
-        id: format!("00000000-0000-4000-8000-{seq:012}"),
-        aggregatetype,
-        aggregateid: format!("{}-{}", aggregatetype.to_lowercase(), seq % 17),
-        seq,
-        payload,
-    }
-}
-
-async fn insert_transaction(client: &mut Client, events: &[Event], commit: bool) -> Result<()> {
-    let tx = client.transaction().await?;
-    let stmt = tx
-        .prepare("INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ($1::text::uuid, $2, $3, 'Event', $4::text::jsonb)")
-        .await?;
-    for e in events {
-        tx.execute(
-            &stmt,
-            &[&e.id, &e.aggregatetype, &e.aggregateid, &e.payload],
-        )
-        .await?;
-    }
-    tx.execute("DELETE FROM outbox", &[]).await?;
-    if commit {
-        tx.commit().await?;
-    } else {
-        tx.rollback().await?;
-    }
-    Ok(())
-}
 
 /// PostgreSQL's canonical text of each payload as jsonb (what pgoutput sends).
 async fn canonical_jsonb(client: &Client, payloads: &[String]) -> Result<Vec<String>> {
@@ -195,7 +76,7 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
-    let siphon = SiphonProcess::start(&config(&pg, &broker, "spine"))?;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "spine", ""))?;
     wait_until(
         Duration::from_secs(60),
         Duration::from_millis(200),
@@ -307,7 +188,9 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     wait_until(
         Duration::from_secs(30),
         Duration::from_millis(200),
-        || async { Ok(slot_lsn(&client, "spine").await?.unwrap_or(0) >= end_of_last_commit) },
+        || async {
+            Ok(slot_confirmed_lsn(&client, "spine").await?.unwrap_or(0) >= end_of_last_commit)
+        },
     )
     .await
     .context("confirmed_flush_lsn did not reach the end of the last transaction")?;
@@ -343,7 +226,7 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
-    let siphon = SiphonProcess::start(&config(&pg, &broker, "outage"))?;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "outage", ""))?;
     wait_until(
         Duration::from_secs(60),
         Duration::from_millis(200),
@@ -365,7 +248,7 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     }
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let confirmed = slot_lsn(&client, "outage").await?.unwrap_or(0);
+        let confirmed = slot_confirmed_lsn(&client, "outage").await?.unwrap_or(0);
         assert!(
             confirmed < end_of_first_undelivered,
             "slot confirmed {confirmed:X} past an undelivered transaction ending at {end_of_first_undelivered:X}"
@@ -407,7 +290,7 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     wait_until(
         Duration::from_secs(30),
         Duration::from_millis(200),
-        || async { Ok(slot_lsn(&client, "outage").await?.unwrap_or(0) >= end) },
+        || async { Ok(slot_confirmed_lsn(&client, "outage").await?.unwrap_or(0) >= end) },
     )
     .await
     .context("the slot did not move on after delivery")?;

@@ -16,4 +16,4 @@ pub mod topics;
 
 pub use config::{SinkConfig, TopicCreation};
 pub use error::{DeliveryError, SinkError};
-pub use producer::{Delivered, Delivery, KafkaSink};
+pub use producer::{Delivered, Delivery, DeliveryFailure, KafkaSink};

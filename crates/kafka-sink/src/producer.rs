@@ -8,12 +8,14 @@
 
 use crate::topics::TopicCreator;
 use crate::{DeliveryError, SinkConfig, SinkError};
+use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
-use siphon_router::RoutedRecord;
+use siphon_router::{Header, RoutedRecord};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -32,7 +34,15 @@ pub struct Delivery {
     pub token: usize,
     /// Key, value and header bytes of the record (what it held in the in-flight window).
     pub bytes: usize,
-    pub result: Result<Delivered, DeliveryError>,
+    pub result: Result<Delivered, DeliveryFailure>,
+}
+
+/// A record that was not delivered, with a copy of it (taken only on failure) so that it can
+/// be dead-lettered.
+#[derive(Debug, Clone)]
+pub struct DeliveryFailure {
+    pub error: DeliveryError,
+    pub record: RoutedRecord,
 }
 
 /// Routes librdkafka callbacks: deliveries to the channel, client errors to the log.
@@ -71,11 +81,37 @@ impl ProducerContext for DeliveryContext {
             Err((error, message)) => Delivery {
                 token,
                 bytes: message_bytes(message),
-                result: Err(DeliveryError::from_kafka(message.topic(), error)),
+                result: Err(DeliveryFailure {
+                    error: DeliveryError::from_kafka(message.topic(), error),
+                    record: copy_record(message),
+                }),
             },
         };
         // The receiver is gone only when the pipeline is shutting down.
         let _ = self.deliveries.send(delivery);
+    }
+}
+
+/// Copies a failed message back into a record.
+fn copy_record<M: Message>(message: &M) -> RoutedRecord {
+    let headers = message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| Header {
+                    name: Arc::from(h.key),
+                    value: h.value.map(Bytes::copy_from_slice),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    RoutedRecord {
+        topic: message.topic().to_owned(),
+        key: message.key().map(Bytes::copy_from_slice),
+        value: message.payload().map(Bytes::copy_from_slice),
+        headers,
+        timestamp_ms: message.timestamp().to_millis(),
+        partition: None,
     }
 }
 
@@ -96,7 +132,7 @@ pub fn record_bytes(record: &RoutedRecord) -> usize {
     let headers: usize = record
         .headers
         .iter()
-        .map(|h| h.name.len() + h.value.len())
+        .map(|h| h.name.len() + h.value.as_ref().map_or(0, |v| v.len()))
         .sum();
     record.key.as_ref().map_or(0, |k| k.len())
         + record.value.as_ref().map_or(0, |v| v.len())
@@ -135,9 +171,9 @@ impl KafkaSink {
         self.topics.ensure(topic).await?;
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for header in &record.headers {
-            headers = headers.insert(Header {
+            headers = headers.insert(KafkaHeader {
                 key: header.name.as_ref(),
-                value: Some(&header.value[..]),
+                value: header.value.as_deref(),
             });
         }
         loop {
@@ -151,6 +187,9 @@ impl KafkaSink {
             }
             if let Some(ts) = record.timestamp_ms {
                 base = base.timestamp(ts);
+            }
+            if let Some(partition) = record.partition {
+                base = base.partition(partition);
             }
             match self.producer.send(base) {
                 Ok(()) => return Ok(()),

@@ -5,11 +5,15 @@
 //!   a supported type, with a text-like routing column.
 //! - Column indexes in a binding are below its column count.
 
-use crate::encode::{type_name, ValueKind};
+use crate::connect::{Schema, SchemaType};
+use crate::encode::{oid, type_name, ValueKind};
 use crate::error::RouteError;
 use crate::options::{
-    RouterOptions, FIELD_EVENT_ID, FIELD_EVENT_KEY, FIELD_EVENT_PAYLOAD, ROUTE_BY_FIELD,
+    AdditionalMissingBehavior, Placement, RouterOptions, FIELDS_ADDITIONAL_PLACEMENT,
+    FIELD_EVENT_ID, FIELD_EVENT_KEY, FIELD_EVENT_PAYLOAD, FIELD_EVENT_TIMESTAMP,
+    FIELD_SCHEMA_VERSION, ROUTE_BY_FIELD,
 };
+use crate::route::{Encoding, Format};
 use pgoutput::{Oid, Relation};
 use std::sync::Arc;
 
@@ -24,6 +28,12 @@ pub enum ColumnRole {
     Payload,
     /// `route.by.field`: the topic.
     RouteBy,
+    /// `table.field.event.timestamp`: the record timestamp.
+    EventTimestamp,
+    /// `table.field.event.schema.version`: the value schema's version.
+    SchemaVersion,
+    /// An entry of `table.fields.additional.placement`.
+    Additional(Placement),
 }
 
 impl ColumnRole {
@@ -34,6 +44,9 @@ impl ColumnRole {
             ColumnRole::EventKey => FIELD_EVENT_KEY,
             ColumnRole::Payload => FIELD_EVENT_PAYLOAD,
             ColumnRole::RouteBy => ROUTE_BY_FIELD,
+            ColumnRole::EventTimestamp => FIELD_EVENT_TIMESTAMP,
+            ColumnRole::SchemaVersion => FIELD_SCHEMA_VERSION,
+            ColumnRole::Additional(_) => FIELDS_ADDITIONAL_PLACEMENT,
         }
     }
 
@@ -44,6 +57,11 @@ impl ColumnRole {
             ColumnRole::EventKey => "the aggregate id",
             ColumnRole::Payload => "the event payload",
             ColumnRole::RouteBy => "the aggregate type",
+            ColumnRole::EventTimestamp => "the event timestamp",
+            ColumnRole::SchemaVersion => "the event schema version",
+            ColumnRole::Additional(Placement::Header) => "a header value",
+            ColumnRole::Additional(Placement::Envelope) => "an envelope field",
+            ColumnRole::Additional(Placement::Partition) => "the partition number",
         }
     }
 }
@@ -55,6 +73,43 @@ pub(crate) struct BoundColumn {
     pub(crate) name: Arc<str>,
     pub(crate) kind: ValueKind,
     pub(crate) role: ColumnRole,
+    pub(crate) type_oid: Oid,
+    pub(crate) type_modifier: i32,
+    pub(crate) not_null: bool,
+}
+
+impl BoundColumn {
+    /// The Connect schema Debezium's PostgreSQL connector gives the column.
+    pub(crate) fn schema(&self) -> Schema {
+        let (ty, name) = match (self.kind, self.type_oid) {
+            (ValueKind::Integer, oid::INT2) => (SchemaType::Int16, None),
+            (ValueKind::Integer, oid::INT4) => (SchemaType::Int32, None),
+            (ValueKind::Integer, _) => (SchemaType::Int64, None),
+            (ValueKind::Boolean, _) => (SchemaType::Boolean, None),
+            (ValueKind::Float32, _) => (SchemaType::Float32, None),
+            (ValueKind::Float64, _) => (SchemaType::Float64, None),
+            (ValueKind::Bytes, _) => (SchemaType::Bytes, None),
+            (ValueKind::Text, oid::UUID) => (SchemaType::String, Some("io.debezium.data.Uuid")),
+            (ValueKind::Text, oid::JSON | oid::JSONB) => {
+                (SchemaType::String, Some("io.debezium.data.Json"))
+            }
+            (ValueKind::Text, _) => (SchemaType::String, None),
+        };
+        Schema {
+            ty,
+            optional: !self.not_null,
+            name: name.map(str::to_owned),
+            version: name.map(|_| 1),
+        }
+    }
+}
+
+/// An additional column, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BoundAdditional {
+    pub(crate) placement: Placement,
+    pub(crate) alias: Arc<str>,
+    pub(crate) column: BoundColumn,
 }
 
 /// The configured columns of one table, resolved from its `Relation` message by
@@ -69,6 +124,11 @@ pub struct TableBinding {
     pub(crate) event_key: BoundColumn,
     pub(crate) payload: BoundColumn,
     pub(crate) route_by: BoundColumn,
+    pub(crate) timestamp: Option<BoundColumn>,
+    pub(crate) schema_version: Option<BoundColumn>,
+    pub(crate) additional: Vec<BoundAdditional>,
+    /// The Debezium value schema name of the table's rows, `<topic.prefix>.<schema>.<table>.Value`.
+    pub(crate) row_schema_name: String,
 }
 
 impl TableBinding {
@@ -99,29 +159,51 @@ pub(crate) fn table_name(relation: &Relation) -> String {
     format!("{schema}.{}", relation.name.as_str())
 }
 
+/// What types a role accepts, beyond the text/number/boolean kinds.
+fn kind_for(role: ColumnRole, type_oid: Oid) -> Result<ValueKind, Option<&'static str>> {
+    let scalar = ValueKind::of(type_oid);
+    match role {
+        ColumnRole::RouteBy => match scalar {
+            Some(ValueKind::Text) => Ok(ValueKind::Text),
+            _ => Err(None),
+        },
+        ColumnRole::EventTimestamp => match type_oid {
+            oid::TIMESTAMP | oid::TIMESTAMPTZ => Ok(ValueKind::Text),
+            _ => Err(Some("the event timestamp column must be timestamp or timestamptz")),
+        },
+        ColumnRole::SchemaVersion => match type_oid {
+            oid::INT4 => Ok(ValueKind::Integer),
+            _ => Err(Some("the schema version column must be integer (int4), which Debezium reads as an int32")),
+        },
+        ColumnRole::Additional(Placement::Partition) => match type_oid {
+            oid::INT4 => Ok(ValueKind::Integer),
+            _ => Err(Some("a partition column must be integer (int4), which Debezium reads as an int32")),
+        },
+        ColumnRole::EventKey | ColumnRole::Payload if type_oid == oid::BYTEA => Ok(ValueKind::Bytes),
+        _ => scalar.ok_or(Some("")),
+    }
+}
+
 pub(crate) fn bind(
     options: &RouterOptions,
+    format: Format,
     relation: &Relation,
+    not_null: &dyn Fn(&str) -> bool,
 ) -> Result<TableBinding, RouteError> {
     let table = table_name(relation);
-    let find = |role: ColumnRole, name: &str| -> Result<BoundColumn, RouteError> {
-        let Some((index, column)) = relation
+    let lookup = |name: &str| {
+        relation
             .columns
             .iter()
             .enumerate()
             .find(|(_, c)| c.name.as_str() == name)
-        else {
-            return Err(RouteError::MissingColumn {
-                table: table.clone(),
-                column: name.to_owned(),
-                option: role.option(),
-                holds: role.holds(),
-            });
-        };
-        let kind = match ValueKind::of(column.type_oid) {
-            Some(ValueKind::Text) => ValueKind::Text,
-            // Debezium reads the routing value as a string.
-            _ if role == ColumnRole::RouteBy => {
+    };
+    let resolve = |role: ColumnRole, index: usize| -> Result<BoundColumn, RouteError> {
+        let column = &relation.columns[index];
+        let name = column.name.as_str();
+        let kind = match kind_for(role, column.type_oid) {
+            Ok(kind) => kind,
+            Err(None) => {
                 return Err(RouteError::RoutingColumnNotText {
                     table: table.clone(),
                     column: name.to_owned(),
@@ -129,8 +211,17 @@ pub(crate) fn bind(
                     type_oid: column.type_oid,
                 })
             }
-            Some(kind) => kind,
-            None => {
+            Err(Some(expected)) if !expected.is_empty() => {
+                return Err(RouteError::ColumnTypeMismatch {
+                    table: table.clone(),
+                    column: name.to_owned(),
+                    option: role.option(),
+                    type_name: type_name(column.type_oid),
+                    type_oid: column.type_oid,
+                    expected,
+                })
+            }
+            Err(Some(_)) => {
                 return Err(RouteError::UnsupportedColumnType {
                     table: table.clone(),
                     column: name.to_owned(),
@@ -145,12 +236,74 @@ pub(crate) fn bind(
             name: Arc::from(name),
             kind,
             role,
+            type_oid: column.type_oid,
+            type_modifier: column.type_modifier,
+            not_null: column.is_key() || not_null(name),
         })
+    };
+    let find = |role: ColumnRole, name: &str| -> Result<BoundColumn, RouteError> {
+        let Some((index, _)) = lookup(name) else {
+            return Err(RouteError::MissingColumn {
+                table: table.clone(),
+                column: name.to_owned(),
+                option: role.option(),
+                holds: role.holds(),
+            });
+        };
+        resolve(role, index)
     };
     let route_by = find(ColumnRole::RouteBy, options.route_by_column())?;
     let event_id = find(ColumnRole::EventId, options.event_id_column())?;
     let event_key = find(ColumnRole::EventKey, options.event_key_column())?;
     let payload = find(ColumnRole::Payload, options.payload_column())?;
+    let timestamp = options
+        .timestamp_column()
+        .map(|c| find(ColumnRole::EventTimestamp, c))
+        .transpose()?;
+    let schema_version = match options.schema_version_column() {
+        Some(c) if options.has_envelope() => Some(find(ColumnRole::SchemaVersion, c)?),
+        _ => None,
+    };
+    let mut additional = Vec::new();
+    for field in options.additional_fields() {
+        let role = ColumnRole::Additional(field.placement);
+        if lookup(&field.column).is_none()
+            && options.additional_missing() == AdditionalMissingBehavior::Ignore
+        {
+            continue;
+        }
+        let column = find(role, &field.column)?;
+        if column.kind == ValueKind::Bytes {
+            return Err(RouteError::UnsupportedColumnType {
+                table: table.clone(),
+                column: field.column.clone(),
+                option: role.option(),
+                type_name: type_name(column.type_oid),
+                type_oid: column.type_oid,
+            });
+        }
+        additional.push(BoundAdditional {
+            placement: field.placement,
+            alias: Arc::from(field.alias.as_str()),
+            column,
+        });
+    }
+    let has_envelope = additional
+        .iter()
+        .any(|a| a.placement == Placement::Envelope);
+    check_encodings(&table, format, &event_key, &payload, has_envelope)?;
+    let row_schema_name = match options.topic_prefix() {
+        Some(prefix) => format!(
+            "{prefix}.{}.{}.Value",
+            relation.namespace.as_str(),
+            relation.name.as_str()
+        ),
+        None => format!(
+            "{}.{}.Value",
+            relation.namespace.as_str(),
+            relation.name.as_str()
+        ),
+    };
     Ok(TableBinding {
         table: Arc::from(table),
         relation_id: relation.id,
@@ -159,5 +312,41 @@ pub(crate) fn bind(
         event_key,
         payload,
         route_by,
+        timestamp,
+        schema_version,
+        additional,
+        row_schema_name,
     })
+}
+
+/// Refuses the combinations Kafka Connect's converters fail on for every row.
+fn check_encodings(
+    table: &str,
+    format: Format,
+    key: &BoundColumn,
+    payload: &BoundColumn,
+    has_envelope: bool,
+) -> Result<(), RouteError> {
+    let fail = |reason: String| {
+        Err(RouteError::UnsupportedEncoding {
+            table: table.to_owned(),
+            reason,
+        })
+    };
+    for (what, column, encoding) in [("key", key, format.key), ("value", payload, format.value)] {
+        let bytes = column.kind == ValueKind::Bytes;
+        match encoding {
+            Encoding::Binary if what == "value" && has_envelope => {
+                return fail("the binary value encoding (BinaryDataConverter) cannot write the struct value that an envelope placement in table.fields.additional.placement makes; use json or json-schemas".to_owned());
+            }
+            Encoding::Binary if !bytes => {
+                return fail(format!("the binary {what} encoding (BinaryDataConverter) writes bytea columns only, and column \"{}\" has type {}; use the json, json-schemas or string encoding", column.name, type_name(column.type_oid)));
+            }
+            Encoding::String if bytes => {
+                return fail(format!("the string {what} encoding (StringConverter) cannot write the bytea column \"{}\" (Java would write an object identity); use the binary or json encoding", column.name));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }

@@ -70,6 +70,9 @@ pub enum ValueKind {
     Float32,
     /// float8: Java `Double.toString`.
     Float64,
+    /// bytea (hex text `\\x…`): raw bytes; base64 in JSON. Only for the key and payload
+    /// columns: [`ValueKind::of`] does not return it.
+    Bytes,
 }
 
 impl ValueKind {
@@ -101,6 +104,7 @@ impl ValueKind {
             ValueKind::Boolean => "boolean",
             ValueKind::Float32 => "real",
             ValueKind::Float64 => "double precision",
+            ValueKind::Bytes => "bytea",
         }
     }
 }
@@ -150,7 +154,33 @@ pub fn to_json(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadVal
         ValueKind::Boolean => boolean(text),
         ValueKind::Float32 => float32(text).map(json_number),
         ValueKind::Float64 => float64(text).map(json_number),
+        ValueKind::Bytes => {
+            let bytes = decode_bytea(text)?;
+            let mut out = Vec::with_capacity(bytes.len() * 4 / 3 + 4);
+            out.push(b'"');
+            crate::connect::base64(&mut out, &bytes);
+            out.push(b'"');
+            Ok(Bytes::from(out))
+        }
     }
+}
+
+/// The bytes of PostgreSQL's hex bytea text (`\x0aff`, the default `bytea_output`).
+pub fn decode_bytea(text: &str) -> Result<Bytes, BadValue> {
+    let hex = text.strip_prefix("\\x").ok_or(BadValue)?.as_bytes();
+    if hex.len() % 2 != 0 {
+        return Err(BadValue);
+    }
+    let nibble = |b: u8| match b {
+        b'0'..=b'9' => Ok(b - b'0'),
+        b'a'..=b'f' => Ok(b - b'a' + 10),
+        b'A'..=b'F' => Ok(b - b'A' + 10),
+        _ => Err(BadValue),
+    };
+    hex.chunks_exact(2)
+        .map(|pair| Ok(nibble(pair[0])? << 4 | nibble(pair[1])?))
+        .collect::<Result<Vec<u8>, BadValue>>()
+        .map(Bytes::from)
 }
 
 /// The value as `StringConverter` writes it (Java's `toString` of the Connect value); also
@@ -162,6 +192,8 @@ pub fn to_string(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadV
         ValueKind::Boolean => boolean(text),
         ValueKind::Float32 => float32(text).map(|f| Bytes::from(f.text)),
         ValueKind::Float64 => float64(text).map(|f| Bytes::from(f.text)),
+        // Java's text of a byte array is an object identity, not its content.
+        ValueKind::Bytes => Err(BadValue),
     }
 }
 
@@ -339,6 +371,23 @@ mod tests {
             string(ValueKind::Float64, "-Infinity"),
             Ok(Bytes::from_static(b"-Infinity"))
         );
+    }
+
+    #[test]
+    fn bytea_hex_text() {
+        assert_eq!(decode_bytea("\\x"), Ok(Bytes::new()));
+        assert_eq!(
+            decode_bytea("\\x00ff7F"),
+            Ok(Bytes::from_static(b"\x00\xff\x7f"))
+        );
+        for bad in ["", "00", "\\x0", "\\xzz", "\\000"] {
+            assert_eq!(decode_bytea(bad), Err(BadValue), "{bad}");
+        }
+        assert_eq!(
+            json(ValueKind::Bytes, "\\x666f6f"),
+            Ok(Bytes::from_static(b"\"Zm9v\""))
+        );
+        assert_eq!(string(ValueKind::Bytes, "\\x66"), Err(BadValue));
     }
 
     #[test]

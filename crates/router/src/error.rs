@@ -44,6 +44,18 @@ pub enum ConfigError {
     /// `route.topic.replacement` is not a valid replacement template.
     #[error("outbox router option route.topic.replacement has the value \"{value}\", which is not a valid replacement: {reason}; use ${{routedByValue}} for the value of the route.by.field column and write a literal $ or \\ as \\$ or \\\\")]
     InvalidTopicReplacement { value: String, reason: String },
+    /// `route.topic.regex` does not compile.
+    #[error("outbox router option route.topic.regex has the value \"{value}\", which is not a supported regular expression: {reason}; Java syntax is accepted except lookaround, backreferences and possessive quantifiers")]
+    InvalidTopicRegex { value: String, reason: String },
+    /// An entry of `table.fields.additional.placement` is malformed.
+    #[error("outbox router option table.fields.additional.placement has the entry \"{entry}\": {reason}; write entries as column:header, column:envelope, column:partition, optionally followed by :alias, separated by commas")]
+    InvalidAdditionalPlacement { entry: String, reason: String },
+    /// An option another option needs is not set.
+    #[error("outbox router option {option} is not set, but {needed_by}; set {option}")]
+    MissingOption {
+        option: &'static str,
+        needed_by: &'static str,
+    },
 }
 
 /// Why a table cannot be bound or a row cannot be routed.
@@ -119,6 +131,35 @@ pub enum RouteError {
         /// The topic, cut to [`MAX_SHOWN_VALUE`] characters.
         topic: String,
         reason: &'static str,
+    },
+    /// A configured column's type does not fit what the column is used for.
+    #[error("column \"{column}\" of table {table} (the column named by {option}) has type {type_name} (oid {type_oid}), but {expected}; change the column type or the option")]
+    ColumnTypeMismatch {
+        table: String,
+        column: String,
+        option: &'static str,
+        type_name: String,
+        type_oid: u32,
+        /// What the column must be, e.g. "the partition column must be integer".
+        expected: &'static str,
+    },
+    /// The configured encodings cannot write this table's records.
+    #[error("table {table}: {reason}")]
+    UnsupportedEncoding { table: String, reason: String },
+    /// The event timestamp column holds infinity, which is no record timestamp.
+    #[error("column \"{column}\" of table {table} (the column named by table.field.event.timestamp) holds \"{value}\", which cannot be a Kafka record timestamp; store a finite timestamp")]
+    InfiniteTimestamp {
+        table: String,
+        column: String,
+        value: String,
+    },
+    /// `table.expand.json.payload` turned the payload into a schema its value does not fit;
+    /// Debezium's converter fails the task here.
+    #[error("the payload in column \"{column}\" of table {table} cannot be written with table.expand.json.payload=true: {reason}; store a JSON object whose arrays hold values of one type, or turn the expansion off")]
+    JsonExpansion {
+        table: String,
+        column: String,
+        reason: String,
     },
     /// An UPDATE reached an outbox table while `table.op.invalid.behavior` is `fatal`.
     #[error("a row of outbox table {table} was updated, and table.op.invalid.behavior is {behavior}; outbox rows must only be inserted (and deleted): stop updating them, or set table.op.invalid.behavior to warn or error to skip updates")]

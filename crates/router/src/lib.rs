@@ -16,40 +16,62 @@
 //! - [`binding`]: finding the configured columns in a table.
 //! - [`route`]: turning a change into a [`RoutedRecord`] or a skip.
 //! - [`encode`]: column values as `JsonConverter` / `StringConverter` write them.
+//! - [`connect`]: Connect schemas and values (envelopes, expanded payloads) as the converters
+//!   write them, schemas included.
+//! - [`expand`]: `table.expand.json.payload`, JSON text to a struct with an inferred schema.
+//! - [`timestamp`]: `table.field.event.timestamp`, PostgreSQL timestamp text to milliseconds.
 //! - [`json`]: JSON string literals escaped exactly as Jackson escapes them.
 //! - [`javanum`]: floating-point numbers printed as Java prints them.
-//! - [`topic`]: `route.topic.replacement` and Kafka's topic name rules.
+//! - [`topic`]: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
 //! - [`partition`]: Kafka's murmur2 key partitioning.
 //! - [`error`]: configuration and routing errors, each naming the fix.
 //!
 //! # Invariants
 //! - Routing has no side effects and never panics; every row is either a record, a skip
 //!   with a [`SkipReason`], or a [`RouteError`] that names the table.
-//! - Input text is never re-serialized: a jsonb payload reaches Kafka as PostgreSQL printed
-//!   it (as a JSON string literal with the Json encoding, unchanged with the String
-//!   encoding).
+//! - Input text is never re-serialized unless `table.expand.json.payload` is on: a jsonb
+//!   payload reaches Kafka as PostgreSQL printed it (as a JSON string literal with the Json
+//!   encoding, unchanged with the String encoding).
 //!
 //! # Differences from Debezium
 //! - A configured column missing from the table, or a NULL event id, is an error; Debezium
 //!   uses a null key for a missing key column and a null `id` header for a NULL id.
 //! - Text that is not valid UTF-8 is an error; Java would replace the bad bytes with U+FFFD.
 //! - A topic name Kafka would refuse is an error when routing, rather than when producing.
+//! - A configured column (additional ones included, with `table.field.additional.missing=error`)
+//!   missing from the table, or of a type that does not fit its use, is an error when the
+//!   table is bound; Debezium fails on the first event.
+//! - A `timestamptz` event timestamp column is read; Debezium fails on it (its schema is a
+//!   string), and reads `timestamp` columns only.
+//! - Where Debezium caches the envelope's value schema by payload schema (naming it after
+//!   whichever routing value came first), each record's schema is named after its own
+//!   routing value.
+//! - Expanded arrays of objects whose elements differ merge their fields in order of
+//!   appearance; Debezium merges them in hash-set order, which varies between runs.
 
 pub mod binding;
+pub mod connect;
 pub mod encode;
 pub mod error;
+pub mod expand;
 pub mod javanum;
 pub mod json;
 pub mod options;
 pub mod partition;
 pub mod route;
+pub mod timestamp;
 pub mod topic;
 
 pub use binding::{ColumnRole, TableBinding};
 pub use encode::ValueKind;
 pub use error::{ConfigError, RouteError};
-pub use options::{InvalidOperationBehavior, RouterOptions};
+pub use options::{
+    AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, JsonEmptyArrayBehavior,
+    JsonNullBehavior, Placement, RouterOptions,
+};
 pub use partition::{murmur2, partition_for_key};
 pub use route::{
-    Change, Encoding, EventRouter, Format, Header, LogLevel, Routed, RoutedRecord, SkipReason,
+    Change, Encoding, EventRouter, Format, Header, LogLevel, Routed, RoutedRecord, RouterContext,
+    SkipReason,
 };
+pub use topic::TopicRouter;

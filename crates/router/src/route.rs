@@ -1,11 +1,19 @@
 //! Routing one outbox row change to a Kafka record.
 //!
 //! An INSERT becomes a record:
-//! - topic: `route.topic.replacement` with the `route.by.field` value substituted, case kept;
+//! - topic: the `route.by.field` value through `route.topic.regex` and
+//!   `route.topic.replacement` (the value itself when the regex does not match it whole);
 //! - key: the `table.field.event.key` column, encoded per [`Format::key`];
-//! - value: the `table.field.event.payload` column, encoded per [`Format::value`];
-//! - one header `id`: the `table.field.event.id` column as `SimpleHeaderConverter` writes it;
-//! - no timestamp (the producer uses the time of sending).
+//! - value: the `table.field.event.payload` column, expanded from JSON text when
+//!   `table.expand.json.payload` is on, wrapped in a `{payload, alias…}` struct when
+//!   `table.fields.additional.placement` has envelope entries, encoded per [`Format::value`];
+//!   `None` (a tombstone) for a NULL or blank payload with `route.tombstone.on.empty.payload`;
+//! - headers: Debezium's four context headers (with [`EventRouter::new_with_context`]), then
+//!   `id` (the `table.field.event.id` column as `SimpleHeaderConverter` writes it), then the
+//!   header placements in order (a NULL column gives a null header value);
+//! - timestamp: the `table.field.event.timestamp` column in milliseconds, or none (the
+//!   producer uses the time of sending, as close as we get to Debezium's processing time);
+//! - partition: the last `partition` placement's value, or none.
 //!
 //! A DELETE is skipped ([`SkipReason::Delete`]); an UPDATE is skipped or fails according to
 //! `table.op.invalid.behavior`.
@@ -16,9 +24,12 @@
 //! - Routing reads nothing but its arguments: the same inputs give the same output.
 
 use crate::binding::{bind, BoundColumn, TableBinding};
-use crate::encode::{to_json, to_string, BadValue};
-use crate::error::{shown, shown_bytes, RouteError};
-use crate::options::{InvalidOperationBehavior, RouterOptions};
+use crate::connect::{java_text, write_envelope, write_json, Schema, SchemaType, Value};
+use crate::encode::{decode_bytea, to_json, to_string, BadValue, ValueKind};
+use crate::error::{shown, shown_bytes, ConfigError, RouteError};
+use crate::expand::{expand, Expansion};
+use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
+use crate::timestamp::{record_timestamp_ms, TimestampError};
 use crate::topic::check_topic_name;
 use bytes::Bytes;
 use pgoutput::{Column, Relation, TupleData};
@@ -38,6 +49,14 @@ pub enum Encoding {
     /// (booleans as `true` / `false`); NULL is no bytes at all (a tombstone value or a null
     /// key).
     String,
+    /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=true`:
+    /// `{"schema":…,"payload":…}`, the schema being the one Debezium gives the column
+    /// (`io.debezium.data.Json` version 1 for json and jsonb, …); NULL is the envelope with
+    /// `"payload":null`.
+    JsonSchemas,
+    /// `io.debezium.converters.BinaryDataConverter`: a bytea column's bytes as they are; NULL
+    /// is no bytes at all. Only bytea columns can be written.
+    Binary,
 }
 
 /// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`).
@@ -92,8 +111,9 @@ pub enum SkipReason {
 pub struct Header {
     /// The header key.
     pub name: Arc<str>,
-    /// The header value.
-    pub value: Bytes,
+    /// The header value; `None` is a null value (Kafka tells it apart from an empty one),
+    /// which a header placement of a NULL column gives.
+    pub value: Option<Bytes>,
 }
 
 /// A record ready to be produced.
@@ -110,6 +130,9 @@ pub struct RoutedRecord {
     /// The record timestamp in milliseconds since the Unix epoch; `None` lets the producer
     /// use the time of sending.
     pub timestamp_ms: Option<i64>,
+    /// The partition chosen by a `partition` placement; `None` leaves the choice to the
+    /// producer's partitioner.
+    pub partition: Option<i32>,
 }
 
 /// What routing a change gave.
@@ -121,6 +144,30 @@ pub enum Routed {
     Skipped(SkipReason),
 }
 
+/// Who is running the router, for Debezium's context headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterContext {
+    /// `__debezium.context.connectorName`: the connector plugin name; Debezium's PostgreSQL
+    /// connector writes `postgresql`.
+    pub connector_name: String,
+    /// `__debezium.context.taskId`: Debezium's PostgreSQL connector writes `0`.
+    pub task_id: String,
+    /// `__debezium.context.runId`: an id of this run, a random UUID in Debezium, made anew each
+    /// time the task starts.
+    pub run_id: String,
+}
+
+impl RouterContext {
+    /// The context Debezium's PostgreSQL connector has, with this run id.
+    pub fn postgresql(run_id: impl Into<String>) -> Self {
+        RouterContext {
+            connector_name: "postgresql".to_owned(),
+            task_id: "0".to_owned(),
+            run_id: run_id.into(),
+        }
+    }
+}
+
 /// The header that carries the event id.
 const ID_HEADER: &str = "id";
 
@@ -130,16 +177,55 @@ pub struct EventRouter {
     options: RouterOptions,
     format: Format,
     id_header: Arc<str>,
+    context_headers: Vec<Header>,
 }
 
 impl EventRouter {
-    /// A router with these options and encodings.
+    /// A router with these options and encodings, without Debezium's context headers (as with
+    /// `extended.headers.enabled=false`); see [`EventRouter::new_with_context`].
     pub fn new(options: RouterOptions, format: Format) -> Self {
         EventRouter {
             options,
             format,
             id_header: Arc::from(ID_HEADER),
+            context_headers: Vec::new(),
         }
+    }
+
+    /// A router that, unless `extended.headers.enabled=false`, starts every record's headers
+    /// with Debezium 3.2's context headers, in Debezium's order:
+    /// `__debezium.context.connectorLogicalName` (`topic.prefix`),
+    /// `__debezium.context.taskId`, `__debezium.context.connectorName` and
+    /// `__debezium.context.runId`.
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingOption`] when the headers are enabled and `topic.prefix` is not
+    /// set.
+    pub fn new_with_context(
+        options: RouterOptions,
+        format: Format,
+        context: RouterContext,
+    ) -> Result<Self, ConfigError> {
+        let mut router = EventRouter::new(options, format);
+        if router.options.extended_headers() {
+            let Some(logical_name) = router.options.topic_prefix() else {
+                return Err(ConfigError::MissingOption {
+                    option: TOPIC_PREFIX,
+                    needed_by: "the __debezium.context.connectorLogicalName header needs it (extended.headers.enabled is true)",
+                });
+            };
+            let header = |name: &str, value: &str| Header {
+                name: Arc::from(name),
+                value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            };
+            router.context_headers = vec![
+                header("__debezium.context.connectorLogicalName", logical_name),
+                header("__debezium.context.taskId", &context.task_id),
+                header("__debezium.context.connectorName", &context.connector_name),
+                header("__debezium.context.runId", &context.run_id),
+            ];
+        }
+        Ok(router)
     }
 
     /// The options.
@@ -164,12 +250,31 @@ impl EventRouter {
 
     /// Resolves the configured columns in a table, once, when its `Relation` message arrives.
     ///
+    /// Columns of the replica identity key are taken as NOT NULL and all others as nullable,
+    /// which only shows in the `optional` flags of the json-schemas encoding; use
+    /// [`EventRouter::bind_with_not_null`] to give the real constraints.
+    ///
     /// # Errors
     /// [`RouteError::MissingColumn`] when a configured column is not in the table,
-    /// [`RouteError::UnsupportedColumnType`] when its type cannot be encoded,
-    /// [`RouteError::RoutingColumnNotText`] when the `route.by.field` column is not text-like.
+    /// [`RouteError::UnsupportedColumnType`] or [`RouteError::ColumnTypeMismatch`] when its
+    /// type does not fit its use, [`RouteError::RoutingColumnNotText`] when the
+    /// `route.by.field` column is not text-like, [`RouteError::UnsupportedEncoding`] when the
+    /// encodings cannot write the key or payload column.
     pub fn bind(&self, relation: &Relation) -> Result<TableBinding, RouteError> {
-        bind(&self.options, relation)
+        bind(&self.options, self.format, relation, &|_| false)
+    }
+
+    /// [`EventRouter::bind`], with `not_null` saying which columns are declared NOT NULL
+    /// (`pg_attribute.attnotnull`), as Debezium reads them from the catalog.
+    ///
+    /// # Errors
+    /// As [`EventRouter::bind`].
+    pub fn bind_with_not_null(
+        &self,
+        relation: &Relation,
+        not_null: &dyn Fn(&str) -> bool,
+    ) -> Result<TableBinding, RouteError> {
+        bind(&self.options, self.format, relation, not_null)
     }
 
     /// Routes one change of a row of the bound table.
@@ -177,8 +282,8 @@ impl EventRouter {
     /// # Errors
     /// A [`RouteError`] naming the table (and column) when the row cannot become a record:
     /// a NULL id or routing value, a topic Kafka would refuse, a value that is not valid text,
-    /// an UPDATE with `table.op.invalid.behavior=fatal`, or a row that does not match the
-    /// binding.
+    /// an UPDATE with `table.op.invalid.behavior=fatal`, a payload the JSON expansion cannot
+    /// write, or a row that does not match the binding.
     pub fn route(&self, binding: &TableBinding, change: Change<'_>) -> Result<Routed, RouteError> {
         match change {
             Change::Insert(row) => self.route_insert(binding, row).map(Routed::Record),
@@ -208,10 +313,10 @@ impl EventRouter {
             });
         }
 
-        let topic = {
+        let (routed_value, topic) = {
             let column = &binding.route_by;
             let (_, value) = required(binding, column, row)?;
-            let topic = self.options.topic_template().render(value);
+            let topic = self.options.topic_router().route(value);
             if let Err(reason) = check_topic_name(&topic) {
                 return Err(RouteError::InvalidTopic {
                     table: binding.table().to_owned(),
@@ -221,7 +326,7 @@ impl EventRouter {
                     reason,
                 });
             }
-            topic
+            (value, topic)
         };
 
         let id = {
@@ -230,20 +335,234 @@ impl EventRouter {
             to_string(column.kind, raw, text).map_err(|BadValue| invalid(binding, column, raw))?
         };
 
-        let key = encode(binding, &binding.event_key, row, self.format.key)?;
-        let value = encode(binding, &binding.payload, row, self.format.value)?;
+        let timestamp_ms = match &binding.timestamp {
+            None => None,
+            Some(column) => match cell(binding, column, row)? {
+                // Debezium falls back to the event's processing time.
+                None => None,
+                Some((raw, text)) => match record_timestamp_ms(text, column.type_modifier) {
+                    Ok(ms) => Some(ms),
+                    Err(TimestampError::Infinite) => {
+                        return Err(RouteError::InfiniteTimestamp {
+                            table: binding.table().to_owned(),
+                            column: column.name.to_string(),
+                            value: text.to_owned(),
+                        })
+                    }
+                    Err(TimestampError::Malformed) => {
+                        return Err(invalid_as(binding, column, raw, "timestamp"))
+                    }
+                },
+            },
+        };
+
+        let key = encode_column(binding, &binding.event_key, row, self.format.key)?;
+
+        let mut headers = Vec::with_capacity(self.context_headers.len() + 1);
+        headers.extend(self.context_headers.iter().cloned());
+        headers.push(Header {
+            name: Arc::clone(&self.id_header),
+            value: Some(id),
+        });
+        let mut partition = None;
+        for extra in &binding.additional {
+            match extra.placement {
+                Placement::Header => {
+                    let value = match cell(binding, &extra.column, row)? {
+                        None => None,
+                        Some((raw, text)) => Some(
+                            to_string(extra.column.kind, raw, text)
+                                .map_err(|BadValue| invalid(binding, &extra.column, raw))?,
+                        ),
+                    };
+                    headers.push(Header {
+                        name: Arc::clone(&extra.alias),
+                        value,
+                    });
+                }
+                Placement::Partition => {
+                    // The last partition placement wins, a NULL one included.
+                    partition = match cell(binding, &extra.column, row)? {
+                        None => None,
+                        Some((raw, text)) => Some(
+                            text.parse::<i32>()
+                                .map_err(|_| invalid(binding, &extra.column, raw))?,
+                        ),
+                    };
+                }
+                Placement::Envelope => {}
+            }
+        }
+
+        let value = self.encode_value(binding, row, routed_value)?;
 
         Ok(RoutedRecord {
             topic,
             key,
             value,
-            headers: vec![Header {
-                name: Arc::clone(&self.id_header),
-                value: id,
-            }],
-            timestamp_ms: None,
+            headers,
+            timestamp_ms,
+            partition,
         })
     }
+
+    /// The record value: the payload, expanded or wrapped in an envelope as configured.
+    fn encode_value(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+        routed_value: &str,
+    ) -> Result<Option<Bytes>, RouteError> {
+        let column = &binding.payload;
+        let encoding = self.format.value;
+        let payload = cell(binding, column, row)?;
+        let has_envelope = binding
+            .additional
+            .iter()
+            .any(|a| a.placement == Placement::Envelope);
+
+        let expansion = match payload {
+            Some((_, text))
+                if self.options.expand_json_payload() && column.kind == ValueKind::Text =>
+            {
+                expand(
+                    &column.name,
+                    text,
+                    self.options.json_null_behavior(),
+                    self.options.json_empty_array_behavior(),
+                )
+            }
+            _ => Expansion::Unchanged,
+        };
+
+        // `payload.toString().trim().isEmpty()` in Debezium: NULL, or text made only of
+        // characters up to U+0020.
+        let empty = match (&payload, &expansion) {
+            (None, _) => true,
+            (Some((_, text)), Expansion::Unchanged | Expansion::Broken { .. }) => {
+                column.kind == ValueKind::Text && text.chars().all(|c| c <= ' ')
+            }
+            _ => false,
+        };
+
+        if let Expansion::Broken { schema, reason } = &expansion {
+            let text = payload.map(|(_, t)| t).unwrap_or_default();
+            let fail = || RouteError::JsonExpansion {
+                table: binding.table().to_owned(),
+                column: column.name.to_string(),
+                reason: reason.clone(),
+            };
+            if has_envelope {
+                return Err(fail());
+            }
+            // The schema was replaced but the value is still the string: only a converter
+            // that ignores the schema can write it.
+            return match (encoding, schema) {
+                (Encoding::String, _) => Ok(Some(Bytes::copy_from_slice(text.as_bytes()))),
+                (Encoding::Json, None) => Ok(Some(Bytes::from(crate::json::json_string(text)))),
+                (Encoding::JsonSchemas, None) => {
+                    let mut out = Vec::new();
+                    write_envelope(&mut out, &Value::Str(text.to_owned()), None);
+                    Ok(Some(Bytes::from(out)))
+                }
+                _ => Err(fail()),
+            };
+        }
+
+        if empty && self.options.tombstone_on_empty_payload() {
+            return Ok(None);
+        }
+
+        if !has_envelope {
+            return match expansion {
+                Expansion::Expanded { schema, value } => Ok(write_value(&value, &schema, encoding)),
+                _ => encode_column(binding, column, row, encoding),
+            };
+        }
+
+        // The envelope: {payload, aliases…} named after the table and the routing value.
+        let (payload_schema, payload_value) = match expansion {
+            Expansion::Expanded { schema, value } => (schema, value),
+            _ => (column.schema(), column_value(binding, column, row)?),
+        };
+        let mut fields = vec![("payload".to_owned(), payload_schema)];
+        let mut values = vec![payload_value];
+        for extra in binding
+            .additional
+            .iter()
+            .filter(|a| a.placement == Placement::Envelope)
+        {
+            fields.push((extra.alias.to_string(), extra.column.schema()));
+            values.push(column_value(binding, &extra.column, row)?);
+        }
+        let version = match &binding.schema_version {
+            None => None,
+            Some(v) => match cell(binding, v, row)? {
+                None => None,
+                Some((raw, text)) => {
+                    Some(text.parse::<i32>().map_err(|_| invalid(binding, v, raw))?)
+                }
+            },
+        };
+        let name = envelope_schema_name(&binding.row_schema_name, routed_value);
+        let schema = Schema {
+            ty: SchemaType::Struct(fields),
+            optional: false,
+            name: Some(name),
+            version,
+        };
+        Ok(write_value(&Value::Struct(values), &schema, encoding))
+    }
+}
+
+/// Debezium's envelope schema name: the routing value inserted before the last part of the
+/// table's value schema name (`server.public.outbox.Value` -> `server.public.outbox.Order.Value`).
+fn envelope_schema_name(row_schema_name: &str, routed_value: &str) -> String {
+    match row_schema_name.rfind('.') {
+        Some(dot) => format!(
+            "{}{routed_value}.{}",
+            &row_schema_name[..=dot],
+            &row_schema_name[dot + 1..]
+        ),
+        None => format!("{routed_value}.{row_schema_name}"),
+    }
+}
+
+/// A value with its schema, written per encoding (not used for plain columns, whose bytes
+/// [`encode_column`] writes).
+fn write_value(value: &Value, schema: &Schema, encoding: Encoding) -> Option<Bytes> {
+    let mut out = Vec::new();
+    match encoding {
+        Encoding::Json => write_json(&mut out, value, Some(schema)),
+        Encoding::JsonSchemas => write_envelope(&mut out, value, Some(schema)),
+        // Binding refuses bytes for String and structs for Binary.
+        Encoding::String | Encoding::Binary => {
+            return java_text(value, Some(schema))
+                .ok()
+                .flatten()
+                .map(Bytes::from)
+        }
+    }
+    Some(Bytes::from(out))
+}
+
+/// The column as a Connect value, written both ways.
+fn column_value(
+    binding: &TableBinding,
+    column: &BoundColumn,
+    row: &TupleData,
+) -> Result<Value, RouteError> {
+    let Some((raw, text)) = cell(binding, column, row)? else {
+        return Ok(Value::Null);
+    };
+    let bad = |BadValue| invalid(binding, column, raw);
+    if column.kind == ValueKind::Bytes {
+        return decode_bytea(text).map(Value::Bytes).map_err(bad);
+    }
+    Ok(Value::Encoded {
+        json: to_json(column.kind, raw, text).map_err(bad)?,
+        text: to_string(column.kind, raw, text).map_err(bad)?,
+    })
 }
 
 /// The column's text, or `None` for NULL.
@@ -294,7 +613,7 @@ fn required<'r>(
 }
 
 /// The key or value bytes for a column.
-fn encode(
+fn encode_column(
     binding: &TableBinding,
     column: &BoundColumn,
     row: &TupleData,
@@ -304,12 +623,27 @@ fn encode(
         return Ok(match encoding {
             // JsonConverter writes a null of an optional schema as the JSON literal.
             Encoding::Json => Some(Bytes::from_static(b"null")),
-            Encoding::String => None,
+            Encoding::JsonSchemas => {
+                let mut out = Vec::new();
+                write_envelope(&mut out, &Value::Null, Some(&column.schema()));
+                Some(Bytes::from(out))
+            }
+            Encoding::String | Encoding::Binary => None,
         });
     };
     let encoded = match encoding {
         Encoding::Json => to_json(column.kind, raw, text),
         Encoding::String => to_string(column.kind, raw, text),
+        Encoding::Binary => decode_bytea(text),
+        Encoding::JsonSchemas => to_json(column.kind, raw, text).map(|json| {
+            let mut out = Vec::with_capacity(json.len() + 96);
+            out.extend_from_slice(b"{\"schema\":");
+            crate::connect::write_schema(&mut out, &column.schema());
+            out.extend_from_slice(b",\"payload\":");
+            out.extend_from_slice(&json);
+            out.push(b'}');
+            Bytes::from(out)
+        }),
     };
     encoded
         .map(Some)
@@ -317,10 +651,19 @@ fn encode(
 }
 
 fn invalid(binding: &TableBinding, column: &BoundColumn, raw: &[u8]) -> RouteError {
+    invalid_as(binding, column, raw, column.kind.name())
+}
+
+fn invalid_as(
+    binding: &TableBinding,
+    column: &BoundColumn,
+    raw: &[u8],
+    type_name: &'static str,
+) -> RouteError {
     RouteError::InvalidValue {
         table: binding.table().to_owned(),
         column: column.name.to_string(),
-        type_name: column.kind.name(),
+        type_name,
         value: shown_bytes(raw),
     }
 }

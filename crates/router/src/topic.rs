@@ -1,14 +1,19 @@
 //! Topic names: the `route.topic.replacement` template and Kafka's topic name rules.
 //!
-//! Debezium routes with Kafka Connect's `RegexRouter`, using the regex `(?<routedByValue>.*)`
-//! and `route.topic.replacement` as a `java.util.regex` replacement string. With that regex,
-//! `${routedByValue}`, `$1` and `$0` all stand for the whole routing value, `\x` is a literal
-//! `x`, and any other `$` reference is an error. [`TopicTemplate`] parses the replacement once
-//! with those rules, so routing a row is a plain concatenation.
+//! Debezium routes with Kafka Connect's `RegexRouter`, using `route.topic.regex` (default
+//! `(?<routedByValue>.*)`) and `route.topic.replacement` as a `java.util.regex` replacement
+//! string. With the default regex, `${routedByValue}`, `$1` and `$0` all stand for the whole
+//! routing value, `\x` is a literal `x`, and any other `$` reference is an error.
+//! [`TopicTemplate`] parses the replacement once with those rules, so routing a row with the
+//! default regex is a plain concatenation; [`TopicRouter`] runs any other regex.
 //!
 //! # Invariants
 //! - A parsed template renders without failing; only the resulting name may be illegal,
 //!   which [`check_topic_name`] reports.
+
+use crate::error::ConfigError;
+use crate::options::DEFAULT_TOPIC_REGEX;
+use regex::Regex;
 
 /// The group name Debezium's default `route.topic.regex` defines.
 pub const ROUTED_BY_VALUE: &str = "routedByValue";
@@ -16,10 +21,13 @@ pub const ROUTED_BY_VALUE: &str = "routedByValue";
 /// Kafka's longest legal topic name.
 pub const MAX_TOPIC_LEN: usize = 249;
 
+/// The characters Java's `.` does not match (without the DOTALL flag).
+const JAVA_LINE_TERMINATORS: [char; 5] = ['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}'];
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Literal(String),
-    RoutedValue,
+    Group(usize),
 }
 
 /// A parsed `route.topic.replacement`.
@@ -30,11 +38,21 @@ pub struct TopicTemplate {
 }
 
 impl TopicTemplate {
-    /// Parses a replacement string with `java.util.regex.Matcher` rules for a regex whose only
-    /// group is `routedByValue` (group 1) and always matches the whole value.
+    /// Parses a replacement string with `java.util.regex.Matcher` rules for Debezium's default
+    /// regex, whose only group is `routedByValue` (group 1) and always matches the whole value.
     ///
     /// Returns the reason when the string is not valid.
     pub fn parse(replacement: &str) -> Result<Self, String> {
+        Self::parse_for(replacement, 1, &[(ROUTED_BY_VALUE.to_owned(), 1)])
+    }
+
+    /// Parses a replacement string with `java.util.regex.Matcher` rules for a regex with
+    /// `group_count` groups, of which `names` are named.
+    pub fn parse_for(
+        replacement: &str,
+        group_count: usize,
+        names: &[(String, usize)],
+    ) -> Result<Self, String> {
         let mut parts = Vec::new();
         let mut literal = String::new();
         let mut chars = replacement.chars().peekable();
@@ -45,7 +63,7 @@ impl TopicTemplate {
                     None => return Err("it ends with a lone \\".to_owned()),
                 },
                 '$' => {
-                    match chars.next() {
+                    let group = match chars.next() {
                         Some('{') => {
                             let mut name = String::new();
                             loop {
@@ -59,28 +77,37 @@ impl TopicTemplate {
                                     }
                                 }
                             }
-                            if name != ROUTED_BY_VALUE {
-                                return Err(format!(
-                                    "${{{name}}} names no group; the only group is {ROUTED_BY_VALUE}"
-                                ));
+                            match names.iter().find(|(n, _)| *n == name) {
+                                Some((_, index)) => *index,
+                                None => {
+                                    let known = names
+                                        .iter()
+                                        .map(|(n, _)| n.as_str())
+                                        .collect::<Vec<_>>()
+                                        .join(", ");
+                                    return Err(format!(
+                                        "${{{name}}} names no group of route.topic.regex (named groups: {known})"
+                                    ));
+                                }
                             }
                         }
                         Some(d) if d.is_ascii_digit() => {
                             // Java reads further digits only while the number stays a group.
-                            let mut group = d.to_digit(10).unwrap_or(0);
-                            if group > 1 {
+                            let mut group = d.to_digit(10).unwrap_or(0) as usize;
+                            if group > group_count {
                                 return Err(format!(
-                                    "${group} names no group; use $1 or ${{{ROUTED_BY_VALUE}}}"
+                                    "${group} names no group; route.topic.regex has {group_count} group(s)"
                                 ));
                             }
                             while let Some(next) = chars.peek().and_then(|n| n.to_digit(10)) {
-                                let extended = group * 10 + next;
-                                if extended > 1 {
+                                let extended = group * 10 + next as usize;
+                                if extended > group_count {
                                     break;
                                 }
                                 group = extended;
                                 chars.next();
                             }
+                            group
                         }
                         _ => {
                             return Err(
@@ -88,11 +115,11 @@ impl TopicTemplate {
                                     .to_owned(),
                             )
                         }
-                    }
+                    };
                     if !literal.is_empty() {
                         parts.push(Part::Literal(std::mem::take(&mut literal)));
                     }
-                    parts.push(Part::RoutedValue);
+                    parts.push(Part::Group(group));
                 }
                 _ => literal.push(c),
             }
@@ -104,7 +131,7 @@ impl TopicTemplate {
             .iter()
             .map(|p| match p {
                 Part::Literal(s) => s.len(),
-                Part::RoutedValue => 0,
+                Part::Group(_) => 0,
             })
             .sum();
         Ok(TopicTemplate { parts, literal_len })
@@ -113,28 +140,162 @@ impl TopicTemplate {
     /// `prefix` followed by the routing value.
     pub fn prefixed(prefix: &str) -> Self {
         TopicTemplate {
-            parts: vec![Part::Literal(prefix.to_owned()), Part::RoutedValue],
+            parts: vec![Part::Literal(prefix.to_owned()), Part::Group(1)],
             literal_len: prefix.len(),
         }
     }
 
-    /// The topic for a routing value.
+    /// The topic for a routing value with Debezium's default regex, where every group is the
+    /// whole value.
     ///
     /// Like `RegexRouter`, a value containing a line terminator (which `.` does not match in
     /// Java) is not substituted: the topic is then the value itself.
     pub fn render(&self, routed_value: &str) -> String {
-        if routed_value.contains(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}']) {
+        if routed_value.contains(JAVA_LINE_TERMINATORS) {
             return routed_value.to_owned();
         }
-        let mut topic = String::with_capacity(self.literal_len + routed_value.len());
+        self.render_with(|_| Some(routed_value))
+    }
+
+    fn render_with<'a>(&self, group: impl Fn(usize) -> Option<&'a str>) -> String {
+        let mut topic = String::with_capacity(self.literal_len + 16);
         for part in &self.parts {
             match part {
                 Part::Literal(s) => topic.push_str(s),
-                Part::RoutedValue => topic.push_str(routed_value),
+                // Java appends nothing for a group that took no part in the match.
+                Part::Group(g) => topic.push_str(group(*g).unwrap_or("")),
             }
         }
         topic
     }
+}
+
+/// `route.topic.regex` and `route.topic.replacement`, as Kafka Connect's `RegexRouter` applies
+/// them: when the regex matches the whole routing value (`Matcher.matches()`), the topic is the
+/// replacement with its group references filled in; otherwise the topic is the routing value
+/// itself.
+#[derive(Debug, Clone)]
+pub struct TopicRouter {
+    /// `None` for Debezium's default regex, which needs no regex engine.
+    regex: Option<Regex>,
+    template: TopicTemplate,
+}
+
+impl Default for TopicRouter {
+    fn default() -> Self {
+        TopicRouter {
+            regex: None,
+            template: TopicTemplate::prefixed("outbox.event."),
+        }
+    }
+}
+
+impl TopicRouter {
+    /// Compiles a Java regex and its replacement.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidTopicRegex`] when the regex cannot be compiled (lookaround and
+    /// backreferences are not supported), [`ConfigError::InvalidTopicReplacement`] when the
+    /// replacement refers to a group the regex lacks or is malformed.
+    pub fn new(regex: &str, replacement: &str) -> Result<Self, ConfigError> {
+        let bad_replacement = |reason: String| ConfigError::InvalidTopicReplacement {
+            value: replacement.to_owned(),
+            reason,
+        };
+        if regex == DEFAULT_TOPIC_REGEX {
+            let template = TopicTemplate::parse(replacement).map_err(bad_replacement)?;
+            return Ok(TopicRouter {
+                regex: None,
+                template,
+            });
+        }
+        let translated = format!(r"\A(?:{})\z", translate_java_regex(regex));
+        let compiled = Regex::new(&translated).map_err(|e| ConfigError::InvalidTopicRegex {
+            value: regex.to_owned(),
+            reason: e
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or("invalid")
+                .trim()
+                .to_owned(),
+        })?;
+        let group_count = compiled.captures_len() - 1;
+        let names: Vec<(String, usize)> = compiled
+            .capture_names()
+            .enumerate()
+            .filter_map(|(i, n)| n.map(|n| (n.to_owned(), i)))
+            .collect();
+        let template =
+            TopicTemplate::parse_for(replacement, group_count, &names).map_err(bad_replacement)?;
+        Ok(TopicRouter {
+            regex: Some(compiled),
+            template,
+        })
+    }
+
+    /// The topic for a routing value (not yet checked against Kafka's rules).
+    pub fn route(&self, routed_value: &str) -> String {
+        match &self.regex {
+            None => self.template.render(routed_value),
+            Some(regex) => match regex.captures(routed_value) {
+                Some(caps) => self
+                    .template
+                    .render_with(|g| caps.get(g).map(|m| m.as_str())),
+                None => routed_value.to_owned(),
+            },
+        }
+    }
+}
+
+/// Java regex syntax to the `regex` crate's: `(?<name>` becomes `(?P<name>`, and `.` outside
+/// character classes excludes all of Java's line terminators, not only `\n`.
+fn translate_java_regex(java: &str) -> String {
+    let mut out = String::with_capacity(java.len() + 16);
+    let mut chars = java.chars().peekable();
+    let mut class_depth = 0usize;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                out.push(c);
+                if let Some(next) = chars.next() {
+                    out.push(next);
+                }
+            }
+            '[' => {
+                class_depth += 1;
+                out.push(c);
+                // A `]` right after `[` or `[^` is a literal.
+                if chars.peek() == Some(&'^') {
+                    out.push('^');
+                    chars.next();
+                }
+                if chars.peek() == Some(&']') {
+                    out.push_str("\\]");
+                    chars.next();
+                }
+            }
+            ']' if class_depth > 0 => {
+                class_depth -= 1;
+                out.push(c);
+            }
+            '.' if class_depth == 0 => out.push_str("[^\\n\\r\\x{85}\\x{2028}\\x{2029}]"),
+            '(' if class_depth == 0 => {
+                out.push(c);
+                let mut look = chars.clone();
+                if look.next() == Some('?')
+                    && look.next() == Some('<')
+                    && look.next().is_some_and(|n| n.is_ascii_alphabetic())
+                {
+                    chars.next();
+                    chars.next();
+                    out.push_str("?P<");
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// Checks a topic name against Kafka's rules (`org.apache.kafka.common.internals.Topic`);

@@ -18,6 +18,7 @@ const INT8: u32 = 20;
 const BOOL: u32 = 16;
 const FLOAT8: u32 = 701;
 const BYTEA: u32 = 17;
+const NUMERIC: u32 = 1700;
 const TIMESTAMPTZ: u32 = 1184;
 
 fn relation(columns: &[(&'static str, u32)]) -> Relation {
@@ -143,7 +144,7 @@ fn debezium_documentation_example() {
     assert_eq!(&*rec.headers[0].name, "id");
     assert_eq!(
         rec.headers[0].value,
-        Bytes::from_static(EVENT_ID.as_bytes())
+        Some(Bytes::from_static(EVENT_ID.as_bytes()))
     );
     assert_eq!(rec.timestamp_ms, None);
 }
@@ -190,7 +191,7 @@ fn custom_columns_and_topic_replacement() {
     assert_eq!(rec.topic, "Customer.events");
     assert_eq!(rec.key, b(b"-5"));
     assert_eq!(rec.value, b(b"\"hi\""));
-    assert_eq!(rec.headers[0].value, Bytes::from_static(b"77"));
+    assert_eq!(rec.headers[0].value, b(b"77"));
 }
 
 #[test]
@@ -322,7 +323,7 @@ fn typed_event_id_header() {
     let r = router(&[], json());
     let binding = bound(&r, &rel);
     let rec = record(&r, &binding, &row(vec![t("t"), t("T"), t("k"), t("p")]));
-    assert_eq!(rec.headers[0].value, Bytes::from_static(b"true"));
+    assert_eq!(rec.headers[0].value, b(b"true"));
 }
 
 #[test]
@@ -434,11 +435,23 @@ fn unsupported_column_types_are_refused_at_bind() {
         ("id", UUID),
         ("aggregatetype", VARCHAR),
         ("aggregateid", VARCHAR),
+        ("payload", NUMERIC),
+    ]);
+    let err = r.bind(&rel);
+    assert!(
+        matches!(&err, Err(RouteError::UnsupportedColumnType { column, type_oid: 1700, .. }) if column == "payload"),
+        "{err:?}"
+    );
+    // bytea is accepted for the key and payload only.
+    let rel = relation(&[
+        ("id", BYTEA),
+        ("aggregatetype", VARCHAR),
+        ("aggregateid", VARCHAR),
         ("payload", BYTEA),
     ]);
     let err = r.bind(&rel);
     assert!(
-        matches!(&err, Err(RouteError::UnsupportedColumnType { column, type_oid: 17, .. }) if column == "payload"),
+        matches!(&err, Err(RouteError::UnsupportedColumnType { column, type_oid: 17, .. }) if column == "id"),
         "{err:?}"
     );
     let rel = relation(&[
@@ -602,10 +615,10 @@ fn rows_that_do_not_match_the_binding_are_errors() {
 
 #[test]
 fn unknown_option_is_a_config_error() {
-    let map = BTreeMap::from([("table.expand.json.payload".to_owned(), "true".to_owned())]);
+    let map = BTreeMap::from([("table.expand.json.payloads".to_owned(), "true".to_owned())]);
     let err = RouterOptions::from_map(&map);
     assert!(
-        matches!(&err, Err(ConfigError::UnknownOption { option, .. }) if option == "table.expand.json.payload"),
+        matches!(&err, Err(ConfigError::UnknownOption { option, .. }) if option == "table.expand.json.payloads"),
         "{err:?}"
     );
 }

@@ -35,6 +35,7 @@ impl TxnId {
 #[derive(Debug, Clone, Copy)]
 struct PendingTxn {
     unacked: u64,
+    commit_lsn: Lsn,
     end_lsn: Option<Lsn>,
 }
 
@@ -89,13 +90,14 @@ impl AckTracker {
     }
 
     /// A transaction begins.
-    pub fn begin(&mut self) -> Result<TxnId, AckError> {
+    pub fn begin(&mut self, commit_lsn: Lsn) -> Result<TxnId, AckError> {
         if self.open {
             return Err(AckError::AlreadyOpen);
         }
         self.open = true;
         self.pending.push_back(PendingTxn {
             unacked: 0,
+            commit_lsn,
             end_lsn: None,
         });
         Ok(TxnId(self.first + self.pending.len() as u64 - 1))
@@ -110,6 +112,28 @@ impl AckTracker {
         let txn = self.pending.back_mut().ok_or(AckError::NoOpenTransaction)?;
         txn.unacked += 1;
         Ok(id)
+    }
+
+    /// The commit LSN of a pending transaction.
+    pub fn commit_lsn(&self, txn: TxnId) -> Option<Lsn> {
+        let index = usize::try_from(txn.0.checked_sub(self.first)?).ok()?;
+        self.pending.get(index).map(|t| t.commit_lsn)
+    }
+
+    /// One more record of `txn` (still pending) was handed to Kafka: a dead-letter record that
+    /// replaces a failed one. Call it before acknowledging the failed record, so the transaction
+    /// cannot fold in between.
+    pub fn add_to(&mut self, txn: TxnId) -> Result<(), AckError> {
+        let index = txn
+            .0
+            .checked_sub(self.first)
+            .ok_or(AckError::UnknownTransaction(txn))?;
+        let entry = usize::try_from(index)
+            .ok()
+            .and_then(|i| self.pending.get_mut(i))
+            .ok_or(AckError::UnknownTransaction(txn))?;
+        entry.unacked += 1;
+        Ok(())
     }
 
     /// The open transaction committed at `end_lsn`. Returns the new watermark if it moved.
@@ -182,11 +206,11 @@ mod tests {
     #[test]
     fn watermark_moves_only_over_fully_acked_committed_prefix() {
         let mut t = AckTracker::new(Lsn(10));
-        let a = t.begin().unwrap();
+        let a = t.begin(Lsn(0)).unwrap();
         t.record().unwrap();
         t.record().unwrap();
         assert_eq!(t.commit(Lsn(100)).unwrap(), None);
-        let b = t.begin().unwrap();
+        let b = t.begin(Lsn(0)).unwrap();
         t.record().unwrap();
         assert_eq!(t.commit(Lsn(200)).unwrap(), None);
         // The later transaction is acked first: nothing moves.
@@ -201,7 +225,7 @@ mod tests {
     #[test]
     fn open_transaction_holds_the_watermark() {
         let mut t = AckTracker::new(Lsn(0));
-        let a = t.begin().unwrap();
+        let a = t.begin(Lsn(0)).unwrap();
         t.record().unwrap();
         assert_eq!(t.ack(a).unwrap(), None, "acked but not committed");
         assert_eq!(
@@ -215,7 +239,7 @@ mod tests {
     #[test]
     fn empty_transactions_and_idle_keepalives_advance() {
         let mut t = AckTracker::new(Lsn(5));
-        t.begin().unwrap();
+        t.begin(Lsn(0)).unwrap();
         assert_eq!(t.commit(Lsn(20)).unwrap(), Some(Lsn(20)));
         assert_eq!(t.idle(Lsn(90)), Some(Lsn(90)));
         assert_eq!(t.idle(Lsn(80)), None, "never backwards");
@@ -225,7 +249,7 @@ mod tests {
     #[test]
     fn idle_waits_for_pending_records() {
         let mut t = AckTracker::new(Lsn(0));
-        let a = t.begin().unwrap();
+        let a = t.begin(Lsn(0)).unwrap();
         t.record().unwrap();
         t.commit(Lsn(30)).unwrap();
         assert_eq!(t.idle(Lsn(40)), None);
@@ -234,12 +258,33 @@ mod tests {
     }
 
     #[test]
+    fn a_replacement_record_keeps_a_committed_transaction_pending() {
+        let mut t = AckTracker::new(Lsn(0));
+        let a = t.begin(Lsn(0)).unwrap();
+        t.record().unwrap();
+        t.commit(Lsn(10)).unwrap();
+        // The record failed; its dead-letter replacement is added before the failure is settled.
+        t.add_to(a).unwrap();
+        assert_eq!(
+            t.ack(a).unwrap(),
+            None,
+            "the replacement is still in flight"
+        );
+        assert_eq!(t.ack(a).unwrap(), Some(Lsn(10)));
+        assert_eq!(
+            t.add_to(a),
+            Err(AckError::UnknownTransaction(a)),
+            "folded transactions are gone"
+        );
+    }
+
+    #[test]
     fn misuse_is_an_error() {
         let mut t = AckTracker::new(Lsn(0));
         assert_eq!(t.record(), Err(AckError::NoOpenTransaction));
         assert_eq!(t.commit(Lsn(1)), Err(AckError::NoOpenTransaction));
-        let a = t.begin().unwrap();
-        assert_eq!(t.begin(), Err(AckError::AlreadyOpen));
+        let a = t.begin(Lsn(0)).unwrap();
+        assert_eq!(t.begin(Lsn(0)), Err(AckError::AlreadyOpen));
         assert_eq!(t.ack(a), Err(AckError::TooManyAcks(a)));
         assert_eq!(
             t.ack(TxnId(99)),
@@ -247,7 +292,7 @@ mod tests {
         );
         t.abandon_open();
         assert_eq!(t.pending_transactions(), 0);
-        assert!(t.begin().is_ok());
+        assert!(t.begin(Lsn(0)).is_ok());
     }
 
     proptest! {
@@ -258,7 +303,7 @@ mod tests {
             let mut t = AckTracker::new(Lsn(0));
             let mut tokens = Vec::new();
             for (i, &n) in sizes.iter().enumerate() {
-                let id = t.begin().unwrap();
+                let id = t.begin(Lsn(0)).unwrap();
                 for _ in 0..n { t.record().unwrap(); tokens.push((i, id)); }
                 t.commit(Lsn((i as u64 + 1) * 100)).unwrap();
             }

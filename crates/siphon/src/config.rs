@@ -55,6 +55,10 @@ pub struct SourceSection {
     /// `application_name` of Siphon's connections (shown in `pg_stat_replication`).
     #[serde(default = "default_application_name")]
     pub application_name: String,
+    /// A replication connection that receives nothing for this long, in seconds, while the
+    /// server has newer WAL, is considered stalled and reconnected.
+    #[serde(default = "default_stall_timeout_secs")]
+    pub stall_timeout_secs: u64,
 }
 
 /// `[kafka]`: the broker side.
@@ -105,6 +109,11 @@ pub enum EncodingName {
     Json,
     /// As Kafka Connect's StringConverter.
     String,
+    /// As Kafka Connect's JsonConverter with `schemas.enable=true`: `{"schema":...,"payload":...}`.
+    #[serde(rename = "json-schemas")]
+    JsonSchemas,
+    /// As Debezium's BinaryDataConverter: a `bytea` payload written as raw bytes.
+    Binary,
 }
 
 /// `[format]`.
@@ -135,6 +144,25 @@ pub struct PipelineSection {
     /// Longest wait between reconnection attempts after a transient failure, in seconds.
     #[serde(default = "default_max_backoff_secs")]
     pub max_backoff_secs: u64,
+    /// What to do with a row or record that can never be delivered as it is (payload not JSON
+    /// where JSON is required, NULL key or routing field, missing column, record larger than the
+    /// broker accepts, topic refused): `fail` (stop, naming the fix) or `dead-letter`.
+    #[serde(default)]
+    pub on_error: OnError,
+    /// The topic dead-lettered rows and records go to, with `on_error = "dead-letter"`.
+    #[serde(default = "default_dead_letter_topic")]
+    pub dead_letter_topic: String,
+}
+
+/// `pipeline.on_error`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnError {
+    /// Stop with an error naming the fix.
+    #[default]
+    Fail,
+    /// Write it to `pipeline.dead_letter_topic` with the error in its headers and go on.
+    DeadLetter,
 }
 
 impl Default for PipelineSection {
@@ -144,6 +172,8 @@ impl Default for PipelineSection {
             max_in_flight_bytes: default_max_in_flight_bytes(),
             shutdown_timeout_secs: default_shutdown_timeout_secs(),
             max_backoff_secs: default_max_backoff_secs(),
+            on_error: OnError::default(),
+            dead_letter_topic: default_dead_letter_topic(),
         }
     }
 }
@@ -200,6 +230,12 @@ fn default_shutdown_timeout_secs() -> u64 {
 }
 fn default_max_backoff_secs() -> u64 {
     30
+}
+fn default_stall_timeout_secs() -> u64 {
+    120
+}
+fn default_dead_letter_topic() -> String {
+    "siphon.dead-letter".into()
 }
 
 /// Flattens a table of scalar option values into strings (`true` -> `"true"`, `5` -> `"5"`).
@@ -281,6 +317,7 @@ const ENV_SECTIONS: &[EnvSection] = &[
 /// Keys whose values are not strings: the variable's text is read as a TOML value.
 const TYPED_KEYS: &[&str] = &[
     "source.status_interval_ms",
+    "source.stall_timeout_secs",
     "kafka.topic_creation.enabled",
     "kafka.topic_creation.partitions",
     "kafka.topic_creation.replication_factor",

@@ -3,6 +3,7 @@
 
 mod ack;
 mod config;
+mod dead_letter;
 mod error;
 mod pipeline;
 mod settings;

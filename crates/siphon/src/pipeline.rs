@@ -4,33 +4,52 @@
 //! - The only position ever confirmed to PostgreSQL is the [`AckTracker`] watermark.
 //! - The stream is only read while the [`InFlightWindow`] has room, so memory is bounded by the
 //!   window, not the backlog; the replication connection keeps answering keepalives meanwhile.
-//! - A row is routed, skipped by a documented rule (DELETE, UPDATE, another table), or stops the
-//!   session with an error: never dropped silently.
+//! - A row is routed, skipped by a documented rule (DELETE, UPDATE, another table),
+//!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
+//!   the fix: never dropped silently.
+//! - A dead-letter record belongs to the transaction of the row it replaces, so the watermark
+//!   passes that transaction only once the dead-letter record is acknowledged.
 
 use crate::ack::{AckTracker, TxnId};
+use crate::dead_letter::{DeadLetters, Stage};
 use crate::error::PipelineError;
 use crate::window::InFlightWindow;
-use pgoutput::{Lsn, Oid};
+use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
-use siphon_kafka_sink::{Delivery, KafkaSink, SinkConfig};
-use siphon_router::{Change, EventRouter, LogLevel, Routed, SkipReason, TableBinding};
+use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError};
+use siphon_router::{
+    Change, EventRouter, LogLevel, Routed, RoutedRecord, SkipReason, TableBinding,
+};
 use siphon_source::{ReplicationStream, RowChange, SourceConfig, SourceEvent, TableName};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn};
 
-/// How often the session logs its progress (at debug level).
-const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the session logs its progress (at debug level) and checks for a stalled stream.
+const TICK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What to do with a row or record that can never be delivered as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorPolicy {
+    /// Stop with an error naming the fix.
+    Fail,
+    /// Write it to the dead-letter topic, with the error in its headers, and go on.
+    DeadLetter(DeadLetters),
+}
 
 /// Everything a session needs, built once from the configuration.
 pub struct PipelineSettings {
     pub source: SourceConfig,
     pub sink: SinkConfig,
     pub router: EventRouter,
+    pub on_error: ErrorPolicy,
     pub max_in_flight_records: usize,
     pub max_in_flight_bytes: usize,
     pub shutdown_timeout: Duration,
+    /// A stream silent this long while the server has newer WAL is reconnected.
+    pub stall_timeout: Duration,
 }
 
 /// State carried from one session to the next.
@@ -50,6 +69,7 @@ pub async fn run_session(
     let slot = siphon_source::prepare(&settings.source).await?;
     let start = slot.confirmed_flush_lsn.max(carry.acked_through);
     let (sink, deliveries) = KafkaSink::new(&settings.sink)?;
+    let sql = siphon_source::setup::connect(&settings.source.url).await?;
     let stream = ReplicationStream::start(&settings.source, start).await?;
     let mut session = Session {
         settings,
@@ -57,6 +77,7 @@ pub async fn run_session(
         sink,
         deliveries,
         stream,
+        sql,
         tracker: AckTracker::new(start),
         window: InFlightWindow::new(settings.max_in_flight_records, settings.max_in_flight_bytes),
         bindings: HashMap::new(),
@@ -76,20 +97,27 @@ pub async fn run_session(
     }
 }
 
+/// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
+enum Binding {
+    Bound(TableBinding),
+    Unbindable(String),
+}
+
 struct Session<'a> {
     settings: &'a PipelineSettings,
     tables: HashSet<TableName>,
     sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     stream: ReplicationStream,
+    sql: tokio_postgres::Client,
     tracker: AckTracker,
     window: InFlightWindow,
-    bindings: HashMap<Oid, TableBinding>,
+    bindings: HashMap<Oid, Binding>,
 }
 
 impl Session<'_> {
     async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), PipelineError> {
-        let mut progress = tokio::time::interval(PROGRESS_INTERVAL);
+        let mut tick = tokio::time::interval(TICK_INTERVAL);
         loop {
             tokio::select! {
                 biased;
@@ -97,15 +125,8 @@ impl Session<'_> {
                     info!("shutting down: waiting for in-flight records");
                     return Ok(());
                 }
-                _ = progress.tick() => debug!(
-                    watermark = %self.tracker.watermark(),
-                    pending_transactions = self.tracker.pending_transactions(),
-                    in_flight_records = self.window.records(),
-                    in_flight_bytes = self.window.bytes(),
-                    server_wal_end = %self.stream.server_wal_end(),
-                    "progress"
-                ),
-                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery)?,
+                _ = tick.tick() => self.on_tick().await?,
+                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
                 event = self.stream.next(), if self.window.has_room() => match event? {
                     Some(event) => self.on_event(event).await?,
                     None => return Err(PipelineError::Transient("replication stream ended".into())),
@@ -114,53 +135,52 @@ impl Session<'_> {
         }
     }
 
+    async fn on_tick(&mut self) -> Result<(), PipelineError> {
+        debug!(
+            watermark = %self.tracker.watermark(),
+            pending_transactions = self.tracker.pending_transactions(),
+            in_flight_records = self.window.records(),
+            in_flight_bytes = self.window.bytes(),
+            server_wal_end = %self.stream.server_wal_end(),
+            "progress"
+        );
+        // A silent stream is normal on an idle server; it is a stall only when we are ready to
+        // read and the server has WAL we have not been sent.
+        let silent = self.stream.silent_for();
+        if self.window.has_room() && silent >= self.settings.stall_timeout {
+            let row = self
+                .sql
+                .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
+                .await
+                .map_err(|e| {
+                    PipelineError::Transient(format!("checking the server's WAL position: {e}"))
+                })?;
+            let flushed: Lsn = row
+                .get::<_, String>(0)
+                .parse()
+                .map_err(|e| PipelineError::Transient(format!("{e}")))?;
+            if flushed > self.stream.server_wal_end() {
+                return Err(PipelineError::Transient(format!(
+                    "replication connection stalled: nothing received for {}s while the server has WAL up to {flushed} (last seen {})",
+                    silent.as_secs(),
+                    self.stream.server_wal_end()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     async fn on_event(&mut self, event: SourceEvent) -> Result<(), PipelineError> {
         match event {
-            SourceEvent::Begin { .. } => {
-                self.tracker.begin()?;
+            SourceEvent::Begin { final_lsn, .. } => {
+                self.tracker.begin(final_lsn)?;
             }
-            SourceEvent::Relation(relation) => {
-                let name = TableName {
-                    schema: relation.namespace.to_string(),
-                    name: relation.name.to_string(),
-                };
-                if self.tables.contains(&name) {
-                    let binding = self
-                        .settings
-                        .router
-                        .bind(&relation)
-                        .map_err(|e| PipelineError::Definite(e.to_string()))?;
-                    self.bindings.insert(relation.id, binding);
-                } else {
-                    debug!(table = %name, "table is published but not an outbox table; its changes are ignored");
-                    self.bindings.remove(&relation.id);
-                }
-            }
-            SourceEvent::Change { relation, change } => {
-                let Some(binding) = self.bindings.get(&relation.id) else {
-                    return Ok(());
-                };
-                let change = match &change {
-                    RowChange::Insert(new) => Change::Insert(new),
-                    RowChange::Update { old, new } => Change::Update {
-                        old: old.as_ref().map(|o| o.tuple()),
-                        new,
-                    },
-                    RowChange::Delete(old) => Change::Delete(old.tuple()),
-                };
-                match self.settings.router.route(binding, change) {
-                    Ok(Routed::Record(record)) => {
-                        let txn = self.tracker.record()?;
-                        let bytes = record_bytes(&record);
-                        self.sink.send(txn.token(), &record).await?;
-                        self.window.add(bytes);
-                    }
-                    Ok(Routed::Skipped(reason)) => {
-                        log_skipped(&self.settings.router, reason, &relation)
-                    }
-                    Err(e) => return Err(PipelineError::Definite(e.to_string())),
-                }
-            }
+            SourceEvent::Relation(relation) => self.on_relation(&relation).await?,
+            SourceEvent::Change {
+                relation,
+                change,
+                lsn,
+            } => self.on_change(&relation, change, lsn).await?,
             SourceEvent::Commit { end_lsn, .. } => {
                 if let Some(watermark) = self.tracker.commit(end_lsn)? {
                     self.stream.confirm(watermark);
@@ -175,10 +195,160 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn on_delivery(&mut self, delivery: Delivery) -> Result<(), PipelineError> {
+    async fn on_relation(&mut self, relation: &Relation) -> Result<(), PipelineError> {
+        let name = TableName {
+            schema: relation.namespace.to_string(),
+            name: relation.name.to_string(),
+        };
+        if !self.tables.contains(&name) {
+            debug!(table = %name, "table is published but not an outbox table; its changes are ignored");
+            self.bindings.remove(&relation.id);
+            return Ok(());
+        }
+        let not_null = self.not_null_columns(relation.id).await?;
+        let binding = match self
+            .settings
+            .router
+            .bind_with_not_null(relation, &|column| not_null.contains(column))
+        {
+            Ok(binding) => Binding::Bound(binding),
+            Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
+                error!(table = %name, error = %e, "outbox table cannot be routed; its rows go to the dead-letter topic");
+                Binding::Unbindable(e.to_string())
+            }
+            Err(e) => return Err(PipelineError::Definite(e.to_string())),
+        };
+        self.bindings.insert(relation.id, binding);
+        Ok(())
+    }
+
+    /// The table's columns declared NOT NULL (schemas written with `json-schemas` mark the
+    /// others optional, as Debezium reads them from the catalog).
+    async fn not_null_columns(&self, relation_id: Oid) -> Result<HashSet<String>, PipelineError> {
+        let rows = self
+            .sql
+            .query(
+                "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attnotnull",
+                &[&relation_id],
+            )
+            .await
+            .map_err(|e| PipelineError::Transient(format!("reading the outbox table's columns: {e}")))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn on_change(
+        &mut self,
+        relation: &Arc<Relation>,
+        change: RowChange,
+        lsn: Lsn,
+    ) -> Result<(), PipelineError> {
+        let (change, row): (Change<'_>, &TupleData) = match &change {
+            RowChange::Insert(new) => (Change::Insert(new), new),
+            RowChange::Update { old, new } => (
+                Change::Update {
+                    old: old.as_ref().map(|o| o.tuple()),
+                    new,
+                },
+                new,
+            ),
+            RowChange::Delete(old) => (Change::Delete(old.tuple()), old.tuple()),
+        };
+        let routed = match self.bindings.get(&relation.id) {
+            None => return Ok(()),
+            Some(Binding::Bound(binding)) => self
+                .settings
+                .router
+                .route(binding, change)
+                .map_err(|e| e.to_string()),
+            Some(Binding::Unbindable(reason)) => Err(reason.clone()),
+        };
+        match routed {
+            Ok(Routed::Record(record)) => {
+                let txn = self.tracker.record()?;
+                self.produce(txn, record).await
+            }
+            Ok(Routed::Skipped(reason)) => {
+                log_skipped(&self.settings.router, reason, relation);
+                Ok(())
+            }
+            Err(reason) => match &self.settings.on_error {
+                ErrorPolicy::Fail => Err(PipelineError::Definite(format!(
+                    "{reason} (the row at {lsn} was not delivered; fix it, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)"
+                ))),
+                ErrorPolicy::DeadLetter(dead_letters) => {
+                    let txn = self.tracker.record()?;
+                    warn!(table = %format_args!("{}.{}", relation.namespace, relation.name), %lsn, error = %reason, topic = dead_letters.topic(), "row dead-lettered");
+                    let record = dead_letters.for_row(relation, row, &reason, lsn, self.tracker.commit_lsn(txn));
+                    self.send(txn, record).await
+                }
+            },
+        }
+    }
+
+    /// Sends a routed record; one the producer refuses for good is dead-lettered or fails.
+    async fn produce(&mut self, txn: TxnId, record: RoutedRecord) -> Result<(), PipelineError> {
+        let bytes = record_bytes(&record);
+        match self.sink.send(txn.token(), &record).await {
+            Ok(()) => {
+                self.window.add(bytes);
+                Ok(())
+            }
+            Err(SinkError::Definite(reason)) => match &self.settings.on_error {
+                ErrorPolicy::Fail => Err(PipelineError::Definite(reason)),
+                ErrorPolicy::DeadLetter(dead_letters) => {
+                    warn!(topic = %record.topic, error = %reason, "record dead-lettered");
+                    let record = dead_letters.for_record(
+                        record,
+                        &reason,
+                        Stage::Produce,
+                        self.tracker.commit_lsn(txn),
+                    );
+                    self.send(txn, record).await
+                }
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sends a dead-letter record: if even that is refused, nothing more can be done but stop.
+    async fn send(&mut self, txn: TxnId, record: RoutedRecord) -> Result<(), PipelineError> {
+        let bytes = record_bytes(&record);
+        self.sink
+            .send(txn.token(), &record)
+            .await
+            .map_err(|e| match e {
+                SinkError::Definite(m) => {
+                    PipelineError::Definite(format!("the dead-letter topic refused a record: {m}"))
+                }
+                other => other.into(),
+            })?;
+        self.window.add(bytes);
+        Ok(())
+    }
+
+    async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), PipelineError> {
         self.window.release(delivery.bytes);
-        delivery.result?;
-        if let Some(watermark) = self.tracker.ack(TxnId::from_token(delivery.token))? {
+        let txn = TxnId::from_token(delivery.token);
+        if let Err(failure) = delivery.result {
+            match (failure.error, &self.settings.on_error) {
+                (DeliveryError::Definite(reason), ErrorPolicy::DeadLetter(dead_letters))
+                    if failure.record.topic != dead_letters.topic() =>
+                {
+                    warn!(topic = %failure.record.topic, error = %reason, "record dead-lettered");
+                    let record = dead_letters.for_record(
+                        failure.record,
+                        &reason,
+                        Stage::Produce,
+                        self.tracker.commit_lsn(txn),
+                    );
+                    // The replacement joins the transaction before the failed record is settled.
+                    self.tracker.add_to(txn)?;
+                    self.send(txn, record).await?;
+                }
+                (error, _) => return Err(error.into()),
+            }
+        }
+        if let Some(watermark) = self.tracker.ack(txn)? {
             self.stream.confirm(watermark);
         }
         Ok(())
@@ -190,7 +360,7 @@ impl Session<'_> {
         while self.tracker.unacked_records() > 0 {
             match tokio::time::timeout_at(deadline, self.deliveries.recv()).await {
                 Ok(Some(delivery)) => {
-                    if let Err(e) = self.on_delivery(delivery) {
+                    if let Err(e) = self.on_delivery(delivery).await {
                         warn!(error = %e, "record not delivered while stopping; it will be sent again");
                         break;
                     }
@@ -211,7 +381,7 @@ impl Session<'_> {
 }
 
 /// Logs a skipped row at the level the router's options ask for.
-fn log_skipped(router: &EventRouter, reason: SkipReason, relation: &pgoutput::Relation) {
+fn log_skipped(router: &EventRouter, reason: SkipReason, relation: &Relation) {
     let table = format_args!("{}.{}", relation.namespace, relation.name);
     match (reason, router.log_level(reason)) {
         (SkipReason::Delete, _) => {}

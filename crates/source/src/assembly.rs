@@ -39,10 +39,11 @@ pub enum SourceEvent {
     },
     /// A table was described (first use in this session, or its definition changed).
     Relation(Arc<Relation>),
-    /// A row changed.
+    /// A row changed; `lsn` is the WAL position of the change.
     Change {
         relation: Arc<Relation>,
         change: RowChange,
+        lsn: Lsn,
     },
     /// The transaction ends; `end_lsn` is the position to confirm once it is delivered.
     Commit {
@@ -143,8 +144,8 @@ impl Assembler {
         (self.open.is_none() && wal_end != Lsn::ZERO).then_some(SourceEvent::Idle { wal_end })
     }
 
-    /// One pgoutput payload.
-    pub fn data(&mut self, payload: &Bytes) -> Result<Option<SourceEvent>, SourceError> {
+    /// One pgoutput payload, which the server sent from WAL position `lsn`.
+    pub fn data(&mut self, payload: &Bytes, lsn: Lsn) -> Result<Option<SourceEvent>, SourceError> {
         let message = self
             .decoder
             .decode(payload)
@@ -160,7 +161,7 @@ impl Assembler {
                 Ok(Some(SourceEvent::Relation(relation)))
             }
             Message::Insert(insert) => {
-                self.change(insert.relation_id, RowChange::Insert(insert.new))
+                self.change(insert.relation_id, RowChange::Insert(insert.new), lsn)
             }
             Message::Update(update) => self.change(
                 update.relation_id,
@@ -168,9 +169,10 @@ impl Assembler {
                     old: update.old,
                     new: update.new,
                 },
+                lsn,
             ),
             Message::Delete(delete) => {
-                self.change(delete.relation_id, RowChange::Delete(delete.old))
+                self.change(delete.relation_id, RowChange::Delete(delete.old), lsn)
             }
             // Types, origins, truncates and logical messages carry no outbox rows.
             Message::Type(_)
@@ -187,6 +189,7 @@ impl Assembler {
         &mut self,
         relation_id: Oid,
         change: RowChange,
+        lsn: Lsn,
     ) -> Result<Option<SourceEvent>, SourceError> {
         if self.open.is_none() {
             return Err(SourceError::Protocol(format!(
@@ -201,6 +204,7 @@ impl Assembler {
         Ok(Some(SourceEvent::Change {
             relation: Arc::clone(relation),
             change,
+            lsn,
         }))
     }
 }
@@ -241,14 +245,16 @@ mod tests {
             SourceEvent::Begin { xid: 7, .. }
         ));
         assert!(matches!(
-            a.data(&relation_message(42)).unwrap(),
+            a.data(&relation_message(42), Lsn(1)).unwrap(),
             Some(SourceEvent::Relation(_))
         ));
-        match a.data(&insert_message(42, b"abc")).unwrap() {
+        match a.data(&insert_message(42, b"abc"), Lsn(2)).unwrap() {
             Some(SourceEvent::Change {
                 relation,
                 change: RowChange::Insert(t),
+                lsn,
             }) => {
+                assert_eq!(lsn, Lsn(2));
                 assert_eq!(relation.name, "outbox");
                 assert_eq!(
                     t.columns,
@@ -279,17 +285,17 @@ mod tests {
         let mut a = Assembler::new();
         assert!(a.commit(Lsn(1), Lsn(2), 0).is_err());
         assert!(
-            a.data(&relation_message(1)).unwrap().is_some(),
+            a.data(&relation_message(1), Lsn(1)).unwrap().is_some(),
             "relations may arrive outside transactions"
         );
         assert!(
-            a.data(&insert_message(1, b"x")).is_err(),
+            a.data(&insert_message(1, b"x"), Lsn(1)).is_err(),
             "change outside a transaction"
         );
         a.begin(1, Lsn(10), 0).unwrap();
         assert!(a.begin(2, Lsn(20), 0).is_err());
         assert!(
-            a.data(&insert_message(99, b"x")).is_err(),
+            a.data(&insert_message(99, b"x"), Lsn(1)).is_err(),
             "unknown relation"
         );
         assert!(

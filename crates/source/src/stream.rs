@@ -11,12 +11,13 @@ use pgoutput::Lsn;
 use pgwire_replication::{
     Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
 };
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, info};
 
 /// A running logical replication stream.
 pub struct ReplicationStream {
     client: ReplicationClient,
+    last_message: Instant,
     assembler: Assembler,
     slot: String,
     confirmed: Lsn,
@@ -52,6 +53,7 @@ impl ReplicationStream {
         info!(slot = %config.slot, from = %start_lsn, "streaming");
         Ok(ReplicationStream {
             client,
+            last_message: Instant::now(),
             assembler: Assembler::new(),
             slot: config.slot.clone(),
             confirmed: start_lsn,
@@ -67,6 +69,7 @@ impl ReplicationStream {
                 .await
                 .map_err(|e| SourceError::from_replication(&self.slot, e))?;
             let Some(event) = event else { return Ok(None) };
+            self.last_message = Instant::now();
             let produced = match event {
                 ReplicationEvent::Begin {
                     final_lsn,
@@ -86,7 +89,9 @@ impl ReplicationStream {
                     Lsn(end_lsn.as_u64()),
                     commit_time_micros,
                 )?),
-                ReplicationEvent::XLogData { data, .. } => self.assembler.data(&data)?,
+                ReplicationEvent::XLogData {
+                    data, wal_start, ..
+                } => self.assembler.data(&data, Lsn(wal_start.as_u64()))?,
                 ReplicationEvent::KeepAlive { wal_end, .. } => {
                     self.assembler.keepalive(Lsn(wal_end.as_u64()))
                 }
@@ -118,6 +123,11 @@ impl ReplicationStream {
     /// The position last reported to the server in a status update.
     pub fn reported(&self) -> Lsn {
         Lsn(self.client.metrics().last_applied_lsn().as_u64())
+    }
+
+    /// How long since the last message of any kind (keepalives included) was read.
+    pub fn silent_for(&self) -> Duration {
+        self.last_message.elapsed()
     }
 
     /// The server's WAL end as last seen on the stream.

@@ -1,0 +1,675 @@
+//! `table.expand.json.payload`: a JSON text payload parsed and turned into a Connect struct
+//! whose schema is inferred from the document, as Debezium's outbox `JsonSchemaData` does.
+//!
+//! Parsing follows Jackson's defaults (`ObjectMapper.readTree`): strict JSON, numbers typed as
+//! int when they fit 32 bits, long when they fit 64 bits, a big integer beyond that and a
+//! double when they have a fraction or exponent; a repeated object key keeps its first
+//! position and its last value; anything after the first value is not read.
+//!
+//! Schema inference:
+//! - string, boolean: optional string, optional boolean;
+//! - number: optional int32, int64 or (big integer, double) float64;
+//! - object: an optional struct named by the dotted path from the payload column name
+//!   (`payload`, `payload.order`, …) with one field per member in document order, where
+//!   members whose schema is unknown (`null`, `[]`) are left out unless
+//!   `table.json.payload.null.behavior=optional_bytes` /
+//!   `table.json.payload.empty.array.behavior=optional_string` type them;
+//! - array: an optional array of the schema of its first non-null element; object elements
+//!   are merged into one struct, fields in order of appearance; elements of different JSON
+//!   types, or numbers of different schemas, make the inference fail.
+//!
+//! # Outcomes
+//! Debezium logs a warning and keeps the payload unchanged when the text does not start with
+//! `{` or `[`, does not parse, or the inference fails ([`Expansion::Unchanged`]). When the
+//! schema is inferred but the value cannot be built (a top-level array, a big integer, an
+//! element that does not fit the merged schema), Debezium has already replaced the schema and
+//! keeps the string value, which the JSON converters then refuse ([`Expansion::Broken`]).
+//!
+//! # Invariants
+//! - Never panics; nesting deeper than [`MAX_DEPTH`] fails the parse, as Jackson's default
+//!   stream constraints do.
+
+use crate::connect::{Schema, SchemaType, Value};
+use crate::options::{JsonEmptyArrayBehavior, JsonNullBehavior};
+
+/// Jackson's default maximum nesting depth.
+pub const MAX_DEPTH: usize = 1000;
+
+/// A parsed JSON value, typed as Jackson's tree model types it.
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    Null,
+    Bool(bool),
+    Int(i32),
+    Long(i64),
+    BigInt,
+    Double(f64),
+    Str(String),
+    Array(Vec<Node>),
+    Object(Vec<(String, Node)>),
+}
+
+/// What expanding a payload gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expansion {
+    /// The payload stays as it is (not JSON, or no schema could be inferred).
+    Unchanged,
+    /// The payload became this struct.
+    Expanded {
+        /// The inferred schema.
+        schema: Schema,
+        /// The value.
+        value: Value,
+    },
+    /// The schema was replaced (by this one, or by none) but the value stayed the string.
+    Broken {
+        /// The inferred schema, or `None` for a top-level `[]`.
+        schema: Option<Schema>,
+        /// Why the value could not be built.
+        reason: String,
+    },
+}
+
+/// Expands `text`, the payload column's value, named `column`.
+pub fn expand(
+    column: &str,
+    text: &str,
+    null_behavior: JsonNullBehavior,
+    empty_array: JsonEmptyArrayBehavior,
+) -> Expansion {
+    if !(text.starts_with('{') || text.starts_with('[')) {
+        return Expansion::Unchanged;
+    }
+    let mut parser = Parser {
+        bytes: text.as_bytes(),
+        pos: 0,
+    };
+    let Some(node) = parser.value(0) else {
+        return Expansion::Unchanged;
+    };
+    let inference = Inference {
+        null_behavior,
+        empty_array,
+    };
+    let schema = match inference.schema(Some(column), &node) {
+        Ok(schema) => schema,
+        Err(()) => return Expansion::Unchanged,
+    };
+    let schema = match schema {
+        Some(schema) if matches!(schema.ty, SchemaType::Struct(_)) => schema,
+        other => return Expansion::Broken {
+            reason:
+                "the payload is a JSON array, and only a JSON object can be expanded into a struct"
+                    .to_owned(),
+            schema: other,
+        },
+    };
+    match to_value(&node, &schema) {
+        Ok(value) => Expansion::Expanded { schema, value },
+        Err(reason) => Expansion::Broken {
+            schema: Some(schema),
+            reason,
+        },
+    }
+}
+
+struct Parser<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
+            self.pos += 1;
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        if self.bytes.get(self.pos..self.pos + word.len()) == Some(word) {
+            self.pos += word.len();
+            // Jackson rejects a keyword run into letters or digits (`truex`).
+            match self.peek() {
+                Some(c) if c.is_ascii_alphanumeric() || c == b'_' => None,
+                _ => Some(()),
+            }
+        } else {
+            None
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Node> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.skip_ws();
+        match self.peek()? {
+            b'{' => {
+                self.pos += 1;
+                let mut members: Vec<(String, Node)> = Vec::new();
+                self.skip_ws();
+                if self.peek() == Some(b'}') {
+                    self.pos += 1;
+                    return Some(Node::Object(members));
+                }
+                loop {
+                    self.skip_ws();
+                    if self.peek() != Some(b'"') {
+                        return None;
+                    }
+                    let key = self.string()?;
+                    self.skip_ws();
+                    if self.peek() != Some(b':') {
+                        return None;
+                    }
+                    self.pos += 1;
+                    let value = self.value(depth + 1)?;
+                    match members.iter_mut().find(|(k, _)| *k == key) {
+                        Some(slot) => slot.1 = value,
+                        None => members.push((key, value)),
+                    }
+                    self.skip_ws();
+                    match self.peek()? {
+                        b',' => self.pos += 1,
+                        b'}' => {
+                            self.pos += 1;
+                            return Some(Node::Object(members));
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b'[' => {
+                self.pos += 1;
+                let mut items = Vec::new();
+                self.skip_ws();
+                if self.peek() == Some(b']') {
+                    self.pos += 1;
+                    return Some(Node::Array(items));
+                }
+                loop {
+                    items.push(self.value(depth + 1)?);
+                    self.skip_ws();
+                    match self.peek()? {
+                        b',' => self.pos += 1,
+                        b']' => {
+                            self.pos += 1;
+                            return Some(Node::Array(items));
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b'"' => self.string().map(Node::Str),
+            b't' => self.literal(b"true").map(|()| Node::Bool(true)),
+            b'f' => self.literal(b"false").map(|()| Node::Bool(false)),
+            b'n' => self.literal(b"null").map(|()| Node::Null),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn number(&mut self) -> Option<Node> {
+        let start = self.pos;
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        let int_start = self.pos;
+        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+            self.pos += 1;
+        }
+        let int_digits = self.pos - int_start;
+        if int_digits == 0 || (int_digits > 1 && self.bytes[int_start] == b'0') {
+            return None;
+        }
+        let mut is_float = false;
+        if self.peek() == Some(b'.') {
+            is_float = true;
+            self.pos += 1;
+            let frac_start = self.pos;
+            while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+                self.pos += 1;
+            }
+            if self.pos == frac_start {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            is_float = true;
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            let exp_start = self.pos;
+            while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+                self.pos += 1;
+            }
+            if self.pos == exp_start {
+                return None;
+            }
+        }
+        let text = std::str::from_utf8(&self.bytes[start..self.pos]).ok()?;
+        if is_float {
+            return text.parse::<f64>().ok().map(Node::Double);
+        }
+        Some(match text.parse::<i64>() {
+            Ok(v) => match i32::try_from(v) {
+                Ok(i) => Node::Int(i),
+                Err(_) => Node::Long(v),
+            },
+            Err(_) => Node::BigInt,
+        })
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let digits = self.bytes.get(self.pos..self.pos + 4)?;
+        let text = std::str::from_utf8(digits).ok()?;
+        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.pos += 4;
+        u32::from_str_radix(text, 16).ok()
+    }
+
+    fn string(&mut self) -> Option<String> {
+        // At the opening quote.
+        self.pos += 1;
+        let mut out = String::new();
+        loop {
+            let run_start = self.pos;
+            while let Some(&b) = self.bytes.get(self.pos) {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            out.push_str(std::str::from_utf8(&self.bytes[run_start..self.pos]).ok()?);
+            match self.peek()? {
+                b'"' => {
+                    self.pos += 1;
+                    return Some(out);
+                }
+                b'\\' => {
+                    self.pos += 1;
+                    let escaped = self.peek()?;
+                    self.pos += 1;
+                    match escaped {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let first = self.hex4()?;
+                            let code = if (0xD800..0xDC00).contains(&first) {
+                                // A high surrogate must be followed by an escaped low one.
+                                if self.bytes.get(self.pos..self.pos + 2) != Some(b"\\u") {
+                                    return None;
+                                }
+                                self.pos += 2;
+                                let second = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&second) {
+                                    return None;
+                                }
+                                0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00)
+                            } else {
+                                first
+                            };
+                            // A lone low surrogate cannot be written back as UTF-8.
+                            out.push(char::from_u32(code)?);
+                        }
+                        _ => return None,
+                    }
+                }
+                // A raw control character.
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// The JSON types Jackson compares for array homogeneity.
+fn node_type(node: &Node) -> u8 {
+    match node {
+        Node::Null => 0,
+        Node::Bool(_) => 1,
+        Node::Int(_) | Node::Long(_) | Node::BigInt | Node::Double(_) => 2,
+        Node::Str(_) => 3,
+        Node::Array(_) => 4,
+        Node::Object(_) => 5,
+    }
+}
+
+fn optional(ty: SchemaType) -> Schema {
+    Schema::new(ty, true)
+}
+
+struct Inference {
+    null_behavior: JsonNullBehavior,
+    empty_array: JsonEmptyArrayBehavior,
+}
+
+impl Inference {
+    /// `Ok(None)`: no schema (the member is left out); `Err`: inference fails.
+    fn schema(&self, key: Option<&str>, node: &Node) -> Result<Option<Schema>, ()> {
+        Ok(match node {
+            Node::Str(_) => Some(optional(SchemaType::String)),
+            Node::Bool(_) => Some(optional(SchemaType::Boolean)),
+            Node::Int(_) => Some(optional(SchemaType::Int32)),
+            Node::Long(_) => Some(optional(SchemaType::Int64)),
+            Node::BigInt | Node::Double(_) => Some(optional(SchemaType::Float64)),
+            Node::Null => match self.null_behavior {
+                JsonNullBehavior::OptionalBytes => Some(optional(SchemaType::Bytes)),
+                JsonNullBehavior::Ignore => None,
+            },
+            Node::Array(items) if items.is_empty() => match self.empty_array {
+                JsonEmptyArrayBehavior::OptionalString => Some(optional(SchemaType::Array(
+                    Box::new(optional(SchemaType::String)),
+                ))),
+                JsonEmptyArrayBehavior::Ignore => None,
+            },
+            Node::Array(items) => {
+                let element = self.element_schema(key, items)?;
+                Some(optional(SchemaType::Array(Box::new(element))))
+            }
+            Node::Object(members) => {
+                let mut fields: Vec<(String, Schema)> = Vec::new();
+                for (name, value) in members {
+                    let field_key = match key {
+                        Some(k) if !k.trim().is_empty() => format!("{k}.{name}"),
+                        _ => name.clone(),
+                    };
+                    if let Some(schema) = self.schema(Some(&field_key), value)? {
+                        if !fields.iter().any(|(n, _)| n == name) {
+                            fields.push((name.clone(), schema));
+                        }
+                    }
+                }
+                let mut schema = optional(SchemaType::Struct(fields));
+                schema.name = key.map(str::to_owned);
+                Some(schema)
+            }
+        })
+    }
+
+    fn element_schema(&self, key: Option<&str>, items: &[Node]) -> Result<Schema, ()> {
+        // The first non-null element; all non-null elements must have its JSON type, and
+        // numbers its schema.
+        let mut sample = &Node::Null;
+        let mut sample_schema: Option<Schema> = None;
+        for item in items {
+            if matches!(item, Node::Null) {
+                continue;
+            }
+            if matches!(sample, Node::Null) {
+                sample = item;
+            }
+            if node_type(item) != node_type(sample) {
+                return Err(());
+            }
+            if node_type(sample) == 2 {
+                if sample_schema.is_none() {
+                    sample_schema = self.schema(None, sample)?;
+                }
+                if self.schema(None, item)? != sample_schema {
+                    return Err(());
+                }
+            }
+        }
+        if let Node::Object(_) = sample {
+            let mut distinct: Vec<Schema> = Vec::new();
+            for item in items {
+                if let Node::Object(_) = item {
+                    if let Some(schema) = self.schema(key, item)? {
+                        if !distinct.contains(&schema) {
+                            distinct.push(schema);
+                        }
+                    }
+                }
+            }
+            let mut merged: Option<Schema> = None;
+            for schema in distinct {
+                merged = Some(match merged {
+                    None => schema,
+                    Some(left) => merge(left, schema),
+                });
+            }
+            merged.ok_or(())
+        } else {
+            self.schema(None, sample)?.ok_or(())
+        }
+    }
+}
+
+/// Merges two struct schemas: fields of the left in order, then new fields of the right; a
+/// left bytes field (from a `null`) gives way to a typed right one.
+fn merge(left: Schema, right: Schema) -> Schema {
+    let SchemaType::Struct(mut fields) = left.ty else {
+        return left;
+    };
+    if let SchemaType::Struct(right_fields) = right.ty {
+        for (name, schema) in right_fields {
+            match fields.iter_mut().find(|(n, _)| *n == name) {
+                None => fields.push((name, schema)),
+                Some(slot) => {
+                    if slot.1 != schema
+                        && slot.1.ty == SchemaType::Bytes
+                        && schema.ty != SchemaType::Bytes
+                    {
+                        slot.1 = schema;
+                    }
+                }
+            }
+        }
+    }
+    Schema {
+        ty: SchemaType::Struct(fields),
+        optional: left.optional,
+        name: left.name,
+        version: left.version,
+    }
+}
+
+/// The node as a value of `schema`, checked as Connect's `Struct.put` checks it.
+fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
+    let mismatch = |what: &str| {
+        Err(format!(
+            "a JSON {what} does not fit the schema inferred for its place ({:?})",
+            schema.ty
+        ))
+    };
+    match (node, &schema.ty) {
+        (Node::Null, _) => Ok(Value::Null),
+        (Node::Str(s), SchemaType::String) => Ok(Value::Str(s.clone())),
+        (Node::Bool(b), SchemaType::Boolean) => Ok(Value::Bool(*b)),
+        (Node::Int(i), SchemaType::Int32) => Ok(Value::Int(i64::from(*i))),
+        (Node::Long(l), SchemaType::Int64) => Ok(Value::Int(*l)),
+        (Node::Double(d), SchemaType::Float64) => Ok(Value::Float64(*d)),
+        (Node::BigInt, _) => Err(
+            "an integer beyond 64 bits becomes a decimal, which does not fit the float64 schema inferred for it"
+                .to_owned(),
+        ),
+        (Node::Array(items), SchemaType::Array(element)) => items
+            .iter()
+            .map(|item| to_value(item, element))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        (Node::Object(members), SchemaType::Struct(fields)) => fields
+            .iter()
+            .map(
+                |(name, field_schema)| match members.iter().find(|(k, _)| k == name) {
+                    Some((_, member)) => to_value(member, field_schema),
+                    None => Ok(Value::Null),
+                },
+            )
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Struct),
+        (Node::Str(_), _) => mismatch("string"),
+        (Node::Bool(_), _) => mismatch("boolean"),
+        (Node::Int(_) | Node::Long(_) | Node::Double(_), _) => mismatch("number"),
+        (Node::Array(_), _) => mismatch("array"),
+        (Node::Object(_), _) => mismatch("object"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connect::{write_json, write_schema};
+
+    fn run(
+        text: &str,
+        nulls: JsonNullBehavior,
+        arrays: JsonEmptyArrayBehavior,
+    ) -> (String, String) {
+        match expand("payload", text, nulls, arrays) {
+            Expansion::Expanded { schema, value } => {
+                let mut s = Vec::new();
+                write_schema(&mut s, &schema);
+                let mut v = Vec::new();
+                write_json(&mut v, &value, Some(&schema));
+                (
+                    String::from_utf8(s).unwrap_or_default(),
+                    String::from_utf8(v).unwrap_or_default(),
+                )
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    fn dflt(text: &str) -> (String, String) {
+        run(
+            text,
+            JsonNullBehavior::Ignore,
+            JsonEmptyArrayBehavior::Ignore,
+        )
+    }
+
+    #[test]
+    fn object_with_every_scalar_type() {
+        let (schema, value) = dflt(
+            r#"{"s": "a\"b\u00e9\n", "i": 1, "l": 3000000000, "d": 39.98, "e": 1E2, "b": true, "n": null, "z": -0}"#,
+        );
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"string","optional":true,"field":"s"},{"type":"int32","optional":true,"field":"i"},{"type":"int64","optional":true,"field":"l"},{"type":"double","optional":true,"field":"d"},{"type":"double","optional":true,"field":"e"},{"type":"boolean","optional":true,"field":"b"},{"type":"int32","optional":true,"field":"z"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(
+            value,
+            "{\"s\":\"a\\\"b\u{e9}\\n\",\"i\":1,\"l\":3000000000,\"d\":39.98,\"e\":100.0,\"b\":true,\"z\":0}"
+        );
+    }
+
+    #[test]
+    fn null_and_empty_array_behaviors() {
+        let (schema, value) = run(
+            r#"{"n": null, "a": []}"#,
+            JsonNullBehavior::OptionalBytes,
+            JsonEmptyArrayBehavior::OptionalString,
+        );
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"bytes","optional":true,"field":"n"},{"type":"array","items":{"type":"string","optional":true},"optional":true,"field":"a"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(value, r#"{"n":null,"a":[]}"#);
+        let (schema, value) = dflt(r#"{"n": null, "a": []}"#);
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(value, "{}");
+    }
+
+    #[test]
+    fn nested_objects_and_merged_array_elements() {
+        let (schema, value) =
+            dflt(r#"{"o": {"x": 1}, "items": [{"id": 1}, {"id": 2, "q": "a"}, null]}"#);
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"struct","fields":[{"type":"int32","optional":true,"field":"x"}],"optional":true,"name":"payload.o","field":"o"},{"type":"array","items":{"type":"struct","fields":[{"type":"int32","optional":true,"field":"id"},{"type":"string","optional":true,"field":"q"}],"optional":true,"name":"payload.items"},"optional":true,"field":"items"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(
+            value,
+            r#"{"o":{"x":1},"items":[{"id":1,"q":null},{"id":2,"q":"a"},null]}"#
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_keep_first_position_and_last_value() {
+        let (_, value) = dflt(r#"{"a": 1, "b": 2, "a": 3}"#);
+        assert_eq!(value, r#"{"a":3,"b":2}"#);
+    }
+
+    #[test]
+    fn unchanged_and_broken() {
+        let n = JsonNullBehavior::Ignore;
+        let a = JsonEmptyArrayBehavior::Ignore;
+        for text in [
+            "",
+            " {}",
+            "\"s\"",
+            "1",
+            "{",
+            "{\"a\":01}",
+            "{\"a\":[1,\"x\"]}",
+            "{\"a\":[1,3000000000]}",
+            "{\"a\":[null]}",
+            "{\"a\":\"\\ud800\"}",
+            "{\"a\":\"\u{1}\"}",
+        ] {
+            assert_eq!(
+                expand("payload", text, n, a),
+                Expansion::Unchanged,
+                "{text:?}"
+            );
+        }
+        assert!(matches!(
+            expand("payload", "[1,2]", n, a),
+            Expansion::Broken {
+                schema: Some(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            expand("payload", "[]", n, a),
+            Expansion::Broken { schema: None, .. }
+        ));
+        assert!(matches!(
+            expand("payload", "{\"a\":123456789012345678901234567890}", n, a),
+            Expansion::Broken {
+                schema: Some(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            expand("payload", "{\"a\":[{\"x\":1},{\"x\":\"s\"}]}", n, a),
+            Expansion::Broken {
+                schema: Some(_),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn trailing_text_is_not_read_and_depth_is_bounded() {
+        let (_, value) = dflt(r#"{"a": 1} trailing"#);
+        assert_eq!(value, r#"{"a":1}"#);
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 5), "]".repeat(MAX_DEPTH + 5));
+        assert_eq!(
+            expand(
+                "payload",
+                &format!("{{\"a\":{deep}}}"),
+                JsonNullBehavior::Ignore,
+                JsonEmptyArrayBehavior::Ignore
+            ),
+            Expansion::Unchanged
+        );
+    }
+}

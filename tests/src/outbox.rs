@@ -1,0 +1,184 @@
+//! Outbox helpers shared by the end-to-end tests: the table, events, transactions that insert
+//! and delete them, slot positions, and a Siphon configuration for the scratch services.
+//!
+//! # Invariants
+//! - [`event`] is a pure function of its arguments, so a test can recompute what it wrote.
+
+use crate::{Broker, Postgres};
+use anyhow::Result;
+use tokio_postgres::Client;
+
+/// The outbox table users create (Debezium's outbox shape).
+pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
+    id uuid PRIMARY KEY,
+    aggregatetype varchar(255) NOT NULL,
+    aggregateid varchar(255) NOT NULL,
+    type varchar(255) NOT NULL,
+    payload jsonb)";
+
+/// One event as the application writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub id: String,
+    pub aggregatetype: &'static str,
+    pub aggregateid: String,
+    pub seq: u64,
+    pub payload: String,
+}
+
+/// The event numbered `seq`: aggregate type `Customer` for multiples of 3, else `Order`; 17
+/// aggregates per type; payloads with quotes, escapes, control characters and non-ASCII text.
+pub fn event(seq: u64, committed: bool) -> Event {
+    let aggregatetype = if seq.is_multiple_of(3) {
+        "Customer"
+    } else {
+        "Order"
+    };
+    let note = match seq % 5 {
+        0 => "plain".to_owned(),
+        1 => "quote \" and backslash \\ and slash /".to_owned(),
+        2 => "tab\tnewline\nreturn\r".to_owned(),
+        3 => "non-ASCII: zürich, 東京, emoji 🚀".to_owned(),
+        _ => String::new(),
+    };
+    let payload = format!(
+        r#"{{"seq": {seq}, "note": {}, "committed": {committed}, "items": [1, 2.5, null, true]}}"#,
+        json_quote(&note)
+    );
+    Event {
+        id: format!("00000000-0000-4000-8000-{seq:012}"),
+        aggregatetype,
+        aggregateid: format!("{}-{}", aggregatetype.to_lowercase(), seq % 17),
+        seq,
+        payload,
+    }
+}
+
+fn json_quote(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The sequence number an event id encodes.
+pub fn seq_of(id: &str) -> Option<u64> {
+    id.rsplit('-').next()?.parse().ok()
+}
+
+/// One transaction that inserts `events` into the outbox and deletes them again, then commits
+/// or rolls back.
+pub async fn insert_transaction(client: &mut Client, events: &[Event], commit: bool) -> Result<()> {
+    let tx = client.transaction().await?;
+    let stmt = tx
+        .prepare(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ($1::text::uuid, $2, $3, 'Event', $4::text::jsonb)",
+        )
+        .await?;
+    for e in events {
+        tx.execute(
+            &stmt,
+            &[&e.id, &e.aggregatetype, &e.aggregateid, &e.payload],
+        )
+        .await?;
+    }
+    tx.execute("DELETE FROM outbox", &[]).await?;
+    if commit {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(())
+}
+
+/// The slot's `confirmed_flush_lsn` as a number, if the slot exists.
+pub async fn slot_confirmed_lsn(client: &Client, slot: &str) -> Result<Option<u64>> {
+    let row = client
+        .query_opt(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row
+        .and_then(|r| r.get::<_, Option<i64>>(0))
+        .map(|v| v as u64))
+}
+
+/// Whether a process is streaming from the slot.
+pub async fn slot_active(client: &Client, slot: &str) -> Result<bool> {
+    let row = client
+        .query_opt(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| r.get::<_, bool>(0)).unwrap_or(false))
+}
+
+/// WAL the slot keeps from being removed, in bytes.
+pub async fn slot_retained_wal(client: &Client, slot: &str) -> Result<Option<u64>> {
+    let row = client
+        .query_opt(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row
+        .and_then(|r| r.get::<_, Option<i64>>(0))
+        .map(|v| v as u64))
+}
+
+/// The current WAL insert position as a number.
+pub async fn current_insert_lsn(client: &Client) -> Result<u64> {
+    let row = client
+        .query_one(
+            "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
+            &[],
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0) as u64)
+}
+
+/// A Siphon configuration for the scratch services: slot `slot`, publication `<slot>_pub`,
+/// topics created with 3 partitions, a short status interval, and `extra` TOML appended.
+pub fn siphon_config(pg: &Postgres, broker: &Broker, slot: &str, extra: &str) -> String {
+    format!(
+        r#"
+[source]
+url = "{url}"
+slot = "{slot}"
+publication = "{slot}_pub"
+tables = ["public.outbox"]
+status_interval_ms = 200
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[kafka.properties]
+"message.timeout.ms" = "10000"
+
+[kafka.topic_creation]
+partitions = 3
+replication_factor = 1
+
+[pipeline]
+max_in_flight_records = 500
+shutdown_timeout_secs = 20
+max_backoff_secs = 2
+{extra}
+"#,
+        url = pg.url(),
+        bootstrap = broker.bootstrap()
+    )
+}

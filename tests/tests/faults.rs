@@ -1,0 +1,225 @@
+//! Real faults: `kill -9` of Siphon, a PostgreSQL restart, and a busy database with a quiet
+//! outbox. Every committed event arrives, repeats carry the same id, nothing else arrives.
+
+use anyhow::{Context, Result};
+use siphon_tests::outbox::{
+    event, insert_transaction, seq_of, siphon_config, slot_active, slot_retained_wal, Event,
+    OUTBOX_DDL,
+};
+use siphon_tests::{
+    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+const TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
+
+async fn read_all(broker: &Broker) -> Result<Vec<ConsumedRecord>> {
+    let mut all = Vec::new();
+    for topic in TOPICS {
+        all.extend(read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(60)).await?);
+    }
+    Ok(all)
+}
+
+fn id_of(record: &ConsumedRecord) -> String {
+    String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned()
+}
+
+/// Waits until every committed event arrived, then checks: nothing else arrived, and per
+/// aggregate the first delivery of each event is in commit order. Returns the duplicate count.
+async fn check_delivery(
+    broker: &Broker,
+    committed: &[Event],
+    siphon: &SiphonProcess,
+) -> Result<usize> {
+    let expected: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
+    let records = wait_for(Duration::from_secs(180), Duration::from_secs(1), || async {
+        let records = read_all(broker).await?;
+        let ids: BTreeSet<String> = records.iter().map(id_of).collect();
+        let missing = expected.difference(&ids).count();
+        anyhow::ensure!(
+            missing == 0,
+            "{missing} of {} events missing",
+            expected.len()
+        );
+        Ok(Some(records))
+    })
+    .await
+    .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let phantom: Vec<String> = records
+        .iter()
+        .map(id_of)
+        .filter(|id| !expected.contains(id))
+        .collect();
+    assert!(
+        phantom.is_empty(),
+        "events that were never committed: {phantom:?}"
+    );
+    let mut by_key: BTreeMap<(String, Vec<u8>), Vec<&ConsumedRecord>> = BTreeMap::new();
+    for r in &records {
+        by_key
+            .entry((r.topic.clone(), r.key.clone().unwrap_or_default()))
+            .or_default()
+            .push(r);
+    }
+    for ((topic, key), mut group) in by_key {
+        group.sort_by_key(|r| (r.partition, r.offset));
+        let mut seen = BTreeSet::new();
+        let firsts: Vec<u64> = group
+            .iter()
+            .filter_map(|r| {
+                let id = id_of(r);
+                seen.insert(id.clone()).then(|| seq_of(&id)).flatten()
+            })
+            .collect();
+        assert!(
+            firsts.windows(2).all(|w| w[0] < w[1]),
+            "{topic} {:?}: first deliveries out of commit order: {firsts:?}",
+            String::from_utf8_lossy(&key)
+        );
+    }
+    Ok(records.len() - expected.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_points_loses_nothing() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "crash", ""))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "crash").await },
+    )
+    .await?;
+
+    // A writer commits 60 transactions of 25 events while Siphon is killed four times.
+    let writer_pg = pg.connect().await?;
+    let writer = tokio::spawn(async move {
+        let mut client = writer_pg;
+        let mut committed = Vec::new();
+        for txn in 0..60u64 {
+            let events: Vec<Event> = (0..25).map(|i| event(txn * 25 + i + 1, true)).collect();
+            insert_transaction(&mut client, &events, true).await?;
+            committed.extend(events);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::Ok(committed)
+    });
+    let pauses = [700u64, 1300, 400, 1900];
+    for pause in pauses {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        siphon.kill9()?;
+        siphon.start_again()?;
+    }
+    let committed = writer.await??;
+    let duplicates = check_delivery(&broker, &committed, &siphon).await?;
+    eprintln!(
+        "kill -9 x{}: {} events, 0 lost, 0 phantom, {duplicates} repeated",
+        pauses.len(),
+        committed.len()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_mid_stream_is_survived() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "restart", ""))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "restart").await },
+    )
+    .await?;
+    let mut committed = Vec::new();
+    for txn in 0..10u64 {
+        let events: Vec<Event> = (0..20).map(|i| event(txn * 20 + i + 1, true)).collect();
+        insert_transaction(&mut client, &events, true).await?;
+        committed.extend(events);
+    }
+    pg.restart()?;
+    let mut client = pg.connect().await?;
+    for txn in 10..20u64 {
+        let events: Vec<Event> = (0..20).map(|i| event(txn * 20 + i + 1, true)).collect();
+        insert_transaction(&mut client, &events, true).await?;
+        committed.extend(events);
+    }
+    check_delivery(&broker, &committed, &siphon).await?;
+    let log = siphon.log();
+    assert!(
+        log.contains("pipeline interrupted; reconnecting"),
+        "one line per outage:\n{log}"
+    );
+    assert!(
+        siphon.is_running(),
+        "a restart of PostgreSQL is transient: Siphon keeps running"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_outbox_does_not_hold_back_wal_of_a_busy_database() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    client
+        .batch_execute("CREATE TABLE busy (id bigint PRIMARY KEY, filler text)")
+        .await?;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "quiet", ""))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "quiet").await },
+    )
+    .await?;
+
+    // About 200 MB of WAL from another table while the outbox stays idle.
+    let start: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    for batch in 0..4i64 {
+        client
+            .execute(
+                "INSERT INTO busy SELECT g, repeat(md5(g::text), 6) FROM generate_series($1::bigint, $2::bigint) g",
+                &[&(batch * 250_000 + 1), &((batch + 1) * 250_000)],
+            )
+            .await?;
+    }
+    let written: i64 = client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint",
+            &[&start],
+        )
+        .await?
+        .get(0);
+    assert!(
+        written > 200_000_000,
+        "the load wrote only {written} bytes of WAL"
+    );
+
+    // The slot follows the server: what it retains ends up small, not the 200 MB.
+    let retained = wait_for(Duration::from_secs(90), Duration::from_secs(1), || async {
+        client.batch_execute("CHECKPOINT").await?;
+        let retained = slot_retained_wal(&client, "quiet")
+            .await?
+            .unwrap_or(u64::MAX);
+        anyhow::ensure!(
+            retained < 32 * 1024 * 1024,
+            "slot still retains {retained} bytes"
+        );
+        Ok(Some(retained))
+    })
+    .await
+    .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    eprintln!("wrote {written} bytes of WAL; the slot retains {retained}");
+    Ok(())
+}
