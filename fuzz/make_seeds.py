@@ -133,13 +133,14 @@ class Arb:
 
 # Variant indexes, in the order the target declares them.
 PICK_RANDOM, PICK_VARIANTS = 2, 3
-OPTION_VALUE_COLUMN, OPTION_VALUE_OTHER, OPTION_VALUE_VARIANTS = 0, 1, 2
+OPTION_VALUE_OTHER, OPTION_VALUE_VARIANTS = 1, 2
 TYPE_OID_RANDOM, TYPE_OID_VARIANTS = 1, 2
 VALUE_NULL, VALUE_TOAST, VALUE_TEXT, VALUE_BINARY, VALUE_VARIANTS = 0, 1, 3, 4, 5
 CHANGE_INSERT, CHANGE_UPDATE, CHANGE_DELETE, CHANGE_VARIANTS = 0, 1, 2, 3
+ENCODINGS = ["json", "string", "json-schemas", "binary"]
 
-UUID, VARCHAR, TEXT, JSONB, INT4, INT8, BOOL, FLOAT8, BYTEA = (
-    2950, 1043, 25, 3802, 23, 20, 16, 701, 17)
+UUID, VARCHAR, TEXT, JSONB, INT4, INT8, BOOL, FLOAT8, BYTEA, TIMESTAMPTZ = (
+    2950, 1043, 25, 3802, 23, 20, 16, 701, 17, 1184)
 
 
 def pick(a, s):
@@ -164,30 +165,35 @@ def row(a, values, fit=False):
     a.boolean(fit)
 
 
-def router_input(options, key_string, value_string, namespace, table, columns, changes,
-                 partitions=3):
+def router_input(options, columns, changes, key="json", value="json", context=None,
+                 namespace="public", table="outbox", partitions=3):
+    """One `Input` of fuzz_targets/router_route.rs, field by field."""
     a = Arb()
-    for name, value in options:
+    for name, option_value in options:  # options
         a.more()
         pick(a, name)
         a.variant(OPTION_VALUE_OTHER, OPTION_VALUE_VARIANTS)
-        pick(a, value)
+        pick(a, option_value)
     a.more(False)
-    a.boolean(key_string)
-    a.boolean(value_string)
-    a.u32(16400)  # relation id
+    a.variant(ENCODINGS.index(key), len(ENCODINGS))  # key
+    a.variant(ENCODINGS.index(value), len(ENCODINGS))  # value
+    a.boolean(context is not None)  # context
+    if context is not None:
+        a.string(context)
+    a.u32(16400)  # relation_id
     a.string(namespace)
     a.string(table)
-    a.u8(0)  # replica identity: default
-    for name, type_oid in columns:
+    a.u8(0)  # replica_identity: default
+    for name, type_oid in columns:  # columns
         a.more()
         pick(a, name)
         a.variant(TYPE_OID_RANDOM, TYPE_OID_VARIANTS)
         a.u32(type_oid)
         a.u8(1 if name == "id" else 0)  # flags
-        a.i32(-1)  # type modifier
+        a.i32(-1)  # type_modifier
+        a.boolean(name == "id")  # not_null
     a.more(False)
-    for kind, *rows in changes:
+    for kind, *rows in changes:  # changes
         a.more()
         if kind == "insert":
             a.variant(CHANGE_INSERT, CHANGE_VARIANTS)
@@ -203,35 +209,54 @@ def router_input(options, key_string, value_string, namespace, table, columns, c
             a.variant(CHANGE_DELETE, CHANGE_VARIANTS)
             row(a, rows[0], fit=True)
     a.more(False)
-    a.i32(partitions)
+    a.i32(partitions)  # partitions
     return a.build()
 
 
 def router_seeds(out):
     outbox = [("id", UUID), ("aggregatetype", VARCHAR), ("aggregateid", VARCHAR),
               ("type", VARCHAR), ("payload", JSONB)]
-    event = ["f81d4fae-7dec-11d0-a765-00a0c91e6bf6", "Order", "42", "Created", '{"a": 1}']
+    event = ["f81d4fae-7dec-11d0-a765-00a0c91e6bf6", "Order", "42", "Created",
+             '{"a": [1, {"b": null}], "c": []}']
     seeds = {
         # Debezium's defaults and example outbox table: a record, a skipped update and delete.
         "debezium-default": router_input(
-            [], False, False, "public", "outbox", outbox,
+            [], outbox,
             [("insert", event), ("update", None, event), ("delete", [event[0]])]),
-        # Renamed columns, a topic template, String encodings and fatal updates.
+        # Renamed columns, a topic regex and template, String encodings and fatal updates.
         "renamed-fatal": router_input(
             [("table.field.event.id", "event_id"), ("route.by.field", "kind"),
-             ("route.topic.replacement", "events.$1"), ("table.op.invalid.behavior", "fatal")],
-            True, True, "app", "events",
+             ("route.topic.regex", "(.*)"), ("route.topic.replacement", "events.$1"),
+             ("table.op.invalid.behavior", "fatal")],
             [("event_id", INT8), ("kind", TEXT), ("aggregateid", INT4), ("payload", TEXT)],
-            [("insert", ["7", "user", "-3", "hi"]), ("update", ["7", "user", "-3", "hi"],
-                                                      ["7", "user", "-3", "ho"])]),
-        # Non-text key and payload types, a NULL payload and values the router must reject.
-        "typed-values": router_input(
-            [("table.field.event.key", "k"), ("table.field.event.payload", "p")],
-            False, False, "", "t",
-            [("id", INT4), ("aggregatetype", TEXT), ("k", BOOL), ("p", FLOAT8)],
-            [("insert", ["1", "A", "t", "1e309"]), ("insert", ["1", "A", "f", None]),
-             ("insert", ["x", "A", "true", "NaN"]), ("insert", ["1", "a b", "t", "0"]),
+            [("insert", ["7", "user", "-3", "hi"]),
+             ("update", ["7", "user", "-3", "hi"], ["7", "user", "-3", "ho"])],
+            key="string", value="string", namespace="app", table="events"),
+        # Additional fields in headers, the envelope and the partition, a timestamp column,
+        # context headers and the json-schemas encoding.
+        "placements": router_input(
+            [("table.fields.additional.placement",
+              "type:header:eventType,type:envelope,aggregateid:partition"),
+             ("table.field.event.timestamp", "created_at"), ("topic.prefix", "siphon")],
+            outbox[:3] + [("type", TEXT), ("payload", JSONB), ("created_at", TIMESTAMPTZ)],
+            [("insert", ["1", "Order", "5", "Created", '{"x":1}',
+                         "2024-01-02 03:04:05.123+00"]),
+             ("insert", ["1", "Order", "x", "Created", None, "infinity"])],
+            value="json-schemas", context="run-1"),
+        # JSON payload expansion, tombstones on an empty payload, non-text keys.
+        "expand-json": router_input(
+            [("table.expand.json.payload", "true"), ("route.tombstone.on.empty.payload", "true"),
+             ("table.json.payload.null.behavior", "optional_bytes"),
+             ("table.field.event.key", "k")],
+            [("id", INT4), ("aggregatetype", TEXT), ("k", BOOL), ("payload", JSONB)],
+            [("insert", ["1", "A", "t", '{"a":{"b":[1,2.5e3,null],"d":[]},"e":"\\u00e9"}']),
+             ("insert", ["1", "A", "f", None]), ("insert", ["x", "a b", "true", "[]"]),
              ("insert", ["1", "A", "toast", b"\x00\x01"]), ("insert", ["1", "A"])]),
+        # A bytea payload written as is.
+        "binary-payload": router_input(
+            [], outbox[:4] + [("payload", BYTEA)],
+            [("insert", ["1", "Order", "42", "Created", "\\xdeadbeef"])],
+            value="binary", key="string"),
     }
     for name, data in seeds.items():
         write(out, f"seed-{name}", data)

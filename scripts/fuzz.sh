@@ -101,6 +101,10 @@ fi
 export PATH=$fuzz_root/bin:$PATH
 # cargo-fuzz passes -Z flags to rustc and cargo; let the stable toolchain take them.
 export RUSTC_BOOTSTRAP=1
+# A smaller quarantine than ASan's 256 MB, so that -rss_limit_mb measures the code fuzzed
+# (the crates are safe Rust: use-after-free detection is not what ASan is here for; its
+# malloc hooks are what make -malloc_limit_mb work). Settings given in ASAN_OPTIONS win.
+export ASAN_OPTIONS=quarantine_size_mb=32${ASAN_OPTIONS:+:$ASAN_OPTIONS}
 
 # ----------------------------------------------------------------- build ----
 

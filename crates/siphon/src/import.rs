@@ -27,6 +27,8 @@ pub const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 const TOPIC_NAME_MATCHES: &str = "org.apache.kafka.connect.transforms.predicates.TopicNameMatches";
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
 const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter";
+const BYTE_ARRAY_CONVERTER: &str = "org.apache.kafka.connect.converters.ByteArrayConverter";
+const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 const SIMPLE_HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
 
 /// Written when the connector configuration names no brokers (they belong to the worker).
@@ -559,11 +561,12 @@ fn source_section(props: &mut Props, out: &mut Output, notes: &mut Vec<String>) 
     }
 
     for key in props.keys_with_prefix("database.") {
+        if key == "database.server.name" {
+            continue; // Debezium 1.x's topic.prefix: read with the router.
+        }
         let value = props.take(&key).unwrap_or_default();
         let reason = if key.starts_with("database.ssl") {
             "TLS to PostgreSQL is not configurable in Siphon yet"
-        } else if key == "database.server.name" {
-            "the logical server name of Debezium 1.x (now topic.prefix) only names the change-event topics, which the outbox router replaces; Siphon needs none"
         } else if key == "database.initial.statements" {
             "Siphon runs no initial statements on its connections"
         } else {
@@ -782,15 +785,52 @@ fn router_section(
         ));
     }
 
-    // What the topic.prefix was used for: the change-event topic names the predicate tests.
-    let topic_prefix = props
-        .take("topic.prefix")
-        .or_else(|| props.peek("database.server.name").map(str::to_owned));
-    if let Some(p) = props.peek("topic.prefix") {
-        notes.push(format!(
-            "`topic.prefix` = `{p}`: it names Debezium's change-event topics ({p}.<schema>.<table>), which the outbox router replaces; Siphon needs no prefix, so it is not written"
-        ));
+    // The connector's logical name: Debezium's context headers (3.2 and later) and, with
+    // json-schemas, the value schema names. Also what the change-event topics start with.
+    let legacy_name = props.take("database.server.name");
+    let topic_prefix = props.take("topic.prefix");
+    let extended = props.take("extended.headers.enabled");
+    match (&topic_prefix, &legacy_name) {
+        (Some(prefix), _) => {
+            out.router
+                .insert("topic.prefix".into(), string(prefix.clone()));
+            match &extended {
+                Some(e) => {
+                    out.router
+                        .insert("extended.headers.enabled".into(), string(e.clone()));
+                }
+                None => notes.push(format!(
+                    "router.\"topic.prefix\" = \"{prefix}\": Siphon adds the __debezium.context.* headers Debezium 3.2 and later write. \
+                     If the connector ran an older Debezium, set router.\"extended.headers.enabled\" = \"false\" to write the same headers it did"
+                )),
+            }
+            if let Some(legacy) = &legacy_name {
+                notes.push(format!(
+                    "`database.server.name` = `{legacy}`: replaced by topic.prefix since Debezium 2.0; topic.prefix is used"
+                ));
+            }
+        }
+        (None, Some(legacy)) => {
+            out.router
+                .insert("topic.prefix".into(), string(legacy.clone()));
+            out.router
+                .insert("extended.headers.enabled".into(), string("false"));
+            notes.push(format!(
+                "`database.server.name` = `{legacy}` (Debezium 1.x) written as router.\"topic.prefix\", with router.\"extended.headers.enabled\" = \"false\": \
+                 Debezium 1.x wrote no __debezium.context.* headers"
+            ));
+        }
+        (None, None) => {
+            if let Some(e) = &extended {
+                notes.push(keyed(
+                    "extended.headers.enabled",
+                    e,
+                    "the context headers need topic.prefix, which is not set; not carried over",
+                ));
+            }
+        }
     }
+    let topic_prefix = topic_prefix.or(legacy_name);
     let naming = props.take("topic.naming.strategy");
     let delimiter = props.take("topic.delimiter").unwrap_or_else(|| ".".into());
     let change_topics: Option<Vec<String>> = match (&topic_prefix, &naming) {
@@ -826,6 +866,15 @@ fn router_section(
         })
     };
 
+    // The change-event topics are what a predicate sees only until a transform renames topics.
+    let topics_at = |index: usize| {
+        chain[..index]
+            .iter()
+            .all(|t| KEEPS_TOPIC.contains(&t.kind.as_str()))
+            .then_some(change_topics.as_deref())
+            .flatten()
+    };
+
     if let Some(name) = &router.predicate {
         let negate = if router.negate { " (negated)" } else { "" };
         match describe_predicate(name, props) {
@@ -841,7 +890,7 @@ fn router_section(
                 router.negate,
                 &p,
                 tables,
-                change_topics.as_deref(),
+                topics_at(router_index),
             )),
         }
     }
@@ -868,7 +917,7 @@ fn router_section(
             Some(name) => {
                 let predicate = describe_predicate(name, props);
                 let selects_outbox = predicate.as_ref().and_then(|p| {
-                    p.selects_all(change_topics.as_deref())
+                    p.selects_all(topics_at(index))
                         .map(|all| all != transform.negate)
                 });
                 match selects_outbox {
@@ -906,6 +955,20 @@ fn router_section(
         props.take(&key);
     }
 }
+
+/// Transforms that never change a record's topic (so a predicate after them still sees the
+/// connector's change-event topics).
+const KEEPS_TOPIC: &[&str] = &[
+    "io.debezium.transforms.ExtractNewRecordState",
+    "org.apache.kafka.connect.transforms.Filter",
+    "org.apache.kafka.connect.transforms.InsertHeader",
+    "org.apache.kafka.connect.transforms.DropHeaders",
+    "org.apache.kafka.connect.transforms.HeaderFrom$Key",
+    "org.apache.kafka.connect.transforms.HeaderFrom$Value",
+    "org.apache.kafka.connect.transforms.ReplaceField$Value",
+    "org.apache.kafka.connect.transforms.MaskField$Value",
+    "org.apache.kafka.connect.transforms.Cast$Value",
+];
 
 struct Predicate {
     kind: String,
@@ -1065,7 +1128,7 @@ fn java_full_match(pattern: &str, text: &str) -> Option<bool> {
 
 fn format_section(props: &mut Props, out: &mut Output, notes: &mut Vec<String>) {
     for (side, key) in [("key", "key.converter"), ("value", "value.converter")] {
-        let encoding = converter_encoding(props, key, notes);
+        let encoding = converter_encoding(props, side, key, notes);
         out.format.insert(side.into(), string(encoding));
     }
     if let Some(class) = props.take("header.converter") {
@@ -1086,7 +1149,12 @@ fn format_section(props: &mut Props, out: &mut Output, notes: &mut Vec<String>) 
 }
 
 /// The `[format]` encoding for one converter, with notes for what Siphon cannot reproduce.
-fn converter_encoding(props: &mut Props, key: &str, notes: &mut Vec<String>) -> &'static str {
+fn converter_encoding(
+    props: &mut Props,
+    side: &str,
+    key: &str,
+    notes: &mut Vec<String>,
+) -> &'static str {
     let class = props.take(key);
     let schemas_key = format!("{key}.schemas.enable");
     let schemas = props.take(&schemas_key);
@@ -1098,7 +1166,7 @@ fn converter_encoding(props: &mut Props, key: &str, notes: &mut Vec<String>) -> 
     let Some(class) = class else {
         notes.push(format!(
             "`{key}` is not set, so the Connect worker's {key} applied (Kafka's own default is {JSON_CONVERTER} with schemas.enable=true): \
-             written as json (JsonConverter with schemas.enable=false); check the worker configuration"
+             written as json (JsonConverter with schemas.enable=false); check the worker configuration and set format.{side} to match it"
         ));
         return "json";
     };
@@ -1107,27 +1175,23 @@ fn converter_encoding(props: &mut Props, key: &str, notes: &mut Vec<String>) -> 
             let with_schemas = match schemas.as_deref() {
                 None => {
                     notes.push(format!(
-                        "`{schemas_key}` is not set: JsonConverter's default is true (the connector's converter settings do not inherit the worker's)"
+                        "`{schemas_key}` is not set: JsonConverter's default, true, is assumed (json-schemas), since a converter set in the connector \
+                         configuration does not take the worker's converter options"
                     ));
                     true
                 }
                 Some(v) => !v.eq_ignore_ascii_case("false"),
             };
             if with_schemas {
-                notes.push(format!(
-                    "`{key}` is JsonConverter with schemas.enable=true: Siphon does not write the schema envelope ({{\"schema\":...,\"payload\":...}}) yet. \
-                     Written as json, which is schemas.enable=false: consumers that read the envelope need changing first"
-                ));
+                "json-schemas"
+            } else {
+                "json"
             }
-            "json"
         }
         STRING_CONVERTER => "string",
+        BYTE_ARRAY_CONVERTER | BINARY_DATA_CONVERTER => "binary",
         other => {
-            let what = if other == "org.apache.kafka.connect.converters.ByteArrayConverter"
-                || other == "io.debezium.converters.BinaryDataConverter"
-            {
-                "binary (raw bytes)"
-            } else if other.contains("Avro") {
+            let what = if other.contains("Avro") {
                 "Avro"
             } else if other.contains("Protobuf") {
                 "Protobuf"
@@ -1140,7 +1204,7 @@ fn converter_encoding(props: &mut Props, key: &str, notes: &mut Vec<String>) -> 
             };
             notes.push(format!(
                 "`{key}` = `{other}`: Siphon does not support {what} encoding yet. Written as json (JsonConverter with schemas.enable=false), \
-                 which produces different bytes: do not switch until the consumers accept them"
+                 which produces different bytes: do not switch until the consumers accept them (or Siphon supports it)"
             ));
             "json"
         }
@@ -1329,9 +1393,10 @@ mod tests {
         );
         assert_eq!(r["table.expand.json.payload"], "true");
         assert!(!r.contains_key("type") && !r.contains_key("predicate"));
-        assert!(!r.contains_key("topic.prefix"));
+        assert_eq!(r["topic.prefix"], "orders");
         assert_eq!(c.format.key, EncodingName::String);
         assert_eq!(c.format.value, EncodingName::Json);
+        crate::settings::build(&c).unwrap_or_else(|e| panic!("{e:#}\n{}", import.toml));
         assert!(import.toml.starts_with(
             "# Siphon configuration imported from the Debezium connector \"orders-outbox\""
         ));
@@ -1354,7 +1419,7 @@ mod tests {
         note_with(&import, &["heartbeat.interval.ms"]);
         note_with(&import, &["tombstones.on.delete", "ignores deletes"]);
         note_with(&import, &["database.sslmode", "TLS"]);
-        note_with(&import, &["topic.prefix", "not written"]);
+        note_with(&import, &["topic.prefix", "extended.headers.enabled"]);
         note_with(
             &import,
             &["producer.override.buffer.memory", "max_in_flight_bytes"],
@@ -1449,6 +1514,53 @@ mod tests {
     }
 
     #[test]
+    fn converters_map_to_encodings() {
+        let import = import_debezium(&minimal(
+            r#", "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+               "value.converter": "io.debezium.converters.BinaryDataConverter""#,
+        ))
+        .unwrap();
+        let c = parse(&import);
+        assert_eq!(c.format.key, EncodingName::JsonSchemas);
+        assert_eq!(c.format.value, EncodingName::Binary);
+        note_with(&import, &["key.converter.schemas.enable", "assumed"]);
+
+        let import = import_debezium(&minimal(
+            r#", "key.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+               "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+               "value.converter.schemas.enable": "true""#,
+        ))
+        .unwrap();
+        let c = parse(&import);
+        assert_eq!(c.format.key, EncodingName::Binary);
+        assert_eq!(c.format.value, EncodingName::JsonSchemas);
+        assert!(
+            !import.notes.iter().any(|n| n.contains("converter")),
+            "{:#?}",
+            import.notes
+        );
+    }
+
+    #[test]
+    fn the_logical_name_carries_over_for_the_context_headers() {
+        let import = import_debezium(&minimal(
+            r#", "topic.prefix": "shop", "extended.headers.enabled": false"#,
+        ))
+        .unwrap();
+        let r = router(&parse(&import));
+        assert_eq!(r["topic.prefix"], "shop");
+        assert_eq!(r["extended.headers.enabled"], "false");
+
+        let import = import_debezium(&minimal(r#", "database.server.name": "legacy""#)).unwrap();
+        let c = parse(&import);
+        let r = router(&c);
+        assert_eq!(r["topic.prefix"], "legacy");
+        assert_eq!(r["extended.headers.enabled"], "false");
+        note_with(&import, &["database.server.name", "1.x"]);
+        crate::settings::build(&c).unwrap_or_else(|e| panic!("{e:#}\n{}", import.toml));
+    }
+
+    #[test]
     fn decoderbufs_moves_to_a_new_pgoutput_slot() {
         let import =
             import_debezium(&minimal("").replace("\"plugin.name\": \"pgoutput\",", "")).unwrap();
@@ -1477,7 +1589,7 @@ mod tests {
     fn table_regexes_and_unsupported_transforms_and_converters_are_noted() {
         let import = import_debezium(&minimal(
             r#", "table.include.list": "app\\.outbox, public.outbox_.*",
-               "transforms": "route,outbox,unwrap",
+               "transforms": "unwrap,outbox,route",
                "transforms.route.type": "io.debezium.transforms.ByLogicalTableRouter",
                "transforms.route.topic.regex": "(.*)",
                "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
@@ -1498,7 +1610,7 @@ mod tests {
         assert_eq!(c.source.tables, vec!["app.outbox".to_owned()]);
         assert_eq!(c.format.value, EncodingName::Json);
         note_with(&import, &["public.outbox_.*", "regular expression"]);
-        note_with(&import, &["`route`", "ByLogicalTableRouter", "before"]);
+        note_with(&import, &["`route`", "ByLogicalTableRouter", "after"]);
         note_with(&import, &["`unwrap`", "never touched the outbox events"]);
         note_with(&import, &["AvroConverter", "Avro", "not support"]);
         note_with(&import, &["value.converter.schema.registry.url"]);
@@ -1525,6 +1637,22 @@ mod tests {
         ))
         .unwrap();
         note_with(&import, &["WARNING", "shop.public.outbox", "not selected"]);
+
+        // After a transform that renames topics, the predicate cannot be checked here.
+        let import = import_debezium(&minimal(
+            r#", "topic.prefix": "shop",
+               "transforms": "route,outbox",
+               "transforms.route.type": "io.debezium.transforms.ByLogicalTableRouter",
+               "transforms.outbox.predicate": "p",
+               "predicates": "p",
+               "predicates.p.type": "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+               "predicates.p.pattern": "other\\..*""#,
+        ))
+        .unwrap();
+        note_with(
+            &import,
+            &["predicate `p`", "Check that the predicate selects"],
+        );
     }
 
     #[test]

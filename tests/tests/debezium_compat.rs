@@ -1,0 +1,223 @@
+//! Debezium compatibility end to end: router options and encodings as they reach the broker,
+//! partitions as the Java client chooses them, and taking over a slot Debezium created.
+
+use anyhow::{Context, Result};
+use siphon_router::partition_for_key;
+use siphon_tests::outbox::{
+    event, insert_transaction, siphon_config, slot_active, Event, OUTBOX_DDL,
+};
+use siphon_tests::{
+    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+async fn records(
+    broker: &Broker,
+    topic: &str,
+    expected: usize,
+    siphon: &SiphonProcess,
+) -> Result<Vec<ConsumedRecord>> {
+    wait_for(
+        Duration::from_secs(90),
+        Duration::from_millis(300),
+        || async {
+            let r = read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(30)).await?;
+            anyhow::ensure!(
+                r.len() >= expected,
+                "{} of {expected} records on {topic}",
+                r.len()
+            );
+            Ok(Some(r))
+        },
+    )
+    .await
+    .with_context(|| format!("siphon log:\n{}", siphon.log()))
+}
+
+fn text(bytes: &Option<Vec<u8>>) -> String {
+    String::from_utf8_lossy(bytes.as_deref().unwrap_or(b"<null>")).into_owned()
+}
+
+/// Options Debezium users commonly set, with the bytes Debezium's EventRouter and Kafka
+/// Connect's converters produce for them (see crates/router/tests for each rule's source).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_options_reach_the_broker_byte_for_byte() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
+                                  type varchar(255) NOT NULL, payload jsonb, created_at timestamp(6) NOT NULL, tenant text)",
+        )
+        .await?;
+    let extra = r#"
+[router]
+"table.fields.additional.placement" = "type:header:eventType,tenant:header"
+"table.field.event.timestamp" = "created_at"
+"route.topic.replacement" = "${routedByValue}.events"
+"#;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "opts", extra))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "opts").await },
+    )
+    .await?;
+    client
+        .batch_execute(
+            r#"BEGIN;
+               INSERT INTO outbox VALUES ('11111111-1111-4111-8111-111111111111', 'Order', 'order-1', 'OrderCreated',
+                   '{"note": "tab\there \"quoted\" \\ back", "city": "Zürich", "n": 1}', '2024-05-01 12:34:56.789012', 'acme');
+               INSERT INTO outbox VALUES ('22222222-2222-4222-8222-222222222222', 'Order', 'order-2', 'OrderPaid', NULL,
+                   '1999-12-31 23:59:59', NULL);
+               DELETE FROM outbox;
+               COMMIT;"#,
+        )
+        .await?;
+    let got = records(&broker, "Order.events", 2, &siphon).await?;
+    let by_key: BTreeMap<String, &ConsumedRecord> = got.iter().map(|r| (text(&r.key), r)).collect();
+
+    let first = by_key["\"order-1\""];
+    assert_eq!(
+        text(&first.value),
+        r#""{\"n\": 1, \"city\": \"Zürich\", \"note\": \"tab\\there \\\"quoted\\\" \\\\ back\"}""#,
+        "jsonb text as a JSON string, escaped as Jackson does"
+    );
+    let headers: Vec<(String, String)> = first
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), text(v)))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            (
+                "id".to_owned(),
+                "11111111-1111-4111-8111-111111111111".to_owned()
+            ),
+            ("eventType".to_owned(), "OrderCreated".to_owned()),
+            ("tenant".to_owned(), "acme".to_owned()),
+        ]
+    );
+    assert_eq!(
+        first.timestamp,
+        Some(1_714_566_896_789),
+        "timestamp(6) truncated to milliseconds"
+    );
+
+    let second = by_key["\"order-2\""];
+    assert_eq!(
+        second.value.as_deref(),
+        Some(&b"null"[..]),
+        "a NULL payload is JsonConverter's null"
+    );
+    assert_eq!(second.timestamp, Some(946_684_799_000));
+    assert_eq!(second.header("tenant"), None, "a NULL header value");
+    assert!(second
+        .headers
+        .iter()
+        .any(|(k, v)| k == "tenant" && v.is_none()));
+
+    // The Java client's partitioner: murmur2 of the serialized key.
+    for r in &got {
+        assert_eq!(
+            r.partition,
+            partition_for_key(r.key.as_deref().unwrap_or_default(), 3),
+            "{}",
+            text(&r.key)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schemas_value_and_string_key() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let extra = r#"
+[format]
+key = "string"
+value = "json-schemas"
+"#;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "schemas", extra))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "schemas").await },
+    )
+    .await?;
+    client
+        .batch_execute(
+            r#"BEGIN;
+               INSERT INTO outbox VALUES ('33333333-3333-4333-8333-333333333333', 'Order', 'order-9', 'T', '{"a": [1, 2]}');
+               DELETE FROM outbox;
+               COMMIT;"#,
+        )
+        .await?;
+    let got = records(&broker, "outbox.event.Order", 1, &siphon).await?;
+    assert_eq!(text(&got[0].key), "order-9", "StringConverter key");
+    assert_eq!(
+        text(&got[0].value),
+        r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"a\": [1, 2]}"}"#
+    );
+    Ok(())
+}
+
+/// A slot and publication created as Debezium creates them (pgoutput, `dbz_publication` for all
+/// tables), with a backlog Debezium never read: Siphon started on them delivers all of it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_over_a_debezium_slot_delivers_the_backlog_once() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    client
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY, status text)")
+        .await?;
+    client
+        .batch_execute("CREATE PUBLICATION dbz_publication FOR ALL TABLES")
+        .await?;
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('debezium', 'pgoutput')")
+        .await?;
+    let mut committed: Vec<Event> = Vec::new();
+    for txn in 0..40u64 {
+        client
+            .execute("INSERT INTO orders VALUES ($1, 'new')", &[&(txn as i32)])
+            .await?;
+        let events: Vec<Event> = (0..10)
+            .map(|i| event(txn * 10 + i + 1, true))
+            .filter(|e| e.aggregatetype == "Order")
+            .collect();
+        insert_transaction(&mut client, &events, true).await?;
+        committed.extend(events);
+    }
+    let config = siphon_config(&pg, &broker, "debezium", "").replace(
+        "publication = \"debezium_pub\"",
+        "publication = \"dbz_publication\"",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    let got = records(&broker, "outbox.event.Order", committed.len(), &siphon).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got_again = read_topic_async(
+        &broker.bootstrap(),
+        "outbox.event.Order",
+        Duration::from_secs(30),
+    )
+    .await?;
+    assert_eq!(got_again.len(), got.len(), "nothing more arrives");
+    let mut ids: Vec<String> = got
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+        .collect();
+    ids.sort();
+    let mut expected: Vec<String> = committed.iter().map(|e| e.id.clone()).collect();
+    expected.sort();
+    assert_eq!(ids, expected, "the whole backlog, each event once");
+    assert!(
+        !siphon.log().contains("created replication slot"),
+        "the existing slot was used"
+    );
+    Ok(())
+}
