@@ -296,3 +296,39 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     .context("the slot did not move on after delivery")?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_discard_sink_acknowledges_without_sending() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config(&pg, &broker, "discard", "").replace(
+        "[kafka.properties]",
+        "sink = \"discard\"\n\n[kafka.properties]",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "discard").await },
+    )
+    .await?;
+    let events: Vec<Event> = (1..=50).map(|s| event(s, true)).collect();
+    insert_transaction(&mut client, &events, true).await?;
+    let end = current_insert_lsn(&client).await?;
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { Ok(slot_confirmed_lsn(&client, "discard").await?.unwrap_or(0) >= end) },
+    )
+    .await?;
+    assert!(
+        siphon.log().contains("discard"),
+        "the mode is announced in the log"
+    );
+    assert!(siphon_tests::list_topics(&broker.bootstrap())?
+        .iter()
+        .all(|t| !t.starts_with("outbox.")));
+    Ok(())
+}

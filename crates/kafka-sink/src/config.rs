@@ -16,6 +16,9 @@ pub struct SinkConfig {
     pub properties: BTreeMap<String, String>,
     /// How missing topics are created.
     pub topic_creation: TopicCreation,
+    /// Acknowledge every record at once without sending it (for measuring the rest of the
+    /// pipeline; never for real use: the slot moves past records that went nowhere).
+    pub discard: bool,
 }
 
 /// How Siphon creates output topics that do not exist yet.
@@ -97,6 +100,7 @@ mod tests {
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect(),
             topic_creation: TopicCreation::default(),
+            discard: false,
         }
     }
 

@@ -139,10 +139,20 @@ pub fn record_bytes(record: &RoutedRecord) -> usize {
         + headers
 }
 
-/// An idempotent Kafka producer with topic creation.
+/// An idempotent Kafka producer with topic creation, or (for measurements) a sink that
+/// acknowledges every record at once without sending it.
 pub struct KafkaSink {
-    producer: ThreadedProducer<DeliveryContext>,
-    topics: TopicCreator,
+    backend: Backend,
+}
+
+enum Backend {
+    Kafka {
+        producer: ThreadedProducer<DeliveryContext>,
+        topics: TopicCreator,
+    },
+    Discard {
+        deliveries: mpsc::UnboundedSender<Delivery>,
+    },
 }
 
 impl KafkaSink {
@@ -151,6 +161,11 @@ impl KafkaSink {
         config: &SinkConfig,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
         let properties = config.client_properties()?;
+        if config.discard {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let backend = Backend::Discard { deliveries: tx };
+            return Ok((KafkaSink { backend }, rx));
+        }
         let mut client_config = ClientConfig::new();
         for (key, value) in &properties {
             client_config.set(key, value);
@@ -160,15 +175,36 @@ impl KafkaSink {
             .create_with_context(DeliveryContext { deliveries: tx })
             .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))?;
         let topics = TopicCreator::new(&properties, config.topic_creation.clone())?;
-        Ok((KafkaSink { producer, topics }, rx))
+        Ok((
+            KafkaSink {
+                backend: Backend::Kafka { producer, topics },
+            },
+            rx,
+        ))
     }
 
     /// Enqueues `record`; its [`Delivery`] carries `token`.
     ///
     /// Creates the topic first if it is new to this sink. Waits while librdkafka's queue is full.
     pub async fn send(&mut self, token: usize, record: &RoutedRecord) -> Result<(), SinkError> {
+        let (producer, topics) = match &mut self.backend {
+            Backend::Kafka { producer, topics } => (producer, topics),
+            Backend::Discard { deliveries } => {
+                let delivery = Delivery {
+                    token,
+                    bytes: record_bytes(record),
+                    result: Ok(Delivered {
+                        partition: -1,
+                        offset: -1,
+                    }),
+                };
+                // The receiver is gone only when the pipeline is shutting down.
+                let _ = deliveries.send(delivery);
+                return Ok(());
+            }
+        };
         let topic: &str = record.topic.as_ref();
-        self.topics.ensure(topic).await?;
+        topics.ensure(topic).await?;
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for header in &record.headers {
             headers = headers.insert(KafkaHeader {
@@ -191,7 +227,7 @@ impl KafkaSink {
             if let Some(partition) = record.partition {
                 base = base.partition(partition);
             }
-            match self.producer.send(base) {
+            match producer.send(base) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -215,14 +251,20 @@ impl KafkaSink {
 
     /// Records enqueued but not yet reported.
     pub fn in_flight(&self) -> i32 {
-        self.producer.in_flight_count()
+        match &self.backend {
+            Backend::Kafka { producer, .. } => producer.in_flight_count(),
+            Backend::Discard { .. } => 0,
+        }
     }
 
     /// The producer's fatal error, if it has one (it must then be rebuilt).
     pub fn fatal_error(&self) -> Option<String> {
-        self.producer
-            .client()
-            .fatal_error()
-            .map(|(code, reason)| format!("{code}: {reason}"))
+        match &self.backend {
+            Backend::Kafka { producer, .. } => producer
+                .client()
+                .fatal_error()
+                .map(|(code, reason)| format!("{code}: {reason}")),
+            Backend::Discard { .. } => None,
+        }
     }
 }

@@ -73,6 +73,22 @@ pub struct KafkaSection {
     /// How Siphon creates output topics that do not exist yet.
     #[serde(default)]
     pub topic_creation: TopicCreationSection,
+    /// `kafka` (default) sends records to the brokers. `discard` acknowledges every record at
+    /// once without sending it, to measure the rest of the pipeline: never use it for real, the
+    /// slot moves past records that went nowhere.
+    #[serde(default)]
+    pub sink: SinkKind,
+}
+
+/// `kafka.sink`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// Send records to Kafka.
+    #[default]
+    Kafka,
+    /// Acknowledge records without sending them (benchmarks only).
+    Discard,
 }
 
 /// `[kafka.topic_creation]`.

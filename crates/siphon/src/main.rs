@@ -85,6 +85,9 @@ fn run(path: &std::path::Path) -> ExitCode {
             let (stop_tx, stop_rx) = watch::channel(false);
             tokio::spawn(settings::forward_signals(stop_tx));
             info!(version = env!("CARGO_PKG_VERSION"), "siphon starting");
+            if settings.sink.discard {
+                tracing::warn!("kafka.sink = \"discard\": records are acknowledged without being sent anywhere (for measurements only)");
+            }
             supervisor::supervise(
                 settings,
                 std::time::Duration::from_secs(config.pipeline.max_backoff_secs),

@@ -3,7 +3,7 @@
 //! # Invariants
 //! - Everything that can be checked without connecting is checked here, before any connection.
 
-use crate::config::{option_strings, Config, EncodingName, LogFormat, OnError};
+use crate::config::{option_strings, Config, EncodingName, LogFormat, OnError, SinkKind};
 use crate::dead_letter::DeadLetters;
 use crate::pipeline::{ErrorPolicy, PipelineSettings};
 use anyhow::Context;
@@ -91,6 +91,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
             partitions: config.kafka.topic_creation.partitions,
             replication_factor: config.kafka.topic_creation.replication_factor,
         },
+        discard: config.kafka.sink == SinkKind::Discard,
     };
     sink.client_properties()?;
     let on_error = match config.pipeline.on_error {
