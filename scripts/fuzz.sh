@@ -167,7 +167,11 @@ for t in "${targets[@]}"; do
     new=$(comm -13 <(printf '%s\n' "$before") <(find "$artifacts" -type f | sort) | sed '/^$/d')
     if ((rc != 0)) || [[ -n $new ]]; then
         failed+=("$t")
-        tail -n 60 "$logfile" | sed "s/^/fuzz: $t: | /"
+        # The panic message or sanitizer report, then the end of the log.
+        grep -E -A2 'panicked at|ERROR: (libFuzzer|AddressSanitizer)|^SUMMARY' "$logfile" |
+            head -n 20 | sed "s/^/fuzz: $t: | /" || true
+        printf 'fuzz: %s: | ...\n' "$t"
+        tail -n 25 "$logfile" | sed "s/^/fuzz: $t: | /"
         if [[ -n $new ]]; then
             while IFS= read -r input; do
                 log "$t FAILED: failing input: ${input#"$root"/}"

@@ -10,6 +10,9 @@
 #   1. scripts/install-deps.sh
 #   2. cargo build --workspace --all-targets   (builds target/debug/siphon)
 #   3. cargo test --workspace --no-fail-fast
+#   4. scripts/fuzz.sh: a short coverage-guided fuzzing pass over the pgoutput decoder and
+#      the outbox router (SIPHON_FUZZ_SECONDS per target, default 20; 0 skips it; the first
+#      run also installs cargo-fuzz into the cache, a minute or two)
 # Exits non-zero if any step fails. The full test output is also written to
 # target/test-output.log. Under CI (CI=true) colours are off.
 set -euo pipefail
@@ -95,6 +98,12 @@ if ((rc == 0)); then
 fi
 if ((rc == 0)); then
     step "cargo test --workspace" run_tests "$@" || rc=$?
+fi
+
+# ---- fuzzing: a short pass of each cargo-fuzz target (longer runs: scripts/fuzz.sh 3600) ----
+if ((rc == 0)); then
+    step "fuzz (scripts/fuzz.sh ${SIPHON_FUZZ_SECONDS:-20})" \
+        bash scripts/fuzz.sh "${SIPHON_FUZZ_SECONDS:-20}" || rc=$?
 fi
 print_summary "$rc"
 exit "$rc"

@@ -172,6 +172,9 @@ bootstrap_servers = "{bootstrap}"
 partitions = 3
 replication_factor = 1
 
+[metrics]
+listen = "127.0.0.1:0"
+
 [pipeline]
 max_in_flight_records = 500
 shutdown_timeout_secs = 20

@@ -18,6 +18,9 @@ tables = ["public.outbox"]
 
 [kafka]
 bootstrap_servers = "{}"
+
+[metrics]
+listen = "127.0.0.1:0"
 "#,
         pg.url(),
         broker.bootstrap()

@@ -17,4 +17,4 @@ pub mod topics;
 
 pub use config::{SinkConfig, TopicCreation};
 pub use error::{DeliveryError, SinkError};
-pub use producer::{Delivered, Delivery, DeliveryFailure, KafkaSink};
+pub use producer::{Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink};

@@ -48,6 +48,13 @@ pub struct DeliveryFailure {
 /// Routes librdkafka callbacks: deliveries to the channel, client errors to the log.
 pub struct DeliveryContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
+    observer: Option<Arc<dyn DeliveryObserver>>,
+}
+
+/// Told about every delivered record, on librdkafka's thread: keep it cheap.
+pub trait DeliveryObserver: Send + Sync + 'static {
+    /// A record was acknowledged by the broker.
+    fn delivered(&self, topic: &str);
 }
 
 impl ClientContext for DeliveryContext {
@@ -72,7 +79,12 @@ impl ProducerContext for DeliveryContext {
         let delivery = match result {
             Ok(message) => Delivery {
                 token,
-                bytes: message_bytes(message),
+                bytes: {
+                    if let Some(observer) = &self.observer {
+                        observer.delivered(message.topic());
+                    }
+                    message_bytes(message)
+                },
                 result: Ok(Delivered {
                     partition: message.partition(),
                     offset: message.offset(),
@@ -147,7 +159,7 @@ pub struct KafkaSink {
 
 enum Backend {
     Kafka {
-        producer: ThreadedProducer<DeliveryContext>,
+        producer: Arc<ThreadedProducer<DeliveryContext>>,
         topics: TopicCreator,
     },
     Discard {
@@ -159,6 +171,7 @@ impl KafkaSink {
     /// Creates the producer; deliveries arrive on the returned channel.
     pub fn new(
         config: &SinkConfig,
+        observer: Option<Arc<dyn DeliveryObserver>>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
         let properties = config.client_properties()?;
         if config.discard {
@@ -172,12 +185,18 @@ impl KafkaSink {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let producer: ThreadedProducer<DeliveryContext> = client_config
-            .create_with_context(DeliveryContext { deliveries: tx })
+            .create_with_context(DeliveryContext {
+                deliveries: tx,
+                observer,
+            })
             .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))?;
         let topics = TopicCreator::new(&properties, config.topic_creation.clone())?;
         Ok((
             KafkaSink {
-                backend: Backend::Kafka { producer, topics },
+                backend: Backend::Kafka {
+                    producer: Arc::new(producer),
+                    topics,
+                },
             },
             rx,
         ))
@@ -255,6 +274,18 @@ impl KafkaSink {
             Backend::Kafka { producer, .. } => producer.in_flight_count(),
             Backend::Discard { .. } => 0,
         }
+    }
+
+    /// Whether a broker answers a metadata request within `timeout` (asked on a blocking
+    /// thread, so the caller's task is not held up).
+    pub async fn probe(&self, timeout: Duration) -> bool {
+        let Backend::Kafka { producer, .. } = &self.backend else {
+            return true;
+        };
+        let producer = Arc::clone(producer);
+        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout).is_ok())
+            .await
+            .unwrap_or(false)
     }
 
     /// The producer's fatal error, if it has one (it must then be rebuilt).

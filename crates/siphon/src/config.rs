@@ -32,6 +32,34 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogSection,
+    /// The Prometheus and health endpoint.
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: `/metrics` (Prometheus), `/health` (liveness), `/ready` (readiness).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Serve the endpoint.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Address to listen on (`host:port`; port 0 picks a free one, logged at start).
+    #[serde(default = "default_metrics_listen")]
+    pub listen: String,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        MetricsSection {
+            enabled: true,
+            listen: default_metrics_listen(),
+        }
+    }
+}
+
+fn default_metrics_listen() -> String {
+    "127.0.0.1:9187".into()
 }
 
 /// `[source]`: the PostgreSQL side.
@@ -324,6 +352,11 @@ const ENV_SECTIONS: &[EnvSection] = &[
         dotted: false,
     },
     EnvSection {
+        prefix: "METRICS_",
+        path: &["metrics"],
+        dotted: false,
+    },
+    EnvSection {
         prefix: "LOG_",
         path: &["log"],
         dotted: false,
@@ -341,6 +374,7 @@ const TYPED_KEYS: &[&str] = &[
     "pipeline.max_in_flight_bytes",
     "pipeline.shutdown_timeout_secs",
     "pipeline.max_backoff_secs",
+    "metrics.enabled",
 ];
 
 /// Applies `SIPHON_<SECTION>_<KEY>` variables to a parsed document.

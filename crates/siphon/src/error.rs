@@ -10,9 +10,13 @@ use siphon_source::SourceError;
 /// Why a pipeline session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    /// Reconnecting from the confirmed position can cure it.
+    /// Reconnecting to PostgreSQL from the confirmed position can cure it.
     #[error("{0}")]
     Transient(String),
+    /// The Kafka side failed (brokers unreachable, producer failed); rebuilding the producer and
+    /// resending from the confirmed position can cure it.
+    #[error("{0}")]
+    SinkUnavailable(String),
     /// The operator must change something; the message says what.
     #[error("{0}")]
     Definite(String),
@@ -21,7 +25,20 @@ pub enum PipelineError {
 impl PipelineError {
     /// Whether the supervisor should reconnect.
     pub fn is_transient(&self) -> bool {
-        matches!(self, PipelineError::Transient(_))
+        matches!(
+            self,
+            PipelineError::Transient(_) | PipelineError::SinkUnavailable(_)
+        )
+    }
+
+    /// Which side failed, for a transient error.
+    pub fn cause(&self) -> Option<crate::telemetry::ReconnectCause> {
+        use crate::telemetry::ReconnectCause;
+        match self {
+            PipelineError::Transient(_) => Some(ReconnectCause::Source),
+            PipelineError::SinkUnavailable(_) => Some(ReconnectCause::Sink),
+            PipelineError::Definite(_) => None,
+        }
     }
 }
 
@@ -38,7 +55,7 @@ impl From<SourceError> for PipelineError {
 impl From<SinkError> for PipelineError {
     fn from(e: SinkError) -> Self {
         if e.is_transient() {
-            PipelineError::Transient(e.to_string())
+            PipelineError::SinkUnavailable(e.to_string())
         } else {
             PipelineError::Definite(e.to_string())
         }
@@ -48,7 +65,7 @@ impl From<SinkError> for PipelineError {
 impl From<DeliveryError> for PipelineError {
     fn from(e: DeliveryError) -> Self {
         match e {
-            DeliveryError::Transient(m) => PipelineError::Transient(m),
+            DeliveryError::Transient(m) => PipelineError::SinkUnavailable(m),
             DeliveryError::Definite(m) => PipelineError::Definite(m),
         }
     }

@@ -1,19 +1,12 @@
 //! The `siphon` binary: transactional-outbox events from a PostgreSQL logical replication slot
 //! to Kafka, with the slot confirmed only after Kafka acknowledged every record before it.
 
-mod ack;
-mod config;
-mod dead_letter;
-mod error;
-mod pipeline;
-mod settings;
-mod supervisor;
-mod window;
-
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use siphon::{config, error, import, settings, status, supervisor, telemetry};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -33,11 +26,27 @@ enum Command {
         #[arg(long, short, env = "SIPHON_CONFIG")]
         config: PathBuf,
     },
-    /// Check a configuration file and print the effective settings, without connecting.
+    /// Check a configuration file and the environment, without connecting.
     CheckConfig {
         /// Configuration file (TOML).
         #[arg(long, short, env = "SIPHON_CONFIG")]
         config: PathBuf,
+    },
+    /// Show the slot and the publication: position, retained WAL, lag, whether all is healthy.
+    /// Exits 0 when healthy, 1 otherwise.
+    Status {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "SIPHON_CONFIG")]
+        config: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Convert a Debezium connector configuration (Kafka Connect JSON) into a siphon.toml,
+    /// printed on stdout; what cannot be carried over is listed on stderr.
+    ImportDebezium {
+        /// The connector configuration: `{"name": .., "config": {..}}` or the bare config map.
+        file: PathBuf,
     },
 }
 
@@ -46,27 +55,69 @@ const EXIT_DEFINITE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Run { config } => run(&config),
-        Command::CheckConfig { config } => match config::Config::load(&config)
-            .and_then(|c| settings::build(&c).map(|_| c))
-        {
-            Ok(c) => {
-                println!(
-                    "configuration OK: slot {} publication {} tables {:?} -> {}",
-                    c.source.slot, c.source.publication, c.source.tables, c.kafka.bootstrap_servers
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+    let outcome = match cli.command {
+        Command::Run { config } => return run(&config),
+        Command::CheckConfig { config } => check_config(&config),
+        Command::Status { config, json } => status(&config, json),
+        Command::ImportDebezium { file } => import_debezium(&file),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn run(path: &std::path::Path) -> ExitCode {
+fn check_config(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = config::Config::load(path)?;
+    settings::build(&config)?;
+    println!(
+        "configuration OK: slot {} publication {} tables {:?} -> {}",
+        config.source.slot,
+        config.source.publication,
+        config.source.tables,
+        config.kafka.bootstrap_servers
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let config = config::Config::load(path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let report = runtime.block_on(status::slot_status(
+        &config.source.url,
+        &config.source.slot,
+        &config.source.publication,
+    ))?;
+    if json {
+        println!("{}", report.render_json()?);
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(if report.healthy().0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn import_debezium(path: &Path) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let imported = import::import_debezium(&text)?;
+    print!("{}", imported.toml);
+    for note in &imported.notes {
+        eprintln!("note: {note}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run(path: &Path) -> ExitCode {
     let config = match config::Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -81,20 +132,36 @@ fn run(path: &std::path::Path) -> ExitCode {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        Ok(runtime.block_on(async move {
+        runtime.block_on(async move {
             let (stop_tx, stop_rx) = watch::channel(false);
             tokio::spawn(settings::forward_signals(stop_tx));
             info!(version = env!("CARGO_PKG_VERSION"), "siphon starting");
             if settings.sink.discard {
                 tracing::warn!("kafka.sink = \"discard\": records are acknowledged without being sent anywhere (for measurements only)");
             }
-            supervisor::supervise(
+            let metrics = Arc::new(telemetry::Metrics::new());
+            if config.metrics.enabled {
+                let listener = telemetry::bind(&config.metrics.listen)
+                    .await
+                    .with_context(|| format!("metrics.listen = {:?}", config.metrics.listen))?;
+                if let Ok(address) = listener.local_addr() {
+                    info!(%address, "metrics and health endpoint listening");
+                }
+                let server = telemetry::serve(listener, Arc::clone(&metrics), metrics.health(), stop_rx.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = server.await {
+                        tracing::error!(error = %e, "metrics endpoint stopped");
+                    }
+                });
+            }
+            Ok(supervisor::supervise(
                 settings,
+                metrics,
                 std::time::Duration::from_secs(config.pipeline.max_backoff_secs),
                 stop_rx,
             )
-            .await
-        }))
+            .await)
+        })
     })();
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,

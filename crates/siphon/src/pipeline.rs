@@ -13,10 +13,13 @@
 use crate::ack::{AckTracker, TxnId};
 use crate::dead_letter::{DeadLetters, Stage};
 use crate::error::PipelineError;
+use crate::telemetry::{DeliveryClock, Metrics, ProducerErrorKind, SkipKind};
 use crate::window::InFlightWindow;
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
-use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError};
+use siphon_kafka_sink::{
+    Delivery, DeliveryError, DeliveryObserver, KafkaSink, SinkConfig, SinkError,
+};
 use siphon_router::{
     Change, EventRouter, LogLevel, Routed, RoutedRecord, SkipReason, TableBinding,
 };
@@ -26,6 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn};
+
+/// How long the broker probe of each tick may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How often the session logs its progress (at debug level) and checks for a stalled stream.
 const TICK_INTERVAL: Duration = Duration::from_secs(10);
@@ -63,12 +69,14 @@ pub struct Carry {
 /// Runs one session until shutdown (`Ok`) or an error.
 pub async fn run_session(
     settings: &PipelineSettings,
+    metrics: &Arc<Metrics>,
     carry: &mut Carry,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let slot = siphon_source::prepare(&settings.source).await?;
     let start = slot.confirmed_flush_lsn.max(carry.acked_through);
-    let (sink, deliveries) = KafkaSink::new(&settings.sink)?;
+    let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
+    let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
     let sql = siphon_source::setup::connect(&settings.source.url).await?;
     let stream = ReplicationStream::start(&settings.source, start).await?;
     let mut session = Session {
@@ -81,12 +89,19 @@ pub async fn run_session(
         tracker: AckTracker::new(start),
         window: InFlightWindow::new(settings.max_in_flight_records, settings.max_in_flight_bytes),
         bindings: HashMap::new(),
+        metrics: Arc::clone(metrics),
+        clock: DeliveryClock::new(),
+        commit_time_us: 0,
     };
+    metrics.health().set_streaming(true);
+    metrics.set_confirmed_lsn(start);
     let outcome = session.run(shutdown).await;
+    metrics.health().set_streaming(false);
     // Whatever happened, wait for what is in flight so the next session repeats as little as
     // possible, and remember how far Kafka has acknowledged.
     session.drain(settings.shutdown_timeout).await;
     carry.acked_through = session.tracker.watermark();
+    session.clock.clear(metrics);
     match outcome {
         Ok(()) => {
             let reported = session.stream.finish(settings.shutdown_timeout).await?;
@@ -99,7 +114,7 @@ pub async fn run_session(
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
 enum Binding {
-    Bound(TableBinding),
+    Bound(Box<TableBinding>),
     Unbindable(String),
 }
 
@@ -113,6 +128,10 @@ struct Session<'a> {
     tracker: AckTracker,
     window: InFlightWindow,
     bindings: HashMap<Oid, Binding>,
+    metrics: Arc<Metrics>,
+    clock: DeliveryClock,
+    /// Commit time of the open transaction (microseconds since 2000-01-01).
+    commit_time_us: i64,
 }
 
 impl Session<'_> {
@@ -144,6 +163,17 @@ impl Session<'_> {
             server_wal_end = %self.stream.server_wal_end(),
             "progress"
         );
+        self.metrics
+            .set_server_wal_end(self.stream.server_wal_end());
+        self.metrics.set_confirmed_lsn(self.stream.reported());
+        if let Ok(Some(bytes)) =
+            crate::status::retained_wal_bytes(&self.sql, &self.settings.source.slot).await
+        {
+            self.metrics.set_slot_retained_wal_bytes(bytes);
+        }
+        self.metrics
+            .health()
+            .set_broker_reachable(self.sink.probe(PROBE_TIMEOUT).await);
         // A silent stream is normal on an idle server; it is a stall only when we are ready to
         // read and the server has WAL we have not been sent.
         let silent = self.stream.silent_for();
@@ -172,8 +202,13 @@ impl Session<'_> {
 
     async fn on_event(&mut self, event: SourceEvent) -> Result<(), PipelineError> {
         match event {
-            SourceEvent::Begin { final_lsn, .. } => {
+            SourceEvent::Begin {
+                final_lsn,
+                commit_time_us,
+                ..
+            } => {
                 self.tracker.begin(final_lsn)?;
+                self.commit_time_us = commit_time_us;
             }
             SourceEvent::Relation(relation) => self.on_relation(&relation).await?,
             SourceEvent::Change {
@@ -182,6 +217,7 @@ impl Session<'_> {
                 lsn,
             } => self.on_change(&relation, change, lsn).await?,
             SourceEvent::Commit { end_lsn, .. } => {
+                self.metrics.transaction();
                 if let Some(watermark) = self.tracker.commit(end_lsn)? {
                     self.stream.confirm(watermark);
                 }
@@ -211,7 +247,7 @@ impl Session<'_> {
             .router
             .bind_with_not_null(relation, &|column| not_null.contains(column))
         {
-            Ok(binding) => Binding::Bound(binding),
+            Ok(binding) => Binding::Bound(Box::new(binding)),
             Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
                 error!(table = %name, error = %e, "outbox table cannot be routed; its rows go to the dead-letter topic");
                 Binding::Unbindable(e.to_string())
@@ -253,8 +289,12 @@ impl Session<'_> {
             ),
             RowChange::Delete(old) => (Change::Delete(old.tuple()), old.tuple()),
         };
+        self.metrics.event_read();
         let routed = match self.bindings.get(&relation.id) {
-            None => return Ok(()),
+            None => {
+                self.metrics.row_skipped(SkipKind::OtherTable);
+                return Ok(());
+            }
             Some(Binding::Bound(binding)) => self
                 .settings
                 .router
@@ -264,10 +304,12 @@ impl Session<'_> {
         };
         match routed {
             Ok(Routed::Record(record)) => {
+                self.metrics.record_routed(&record.topic);
                 let txn = self.tracker.record()?;
                 self.produce(txn, record).await
             }
             Ok(Routed::Skipped(reason)) => {
+                self.metrics.row_skipped(reason.into());
                 log_skipped(&self.settings.router, reason, relation);
                 Ok(())
             }
@@ -277,6 +319,7 @@ impl Session<'_> {
                 ))),
                 ErrorPolicy::DeadLetter(dead_letters) => {
                     let txn = self.tracker.record()?;
+                    self.metrics.record_dead_lettered(dead_letters.topic());
                     warn!(table = %format_args!("{}.{}", relation.namespace, relation.name), %lsn, error = %reason, topic = dead_letters.topic(), "row dead-lettered");
                     let record = dead_letters.for_row(relation, row, &reason, lsn, self.tracker.commit_lsn(txn));
                     self.send(txn, record).await
@@ -287,16 +330,16 @@ impl Session<'_> {
 
     /// Sends a routed record; one the producer refuses for good is dead-lettered or fails.
     async fn produce(&mut self, txn: TxnId, record: RoutedRecord) -> Result<(), PipelineError> {
-        let bytes = record_bytes(&record);
         match self.sink.send(txn.token(), &record).await {
             Ok(()) => {
-                self.window.add(bytes);
+                self.handed_over(txn, &record);
                 Ok(())
             }
             Err(SinkError::Definite(reason)) => match &self.settings.on_error {
                 ErrorPolicy::Fail => Err(PipelineError::Definite(reason)),
                 ErrorPolicy::DeadLetter(dead_letters) => {
                     warn!(topic = %record.topic, error = %reason, "record dead-lettered");
+                    self.metrics.record_dead_lettered(&record.topic);
                     let record = dead_letters.for_record(
                         record,
                         &reason,
@@ -312,7 +355,6 @@ impl Session<'_> {
 
     /// Sends a dead-letter record: if even that is refused, nothing more can be done but stop.
     async fn send(&mut self, txn: TxnId, record: RoutedRecord) -> Result<(), PipelineError> {
-        let bytes = record_bytes(&record);
         self.sink
             .send(txn.token(), &record)
             .await
@@ -322,19 +364,38 @@ impl Session<'_> {
                 }
                 other => other.into(),
             })?;
-        self.window.add(bytes);
+        self.handed_over(txn, &record);
         Ok(())
+    }
+
+    /// A record is with the producer: it holds room in the window until its delivery report.
+    fn handed_over(&mut self, txn: TxnId, record: &RoutedRecord) {
+        self.window.add(record_bytes(record));
+        self.metrics.record_produced(&record.topic);
+        self.clock
+            .sent(&self.metrics, txn.token(), self.commit_time_us);
+        self.metrics
+            .set_in_flight(self.window.records(), self.window.bytes());
     }
 
     async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), PipelineError> {
         self.window.release(delivery.bytes);
+        self.metrics
+            .set_in_flight(self.window.records(), self.window.bytes());
         let txn = TxnId::from_token(delivery.token);
+        self.clock
+            .settled(&self.metrics, delivery.token, delivery.result.is_ok());
         if let Err(failure) = delivery.result {
+            self.metrics.producer_error(match failure.error {
+                DeliveryError::Definite(_) => ProducerErrorKind::Definite,
+                DeliveryError::Transient(_) => ProducerErrorKind::Transient,
+            });
             match (failure.error, &self.settings.on_error) {
                 (DeliveryError::Definite(reason), ErrorPolicy::DeadLetter(dead_letters))
                     if failure.record.topic != dead_letters.topic() =>
                 {
                     warn!(topic = %failure.record.topic, error = %reason, "record dead-lettered");
+                    self.metrics.record_dead_lettered(&failure.record.topic);
                     let record = dead_letters.for_record(
                         failure.record,
                         &reason,

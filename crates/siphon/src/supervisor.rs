@@ -8,6 +8,8 @@
 
 use crate::error::PipelineError;
 use crate::pipeline::{run_session, Carry, PipelineSettings};
+use crate::telemetry::Metrics;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
@@ -48,6 +50,7 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 /// Runs until shutdown (Ok) or a definite error (Err).
 pub async fn supervise(
     settings: PipelineSettings,
+    metrics: Arc<Metrics>,
     max_backoff: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
@@ -55,9 +58,12 @@ pub async fn supervise(
     let mut backoff = Backoff::new(Duration::from_millis(500), max_backoff);
     loop {
         let started = Instant::now();
-        match run_session(&settings, &mut carry, &mut shutdown).await {
+        match run_session(&settings, &metrics, &mut carry, &mut shutdown).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
+                if let Some(cause) = e.cause() {
+                    metrics.reconnect(cause);
+                }
                 if started.elapsed() >= HEALTHY_SESSION {
                     backoff.reset();
                 }

@@ -1,0 +1,32 @@
+//! Siphon: transactional-outbox events from a PostgreSQL logical replication slot to Kafka,
+//! Debezium-compatible, with the slot confirmed only after Kafka acknowledged every record
+//! before it.
+//!
+//! The binary (`src/main.rs`) is a thin command line over these modules:
+//! - [`config`] and [`settings`]: `siphon.toml`, environment overrides, validation.
+//! - [`pipeline`] and [`supervisor`]: one streaming session, and reconnection between sessions.
+//! - [`ack`] and [`window`]: the acknowledgement watermark and the in-flight bound.
+//! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
+//! - [`telemetry`] and [`status`]: metrics, health endpoints, the slot's status.
+//! - [`import`]: converting a Debezium connector configuration.
+//!
+//! # Invariants
+//! - The position confirmed to PostgreSQL is only ever the [`ack::AckTracker`] watermark.
+
+pub mod ack;
+pub mod config;
+pub mod dead_letter;
+pub mod error;
+pub mod import;
+pub mod pipeline;
+pub mod settings;
+pub mod status;
+pub mod supervisor;
+pub mod telemetry;
+pub mod window;
+
+impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
+    fn delivered(&self, topic: &str) {
+        self.record_acked(topic);
+    }
+}

@@ -1,0 +1,98 @@
+//! Observability: Prometheus metrics, liveness and readiness, and the HTTP endpoint serving them.
+//!
+//! - [`Metrics`] holds every series Siphon exports; the pipeline moves them through cheap
+//!   methods on a shared `Arc<Metrics>`.
+//! - [`DeliveryClock`] is the per-session bookkeeping behind the two time-based series
+//!   (commit-to-acknowledgement latency and the age of the oldest unacknowledged record).
+//! - [`Health`] holds the two facts readiness depends on (streaming, broker reachable).
+//! - [`serve`] answers `GET /metrics`, `GET /health` and `GET /ready` on a listener from [`bind`].
+//!
+//! # Invariants
+//! - Every label has a bounded set of values: `topic` is bounded by the outbox's aggregate types
+//!   and capped at [`MAX_TOPIC_LABELS`] (later topics are counted under [`OVERFLOW_TOPIC`]);
+//!   `reason`, `kind` and `cause` are fixed enumerations. Nothing is labelled per event.
+//! - The hot-path methods never allocate once a topic has been seen, and never block on I/O.
+//! - [`Health`] is the single source of truth for readiness: `siphon_streaming` and
+//!   `siphon_broker_reachable` are read from it at scrape time, so `/ready` and `/metrics` agree.
+//! - Serving metrics never affects the pipeline: the endpoint only reads atomics and takes the
+//!   registry's short-lived locks.
+
+mod clock;
+mod http;
+mod metrics;
+
+pub use clock::{pg_timestamp, DeliveryClock};
+pub use http::{bind, serve};
+pub use metrics::{
+    Metrics, ProducerErrorKind, ReconnectCause, SkipKind, TopicMetrics, COMMIT_TO_ACK_BUCKETS,
+    MAX_TOPIC_LABELS, OVERFLOW_TOPIC,
+};
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// What readiness depends on, set by the pipeline and read by `/ready` and `/metrics`.
+///
+/// Both flags start `false`: a process that has not streamed yet is alive but not ready.
+#[derive(Debug, Default)]
+pub struct Health {
+    streaming: AtomicBool,
+    broker_reachable: AtomicBool,
+}
+
+impl Health {
+    /// Neither streaming nor known to reach the broker.
+    pub fn new() -> Self {
+        Health::default()
+    }
+
+    /// Whether the replication stream is open and being read.
+    pub fn set_streaming(&self, streaming: bool) {
+        self.streaming.store(streaming, Ordering::Relaxed);
+    }
+
+    /// Whether the Kafka cluster answered recently (a delivery succeeded, metadata was fetched).
+    pub fn set_broker_reachable(&self, reachable: bool) {
+        self.broker_reachable.store(reachable, Ordering::Relaxed);
+    }
+
+    /// See [`Health::set_streaming`].
+    pub fn is_streaming(&self) -> bool {
+        self.streaming.load(Ordering::Relaxed)
+    }
+
+    /// See [`Health::set_broker_reachable`].
+    pub fn is_broker_reachable(&self) -> bool {
+        self.broker_reachable.load(Ordering::Relaxed)
+    }
+
+    /// `Ok` when ready to serve traffic (streaming and the broker reachable), else one line
+    /// saying why not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        match (self.is_streaming(), self.is_broker_reachable()) {
+            (true, true) => Ok(()),
+            (false, true) => Err("not streaming from PostgreSQL"),
+            (true, false) => Err("Kafka broker not reachable"),
+            (false, false) => Err("not streaming from PostgreSQL; Kafka broker not reachable"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_needs_both_flags() {
+        let h = Health::new();
+        assert_eq!(
+            h.readiness(),
+            Err("not streaming from PostgreSQL; Kafka broker not reachable")
+        );
+        h.set_streaming(true);
+        assert_eq!(h.readiness(), Err("Kafka broker not reachable"));
+        h.set_broker_reachable(true);
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_streaming(false);
+        assert_eq!(h.readiness(), Err("not streaming from PostgreSQL"));
+    }
+}
