@@ -221,3 +221,90 @@ async fn taking_over_a_debezium_slot_delivers_the_backlog_once() -> Result<()> {
     );
     Ok(())
 }
+
+/// A realistic Debezium connector configuration, converted by `siphon import-debezium`, runs
+/// as it is (with the connection details a connector file cannot carry given by environment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_debezium_configuration_runs() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+                                  type text NOT NULL, payload jsonb)",
+        )
+        .await?;
+    let bin = siphon_tests::siphon_bin()?;
+    let fixture =
+        siphon_tests::workspace_root().join("tests/fixtures/debezium/outbox-connector.json");
+    let output = std::process::Command::new(&bin)
+        .arg("import-debezium")
+        .arg(&fixture)
+        .output()?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let toml = String::from_utf8(output.stdout)?;
+    let notes = String::from_utf8(output.stderr)?;
+    assert!(toml.contains("slot = \"orders_outbox\""), "{toml}");
+    assert!(
+        notes.contains("password"),
+        "the password is left to the operator: {notes}"
+    );
+
+    let bootstrap = broker.bootstrap();
+    let url = pg.url();
+    let siphon = SiphonProcess::start_with(
+        &bin,
+        &toml,
+        &[
+            ("SIPHON_SOURCE_URL", url.as_str()),
+            ("SIPHON_KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+            ("SIPHON_KAFKA_TOPIC_CREATION_REPLICATION_FACTOR", "1"),
+            ("SIPHON_METRICS_LISTEN", "127.0.0.1:0"),
+        ],
+    )?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "orders_outbox").await },
+    )
+    .await
+    .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    client
+        .batch_execute(
+            r#"BEGIN;
+               INSERT INTO outbox VALUES ('44444444-4444-4444-8444-444444444444', 'Order', 'order-1', 'OrderCreated', '{"total": 12.5, "lines": [{"sku": "A"}]}');
+               DELETE FROM outbox;
+               COMMIT;"#,
+        )
+        .await?;
+    let got = records(&broker, "Order.events", 1, &siphon).await?;
+    let r = &got[0];
+    assert_eq!(text(&r.key), "order-1", "StringConverter key");
+    assert_eq!(
+        text(&r.value),
+        r#"{"lines":[{"sku":"A"}],"total":12.5}"#,
+        "expanded, compact, in jsonb's key order"
+    );
+    let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "__debezium.context.connectorLogicalName",
+            "__debezium.context.taskId",
+            "__debezium.context.connectorName",
+            "__debezium.context.runId",
+            "id",
+            "eventType"
+        ]
+    );
+    assert_eq!(
+        r.header("__debezium.context.connectorLogicalName"),
+        Some(&b"orders"[..])
+    );
+    assert_eq!(r.header("eventType"), Some(&b"OrderCreated"[..]));
+    Ok(())
+}

@@ -164,10 +164,10 @@ pub enum EncodingName {
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct FormatSection {
-    /// Key encoding: `json` (default) or `string`.
+    /// Key encoding: `json` (default), `json-schemas`, `string` or `binary`.
     #[serde(default)]
     pub key: EncodingName,
-    /// Value encoding: `json` (default) or `string`.
+    /// Value encoding: `json` (default), `json-schemas`, `string` or `binary`.
     #[serde(default)]
     pub value: EncodingName,
 }
