@@ -17,4 +17,6 @@ pub mod topics;
 
 pub use config::{SinkConfig, TopicCreation};
 pub use error::{DeliveryError, SinkError};
-pub use producer::{Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink};
+pub use producer::{
+    BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink,
+};

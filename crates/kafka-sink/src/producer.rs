@@ -276,16 +276,14 @@ impl KafkaSink {
         }
     }
 
-    /// Whether a broker answers a metadata request within `timeout` (asked on a blocking
-    /// thread, so the caller's task is not held up).
-    pub async fn probe(&self, timeout: Duration) -> bool {
-        let Backend::Kafka { producer, .. } = &self.backend else {
-            return true;
-        };
-        let producer = Arc::clone(producer);
-        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout).is_ok())
-            .await
-            .unwrap_or(false)
+    /// A handle that asks whether the brokers answer, usable from another task.
+    pub fn prober(&self) -> BrokerProbe {
+        BrokerProbe {
+            producer: match &self.backend {
+                Backend::Kafka { producer, .. } => Some(Arc::clone(producer)),
+                Backend::Discard { .. } => None,
+            },
+        }
     }
 
     /// The producer's fatal error, if it has one (it must then be rebuilt).
@@ -297,5 +295,25 @@ impl KafkaSink {
                 .map(|(code, reason)| format!("{code}: {reason}")),
             Backend::Discard { .. } => None,
         }
+    }
+}
+
+/// Asks the brokers for metadata, to tell whether they answer.
+#[derive(Clone)]
+pub struct BrokerProbe {
+    producer: Option<Arc<ThreadedProducer<DeliveryContext>>>,
+}
+
+impl BrokerProbe {
+    /// Whether a broker answers a metadata request within `timeout` (asked on a blocking
+    /// thread, so the caller's task is not held up). A discarding sink always answers.
+    pub async fn probe(&self, timeout: Duration) -> bool {
+        let Some(producer) = &self.producer else {
+            return true;
+        };
+        let producer = Arc::clone(producer);
+        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout).is_ok())
+            .await
+            .unwrap_or(false)
     }
 }

@@ -13,12 +13,12 @@
 use crate::ack::{AckTracker, TxnId};
 use crate::dead_letter::{DeadLetters, Stage};
 use crate::error::PipelineError;
-use crate::telemetry::{DeliveryClock, Metrics, ProducerErrorKind, SkipKind};
+use crate::telemetry::{DeliveryClock, Health, Metrics, ProducerErrorKind, SkipKind};
 use crate::window::InFlightWindow;
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{
-    Delivery, DeliveryError, DeliveryObserver, KafkaSink, SinkConfig, SinkError,
+    BrokerProbe, Delivery, DeliveryError, DeliveryObserver, KafkaSink, SinkConfig, SinkError,
 };
 use siphon_router::{
     Change, EventRouter, LogLevel, Routed, RoutedRecord, SkipReason, TableBinding,
@@ -30,11 +30,21 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn};
 
-/// How long the broker probe of each tick may take.
+/// How often, and for how long at most, the brokers are asked whether they answer.
+const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Keeps the readiness flag in step with whether the brokers answer (until aborted).
+async fn watch_brokers(probe: BrokerProbe, health: Arc<Health>) {
+    let mut interval = tokio::time::interval(PROBE_INTERVAL);
+    loop {
+        interval.tick().await;
+        health.set_broker_reachable(probe.probe(PROBE_TIMEOUT).await);
+    }
+}
+
 /// How often the session logs its progress (at debug level) and checks for a stalled stream.
-const TICK_INTERVAL: Duration = Duration::from_secs(10);
+const TICK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// What to do with a row or record that can never be delivered as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +105,9 @@ pub async fn run_session(
     };
     metrics.health().set_streaming(true);
     metrics.set_confirmed_lsn(start);
+    let probe = tokio::spawn(watch_brokers(session.sink.prober(), metrics.health()));
     let outcome = session.run(shutdown).await;
+    probe.abort();
     metrics.health().set_streaming(false);
     // Whatever happened, wait for what is in flight so the next session repeats as little as
     // possible, and remember how far Kafka has acknowledged.
@@ -171,9 +183,6 @@ impl Session<'_> {
         {
             self.metrics.set_slot_retained_wal_bytes(bytes);
         }
-        self.metrics
-            .health()
-            .set_broker_reachable(self.sink.probe(PROBE_TIMEOUT).await);
         // A silent stream is normal on an idle server; it is a stall only when we are ready to
         // read and the server has WAL we have not been sent.
         let silent = self.stream.silent_for();

@@ -1,0 +1,192 @@
+//! Metrics, readiness and status during a real run: the numbers move as they should while the
+//! broker is down and after it returns.
+
+use anyhow::{Context, Result};
+use siphon_tests::outbox::{
+    event, insert_transaction, siphon_config, slot_active, Event, OUTBOX_DDL,
+};
+use siphon_tests::{
+    free_port, read_topic_async, wait_for, wait_until, Broker, Postgres, SiphonProcess,
+};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// One plain HTTP/1.1 GET: (status code, body).
+fn get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("no status line")?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of a metric line `name{labels} value` (labels matched as a prefix), summed over
+/// matching series.
+fn metric(body: &str, series: &str) -> Option<f64> {
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{', ',']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+async fn create_topic(broker: &Broker, topic: &str) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()?;
+    admin
+        .create_topics(
+            [&NewTopic::new(topic, 3, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_readiness_and_status_follow_a_broker_outage() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let bin = siphon_tests::siphon_bin()?;
+    let config = siphon_config(&pg, &broker, "observed", "");
+    let siphon =
+        SiphonProcess::start_with(&bin, &config, &[("SIPHON_METRICS_LISTEN", listen.as_str())])?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "observed").await },
+    )
+    .await?;
+
+    assert_eq!(get(port, "/health")?.0, 200);
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(get(port, "/ready")?.0 == 200) },
+    )
+    .await
+    .context("ready while streaming with the broker up")?;
+
+    // Healthy traffic moves the counters.
+    let events: Vec<Event> = (1..=20).map(|s| event(s * 3 + 1, true)).collect();
+    insert_transaction(&mut client, &events, true).await?;
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let (_, body) = get(port, "/metrics")?;
+            Ok(metric(&body, "siphon_records_acked_total") == Some(20.0))
+        },
+    )
+    .await?;
+    let (_, body) = get(port, "/metrics")?;
+    assert_eq!(
+        metric(&body, "siphon_events_read_total"),
+        Some(40.0),
+        "20 inserts and 20 deletes"
+    );
+    assert_eq!(metric(&body, "siphon_records_routed_total"), Some(20.0));
+    assert!(
+        metric(&body, "siphon_commit_to_ack_seconds_count").unwrap_or(0.0) >= 20.0,
+        "{body}"
+    );
+    assert_eq!(metric(&body, "siphon_streaming"), Some(1.0));
+
+    // The broker goes away: not ready, the lag and the age of the oldest record rise.
+    broker.kill()?;
+    let more: Vec<Event> = (100..110).map(|s| event(s * 3 + 1, true)).collect();
+    insert_transaction(&mut client, &more, true).await?;
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+        || async {
+            let (status, _) = get(port, "/ready")?;
+            let (_, body) = get(port, "/metrics")?;
+            let lag = metric(&body, "siphon_replication_lag_bytes").unwrap_or(0.0);
+            let age = metric(&body, "siphon_oldest_unacked_event_age_seconds").unwrap_or(0.0);
+            anyhow::ensure!(status == 503, "ready is {status}");
+            anyhow::ensure!(
+                lag > 0.0 && age > 0.0,
+                "lag {lag}, oldest unacked age {age}"
+            );
+            Ok(true)
+        },
+    )
+    .await
+    .context("during the outage")?;
+
+    // `siphon status --json` reports the slot, held back behind the undelivered transaction.
+    let out = std::process::Command::new(&bin)
+        .args(["status", "--json", "--config"])
+        .arg(siphon.config_path())
+        .output()?;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    assert_eq!(report["slot"]["active"], true, "{report}");
+    assert_eq!(report["slot"]["plugin"], "pgoutput");
+    assert!(
+        report["slot"]["lag_bytes"].as_u64().unwrap_or(0) > 0,
+        "{report}"
+    );
+
+    // The broker returns: ready again, everything delivered, the lag falls back.
+    broker.start_again()?;
+    create_topic(&broker, "outbox.event.Order").await?;
+    wait_for(
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        || async {
+            let r = read_topic_async(
+                &broker.bootstrap(),
+                "outbox.event.Order",
+                Duration::from_secs(20),
+            )
+            .await?;
+            Ok((r.len() >= 10).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let (status, _) = get(port, "/ready")?;
+            let (_, body) = get(port, "/metrics")?;
+            let lag = metric(&body, "siphon_replication_lag_bytes").unwrap_or(f64::MAX);
+            let age = metric(&body, "siphon_oldest_unacked_event_age_seconds").unwrap_or(f64::MAX);
+            anyhow::ensure!(status == 200, "ready is {status}");
+            anyhow::ensure!(
+                lag < 64.0 * 1024.0 && age == 0.0,
+                "lag {lag}, oldest unacked age {age}"
+            );
+            Ok(true)
+        },
+    )
+    .await
+    .context("after the broker returned")?;
+    let (_, body) = get(port, "/metrics")?;
+    assert!(metric(&body, "siphon_records_acked_total").unwrap_or(0.0) >= 30.0);
+    assert_eq!(get(port, "/nope")?.0, 404);
+    Ok(())
+}
