@@ -1,0 +1,161 @@
+//! The benchmark's database objects and the SQL that writes outbox events.
+//!
+//! Everything lives in schema `siphon_bench` (table `siphon_bench.outbox`, Debezium's outbox
+//! shape), publication `siphon_bench_pub` and slots named `siphon_bench_*`, so the benchmark
+//! can also run against an existing server without touching anything else.
+//!
+//! Event ids are UUIDs `RRRRRRRR-0000-4000-8000-SSSSSSSSSSSS`: `R` is the run's nonce (hex) and
+//! `S` the event's sequence number (decimal), so a reader can tell which event it got.
+
+use anyhow::{Context as _, Result};
+use tokio_postgres::Client;
+
+pub const SCHEMA: &str = "siphon_bench";
+pub const TABLE: &str = "siphon_bench.outbox";
+pub const PUBLICATION: &str = "siphon_bench_pub";
+pub const SLOT_PREFIX: &str = "siphon_bench_";
+
+/// Drops what an earlier run may have left (inactive bench slots, the publication, the
+/// schema), then creates the schema, the outbox table and the publication.
+pub async fn prepare(db: &Client) -> Result<()> {
+    drop_objects(db).await?;
+    db.batch_execute(&format!(
+        "CREATE SCHEMA {SCHEMA};
+         CREATE TABLE {TABLE} (
+             id uuid PRIMARY KEY,
+             aggregatetype varchar(255) NOT NULL,
+             aggregateid varchar(255) NOT NULL,
+             type varchar(255) NOT NULL,
+             payload jsonb);
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE};"
+    ))
+    .await
+    .context("creating the benchmark's schema, table and publication")
+}
+
+/// Drops the benchmark's inactive slots, its publication and its schema.
+pub async fn drop_objects(db: &Client) -> Result<()> {
+    db.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+         WHERE slot_name LIKE $1 AND NOT active",
+        &[&format!("{SLOT_PREFIX}%")],
+    )
+    .await
+    .context("dropping the benchmark's replication slots")?;
+    db.batch_execute(&format!(
+        "DROP PUBLICATION IF EXISTS {PUBLICATION}; DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;"
+    ))
+    .await
+    .context("dropping the benchmark's publication and schema")
+}
+
+/// Creates logical slot `name` with pgoutput at the current position.
+pub async fn create_slot(db: &Client, name: &str) -> Result<()> {
+    db.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&name],
+    )
+    .await
+    .with_context(|| format!("creating slot {name}"))?;
+    Ok(())
+}
+
+/// Drops slot `name` if it exists and is not in use.
+pub async fn drop_slot(db: &Client, name: &str) -> Result<()> {
+    db.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+         WHERE slot_name = $1 AND NOT active",
+        &[&name],
+    )
+    .await
+    .with_context(|| format!("dropping slot {name}"))?;
+    Ok(())
+}
+
+/// The server's current WAL position, as text (`X/Y`) and as a number.
+pub async fn current_lsn(db: &Client) -> Result<(String, u64)> {
+    let row = db
+        .query_one(
+            "SELECT pg_current_wal_lsn()::text, (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), u64::try_from(row.get::<_, i64>(1))?))
+}
+
+/// The slot's `confirmed_flush_lsn` as a number (0 if the slot or the value is missing).
+pub async fn confirmed_lsn(db: &Client, slot: &str) -> Result<u64> {
+    let row = db
+        .query_opt(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let value = row.and_then(|r| r.get::<_, Option<i64>>(0)).unwrap_or(0);
+    Ok(u64::try_from(value).unwrap_or(0))
+}
+
+/// A run nonce: 8 hex digits from the clock and the process id.
+pub fn run_nonce() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(0);
+    format!("{:08x}", nanos ^ std::process::id().rotate_left(16))
+}
+
+/// One transaction, as one simple-query string: insert events `first..first+count` (routed
+/// by `aggregatetype_sql`, an SQL expression of `n`), then delete every outbox row, commit.
+///
+/// Each payload is a ~300-byte JSON order document built from `n`.
+pub fn transaction_sql(nonce: &str, aggregatetype_sql: &str, first: u64, count: u64) -> String {
+    let last = first + count.saturating_sub(1);
+    format!(
+        "BEGIN;
+         INSERT INTO {TABLE} (id, aggregatetype, aggregateid, type, payload)
+         SELECT ('{nonce}-0000-4000-8000-' || lpad(n::text, 12, '0'))::uuid,
+                {aggregatetype_sql},
+                'agg-' || (n % 1000),
+                'OrderPlaced',
+                jsonb_build_object(
+                    'orderId', n,
+                    'customerId', 'customer-' || (n % 1000),
+                    'status', 'PLACED',
+                    'currency', 'EUR',
+                    'amount', round((n % 100000) / 100.0, 2),
+                    'placedAt', '2024-05-01T12:00:00Z',
+                    'lines', jsonb_build_array(
+                        jsonb_build_object('sku', 'SKU-' || (n % 5000), 'qty', n % 7 + 1,
+                                           'price', (n % 997) / 10.0),
+                        jsonb_build_object('sku', 'SKU-' || (n % 4999), 'qty', n % 3 + 1,
+                                           'price', (n % 991) / 10.0)),
+                    'shipping', jsonb_build_object('street', 'Main Street ' || (n % 500),
+                                                   'city', 'Springfield', 'zip', lpad((n % 99999)::text, 5, '0')),
+                    'trace', md5(n::text))
+           FROM generate_series({first}::bigint, {last}::bigint) AS n;
+         DELETE FROM {TABLE};
+         COMMIT;"
+    )
+}
+
+/// The sequence number of an event id written with `nonce`, if it is one.
+pub fn seq_of(nonce: &str, id: &str) -> Option<u64> {
+    let rest = id.strip_prefix(nonce)?.strip_prefix("-0000-4000-8000-")?;
+    rest.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip() {
+        assert_eq!(
+            seq_of("0a1b2c3d", "0a1b2c3d-0000-4000-8000-000000001234"),
+            Some(1234)
+        );
+        assert_eq!(seq_of("0a1b2c3d", "ffffffff-0000-4000-8000-000000001234"), None);
+        assert_eq!(run_nonce().len(), 8);
+    }
+}
