@@ -38,6 +38,7 @@ pub mod kafka_read;
 pub mod outbox;
 pub mod ports;
 pub mod postgres;
+pub mod proxy;
 pub mod siphon;
 pub mod wait;
 

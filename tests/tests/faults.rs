@@ -223,3 +223,33 @@ async fn a_quiet_outbox_does_not_hold_back_wal_of_a_busy_database() -> Result<()
     eprintln!("wrote {written} bytes of WAL; the slot retains {retained}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_waits_as_a_standby_and_takes_over() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config(&pg, &broker, "standby", "");
+    let active = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "standby").await },
+    )
+    .await?;
+    let standby = SiphonProcess::start(&config)?;
+    standby
+        .wait_for_log("waiting to take over", Duration::from_secs(30))
+        .await
+        .with_context(|| standby.log())?;
+    let first: Vec<Event> = (1..=20).map(|s| event(s, true)).collect();
+    insert_transaction(&mut client, &first, true).await?;
+    active.kill9()?;
+    let second: Vec<Event> = (21..=40).map(|s| event(s, true)).collect();
+    insert_transaction(&mut client, &second, true).await?;
+    let committed: Vec<Event> = first.into_iter().chain(second).collect();
+    check_delivery(&broker, &committed, &standby).await?;
+    assert!(standby.is_running());
+    Ok(())
+}

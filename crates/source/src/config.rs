@@ -3,6 +3,7 @@
 //! # Invariants
 //! - A [`TableName`] always has a schema (`public` when the user gave none).
 
+use crate::tls::TlsSettings;
 use crate::SourceError;
 use std::fmt;
 use std::time::Duration;
@@ -119,7 +120,7 @@ pub fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// Host, port, user, password and database taken from the URL, for the replication connection.
+/// Host, port, user, password, database and TLS settings taken from `source.url`.
 #[derive(Clone)]
 pub struct ConnectionParams {
     pub host: String,
@@ -127,6 +128,8 @@ pub struct ConnectionParams {
     pub user: String,
     pub password: String,
     pub database: String,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`: used by both connections.
+    pub tls: TlsSettings,
 }
 
 impl fmt::Debug for ConnectionParams {
@@ -137,6 +140,7 @@ impl fmt::Debug for ConnectionParams {
             .field("port", &self.port)
             .field("user", &self.user)
             .field("database", &self.database)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -144,9 +148,7 @@ impl fmt::Debug for ConnectionParams {
 impl ConnectionParams {
     /// Reads the parameters out of a libpq-style URL or key/value string.
     pub fn from_url(url: &str) -> Result<Self, SourceError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| {
-            SourceError::Config(format!("source.url is not a valid PostgreSQL URL: {e}"))
-        })?;
+        let (config, tls) = parse_url(url)?;
         let host = match config.get_hosts().first() {
             Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
             Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
@@ -172,7 +174,271 @@ impl ConnectionParams {
             user,
             password,
             database,
+            tls,
         })
+    }
+}
+
+/// Parameters Siphon reads itself (tokio-postgres does not know them, or knows only some of
+/// their values); they are taken out of the URL before tokio-postgres parses the rest.
+const OWN_PARAMS: [&str; 6] = [
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslnegotiation",
+];
+
+/// Splits `source.url` into the tokio-postgres configuration (with its `ssl_mode` set) and the
+/// TLS settings both connections use. Errors never contain the password.
+pub(crate) fn parse_url(url: &str) -> Result<(tokio_postgres::Config, TlsSettings), SourceError> {
+    let (rest, own) = take_params(url, &OWN_PARAMS).map_err(|why| {
+        SourceError::Config(format!(
+            "source.url ({}) is not a valid PostgreSQL URL: {why}",
+            redact_url(url)
+        ))
+    })?;
+    let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
+        SourceError::Config(format!(
+            "source.url ({}) is not a valid PostgreSQL URL: {e}",
+            redact_url(url)
+        ))
+    })?;
+    let tls = TlsSettings::from_params(&own)?;
+    if config.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
+        return Err(SourceError::Config(
+            "source.url: channel_binding=require is not supported (the replication connection authenticates with SCRAM-SHA-256 without channel binding); remove it and use sslmode=verify-full, which authenticates the server by its certificate".into(),
+        ));
+    }
+    config.ssl_mode(tls.mode.for_tokio_postgres());
+    Ok((config, tls))
+}
+
+/// Removes the parameters named in `keys` from a URL (`postgres://...?k=v&...`) or a key/value
+/// string (`host=... k=v`), returning the rest and the removed parameters (decoded), in order.
+/// The error says what is malformed without quoting the input.
+fn take_params(url: &str, keys: &[&str]) -> Result<(String, Vec<(String, String)>), String> {
+    let mut taken = Vec::new();
+    if let Some(query_at) = url_query_start(url) {
+        let (base, query) = url.split_at(query_at);
+        let mut kept = Vec::new();
+        for piece in query[1..].split('&') {
+            let Some((raw_key, raw_value)) = piece.split_once('=') else {
+                kept.push(piece);
+                continue;
+            };
+            let key = percent_decode(raw_key)
+                .ok_or_else(|| "a parameter name is not valid percent-encoded UTF-8".to_owned())?;
+            if keys.contains(&key.as_str()) {
+                let value = percent_decode(raw_value).ok_or_else(|| {
+                    format!("the value of {key} is not valid percent-encoded UTF-8")
+                })?;
+                taken.push((key, value));
+            } else {
+                kept.push(piece);
+            }
+        }
+        let mut rest = base.to_owned();
+        if !kept.is_empty() {
+            rest.push('?');
+            rest.push_str(&kept.join("&"));
+        }
+        return Ok((rest, taken));
+    }
+    if is_url(url) {
+        return Ok((url.to_owned(), taken));
+    }
+    let mut kept = Vec::new();
+    for param in key_value_params(url)? {
+        if keys.contains(&param.key) {
+            taken.push((param.key.to_owned(), param.value));
+        } else {
+            kept.push(param.raw);
+        }
+    }
+    Ok((kept.join(" "), taken))
+}
+
+fn is_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Where the query string of a URL starts (its `?`), read the way tokio-postgres reads it: the
+/// credentials run up to the first `@`, and the query starts at the first `?` after them.
+fn url_query_start(url: &str) -> Option<usize> {
+    let prefix = ["postgres://", "postgresql://"]
+        .iter()
+        .find(|p| url.starts_with(**p))?
+        .len();
+    let after_creds = url[prefix..].find('@').map_or(prefix, |at| prefix + at + 1);
+    url[after_creds..].find('?').map(|q| after_creds + q)
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && bytes[i + 1].is_ascii_hexdigit()
+            && bytes[i + 2].is_ascii_hexdigit()
+        {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+            continue;
+        } else {
+            out.push(bytes[i]);
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+/// One `key=value` of a key/value connection string.
+struct KeyValue<'a> {
+    key: &'a str,
+    value: String,
+    /// The parameter as written (quotes and escapes kept).
+    raw: &'a str,
+    /// Byte range of the value as written.
+    value_range: std::ops::Range<usize>,
+}
+
+/// Reads a key/value connection string as tokio-postgres (and libpq) do: `key = value`, values
+/// either single-quoted or up to the next blank, a backslash escaping the next character.
+fn key_value_params(text: &str) -> Result<Vec<KeyValue<'_>>, String> {
+    let bytes = text.as_bytes();
+    let mut params = Vec::new();
+    let mut i = 0;
+    let skip_ws = |mut i: usize| {
+        while i < bytes.len() && (bytes[i] as char).is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        i = skip_ws(i);
+        if i >= bytes.len() {
+            return Ok(params);
+        }
+        let start = i;
+        while i < bytes.len() && bytes[i] != b'=' && !(bytes[i] as char).is_ascii_whitespace() {
+            i += 1;
+        }
+        let key = &text[start..i];
+        i = skip_ws(i);
+        if bytes.get(i) != Some(&b'=') {
+            return Err(format!("expected = after {key}"));
+        }
+        i = skip_ws(i + 1);
+        let value_start = i;
+        let mut value = Vec::new();
+        if bytes.get(i) == Some(&b'\'') {
+            i += 1;
+            loop {
+                match bytes.get(i) {
+                    None => return Err(format!("the quoted value of {key} is not terminated")),
+                    Some(b'\'') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(b'\\') => {
+                        if let Some(&c) = bytes.get(i + 1) {
+                            value.push(c);
+                        }
+                        i += 2;
+                    }
+                    Some(&c) => {
+                        value.push(c);
+                        i += 1;
+                    }
+                }
+            }
+        } else {
+            while let Some(&c) = bytes.get(i) {
+                if (c as char).is_ascii_whitespace() {
+                    break;
+                }
+                if c == b'\\' {
+                    if let Some(&c2) = bytes.get(i + 1) {
+                        value.push(c2);
+                    }
+                    i += 2;
+                } else {
+                    value.push(c);
+                    i += 1;
+                }
+            }
+            if value.is_empty() {
+                return Err(format!("{key} has no value"));
+            }
+        }
+        let end = i.min(bytes.len());
+        params.push(KeyValue {
+            key,
+            value: String::from_utf8_lossy(&value).into_owned(),
+            raw: &text[start..end],
+            value_range: value_start..end,
+        });
+        i = end;
+    }
+}
+
+/// `source.url` with its secrets (the password in the URL, `password` and `sslpassword`
+/// parameters) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    const SECRET: [&str; 2] = ["password", "sslpassword"];
+    if let Some(prefix) = ["postgres://", "postgresql://"]
+        .iter()
+        .find(|p| url.starts_with(**p))
+        .map(|p| p.len())
+    {
+        let mut out = String::from(&url[..prefix]);
+        let mut rest = &url[prefix..];
+        if let Some(at) = rest.find('@') {
+            let creds = &rest[..at];
+            match creds.split_once(':') {
+                Some((user, _)) => {
+                    out.push_str(user);
+                    out.push_str(":***");
+                }
+                None => out.push_str(creds),
+            }
+            out.push('@');
+            rest = &rest[at + 1..];
+        }
+        let Some(q) = rest.find('?') else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..=q]);
+        let pieces: Vec<String> = rest[q + 1..]
+            .split('&')
+            .map(|piece| match piece.split_once('=') {
+                Some((k, _)) if SECRET.contains(&percent_decode(k).unwrap_or_default().as_str()) => {
+                    format!("{k}=***")
+                }
+                _ => piece.to_owned(),
+            })
+            .collect();
+        out.push_str(&pieces.join("&"));
+        return out;
+    }
+    match key_value_params(url) {
+        Ok(params) => {
+            let mut out = url.to_owned();
+            for p in params.iter().rev() {
+                if SECRET.contains(&p.key) {
+                    out.replace_range(p.value_range.clone(), "***");
+                }
+            }
+            out
+        }
+        // Unreadable: show nothing that could be a secret.
+        Err(_) => "(unreadable connection string)".to_owned(),
     }
 }
 

@@ -65,6 +65,11 @@ impl SourceError {
 
 /// Sorts a server error on the replication connection by what cures it.
 fn classify_server_message(slot: &str, message: &str) -> SourceError {
+    if message.contains("is active for PID") {
+        return SourceError::Transient(format!(
+            "standby: replication slot \"{slot}\" is in use by another process; waiting to take over ({message})"
+        ));
+    }
     if message.contains("does not exist") && message.contains("replication slot") {
         return SourceError::Definite(format!(
             "replication slot \"{slot}\" does not exist (it was dropped): restart Siphon to create it again; events written while it was missing were not captured: {message}"

@@ -1,0 +1,584 @@
+//! TLS to PostgreSQL, configured the libpq way: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`
+//! in `source.url`.
+//!
+//! Both connections use rustls (with the *ring* provider): the SQL one through
+//! `tokio-postgres-rustls`, the replication one through pgwire-replication's own rustls support.
+//!
+//! # Invariants
+//! - Both connections get the same guarantees from the same settings: [`TlsSettings::sql_connector`]
+//!   and [`TlsSettings::replication_config`] are derived from one [`TlsSettings`].
+//! - `verify-full` checks the certificate chain against `sslrootcert` and that the certificate
+//!   names the host of the URL (a DNS name or an IP address); `verify-ca` (and `require` with an
+//!   `sslrootcert`) checks the chain only; `prefer` and `require` without `sslrootcert` encrypt
+//!   but do not authenticate the server.
+//! - Certificate and key files are read on every connection attempt, so rotated files are used on
+//!   the next reconnection.
+
+use crate::SourceError;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// libpq's `sslmode`, as Siphon applies it to both connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain TCP only.
+    Disable,
+    /// TLS if the server offers it, plain otherwise; the server is not authenticated. The default
+    /// (as in libpq).
+    Prefer,
+    /// TLS or no connection. The certificate chain is verified only when `sslrootcert` is given
+    /// (as libpq does when a root certificate file is present).
+    Require,
+    /// TLS; the chain is verified against `sslrootcert`, the host name is not.
+    VerifyCa,
+    /// TLS; the chain is verified against `sslrootcert` and the certificate must name the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(text: &str) -> Result<Self, SourceError> {
+        Ok(match text {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            "allow" => {
+                return Err(SourceError::Config(
+                    "source.url: sslmode=allow is not supported (it falls back to TLS only after a plain connection fails); use disable, prefer, require, verify-ca or verify-full".into(),
+                ))
+            }
+            other => {
+                return Err(SourceError::Config(format!(
+                    "source.url: sslmode={other:?} is not one of disable, prefer, require, verify-ca, verify-full"
+                )))
+            }
+        })
+    }
+
+    /// The name used in `source.url`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// What tokio-postgres should do about the SSLRequest; the verification itself is done by the
+    /// connector.
+    pub(crate) fn for_tokio_postgres(self) -> tokio_postgres::config::SslMode {
+        use tokio_postgres::config::SslMode as Tp;
+        match self {
+            SslMode::Disable => Tp::Disable,
+            SslMode::Prefer => Tp::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => Tp::Require,
+        }
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the certificates that may sign the server's certificate come from (`sslrootcert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCerts {
+    /// No `sslrootcert`: the server's certificate is not verified.
+    None,
+    /// A PEM file with one or more CA certificates.
+    File(PathBuf),
+    /// `sslrootcert=system`: the Mozilla root set (public CAs), for servers with a publicly
+    /// trusted certificate.
+    System,
+}
+
+/// TLS settings read from `source.url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub mode: SslMode,
+    pub root_certs: RootCerts,
+    /// `sslcert`: the client certificate (PEM), for `cert` authentication.
+    pub client_cert: Option<PathBuf>,
+    /// `sslkey`: its private key (PEM: PKCS#8, PKCS#1 or SEC1, not encrypted).
+    pub client_key: Option<PathBuf>,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        TlsSettings {
+            mode: SslMode::Prefer,
+            root_certs: RootCerts::None,
+            client_cert: None,
+            client_key: None,
+        }
+    }
+}
+
+impl TlsSettings {
+    /// Builds the settings from the `ssl*` parameters of the URL (decoded, in order; a later one
+    /// wins, as in libpq).
+    pub(crate) fn from_params(params: &[(String, String)]) -> Result<Self, SourceError> {
+        let mut mode = None;
+        let mut root_certs = RootCerts::None;
+        let mut client_cert = None;
+        let mut client_key = None;
+        for (key, value) in params {
+            match key.as_str() {
+                "sslmode" => mode = Some(SslMode::parse(value)?),
+                "sslrootcert" if value == "system" => root_certs = RootCerts::System,
+                "sslrootcert" => root_certs = non_empty(key, value)?.map_or(RootCerts::None, RootCerts::File),
+                "sslcert" => client_cert = non_empty(key, value)?,
+                "sslkey" => client_key = non_empty(key, value)?,
+                "sslpassword" => {
+                    return Err(SourceError::Config(
+                        "source.url: sslpassword is not supported (encrypted client keys are not): decrypt the key once, e.g. `openssl pkey -in client.key -out client-plain.key`, keep that file readable by Siphon only, and name it in sslkey".into(),
+                    ))
+                }
+                "sslnegotiation" if value == "postgres" => {}
+                "sslnegotiation" => {
+                    return Err(SourceError::Config(format!(
+                        "source.url: sslnegotiation={value:?} is not supported; only the standard negotiation (postgres) is"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        let mode = match (mode, &root_certs) {
+            (Some(mode), _) => mode,
+            // libpq: sslrootcert=system makes verify-full the default.
+            (None, RootCerts::System) => SslMode::VerifyFull,
+            (None, _) => SslMode::Prefer,
+        };
+        if root_certs == RootCerts::System && mode != SslMode::VerifyFull {
+            return Err(SourceError::Config(format!(
+                "source.url: sslrootcert=system needs sslmode=verify-full (public CAs sign certificates for anyone's host names), not sslmode={mode}"
+            )));
+        }
+        if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull)
+            && root_certs == RootCerts::None
+        {
+            return Err(SourceError::Config(format!(
+                "source.url: sslmode={mode} needs sslrootcert=/path/to/ca.pem, the CA certificate that signed the server's certificate (or sslrootcert=system for a publicly trusted one)"
+            )));
+        }
+        if client_cert.is_some() != client_key.is_some() {
+            return Err(SourceError::Config(
+                "source.url: sslcert and sslkey go together: give both the client certificate and its key".into(),
+            ));
+        }
+        if mode == SslMode::Disable && (client_cert.is_some() || root_certs != RootCerts::None) {
+            return Err(SourceError::Config(
+                "source.url: sslmode=disable contradicts sslrootcert/sslcert/sslkey: remove them or choose sslmode=verify-full".into(),
+            ));
+        }
+        Ok(TlsSettings {
+            mode,
+            root_certs,
+            client_cert,
+            client_key,
+        })
+    }
+
+    /// Whether the server's certificate chain is checked.
+    pub fn verifies_chain(&self) -> bool {
+        match self.mode {
+            SslMode::Disable | SslMode::Prefer => false,
+            SslMode::Require => self.root_certs != RootCerts::None,
+            SslMode::VerifyCa | SslMode::VerifyFull => true,
+        }
+    }
+
+    /// Whether the server's certificate must name the host.
+    pub fn verifies_host_name(&self) -> bool {
+        self.mode == SslMode::VerifyFull
+    }
+
+    /// The connector for the ordinary SQL connection (tokio-postgres).
+    pub fn sql_connector(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, SourceError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| SourceError::Definite(format!("TLS set-up failed: {e}")))?;
+        let builder = if self.verifies_chain() {
+            let roots = Arc::new(self.root_store()?);
+            if self.verifies_host_name() {
+                builder.with_root_certificates(roots)
+            } else {
+                let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                    .build()
+                    .map_err(|e| SourceError::Definite(format!("TLS set-up failed: {e}")))?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+            }
+        } else {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Unverified(
+                    provider.signature_verification_algorithms,
+                )))
+        };
+        let config = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => builder
+                .with_client_auth_cert(load_certs("sslcert", cert)?, load_key(key)?)
+                .map_err(|e| {
+                    SourceError::Definite(format!(
+                        "source.url: the client certificate ({}) and key ({}) cannot be used together: {e}",
+                        cert.display(),
+                        key.display()
+                    ))
+                })?,
+            _ => builder.with_no_client_auth(),
+        };
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+    }
+
+    /// The TLS configuration of the replication connection (pgwire-replication) to `host`.
+    pub fn replication_config(&self, host: &str) -> pgwire_replication::TlsConfig {
+        use pgwire_replication::TlsConfig;
+        let ca = match &self.root_certs {
+            RootCerts::File(path) => Some(path.clone()),
+            // No file: pgwire-replication uses the Mozilla root set.
+            RootCerts::System | RootCerts::None => None,
+        };
+        let mut tls = match self.mode {
+            SslMode::Disable => TlsConfig::disabled(),
+            SslMode::Prefer => TlsConfig {
+                mode: pgwire_replication::SslMode::Prefer,
+                ..TlsConfig::disabled()
+            },
+            SslMode::Require if !self.verifies_chain() => TlsConfig::require(),
+            SslMode::Require | SslMode::VerifyCa => TlsConfig::verify_ca(ca),
+            // The name the certificate must carry is the URL's host; an IP address is checked
+            // against the certificate's IP address entries.
+            SslMode::VerifyFull => TlsConfig::verify_full(ca).with_sni_hostname(host),
+        };
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            tls = tls.with_client_cert(cert.clone(), key.clone());
+        }
+        tls
+    }
+
+    fn root_store(&self) -> Result<RootCertStore, SourceError> {
+        let mut roots = RootCertStore::empty();
+        match &self.root_certs {
+            RootCerts::File(path) => {
+                let (added, _) = roots.add_parsable_certificates(load_certs("sslrootcert", path)?);
+                if added == 0 {
+                    return Err(SourceError::Definite(format!(
+                        "source.url: sslrootcert {} holds no usable CA certificate",
+                        path.display()
+                    )));
+                }
+            }
+            RootCerts::System => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+            RootCerts::None => {}
+        }
+        Ok(roots)
+    }
+}
+
+fn non_empty(key: &str, value: &str) -> Result<Option<PathBuf>, SourceError> {
+    if value.is_empty() {
+        return Err(SourceError::Config(format!(
+            "source.url: {key} is empty; give a file path or leave it out"
+        )));
+    }
+    Ok(Some(PathBuf::from(value)))
+}
+
+fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, SourceError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| {
+            SourceError::Definite(format!(
+                "source.url: cannot read {key} {}: {e}",
+                path.display()
+            ))
+        })?;
+    if certs.is_empty() {
+        return Err(SourceError::Definite(format!(
+            "source.url: {key} {} holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, SourceError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+        SourceError::Definite(format!(
+            "source.url: cannot read sslkey {} (an unencrypted PEM key: PKCS#8, PKCS#1 or SEC1): {e}",
+            path.display()
+        ))
+    })
+}
+
+/// `verify-ca`: the chain must lead to `sslrootcert`; the names in the certificate are not
+/// compared with the host.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError as C;
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                C::NotValidForName | C::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// `prefer` and `require` without `sslrootcert`: any certificate is accepted (the handshake
+/// signatures are still checked, so the session is encrypted to whoever holds that
+/// certificate's key).
+#[derive(Debug)]
+struct Unverified(WebPkiSupportedAlgorithms);
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
+/// The rustls error somewhere in an error's source chain, if any.
+pub(crate) fn rustls_error<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<rustls::Error>() {
+            return Some(found);
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(inner) = io.get_ref() {
+                if let Some(found) = inner.downcast_ref::<rustls::Error>() {
+                    return Some(found);
+                }
+            }
+        }
+        current = e.source();
+    }
+    None
+}
+
+/// Whether a TLS failure is about certificates (the server's or ours), which reconnecting
+/// cannot cure.
+pub(crate) fn is_certificate_problem(err: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    match err {
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::UnsupportedNameType => true,
+        rustls::Error::AlertReceived(alert) => matches!(
+            alert,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::CertificateRequired
+                | A::AccessDenied
+        ),
+        _ => false,
+    }
+}
+
+/// Keeps the unused-import lint honest when the provider type is only named in signatures.
+#[allow(dead_code)]
+type Provider = CryptoProvider;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_default_is_prefer_as_in_libpq() {
+        let tls = TlsSettings::from_params(&[]).unwrap();
+        assert_eq!(tls, TlsSettings::default());
+        assert!(!tls.verifies_chain());
+        let wire = tls.replication_config("db");
+        assert_eq!(wire.mode, pgwire_replication::SslMode::Prefer);
+    }
+
+    #[test]
+    fn verify_modes_need_a_root_certificate() {
+        for mode in ["verify-ca", "verify-full"] {
+            let err = TlsSettings::from_params(&params(&[("sslmode", mode)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("needs sslrootcert"), "{err}");
+        }
+        let full = TlsSettings::from_params(&params(&[
+            ("sslmode", "verify-full"),
+            ("sslrootcert", "/ca.pem"),
+        ]))
+        .unwrap();
+        assert!(full.verifies_chain() && full.verifies_host_name());
+        let wire = full.replication_config("127.0.0.1");
+        assert_eq!(wire.mode, pgwire_replication::SslMode::VerifyFull);
+        assert_eq!(wire.ca_pem_path, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(wire.sni_hostname.as_deref(), Some("127.0.0.1"));
+    }
+
+    #[test]
+    fn require_with_a_root_certificate_verifies_the_chain_as_libpq_does() {
+        let plain = TlsSettings::from_params(&params(&[("sslmode", "require")])).unwrap();
+        assert!(!plain.verifies_chain());
+        assert_eq!(
+            plain.replication_config("h").mode,
+            pgwire_replication::SslMode::Require
+        );
+        let with_ca = TlsSettings::from_params(&params(&[
+            ("sslmode", "require"),
+            ("sslrootcert", "/ca.pem"),
+        ]))
+        .unwrap();
+        assert!(with_ca.verifies_chain() && !with_ca.verifies_host_name());
+        assert_eq!(
+            with_ca.replication_config("h").mode,
+            pgwire_replication::SslMode::VerifyCa
+        );
+    }
+
+    #[test]
+    fn system_roots_imply_verify_full() {
+        let tls = TlsSettings::from_params(&params(&[("sslrootcert", "system")])).unwrap();
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert!(TlsSettings::from_params(&params(&[
+            ("sslrootcert", "system"),
+            ("sslmode", "verify-ca")
+        ]))
+        .is_err());
+    }
+
+    #[test]
+    fn unsupported_or_contradictory_settings_are_refused_with_the_fix() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("sslmode", "allow")], "sslmode=allow is not supported"),
+            (&[("sslmode", "bogus")], "is not one of"),
+            (&[("sslpassword", "pw")], "openssl pkey"),
+            (&[("sslcert", "/c.pem")], "sslcert and sslkey go together"),
+            (&[("sslnegotiation", "direct")], "sslnegotiation"),
+            (
+                &[("sslmode", "disable"), ("sslrootcert", "/ca.pem")],
+                "contradicts",
+            ),
+        ];
+        for (given, expected) in cases {
+            let err = TlsSettings::from_params(&params(given))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{given:?}: {err}");
+            assert!(!err.contains("pw\""), "{err}");
+        }
+    }
+
+    #[test]
+    fn client_certificates_reach_the_replication_connection() {
+        let tls = TlsSettings::from_params(&params(&[
+            ("sslmode", "verify-full"),
+            ("sslrootcert", "/ca.pem"),
+            ("sslcert", "/c.pem"),
+            ("sslkey", "/k.pem"),
+        ]))
+        .unwrap();
+        let wire = tls.replication_config("db.example");
+        assert!(wire.is_mtls());
+        assert_eq!(wire.client_key_pem_path, Some(PathBuf::from("/k.pem")));
+    }
+
+    #[test]
+    fn missing_files_are_named() {
+        let tls = TlsSettings::from_params(&params(&[
+            ("sslmode", "verify-full"),
+            ("sslrootcert", "/nonexistent/ca.pem"),
+        ]))
+        .unwrap();
+        let err = tls.sql_connector().err().unwrap().to_string();
+        assert!(err.contains("sslrootcert /nonexistent/ca.pem"), "{err}");
+    }
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Siphon's benchmark: builds the release binary and the bench, then runs it.
+#
+# Usage: scripts/bench.sh [N] [BENCH OPTIONS...]
+#   N                 outbox events in the backlog (default 1000000)
+#   --latency-secs S  seconds of steady load in the latency phase (default 60; 0 skips it)
+#   --pg-url URL      use this PostgreSQL instead of a scratch cluster
+#   --bootstrap H:P   use this Kafka instead of a Tansu broker
+#   --json PATH       also write the JSON result there
+#   --help            every option
+#
+# One run drains the same backlog with pg_recvlogical (the reference), with Siphon to the
+# broker and with Siphon's discard sink, then measures commit->ack latency at a steady
+# 5,000 events/s. It prints a table and writes target/bench/result.json. See
+# docs/performance.md for what each figure means.
+#
+# Needs what scripts/install-deps.sh installs (PostgreSQL, the Tansu broker, the build
+# dependencies); it runs that script first. It stops everything it starts.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+
+if ! command -v cargo >/dev/null 2>&1 && [[ -f ${HOME:-/root}/.cargo/env ]]; then
+    # shellcheck source=/dev/null
+    . "${HOME:-/root}/.cargo/env"
+fi
+
+args=()
+if [[ $# -gt 0 && $1 =~ ^[0-9]+$ ]]; then
+    args+=(--events "$1")
+    shift
+fi
+args+=("$@")
+
+if [[ " ${args[*]-} " != *" --help "* && " ${args[*]-} " != *" -h "* ]]; then
+    bash scripts/install-deps.sh >&2
+fi
+echo "==> cargo build --release -p siphon -p siphon-tests --bin siphon --bin bench" >&2
+cargo build --release -p siphon --bin siphon >&2
+cargo build --release -p siphon-tests --bin bench >&2
+
+export SIPHON_BIN=${SIPHON_BIN:-$root/target/release/siphon}
+# Siphon's log level inside the benchmark (its log goes to a file per run).
+export RUST_LOG=${RUST_LOG:-info}
+exec "$root/target/release/bench" "${args[@]}"

@@ -1,0 +1,173 @@
+//! Draining a slot's backlog: with pg_recvlogical (the reference) and with Siphon.
+
+use super::procstat::{self, Usage};
+use super::promhist;
+use super::services::Services;
+use super::workload;
+use anyhow::{bail, Context as _, Result};
+use siphon_tests::{free_port, siphon_bin, SiphonProcess};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// What one drain measured.
+#[derive(Debug, Clone)]
+pub struct Drain {
+    pub secs: f64,
+    /// Siphon only: peak RSS and CPU when the slot reached the end.
+    pub usage: Option<Usage>,
+    /// Siphon only: `siphon_records_acked_total` at the end.
+    pub records_acked: Option<f64>,
+}
+
+/// Streams slot `slot` with pg_recvlogical into /dev/null until `end_lsn` (`X/Y`).
+pub async fn recvlogical(svc: &Services, slot: &str, end_lsn: &str, timeout: Duration) -> Result<Drain> {
+    let start = Instant::now();
+    let child = tokio::process::Command::new(&svc.recvlogical)
+        .args(["-d", &svc.pg_url, "--slot", slot, "--start", "--no-loop"])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={}", workload::PUBLICATION))
+        .args(["-f", "/dev/null", "--endpos", end_lsn])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", svc.recvlogical.display()))?;
+    let out = tokio::time::timeout(timeout, child.wait_with_output())
+        .await
+        .with_context(|| format!("pg_recvlogical did not reach {end_lsn} within {timeout:?}"))?
+        .context("waiting for pg_recvlogical")?;
+    let secs = start.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!(
+            "pg_recvlogical failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(Drain {
+        secs,
+        usage: None,
+        records_acked: None,
+    })
+}
+
+/// A Siphon configuration with its defaults except the slot, the publication, the table,
+/// the sink and the metrics address.
+pub fn siphon_config(svc: &Services, slot: &str, sink: &str, metrics: &str) -> String {
+    format!(
+        r#"[source]
+url = "{url}"
+slot = "{slot}"
+publication = "{publication}"
+tables = ["{table}"]
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+sink = "{sink}"
+
+[metrics]
+listen = "{metrics}"
+"#,
+        url = svc.pg_url,
+        publication = workload::PUBLICATION,
+        table = workload::TABLE,
+        bootstrap = svc.bootstrap,
+    )
+}
+
+/// A running Siphon with its metrics address.
+pub struct Running {
+    pub process: SiphonProcess,
+    pub metrics: String,
+}
+
+/// Starts the Siphon binary (`$SIPHON_BIN`, see the harness) on `slot`.
+pub fn start_siphon(svc: &Services, slot: &str, sink: &str) -> Result<Running> {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let config = siphon_config(svc, slot, sink, &metrics);
+    let process = SiphonProcess::start_with(&siphon_bin()?, &config, &[])?;
+    Ok(Running { process, metrics })
+}
+
+impl Running {
+    /// PID of the live process, or an error with the log's tail if it exited.
+    pub fn pid(&self) -> Result<u32> {
+        match self.process.pid() {
+            Some(pid) => Ok(pid),
+            None => bail!(
+                "siphon exited early; log {}:\n{}",
+                self.process.log_path().display(),
+                tail(&self.process.log(), 30)
+            ),
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(self) -> Result<()> {
+        self.process.terminate()?;
+        let status =
+            tokio::task::block_in_place(|| self.process.wait_exit(Duration::from_secs(60)))?;
+        if !status.success() {
+            bail!("siphon exited with {status} after SIGTERM");
+        }
+        Ok(())
+    }
+}
+
+/// Waits until `slot`'s confirmed position reaches `end_lsn`, polling every 20 ms; fails if
+/// Siphon exits or `timeout` passes.
+pub async fn wait_confirmed(
+    db: &tokio_postgres::Client,
+    siphon: &Running,
+    slot: &str,
+    end_lsn: u64,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if workload::confirmed_lsn(db, slot).await? >= end_lsn {
+            return Ok(());
+        }
+        siphon.pid()?;
+        if Instant::now() >= deadline {
+            bail!("slot {slot} did not reach the end of the backlog within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Drains `slot` with Siphon (`sink` = `kafka` or `discard`) until its `confirmed_flush_lsn`
+/// reaches `end_lsn`, samples its usage, then stops it with SIGTERM.
+pub async fn siphon(
+    svc: &Services,
+    db: &tokio_postgres::Client,
+    slot: &str,
+    sink: &str,
+    end_lsn: u64,
+    timeout: Duration,
+) -> Result<Drain> {
+    let start = Instant::now();
+    let running = start_siphon(svc, slot, sink)?;
+    wait_confirmed(db, &running, slot, end_lsn, timeout).await?;
+    let secs = start.elapsed().as_secs_f64();
+    let usage = procstat::sample(running.pid()?)?;
+    let records_acked = match promhist::scrape(&running.metrics).await {
+        Ok(text) => Some(promhist::sum_of(&text, "siphon_records_acked_total")),
+        Err(e) => {
+            eprintln!("bench: could not scrape {}: {e:#}", running.metrics);
+            None
+        }
+    };
+    running.stop()?;
+    Ok(Drain {
+        secs,
+        usage: Some(usage),
+        records_acked,
+    })
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

@@ -1,0 +1,277 @@
+//! Commit-to-ack latency under a steady load: Siphon's own histogram and an independent
+//! end-to-end measure (COMMIT returned at the writer -> record polled by a consumer).
+
+use super::drain::{self, Running};
+use super::procstat::{self, Usage};
+use super::promhist;
+use super::services::Services;
+use super::workload;
+use anyhow::{anyhow, bail, Context as _, Result};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Histogram name Siphon exports.
+const HISTOGRAM: &str = "siphon_commit_to_ack_seconds";
+/// Sequence numbers of warm-up events start here (never reached by measured events).
+const WARMUP_BASE: u64 = 900_000_000_000;
+const WARMUP_EVENTS: u64 = 10;
+
+pub struct Plan {
+    pub secs: u64,
+    pub rate: u64,
+    pub txn_events: u64,
+    pub writers: u64,
+}
+
+/// p50/p95/p99/max in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quantiles {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Latency {
+    pub events_written: u64,
+    pub write_secs: f64,
+    /// Siphon's histogram, bucket-interpolated; `max` is the upper bound of the last bucket.
+    pub histogram: Option<Quantiles>,
+    pub histogram_count: f64,
+    /// COMMIT returned -> consumer received, exact over the received records.
+    pub end_to_end: Option<Quantiles>,
+    pub received: u64,
+    pub usage: Usage,
+}
+
+/// Runs the phase on fresh slot `slot`: starts Siphon (kafka sink), warms up, writes at the
+/// planned rate for the planned time, collects both measures, stops Siphon.
+pub async fn run(svc: &Services, db: &tokio_postgres::Client, slot: &str, plan: &Plan) -> Result<Latency> {
+    let nonce = workload::run_nonce();
+    let aggregatetype = format!("Latency-{nonce}");
+    let topic = format!("outbox.event.{aggregatetype}");
+    workload::create_slot(db, slot).await?;
+    let siphon = drain::start_siphon(svc, slot, "kafka")?;
+
+    // Warm-up: creates the topic and proves the pipeline is streaming and caught up.
+    let agg_sql = format!("'{aggregatetype}'");
+    db.batch_execute(&workload::transaction_sql(&nonce, &agg_sql, WARMUP_BASE, WARMUP_EVENTS))
+        .await
+        .context("warm-up transaction")?;
+    let (_, lsn) = workload::current_lsn(db).await?;
+    drain::wait_confirmed(db, &siphon, slot, lsn, Duration::from_secs(120)).await?;
+    let partitions = wait_for_topic(&svc.bootstrap, &topic).await?;
+
+    let txns = plan.secs * plan.rate / plan.txn_events;
+    let expected = txns * plan.txn_events;
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let (bootstrap, topic, nonce, stop) =
+            (svc.bootstrap.clone(), topic.clone(), nonce.clone(), stop.clone());
+        std::thread::spawn(move || consume(&bootstrap, &topic, &partitions, &nonce, expected, &stop))
+    };
+    let before = promhist::scrape(&siphon.metrics).await?;
+
+    let started = Instant::now();
+    let commits = write(svc, plan, txns, &nonce, &agg_sql).await;
+    let write_secs = started.elapsed().as_secs_f64();
+    let commits = match commits {
+        Ok(c) => c,
+        Err(e) => {
+            stop.store(true, Ordering::Relaxed);
+            let _ = consumer.join();
+            return Err(e);
+        }
+    };
+
+    let (_, lsn) = workload::current_lsn(db).await?;
+    let confirmed = drain::wait_confirmed(db, &siphon, slot, lsn, Duration::from_secs(120)).await;
+    // Give the consumer a moment past the acknowledgement, then stop it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !consumer.is_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let arrivals = consumer
+        .join()
+        .map_err(|_| anyhow!("the consumer thread panicked"))??;
+    confirmed?;
+    let after = promhist::scrape(&siphon.metrics).await?;
+    let usage = procstat::sample(siphon.pid()?)?;
+    siphon.stop()?;
+    workload::drop_slot(db, slot).await?;
+
+    let hist = promhist::difference(
+        &promhist::buckets(&after, HISTOGRAM),
+        &promhist::buckets(&before, HISTOGRAM),
+    );
+    let histogram_count = hist.last().map_or(0.0, |b| b.1);
+    let histogram = (|| {
+        Some(Quantiles {
+            p50: promhist::quantile(&hist, 0.50)?,
+            p95: promhist::quantile(&hist, 0.95)?,
+            p99: promhist::quantile(&hist, 0.99)?,
+            max: promhist::max_bound(&hist)?,
+        })
+    })();
+    let mut delays: Vec<f64> = arrivals
+        .iter()
+        .filter_map(|(seq, arrived)| {
+            let committed = commits.get(&(seq / plan.txn_events))?;
+            Some(
+                arrived
+                    .duration_since(*committed)
+                    .unwrap_or(Duration::ZERO)
+                    .as_secs_f64(),
+            )
+        })
+        .collect();
+    delays.sort_by(f64::total_cmp);
+    Ok(Latency {
+        events_written: expected,
+        write_secs,
+        histogram,
+        histogram_count,
+        end_to_end: exact_quantiles(&delays),
+        received: delays.len() as u64,
+        usage,
+    })
+}
+
+fn exact_quantiles(sorted: &[f64]) -> Option<Quantiles> {
+    let at = |q: f64| -> Option<f64> {
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        sorted.get(rank - 1).copied()
+    };
+    Some(Quantiles {
+        p50: at(0.50)?,
+        p95: at(0.95)?,
+        p99: at(0.99)?,
+        max: *sorted.last()?,
+    })
+}
+
+/// `plan.writers` connections, each paced by its own interval timer (offset so that the
+/// transactions are evenly spread), write `txns` transactions; returns each transaction's
+/// COMMIT-returned time by transaction number.
+async fn write(
+    svc: &Services,
+    plan: &Plan,
+    txns: u64,
+    nonce: &str,
+    agg_sql: &str,
+) -> Result<HashMap<u64, SystemTime>> {
+    let txn_per_sec = plan.rate as f64 / plan.txn_events as f64;
+    let period = Duration::from_secs_f64(plan.writers as f64 / txn_per_sec);
+    let start = tokio::time::Instant::now() + Duration::from_millis(100);
+    let mut tasks = Vec::new();
+    for w in 0..plan.writers {
+        let client = svc.connect().await?;
+        let first_tick = start + period.mul_f64(w as f64 / plan.writers as f64);
+        let (nonce, agg_sql, txn_events, writers) =
+            (nonce.to_owned(), agg_sql.to_owned(), plan.txn_events, plan.writers);
+        tasks.push(tokio::spawn(async move {
+            let mut timer = tokio::time::interval_at(first_tick, period);
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut commits = Vec::new();
+            let mut txn = w;
+            while txn < txns {
+                timer.tick().await;
+                let sql = workload::transaction_sql(&nonce, &agg_sql, txn * txn_events, txn_events);
+                client.batch_execute(&sql).await?;
+                commits.push((txn, SystemTime::now()));
+                txn += writers;
+            }
+            anyhow::Ok(commits)
+        }));
+    }
+    let mut all = HashMap::new();
+    for task in tasks {
+        all.extend(task.await.context("a writer task panicked")??);
+    }
+    Ok(all)
+}
+
+/// Waits until the topic exists with partitions; returns their ids.
+async fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let records = siphon_tests::read_topic_async(bootstrap, topic, Duration::from_secs(20)).await?;
+        if records.len() as u64 >= WARMUP_EVENTS {
+            let mut parts: Vec<i32> = records.iter().map(|r| r.partition).collect();
+            let all = partitions(bootstrap, topic)?;
+            parts.extend(all);
+            parts.sort_unstable();
+            parts.dedup();
+            return Ok(parts);
+        }
+        if Instant::now() >= deadline {
+            bail!("the warm-up records did not reach {topic} within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn partitions(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    Ok(md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect())
+}
+
+/// Reads every partition from its beginning (Tansu's "latest" offsets are unreliable; the
+/// topic is fresh, holding only the warm-up records) and notes when each measured event
+/// arrives, until `expected` arrived or `stop` is set.
+fn consume(
+    bootstrap: &str,
+    topic: &str,
+    partitions: &[i32],
+    nonce: &str,
+    expected: u64,
+    stop: &AtomicBool,
+) -> Result<Vec<(u64, SystemTime)>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("siphon-bench-{nonce}"))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("allow.auto.create.topics", "false")
+        .set("fetch.wait.max.ms", "5")
+        .set("fetch.error.backoff.ms", "5")
+        .create()
+        .context("creating the latency consumer")?;
+    let mut tpl = TopicPartitionList::new();
+    for &p in partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut seen: HashMap<u64, SystemTime> = HashMap::new();
+    while (seen.len() as u64) < expected && !stop.load(Ordering::Relaxed) {
+        let Some(msg) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let now = SystemTime::now();
+        let msg = msg.context("consuming the latency topic")?;
+        let seq = msg
+            .headers()
+            .and_then(|hs| hs.iter().find(|h| h.key == "id")?.value)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|id| workload::seq_of(nonce, id));
+        if let Some(seq) = seq.filter(|s| *s < WARMUP_BASE) {
+            seen.entry(seq).or_insert(now);
+        }
+    }
+    Ok(seen.into_iter().collect())
+}

@@ -1,0 +1,156 @@
+//! Siphon's benchmark: `scripts/bench.sh [N]` builds and runs it. See docs/performance.md.
+//!
+//! One run writes a backlog of outbox events behind three logical slots, drains slot A with
+//! pg_recvlogical (the physical limit of the slot stream), slot B with Siphon to Kafka and
+//! slot C with Siphon's discard sink, then measures commit-to-ack latency under a steady load
+//! on a fresh slot. It prints one table and writes it as JSON to target/bench/result.json.
+//! It starts PostgreSQL and a Tansu broker through the test harness unless `--pg-url` /
+//! `--bootstrap` name existing ones, and stops everything it started.
+
+#[path = "../bench/backlog.rs"]
+mod backlog;
+#[path = "../bench/cli.rs"]
+mod cli;
+#[path = "../bench/drain.rs"]
+mod drain;
+#[path = "../bench/latency.rs"]
+mod latency;
+#[path = "../bench/procstat.rs"]
+mod procstat;
+#[path = "../bench/promhist.rs"]
+mod promhist;
+#[path = "../bench/report.rs"]
+mod report;
+#[path = "../bench/services.rs"]
+mod services;
+#[path = "../bench/workload.rs"]
+mod workload;
+
+use anyhow::{Context as _, Result};
+use clap::Parser as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn main() {
+    let args = cli::Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: cannot start the Tokio runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            r = run(&args) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    });
+    // Dropping the runtime drops every task; the services were dropped inside `run` or with
+    // the interrupted future, which stops what was started.
+    drop(runtime);
+    if let Err(e) = outcome {
+        eprintln!("bench: ERROR: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: &cli::Args) -> Result<()> {
+    args.validate()?;
+    let svc = {
+        let (pg, bootstrap, recv) = (args.pg_url.clone(), args.bootstrap.clone(), args.pg_recvlogical.clone());
+        tokio::task::spawn_blocking(move || services::Services::start(pg, bootstrap, recv))
+            .await
+            .context("starting services")??
+    };
+    eprintln!(
+        "bench: PostgreSQL {}, broker {}, siphon {}",
+        svc.pg_url,
+        svc.bootstrap,
+        siphon_tests::siphon_bin()?.display()
+    );
+    let db = svc.connect().await?;
+    let outcome = measure(args, &svc, &db).await;
+    // Leave an external server as it was; a scratch one is stopped with `svc`.
+    if let Err(e) = workload::drop_objects(&db).await {
+        eprintln!("bench: cleanup: {e:#}");
+    }
+    let results = outcome?;
+
+    let table = results.table();
+    println!("{table}");
+    let json = serde_json::to_string_pretty(&results.json())?;
+    let mut paths = vec![siphon_tests::workspace_root().join("target/bench/result.json")];
+    paths.extend(args.json.clone());
+    for path in paths {
+        write_file(&path, &json)?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+async fn measure(
+    args: &cli::Args,
+    svc: &services::Services,
+    db: &tokio_postgres::Client,
+) -> Result<report::Results> {
+    let timeout = Duration::from_secs(args.drain_timeout_secs);
+    let [slot_a, slot_b, slot_c, slot_lat] = ["a", "b", "c", "latency"]
+        .map(|s| format!("{}{s}", workload::SLOT_PREFIX));
+    workload::prepare(db).await?;
+    for slot in [&slot_a, &slot_b, &slot_c] {
+        workload::create_slot(db, slot).await?;
+    }
+
+    eprintln!("bench: writing {} events ...", args.events);
+    let (backlog, end_text, end_lsn) = backlog::write(svc, args.events, args.txn_events).await?;
+    eprintln!(
+        "bench: backlog written in {:.1} s, ends at {end_text}",
+        backlog.write_secs
+    );
+
+    eprintln!("bench: draining {slot_a} with pg_recvlogical ...");
+    let recvlogical = drain::recvlogical(svc, &slot_a, &end_text, timeout).await?;
+    workload::drop_slot(db, &slot_a).await?;
+    eprintln!("bench: pg_recvlogical: {:.2} s", recvlogical.secs);
+
+    eprintln!("bench: draining {slot_b} with siphon (kafka sink) ...");
+    let kafka = drain::siphon(svc, db, &slot_b, "kafka", end_lsn, timeout).await?;
+    workload::drop_slot(db, &slot_b).await?;
+    eprintln!("bench: siphon->kafka: {:.2} s", kafka.secs);
+
+    eprintln!("bench: draining {slot_c} with siphon (discard sink) ...");
+    let discard = drain::siphon(svc, db, &slot_c, "discard", end_lsn, timeout).await?;
+    workload::drop_slot(db, &slot_c).await?;
+    eprintln!("bench: siphon->discard: {:.2} s", discard.secs);
+
+    let latency = if args.latency_secs == 0 {
+        None
+    } else {
+        eprintln!(
+            "bench: latency: {} events/s for {} s ...",
+            args.latency_rate, args.latency_secs
+        );
+        let plan = latency::Plan {
+            secs: args.latency_secs,
+            rate: args.latency_rate,
+            txn_events: args.latency_txn_events,
+            writers: args.latency_writers,
+        };
+        Some(latency::run(svc, db, &slot_lat, &plan).await?)
+    };
+    Ok(report::Results {
+        backlog,
+        recvlogical,
+        kafka,
+        discard,
+        latency,
+    })
+}
+
+fn write_file(path: &PathBuf, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
