@@ -1,8 +1,8 @@
 //! Definite errors: Siphon stops with exit status 2 and a message naming the fix, instead of
 //! retrying forever or skipping data.
 
-use anyhow::Result;
-use siphon_tests::{Broker, Postgres, SiphonProcess};
+use anyhow::{Context, Result};
+use siphon_tests::{wait_until, Broker, Postgres, SiphonProcess};
 use std::time::Duration;
 
 const EXIT_DEFINITE: i32 = 2;
@@ -130,6 +130,72 @@ async fn an_outbox_table_without_a_configured_column_is_named_and_the_row_is_not
         failures >= 2,
         "both runs stop on the same row:\n{}",
         siphon.log()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_dropped_while_streaming_stops_siphon_naming_the_fix() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    client.batch_execute("DROP PUBLICATION p").await?;
+    client
+        .batch_execute("INSERT INTO outbox VALUES (gen_random_uuid(), 'Order', 'o-1', 'T', '{}')")
+        .await?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    let log = siphon.log();
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+    assert!(
+        log.contains("publication") && log.contains("CREATE PUBLICATION"),
+        "{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidated_slot_is_a_definite_error_naming_the_fix() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    client
+        .batch_execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        .await?;
+    client.batch_execute("SELECT pg_reload_conf()").await?;
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+        .await?;
+    // WAL well past the limit while nothing reads the slot, then checkpoints remove it.
+    client
+        .batch_execute("CREATE TABLE filler (id int, t text); INSERT INTO filler SELECT g, repeat('x', 500) FROM generate_series(1, 200000) g;")
+        .await?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            client
+                .batch_execute("SELECT pg_switch_wal(); CHECKPOINT;")
+                .await?;
+            let status: Option<String> = client
+                .query_one(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 's'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            Ok(status.as_deref() == Some("lost"))
+        },
+    )
+    .await
+    .context("the slot was not invalidated")?;
+    let log = expect_definite_error(&pg, &broker)?;
+    assert!(
+        log.contains("invalidated") && log.contains("pg_drop_replication_slot('s')"),
+        "{log}"
     );
     Ok(())
 }

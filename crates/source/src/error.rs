@@ -48,6 +48,48 @@ impl SourceError {
         SourceError::Transient(format!("{context}: {err}"))
     }
 
+    /// Classifies a failure to open the SQL connection: certificate problems, a server without
+    /// TLS and a `pg_hba.conf` that wants TLS are definite and say what to change.
+    pub(crate) fn from_connect(tls: &crate::TlsSettings, err: tokio_postgres::Error) -> Self {
+        if let Some(problem) = crate::tls::rustls_error(&err) {
+            if crate::tls::is_certificate_problem(problem) {
+                return SourceError::Definite(format!(
+                    "connecting to PostgreSQL: TLS certificate problem (sslmode={}): {problem}; {}",
+                    tls.mode,
+                    certificate_hint(&problem.to_string())
+                ));
+            }
+        }
+        if err.as_db_error().is_none() && err.to_string().contains("server does not support TLS") {
+            return SourceError::Definite(format!(
+                "connecting to PostgreSQL: the server does not accept TLS (ssl = off) but source.url has sslmode={}: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network",
+                tls.mode
+            ));
+        }
+        if let Some(db) = err.as_db_error() {
+            if db.code().code().starts_with("28") && db.message().contains("no encryption") {
+                return SourceError::Definite(format!(
+                    "connecting to PostgreSQL: {} (SQLSTATE {}): the server accepts only TLS connections from here but source.url has sslmode={}: set sslmode=verify-full and sslrootcert=/path/to/ca.pem in source.url",
+                    db.message(),
+                    db.code().code(),
+                    tls.mode
+                ));
+            }
+        }
+        SourceError::from_sql("connecting to PostgreSQL", err)
+    }
+
+    /// The user lacks the `REPLICATION` attribute; `server` is what PostgreSQL said.
+    pub(crate) fn missing_replication(user: Option<&str>, server: &str) -> Self {
+        let role = user.map_or_else(
+            || "<the user of source.url>".to_owned(),
+            crate::config::quote_ident,
+        );
+        SourceError::Definite(format!(
+            "the PostgreSQL user has no REPLICATION attribute, which Siphon needs to create and read its replication slot: run ALTER ROLE {role} REPLICATION as a superuser (server said: {server})"
+        ))
+    }
+
     /// Classifies an error from the replication connection.
     pub(crate) fn from_replication(slot: &str, err: pgwire_replication::PgWireError) -> Self {
         use pgwire_replication::PgWireError as E;
@@ -55,7 +97,18 @@ impl SourceError {
             E::Auth(m) => SourceError::Definite(format!(
                 "PostgreSQL refused the replication login: {m}; check the user and password in source.url and that pg_hba.conf allows a replication connection for that user"
             )),
-            E::Tls(m) => SourceError::Definite(format!("TLS to PostgreSQL failed: {m}")),
+            E::Tls(m) if m.contains("does not support TLS") => SourceError::Definite(format!(
+                "TLS to PostgreSQL failed on the replication connection: {m}: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network"
+            )),
+            E::Tls(m) if m.contains("certificate") || m.contains("Certificate") => {
+                SourceError::Definite(format!(
+                    "TLS to PostgreSQL failed on the replication connection: certificate problem: {m}; {}",
+                    certificate_hint(m)
+                ))
+            }
+            E::Tls(m) => SourceError::Definite(format!(
+                "TLS to PostgreSQL failed on the replication connection: {m}"
+            )),
             E::MessageTooLarge { .. } => SourceError::Definite(format!("{err}")),
             E::Server(m) => classify_server_message(slot, m),
             _ => SourceError::Transient(err.to_string()),
@@ -63,8 +116,29 @@ impl SourceError {
     }
 }
 
+/// What to check for a certificate problem, from the text of the TLS error.
+fn certificate_hint(problem: &str) -> &'static str {
+    if problem.contains("UnknownIssuer") || problem.contains("UnknownCA") {
+        "the server's certificate is not signed by the CA in sslrootcert: name the CA certificate that signed it"
+    } else if problem.contains("NotValidForName") {
+        "the server's certificate does not name the host of source.url: connect with a host name (or IP address) the certificate lists, or use sslmode=verify-ca"
+    } else if problem.contains("Expired") || problem.contains("NotValidYet") {
+        "a certificate is outside its validity period: renew it (or check the clock)"
+    } else if problem.contains("AlertReceived") || problem.contains("CertificateRequired") {
+        "the server refused Siphon's client certificate: check sslcert and sslkey, and that ssl_ca_file on the server holds the CA that signed them"
+    } else {
+        "check sslrootcert, sslcert and sslkey in source.url"
+    }
+}
+
 /// Sorts a server error on the replication connection by what cures it.
 fn classify_server_message(slot: &str, message: &str) -> SourceError {
+    if message.contains("replication role")
+        || message.contains("REPLICATION attribute")
+        || message.contains("permission denied to start WAL sender")
+    {
+        return SourceError::missing_replication(None, message);
+    }
     if message.contains("is active for PID") {
         return SourceError::Transient(format!(
             "standby: replication slot \"{slot}\" is in use by another process; waiting to take over ({message})"
@@ -114,5 +188,22 @@ mod tests {
             "FATAL: terminating connection due to administrator command"
         )
         .is_transient());
+        for missing in [
+            "FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501)",
+            "FATAL: permission denied to start WAL sender (SQLSTATE 42501)",
+        ] {
+            let err = classify_server_message("s", missing);
+            assert!(!err.is_transient());
+            assert!(err.to_string().contains("REPLICATION"), "{err}");
+        }
+    }
+
+    #[test]
+    fn certificate_problems_name_what_to_check() {
+        assert!(certificate_hint("invalid peer certificate: UnknownIssuer").contains("sslrootcert"));
+        assert!(certificate_hint(
+            "invalid peer certificate: certificate not valid for name \"x\"; NotValidForNameContext"
+        )
+        .contains("verify-ca"));
     }
 }
