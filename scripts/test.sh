@@ -86,6 +86,8 @@ run_tests() {
 
 rc=0
 rm -f "$root/target/test-output.log"
+# The chaos test needs Tansu's durable build (about 15 minutes the first time, then cached).
+export SIPHON_TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS:-memory durable}
 step "install dependencies" bash scripts/install-deps.sh || rc=$?
 if ((rc == 0)); then
     command -v cargo >/dev/null 2>&1 || {

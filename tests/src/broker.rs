@@ -34,11 +34,43 @@ pub const TANSU_VERSION: &str = "0.6.0";
 /// How long [`Broker::start`] waits for the broker to answer metadata.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Which Tansu build and storage engine a broker uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// `memory://`: fast, auto-creates topics, keeps nothing across a restart.
+    Memory,
+    /// `sqlite://` (the cargo-installed build): keeps its data across `kill -9`, does not
+    /// auto-create topics; reading a long partition from offset 0 is slow.
+    Durable,
+}
+
+impl Storage {
+    fn variant(self) -> &'static str {
+        match self {
+            Storage::Memory => "memory",
+            Storage::Durable => "durable",
+        }
+    }
+
+    fn engine(self) -> &'static str {
+        match self {
+            Storage::Memory => "memory://tansu/",
+            // Relative to the broker's working directory.
+            Storage::Durable => "sqlite://tansu.db",
+        }
+    }
+}
+
 /// Path of the Tansu binary: `$SIPHON_TANSU_BIN`, else the memory-engine
 /// build in `${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}`.
 pub fn tansu_bin() -> Result<PathBuf> {
+    tansu_bin_for(Storage::Memory)
+}
+
+/// Path of the Tansu build for `storage` (`$SIPHON_TANSU_BIN` applies to the memory build).
+pub fn tansu_bin_for(storage: Storage) -> Result<PathBuf> {
     let path = match std::env::var_os("SIPHON_TANSU_BIN") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
+        Some(p) if !p.is_empty() && storage == Storage::Memory => PathBuf::from(p),
         _ => {
             let cache = match std::env::var_os("SIPHON_CACHE_DIR") {
                 Some(p) if !p.is_empty() => PathBuf::from(p),
@@ -48,14 +80,14 @@ pub fn tansu_bin() -> Result<PathBuf> {
                 }
             };
             cache
-                .join(format!("tansu-{TANSU_VERSION}-memory"))
+                .join(format!("tansu-{TANSU_VERSION}-{}", storage.variant()))
                 .join("bin/tansu")
         }
     };
     if !path.is_file() {
         bail!(
             "Tansu broker binary not found at {}; run scripts/install-deps.sh \
-             (or set SIPHON_TANSU_BIN)",
+             (SIPHON_TANSU_VARIANTS=\"memory durable\" for the durable build, or set SIPHON_TANSU_BIN)",
             path.display()
         );
     }
@@ -67,6 +99,7 @@ pub struct Broker {
     dir: Option<tempfile::TempDir>,
     dir_path: PathBuf,
     bin: PathBuf,
+    storage: Storage,
     port: u16,
     child: Mutex<Option<Child>>,
 }
@@ -75,12 +108,18 @@ impl Broker {
     /// Spawns a broker on a free port and waits (up to 30 s) until it answers
     /// a metadata request.
     pub fn start() -> Result<Broker> {
-        let bin = tansu_bin()?;
+        Broker::start_with(Storage::Memory)
+    }
+
+    /// Like [`Broker::start`] with the given storage engine.
+    pub fn start_with(storage: Storage) -> Result<Broker> {
+        let bin = tansu_bin_for(storage)?;
         let dir = crate::short_tempdir("siphon-kafka-")?;
         let broker = Broker {
             dir_path: dir.path().to_path_buf(),
             dir: Some(dir),
             bin,
+            storage,
             port: crate::free_port(),
             child: Mutex::new(None),
         };
@@ -168,7 +207,7 @@ impl Broker {
             .arg("broker")
             .args(["--listener-url", &url])
             .args(["--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
+            .args(["--storage-engine", self.storage.engine()])
             .current_dir(&self.dir_path)
             // Tansu also reads these from the environment; make the flags win.
             .env_remove("LISTENER_URL")

@@ -59,14 +59,21 @@ pub trait DeliveryObserver: Send + Sync + 'static {
 
 impl ClientContext for DeliveryContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        // Broker-down and similar errors are retried by librdkafka; they are logged once each.
-        warn!(%error, reason, "Kafka client error");
+        // Connection failures are retried by librdkafka and reported once per change of state
+        // by the pipeline's broker watch; anything else (authentication, TLS ...) is shown.
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown) => {
+                debug!(%error, reason, "Kafka connection error")
+            }
+            _ => warn!(%error, reason, "Kafka client error"),
+        }
     }
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
         use rdkafka::config::RDKafkaLogLevel as L;
         match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => warn!(fac, "librdkafka: {log_message}"),
+            L::Emerg | L::Alert | L::Critical => warn!(fac, "librdkafka: {log_message}"),
+            // Errors (failed connects among them) also reach `error` above.
             _ => debug!(fac, "librdkafka: {log_message}"),
         }
     }

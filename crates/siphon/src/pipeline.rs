@@ -37,9 +37,18 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Keeps the readiness flag in step with whether the brokers answer (until aborted).
 async fn watch_brokers(probe: BrokerProbe, health: Arc<Health>) {
     let mut interval = tokio::time::interval(PROBE_INTERVAL);
+    let mut reachable: Option<bool> = None;
     loop {
         interval.tick().await;
-        health.set_broker_reachable(probe.probe(PROBE_TIMEOUT).await);
+        let now = probe.probe(PROBE_TIMEOUT).await;
+        health.set_broker_reachable(now);
+        // One line per change of state.
+        match (reachable, now) {
+            (Some(true) | None, false) => warn!("Kafka brokers unreachable; records wait in flight and reading pauses when the window is full"),
+            (Some(false), true) => info!("Kafka brokers reachable again"),
+            _ => {}
+        }
+        reachable = Some(now);
     }
 }
 
