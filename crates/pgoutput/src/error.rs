@@ -1,4 +1,7 @@
 //! Decoding errors.
+//!
+//! # Invariants
+//! - Every error names the field or tag at fault, and offsets are byte offsets into the message.
 
 /// Why a buffer is not a valid pgoutput message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

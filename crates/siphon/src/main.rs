@@ -1,5 +1,9 @@
 //! The `siphon` binary: transactional-outbox events from a PostgreSQL logical replication slot
 //! to Kafka, with the slot confirmed only after Kafka acknowledged every record before it.
+//!
+//! # Invariants
+//! - Exit status: 0 after a requested stop, 1 for invalid configuration or arguments, 2 for a
+//!   definite runtime error; a transient error never ends the process.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
