@@ -4,8 +4,9 @@
 //! # Invariants
 //! - [`event`] is a pure function of its arguments, so a test can recompute what it wrote.
 
-use crate::{Broker, Postgres};
+use crate::{Broker, ConsumedRecord, Postgres};
 use anyhow::Result;
+use std::collections::{BTreeMap, BTreeSet};
 use tokio_postgres::Client;
 
 /// The outbox table users create (Debezium's outbox shape).
@@ -184,4 +185,36 @@ max_backoff_secs = 2
         url = pg.url(),
         bootstrap = broker.bootstrap()
     )
+}
+
+/// The sequence number of a record's event, from its `id` header.
+pub fn record_seq(record: &ConsumedRecord) -> Option<u64> {
+    seq_of(std::str::from_utf8(record.header("id")?).ok()?)
+}
+
+/// Checks that, per topic and key, the first delivery of each event comes in commit order
+/// (repeats after a failure may come later). Names the first aggregate out of order.
+pub fn check_first_deliveries_in_order(records: &[ConsumedRecord]) -> Result<()> {
+    let mut by_key: BTreeMap<(&str, &[u8]), Vec<&ConsumedRecord>> = BTreeMap::new();
+    for r in records {
+        by_key
+            .entry((r.topic.as_str(), r.key.as_deref().unwrap_or_default()))
+            .or_default()
+            .push(r);
+    }
+    for ((topic, key), mut group) in by_key {
+        group.sort_by_key(|r| (r.partition, r.offset));
+        let mut seen = BTreeSet::new();
+        let firsts: Vec<u64> = group
+            .iter()
+            .filter_map(|r| record_seq(r))
+            .filter(|s| seen.insert(*s))
+            .collect();
+        anyhow::ensure!(
+            firsts.windows(2).all(|w| w[0] < w[1]),
+            "{topic} {}: first deliveries out of commit order: {firsts:?}",
+            String::from_utf8_lossy(key)
+        );
+    }
+    Ok(())
 }

@@ -6,11 +6,11 @@
 //! The broker uses Tansu's durable (sqlite) storage, so its data survives its restarts.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::slot_active;
+use siphon_tests::outbox::{check_first_deliveries_in_order, record_seq, slot_active};
 use siphon_tests::{
     read_topic_async, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess, Storage,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
@@ -105,11 +105,6 @@ async fn writer(pg: Arc<Postgres>) -> Result<(BTreeSet<u64>, BTreeSet<u64>)> {
     Ok((committed, rolled_back))
 }
 
-fn seq_of(record: &ConsumedRecord) -> Option<u64> {
-    let id = std::str::from_utf8(record.header("id")?).ok()?;
-    id.rsplit('-').next()?.parse().ok()
-}
-
 async fn read_everything(broker: &Broker) -> Result<Vec<ConsumedRecord>> {
     let mut all = Vec::new();
     for t in 0..AGGREGATE_TYPES {
@@ -201,7 +196,7 @@ async fn fifty_thousand_events_through_kill_9_broker_and_postgres_restarts() -> 
     .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let records = read_everything(&broker).await?;
 
-    let delivered: BTreeSet<u64> = records.iter().filter_map(seq_of).collect();
+    let delivered: BTreeSet<u64> = records.iter().filter_map(record_seq).collect();
     let lost = committed.difference(&delivered).count();
     let phantom = delivered.difference(&committed).count();
     let rolled_back_seen = delivered.intersection(&rolled_back).count();
@@ -220,26 +215,6 @@ async fn fifty_thousand_events_through_kill_9_broker_and_postgres_restarts() -> 
     );
 
     // Per aggregate, first deliveries in commit order.
-    let mut by_key: BTreeMap<(String, Vec<u8>), Vec<&ConsumedRecord>> = BTreeMap::new();
-    for r in &records {
-        by_key
-            .entry((r.topic.clone(), r.key.clone().unwrap_or_default()))
-            .or_default()
-            .push(r);
-    }
-    for ((topic, key), mut group) in by_key {
-        group.sort_by_key(|r| (r.partition, r.offset));
-        let mut seen = BTreeSet::new();
-        let firsts: Vec<u64> = group
-            .iter()
-            .filter_map(|r| seq_of(r))
-            .filter(|s| seen.insert(*s))
-            .collect();
-        assert!(
-            firsts.windows(2).all(|w| w[0] < w[1]),
-            "{topic} {}: first deliveries out of commit order",
-            String::from_utf8_lossy(&key)
-        );
-    }
+    check_first_deliveries_in_order(&records)?;
     Ok(())
 }

@@ -3,13 +3,13 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    event, insert_transaction, seq_of, siphon_config, slot_active, slot_retained_wal, Event,
-    OUTBOX_DDL,
+    check_first_deliveries_in_order, event, insert_transaction, siphon_config, slot_active,
+    slot_retained_wal, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
     read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 const TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
@@ -56,29 +56,7 @@ async fn check_delivery(
         phantom.is_empty(),
         "events that were never committed: {phantom:?}"
     );
-    let mut by_key: BTreeMap<(String, Vec<u8>), Vec<&ConsumedRecord>> = BTreeMap::new();
-    for r in &records {
-        by_key
-            .entry((r.topic.clone(), r.key.clone().unwrap_or_default()))
-            .or_default()
-            .push(r);
-    }
-    for ((topic, key), mut group) in by_key {
-        group.sort_by_key(|r| (r.partition, r.offset));
-        let mut seen = BTreeSet::new();
-        let firsts: Vec<u64> = group
-            .iter()
-            .filter_map(|r| {
-                let id = id_of(r);
-                seen.insert(id.clone()).then(|| seq_of(&id)).flatten()
-            })
-            .collect();
-        assert!(
-            firsts.windows(2).all(|w| w[0] < w[1]),
-            "{topic} {:?}: first deliveries out of commit order: {firsts:?}",
-            String::from_utf8_lossy(&key)
-        );
-    }
+    check_first_deliveries_in_order(&records)?;
     Ok(records.len() - expected.len())
 }
 
