@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a scratch PostgreSQL cluster for tests and demos.
 #
-# Usage: scripts/postgres.sh {start|stop|kill|restart|status} DATADIR PORT
+# Usage: scripts/postgres.sh {start|stop|kill|restart|reload|status} DATADIR PORT [--tls CERTDIR]
 #
 #   start    initdb DATADIR if it holds no cluster yet, then start the server on
 #            127.0.0.1:PORT and wait until it accepts connections.
@@ -9,7 +9,15 @@
 #   kill     immediate shutdown (no checkpoint: the next start runs crash
 #            recovery). Succeeds if the server is not running.
 #   restart  fast shutdown, then start on the same PORT.
+#   reload   re-read postgresql.conf and pg_hba.conf (pg_ctl reload).
 #   status   exit 0 if running, 3 if not running, 4 if DATADIR holds no cluster.
+#
+#   --tls CERTDIR  (start, when it creates the cluster) turn TLS on: CERTDIR holds
+#            server.crt and server.key (the server's certificate and key) and
+#            ca.crt (the CA that client certificates must be signed by); they are
+#            copied into DATADIR. pg_hba.conf then accepts TCP connections only
+#            over TLS (`hostssl all all 127.0.0.1/32 scram-sha-256`); the Unix
+#            socket keeps trust auth. Without --tls the server has ssl=off.
 #
 # The cluster:
 #   * superuser `siphon` with password `siphon` (SCRAM-SHA-256), database `siphon`:
@@ -35,11 +43,21 @@ die() {
 }
 
 usage() {
-    echo "usage: $0 {start|stop|kill|restart|status} DATADIR PORT" >&2
+    echo "usage: $0 {start|stop|kill|restart|reload|status} DATADIR PORT [--tls CERTDIR]" >&2
     exit 2
 }
 
-[[ $# -eq 3 ]] || usage
+tls_dir=
+if [[ $# -eq 5 && $4 == --tls ]]; then
+    [[ $1 == start || $1 == restart ]] || usage
+    tls_dir=$5
+    for f in server.crt server.key ca.crt; do
+        [[ -r $tls_dir/$f ]] || die "--tls: cannot read $tls_dir/$f"
+    done
+    tls_dir=$(cd "$tls_dir" && pwd -P)
+elif [[ $# -ne 3 ]]; then
+    usage
+fi
 cmd=$1
 port=$3
 if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1 || port > 65535)); then
@@ -128,6 +146,24 @@ log_line_prefix = '%m [%p] %q%u@%d '
 log_replication_commands = on
 include_if_exists = 'siphon-port.conf'
 EOF
+    if [[ -n $tls_dir ]]; then
+        local f
+        for f in server.crt server.key ca.crt; do
+            pg tee "$datadir/$f" <"$tls_dir/$f" >/dev/null
+        done
+        pg chmod 0600 "$datadir/server.key"
+        pg tee -a "$datadir/postgresql.conf" >/dev/null <<'EOF'
+ssl = on
+ssl_cert_file = 'server.crt'
+ssl_key_file = 'server.key'
+ssl_ca_file = 'ca.crt'
+EOF
+        pg tee "$datadir/pg_hba.conf" >/dev/null <<'EOF'
+# TYPE  DATABASE  USER  ADDRESS       METHOD
+local   all       all                 trust
+hostssl all       all   127.0.0.1/32  scram-sha-256
+EOF
+    fi
     first_start=1
 }
 
@@ -180,6 +216,10 @@ shutdown() {
 
 case $cmd in
 start) start ;;
+reload)
+    status || die "server not running (DATADIR $datadir)"
+    pg "$pg_bin/pg_ctl" reload -D "$datadir" -s || die "pg_ctl reload failed"
+    ;;
 stop) shutdown fast ;;
 kill) shutdown immediate ;;
 restart)

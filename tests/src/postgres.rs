@@ -16,7 +16,12 @@
 //! - All methods block the calling thread while the script runs (about a
 //!   second for a start); none needs a Tokio runtime except
 //!   [`Postgres::connect`].
+//! - A cluster started with [`PostgresOptions::tls`] accepts TCP connections
+//!   only over TLS (`hostssl ... scram-sha-256`); [`Postgres::connect`] then
+//!   goes through the Unix socket in the data directory (trust auth), so the
+//!   tests' own connections never show up as TCP clients.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -27,21 +32,56 @@ pub struct Postgres {
     dir: Option<tempfile::TempDir>,
     data_dir: PathBuf,
     port: u16,
+    tls: bool,
+}
+
+/// How [`Postgres::start_with`] sets up a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct PostgresOptions {
+    /// Turn TLS on: a directory holding `server.crt`, `server.key` (the
+    /// server's certificate and key) and `ca.crt` (the CA client certificates
+    /// must be signed by). TCP connections are then accepted only over TLS.
+    pub tls: Option<PathBuf>,
 }
 
 impl Postgres {
     /// Initializes a fresh cluster in a new directory, starts it on a free
     /// port and waits until it accepts connections.
     pub fn start() -> Result<Postgres> {
+        Self::start_with(&PostgresOptions::default())
+    }
+
+    /// Like [`Postgres::start`], with the given options.
+    pub fn start_with(options: &PostgresOptions) -> Result<Postgres> {
         let dir = crate::short_tempdir("siphon-pg-")?;
         let data_dir = dir.path().to_path_buf();
         let pg = Postgres {
             dir: Some(dir),
             data_dir,
             port: crate::free_port(),
+            tls: options.tls.is_some(),
         };
-        pg.script("start")?;
+        match &options.tls {
+            None => pg.script("start")?,
+            Some(certs) => pg.script_args("start", &[OsStr::new("--tls"), certs.as_os_str()])?,
+        }
         Ok(pg)
+    }
+
+    /// Whether the cluster was started with TLS on (TCP only over TLS).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The cluster's `pg_hba.conf`; after changing it, call
+    /// [`Postgres::reload`].
+    pub fn hba_path(&self) -> PathBuf {
+        self.data_dir.join("pg_hba.conf")
+    }
+
+    /// Makes the server re-read its configuration files.
+    pub fn reload(&self) -> Result<()> {
+        self.script("reload")
     }
 
     /// The TCP port on 127.0.0.1.
@@ -64,12 +104,29 @@ impl Postgres {
         self.data_dir.join("log").join("postgresql.log")
     }
 
-    /// Connects over TCP as `siphon` to database `siphon`; the connection is
-    /// driven by a task spawned on the current Tokio runtime.
+    /// Connects as `siphon` to database `siphon` (over TCP, or through the
+    /// Unix socket on a TLS cluster); the connection is driven by a task
+    /// spawned on the current Tokio runtime.
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
-        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
-            .await
-            .with_context(|| format!("connecting to {}", self.url()))?;
+        let (client, connection) = if self.tls {
+            tokio_postgres::Config::new()
+                .host_path(&self.data_dir)
+                .port(self.port)
+                .user("siphon")
+                .dbname("siphon")
+                .connect(tokio_postgres::NoTls)
+                .await
+                .with_context(|| {
+                    format!(
+                        "connecting through the socket in {}",
+                        self.data_dir.display()
+                    )
+                })?
+        } else {
+            tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+                .await
+                .with_context(|| format!("connecting to {}", self.url()))?
+        };
         tokio::spawn(async move {
             // The connection ends with an error whenever a test stops the
             // server; that is expected and the client reports it anyway.
@@ -117,8 +174,13 @@ impl Postgres {
     }
 
     fn script(&self, action: &str) -> Result<()> {
+        self.script_args(action, &[])
+    }
+
+    fn script_args(&self, action: &str, args: &[&OsStr]) -> Result<()> {
         let out = self
             .command(action)
+            .args(args)
             .output()
             .with_context(|| format!("running scripts/postgres.sh {action}"))?;
         if !out.status.success() {

@@ -6,6 +6,8 @@
 use crate::tls::TlsSettings;
 use crate::SourceError;
 use std::fmt;
+#[cfg(test)]
+use std::path::Path;
 use std::time::Duration;
 
 /// What the source needs to know; the binary builds it from the `[source]` section.
@@ -123,7 +125,11 @@ pub fn quote_literal(text: &str) -> String {
 /// Host, port, user, password, database and TLS settings taken from `source.url`.
 #[derive(Clone)]
 pub struct ConnectionParams {
+    /// The host name: what is connected to, and the name a `verify-full` certificate must carry.
     pub host: String,
+    /// `hostaddr`: when given, the address connected to instead of resolving `host` (which still
+    /// names the server for certificate checks), as in libpq.
+    pub hostaddr: Option<std::net::IpAddr>,
     pub port: u16,
     pub user: String,
     pub password: String,
@@ -137,6 +143,7 @@ impl fmt::Debug for ConnectionParams {
         // The password never reaches logs.
         f.debug_struct("ConnectionParams")
             .field("host", &self.host)
+            .field("hostaddr", &self.hostaddr)
             .field("port", &self.port)
             .field("user", &self.user)
             .field("database", &self.database)
@@ -154,6 +161,7 @@ impl ConnectionParams {
             Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
             None => "localhost".to_owned(),
         };
+        let hostaddr = config.get_hostaddrs().first().copied();
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let user = config
             .get_user()
@@ -170,6 +178,7 @@ impl ConnectionParams {
         let database = config.get_dbname().unwrap_or(&user).to_owned();
         Ok(ConnectionParams {
             host,
+            hostaddr,
             port,
             user,
             password,
@@ -201,8 +210,9 @@ pub(crate) fn parse_url(url: &str) -> Result<(tokio_postgres::Config, TlsSetting
     })?;
     let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
         SourceError::Config(format!(
-            "source.url ({}) is not a valid PostgreSQL URL: {e}",
-            redact_url(url)
+            "source.url ({}) is not a valid PostgreSQL URL: {}",
+            redact_url(url),
+            crate::error::error_chain(&e)
         ))
     })?;
     let tls = TlsSettings::from_params(&own)?;
@@ -418,7 +428,9 @@ pub fn redact_url(url: &str) -> String {
         let pieces: Vec<String> = rest[q + 1..]
             .split('&')
             .map(|piece| match piece.split_once('=') {
-                Some((k, _)) if SECRET.contains(&percent_decode(k).unwrap_or_default().as_str()) => {
+                Some((k, _))
+                    if SECRET.contains(&percent_decode(k).unwrap_or_default().as_str()) =>
+                {
                     format!("{k}=***")
                 }
                 _ => piece.to_owned(),
@@ -480,5 +492,82 @@ mod tests {
         assert_eq!(p.password, "s3cret");
         assert!(!format!("{p:?}").contains("s3cret"));
         assert!(ConnectionParams::from_url("postgres://127.0.0.1/app").is_err());
+    }
+
+    #[test]
+    fn tls_parameters_are_read_and_the_rest_goes_to_tokio_postgres() {
+        let url = "postgres://alice:s3cret@db.example:5433/app?connect_timeout=5&sslmode=verify-full&sslrootcert=%2Fetc%2Fca%20dir%2Fca.pem&sslcert=/c.pem&sslkey=/k.pem&application_name=x";
+        let (config, tls) = parse_url(url).unwrap();
+        assert_eq!(tls.mode, crate::SslMode::VerifyFull);
+        assert_eq!(
+            tls.root_certs,
+            crate::RootCerts::File("/etc/ca dir/ca.pem".into())
+        );
+        assert_eq!(tls.client_cert.as_deref(), Some(Path::new("/c.pem")));
+        assert_eq!(tls.client_key.as_deref(), Some(Path::new("/k.pem")));
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(5)));
+        assert_eq!(config.get_application_name(), Some("x"));
+        assert_eq!(
+            config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        assert_eq!(config.get_password(), Some(&b"s3cret"[..]));
+
+        let (config, tls) = parse_url(
+            "host=127.0.0.1 user=bob password='a b\\'c' sslmode = require sslrootcert='/x y/ca.pem' dbname=app",
+        )
+        .unwrap();
+        assert_eq!(config.get_password(), Some(&b"a b'c"[..]));
+        assert_eq!(config.get_dbname(), Some("app"));
+        assert!(tls.verifies_chain() && !tls.verifies_host_name());
+        assert_eq!(tls.root_certs, crate::RootCerts::File("/x y/ca.pem".into()));
+
+        let (config, tls) = parse_url("postgres://u@h/d").unwrap();
+        assert_eq!(tls.mode, crate::SslMode::Prefer);
+        assert_eq!(
+            config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Prefer
+        );
+        let (config, _) = parse_url("postgres://u@h/d?sslmode=disable").unwrap();
+        assert_eq!(
+            config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable
+        );
+    }
+
+    #[test]
+    fn passwords_never_appear_in_errors_or_redacted_urls() {
+        assert_eq!(
+            redact_url("postgres://alice:s3cret@host:5432/db?sslmode=require&password=s3cret"),
+            "postgres://alice:***@host:5432/db?sslmode=require&password=***"
+        );
+        assert_eq!(
+            redact_url("postgresql://alice@host/db"),
+            "postgresql://alice@host/db"
+        );
+        assert_eq!(
+            redact_url("host=h user=u password='s3 cret' sslpassword=s3cret dbname=d"),
+            "host=h user=u password=*** sslpassword=*** dbname=d"
+        );
+        let bad = [
+            "postgres://alice:s3cret@host:notaport/db",
+            "postgres://alice:s3cret@host/db?sslmode=verify-full",
+            "postgres://alice:s3cret@host/db?bogus=1",
+            "postgres://alice:s3cret@host/db?sslpassword=s3cret",
+            "postgres://alice:s3cret@host/db?channel_binding=require",
+            "host=h user=u password=s3cret port=x",
+            "host=h user=u password='s3cret",
+        ];
+        for url in bad {
+            let err = ConnectionParams::from_url(url).unwrap_err().to_string();
+            assert!(!err.contains("s3cret"), "{url}: {err}");
+        }
+        let err = ConnectionParams::from_url("postgres://alice:s3cret@host:notaport/db")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("postgres://alice:***@host:notaport/db"),
+            "{err}"
+        );
     }
 }

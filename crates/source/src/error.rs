@@ -45,7 +45,7 @@ impl SourceError {
                 db.message()
             ));
         }
-        SourceError::Transient(format!("{context}: {err}"))
+        SourceError::Transient(format!("{context}: {}", error_chain(&err)))
     }
 
     /// Classifies a failure to open the SQL connection: certificate problems, a server without
@@ -60,13 +60,21 @@ impl SourceError {
                 ));
             }
         }
-        if err.as_db_error().is_none() && err.to_string().contains("server does not support TLS") {
+        if err.as_db_error().is_none() && error_chain(&err).contains("server does not support TLS")
+        {
             return SourceError::Definite(format!(
                 "connecting to PostgreSQL: the server does not accept TLS (ssl = off) but source.url has sslmode={}: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network",
                 tls.mode
             ));
         }
         if let Some(db) = err.as_db_error() {
+            if db.code().code().starts_with("28") && db.message().contains("client certificate") {
+                return SourceError::Definite(format!(
+                    "connecting to PostgreSQL: {} (SQLSTATE {}): pg_hba.conf wants a client certificate for this user: set sslcert and sslkey in source.url",
+                    db.message(),
+                    db.code().code()
+                ));
+            }
             if db.code().code().starts_with("28") && db.message().contains("no encryption") {
                 return SourceError::Definite(format!(
                     "connecting to PostgreSQL: {} (SQLSTATE {}): the server accepts only TLS connections from here but source.url has sslmode={}: set sslmode=verify-full and sslrootcert=/path/to/ca.pem in source.url",
@@ -92,6 +100,16 @@ impl SourceError {
 
     /// Classifies an error from the replication connection.
     pub(crate) fn from_replication(slot: &str, err: pgwire_replication::PgWireError) -> Self {
+        Self::from_replication_as(slot, None, err)
+    }
+
+    /// [`SourceError::from_replication`], naming `user` in the fix when the login lacks
+    /// `REPLICATION`.
+    pub(crate) fn from_replication_as(
+        slot: &str,
+        user: Option<&str>,
+        err: pgwire_replication::PgWireError,
+    ) -> Self {
         use pgwire_replication::PgWireError as E;
         match &err {
             E::Auth(m) => SourceError::Definite(format!(
@@ -110,21 +128,38 @@ impl SourceError {
                 "TLS to PostgreSQL failed on the replication connection: {m}"
             )),
             E::MessageTooLarge { .. } => SourceError::Definite(format!("{err}")),
-            E::Server(m) => classify_server_message(slot, m),
+            E::Server(m) => classify_server_message(slot, user, m),
             _ => SourceError::Transient(err.to_string()),
         }
     }
 }
 
+/// An error and its sources, `outer: inner: ...` (tokio-postgres shows only the outermost).
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let more = e.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = e.source();
+    }
+    text
+}
+
 /// What to check for a certificate problem, from the text of the TLS error.
 fn certificate_hint(problem: &str) -> &'static str {
-    if problem.contains("UnknownIssuer") || problem.contains("UnknownCA") {
+    let text = problem.to_lowercase();
+    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    if has(&["unknownissuer", "unknown issuer", "unknownca"]) {
         "the server's certificate is not signed by the CA in sslrootcert: name the CA certificate that signed it"
-    } else if problem.contains("NotValidForName") {
+    } else if has(&["notvalidforname", "not valid for name"]) {
         "the server's certificate does not name the host of source.url: connect with a host name (or IP address) the certificate lists, or use sslmode=verify-ca"
-    } else if problem.contains("Expired") || problem.contains("NotValidYet") {
+    } else if has(&["expired", "notvalidyet", "not valid yet"]) {
         "a certificate is outside its validity period: renew it (or check the clock)"
-    } else if problem.contains("AlertReceived") || problem.contains("CertificateRequired") {
+    } else if has(&["alert", "certificaterequired"]) {
         "the server refused Siphon's client certificate: check sslcert and sslkey, and that ssl_ca_file on the server holds the CA that signed them"
     } else {
         "check sslrootcert, sslcert and sslkey in source.url"
@@ -132,12 +167,12 @@ fn certificate_hint(problem: &str) -> &'static str {
 }
 
 /// Sorts a server error on the replication connection by what cures it.
-fn classify_server_message(slot: &str, message: &str) -> SourceError {
+fn classify_server_message(slot: &str, user: Option<&str>, message: &str) -> SourceError {
     if message.contains("replication role")
         || message.contains("REPLICATION attribute")
         || message.contains("permission denied to start WAL sender")
     {
-        return SourceError::missing_replication(None, message);
+        return SourceError::missing_replication(user, message);
     }
     if message.contains("is active for PID") {
         return SourceError::Transient(format!(
@@ -170,21 +205,27 @@ mod tests {
 
     #[test]
     fn server_errors_are_sorted_by_consequence() {
-        assert!(
-            !classify_server_message("s", "ERROR: replication slot \"s\" does not exist")
-                .is_transient()
-        );
         assert!(!classify_server_message(
             "s",
+            None,
+            "ERROR: replication slot \"s\" does not exist"
+        )
+        .is_transient());
+        assert!(!classify_server_message(
+            "s",
+            None,
             "ERROR: can no longer get changes from replication slot \"s\""
         )
         .is_transient());
-        assert!(
-            classify_server_message("s", "ERROR: replication slot \"s\" is active for PID 42")
-                .is_transient()
-        );
         assert!(classify_server_message(
             "s",
+            None,
+            "ERROR: replication slot \"s\" is active for PID 42"
+        )
+        .is_transient());
+        assert!(classify_server_message(
+            "s",
+            None,
             "FATAL: terminating connection due to administrator command"
         )
         .is_transient());
@@ -192,9 +233,12 @@ mod tests {
             "FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501)",
             "FATAL: permission denied to start WAL sender (SQLSTATE 42501)",
         ] {
-            let err = classify_server_message("s", missing);
+            let err = classify_server_message("s", Some("cdc"), missing);
             assert!(!err.is_transient());
-            assert!(err.to_string().contains("REPLICATION"), "{err}");
+            assert!(
+                err.to_string().contains(r#"ALTER ROLE "cdc" REPLICATION"#),
+                "{err}"
+            );
         }
     }
 
@@ -202,8 +246,11 @@ mod tests {
     fn certificate_problems_name_what_to_check() {
         assert!(certificate_hint("invalid peer certificate: UnknownIssuer").contains("sslrootcert"));
         assert!(certificate_hint(
-            "invalid peer certificate: certificate not valid for name \"x\"; NotValidForNameContext"
+            "invalid peer certificate: certificate not valid for name \"x\"; certificate is only valid for DnsName(\"y\")"
         )
-        .contains("verify-ca"));
+        .contains("does not name the host"));
+        assert!(
+            certificate_hint("invalid peer certificate: NotValidForName").contains("verify-ca")
+        );
     }
 }

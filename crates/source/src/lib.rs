@@ -7,10 +7,13 @@
 //!   [`pgoutput`] crate and hands out [`SourceEvent`]s.
 //! - [`assembly`] is the sans-IO state machine in between: it keeps the relation cache and checks
 //!   transaction framing (Begin .. Commit), so it is tested without a server.
+//! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
+//!   `sslkey`) into the TLS set-up of both connections.
 //!
 //! # Invariants
 //! - The position reported to the server as flushed is only ever one the caller passed to
 //!   [`ReplicationStream::confirm`]; it never moves backwards.
+//! - No error or log line carries the password of `source.url` (see [`redact_url`]).
 //! - Row changes are only emitted between a [`SourceEvent::Begin`] and its [`SourceEvent::Commit`].
 
 pub mod assembly;
@@ -18,9 +21,11 @@ pub mod config;
 pub mod error;
 pub mod setup;
 pub mod stream;
+pub mod tls;
 
 pub use assembly::{RowChange, SourceEvent};
-pub use config::{ConnectionParams, SourceConfig, TableName};
+pub use config::{redact_url, ConnectionParams, SourceConfig, TableName};
 pub use error::SourceError;
 pub use setup::{prepare, SlotState};
 pub use stream::ReplicationStream;
+pub use tls::{RootCerts, SslMode, TlsSettings};

@@ -11,7 +11,7 @@ use crate::config::{quote_ident, quote_literal};
 use crate::{SourceConfig, SourceError, TableName};
 use pgoutput::Lsn;
 use std::collections::BTreeSet;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 use tracing::info;
 
 /// What the slot looked like when streaming was about to start.
@@ -26,18 +26,23 @@ pub struct SlotState {
 /// Connects over SQL, checks `wal_level`, the tables, the publication and the slot, creating the
 /// last two when they are missing.
 pub async fn prepare(config: &SourceConfig) -> Result<SlotState, SourceError> {
+    let params = crate::ConnectionParams::from_url(&config.url)?;
     let client = connect(&config.url).await?;
     check_wal_level(&client).await?;
     check_tables(&client, &config.tables).await?;
     ensure_publication(&client, &config.publication, &config.tables).await?;
-    ensure_slot(&client, &config.slot).await
+    ensure_slot(&client, &config.slot, Some(&params.user)).await
 }
 
-/// Opens an ordinary SQL connection; the connection task ends with the client.
+/// Opens an ordinary SQL connection to `url` with the TLS settings it names (`sslmode`,
+/// `sslrootcert`, `sslcert`, `sslkey`); the connection task ends with the client.
 pub async fn connect(url: &str) -> Result<Client, SourceError> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
+    let (config, tls) = crate::config::parse_url(url)?;
+    let connector = tls.sql_connector()?;
+    let (client, connection) = config
+        .connect(connector)
         .await
-        .map_err(|e| SourceError::from_sql("connecting to PostgreSQL", e))?;
+        .map_err(|e| SourceError::from_connect(&tls, e))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "SQL connection closed");
@@ -143,7 +148,11 @@ async fn ensure_publication(
     }
 }
 
-async fn ensure_slot(client: &Client, slot: &str) -> Result<SlotState, SourceError> {
+async fn ensure_slot(
+    client: &Client,
+    slot: &str,
+    user: Option<&str>,
+) -> Result<SlotState, SourceError> {
     let row = client
         .query_opt(
             "SELECT plugin, slot_type, database, confirmed_flush_lsn::text, wal_status \
@@ -158,6 +167,10 @@ async fn ensure_slot(client: &Client, slot: &str) -> Result<SlotState, SourceErr
             quote_literal(slot)
         );
         let created = client.query_one(&sql, &[]).await.map_err(|e| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                let server = e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned());
+                return SourceError::missing_replication(user, &server);
+            }
             SourceError::from_sql(
                 &format!("creating replication slot \"{slot}\" (the user needs the REPLICATION attribute; max_replication_slots may be exhausted)"),
                 e,

@@ -8,9 +8,7 @@
 use crate::assembly::{Assembler, SourceEvent};
 use crate::{ConnectionParams, SourceConfig, SourceError};
 use pgoutput::Lsn;
-use pgwire_replication::{
-    Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
-};
+use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
 
@@ -27,8 +25,14 @@ impl ReplicationStream {
     /// Starts streaming from `start_lsn` (the slot's confirmed position).
     pub async fn start(config: &SourceConfig, start_lsn: Lsn) -> Result<Self, SourceError> {
         let params = ConnectionParams::from_url(&config.url)?;
+        let tls = params.tls.replication_config(&params.host);
+        let sslmode = params.tls.mode;
+        let user = params.user.clone();
+        let address = params
+            .hostaddr
+            .map_or_else(|| params.host.clone(), |ip| ip.to_string());
         let wire = ReplicationConfig::new(
-            params.host,
+            address,
             params.user,
             params.password,
             params.database,
@@ -36,7 +40,7 @@ impl ReplicationStream {
             config.publication.clone(),
         )
         .with_port(params.port)
-        .with_tls(TlsConfig::disabled())
+        .with_tls(tls)
         .with_start_lsn(WireLsn::from_u64(start_lsn.0))
         .with_ack_lsn(WireLsn::from_u64(start_lsn.0))
         .with_status_interval(config.status_interval)
@@ -45,12 +49,12 @@ impl ReplicationStream {
         .with_application_name(config.application_name.clone());
         let mut client = ReplicationClient::connect(wire)
             .await
-            .map_err(|e| SourceError::from_replication(&config.slot, e))?;
+            .map_err(|e| SourceError::from_replication_as(&config.slot, Some(&user), e))?;
         client
             .wait_started()
             .await
-            .map_err(|e| SourceError::from_replication(&config.slot, e))?;
-        info!(slot = %config.slot, from = %start_lsn, "streaming");
+            .map_err(|e| SourceError::from_replication_as(&config.slot, Some(&user), e))?;
+        info!(slot = %config.slot, from = %start_lsn, %sslmode, "streaming");
         Ok(ReplicationStream {
             client,
             last_message: Instant::now(),

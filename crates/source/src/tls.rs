@@ -17,7 +17,7 @@
 use crate::SourceError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
@@ -166,8 +166,7 @@ impl TlsSettings {
                 "source.url: sslrootcert=system needs sslmode=verify-full (public CAs sign certificates for anyone's host names), not sslmode={mode}"
             )));
         }
-        if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull)
-            && root_certs == RootCerts::None
+        if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) && root_certs == RootCerts::None
         {
             return Err(SourceError::Config(format!(
                 "source.url: sslmode={mode} needs sslrootcert=/path/to/ca.pem, the CA certificate that signed the server's certificate (or sslrootcert=system for a publicly trusted one)"
@@ -459,10 +458,6 @@ pub(crate) fn is_certificate_problem(err: &rustls::Error) -> bool {
         _ => false,
     }
 }
-
-/// Keeps the unused-import lint honest when the provider type is only named in signatures.
-#[allow(dead_code)]
-type Provider = CryptoProvider;
 
 #[cfg(test)]
 mod tests {
