@@ -308,3 +308,94 @@ async fn an_imported_debezium_configuration_runs() -> Result<()> {
     assert_eq!(r.header("eventType"), Some(&b"OrderCreated"[..]));
     Ok(())
 }
+
+/// Topic regex with a named group, a value envelope, an explicit partition column and
+/// tombstones for empty payloads, together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regex_routing_envelope_partition_and_tombstones() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
+                                  type text NOT NULL, payload jsonb, part int4 NOT NULL)",
+        )
+        .await?;
+    let extra = r#"
+[router]
+"route.topic.regex" = "(?<kind>.*)Aggregate"
+"route.topic.replacement" = "${kind}.events"
+"table.fields.additional.placement" = "type:envelope:eventType,part:partition"
+"route.tombstone.on.empty.payload" = true
+"#;
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "regex", extra))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "regex").await },
+    )
+    .await?;
+    client
+        .batch_execute(
+            r#"BEGIN;
+               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555551', 'OrderAggregate', 'order-1', 'Created', '{"a": 1}', 2);
+               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555552', 'OrderAggregate', 'order-2', 'Deleted', NULL, 1);
+               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555553', 'Other', 'x', 'T', '{}', 0);
+               DELETE FROM outbox;
+               COMMIT;"#,
+        )
+        .await?;
+    let orders = records(&broker, "Order.events", 2, &siphon).await?;
+    let by_key: BTreeMap<String, &ConsumedRecord> =
+        orders.iter().map(|r| (text(&r.key), r)).collect();
+    let created = by_key["\"order-1\""];
+    assert_eq!(created.partition, 2, "the partition column decides");
+    assert_eq!(
+        text(&created.value),
+        r#"{"payload":"{\"a\": 1}","eventType":"Created"}"#,
+        "envelope: payload, then the placed field"
+    );
+    let deleted = by_key["\"order-2\""];
+    assert_eq!(deleted.partition, 1);
+    assert_eq!(deleted.value, None, "a NULL payload is a tombstone");
+    // A routing value the regex does not match keeps its own name as the topic.
+    let other = records(&broker, "Other", 1, &siphon).await?;
+    assert_eq!(text(&other[0].key), "\"x\"");
+    Ok(())
+}
+
+/// A bytea payload written as raw bytes (BinaryDataConverter), with a string key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_payloads_are_written_raw() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
+                                  type text NOT NULL, payload bytea)",
+        )
+        .await?;
+    let extra = "\n[format]\nkey = \"string\"\nvalue = \"binary\"\n";
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "bin", extra))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "bin").await },
+    )
+    .await?;
+    client
+        .batch_execute(
+            r#"BEGIN;
+               INSERT INTO outbox VALUES ('66666666-6666-4666-8666-666666666666', 'Blob', 'b-1', 'T', '\x00ff0a22'::bytea);
+               DELETE FROM outbox;
+               COMMIT;"#,
+        )
+        .await?;
+    let got = records(&broker, "outbox.event.Blob", 1, &siphon).await?;
+    assert_eq!(text(&got[0].key), "b-1");
+    assert_eq!(
+        got[0].value.as_deref(),
+        Some(&[0x00u8, 0xff, 0x0a, 0x22][..])
+    );
+    Ok(())
+}
