@@ -184,3 +184,25 @@ pub fn list_topics(bootstrap: &str) -> Result<Vec<String>> {
     names.sort();
     Ok(names)
 }
+
+/// Creates `topic` with `partitions` partitions (replication factor 1), as a broker that keeps
+/// its topics across a restart would still have it. "Already exists" is success.
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .context("creating an admin client")?;
+    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for result in admin
+        .create_topics([&new_topic], &AdminOptions::new())
+        .await?
+    {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => anyhow::bail!("creating topic {name}: {code}"),
+        }
+    }
+    Ok(())
+}

@@ -43,7 +43,7 @@ pub mod siphon;
 pub mod wait;
 
 pub use broker::{tansu_bin, tansu_bin_for, Broker, Storage};
-pub use kafka_read::{list_topics, read_topic, read_topic_async, ConsumedRecord};
+pub use kafka_read::{create_topic, list_topics, read_topic, read_topic_async, ConsumedRecord};
 pub use ports::free_port;
 pub use postgres::Postgres;
 pub use siphon::{siphon_bin, SiphonProcess};

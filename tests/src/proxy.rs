@@ -125,7 +125,7 @@ impl Link {
                     .min(burst);
                 bucket.last = now;
                 // Wait for a reasonable piece rather than trickling single bytes.
-                let need = (want as f64).min(burst).min(4096.0).max(1.0);
+                let need = (want as f64).min(burst).clamp(1.0, 4096.0);
                 if bucket.tokens >= need {
                     let granted = (bucket.tokens.floor() as usize).min(want);
                     bucket.tokens -= granted as f64;
@@ -360,10 +360,7 @@ impl ProxiedBroker {
             .with_context(|| format!("opening {}", log_path.display()))?;
         let child = Command::new(&bin)
             .arg("broker")
-            .args([
-                "--listener-url",
-                &format!("tcp://127.0.0.1:{broker_port}"),
-            ])
+            .args(["--listener-url", &format!("tcp://127.0.0.1:{broker_port}")])
             .args([
                 "--advertised-listener-url",
                 &format!("tcp://127.0.0.1:{}", broker.proxy.port()),
@@ -467,7 +464,8 @@ pub fn advertised_ports(bootstrap: &str, timeout: Duration) -> Result<Vec<u16>> 
     md.brokers()
         .iter()
         .map(|b| {
-            u16::try_from(b.port()).with_context(|| format!("broker port {} out of range", b.port()))
+            u16::try_from(b.port())
+                .with_context(|| format!("broker port {} out of range", b.port()))
         })
         .collect()
 }
@@ -475,7 +473,6 @@ pub fn advertised_ports(bootstrap: &str, timeout: Duration) -> Result<Vec<u16>> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt as _;
 
     /// A server on a free port that echoes every connection back.
     async fn echo_server() -> SocketAddr {
@@ -495,7 +492,10 @@ mod tests {
 
     /// A server that reads every connection to its end and reports, per
     /// connection, the bytes and the time the last byte arrived.
-    async fn sink_server() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<(usize, Instant)>) {
+    async fn sink_server() -> (
+        SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<(usize, Instant)>,
+    ) {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -564,8 +564,7 @@ mod tests {
         let (received, at) = done.recv().await.unwrap();
         let elapsed = at - start;
         assert_eq!(received, data.len());
-        let fastest =
-            Duration::from_secs_f64((data.len() as f64 - burst_of(rate)) / rate as f64);
+        let fastest = Duration::from_secs_f64((data.len() as f64 - burst_of(rate)) / rate as f64);
         assert!(
             elapsed >= fastest.mul_f64(0.95),
             "400 kB at 200 kB/s took only {elapsed:?}"
@@ -594,11 +593,7 @@ mod tests {
         tokio::join!(lift, send);
         let (received, at) = done.recv().await.unwrap();
         assert_eq!(received, data.len());
-        assert!(
-            at - start < Duration::from_secs(5),
-            "took {:?}",
-            at - start
-        );
+        assert!(at - start < Duration::from_secs(5), "took {:?}", at - start);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

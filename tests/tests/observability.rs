@@ -6,7 +6,8 @@ use siphon_tests::outbox::{
     event, insert_transaction, siphon_config, slot_active, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
-    free_port, read_topic_async, wait_for, wait_until, Broker, Postgres, SiphonProcess,
+    create_topic, free_port, read_topic_async, wait_for, wait_until, Broker, Postgres,
+    SiphonProcess,
 };
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -43,21 +44,6 @@ fn metric(body: &str, series: &str) -> Option<f64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
-}
-
-async fn create_topic(broker: &Broker, topic: &str) -> Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .create()?;
-    admin
-        .create_topics(
-            [&NewTopic::new(topic, 3, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await?;
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +137,7 @@ async fn metrics_readiness_and_status_follow_a_broker_outage() -> Result<()> {
 
     // The broker returns: ready again, everything delivered, the lag falls back.
     broker.start_again()?;
-    create_topic(&broker, "outbox.event.Order").await?;
+    create_topic(&broker.bootstrap(), "outbox.event.Order", 3).await?;
     wait_for(
         Duration::from_secs(90),
         Duration::from_millis(500),

@@ -7,7 +7,8 @@ use siphon_tests::outbox::{
     Event, OUTBOX_DDL,
 };
 use siphon_tests::{
-    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
+    create_topic, read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
+    SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -55,17 +56,6 @@ async fn wait_for_records(
         Ok((records.len() == expected).then_some(records))
     })
     .await
-}
-
-async fn create_topic(broker: &Broker, topic: &str, partitions: i32) -> Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .create()?;
-    let topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    admin.create_topics([&topic], &AdminOptions::new()).await?;
-    Ok(())
 }
 
 const TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
@@ -259,7 +249,7 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     broker.start_again()?;
     // A real broker keeps its topics across a restart; this one starts empty, so the topic is
     // created again as it was (otherwise the producer waits for it to appear).
-    create_topic(&broker, "outbox.event.Order", 3).await?;
+    create_topic(&broker.bootstrap(), "outbox.event.Order", 3).await?;
     let expected: BTreeSet<String> = [2u64, 10, 13, 16, 19]
         .iter()
         .map(|&s| event(s, true).id)

@@ -12,7 +12,9 @@ use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer,
+};
 use rdkafka::ClientContext;
 use siphon_router::{Header, RoutedRecord};
 use std::sync::Arc;
@@ -32,6 +34,8 @@ pub struct Delivered {
 pub struct Delivery {
     /// The token given to [`KafkaSink::send`].
     pub token: usize,
+    /// Which producer (see [`KafkaSink::generation`]) reported it.
+    pub generation: u64,
     /// Key, value and header bytes of the record (what it held in the in-flight window).
     pub bytes: usize,
     pub result: Result<Delivered, DeliveryFailure>,
@@ -49,6 +53,7 @@ pub struct DeliveryFailure {
 pub struct DeliveryContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
     observer: Option<Arc<dyn DeliveryObserver>>,
+    generation: u64,
 }
 
 /// Told about every delivered record, on librdkafka's thread: keep it cheap.
@@ -86,6 +91,7 @@ impl ProducerContext for DeliveryContext {
         let delivery = match result {
             Ok(message) => Delivery {
                 token,
+                generation: self.generation,
                 bytes: {
                     if let Some(observer) = &self.observer {
                         observer.delivered(message.topic());
@@ -99,6 +105,7 @@ impl ProducerContext for DeliveryContext {
             },
             Err((error, message)) => Delivery {
                 token,
+                generation: self.generation,
                 bytes: message_bytes(message),
                 result: Err(DeliveryFailure {
                     error: DeliveryError::from_kafka(message.topic(), error),
@@ -109,6 +116,26 @@ impl ProducerContext for DeliveryContext {
         // The receiver is gone only when the pipeline is shutting down.
         let _ = self.deliveries.send(delivery);
     }
+}
+
+/// A producer whose delivery reports go to `deliveries`, tagged with `generation`.
+fn create_producer(
+    properties: &std::collections::BTreeMap<String, String>,
+    deliveries: &mpsc::UnboundedSender<Delivery>,
+    observer: &Option<Arc<dyn DeliveryObserver>>,
+    generation: u64,
+) -> Result<ThreadedProducer<DeliveryContext>, SinkError> {
+    let mut client_config = ClientConfig::new();
+    for (key, value) in properties {
+        client_config.set(key, value);
+    }
+    client_config
+        .create_with_context(DeliveryContext {
+            deliveries: deliveries.clone(),
+            observer: observer.clone(),
+            generation,
+        })
+        .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))
 }
 
 /// Copies a failed message back into a record.
@@ -130,7 +157,9 @@ fn copy_record<M: Message>(message: &M) -> RoutedRecord {
         value: message.payload().map(Bytes::copy_from_slice),
         headers,
         timestamp_ms: message.timestamp().to_millis(),
-        partition: None,
+        // The partition it was sent to (chosen by the partitioner or the record), so that a
+        // resend lands in the same place; unassigned (-1) leaves the choice to the producer.
+        partition: (message.partition() >= 0).then(|| message.partition()),
     }
 }
 
@@ -162,6 +191,12 @@ pub fn record_bytes(record: &RoutedRecord) -> usize {
 /// acknowledges every record at once without sending it.
 pub struct KafkaSink {
     backend: Backend,
+    /// Producers replaced by [`KafkaSink::rebuild`], kept until their last delivery report.
+    retired: Vec<Arc<ThreadedProducer<DeliveryContext>>>,
+    generation: u64,
+    config: SinkConfig,
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    observer: Option<Arc<dyn DeliveryObserver>>,
 }
 
 enum Backend {
@@ -180,33 +215,60 @@ impl KafkaSink {
         config: &SinkConfig,
         observer: Option<Arc<dyn DeliveryObserver>>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
-        let properties = config.client_properties()?;
-        if config.discard {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let backend = Backend::Discard { deliveries: tx };
-            return Ok((KafkaSink { backend }, rx));
-        }
-        let mut client_config = ClientConfig::new();
-        for (key, value) in &properties {
-            client_config.set(key, value);
-        }
         let (tx, rx) = mpsc::unbounded_channel();
-        let producer: ThreadedProducer<DeliveryContext> = client_config
-            .create_with_context(DeliveryContext {
-                deliveries: tx,
-                observer,
-            })
-            .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))?;
-        let topics = TopicCreator::new(&properties, config.topic_creation.clone())?;
-        Ok((
-            KafkaSink {
-                backend: Backend::Kafka {
-                    producer: Arc::new(producer),
-                    topics,
-                },
-            },
-            rx,
-        ))
+        let backend = if config.discard {
+            Backend::Discard {
+                deliveries: tx.clone(),
+            }
+        } else {
+            let properties = config.client_properties()?;
+            Backend::Kafka {
+                producer: Arc::new(create_producer(&properties, &tx, &observer, 0)?),
+                topics: TopicCreator::new(&properties, config.topic_creation.clone())?,
+            }
+        };
+        let sink = KafkaSink {
+            backend,
+            retired: Vec::new(),
+            generation: 0,
+            config: config.clone(),
+            deliveries: tx,
+            observer,
+        };
+        Ok((sink, rx))
+    }
+
+    /// The current producer's generation: 0 at first, one more after each rebuild.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Replaces a failed producer with a new one on the same delivery channel. The old one's
+    /// queued and in-flight records are purged: each comes back as a failed [`Delivery`] (with
+    /// its record) to be sent again, in the order it was sent. Topics already created stay
+    /// known.
+    pub fn rebuild(&mut self) -> Result<(), SinkError> {
+        let Backend::Kafka { producer, .. } = &mut self.backend else {
+            return Ok(());
+        };
+        let properties = self.config.client_properties()?;
+        let generation = self.generation + 1;
+        let fresh = Arc::new(create_producer(
+            &properties,
+            &self.deliveries,
+            &self.observer,
+            generation,
+        )?);
+        let old = std::mem::replace(producer, fresh);
+        old.purge(PurgeConfig::default().queue().inflight());
+        self.retired.push(old);
+        self.generation = generation;
+        Ok(())
+    }
+
+    /// Lets go of replaced producers whose delivery reports have all arrived.
+    pub fn release_retired(&mut self) {
+        self.retired.retain(|p| p.in_flight_count() > 0);
     }
 
     /// Enqueues `record`; its [`Delivery`] carries `token`.
@@ -218,6 +280,7 @@ impl KafkaSink {
             Backend::Discard { deliveries } => {
                 let delivery = Delivery {
                     token,
+                    generation: 0,
                     bytes: record_bytes(record),
                     result: Ok(Delivered {
                         partition: -1,

@@ -13,7 +13,9 @@
 use crate::ack::{AckTracker, TxnId};
 use crate::dead_letter::{DeadLetters, Stage};
 use crate::error::PipelineError;
-use crate::telemetry::{DeliveryClock, Health, Metrics, ProducerErrorKind, SkipKind};
+use crate::telemetry::{
+    DeliveryClock, Health, Metrics, ProducerErrorKind, ReconnectCause, SkipKind,
+};
 use crate::window::InFlightWindow;
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
@@ -98,7 +100,9 @@ pub async fn run_session(
     let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
     let sql = siphon_source::setup::connect(&settings.source.url).await?;
     let stream = ReplicationStream::start(&settings.source, start).await?;
+    let probe = tokio::spawn(watch_brokers(sink.prober(), metrics.health()));
     let mut session = Session {
+        probe,
         settings,
         tables: settings.source.tables.iter().cloned().collect(),
         sink,
@@ -114,15 +118,14 @@ pub async fn run_session(
     };
     metrics.health().set_streaming(true);
     metrics.set_confirmed_lsn(start);
-    let probe = tokio::spawn(watch_brokers(session.sink.prober(), metrics.health()));
     let outcome = session.run(shutdown).await;
-    probe.abort();
     metrics.health().set_streaming(false);
     // Whatever happened, wait for what is in flight so the next session repeats as little as
     // possible, and remember how far Kafka has acknowledged.
     session.drain(settings.shutdown_timeout).await;
     carry.acked_through = session.tracker.watermark();
     session.clock.clear(metrics);
+    session.probe.abort();
     match outcome {
         Ok(()) => {
             let reported = session.stream.finish(settings.shutdown_timeout).await?;
@@ -151,6 +154,8 @@ struct Session<'a> {
     bindings: HashMap<Oid, Binding>,
     metrics: Arc<Metrics>,
     clock: DeliveryClock,
+    /// Keeps the readiness flag in step with the current producer's view of the brokers.
+    probe: tokio::task::JoinHandle<()>,
     /// Commit time of the open transaction (microseconds since 2000-01-01).
     commit_time_us: i64,
 }
@@ -184,6 +189,7 @@ impl Session<'_> {
             server_wal_end = %self.stream.server_wal_end(),
             "progress"
         );
+        self.sink.release_retired();
         self.metrics
             .set_server_wal_end(self.stream.server_wal_end());
         self.metrics.set_confirmed_lsn(self.stream.reported());
@@ -401,6 +407,7 @@ impl Session<'_> {
         self.metrics
             .set_in_flight(self.window.records(), self.window.bytes());
         let txn = TxnId::from_token(delivery.token);
+        let generation = delivery.generation;
         self.clock
             .settled(&self.metrics, delivery.token, delivery.result.is_ok());
         if let Err(failure) = delivery.result {
@@ -423,6 +430,23 @@ impl Session<'_> {
                     // The replacement joins the transaction before the failed record is settled.
                     self.tracker.add_to(txn)?;
                     self.send(txn, record).await?;
+                }
+                (DeliveryError::Transient(reason), _) => {
+                    // The replication stream stays up: only the producer is replaced, once per
+                    // failed producer, and every record it did not deliver is sent again on the
+                    // new one, in the order the reports come (the order the records were sent).
+                    if generation == self.sink.generation() {
+                        warn!(error = %reason, "Kafka producer failed; replacing it and sending its unacknowledged records again");
+                        self.sink.rebuild()?;
+                        self.metrics.reconnect(ReconnectCause::Sink);
+                        self.probe.abort();
+                        self.probe =
+                            tokio::spawn(watch_brokers(self.sink.prober(), self.metrics.health()));
+                    }
+                    let record = failure.record;
+                    self.sink.send(txn.token(), &record).await?;
+                    self.handed_over(txn, &record);
+                    return Ok(());
                 }
                 (error, _) => return Err(error.into()),
             }
