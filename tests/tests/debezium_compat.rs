@@ -71,11 +71,14 @@ async fn router_options_reach_the_broker_byte_for_byte() -> Result<()> {
                    '{"note": "tab\there \"quoted\" \\ back", "city": "Zürich", "n": 1}', '2024-05-01 12:34:56.789012', 'acme');
                INSERT INTO outbox VALUES ('22222222-2222-4222-8222-222222222222', 'Order', 'order-2', 'OrderPaid', NULL,
                    '1999-12-31 23:59:59', NULL);
+               UPDATE outbox SET type = 'Changed' WHERE aggregateid = 'order-1';
                DELETE FROM outbox;
                COMMIT;"#,
         )
         .await?;
     let got = records(&broker, "Order.events", 2, &siphon).await?;
+    assert_eq!(got.len(), 2, "the UPDATE and the DELETEs make no records");
+    assert!(siphon.log().contains("UPDATE of an outbox row skipped"), "the UPDATE is logged");
     let by_key: BTreeMap<String, &ConsumedRecord> = got.iter().map(|r| (text(&r.key), r)).collect();
 
     let first = by_key["\"order-1\""];
