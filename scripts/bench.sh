@@ -36,7 +36,7 @@ args+=("$@")
 if [[ " ${args[*]-} " != *" --help "* && " ${args[*]-} " != *" -h "* ]]; then
     bash scripts/install-deps.sh >&2
 fi
-echo "==> cargo build --release -p siphon -p siphon-tests --bin siphon --bin bench" >&2
+echo "==> building target/release/siphon and target/release/bench" >&2
 cargo build --release -p siphon --bin siphon >&2
 cargo build --release -p siphon-tests --bin bench >&2
 

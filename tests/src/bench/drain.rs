@@ -6,7 +6,10 @@ use super::services::Services;
 use super::workload;
 use anyhow::{bail, Context as _, Result};
 use siphon_tests::{free_port, siphon_bin, SiphonProcess};
+use std::collections::HashMap;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What one drain measured.
@@ -15,12 +18,71 @@ pub struct Drain {
     pub secs: f64,
     /// Siphon only: peak RSS and CPU when the slot reached the end.
     pub usage: Option<Usage>,
-    /// Siphon only: `siphon_records_acked_total` at the end.
-    pub records_acked: Option<f64>,
+    /// Siphon only: `siphon_records_produced_total` (handed to the sink) at the end.
+    pub records_produced: Option<f64>,
+    /// CPU seconds of the walsender(s) serving the slot (when the server runs on this host).
+    pub walsender_cpu: Option<f64>,
+    /// CPU seconds of the broker during the drain (a broker process found on this host).
+    pub broker_cpu: Option<f64>,
+}
+
+/// Follows the CPU time of the walsender serving a slot (its `active_pid`, sampled every
+/// 100 ms) and of the broker process, for the duration of a drain.
+pub struct CpuWatch {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Option<f64>>,
+    broker: Option<(u32, f64)>,
+}
+
+impl CpuWatch {
+    pub async fn start(svc: &Services, slot: &str) -> Result<CpuWatch> {
+        let db = svc.connect().await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (slot, flag) = (slot.to_owned(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut per_pid: HashMap<u32, f64> = HashMap::new();
+            while !flag.load(Ordering::Relaxed) {
+                let pid = db
+                    .query_opt(
+                        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                        &[&slot],
+                    )
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.get::<_, Option<i32>>(0))
+                    .and_then(|p| u32::try_from(p).ok());
+                if let Some((pid, cpu)) = pid.and_then(|p| Some((p, procstat::cpu_secs(p)?))) {
+                    per_pid.insert(pid, cpu);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (!per_pid.is_empty()).then(|| per_pid.values().sum())
+        });
+        let broker = procstat::find_process(&["tansu", &format!("tcp://{}", svc.bootstrap)])
+            .and_then(|pid| Some((pid, procstat::cpu_secs(pid)?)));
+        Ok(CpuWatch { stop, task, broker })
+    }
+
+    /// (walsender CPU seconds, broker CPU seconds during the watch).
+    pub async fn finish(self) -> (Option<f64>, Option<f64>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let walsender = self.task.await.ok().flatten();
+        let broker = self
+            .broker
+            .and_then(|(pid, before)| Some(procstat::cpu_secs(pid)? - before));
+        (walsender, broker)
+    }
 }
 
 /// Streams slot `slot` with pg_recvlogical into /dev/null until `end_lsn` (`X/Y`).
-pub async fn recvlogical(svc: &Services, slot: &str, end_lsn: &str, timeout: Duration) -> Result<Drain> {
+pub async fn recvlogical(
+    svc: &Services,
+    slot: &str,
+    end_lsn: &str,
+    timeout: Duration,
+) -> Result<Drain> {
+    let watch = CpuWatch::start(svc, slot).await?;
     let start = Instant::now();
     let child = tokio::process::Command::new(&svc.recvlogical)
         .args(["-d", &svc.pg_url, "--slot", slot, "--start", "--no-loop"])
@@ -38,6 +100,7 @@ pub async fn recvlogical(svc: &Services, slot: &str, end_lsn: &str, timeout: Dur
         .with_context(|| format!("pg_recvlogical did not reach {end_lsn} within {timeout:?}"))?
         .context("waiting for pg_recvlogical")?;
     let secs = start.elapsed().as_secs_f64();
+    let (walsender_cpu, broker_cpu) = watch.finish().await;
     if !out.status.success() {
         bail!(
             "pg_recvlogical failed ({}): {}",
@@ -48,7 +111,9 @@ pub async fn recvlogical(svc: &Services, slot: &str, end_lsn: &str, timeout: Dur
     Ok(Drain {
         secs,
         usage: None,
-        records_acked: None,
+        records_produced: None,
+        walsender_cpu,
+        broker_cpu,
     })
 }
 
@@ -86,7 +151,11 @@ pub struct Running {
 pub fn start_siphon(svc: &Services, slot: &str, sink: &str) -> Result<Running> {
     let metrics = format!("127.0.0.1:{}", free_port());
     let config = siphon_config(svc, slot, sink, &metrics);
-    let process = SiphonProcess::start_with(&siphon_bin()?, &config, &[])?;
+    // Siphon runs in its own directory: the binary's path must not be relative.
+    let bin = siphon_bin()?;
+    let bin =
+        std::fs::canonicalize(&bin).with_context(|| format!("resolving {}", bin.display()))?;
+    let process = SiphonProcess::start_with(&bin, &config, &[])?;
     Ok(Running { process, metrics })
 }
 
@@ -147,13 +216,15 @@ pub async fn siphon(
     end_lsn: u64,
     timeout: Duration,
 ) -> Result<Drain> {
+    let watch = CpuWatch::start(svc, slot).await?;
     let start = Instant::now();
     let running = start_siphon(svc, slot, sink)?;
     wait_confirmed(db, &running, slot, end_lsn, timeout).await?;
     let secs = start.elapsed().as_secs_f64();
+    let (walsender_cpu, broker_cpu) = watch.finish().await;
     let usage = procstat::sample(running.pid()?)?;
-    let records_acked = match promhist::scrape(&running.metrics).await {
-        Ok(text) => Some(promhist::sum_of(&text, "siphon_records_acked_total")),
+    let records_produced = match promhist::scrape(&running.metrics).await {
+        Ok(text) => Some(promhist::sum_of(&text, "siphon_records_produced_total")),
         Err(e) => {
             eprintln!("bench: could not scrape {}: {e:#}", running.metrics);
             None
@@ -163,7 +234,9 @@ pub async fn siphon(
     Ok(Drain {
         secs,
         usage: Some(usage),
-        records_acked,
+        records_produced,
+        walsender_cpu,
+        broker_cpu,
     })
 }
 

@@ -1,7 +1,7 @@
 //! Commit-to-ack latency under a steady load: Siphon's own histogram and an independent
 //! end-to-end measure (COMMIT returned at the writer -> record polled by a consumer).
 
-use super::drain::{self, Running};
+use super::drain;
 use super::procstat::{self, Usage};
 use super::promhist;
 use super::services::Services;
@@ -47,23 +47,40 @@ pub struct Latency {
     /// COMMIT returned -> consumer received, exact over the received records.
     pub end_to_end: Option<Quantiles>,
     pub received: u64,
+    /// End-to-end (p50, max) per second of the run, by commit time.
+    pub per_second: Vec<(f64, f64)>,
     pub usage: Usage,
 }
 
 /// Runs the phase on fresh slot `slot`: starts Siphon (kafka sink), warms up, writes at the
 /// planned rate for the planned time, collects both measures, stops Siphon.
-pub async fn run(svc: &Services, db: &tokio_postgres::Client, slot: &str, plan: &Plan) -> Result<Latency> {
+pub async fn run(
+    svc: &Services,
+    db: &tokio_postgres::Client,
+    slot: &str,
+    plan: &Plan,
+) -> Result<Latency> {
     let nonce = workload::run_nonce();
     let aggregatetype = format!("Latency-{nonce}");
     let topic = format!("outbox.event.{aggregatetype}");
+    // The backlog left the table full of dead rows that every `DELETE FROM` would scan;
+    // start from an empty table (no slot exists at this point to stream the TRUNCATE).
+    db.batch_execute(&format!("TRUNCATE {}", workload::TABLE))
+        .await
+        .context("emptying the outbox table")?;
     workload::create_slot(db, slot).await?;
     let siphon = drain::start_siphon(svc, slot, "kafka")?;
 
     // Warm-up: creates the topic and proves the pipeline is streaming and caught up.
     let agg_sql = format!("'{aggregatetype}'");
-    db.batch_execute(&workload::transaction_sql(&nonce, &agg_sql, WARMUP_BASE, WARMUP_EVENTS))
-        .await
-        .context("warm-up transaction")?;
+    db.batch_execute(&workload::transaction_sql(
+        &nonce,
+        &agg_sql,
+        WARMUP_BASE,
+        WARMUP_EVENTS,
+    ))
+    .await
+    .context("warm-up transaction")?;
     let (_, lsn) = workload::current_lsn(db).await?;
     drain::wait_confirmed(db, &siphon, slot, lsn, Duration::from_secs(120)).await?;
     let partitions = wait_for_topic(&svc.bootstrap, &topic).await?;
@@ -71,11 +88,36 @@ pub async fn run(svc: &Services, db: &tokio_postgres::Client, slot: &str, plan: 
     let txns = plan.secs * plan.rate / plan.txn_events;
     let expected = txns * plan.txn_events;
     let stop = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(AtomicBool::new(false));
     let consumer = {
-        let (bootstrap, topic, nonce, stop) =
-            (svc.bootstrap.clone(), topic.clone(), nonce.clone(), stop.clone());
-        std::thread::spawn(move || consume(&bootstrap, &topic, &partitions, &nonce, expected, &stop))
+        let (bootstrap, topic, nonce, stop, ready) = (
+            svc.bootstrap.clone(),
+            topic.clone(),
+            nonce.clone(),
+            stop.clone(),
+            ready.clone(),
+        );
+        std::thread::spawn(move || {
+            consume(
+                &bootstrap,
+                &topic,
+                &partitions,
+                &nonce,
+                expected,
+                &stop,
+                &ready,
+            )
+        })
     };
+    // The consumer is ready (connected, fetching) once it has read the warm-up records.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.load(Ordering::Relaxed) && !consumer.is_finished() {
+        if Instant::now() >= deadline {
+            stop.store(true, Ordering::Relaxed);
+            bail!("the latency consumer did not read the warm-up records within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = promhist::scrape(&siphon.metrics).await?;
 
     let started = Instant::now();
@@ -120,18 +162,38 @@ pub async fn run(svc: &Services, db: &tokio_postgres::Client, slot: &str, plan: 
             max: promhist::max_bound(&hist)?,
         })
     })();
-    let mut delays: Vec<f64> = arrivals
+    let first_commit = commits
+        .values()
+        .min()
+        .copied()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let timed: Vec<(u64, f64)> = arrivals
         .iter()
         .filter_map(|(seq, arrived)| {
             let committed = commits.get(&(seq / plan.txn_events))?;
-            Some(
-                arrived
-                    .duration_since(*committed)
-                    .unwrap_or(Duration::ZERO)
-                    .as_secs_f64(),
-            )
+            let second = committed
+                .duration_since(first_commit)
+                .unwrap_or(Duration::ZERO)
+                .as_secs();
+            let delay = arrived
+                .duration_since(*committed)
+                .unwrap_or(Duration::ZERO)
+                .as_secs_f64();
+            Some((second, delay))
         })
         .collect();
+    let mut by_second: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    for &(second, delay) in &timed {
+        by_second.entry(second).or_default().push(delay);
+    }
+    let per_second = by_second
+        .into_values()
+        .filter_map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            exact_quantiles(&v).map(|q| (q.p50, q.max))
+        })
+        .collect();
+    let mut delays: Vec<f64> = timed.into_iter().map(|(_, d)| d).collect();
     delays.sort_by(f64::total_cmp);
     Ok(Latency {
         events_written: expected,
@@ -140,6 +202,7 @@ pub async fn run(svc: &Services, db: &tokio_postgres::Client, slot: &str, plan: 
         histogram_count,
         end_to_end: exact_quantiles(&delays),
         received: delays.len() as u64,
+        per_second,
         usage,
     })
 }
@@ -174,8 +237,12 @@ async fn write(
     for w in 0..plan.writers {
         let client = svc.connect().await?;
         let first_tick = start + period.mul_f64(w as f64 / plan.writers as f64);
-        let (nonce, agg_sql, txn_events, writers) =
-            (nonce.to_owned(), agg_sql.to_owned(), plan.txn_events, plan.writers);
+        let (nonce, agg_sql, txn_events, writers) = (
+            nonce.to_owned(),
+            agg_sql.to_owned(),
+            plan.txn_events,
+            plan.writers,
+        );
         tasks.push(tokio::spawn(async move {
             let mut timer = tokio::time::interval_at(first_tick, period);
             timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -202,7 +269,8 @@ async fn write(
 async fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let records = siphon_tests::read_topic_async(bootstrap, topic, Duration::from_secs(20)).await?;
+        let records =
+            siphon_tests::read_topic_async(bootstrap, topic, Duration::from_secs(20)).await?;
         if records.len() as u64 >= WARMUP_EVENTS {
             let mut parts: Vec<i32> = records.iter().map(|r| r.partition).collect();
             let all = partitions(bootstrap, topic)?;
@@ -233,7 +301,8 @@ fn partitions(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
 
 /// Reads every partition from its beginning (Tansu's "latest" offsets are unreliable; the
 /// topic is fresh, holding only the warm-up records) and notes when each measured event
-/// arrives, until `expected` arrived or `stop` is set.
+/// arrives, until `expected` arrived or `stop` is set. Sets `ready` once it has read the
+/// warm-up records.
 fn consume(
     bootstrap: &str,
     topic: &str,
@@ -241,6 +310,7 @@ fn consume(
     nonce: &str,
     expected: u64,
     stop: &AtomicBool,
+    ready: &AtomicBool,
 ) -> Result<Vec<(u64, SystemTime)>> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -258,6 +328,7 @@ fn consume(
     }
     consumer.assign(&tpl)?;
     let mut seen: HashMap<u64, SystemTime> = HashMap::new();
+    let mut warm_up = 0;
     while (seen.len() as u64) < expected && !stop.load(Ordering::Relaxed) {
         let Some(msg) = consumer.poll(Duration::from_millis(100)) else {
             continue;
@@ -269,8 +340,17 @@ fn consume(
             .and_then(|hs| hs.iter().find(|h| h.key == "id")?.value)
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|id| workload::seq_of(nonce, id));
-        if let Some(seq) = seq.filter(|s| *s < WARMUP_BASE) {
-            seen.entry(seq).or_insert(now);
+        match seq {
+            Some(seq) if seq < WARMUP_BASE => {
+                seen.entry(seq).or_insert(now);
+            }
+            Some(_) => {
+                warm_up += 1;
+                if warm_up >= WARMUP_EVENTS {
+                    ready.store(true, Ordering::Relaxed);
+                }
+            }
+            None => {}
         }
     }
     Ok(seen.into_iter().collect())

@@ -9,6 +9,10 @@ pub struct Usage {
     pub peak_rss_bytes: u64,
     /// User plus system CPU time, in seconds.
     pub cpu_secs: f64,
+    /// The system (kernel) part of `cpu_secs`.
+    pub sys_secs: f64,
+    /// Voluntary context switches (a thread blocked and was woken again) over all threads.
+    pub voluntary_switches: u64,
 }
 
 /// Reads `/proc/PID/status` and `/proc/PID/stat` of a live process.
@@ -17,10 +21,48 @@ pub fn sample(pid: u32) -> Result<Usage> {
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    let (user, sys) = cpu_ticks(&stat)?;
     Ok(Usage {
         peak_rss_bytes: peak_rss(&status)?,
-        cpu_secs: cpu_ticks(&stat)? as f64 / clock_ticks_per_sec(),
+        cpu_secs: (user + sys) as f64 / clock_ticks_per_sec(),
+        sys_secs: sys as f64 / clock_ticks_per_sec(),
+        voluntary_switches: voluntary_switches(pid),
     })
+}
+
+/// Sum of `voluntary_ctxt_switches` over the threads in /proc/PID/task (0 if unreadable).
+fn voluntary_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| t.ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The pid of the process whose command line contains every one of `needles`, if any.
+pub fn find_process(needles: &[&str]) -> Option<u32> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    entries.filter_map(|e| e.ok()).find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let raw = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        needles.iter().all(|n| cmdline.contains(n)).then_some(pid)
+    })
+}
+
+/// CPU seconds a process has used so far, if it can be read.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (user, sys) = cpu_ticks(&stat).ok()?;
+    Some((user + sys) as f64 / clock_ticks_per_sec())
 }
 
 /// `VmHWM:   12345 kB` in bytes.
@@ -37,9 +79,9 @@ fn peak_rss(status: &str) -> Result<u64> {
     Ok(kb * 1024)
 }
 
-/// utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks. The command name
+/// (utime, stime): fields 14 and 15 of /proc/PID/stat, in clock ticks. The command name
 /// (field 2) is in parentheses and may contain spaces, so fields are counted after its `)`.
-fn cpu_ticks(stat: &str) -> Result<u64> {
+fn cpu_ticks(stat: &str) -> Result<(u64, u64)> {
     let after = stat
         .rfind(')')
         .map(|i| &stat[i + 1..])
@@ -53,7 +95,7 @@ fn cpu_ticks(stat: &str) -> Result<u64> {
             .parse::<u64>()
             .context("CPU time in /proc/PID/stat is not a number")
     };
-    Ok(field(11)? + field(12)?)
+    Ok((field(11)?, field(12)?))
 }
 
 fn clock_ticks_per_sec() -> f64 {
@@ -75,6 +117,6 @@ mod tests {
         let status = "Name:\tsiphon\nVmPeak:\t  100 kB\nVmHWM:\t   2048 kB\nVmRSS:\t 1000 kB\n";
         assert_eq!(peak_rss(status).ok(), Some(2048 * 1024));
         let stat = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 4 0 1 2 3";
-        assert_eq!(cpu_ticks(stat).ok(), Some(300));
+        assert_eq!(cpu_ticks(stat).ok(), Some((250, 50)));
     }
 }

@@ -107,8 +107,15 @@ impl Results {
             b.write_secs
         );
         out += &format!(
-            "{:<17} {:>9} {:>11} {:>7} {:>13} {:>16}\n",
-            "", "seconds", "events/s", "ratio", "peak RSS MB", "CPU s per 1M ev"
+            "{:<17} {:>9} {:>11} {:>7} {:>13} {:>16} | {:>18} {:>15}\n",
+            "",
+            "seconds",
+            "events/s",
+            "ratio",
+            "peak RSS MB",
+            "CPU s per 1M ev",
+            "walsender CPU s/1M",
+            "broker CPU s/1M"
         );
         for (name, d) in self.rows() {
             let (rss, cpu) = match d.usage {
@@ -118,14 +125,21 @@ impl Results {
                 ),
                 None => ("-".into(), "-".into()),
             };
+            let per_m = |v: Option<f64>| {
+                v.map_or("-".to_owned(), |c| {
+                    format!("{:.2}", c * 1e6 / b.events as f64)
+                })
+            };
             out += &format!(
-                "{:<17} {:>9.2} {:>11.0} {:>7.2} {:>13} {:>16}\n",
+                "{:<17} {:>9.2} {:>11.0} {:>7.2} {:>13} {:>16} | {:>18} {:>15}\n",
                 name,
                 d.secs,
                 self.rate(d),
                 self.ratio(d),
                 rss,
-                cpu
+                cpu,
+                per_m(d.walsender_cpu),
+                per_m(d.broker_cpu)
             );
         }
         out += "\n";
@@ -163,7 +177,10 @@ impl Results {
                 Some(false) => "MISS",
                 None => "-",
             };
-            out += &format!("  {:<28} {:<26} {:>14}  {verdict}\n", t.name, t.goal, t.shown);
+            out += &format!(
+                "  {:<28} {:<26} {:>14}  {verdict}\n",
+                t.name, t.goal, t.shown
+            );
         }
         out
     }
@@ -182,7 +199,11 @@ impl Results {
                     "ratio_to_pg_recvlogical": self.ratio(d),
                     "peak_rss_mb": d.usage.map(|u| u.peak_rss_bytes as f64 / MIB),
                     "cpu_secs_per_million_events": d.usage.map(|u| u.cpu_secs * 1e6 / b.events as f64),
-                    "records_acked": d.records_acked,
+                    "system_cpu_share": d.usage.map(|u| u.sys_secs / u.cpu_secs.max(f64::MIN_POSITIVE)),
+                    "voluntary_context_switches_per_event": d.usage.map(|u| u.voluntary_switches as f64 / b.events as f64),
+                    "records_produced": d.records_produced,
+                    "walsender_cpu_secs": d.walsender_cpu,
+                    "broker_cpu_secs": d.broker_cpu,
                 })
             })
             .collect();
@@ -196,6 +217,7 @@ impl Results {
                 "histogram_note": "estimates by linear interpolation within buckets; max is the upper bound of the highest non-empty bucket",
                 "end_to_end_seconds": q_json(l.end_to_end),
                 "end_to_end_received": l.received,
+                "end_to_end_per_second_p50_max": l.per_second,
                 "end_to_end_note": "COMMIT returned at the writer -> record polled by an rdkafka consumer",
                 "peak_rss_mb": l.usage.peak_rss_bytes as f64 / MIB,
                 "cpu_secs_per_million_events": l.usage.cpu_secs * 1e6 / l.events_written.max(1) as f64,
@@ -234,7 +256,8 @@ fn show_q(q: Option<Quantiles>, max_label: &str) -> String {
 }
 
 fn q_json(q: Option<Quantiles>) -> Value {
-    q.map_or(Value::Null, |q| {
-        json!({"p50": q.p50, "p95": q.p95, "p99": q.p99, "max": q.max})
-    })
+    q.map_or(
+        Value::Null,
+        |q| json!({"p50": q.p50, "p95": q.p95, "p99": q.p99, "max": q.max}),
+    )
 }

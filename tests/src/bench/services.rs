@@ -8,7 +8,7 @@ use std::path::PathBuf;
 pub struct Services {
     /// Kept only to be stopped on drop.
     _pg: Option<Postgres>,
-    _broker: Option<Broker>,
+    broker: Option<Broker>,
     pub pg_url: String,
     pub bootstrap: String,
     pub recvlogical: PathBuf,
@@ -43,11 +43,22 @@ impl Services {
         };
         Ok(Services {
             _pg: pg,
-            _broker: broker,
+            broker,
             pg_url,
             bootstrap,
             recvlogical,
         })
+    }
+
+    /// Restarts the broker this run started, which (memory engine) comes back empty. Returns
+    /// false for a broker given with `--bootstrap`, which is left alone. Blocks.
+    pub fn restart_broker(&self) -> Result<bool> {
+        let Some(broker) = &self.broker else {
+            return Ok(false);
+        };
+        broker.kill()?;
+        broker.start_again()?;
+        Ok(true)
     }
 
     /// Connects to the database; the connection runs on a spawned task.

@@ -33,7 +33,10 @@ use std::time::Duration;
 
 fn main() {
     let args = cli::Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("bench: cannot start the Tokio runtime: {e}");
@@ -58,7 +61,11 @@ fn main() {
 async fn run(args: &cli::Args) -> Result<()> {
     args.validate()?;
     let svc = {
-        let (pg, bootstrap, recv) = (args.pg_url.clone(), args.bootstrap.clone(), args.pg_recvlogical.clone());
+        let (pg, bootstrap, recv) = (
+            args.pg_url.clone(),
+            args.bootstrap.clone(),
+            args.pg_recvlogical.clone(),
+        );
         tokio::task::spawn_blocking(move || services::Services::start(pg, bootstrap, recv))
             .await
             .context("starting services")??
@@ -95,8 +102,8 @@ async fn measure(
     db: &tokio_postgres::Client,
 ) -> Result<report::Results> {
     let timeout = Duration::from_secs(args.drain_timeout_secs);
-    let [slot_a, slot_b, slot_c, slot_lat] = ["a", "b", "c", "latency"]
-        .map(|s| format!("{}{s}", workload::SLOT_PREFIX));
+    let [slot_a, slot_b, slot_c, slot_lat] =
+        ["a", "b", "c", "latency"].map(|s| format!("{}{s}", workload::SLOT_PREFIX));
     workload::prepare(db).await?;
     for slot in [&slot_a, &slot_b, &slot_c] {
         workload::create_slot(db, slot).await?;
@@ -131,6 +138,11 @@ async fn measure(
             "bench: latency: {} events/s for {} s ...",
             args.latency_rate, args.latency_secs
         );
+        // Tansu's memory engine slows down as it holds more records; the latency phase gets
+        // an empty broker when this run started it.
+        if tokio::task::block_in_place(|| svc.restart_broker())? {
+            eprintln!("bench: restarted the broker (empty) for the latency phase");
+        }
         let plan = latency::Plan {
             secs: args.latency_secs,
             rate: args.latency_rate,
