@@ -301,24 +301,26 @@ impl KafkaSink {
                 value: header.value.as_deref(),
             });
         }
+        let mut base: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(topic, token).headers(headers);
+        if let Some(key) = &record.key {
+            base = base.key(&key[..]);
+        }
+        if let Some(value) = &record.value {
+            base = base.payload(&value[..]);
+        }
+        if let Some(ts) = record.timestamp_ms {
+            base = base.timestamp(ts);
+        }
+        if let Some(partition) = record.partition {
+            base = base.partition(partition);
+        }
         loop {
-            let mut base: BaseRecord<'_, [u8], [u8], usize> =
-                BaseRecord::with_opaque_to(topic, token).headers(headers.clone());
-            if let Some(key) = &record.key {
-                base = base.key(&key[..]);
-            }
-            if let Some(value) = &record.value {
-                base = base.payload(&value[..]);
-            }
-            if let Some(ts) = record.timestamp_ms {
-                base = base.timestamp(ts);
-            }
-            if let Some(partition) = record.partition {
-                base = base.partition(partition);
-            }
             match producer.send(base) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                // The queue is full: the record comes back and is offered again shortly.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                    base = returned;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err((
