@@ -246,6 +246,11 @@ impl Broker {
 }
 
 fn metadata_ok(bootstrap: &str, timeout: Duration) -> Result<()> {
+    broker_metadata(bootstrap, timeout).map(|_| ())
+}
+
+/// One metadata request to `bootstrap` that must list at least one broker.
+pub fn broker_metadata(bootstrap: &str, timeout: Duration) -> Result<rdkafka::metadata::Metadata> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("allow.auto.create.topics", "false")
@@ -259,7 +264,7 @@ fn metadata_ok(bootstrap: &str, timeout: Duration) -> Result<()> {
     if md.brokers().is_empty() {
         bail!("metadata from {bootstrap} lists no brokers");
     }
-    Ok(())
+    Ok(md)
 }
 
 impl Drop for Broker {

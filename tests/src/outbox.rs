@@ -152,8 +152,29 @@ pub async fn current_insert_lsn(client: &Client) -> Result<u64> {
 }
 
 /// A Siphon configuration for the scratch services: slot `slot`, publication `<slot>_pub`,
-/// topics created with 3 partitions, a short status interval, and `extra` TOML appended.
+/// topics created with 3 partitions, a short status interval, a 10 s delivery timeout, a
+/// 500-record window, and `extra` TOML appended (in the `[pipeline]` section unless it opens
+/// another).
 pub fn siphon_config(pg: &Postgres, broker: &Broker, slot: &str, extra: &str) -> String {
+    siphon_config_at(
+        pg,
+        &broker.bootstrap(),
+        slot,
+        "\"message.timeout.ms\" = \"10000\"",
+        &format!("max_in_flight_records = 500\n{extra}"),
+    )
+}
+
+/// Like [`siphon_config`] for a broker known by its bootstrap address, with `kafka_properties`
+/// as the whole `[kafka.properties]` section and `pipeline` appended to the `[pipeline]`
+/// section.
+pub fn siphon_config_at(
+    pg: &Postgres,
+    bootstrap: &str,
+    slot: &str,
+    kafka_properties: &str,
+    pipeline: &str,
+) -> String {
     format!(
         r#"
 [source]
@@ -167,7 +188,7 @@ status_interval_ms = 200
 bootstrap_servers = "{bootstrap}"
 
 [kafka.properties]
-"message.timeout.ms" = "10000"
+{kafka_properties}
 
 [kafka.topic_creation]
 partitions = 3
@@ -177,13 +198,11 @@ replication_factor = 1
 listen = "127.0.0.1:0"
 
 [pipeline]
-max_in_flight_records = 500
 shutdown_timeout_secs = 20
 max_backoff_secs = 2
-{extra}
+{pipeline}
 "#,
-        url = pg.url(),
-        bootstrap = broker.bootstrap()
+        url = pg.url()
     )
 }
 

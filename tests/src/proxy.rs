@@ -35,8 +35,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::ClientConfig;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -449,18 +447,7 @@ impl Drop for ProxiedBroker {
 
 /// The ports of the brokers listed in a metadata answer from `bootstrap`.
 pub fn advertised_ports(bootstrap: &str, timeout: Duration) -> Result<Vec<u16>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("allow.auto.create.topics", "false")
-        .set("reconnect.backoff.max.ms", "100")
-        .create()
-        .context("creating an rdkafka client")?;
-    let md = consumer
-        .fetch_metadata(None, timeout)
-        .with_context(|| format!("metadata request to {bootstrap}"))?;
-    if md.brokers().is_empty() {
-        bail!("metadata from {bootstrap} lists no brokers");
-    }
+    let md = crate::broker::broker_metadata(bootstrap, timeout)?;
     md.brokers()
         .iter()
         .map(|b| {

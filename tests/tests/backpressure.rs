@@ -9,8 +9,8 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use siphon_tests::outbox::{
-    current_insert_lsn, event, insert_transaction, siphon_config, slot_active, slot_confirmed_lsn,
-    OUTBOX_DDL,
+    current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at as config_for,
+    slot_active, slot_confirmed_lsn, OUTBOX_DDL,
 };
 use siphon_tests::proxy::{advertised_ports, Direction, ProxiedBroker};
 use siphon_tests::{
@@ -101,47 +101,6 @@ fn walsender_terminations(pg: &Postgres) -> Vec<String> {
         })
         .map(str::to_owned)
         .collect()
-}
-
-/// A Siphon configuration like [`siphon_config`]'s, for a broker known by its bootstrap
-/// address, with `pipeline` as the whole `[pipeline]` section and `kafka_properties` as the
-/// `[kafka.properties]` section.
-fn config_for(
-    pg: &Postgres,
-    bootstrap: &str,
-    slot: &str,
-    kafka_properties: &str,
-    pipeline: &str,
-) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-slot = "{slot}"
-publication = "{slot}_pub"
-tables = ["public.outbox"]
-status_interval_ms = 200
-
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[kafka.properties]
-{kafka_properties}
-
-[kafka.topic_creation]
-partitions = 3
-replication_factor = 1
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[pipeline]
-shutdown_timeout_secs = 20
-max_backoff_secs = 2
-{pipeline}
-"#,
-        url = pg.url()
-    )
 }
 
 /// Removes ANSI colour sequences (the text log may carry them).

@@ -78,7 +78,10 @@ async fn router_options_reach_the_broker_byte_for_byte() -> Result<()> {
         .await?;
     let got = records(&broker, "Order.events", 2, &siphon).await?;
     assert_eq!(got.len(), 2, "the UPDATE and the DELETEs make no records");
-    assert!(siphon.log().contains("UPDATE of an outbox row skipped"), "the UPDATE is logged");
+    assert!(
+        siphon.log().contains("UPDATE of an outbox row skipped"),
+        "the UPDATE is logged"
+    );
     let by_key: BTreeMap<String, &ConsumedRecord> = got.iter().map(|r| (text(&r.key), r)).collect();
 
     let first = by_key["\"order-1\""];
