@@ -6,7 +6,7 @@
 # Idempotent: when everything is already present it only checks and prints
 # where things are (well under a second). Otherwise it installs:
 #   * Debian packages: a PostgreSQL server (any version), cmake, pkg-config,
-#     libssl-dev, libcurl4-openssl-dev, zlib1g-dev, build-essential and
+#     libssl-dev, libcurl4-openssl-dev, zlib1g-dev, build-essential, openssl and
 #     python3-pip (only if no pip is available). `apt-get update` runs at most
 #     once, and only when something is missing.
 #   * The Tansu Kafka-protocol broker, into a cache outside the repository,
@@ -89,7 +89,8 @@ have_pip() {
 }
 
 missing=()
-for p in cmake pkg-config libssl-dev libcurl4-openssl-dev zlib1g-dev build-essential; do
+# openssl: the security tests make their certificates with it.
+for p in cmake pkg-config libssl-dev libcurl4-openssl-dev zlib1g-dev build-essential openssl; do
     pkg_installed "$p" || missing+=("$p")
 done
 [[ -n $(pg_bin_dir) ]] || missing+=(postgresql)
