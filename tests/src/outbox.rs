@@ -237,3 +237,16 @@ pub fn check_first_deliveries_in_order(records: &[ConsumedRecord]) -> Result<()>
     }
     Ok(())
 }
+
+/// Waits (up to `timeout`) until the slot's `confirmed_flush_lsn` is at or past `lsn`.
+pub async fn wait_for_slot_past(
+    client: &Client,
+    slot: &str,
+    lsn: u64,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    crate::wait_until(timeout, std::time::Duration::from_millis(200), || async {
+        Ok(slot_confirmed_lsn(client, slot).await?.unwrap_or(0) >= lsn)
+    })
+    .await
+}

@@ -10,7 +10,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use siphon_tests::outbox::{
     current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at as config_for,
-    slot_active, slot_confirmed_lsn, OUTBOX_DDL,
+    slot_active, slot_confirmed_lsn, wait_for_slot_past, OUTBOX_DDL,
 };
 use siphon_tests::proxy::{advertised_ports, Direction, ProxiedBroker};
 use siphon_tests::{
@@ -374,13 +374,9 @@ async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Re
         "unexpected events: {:?}",
         ids.difference(&allowed).collect::<Vec<_>>()
     );
-    wait_until(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async { Ok(slot_confirmed_lsn(&client, SLOT).await?.unwrap_or(0) >= end_of_orders) },
-    )
-    .await
-    .context("the slot did not move past the orders after delivery")?;
+    wait_for_slot_past(&client, SLOT, end_of_orders, Duration::from_secs(30))
+        .await
+        .context("the slot did not move past the orders after delivery")?;
 
     let after = walsender(&client, SLOT).await?;
     assert_eq!(
@@ -530,13 +526,9 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
     let drained_in = drain_start.elapsed();
     let ids: BTreeSet<String> = records.iter().map(id_of).collect();
     assert_eq!(ids, expected, "exactly the committed events");
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { Ok(slot_confirmed_lsn(&client, SLOT).await?.unwrap_or(0) >= end_of_backlog) },
-    )
-    .await
-    .context("the slot did not follow to the end of the backlog")?;
+    wait_for_slot_past(&client, SLOT, end_of_backlog, Duration::from_secs(60))
+        .await
+        .context("the slot did not follow to the end of the backlog")?;
     let after = walsender(&client, SLOT).await?;
     assert_eq!(
         after.map(|w| w.pid),

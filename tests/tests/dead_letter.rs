@@ -2,7 +2,7 @@
 //! pipeline goes on; with the default policy they stop Siphon instead (never a silent skip).
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::{current_insert_lsn, siphon_config, slot_active, slot_confirmed_lsn};
+use siphon_tests::outbox::{current_insert_lsn, siphon_config, slot_active, wait_for_slot_past};
 use siphon_tests::{
     read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
@@ -107,12 +107,7 @@ async fn poison_rows_and_records_are_dead_lettered_and_the_pipeline_goes_on() ->
     assert!(!header(refused, "siphon.error.omitted").is_empty());
 
     // The transaction is confirmed once its dead letters are acknowledged.
-    wait_until(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async { Ok(slot_confirmed_lsn(&client, "dlq").await?.unwrap_or(0) >= end) },
-    )
-    .await?;
+    wait_for_slot_past(&client, "dlq", end, Duration::from_secs(30)).await?;
     assert!(siphon.is_running());
     Ok(())
 }

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
     current_insert_lsn, event, insert_transaction, siphon_config, slot_active, slot_confirmed_lsn,
-    Event, OUTBOX_DDL,
+    wait_for_slot_past, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
     create_topic, read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
@@ -175,12 +175,11 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     }
 
     // The slot follows the acknowledgements to the end of the last transaction.
-    wait_until(
+    wait_for_slot_past(
+        &client,
+        "spine",
+        end_of_last_commit,
         Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            Ok(slot_confirmed_lsn(&client, "spine").await?.unwrap_or(0) >= end_of_last_commit)
-        },
     )
     .await
     .context("confirmed_flush_lsn did not reach the end of the last transaction")?;
@@ -277,13 +276,9 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
         ids.difference(&allowed).collect::<Vec<_>>()
     );
     let end = current_insert_lsn(&client).await?;
-    wait_until(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async { Ok(slot_confirmed_lsn(&client, "outage").await?.unwrap_or(0) >= end) },
-    )
-    .await
-    .context("the slot did not move on after delivery")?;
+    wait_for_slot_past(&client, "outage", end, Duration::from_secs(30))
+        .await
+        .context("the slot did not move on after delivery")?;
     Ok(())
 }
 
@@ -307,12 +302,7 @@ async fn the_discard_sink_acknowledges_without_sending() -> Result<()> {
     let events: Vec<Event> = (1..=50).map(|s| event(s, true)).collect();
     insert_transaction(&mut client, &events, true).await?;
     let end = current_insert_lsn(&client).await?;
-    wait_until(
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async { Ok(slot_confirmed_lsn(&client, "discard").await?.unwrap_or(0) >= end) },
-    )
-    .await?;
+    wait_for_slot_past(&client, "discard", end, Duration::from_secs(30)).await?;
     assert!(
         siphon.log().contains("discard"),
         "the mode is announced in the log"

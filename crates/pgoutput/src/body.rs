@@ -255,12 +255,20 @@ pub(crate) fn rollback_prepared(r: &mut Reader<'_>) -> Result<RollbackPrepared, 
 
 /// `p`: the same layout as Prepare.
 pub(crate) fn stream_prepare(r: &mut Reader<'_>) -> Result<StreamPrepare, DecodeError> {
+    let Prepare {
+        flags,
+        prepare_lsn,
+        end_lsn,
+        prepare_timestamp,
+        xid,
+        gid,
+    } = prepare(r)?;
     Ok(StreamPrepare {
-        flags: r.u8("flags")?,
-        prepare_lsn: r.lsn("prepare_lsn")?,
-        end_lsn: r.lsn("end_lsn")?,
-        prepare_timestamp: r.i64("prepare_timestamp")?,
-        xid: r.u32("xid")?,
-        gid: r.cstring("gid")?,
+        flags,
+        prepare_lsn,
+        end_lsn,
+        prepare_timestamp,
+        xid,
+        gid,
     })
 }
