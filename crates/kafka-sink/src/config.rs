@@ -55,7 +55,14 @@ const DEFAULTS: &[(&str, &str)] = &[
 ];
 
 /// Properties a user may not override: they carry the no-loss and ordering promises.
-const REQUIRED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+/// `enable.gapless.guarantee`: a record that fails (timed out, refused) fails the producer
+/// instead of leaving a gap that later records of its partition would be written after; the
+/// session then resends everything unacknowledged in order on a new producer.
+const REQUIRED: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("enable.gapless.guarantee", "true"),
+];
 
 impl SinkConfig {
     /// The full librdkafka configuration: defaults, then user properties, then required ones.

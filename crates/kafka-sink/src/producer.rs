@@ -266,6 +266,14 @@ impl KafkaSink {
         Ok(())
     }
 
+    /// Purges the current producer: its queued and in-flight records come back as failed
+    /// [`Delivery`]s (each with its record), so that they can be sent again on a replacement.
+    pub fn purge(&self) {
+        if let Backend::Kafka { producer, .. } = &self.backend {
+            producer.purge(PurgeConfig::default().queue().inflight());
+        }
+    }
+
     /// Lets go of replaced producers whose delivery reports have all arrived.
     pub fn release_retired(&mut self) {
         self.retired.retain(|p| p.in_flight_count() > 0);

@@ -70,9 +70,3 @@ impl From<DeliveryError> for PipelineError {
         }
     }
 }
-
-impl From<crate::ack::AckError> for PipelineError {
-    fn from(e: crate::ack::AckError) -> Self {
-        PipelineError::Definite(format!("internal error in acknowledgement tracking: {e}"))
-    }
-}

@@ -4,26 +4,24 @@
 //!
 //! The binary (`src/main.rs`) is a thin command line over these modules:
 //! - [`config`] and [`settings`]: `siphon.toml`, environment overrides, validation.
-//! - [`pipeline`] and [`supervisor`]: one streaming session, and reconnection between sessions.
-//! - [`ack`] and [`window`]: the acknowledgement watermark and the in-flight bound.
+//! - [`session`] and [`supervisor`]: one streaming session (a pure core, its ledger and a thin
+//!   async driver), and reconnection between sessions.
 //! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
 //! - [`telemetry`] and [`status`]: metrics, health endpoints, the slot's status.
 //! - [`import`]: converting a Debezium connector configuration.
 //!
 //! # Invariants
-//! - The position confirmed to PostgreSQL is only ever the [`ack::AckTracker`] watermark.
+//! - The position confirmed to PostgreSQL is only ever the [`session::ledger::Ledger`] watermark.
 
-pub mod ack;
 pub mod config;
 pub mod dead_letter;
 pub mod error;
 pub mod import;
-pub mod pipeline;
+pub mod session;
 pub mod settings;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;
-pub mod window;
 
 impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
     fn delivered(&self, topic: &str) {

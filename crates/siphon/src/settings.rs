@@ -5,7 +5,7 @@
 
 use crate::config::{option_strings, Config, EncodingName, LogFormat, OnError, SinkKind};
 use crate::dead_letter::DeadLetters;
-use crate::pipeline::{ErrorPolicy, PipelineSettings};
+use crate::session::{ErrorPolicy, PipelineSettings};
 use anyhow::Context;
 use siphon_kafka_sink::{SinkConfig, TopicCreation};
 use siphon_router::{Encoding, EventRouter, Format, RouterContext, RouterOptions};

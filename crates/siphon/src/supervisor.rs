@@ -7,7 +7,7 @@
 //! - Each reconnect resumes from the position Kafka acknowledged (never past it).
 
 use crate::error::PipelineError;
-use crate::pipeline::{run_session, Carry, PipelineSettings};
+use crate::session::{run_session, Carry, PipelineSettings};
 use crate::telemetry::Metrics;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

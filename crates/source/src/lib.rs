@@ -19,6 +19,7 @@
 pub mod assembly;
 pub mod config;
 pub mod error;
+pub mod queries;
 pub mod setup;
 pub mod stream;
 pub mod tls;

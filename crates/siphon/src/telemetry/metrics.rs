@@ -499,8 +499,7 @@ impl Metrics {
     }
 
     /// When the oldest record still waiting for an acknowledgement was handed to the producer;
-    /// `None` when every record is acknowledged. [`DeliveryClock`](super::DeliveryClock) keeps
-    /// this up to date.
+    /// `None` when every record is acknowledged. The session keeps this up to date.
     pub fn set_oldest_unacked_since(&self, since: Option<Instant>) {
         let value = match since {
             None => 0,

@@ -2,8 +2,8 @@
 //!
 //! - [`Metrics`] holds every series Siphon exports; the pipeline moves them through cheap
 //!   methods on a shared `Arc<Metrics>`.
-//! - [`DeliveryClock`] is the per-session bookkeeping behind the two time-based series
-//!   (commit-to-acknowledgement latency and the age of the oldest unacknowledged record).
+//! - [`pg_timestamp`] reads pgoutput's commit times, for the commit-to-acknowledgement latency
+//!   (the session's ledger keeps the times themselves).
 //! - [`Health`] holds the two facts readiness depends on (streaming, broker reachable).
 //! - [`serve`] answers `GET /metrics`, `GET /health` and `GET /ready` on a listener from [`bind`].
 //!
@@ -17,16 +17,16 @@
 //! - Serving metrics never affects the pipeline: the endpoint only reads atomics and takes the
 //!   registry's short-lived locks.
 
-mod clock;
 mod http;
 mod metrics;
+mod pgtime;
 
-pub use clock::{pg_timestamp, DeliveryClock};
 pub use http::{bind, serve};
 pub use metrics::{
     Metrics, ProducerErrorKind, ReconnectCause, SkipKind, TopicMetrics, COMMIT_TO_ACK_BUCKETS,
     MAX_TOPIC_LABELS, OVERFLOW_TOPIC,
 };
+pub use pgtime::pg_timestamp;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,0 +1,736 @@
+//! The session core: a pure state machine between the replication stream and the producer.
+//!
+//! It takes [`Input`]s (a source event, a delivery report, a catalog answer, a tick, a shutdown
+//! request), each with the current time, and queues [`Action`]s (send a record, confirm a
+//! position, look something up, purge or replace the producer, finish). It does no IO and reads
+//! no clock: the driver ([`super::driver`]) does both, and the simulation tests drive it with
+//! seeded interleavings.
+//!
+//! # Invariants
+//! - The only position ever confirmed is the [`Ledger`] watermark.
+//! - The stream is read only while the window has room, no catalog lookup is outstanding, no
+//!   fence is up and the session is not stopping ([`SessionCore::can_read`]).
+//! - **Fence.** When a record fails (the producer failed, or the broker refused it), nothing new
+//!   is sent until every record handed to the producer has reported; the failed ones are then
+//!   sent again in their original order (a record the broker refused is sent *alone*, to tell a
+//!   guilty record from the innocent ones that shared its batch); only then does reading resume.
+//!   With librdkafka's gap-less idempotence, a failure also stops the failed producer from
+//!   writing anything after it, so the first delivery of every record of a partition is in send
+//!   order, across producer replacement.
+//! - A producer is replaced only after all its records reported, and replacements without a
+//!   delivery in between back off (capped, with jitter): no loop without backoff.
+//! - A row is routed, skipped by a documented rule (DELETE, UPDATE, another table),
+//!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
+//!   the fix: never dropped silently.
+
+use super::ledger::{Ledger, LedgerError, Seq, TxnId};
+use crate::dead_letter::Stage;
+use crate::error::PipelineError;
+use crate::session::ErrorPolicy;
+use crate::supervisor::Backoff;
+use crate::telemetry::{pg_timestamp, Metrics, ProducerErrorKind, ReconnectCause, SkipKind};
+use pgoutput::{Lsn, Oid, Relation, TupleData};
+use siphon_kafka_sink::producer::record_bytes;
+use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
+use siphon_router::{
+    Change, EventRouter, LogLevel, Routed, RoutedRecord, SkipReason, TableBinding,
+};
+use siphon_source::{RowChange, SourceError, SourceEvent, TableName};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tracing::{debug, error, info, warn};
+
+/// The current time, as the driver read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// For timers (shutdown deadline, producer replacement backoff).
+    pub instant: Instant,
+    /// For commit-to-acknowledgement latency (commit times are wall-clock times).
+    pub wall: SystemTime,
+}
+
+impl Now {
+    /// The machine's clocks.
+    pub fn read() -> Self {
+        Now {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+}
+
+/// A catalog lookup the core needs answered before it reads on.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    /// The NOT NULL columns of an outbox table (for `json-schemas` optional fields).
+    NotNullColumns(Arc<Relation>),
+}
+
+/// The answer to a [`Lookup`].
+#[derive(Debug)]
+pub enum Answer {
+    NotNullColumns {
+        relation: Arc<Relation>,
+        columns: Result<HashSet<String>, SourceError>,
+    },
+}
+
+/// What happened.
+#[derive(Debug)]
+pub enum Input {
+    /// The replication stream produced an event.
+    Source(SourceEvent),
+    /// The replication stream failed or ended.
+    SourceFailed(PipelineError),
+    /// The producer reported a record.
+    Delivery(Delivery),
+    /// The producer refused to take a record ([`Action::Send`] failed).
+    SendRefused {
+        token: usize,
+        record: RoutedRecord,
+        error: SinkError,
+    },
+    /// A lookup was answered.
+    Answer(Answer),
+    /// The replication connection is stalled (the reason is logged).
+    Stalled(String),
+    /// Stop reading, wait for what is in flight, then finish.
+    Shutdown,
+    /// Time passed (see [`SessionCore::next_timeout`]).
+    Tick,
+}
+
+/// What the driver must do, in order.
+#[derive(Debug)]
+pub enum Action {
+    /// Hand `record` to the current producer; its report carries `token`.
+    Send { token: usize, record: RoutedRecord },
+    /// Everything before this position is delivered: report it as flushed.
+    Confirm(Lsn),
+    /// Answer with [`Input::Answer`].
+    Lookup(Lookup),
+    /// Purge the current producer: its queued and in-flight records come back as failed
+    /// reports.
+    PurgeProducer,
+    /// Replace the producer with a new one (its records have all reported).
+    ReplaceProducer,
+    /// The session is over.
+    Finish(Result<(), PipelineError>),
+}
+
+/// The session's fixed settings.
+pub struct CoreSettings<'a> {
+    pub router: &'a EventRouter,
+    pub on_error: &'a ErrorPolicy,
+    pub tables: HashSet<TableName>,
+    pub max_in_flight_records: usize,
+    pub max_in_flight_bytes: usize,
+    pub shutdown_timeout: Duration,
+}
+
+/// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
+enum Binding {
+    Bound(Box<TableBinding>),
+    Unbindable(String),
+}
+
+/// A record taken back from the producer, to be sent again when the fence allows.
+struct Held {
+    record: RoutedRecord,
+    /// The broker refused it (with this reason), perhaps only because it shared a batch with a
+    /// record the broker refuses: it is sent alone next.
+    refused: Option<String>,
+}
+
+/// Nothing new is sent while a fence is up.
+#[derive(Debug, Clone, Copy)]
+struct Fence {
+    /// The producer must be replaced before anything is sent again.
+    replace: bool,
+    /// The producer was asked to purge (once per fence).
+    purged: bool,
+}
+
+/// Replacement pacing: replacements without a delivery in between back off.
+struct Pacer {
+    backoff: Backoff,
+    not_before: Option<Instant>,
+    /// A record was delivered (or dead-lettered) since the last replacement.
+    progress: bool,
+    jitter: u64,
+}
+
+impl Pacer {
+    fn new() -> Self {
+        Pacer {
+            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
+            not_before: None,
+            progress: true,
+            jitter: 0x9E37_79B9_7F4A_7C15,
+        }
+    }
+
+    /// Whether a replacement may happen at `now`; if so, books it.
+    fn try_book(&mut self, now: Instant) -> bool {
+        if self.progress {
+            self.backoff.reset();
+            self.not_before = None;
+        }
+        if self.not_before.is_some_and(|t| now < t) {
+            return false;
+        }
+        // A small deterministic jitter source (xorshift): the core reads no randomness.
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        let unit = (self.jitter >> 11) as f64 / (1u64 << 53) as f64;
+        self.not_before = Some(now + self.backoff.next_delay(unit));
+        self.progress = false;
+        true
+    }
+}
+
+struct Stopping {
+    deadline: Instant,
+    result: Result<(), PipelineError>,
+}
+
+/// The session state machine.
+pub struct SessionCore<'a> {
+    settings: CoreSettings<'a>,
+    metrics: Arc<Metrics>,
+    ledger: Ledger,
+    bindings: HashMap<Oid, Binding>,
+    awaiting_lookup: bool,
+    /// The open transaction, if any.
+    txn: Option<TxnId>,
+    /// Records handed to the producer whose report has not arrived.
+    with_producer: usize,
+    fence: Option<Fence>,
+    held: BTreeMap<Seq, Held>,
+    /// The refused record being sent alone, and why it was refused.
+    probing: Option<(Seq, String)>,
+    pacer: Pacer,
+    stopping: Option<Stopping>,
+    finished: bool,
+    actions: VecDeque<Action>,
+}
+
+impl<'a> SessionCore<'a> {
+    /// A session resuming at `start` (everything before it is delivered).
+    pub fn new(settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
+        SessionCore {
+            settings,
+            metrics,
+            ledger: Ledger::new(start),
+            bindings: HashMap::new(),
+            awaiting_lookup: false,
+            txn: None,
+            with_producer: 0,
+            fence: None,
+            held: BTreeMap::new(),
+            probing: None,
+            pacer: Pacer::new(),
+            stopping: None,
+            finished: false,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// Whether the driver may read the next source event.
+    pub fn can_read(&self) -> bool {
+        !self.finished
+            && self.stopping.is_none()
+            && self.fence.is_none()
+            && !self.awaiting_lookup
+            && self.ledger.records() < self.settings.max_in_flight_records.max(1)
+            && self.ledger.bytes() < self.settings.max_in_flight_bytes.max(1)
+    }
+
+    /// When the core wants an [`Input::Tick`] at the latest.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        let rebuild = self.fence.filter(|f| f.replace).and(self.pacer.not_before);
+        let stop = self.stopping.as_ref().map(|s| s.deadline);
+        match (rebuild, stop) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The next action, in order.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Whether [`Action::Finish`] was emitted.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The acknowledged position (what the next session may resume from).
+    pub fn watermark(&self) -> Lsn {
+        self.ledger.watermark()
+    }
+
+    /// Records in flight and their bytes (the window).
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.ledger.records(), self.ledger.bytes())
+    }
+
+    /// Transactions the ledger keeps.
+    pub fn pending_transactions(&self) -> usize {
+        self.ledger.transactions()
+    }
+
+    /// Records given up this session (not delivered before it stopped).
+    pub fn abandoned(&self) -> u64 {
+        self.ledger.abandoned()
+    }
+
+    /// Records taken back from the producer and waiting to be sent again.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Feeds one input.
+    pub fn handle(&mut self, now: Now, input: Input) {
+        if self.finished {
+            return;
+        }
+        let outcome = match input {
+            Input::Source(event) => self.on_source(now, event),
+            Input::SourceFailed(e) => Err(e),
+            Input::Delivery(delivery) => self.on_delivery(now, delivery),
+            Input::SendRefused {
+                token,
+                record,
+                error,
+            } => self.on_send_refused(now, Seq::from_token(token), record, error),
+            Input::Answer(answer) => self.on_answer(answer),
+            Input::Stalled(reason) => Err(PipelineError::Transient(reason)),
+            Input::Shutdown => {
+                info!("shutting down: waiting for in-flight records");
+                self.stop(now, Ok(()));
+                Ok(())
+            }
+            Input::Tick => Ok(()),
+        };
+        if let Err(e) = outcome {
+            self.stop(now, Err(e));
+        }
+        self.advance(now);
+        self.metrics
+            .set_in_flight(self.ledger.records(), self.ledger.bytes());
+        self.metrics
+            .set_oldest_unacked_since(self.ledger.oldest_sent());
+    }
+
+    fn stop(&mut self, now: Now, result: Result<(), PipelineError>) {
+        if self.stopping.is_some() {
+            if let Err(e) = result {
+                debug!(error = %e, "also failed while stopping");
+            }
+            return;
+        }
+        // Records waiting to be sent again are given up: the next session repeats them.
+        for (seq, _) in std::mem::take(&mut self.held) {
+            let _ = self.ledger.abandon(seq);
+        }
+        self.fence = None;
+        self.probing = None;
+        self.stopping = Some(Stopping {
+            deadline: now.instant + self.settings.shutdown_timeout,
+            result,
+        });
+    }
+
+    /// Moves the fence and the stop along as far as the state allows.
+    fn advance(&mut self, now: Now) {
+        if let Some(stopping) = &self.stopping {
+            if self.with_producer == 0 || now.instant >= stopping.deadline {
+                if self.with_producer > 0 {
+                    warn!(
+                        unacked = self.with_producer,
+                        "gave up waiting for in-flight records; they will be sent again"
+                    );
+                }
+                self.finished = true;
+                if let Some(stopping) = self.stopping.take() {
+                    self.actions.push_back(Action::Finish(stopping.result));
+                }
+            }
+            return;
+        }
+        let Some(mut fence) = self.fence else { return };
+        if self.with_producer > 0 {
+            if fence.replace && !fence.purged {
+                fence.purged = true;
+                self.fence = Some(fence);
+                self.actions.push_back(Action::PurgeProducer);
+            }
+            return;
+        }
+        if fence.replace {
+            if !self.pacer.try_book(now.instant) {
+                return;
+            }
+            warn!(
+                resend = self.held.len(),
+                "Kafka producer failed; replacing it and sending its undelivered records again in their order"
+            );
+            self.metrics.reconnect(ReconnectCause::Sink);
+            self.actions.push_back(Action::ReplaceProducer);
+            fence.replace = false;
+            self.fence = Some(fence);
+        }
+        // Send the held records again, in their original order; a refused one alone.
+        while let Some(entry) = self.held.first_entry() {
+            let alone = entry.get().refused.is_some();
+            if self.probing.is_some() || (alone && self.with_producer > 0) {
+                return;
+            }
+            let (seq, held) = entry.remove_entry();
+            if let Some(reason) = held.refused {
+                debug!(topic = %held.record.topic, "sending a refused record alone to tell whether the broker refuses it");
+                self.probing = Some((seq, reason));
+            }
+            self.with_producer += 1;
+            self.actions.push_back(Action::Send {
+                token: seq.token(),
+                record: held.record,
+            });
+        }
+        if self.probing.is_none() {
+            self.fence = None;
+        }
+    }
+
+    fn raise_fence(&mut self, replace: bool) {
+        let fence = self.fence.get_or_insert(Fence {
+            replace: false,
+            purged: false,
+        });
+        fence.replace |= replace;
+    }
+
+    fn on_source(&mut self, now: Now, event: SourceEvent) -> Result<(), PipelineError> {
+        match event {
+            SourceEvent::Begin {
+                final_lsn,
+                commit_time_us,
+                ..
+            } => {
+                self.txn = Some(self.ledger.begin(final_lsn, commit_time_us)?);
+            }
+            SourceEvent::Relation(relation) => self.on_relation(relation),
+            SourceEvent::Change {
+                relation,
+                change,
+                lsn,
+            } => self.on_change(now, &relation, change, lsn)?,
+            SourceEvent::Commit { end_lsn, .. } => {
+                self.metrics.transaction();
+                self.txn = None;
+                if let Some(watermark) = self.ledger.commit(end_lsn)? {
+                    self.confirm(watermark);
+                }
+            }
+            SourceEvent::Idle { wal_end } => {
+                if let Some(watermark) = self.ledger.idle(wal_end) {
+                    self.confirm(watermark);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn confirm(&mut self, lsn: Lsn) {
+        self.actions.push_back(Action::Confirm(lsn));
+    }
+
+    fn on_relation(&mut self, relation: Arc<Relation>) {
+        let name = TableName {
+            schema: relation.namespace.to_string(),
+            name: relation.name.to_string(),
+        };
+        if !self.settings.tables.contains(&name) {
+            debug!(table = %name, "table is published but not an outbox table; its changes are ignored");
+            self.bindings.remove(&relation.id);
+            return;
+        }
+        self.awaiting_lookup = true;
+        self.actions
+            .push_back(Action::Lookup(Lookup::NotNullColumns(relation)));
+    }
+
+    fn on_answer(&mut self, answer: Answer) -> Result<(), PipelineError> {
+        match answer {
+            Answer::NotNullColumns { relation, columns } => {
+                self.awaiting_lookup = false;
+                let not_null = columns?;
+                let binding = match self
+                    .settings
+                    .router
+                    .bind_with_not_null(&relation, &|column| not_null.contains(column))
+                {
+                    Ok(binding) => Binding::Bound(Box::new(binding)),
+                    Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
+                        error!(table = %format_args!("{}.{}", relation.namespace, relation.name), error = %e, "outbox table cannot be routed; its rows go to the dead-letter topic");
+                        Binding::Unbindable(e.to_string())
+                    }
+                    Err(e) => return Err(PipelineError::Definite(e.to_string())),
+                };
+                self.bindings.insert(relation.id, binding);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_change(
+        &mut self,
+        now: Now,
+        relation: &Arc<Relation>,
+        change: RowChange,
+        lsn: Lsn,
+    ) -> Result<(), PipelineError> {
+        let (change, row): (Change<'_>, &TupleData) = match &change {
+            RowChange::Insert(new) => (Change::Insert(new), new),
+            RowChange::Update { old, new } => (
+                Change::Update {
+                    old: old.as_ref().map(|o| o.tuple()),
+                    new,
+                },
+                new,
+            ),
+            RowChange::Delete(old) => (Change::Delete(old.tuple()), old.tuple()),
+        };
+        self.metrics.event_read();
+        let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
+        let routed = match self.bindings.get(&relation.id) {
+            None => {
+                self.metrics.row_skipped(SkipKind::OtherTable);
+                return Ok(());
+            }
+            Some(Binding::Bound(binding)) => self
+                .settings
+                .router
+                .route(binding, change)
+                .map_err(|e| e.to_string()),
+            Some(Binding::Unbindable(reason)) => Err(reason.clone()),
+        };
+        match routed {
+            Ok(Routed::Record(record)) => {
+                self.metrics.record_routed(&record.topic);
+                self.send_new(now, txn, record)
+            }
+            Ok(Routed::Skipped(reason)) => {
+                self.metrics.row_skipped(reason.into());
+                log_skipped(self.settings.router, reason, relation);
+                Ok(())
+            }
+            Err(reason) => match self.settings.on_error {
+                ErrorPolicy::Fail => Err(PipelineError::Definite(format!(
+                    "{reason} (the row at {lsn} was not delivered; fix it, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)"
+                ))),
+                ErrorPolicy::DeadLetter(dead_letters) => {
+                    self.metrics.record_dead_lettered(dead_letters.topic());
+                    warn!(table = %format_args!("{}.{}", relation.namespace, relation.name), %lsn, error = %reason, topic = dead_letters.topic(), "row dead-lettered");
+                    let record = dead_letters.for_row(
+                        relation,
+                        row,
+                        &reason,
+                        lsn,
+                        self.ledger.commit_lsn(txn),
+                    );
+                    self.send_new(now, txn, record)
+                }
+            },
+        }
+    }
+
+    /// Hands a new record of `txn` to the producer.
+    fn send_new(
+        &mut self,
+        now: Now,
+        txn: TxnId,
+        record: RoutedRecord,
+    ) -> Result<(), PipelineError> {
+        let seq = self.ledger.add(txn, record_bytes(&record), now.instant)?;
+        self.metrics.record_produced(&record.topic);
+        self.with_producer += 1;
+        self.actions.push_back(Action::Send {
+            token: seq.token(),
+            record,
+        });
+        Ok(())
+    }
+
+    fn on_delivery(&mut self, now: Now, delivery: Delivery) -> Result<(), PipelineError> {
+        let seq = Seq::from_token(delivery.token);
+        self.with_producer = self.with_producer.saturating_sub(1);
+        let probe = self.take_probe(seq);
+        match delivery.result {
+            Ok(_) => {
+                self.pacer.progress = true;
+                let settled = self.ledger.settle(seq)?;
+                if let Ok(latency) = now
+                    .wall
+                    .duration_since(pg_timestamp(settled.commit_time_us))
+                {
+                    self.metrics.observe_commit_to_ack(latency);
+                }
+                if let Some(watermark) = settled.watermark {
+                    self.confirm(watermark);
+                }
+                Ok(())
+            }
+            Err(failure) => {
+                self.metrics.producer_error(match failure.error {
+                    DeliveryError::Definite(_) => ProducerErrorKind::Definite,
+                    DeliveryError::Transient(_) => ProducerErrorKind::Transient,
+                });
+                match failure.error {
+                    DeliveryError::Definite(reason) => {
+                        self.on_refused(now, seq, failure.record, reason, probe.is_some())
+                    }
+                    DeliveryError::Transient(reason) => {
+                        debug!(error = %reason, topic = %failure.record.topic, "record not delivered; it is sent again");
+                        self.hold(seq, failure.record, probe)
+                    }
+                }
+            }
+        }
+    }
+
+    /// If `seq` is the record being sent alone, ends the probe and returns why it was refused.
+    fn take_probe(&mut self, seq: Seq) -> Option<String> {
+        match self.probing.take() {
+            Some((probed, reason)) if probed == seq => Some(reason),
+            other => {
+                self.probing = other;
+                None
+            }
+        }
+    }
+
+    /// Takes `record` back to send it again once the producer is replaced; a record being sent
+    /// alone (`refused`) stays suspect.
+    fn hold(
+        &mut self,
+        seq: Seq,
+        record: RoutedRecord,
+        refused: Option<String>,
+    ) -> Result<(), PipelineError> {
+        if self.stopping.is_some() {
+            debug!("record not delivered while stopping; it will be sent again");
+            self.ledger.abandon(seq)?;
+            return Ok(());
+        }
+        self.held.insert(seq, Held { record, refused });
+        self.raise_fence(true);
+        Ok(())
+    }
+
+    /// The broker (or the producer, at enqueue) refused `record` for good. `alone`: it was the
+    /// only record sent (else it may have been refused only for sharing a batch).
+    fn on_refused(
+        &mut self,
+        now: Now,
+        seq: Seq,
+        record: RoutedRecord,
+        reason: String,
+        alone: bool,
+    ) -> Result<(), PipelineError> {
+        if self.stopping.is_some() {
+            self.ledger.abandon(seq)?;
+            return Ok(());
+        }
+        let dead_letters = match self.settings.on_error {
+            ErrorPolicy::DeadLetter(d) => d,
+            // The refused batch holds the record at fault: stop, naming it.
+            ErrorPolicy::Fail => return Err(PipelineError::Definite(reason)),
+        };
+        if !alone {
+            // Perhaps innocent: find out by sending it alone once everything before it settled.
+            // A refused batch leaves a gap-less producer failed, so it is replaced first.
+            self.held.insert(
+                seq,
+                Held {
+                    record,
+                    refused: Some(reason),
+                },
+            );
+            self.raise_fence(true);
+            return Ok(());
+        }
+        if record.topic == dead_letters.topic() {
+            return Err(PipelineError::Definite(format!(
+                "the dead-letter topic refused a record: {reason}"
+            )));
+        }
+        let txn = self
+            .ledger
+            .get(seq)
+            .map(|r| r.txn)
+            .ok_or(LedgerError::UnknownRecord(seq))?;
+        warn!(topic = %record.topic, error = %reason, "record dead-lettered");
+        self.metrics.record_dead_lettered(&record.topic);
+        self.pacer.progress = true;
+        let letter =
+            dead_letters.for_record(record, &reason, Stage::Produce, self.ledger.commit_lsn(txn));
+        // The letter joins the transaction before the refused record settles.
+        self.send_new(now, txn, letter)?;
+        if let Some(watermark) = self.ledger.settle(seq)?.watermark {
+            self.confirm(watermark);
+        }
+        Ok(())
+    }
+
+    fn on_send_refused(
+        &mut self,
+        now: Now,
+        seq: Seq,
+        record: RoutedRecord,
+        error: SinkError,
+    ) -> Result<(), PipelineError> {
+        self.with_producer = self.with_producer.saturating_sub(1);
+        let probe = self.take_probe(seq);
+        match error {
+            // Refused at enqueue: this record alone is at fault.
+            SinkError::Definite(reason) => {
+                self.metrics.producer_error(ProducerErrorKind::Definite);
+                self.on_refused(now, seq, record, reason, true)
+            }
+            SinkError::Transient(reason) => {
+                self.metrics.producer_error(ProducerErrorKind::Transient);
+                warn!(error = %reason, topic = %record.topic, "Kafka did not take a record; it is sent again after a pause");
+                self.hold(seq, record, probe)
+            }
+            SinkError::Config(reason) => Err(PipelineError::Definite(reason)),
+        }
+    }
+}
+
+/// Logs a skipped row at the level the router's options ask for.
+fn log_skipped(router: &EventRouter, reason: SkipReason, relation: &Relation) {
+    let table = format_args!("{}.{}", relation.namespace, relation.name);
+    match (reason, router.log_level(reason)) {
+        (SkipReason::Delete, _) => {}
+        (SkipReason::Update, LogLevel::Error) => error!(
+            %table,
+            "UPDATE of an outbox row skipped: outbox rows should only be inserted (table.op.invalid.behavior = error)"
+        ),
+        (SkipReason::Update, LogLevel::Warn) => warn!(
+            %table,
+            "UPDATE of an outbox row skipped: outbox rows should only be inserted (table.op.invalid.behavior = warn)"
+        ),
+        (SkipReason::Update, LogLevel::Info) => info!(%table, "UPDATE of an outbox row skipped"),
+    }
+}
+
+impl From<LedgerError> for PipelineError {
+    fn from(e: LedgerError) -> Self {
+        PipelineError::Definite(format!("internal error in acknowledgement tracking: {e}"))
+    }
+}

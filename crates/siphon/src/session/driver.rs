@@ -1,0 +1,310 @@
+//! The session driver: the IO around [`SessionCore`].
+//!
+//! It reads the replication stream (only while the core allows), hands records to the producer,
+//! passes delivery reports and catalog answers back, confirms positions, and runs everything
+//! that talks to PostgreSQL over SQL beside the loop.
+//!
+//! # Invariants
+//! - The loop awaits nothing unbounded besides its `select!`: catalog lookups and the periodic
+//!   status probe run as spawned tasks with a timeout, and their results come back as inputs;
+//!   so a black-holed SQL connection cannot freeze delivery handling or shutdown.
+//! - Every action is executed in the order the core queued it (records reach the producer in
+//!   the core's order).
+
+use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
+use super::{Carry, PipelineSettings};
+use crate::error::PipelineError;
+use crate::telemetry::Metrics;
+use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink};
+use siphon_source::ReplicationStream;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+/// How often, and for how long at most, the brokers are asked whether they answer.
+const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the driver logs progress, refreshes the slot metrics and checks for a stall.
+const TICK_INTERVAL: Duration = Duration::from_secs(5);
+/// The longest a catalog query or the status probe may take.
+const SQL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Delivery reports handled per wake-up at most (the rest on the next turn, so reading and
+/// shutdown are not starved).
+const REPORT_BATCH: usize = 1024;
+
+/// Keeps the readiness flag in step with whether the brokers answer (until aborted).
+async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>) {
+    let mut interval = tokio::time::interval(PROBE_INTERVAL);
+    let mut reachable: Option<bool> = None;
+    loop {
+        interval.tick().await;
+        let now = probe.probe(PROBE_TIMEOUT).await;
+        health.set_broker_reachable(now);
+        // One line per change of state.
+        match (reachable, now) {
+            (Some(true) | None, false) => warn!("Kafka brokers unreachable; records wait in flight and reading pauses when the window is full"),
+            (Some(false), true) => info!("Kafka brokers reachable again"),
+            _ => {}
+        }
+        reachable = Some(now);
+    }
+}
+
+/// Runs one session until shutdown (`Ok`) or an error.
+pub async fn run_session(
+    settings: &PipelineSettings,
+    metrics: &Arc<Metrics>,
+    carry: &mut Carry,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let slot = siphon_source::prepare(&settings.source).await?;
+    let start = slot.confirmed_flush_lsn.max(carry.acked_through);
+    let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
+    let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
+    let sql = Arc::new(siphon_source::setup::connect(&settings.source.url).await?);
+    let stream = ReplicationStream::start(&settings.source, start).await?;
+    let core = SessionCore::new(
+        CoreSettings {
+            router: &settings.router,
+            on_error: &settings.on_error,
+            tables: settings
+                .source
+                .tables
+                .iter()
+                .cloned()
+                .collect::<HashSet<_>>(),
+            max_in_flight_records: settings.max_in_flight_records,
+            max_in_flight_bytes: settings.max_in_flight_bytes,
+            shutdown_timeout: settings.shutdown_timeout,
+        },
+        Arc::clone(metrics),
+        start,
+    );
+    let (inputs_tx, inputs) = mpsc::unbounded_channel();
+    let mut driver = Driver {
+        settings,
+        metrics: Arc::clone(metrics),
+        probe: tokio::spawn(watch_brokers(sink.prober(), metrics.health())),
+        sink,
+        deliveries,
+        stream,
+        sql,
+        inputs_tx,
+        inputs,
+        status_probe: None,
+        core,
+    };
+    metrics.health().set_streaming(true);
+    metrics.set_confirmed_lsn(start);
+    let outcome = driver.run(shutdown).await;
+    metrics.health().set_streaming(false);
+    carry.acked_through = driver.core.watermark();
+    metrics.set_oldest_unacked_since(None);
+    driver.probe.abort();
+    if let Some(task) = driver.status_probe.take() {
+        task.abort();
+    }
+    match outcome {
+        Ok(()) => {
+            let reported = driver.stream.finish(settings.shutdown_timeout).await?;
+            info!(confirmed = %reported, "stopped; confirmed position reported to PostgreSQL");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+struct Driver<'a> {
+    settings: &'a PipelineSettings,
+    metrics: Arc<Metrics>,
+    sink: KafkaSink,
+    deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
+    stream: ReplicationStream,
+    sql: Arc<tokio_postgres::Client>,
+    /// Results of the tasks run beside the loop.
+    inputs_tx: mpsc::UnboundedSender<Input>,
+    inputs: mpsc::UnboundedReceiver<Input>,
+    /// Keeps the readiness flag in step with the current producer's view of the brokers.
+    probe: tokio::task::JoinHandle<()>,
+    /// The periodic status probe, while it runs.
+    status_probe: Option<tokio::task::JoinHandle<()>>,
+    core: SessionCore<'a>,
+}
+
+impl Driver<'_> {
+    async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), PipelineError> {
+        let mut tick = tokio::time::interval(TICK_INTERVAL);
+        let mut shutdown_seen = false;
+        loop {
+            if let Some(result) = self.execute().await {
+                return result;
+            }
+            let timer = self.core.next_timeout();
+            let input = tokio::select! {
+                biased;
+                changed = shutdown.changed(), if !shutdown_seen => {
+                    shutdown_seen = true;
+                    if changed.is_err() || *shutdown.borrow() { Some(Input::Shutdown) } else { None }
+                }
+                Some(input) = self.inputs.recv() => Some(input),
+                Some(delivery) = self.deliveries.recv() => {
+                    let now = Now::read();
+                    self.core.handle(now, Input::Delivery(delivery));
+                    for _ in 1..REPORT_BATCH {
+                        match self.deliveries.try_recv() {
+                            Ok(delivery) => self.core.handle(now, Input::Delivery(delivery)),
+                            Err(_) => break,
+                        }
+                    }
+                    None
+                }
+                () = sleep_until(timer), if timer.is_some() => Some(Input::Tick),
+                _ = tick.tick() => {
+                    self.on_tick();
+                    None
+                }
+                event = self.stream.next(), if self.core.can_read() => Some(match event {
+                    Ok(Some(event)) => Input::Source(event),
+                    Ok(None) => Input::SourceFailed(PipelineError::Transient("replication stream ended".into())),
+                    Err(e) => Input::SourceFailed(e.into()),
+                }),
+            };
+            if let Some(input) = input {
+                self.core.handle(Now::read(), input);
+            }
+        }
+    }
+
+    /// Executes the queued actions; returns the session's result once it finished.
+    async fn execute(&mut self) -> Option<Result<(), PipelineError>> {
+        while let Some(action) = self.core.poll_action() {
+            match action {
+                Action::Send { token, record } => {
+                    if let Err(error) = self.sink.send(token, &record).await {
+                        self.core.handle(
+                            Now::read(),
+                            Input::SendRefused {
+                                token,
+                                record,
+                                error,
+                            },
+                        );
+                    }
+                }
+                Action::Confirm(lsn) => self.stream.confirm(lsn),
+                Action::Lookup(lookup) => self.spawn_lookup(lookup),
+                Action::PurgeProducer => self.sink.purge(),
+                Action::ReplaceProducer => match self.sink.rebuild() {
+                    Ok(()) => {
+                        self.probe.abort();
+                        self.probe =
+                            tokio::spawn(watch_brokers(self.sink.prober(), self.metrics.health()));
+                    }
+                    Err(e) => self.core.handle(Now::read(), Input::SourceFailed(e.into())),
+                },
+                Action::Finish(result) => return Some(result),
+            }
+        }
+        None
+    }
+
+    fn spawn_lookup(&self, lookup: Lookup) {
+        let sql = Arc::clone(&self.sql);
+        let inputs = self.inputs_tx.clone();
+        tokio::spawn(async move {
+            let input = match lookup {
+                Lookup::NotNullColumns(relation) => {
+                    let columns = match tokio::time::timeout(
+                        SQL_TIMEOUT,
+                        siphon_source::queries::not_null_columns(&sql, relation.id),
+                    )
+                    .await
+                    {
+                        Ok(result) => result,
+                        Err(_) => Err(siphon_source::SourceError::Transient(format!(
+                            "reading the outbox table's columns took more than {}s",
+                            SQL_TIMEOUT.as_secs()
+                        ))),
+                    };
+                    Input::Answer(Answer::NotNullColumns { relation, columns })
+                }
+            };
+            // The receiver is gone only when the session ended.
+            let _ = inputs.send(input);
+        });
+    }
+
+    /// Periodic: progress log, slot metrics and the stall check, run beside the loop.
+    fn on_tick(&mut self) {
+        let (records, bytes) = self.core.in_flight();
+        debug!(
+            watermark = %self.core.watermark(),
+            pending_transactions = self.core.pending_transactions(),
+            in_flight_records = records,
+            in_flight_bytes = bytes,
+            held = self.core.held(),
+            server_wal_end = %self.stream.server_wal_end(),
+            "progress"
+        );
+        self.sink.release_retired();
+        self.metrics
+            .set_server_wal_end(self.stream.server_wal_end());
+        self.metrics.set_confirmed_lsn(self.stream.reported());
+        if self
+            .status_probe
+            .as_ref()
+            .is_some_and(|task| !task.is_finished())
+        {
+            return;
+        }
+        // A silent stream is normal on an idle server; it is a stall only when we are ready to
+        // read and the server has WAL we have not been sent.
+        let silent = self.stream.silent_for();
+        let check_stall = self.core.can_read() && silent >= self.settings.stall_timeout;
+        let seen = self.stream.server_wal_end();
+        let sql = Arc::clone(&self.sql);
+        let slot = self.settings.source.slot.clone();
+        let metrics = Arc::clone(&self.metrics);
+        let inputs = self.inputs_tx.clone();
+        self.status_probe = Some(tokio::spawn(async move {
+            let probe = async {
+                if let Ok(Some(bytes)) = crate::status::retained_wal_bytes(&sql, &slot).await {
+                    metrics.set_slot_retained_wal_bytes(bytes);
+                }
+                if !check_stall {
+                    return None;
+                }
+                match siphon_source::queries::current_wal_flush(&sql).await {
+                    Ok(flushed) if flushed > seen => Some(format!(
+                        "replication connection stalled: nothing received for {}s while the server has WAL up to {flushed} (last seen {seen})",
+                        silent.as_secs()
+                    )),
+                    Ok(_) => None,
+                    Err(e) => {
+                        debug!(error = %e, "checking the server's WAL position");
+                        None
+                    }
+                }
+            };
+            match tokio::time::timeout(SQL_TIMEOUT, probe).await {
+                Ok(Some(stall)) => {
+                    let _ = inputs.send(Input::Stalled(stall));
+                }
+                Ok(None) => {}
+                Err(_) => warn!(
+                    "the status query took more than {}s; the SQL connection may be broken",
+                    SQL_TIMEOUT.as_secs()
+                ),
+            }
+        }));
+    }
+}
+
+async fn sleep_until(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,39 @@
+//! Catalog and status queries the streaming session asks while it runs (over the ordinary SQL
+//! connection), each returning a typed value.
+//!
+//! # Invariants
+//! - LSNs are read with the typed `pg_lsn` conversion, never parsed from text.
+//! - Every error is classified by [`SourceError::from_sql`] (SQLSTATE), so the caller knows
+//!   whether reconnecting can cure it.
+
+use crate::SourceError;
+use pgoutput::{Lsn, Oid};
+use std::collections::HashSet;
+use tokio_postgres::types::PgLsn;
+use tokio_postgres::Client;
+
+/// The columns of table `relation_id` declared NOT NULL.
+pub async fn not_null_columns(
+    client: &Client,
+    relation_id: Oid,
+) -> Result<HashSet<String>, SourceError> {
+    let rows = client
+        .query(
+            "SELECT attname::text FROM pg_attribute \
+             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attnotnull",
+            &[&relation_id],
+        )
+        .await
+        .map_err(|e| SourceError::from_sql("reading the outbox table's columns", e))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The server's current WAL flush position.
+pub async fn current_wal_flush(client: &Client) -> Result<Lsn, SourceError> {
+    let row = client
+        .query_one("SELECT pg_current_wal_flush_lsn()", &[])
+        .await
+        .map_err(|e| SourceError::from_sql("reading the server's WAL position", e))?;
+    let lsn: PgLsn = row.get(0);
+    Ok(Lsn(u64::from(lsn)))
+}
