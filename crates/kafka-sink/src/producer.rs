@@ -546,3 +546,79 @@ impl BrokerProbe {
             .unwrap_or(false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Consequence, TopicCreation};
+
+    /// A sink whose brokers never answer (nothing listens on the port), so records stay queued.
+    fn unreachable_sink() -> (KafkaSink, mpsc::UnboundedReceiver<Delivery>) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let config = SinkConfig {
+            bootstrap_servers: format!("127.0.0.1:{port}"),
+            properties: Default::default(),
+            topic_creation: TopicCreation {
+                enabled: false,
+                ..TopicCreation::default()
+            },
+            discard: false,
+        };
+        KafkaSink::new(&config, None).expect("a producer")
+    }
+
+    fn record(n: usize) -> RoutedRecord {
+        RoutedRecord {
+            topic: "t".into(),
+            key: Some(Bytes::from(format!("k{n}"))),
+            value: Some(Bytes::from_static(b"v")),
+            headers: vec![],
+            timestamp_ms: None,
+            partition: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_retired_producer_at_a_time_and_its_last_report_is_known() {
+        let (mut sink, mut deliveries) = unreachable_sink();
+        let records = 20_000;
+        for n in 0..records {
+            sink.send(n, &record(n)).await.unwrap();
+        }
+        let rebuilt = sink.rebuild().unwrap();
+        assert_eq!(rebuilt.generation, 1);
+        assert_eq!(sink.generation(), 1);
+        // Purged records are reported on librdkafka's thread, one by one: 20,000 of them take
+        // longer than asking again at once.
+        match sink.rebuild() {
+            Err(SinkError::RetiredStillReporting {
+                generation: 0,
+                unreported,
+            }) => assert!(unreported > 0 && unreported <= records),
+            other => panic!("a second rebuild while the first retired one reports: {other:?}"),
+        }
+        assert_eq!(sink.generation(), 1, "a refused rebuild changes nothing");
+
+        tokio::time::timeout(Duration::from_secs(30), sink.retired_reported())
+            .await
+            .expect("the retired producer reports everything");
+        assert_eq!(sink.retired(), None);
+        // Every report is on the channel by then: one per record, each a purge of generation 0.
+        for _ in 0..records {
+            let delivery = deliveries.try_recv().expect("a report per record");
+            assert_eq!(delivery.generation, 0);
+            let failure = delivery.result.expect_err("purged");
+            assert_eq!(failure.error.consequence(), Consequence::ProducerFailed);
+        }
+        assert!(deliveries.try_recv().is_err());
+        let rebuilt = sink.rebuild().unwrap();
+        assert_eq!(rebuilt.generation, 2);
+        assert_eq!(
+            rebuilt.retired_unreported, 0,
+            "nothing was sent on generation 1"
+        );
+    }
+}
