@@ -3,8 +3,9 @@
 //! responses of the same versions.
 //!
 //! Produce v3 is the first version carrying record batches (message format v2), which every
-//! client the tests use speaks; librdkafka sends at most v10, one partition per request. v13
-//! (topic ids instead of names) is not parsed.
+//! client the tests use speaks; librdkafka sends at most v10, one partition per request, and
+//! uses v10 (flexible) against Tansu 0.6 (the Kafka-mode proxy records the versions it sees:
+//! `ThrottlingProxy::produce_versions`). v13 (topic ids instead of names) is not parsed.
 //!
 //! # Invariants
 //!

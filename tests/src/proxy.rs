@@ -262,6 +262,8 @@ struct Shared {
     kafka: bool,
     fault: Mutex<Option<ProduceFault>>,
     injected: AtomicU64,
+    /// Bit `v` set once a Produce request of version `v` (< 64) was seen.
+    produce_versions: AtomicU64,
 }
 
 impl Shared {
@@ -318,6 +320,7 @@ impl ThrottlingProxy {
             kafka,
             fault: Mutex::new(None),
             injected: AtomicU64::new(0),
+            produce_versions: AtomicU64::new(0),
         });
         runtime.spawn(accept_loop(listener, target, Arc::clone(&shared)));
         Ok(ThrottlingProxy {
@@ -397,6 +400,12 @@ impl ThrottlingProxy {
     /// Produce requests answered by the proxy so far.
     pub fn faults_injected(&self) -> u64 {
         self.shared.injected.load(Ordering::Relaxed)
+    }
+
+    /// The Produce versions clients used through this (Kafka-mode) proxy.
+    pub fn produce_versions(&self) -> Vec<i16> {
+        let seen = self.shared.produce_versions.load(Ordering::Relaxed);
+        (0..64).filter(|v| seen & (1 << v) != 0).collect()
     }
 }
 
@@ -546,6 +555,13 @@ async fn kafka_requests(
 ) {
     let mut paused = shared.paused.subscribe();
     while let Some(frame) = read_frame(&mut from).await {
+        if let Ok(header) = request_header(&frame[4..]) {
+            if header.api_key == PRODUCE && (0..64).contains(&header.api_version) {
+                shared
+                    .produce_versions
+                    .fetch_or(1 << header.api_version, Ordering::Relaxed);
+            }
+        }
         let injected = shared
             .fault()
             .and_then(|fault| injected_answer(&fault, &frame[4..]));

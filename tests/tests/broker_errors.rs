@@ -127,6 +127,15 @@ async fn the_fault_proxy_refuses_one_topic_with_the_chosen_code() -> Result<()> 
         other => panic!("expected a policy violation, got {other:?}"),
     }
     assert!(broker.proxy().faults_injected() >= 1);
+    let versions = broker.proxy().produce_versions();
+    eprintln!("Produce versions used against Tansu: {versions:?}");
+    assert!(
+        !versions.is_empty()
+            && versions
+                .iter()
+                .all(|v| siphon_tests::kafka_protocol::PRODUCE_VERSIONS.contains(v)),
+        "{versions:?}"
+    );
     // After a refused batch librdkafka bumps the idempotent producer's epoch (KIP-360); Tansu
     // answers that with PRODUCER_FENCED, so this producer is done: a new one works.
     let fresh: FutureProducer = ClientConfig::new()
