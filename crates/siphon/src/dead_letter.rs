@@ -25,9 +25,10 @@ pub const MAX_VALUE_BYTES: usize = 900 * 1024;
 pub const HEADROOM_BYTES: usize = 16 * 1024;
 /// Column values longer than this are left out of a dead-lettered row.
 const MAX_COLUMN_BYTES: usize = 64 * 1024;
-/// The error message header is cut to this many bytes.
+/// The error message header is cut to this many bytes (and to a quarter of the record limit).
 const MAX_ERROR_BYTES: usize = 4 * 1024;
-/// Room kept for the `siphon.error.omitted` header (cut to fit).
+/// Room kept for the `siphon.error.omitted` header, cut to fit (and at most an eighth of the
+/// record limit).
 const OMITTED_ROOM_BYTES: usize = 4 * 1024;
 /// Ends a header value that was cut.
 pub const TRUNCATED_MARKER: &str = "... [truncated by Siphon]";
@@ -77,12 +78,12 @@ fn header_bytes(header: &Header) -> usize {
 }
 
 /// Adds `siphon.error.omitted` listing what was left out, cut to its reserved room.
-fn push_omitted(headers: &mut Vec<Header>, omitted: &[String]) {
+fn push_omitted(headers: &mut Vec<Header>, omitted: &[String], room: usize) {
     if !omitted.is_empty() {
         let name = "siphon.error.omitted";
         headers.push(header(
             name,
-            truncated(&omitted.join(", "), OMITTED_ROOM_BYTES - name.len()),
+            truncated(&omitted.join(", "), room.saturating_sub(name.len())),
         ));
     }
 }
@@ -112,13 +113,14 @@ fn header(name: &str, value: impl Into<Bytes>) -> Header {
 
 fn common_headers(
     error: &(impl Display + ?Sized),
+    max_error_bytes: usize,
     stage: Stage,
     commit_lsn: Option<Lsn>,
 ) -> Vec<Header> {
     let mut headers = vec![
         header(
             "siphon.error.message",
-            truncated(&error.to_string(), MAX_ERROR_BYTES),
+            truncated(&error.to_string(), max_error_bytes),
         ),
         header("siphon.error.stage", stage.as_str()),
     ];
@@ -146,6 +148,14 @@ impl DeadLetters {
         self.max_record_bytes
     }
 
+    fn max_error_bytes(&self) -> usize {
+        MAX_ERROR_BYTES.min(self.max_record_bytes / 4)
+    }
+
+    fn omitted_room(&self) -> usize {
+        OMITTED_ROOM_BYTES.min(self.max_record_bytes / 8)
+    }
+
     /// The dead-letter topic.
     pub fn topic(&self) -> &str {
         &self.topic
@@ -161,7 +171,7 @@ impl DeadLetters {
         lsn: Lsn,
         commit_lsn: Option<Lsn>,
     ) -> RoutedRecord {
-        let mut headers = common_headers(error, Stage::Route, commit_lsn);
+        let mut headers = common_headers(error, self.max_error_bytes(), Stage::Route, commit_lsn);
         headers.push(header(
             "siphon.source.table",
             format!("{}.{}", relation.namespace, relation.name),
@@ -171,7 +181,7 @@ impl DeadLetters {
         let headers_size: usize = headers.iter().map(header_bytes).sum();
         let mut room = self
             .max_record_bytes
-            .saturating_sub(headers_size + OMITTED_ROOM_BYTES);
+            .saturating_sub(headers_size + self.omitted_room());
         // Every column takes at least `"name":null,`; the room for values is what is left.
         let skeleton: usize = 2 + relation
             .columns
@@ -217,7 +227,7 @@ impl DeadLetters {
             row.push((name, value));
         }
         let value = json_object(&row);
-        push_omitted(&mut headers, &omitted);
+        push_omitted(&mut headers, &omitted, self.omitted_room());
         RoutedRecord {
             topic: self.topic.clone(),
             key: None,
@@ -238,12 +248,12 @@ impl DeadLetters {
         stage: Stage,
         commit_lsn: Option<Lsn>,
     ) -> RoutedRecord {
-        let mut headers = common_headers(error, stage, commit_lsn);
+        let mut headers = common_headers(error, self.max_error_bytes(), stage, commit_lsn);
         headers.push(header("siphon.original.topic", original.topic.clone()));
         let headers_size: usize = headers.iter().map(header_bytes).sum();
         let mut room = self
             .max_record_bytes
-            .saturating_sub(headers_size + OMITTED_ROOM_BYTES);
+            .saturating_sub(headers_size + self.omitted_room());
         let mut omitted = Vec::new();
         let mut kept_headers = Vec::with_capacity(original.headers.len());
         for h in original.headers {
@@ -268,7 +278,7 @@ impl DeadLetters {
         };
         let key = fit(original.key, "key", &mut omitted);
         let value = fit(original.value, "value", &mut omitted);
-        push_omitted(&mut headers, &omitted);
+        push_omitted(&mut headers, &omitted, self.omitted_room());
         headers.extend(kept_headers);
         RoutedRecord {
             topic: self.topic.clone(),
@@ -501,6 +511,29 @@ mod tests {
             .to_owned();
         assert!(omitted.contains("header h9 (100002 bytes)"), "{omitted}");
         assert!(omitted.contains("value (300000 bytes)"), "{omitted}");
+    }
+
+    #[test]
+    fn under_a_small_limit_the_key_and_headers_are_kept_before_the_value() {
+        let original = RoutedRecord {
+            topic: "outbox.event.Order".into(),
+            key: Some(Bytes::from_static(b"\"order-3\"")),
+            value: Some(Bytes::from(vec![b'x'; 30_000])),
+            headers: vec![header("id", "00000000-0000-4000-8000-000000000003")],
+            timestamp_ms: None,
+            partition: None,
+        };
+        let dead_letters = DeadLetters::new("dlq".into(), 20_000);
+        let error = "a record for topic outbox.event.Order was refused with MessageSizeTooLarge (code 10): raise the topic's max.message.bytes (and kafka.properties.\"message.max.bytes\"), or make the payload smaller";
+        let r = dead_letters.for_record(original, error, Stage::Produce, Some(Lsn(9)));
+        assert!(record_bytes(&r) <= dead_letters.max_record_bytes());
+        assert_eq!(r.key.as_deref(), Some(&b"\"order-3\""[..]));
+        assert!(header_value(&r, "id").is_some());
+        assert_eq!(r.value, None);
+        assert_eq!(
+            header_value(&r, "siphon.error.message"),
+            Some(error.as_bytes())
+        );
     }
 
     #[test]
