@@ -34,6 +34,7 @@
 //!   system from the outside.
 
 pub mod broker;
+pub mod kafka_protocol;
 pub mod kafka_read;
 pub mod outbox;
 pub mod ports;

@@ -13,11 +13,22 @@
 //! listening on one port and advertising the proxy's port: after bootstrap,
 //! every connection still goes through the proxy.
 //!
+//! A proxy started with [`ThrottlingProxy::start_kafka`] also understands the
+//! Kafka protocol's framing: while a [`ProduceFault`] is set, it answers the
+//! Produce requests that match it itself, with the fault's error code, instead
+//! of forwarding them (the broker never sees those records); every other
+//! request is forwarded unchanged. Answers go back in request order, as Kafka
+//! clients expect.
+//!
 //! # Invariants
 //!
 //! - Only 127.0.0.1 is bound; the proxy's port is fixed for its lifetime.
 //! - Bytes are forwarded unchanged and in order; an end of stream on one side
-//!   is passed on as an end of stream (write shutdown) to the other.
+//!   is passed on as an end of stream (write shutdown) to the other. In Kafka
+//!   mode, a Produce request matching the fault is not forwarded: the client
+//!   gets an answer built by the proxy in its place, in order.
+//! - In Kafka mode a frame larger than [`MAX_FRAME`] closes the connection,
+//!   so memory per connection stays bounded.
 //! - Over any interval, a direction limited to `r` bytes/s forwards at most
 //!   `r` bytes per second plus one burst (1/20 s of traffic, at least 512
 //!   bytes).
@@ -37,7 +48,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _, Result};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+
+use crate::kafka_protocol::{
+    encode_produce_response, parse_produce_request, request_header, PartitionResponse,
+    TopicResponse, PRODUCE,
+};
 
 /// Bytes read from a socket at once.
 const CHUNK: usize = 64 * 1024;
@@ -139,10 +155,121 @@ impl Link {
     }
 }
 
+/// The largest Kafka frame the proxy reads in Kafka mode (librdkafka's default
+/// `message.max.bytes` is 1 MB; the broker's default request limit is 100 MB).
+pub const MAX_FRAME: usize = 100 * 1024 * 1024;
+
+/// `NOT_LEADER_OR_FOLLOWER`: the answer for the partitions of an answered
+/// Produce request that the fault does not match (the client retries them).
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+
+/// Which Produce requests a Kafka-mode proxy answers itself, and with what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProduceFault {
+    /// Only records for this topic.
+    pub topic: String,
+    /// Only this partition (any when `None`).
+    pub partition: Option<i32>,
+    /// Only record batches whose bytes contain this (any batch when `None`):
+    /// the batch's other records fail with it, as with a real broker.
+    pub marker: Option<Vec<u8>>,
+    /// The Kafka error code answered, e.g. 44 (POLICY_VIOLATION).
+    pub error_code: i16,
+}
+
+impl ProduceFault {
+    /// Every Produce to `topic` is answered with `error_code`.
+    pub fn new(topic: &str, error_code: i16) -> Self {
+        ProduceFault {
+            topic: topic.to_owned(),
+            partition: None,
+            marker: None,
+            error_code,
+        }
+    }
+
+    /// Only partition `partition`.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// Only batches containing `marker`.
+    pub fn marker(mut self, marker: &[u8]) -> Self {
+        self.marker = Some(marker.to_vec());
+        self
+    }
+
+    /// Whether the batch `records` for `topic`/`partition` is answered.
+    pub fn matches(&self, topic: &str, partition: i32, records: &[u8]) -> bool {
+        topic == self.topic
+            && self.partition.is_none_or(|p| p == partition)
+            && self.marker.as_ref().is_none_or(|m| {
+                !m.is_empty() && records.windows(m.len()).any(|w| w == m.as_slice())
+            })
+    }
+}
+
+/// The answer the proxy gives itself to the request `frame` (after the size
+/// prefix), if the fault matches one of its batches.
+pub fn injected_answer(fault: &ProduceFault, frame: &[u8]) -> Option<Vec<u8>> {
+    let header = request_header(frame).ok()?;
+    if header.api_key != PRODUCE {
+        return None;
+    }
+    // A request the parser does not know is forwarded as it is.
+    let request = parse_produce_request(frame).ok()?;
+    let hit = request.topics.iter().any(|t| {
+        t.partitions
+            .iter()
+            .any(|p| fault.matches(&t.name, p.partition, &p.records))
+    });
+    if !hit || request.acks == 0 {
+        return None;
+    }
+    let topics: Vec<TopicResponse> = request
+        .topics
+        .iter()
+        .map(|t| TopicResponse {
+            name: t.name.clone(),
+            partitions: t
+                .partitions
+                .iter()
+                .map(|p| PartitionResponse {
+                    partition: p.partition,
+                    error_code: if fault.matches(&t.name, p.partition, &p.records) {
+                        fault.error_code
+                    } else {
+                        NOT_LEADER_OR_FOLLOWER
+                    },
+                    error_message: None,
+                })
+                .collect(),
+        })
+        .collect();
+    Some(encode_produce_response(
+        header.api_version,
+        header.correlation_id,
+        &topics,
+    ))
+}
+
 struct Shared {
     links: [Link; 2],
     paused: watch::Sender<bool>,
     accepted: AtomicU64,
+    /// Whether connections are forwarded frame by frame (Kafka mode).
+    kafka: bool,
+    fault: Mutex<Option<ProduceFault>>,
+    injected: AtomicU64,
+    /// Bit `v` set once a Produce request of version `v` (< 64) was seen.
+    produce_versions: AtomicU64,
+}
+
+impl Shared {
+    fn fault(&self) -> Option<ProduceFault> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// A TCP proxy from 127.0.0.1:`port` to a target address, with a bandwidth
@@ -164,6 +291,16 @@ impl ThrottlingProxy {
     /// needs to listen on `target` yet: a connection that cannot reach it is
     /// closed.
     pub fn start_on(port: u16, target: SocketAddr) -> Result<ThrottlingProxy> {
+        Self::start_mode(port, target, false)
+    }
+
+    /// Starts a Kafka-mode proxy on a free port of 127.0.0.1, forwarding to
+    /// the broker at `target`: see [`ThrottlingProxy::set_produce_fault`].
+    pub fn start_kafka(target: SocketAddr) -> Result<ThrottlingProxy> {
+        Self::start_mode(crate::free_port(), target, true)
+    }
+
+    fn start_mode(port: u16, target: SocketAddr, kafka: bool) -> Result<ThrottlingProxy> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("throttling-proxy")
@@ -180,6 +317,10 @@ impl ThrottlingProxy {
             links: [Link::new(), Link::new()],
             paused: watch::channel(false).0,
             accepted: AtomicU64::new(0),
+            kafka,
+            fault: Mutex::new(None),
+            injected: AtomicU64::new(0),
+            produce_versions: AtomicU64::new(0),
         });
         runtime.spawn(accept_loop(listener, target, Arc::clone(&shared)));
         Ok(ThrottlingProxy {
@@ -248,6 +389,24 @@ impl ThrottlingProxy {
     pub fn connections(&self) -> u64 {
         self.shared.accepted.load(Ordering::Relaxed)
     }
+
+    /// From now on (on open connections too), answers the Produce requests
+    /// `fault` matches with its error code (`None`: forward everything).
+    /// Only a proxy started with [`ThrottlingProxy::start_kafka`] looks.
+    pub fn set_produce_fault(&self, fault: Option<ProduceFault>) {
+        *self.shared.fault.lock().unwrap_or_else(|e| e.into_inner()) = fault;
+    }
+
+    /// Produce requests answered by the proxy so far.
+    pub fn faults_injected(&self) -> u64 {
+        self.shared.injected.load(Ordering::Relaxed)
+    }
+
+    /// The Produce versions clients used through this (Kafka-mode) proxy.
+    pub fn produce_versions(&self) -> Vec<i16> {
+        let seen = self.shared.produce_versions.load(Ordering::Relaxed);
+        (0..64).filter(|v| seen & (1 << v) != 0).collect()
+    }
 }
 
 impl Drop for ThrottlingProxy {
@@ -267,7 +426,15 @@ async fn accept_loop(listener: std::net::TcpListener, target: SocketAddr, shared
         match listener.accept().await {
             Ok((client, _)) => {
                 shared.accepted.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(forward_connection(client, target, Arc::clone(&shared)));
+                if shared.kafka {
+                    tokio::spawn(forward_kafka_connection(
+                        client,
+                        target,
+                        Arc::clone(&shared),
+                    ));
+                } else {
+                    tokio::spawn(forward_connection(client, target, Arc::clone(&shared)));
+                }
             }
             // Out of file descriptors and the like: try again shortly.
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -319,6 +486,129 @@ async fn pump(
     let _ = to.shutdown().await;
 }
 
+/// Who answers one request of a Kafka-mode connection.
+enum Answer {
+    /// The broker: its next response frame.
+    Broker,
+    /// The proxy, with these bytes.
+    Proxy(Vec<u8>),
+}
+
+/// Forwards a Kafka connection frame by frame, answering the Produce requests
+/// the fault matches, and keeping answers in request order.
+async fn forward_kafka_connection(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) {
+    let Ok(server) = TcpStream::connect(target).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let (answers, answers_rx) = mpsc::unbounded_channel();
+    tokio::join!(
+        kafka_requests(client_read, server_write, &shared, answers),
+        kafka_responses(server_read, client_write, &shared, answers_rx),
+    );
+}
+
+/// Reads one size-prefixed frame (prefix included); `None` at end of stream,
+/// on an error or for a frame over [`MAX_FRAME`].
+async fn read_frame(from: &mut tokio::net::tcp::OwnedReadHalf) -> Option<Vec<u8>> {
+    let mut size = [0u8; 4];
+    from.read_exact(&mut size).await.ok()?;
+    let len = usize::try_from(i32::from_be_bytes(size)).ok()?;
+    if len > MAX_FRAME {
+        return None;
+    }
+    let mut frame = vec![0u8; 4 + len];
+    frame[..4].copy_from_slice(&size);
+    from.read_exact(&mut frame[4..]).await.ok()?;
+    Some(frame)
+}
+
+/// Writes `bytes` within `direction`'s rate limit; false when the peer is gone.
+async fn write_limited(
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    bytes: &[u8],
+    shared: &Shared,
+    direction: Direction,
+    paused: &mut watch::Receiver<bool>,
+) -> bool {
+    let link = &shared.links[direction.index()];
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let granted = link.acquire(bytes.len() - sent, paused).await;
+        if to.write_all(&bytes[sent..sent + granted]).await.is_err() {
+            return false;
+        }
+        sent += granted;
+        link.forwarded.fetch_add(granted as u64, Ordering::Relaxed);
+    }
+    true
+}
+
+async fn kafka_requests(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    shared: &Shared,
+    answers: mpsc::UnboundedSender<Answer>,
+) {
+    let mut paused = shared.paused.subscribe();
+    while let Some(frame) = read_frame(&mut from).await {
+        if let Ok(header) = request_header(&frame[4..]) {
+            if header.api_key == PRODUCE && (0..64).contains(&header.api_version) {
+                shared
+                    .produce_versions
+                    .fetch_or(1 << header.api_version, Ordering::Relaxed);
+            }
+        }
+        let injected = shared
+            .fault()
+            .and_then(|fault| injected_answer(&fault, &frame[4..]));
+        if let Some(answer) = injected {
+            shared.injected.fetch_add(1, Ordering::Relaxed);
+            if answers.send(Answer::Proxy(answer)).is_err() {
+                break;
+            }
+            continue;
+        }
+        // A Produce with acks=0 gets no answer from the broker.
+        let answered = match crate::kafka_protocol::parse_produce_request(&frame[4..]) {
+            Ok(produce) => produce.acks != 0,
+            Err(_) => true,
+        };
+        if answered && answers.send(Answer::Broker).is_err() {
+            break;
+        }
+        if !write_limited(&mut to, &frame, shared, Direction::ToServer, &mut paused).await {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+async fn kafka_responses(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    shared: &Shared,
+    mut answers: mpsc::UnboundedReceiver<Answer>,
+) {
+    let mut paused = shared.paused.subscribe();
+    while let Some(answer) = answers.recv().await {
+        let frame = match answer {
+            Answer::Proxy(frame) => frame,
+            Answer::Broker => match read_frame(&mut from).await {
+                Some(frame) => frame,
+                None => break,
+            },
+        };
+        if !write_limited(&mut to, &frame, shared, Direction::ToClient, &mut paused).await {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
 /// How long [`ProxiedBroker::start`] waits for the broker to answer metadata
 /// through the proxy.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -339,10 +629,24 @@ impl ProxiedBroker {
     /// broker answers a metadata request through the proxy, listing itself at
     /// the proxy's address.
     pub fn start() -> Result<ProxiedBroker> {
+        Self::start_mode(false)
+    }
+
+    /// Like [`ProxiedBroker::start`], with a Kafka-mode proxy: see
+    /// [`ThrottlingProxy::set_produce_fault`].
+    pub fn start_kafka_aware() -> Result<ProxiedBroker> {
+        Self::start_mode(true)
+    }
+
+    fn start_mode(kafka: bool) -> Result<ProxiedBroker> {
         let bin = crate::tansu_bin()?;
         let dir = crate::short_tempdir("siphon-kafka-proxied-")?;
         let broker_port = crate::free_port();
-        let proxy = ThrottlingProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, broker_port)))?;
+        let proxy = ThrottlingProxy::start_mode(
+            crate::free_port(),
+            SocketAddr::from((Ipv4Addr::LOCALHOST, broker_port)),
+            kafka,
+        )?;
         let broker = ProxiedBroker {
             proxy,
             broker_port,
@@ -620,5 +924,144 @@ mod tests {
             .await
             .expect("the proxy closes the connection");
         assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+
+    /// A Kafka-ish server: answers every framed Produce request with error 0,
+    /// after `delay` (so an injected answer could overtake it if order were
+    /// not kept), and reports the correlation ids it saw.
+    async fn produce_server(
+        delay: Duration,
+    ) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<i32>) {
+        use crate::kafka_protocol::parse_produce_request;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let mut size = [0u8; 4];
+                        if socket.read_exact(&mut size).await.is_err() {
+                            return;
+                        }
+                        let mut frame = vec![0u8; i32::from_be_bytes(size) as usize];
+                        socket.read_exact(&mut frame).await.unwrap();
+                        let request = parse_produce_request(&frame).unwrap();
+                        let _ = tx.send(request.header.correlation_id);
+                        tokio::time::sleep(delay).await;
+                        let topics: Vec<TopicResponse> = request
+                            .topics
+                            .iter()
+                            .map(|t| TopicResponse {
+                                name: t.name.clone(),
+                                partitions: t
+                                    .partitions
+                                    .iter()
+                                    .map(|p| PartitionResponse {
+                                        partition: p.partition,
+                                        error_code: 0,
+                                        error_message: None,
+                                    })
+                                    .collect(),
+                            })
+                            .collect();
+                        let answer = encode_produce_response(
+                            request.header.api_version,
+                            request.header.correlation_id,
+                            &topics,
+                        );
+                        socket.write_all(&answer).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    fn produce(version: i16, correlation_id: i32, topic: &str, records: &[u8]) -> Vec<u8> {
+        use crate::kafka_protocol::*;
+        encode_produce_request(
+            &ProduceRequest {
+                header: RequestHeader {
+                    api_key: PRODUCE,
+                    api_version: version,
+                    correlation_id,
+                },
+                transactional_id: None,
+                acks: -1,
+                timeout_ms: 1000,
+                topics: vec![TopicData {
+                    name: topic.into(),
+                    partitions: vec![PartitionData {
+                        partition: 0,
+                        records: records.to_vec(),
+                    }],
+                }],
+            },
+            Some("test"),
+        )
+    }
+
+    #[test]
+    fn a_fault_matches_topic_partition_and_marker() {
+        let fault = ProduceFault::new("orders", 44);
+        assert!(fault.matches("orders", 3, b"anything"));
+        assert!(!fault.matches("other", 3, b"anything"));
+        let fault = fault.partition(1).marker(b"POISON");
+        assert!(fault.matches("orders", 1, b"..POISON.."));
+        assert!(!fault.matches("orders", 1, b"..POIS0N.."));
+        assert!(!fault.matches("orders", 2, b"..POISON.."));
+        // Other API keys are never answered.
+        let mut fetch = produce(7, 1, "orders", b"POISON")[4..].to_vec();
+        fetch[1] = 1;
+        assert_eq!(injected_answer(&fault, &fetch), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn matching_produce_requests_are_answered_by_the_proxy_in_order() {
+        use crate::kafka_protocol::parse_produce_response;
+        for version in [3i16, 7, 9, 10] {
+            let (addr, mut seen) = produce_server(Duration::from_millis(200)).await;
+            let proxy = ThrottlingProxy::start_kafka(addr).unwrap();
+            proxy.set_produce_fault(Some(ProduceFault::new("orders", 44).marker(b"POISON")));
+            let mut conn = TcpStream::connect(("127.0.0.1", proxy.port()))
+                .await
+                .unwrap();
+            // Pipelined: innocent, poison, other topic's poison.
+            conn.write_all(&produce(version, 1, "orders", b"innocent"))
+                .await
+                .unwrap();
+            conn.write_all(&produce(version, 2, "orders", b"a POISON b"))
+                .await
+                .unwrap();
+            conn.write_all(&produce(version, 3, "payments", b"POISON"))
+                .await
+                .unwrap();
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                let mut size = [0u8; 4];
+                conn.read_exact(&mut size).await.unwrap();
+                let mut frame = vec![0u8; i32::from_be_bytes(size) as usize];
+                conn.read_exact(&mut frame).await.unwrap();
+                let (id, topics) = parse_produce_response(version, &frame).unwrap();
+                answers.push((id, topics[0].partitions[0].error_code));
+            }
+            assert_eq!(answers, [(1, 0), (2, 44), (3, 0)], "v{version}");
+            assert_eq!(proxy.faults_injected(), 1);
+            assert_eq!(seen.recv().await, Some(1));
+            assert_eq!(
+                seen.recv().await,
+                Some(3),
+                "the poison never reaches the broker"
+            );
+
+            // Lifted: forwarded again.
+            proxy.set_produce_fault(None);
+            conn.write_all(&produce(version, 4, "orders", b"POISON"))
+                .await
+                .unwrap();
+            assert_eq!(seen.recv().await, Some(4));
+        }
     }
 }

@@ -16,7 +16,9 @@ pub mod producer;
 pub mod topics;
 
 pub use config::{SinkConfig, TopicCreation};
-pub use error::{DeliveryError, SinkError};
+pub use error::{Consequence, DeliveryError, ProducerFailure, Refusal, SinkError};
 pub use producer::{
-    BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink,
+    BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink, Rebuilt,
+    RetiredStatus,
 };
+pub use rdkafka::error::RDKafkaErrorCode;

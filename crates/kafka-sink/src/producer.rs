@@ -5,6 +5,12 @@
 //!   with the token the caller gave.
 //! - [`KafkaSink::send`] never drops a record: when librdkafka's queue is full it waits and
 //!   retries.
+//! - At most one retired producer (replaced by [`KafkaSink::rebuild`]) waits for its last
+//!   reports: a rebuild is refused with [`SinkError::RetiredStillReporting`] until the previous
+//!   retired producer has reported every record it was given.
+//! - A producer's unreported count is raised before a record is handed to librdkafka and
+//!   lowered after that record's [`Delivery`] is on the channel: at zero, every report of the
+//!   producer is in the channel.
 
 use crate::topics::TopicCreator;
 use crate::{DeliveryError, SinkConfig, SinkError};
@@ -17,9 +23,10 @@ use rdkafka::producer::{
 };
 use rdkafka::ClientContext;
 use siphon_router::{Header, RoutedRecord};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tracing::{debug, warn};
 
 /// Where a delivered record landed.
@@ -54,6 +61,45 @@ pub struct DeliveryContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
     observer: Option<Arc<dyn DeliveryObserver>>,
     generation: u64,
+    unreported: Arc<Unreported>,
+}
+
+/// Records handed to one producer whose [`Delivery`] is not on the channel yet.
+#[derive(Default)]
+struct Unreported {
+    count: AtomicUsize,
+    /// Woken when `count` drops to zero.
+    none_left: Notify,
+}
+
+impl Unreported {
+    fn add(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn remove(&self) {
+        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.none_left.notify_waiters();
+        }
+    }
+
+    fn get(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Returns once the count is zero.
+    async fn all_reported(&self) {
+        loop {
+            let notified = self.none_left.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a drop to zero in between is not missed.
+            notified.as_mut().enable();
+            if self.get() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// Told about every delivered record, on librdkafka's thread: keep it cheap.
@@ -115,6 +161,7 @@ impl ProducerContext for DeliveryContext {
         };
         // The receiver is gone only when the pipeline is shutting down.
         let _ = self.deliveries.send(delivery);
+        self.unreported.remove();
     }
 }
 
@@ -124,6 +171,7 @@ fn create_producer(
     deliveries: &mpsc::UnboundedSender<Delivery>,
     observer: &Option<Arc<dyn DeliveryObserver>>,
     generation: u64,
+    unreported: &Arc<Unreported>,
 ) -> Result<ThreadedProducer<DeliveryContext>, SinkError> {
     let mut client_config = ClientConfig::new();
     for (key, value) in properties {
@@ -134,6 +182,7 @@ fn create_producer(
             deliveries: deliveries.clone(),
             observer: observer.clone(),
             generation,
+            unreported: Arc::clone(unreported),
         })
         .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))
 }
@@ -191,17 +240,46 @@ pub fn record_bytes(record: &RoutedRecord) -> usize {
 /// acknowledges every record at once without sending it.
 pub struct KafkaSink {
     backend: Backend,
-    /// Producers replaced by [`KafkaSink::rebuild`], kept until their last delivery report.
-    retired: Vec<Arc<ThreadedProducer<DeliveryContext>>>,
+    /// The producer replaced by the last [`KafkaSink::rebuild`], kept until its last delivery
+    /// report.
+    retired: Option<Retired>,
     generation: u64,
     config: SinkConfig,
     deliveries: mpsc::UnboundedSender<Delivery>,
     observer: Option<Arc<dyn DeliveryObserver>>,
 }
 
+/// A producer replaced by [`KafkaSink::rebuild`], purged, with reports still to come.
+struct Retired {
+    // Dropping it (which waits for librdkafka's threads) only once everything is reported.
+    _producer: Arc<ThreadedProducer<DeliveryContext>>,
+    generation: u64,
+    unreported: Arc<Unreported>,
+}
+
+/// A retired producer's progress (see [`KafkaSink::retired`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetiredStatus {
+    /// The retired producer's generation (its [`Delivery::generation`]).
+    pub generation: u64,
+    /// Its records whose [`Delivery`] is not on the channel yet.
+    pub unreported: usize,
+}
+
+/// What [`KafkaSink::rebuild`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// The new producer's generation.
+    pub generation: u64,
+    /// The replaced producer's records whose [`Delivery`] is not on the channel yet (each
+    /// comes back as a failure to send again).
+    pub retired_unreported: usize,
+}
+
 enum Backend {
     Kafka {
         producer: Arc<ThreadedProducer<DeliveryContext>>,
+        unreported: Arc<Unreported>,
         topics: TopicCreator,
     },
     Discard {
@@ -222,14 +300,22 @@ impl KafkaSink {
             }
         } else {
             let properties = config.client_properties()?;
+            let unreported = Arc::new(Unreported::default());
             Backend::Kafka {
-                producer: Arc::new(create_producer(&properties, &tx, &observer, 0)?),
+                producer: Arc::new(create_producer(
+                    &properties,
+                    &tx,
+                    &observer,
+                    0,
+                    &unreported,
+                )?),
+                unreported,
                 topics: TopicCreator::new(&properties, config.topic_creation.clone())?,
             }
         };
         let sink = KafkaSink {
             backend,
-            retired: Vec::new(),
+            retired: None,
             generation: 0,
             config: config.clone(),
             deliveries: tx,
@@ -245,25 +331,59 @@ impl KafkaSink {
 
     /// Replaces a failed producer with a new one on the same delivery channel. The old one's
     /// queued and in-flight records are purged: each comes back as a failed [`Delivery`] (with
-    /// its record) to be sent again, in the order it was sent. Topics already created stay
-    /// known.
-    pub fn rebuild(&mut self) -> Result<(), SinkError> {
-        let Backend::Kafka { producer, .. } = &mut self.backend else {
-            return Ok(());
+    /// its record and the old generation) to be sent again, in the order it was sent. Topics
+    /// already created stay known.
+    ///
+    /// At most one retired producer waits for its reports: while the one retired by the
+    /// previous rebuild has records to report this returns
+    /// [`SinkError::RetiredStillReporting`] and changes nothing; await
+    /// [`KafkaSink::retired_reported`] first. A retired producer that has reported everything
+    /// is let go here.
+    pub fn rebuild(&mut self) -> Result<Rebuilt, SinkError> {
+        let Backend::Kafka {
+            producer,
+            unreported,
+            ..
+        } = &mut self.backend
+        else {
+            return Ok(Rebuilt {
+                generation: self.generation,
+                retired_unreported: 0,
+            });
         };
+        if let Some(retired) = &self.retired {
+            let left = retired.unreported.get();
+            if left > 0 {
+                return Err(SinkError::RetiredStillReporting {
+                    generation: retired.generation,
+                    unreported: left,
+                });
+            }
+        }
         let properties = self.config.client_properties()?;
         let generation = self.generation + 1;
+        let fresh_unreported = Arc::new(Unreported::default());
         let fresh = Arc::new(create_producer(
             &properties,
             &self.deliveries,
             &self.observer,
             generation,
+            &fresh_unreported,
         )?);
         let old = std::mem::replace(producer, fresh);
+        let old_unreported = std::mem::replace(unreported, fresh_unreported);
         old.purge(PurgeConfig::default().queue().inflight());
-        self.retired.push(old);
+        let retired_unreported = old_unreported.get();
+        self.retired = Some(Retired {
+            _producer: old,
+            generation: self.generation,
+            unreported: old_unreported,
+        });
         self.generation = generation;
-        Ok(())
+        Ok(Rebuilt {
+            generation,
+            retired_unreported,
+        })
     }
 
     /// Purges the current producer: its queued and in-flight records come back as failed
@@ -274,17 +394,42 @@ impl KafkaSink {
         }
     }
 
-    /// Lets go of replaced producers whose delivery reports have all arrived.
+    /// The producer retired by the last rebuild, while it has records to report.
+    pub fn retired(&self) -> Option<RetiredStatus> {
+        self.retired
+            .as_ref()
+            .map(|r| RetiredStatus {
+                generation: r.generation,
+                unreported: r.unreported.get(),
+            })
+            .filter(|status| status.unreported > 0)
+    }
+
+    /// Returns once the retired producer (if any) has put every report on the channel.
+    /// Cancel-safe.
+    pub async fn retired_reported(&self) {
+        if let Some(retired) = &self.retired {
+            retired.unreported.all_reported().await;
+        }
+    }
+
+    /// Lets go of the retired producer if its delivery reports have all arrived.
     pub fn release_retired(&mut self) {
-        self.retired.retain(|p| p.in_flight_count() > 0);
+        if self.retired().is_none() {
+            self.retired = None;
+        }
     }
 
     /// Enqueues `record`; its [`Delivery`] carries `token`.
     ///
     /// Creates the topic first if it is new to this sink. Waits while librdkafka's queue is full.
     pub async fn send(&mut self, token: usize, record: &RoutedRecord) -> Result<(), SinkError> {
-        let (producer, topics) = match &mut self.backend {
-            Backend::Kafka { producer, topics } => (producer, topics),
+        let (producer, unreported, topics) = match &mut self.backend {
+            Backend::Kafka {
+                producer,
+                unreported,
+                topics,
+            } => (producer, unreported, topics),
             Backend::Discard { deliveries } => {
                 let delivery = Delivery {
                     token,
@@ -324,7 +469,13 @@ impl KafkaSink {
             base = base.partition(partition);
         }
         loop {
-            match producer.send(base) {
+            // Counted before librdkafka can report it; uncounted when it is not taken.
+            unreported.add();
+            let outcome = producer.send(base);
+            if outcome.is_err() {
+                unreported.remove();
+            }
+            match outcome {
                 Ok(()) => return Ok(()),
                 // The queue is full: the record comes back and is offered again shortly.
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
@@ -340,9 +491,15 @@ impl KafkaSink {
                     )));
                 }
                 Err((e, _)) => {
-                    return Err(SinkError::Transient(format!(
-                        "enqueueing a record for {topic}: {e}"
-                    )))
+                    let error = DeliveryError::from_kafka(topic, &e);
+                    return Err(match error {
+                        DeliveryError::Definite(refusal) => {
+                            SinkError::Definite(format!("enqueueing a record: {refusal}"))
+                        }
+                        DeliveryError::Transient(_) => {
+                            SinkError::Transient(format!("enqueueing a record for {topic}: {e}"))
+                        }
+                    });
                 }
             }
         }
@@ -395,5 +552,81 @@ impl BrokerProbe {
         tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout).is_ok())
             .await
             .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Consequence, TopicCreation};
+
+    /// A sink whose brokers never answer (nothing listens on the port), so records stay queued.
+    fn unreachable_sink() -> (KafkaSink, mpsc::UnboundedReceiver<Delivery>) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let config = SinkConfig {
+            bootstrap_servers: format!("127.0.0.1:{port}"),
+            properties: Default::default(),
+            topic_creation: TopicCreation {
+                enabled: false,
+                ..TopicCreation::default()
+            },
+            discard: false,
+        };
+        KafkaSink::new(&config, None).expect("a producer")
+    }
+
+    fn record(n: usize) -> RoutedRecord {
+        RoutedRecord {
+            topic: "t".into(),
+            key: Some(Bytes::from(format!("k{n}"))),
+            value: Some(Bytes::from_static(b"v")),
+            headers: vec![],
+            timestamp_ms: None,
+            partition: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_retired_producer_at_a_time_and_its_last_report_is_known() {
+        let (mut sink, mut deliveries) = unreachable_sink();
+        let records = 20_000;
+        for n in 0..records {
+            sink.send(n, &record(n)).await.unwrap();
+        }
+        let rebuilt = sink.rebuild().unwrap();
+        assert_eq!(rebuilt.generation, 1);
+        assert_eq!(sink.generation(), 1);
+        // Purged records are reported on librdkafka's thread, one by one: 20,000 of them take
+        // longer than asking again at once.
+        match sink.rebuild() {
+            Err(SinkError::RetiredStillReporting {
+                generation: 0,
+                unreported,
+            }) => assert!(unreported > 0 && unreported <= records),
+            other => panic!("a second rebuild while the first retired one reports: {other:?}"),
+        }
+        assert_eq!(sink.generation(), 1, "a refused rebuild changes nothing");
+
+        tokio::time::timeout(Duration::from_secs(30), sink.retired_reported())
+            .await
+            .expect("the retired producer reports everything");
+        assert_eq!(sink.retired(), None);
+        // Every report is on the channel by then: one per record, each a purge of generation 0.
+        for _ in 0..records {
+            let delivery = deliveries.try_recv().expect("a report per record");
+            assert_eq!(delivery.generation, 0);
+            let failure = delivery.result.expect_err("purged");
+            assert_eq!(failure.error.consequence(), Consequence::ProducerFailed);
+        }
+        assert!(deliveries.try_recv().is_err());
+        let rebuilt = sink.rebuild().unwrap();
+        assert_eq!(rebuilt.generation, 2);
+        assert_eq!(
+            rebuilt.retired_unreported, 0,
+            "nothing was sent on generation 1"
+        );
     }
 }

@@ -4,22 +4,34 @@
 //! # Invariants
 //! - A dead-letter record always names the error, the stage and the source transaction; a row's
 //!   record also names the table and the change's LSN.
-//! - Its value stays under the limit it was built with (at most [`MAX_VALUE_BYTES`], and below
-//!   the producer's `message.max.bytes`): longer column values (or an oversized original value)
-//!   are left out and the header `siphon.error.omitted` says which.
+//! - The whole record (key, value, header names and values, as counted by
+//!   [`record_bytes`]) stays under the limit it was built with (at most [`MAX_VALUE_BYTES`], and
+//!   [`HEADROOM_BYTES`] below the producer's `message.max.bytes`), however many large columns or
+//!   headers the original has: what does not fit (column values, the original value, key or
+//!   headers) is left out and the header `siphon.error.omitted` says what; a long error message
+//!   or omission list is cut, ending with [`TRUNCATED_MARKER`].
 
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, TupleData};
 use siphon_router::{Header, RoutedRecord};
+use std::fmt::Display;
 use std::sync::Arc;
 
-/// The largest value a dead-letter record carries by default (below Kafka's default 1 MB
-/// message limit).
+/// The largest dead-letter record (key, value and headers) by default (below Kafka's default
+/// 1 MB message limit).
 pub const MAX_VALUE_BYTES: usize = 900 * 1024;
-/// Room left for the key, the headers and the protocol overhead below the producer's limit.
-const HEADROOM_BYTES: usize = 16 * 1024;
+/// Room left for the protocol overhead (record framing, header counts) below the producer's
+/// limit.
+pub const HEADROOM_BYTES: usize = 16 * 1024;
 /// Column values longer than this are left out of a dead-lettered row.
 const MAX_COLUMN_BYTES: usize = 64 * 1024;
+/// The error message header is cut to this many bytes (and to a quarter of the record limit).
+const MAX_ERROR_BYTES: usize = 4 * 1024;
+/// Room kept for the `siphon.error.omitted` header, cut to fit (and at most an eighth of the
+/// record limit).
+const OMITTED_ROOM_BYTES: usize = 4 * 1024;
+/// Ends a header value that was cut.
+pub const TRUNCATED_MARKER: &str = "... [truncated by Siphon]";
 
 /// Where in the pipeline the failure happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +55,37 @@ impl Stage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetters {
     topic: String,
-    max_value_bytes: usize,
+    /// The largest record built (key, value and headers).
+    max_record_bytes: usize,
+}
+
+/// `text`, cut to at most `max` bytes (on a character boundary) ending with
+/// [`TRUNCATED_MARKER`] when it is longer.
+fn truncated(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub(TRUNCATED_MARKER.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{TRUNCATED_MARKER}", &text[..end])
+}
+
+/// Bytes a header holds in a record.
+fn header_bytes(header: &Header) -> usize {
+    header.name.len() + header.value.as_ref().map_or(0, |v| v.len())
+}
+
+/// Adds `siphon.error.omitted` listing what was left out, cut to its reserved room.
+fn push_omitted(headers: &mut Vec<Header>, omitted: &[String], room: usize) {
+    if !omitted.is_empty() {
+        let name = "siphon.error.omitted";
+        headers.push(header(
+            name,
+            truncated(&omitted.join(", "), room.saturating_sub(name.len())),
+        ));
+    }
 }
 
 /// `{"name":value,...}` in the given order.
@@ -69,9 +111,17 @@ fn header(name: &str, value: impl Into<Bytes>) -> Header {
     }
 }
 
-fn common_headers(error: &str, stage: Stage, commit_lsn: Option<Lsn>) -> Vec<Header> {
+fn common_headers(
+    error: &(impl Display + ?Sized),
+    max_error_bytes: usize,
+    stage: Stage,
+    commit_lsn: Option<Lsn>,
+) -> Vec<Header> {
     let mut headers = vec![
-        header("siphon.error.message", error.to_owned()),
+        header(
+            "siphon.error.message",
+            truncated(&error.to_string(), max_error_bytes),
+        ),
         header("siphon.error.stage", stage.as_str()),
     ];
     if let Some(lsn) = commit_lsn {
@@ -84,13 +134,26 @@ impl DeadLetters {
     /// Dead letters for `topic`, for a producer whose `message.max.bytes` is
     /// `producer_max_bytes`.
     pub fn new(topic: String, producer_max_bytes: usize) -> Self {
-        let max_value_bytes = producer_max_bytes
+        let max_record_bytes = producer_max_bytes
             .saturating_sub(HEADROOM_BYTES)
             .min(MAX_VALUE_BYTES);
         DeadLetters {
             topic,
-            max_value_bytes,
+            max_record_bytes,
         }
+    }
+
+    /// The largest record (key, value and headers) these dead letters are built under.
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_record_bytes
+    }
+
+    fn max_error_bytes(&self) -> usize {
+        MAX_ERROR_BYTES.min(self.max_record_bytes / 4)
+    }
+
+    fn omitted_room(&self) -> usize {
+        OMITTED_ROOM_BYTES.min(self.max_record_bytes / 8)
     }
 
     /// The dead-letter topic.
@@ -98,15 +161,34 @@ impl DeadLetters {
         &self.topic
     }
 
-    /// A row that could not be routed: its columns as a JSON object of PostgreSQL text values.
+    /// A row that could not be routed: its columns as a JSON object of PostgreSQL text values,
+    /// in table order, as many as fit under the record limit.
     pub fn for_row(
         &self,
         relation: &Relation,
         tuple: &TupleData,
-        error: &str,
+        error: &(impl Display + ?Sized),
         lsn: Lsn,
         commit_lsn: Option<Lsn>,
     ) -> RoutedRecord {
+        let mut headers = common_headers(error, self.max_error_bytes(), Stage::Route, commit_lsn);
+        headers.push(header(
+            "siphon.source.table",
+            format!("{}.{}", relation.namespace, relation.name),
+        ));
+        headers.push(header("siphon.source.lsn", lsn.to_string()));
+        // Room for the value: the limit less the headers and the omission list.
+        let headers_size: usize = headers.iter().map(header_bytes).sum();
+        let mut room = self
+            .max_record_bytes
+            .saturating_sub(headers_size + self.omitted_room());
+        // Every column takes at least `"name":null,`; the room for values is what is left.
+        let skeleton: usize = 2 + relation
+            .columns
+            .iter()
+            .map(|c| json_string_len(c.name.as_str()) + ",:null".len())
+            .sum::<usize>();
+        room = room.saturating_sub(skeleton);
         // Columns in table order (a JSON object written by hand: serde_json's map sorts keys).
         let mut row: Vec<(String, serde_json::Value)> = Vec::with_capacity(relation.columns.len());
         let mut omitted = Vec::new();
@@ -121,30 +203,31 @@ impl DeadLetters {
                     serde_json::Value::Null
                 }
                 Some(Column::Text(bytes)) | Some(Column::Binary(bytes))
-                    if bytes.len() > MAX_COLUMN_BYTES.min(self.max_value_bytes / 2) =>
+                    if bytes.len() > MAX_COLUMN_BYTES.min(room) =>
                 {
                     omitted.push(format!("{name} ({} bytes)", bytes.len()));
                     serde_json::Value::Null
                 }
-                Some(Column::Text(bytes)) => {
-                    serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned())
-                }
-                Some(Column::Binary(bytes)) => {
-                    serde_json::Value::String(bytes.iter().map(|b| format!("{b:02x}")).collect())
+                Some(column @ (Column::Text(bytes) | Column::Binary(bytes))) => {
+                    let text = match column {
+                        Column::Binary(_) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
+                        _ => String::from_utf8_lossy(bytes).into_owned(),
+                    };
+                    // Its encoded size, escapes included, less the `null` counted already.
+                    let size = json_string_len(&text).saturating_sub("null".len());
+                    if size > room {
+                        omitted.push(format!("{name} ({} bytes)", bytes.len()));
+                        serde_json::Value::Null
+                    } else {
+                        room -= size;
+                        serde_json::Value::String(text)
+                    }
                 }
             };
             row.push((name, value));
         }
         let value = json_object(&row);
-        let mut headers = common_headers(error, Stage::Route, commit_lsn);
-        headers.push(header(
-            "siphon.source.table",
-            format!("{}.{}", relation.namespace, relation.name),
-        ));
-        headers.push(header("siphon.source.lsn", lsn.to_string()));
-        if !omitted.is_empty() {
-            headers.push(header("siphon.error.omitted", omitted.join(", ")));
-        }
+        push_omitted(&mut headers, &omitted, self.omitted_room());
         RoutedRecord {
             topic: self.topic.clone(),
             key: None,
@@ -155,31 +238,51 @@ impl DeadLetters {
         }
     }
 
-    /// A routed record the broker refused: the original key, headers and (if not too large)
-    /// value, plus the error and the original topic.
+    /// A routed record the broker refused: the original key, headers and value, as much of
+    /// them as fits under the record limit (in that order of preference: headers, key, value),
+    /// plus the error and the original topic.
     pub fn for_record(
         &self,
         original: RoutedRecord,
-        error: &str,
+        error: &(impl Display + ?Sized),
         stage: Stage,
         commit_lsn: Option<Lsn>,
     ) -> RoutedRecord {
-        let mut headers = common_headers(error, stage, commit_lsn);
+        let mut headers = common_headers(error, self.max_error_bytes(), stage, commit_lsn);
         headers.push(header("siphon.original.topic", original.topic.clone()));
-        let value = match original.value {
-            Some(v) if v.len() > self.max_value_bytes => {
-                headers.push(header(
-                    "siphon.error.omitted",
-                    format!("value ({} bytes)", v.len()),
-                ));
+        let headers_size: usize = headers.iter().map(header_bytes).sum();
+        let mut room = self
+            .max_record_bytes
+            .saturating_sub(headers_size + self.omitted_room());
+        let mut omitted = Vec::new();
+        let mut kept_headers = Vec::with_capacity(original.headers.len());
+        for h in original.headers {
+            let size = header_bytes(&h);
+            if size > room {
+                omitted.push(format!("header {} ({size} bytes)", h.name));
+            } else {
+                room -= size;
+                kept_headers.push(h);
+            }
+        }
+        let mut fit = |part: Option<Bytes>, what: &str, omitted: &mut Vec<String>| match part {
+            Some(bytes) if bytes.len() > room => {
+                omitted.push(format!("{what} ({} bytes)", bytes.len()));
                 None
             }
-            other => other,
+            Some(bytes) => {
+                room -= bytes.len();
+                Some(bytes)
+            }
+            None => None,
         };
-        headers.extend(original.headers);
+        let key = fit(original.key, "key", &mut omitted);
+        let value = fit(original.value, "value", &mut omitted);
+        push_omitted(&mut headers, &omitted, self.omitted_room());
+        headers.extend(kept_headers);
         RoutedRecord {
             topic: self.topic.clone(),
-            key: original.key,
+            key,
             value,
             headers,
             timestamp_ms: original.timestamp_ms,
@@ -188,10 +291,29 @@ impl DeadLetters {
     }
 }
 
+/// Bytes of `text` written as a JSON string (quotes and escapes included).
+fn json_string_len(text: &str) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a string to a counter cannot fail.
+    let _ = serde_json::to_writer(&mut count, text);
+    count.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use pgoutput::{RelationColumn, ReplicaIdentity, Text};
+    use siphon_kafka_sink::producer::record_bytes;
 
     fn relation() -> Relation {
         let column = |name: &'static str| RelationColumn {
@@ -312,5 +434,113 @@ mod tests {
             dropped.value, None,
             "20 kB does not fit 30 kB minus headroom"
         );
+    }
+
+    fn wide_relation(columns: usize) -> Relation {
+        Relation {
+            columns: (0..columns)
+                .map(|i| RelationColumn {
+                    flags: 0,
+                    name: Text::new(Bytes::from(format!("column_{i}"))).unwrap(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+            ..relation()
+        }
+    }
+
+    #[test]
+    fn a_row_with_many_large_columns_stays_under_the_record_limit() {
+        let columns = 40;
+        // Each column is under the per-column cap, together they are 2.4 MB.
+        let tuple = TupleData {
+            columns: (0..columns)
+                .map(|_| Column::Text(Bytes::from(vec![b'"'; 30_000])))
+                .collect(),
+        };
+        let dead_letters = DeadLetters::new("dlq".into(), 1_000_000);
+        let error = "e".repeat(100_000);
+        let r = dead_letters.for_row(&wide_relation(columns), &tuple, &error, Lsn(1), None);
+        let size = record_bytes(&r);
+        assert!(
+            size <= dead_letters.max_record_bytes(),
+            "{size} bytes > {}",
+            dead_letters.max_record_bytes()
+        );
+        assert!(
+            size > dead_letters.max_record_bytes() / 2,
+            "fills the room: {size}"
+        );
+        let omitted = std::str::from_utf8(header_value(&r, "siphon.error.omitted").unwrap())
+            .unwrap()
+            .to_owned();
+        assert!(omitted.contains("column_39 (30000 bytes)"), "{omitted}");
+        assert!(!omitted.contains("column_0 "), "{omitted}");
+        let message = header_value(&r, "siphon.error.message").unwrap();
+        assert!(message.len() <= MAX_ERROR_BYTES);
+        assert!(message.ends_with(TRUNCATED_MARKER.as_bytes()));
+        let value: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            value.as_object().unwrap().len(),
+            columns,
+            "every column is named"
+        );
+        assert_eq!(value["column_39"], serde_json::Value::Null);
+        assert_eq!(value["column_0"].as_str().unwrap().len(), 30_000);
+    }
+
+    #[test]
+    fn a_refused_record_with_large_headers_stays_under_the_record_limit() {
+        let original = RoutedRecord {
+            topic: "outbox.event.Order".into(),
+            key: Some(Bytes::from(vec![b'k'; 200_000])),
+            value: Some(Bytes::from(vec![b'v'; 300_000])),
+            headers: (0..10)
+                .map(|i| header(&format!("h{i}"), vec![b'x'; 100_000]))
+                .collect(),
+            timestamp_ms: None,
+            partition: None,
+        };
+        let dead_letters = DeadLetters::new("dlq".into(), 1_000_000);
+        let r = dead_letters.for_record(original, "refused", Stage::Produce, None);
+        assert!(record_bytes(&r) <= dead_letters.max_record_bytes());
+        assert_eq!(header_value(&r, "h0").map(<[u8]>::len), Some(100_000));
+        let omitted = std::str::from_utf8(header_value(&r, "siphon.error.omitted").unwrap())
+            .unwrap()
+            .to_owned();
+        assert!(omitted.contains("header h9 (100002 bytes)"), "{omitted}");
+        assert!(omitted.contains("value (300000 bytes)"), "{omitted}");
+    }
+
+    #[test]
+    fn under_a_small_limit_the_key_and_headers_are_kept_before_the_value() {
+        let original = RoutedRecord {
+            topic: "outbox.event.Order".into(),
+            key: Some(Bytes::from_static(b"\"order-3\"")),
+            value: Some(Bytes::from(vec![b'x'; 30_000])),
+            headers: vec![header("id", "00000000-0000-4000-8000-000000000003")],
+            timestamp_ms: None,
+            partition: None,
+        };
+        let dead_letters = DeadLetters::new("dlq".into(), 20_000);
+        let error = "a record for topic outbox.event.Order was refused with MessageSizeTooLarge (code 10): raise the topic's max.message.bytes (and kafka.properties.\"message.max.bytes\"), or make the payload smaller";
+        let r = dead_letters.for_record(original, error, Stage::Produce, Some(Lsn(9)));
+        assert!(record_bytes(&r) <= dead_letters.max_record_bytes());
+        assert_eq!(r.key.as_deref(), Some(&b"\"order-3\""[..]));
+        assert!(header_value(&r, "id").is_some());
+        assert_eq!(r.value, None);
+        assert_eq!(
+            header_value(&r, "siphon.error.message"),
+            Some(error.as_bytes())
+        );
+    }
+
+    #[test]
+    fn cutting_keeps_characters_whole() {
+        let cut = truncated(&"é".repeat(100), 40);
+        assert!(cut.len() <= 40);
+        assert!(cut.ends_with(TRUNCATED_MARKER));
+        assert_eq!(truncated("short", 40), "short");
     }
 }

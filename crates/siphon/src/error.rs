@@ -65,8 +65,10 @@ impl From<SinkError> for PipelineError {
 impl From<DeliveryError> for PipelineError {
     fn from(e: DeliveryError) -> Self {
         match e {
-            DeliveryError::Transient(m) => PipelineError::SinkUnavailable(m),
-            DeliveryError::Definite(m) => PipelineError::Definite(m),
+            DeliveryError::Transient(failure) => {
+                PipelineError::SinkUnavailable(failure.to_string())
+            }
+            DeliveryError::Definite(refusal) => PipelineError::Definite(refusal.to_string()),
         }
     }
 }

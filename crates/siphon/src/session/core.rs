@@ -591,12 +591,19 @@ impl<'a> SessionCore<'a> {
                     DeliveryError::Transient(_) => ProducerErrorKind::Transient,
                 });
                 match failure.error {
-                    DeliveryError::Definite(reason) => {
-                        self.on_refused(now, seq, failure.record, reason, probe.is_some())
+                    DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {
+                        Err(PipelineError::Definite(refusal.to_string()))
                     }
-                    DeliveryError::Transient(reason) => {
-                        debug!(error = %reason, topic = %failure.record.topic, "record not delivered; it is sent again");
-                        self.hold(seq, failure.record, probe)
+                    DeliveryError::Definite(refusal) => self.on_refused(
+                        now,
+                        seq,
+                        failure.record,
+                        refusal.to_string(),
+                        probe.is_some(),
+                    ),
+                    DeliveryError::Transient(failure_kind) => {
+                        debug!(error = %failure_kind, topic = %failure.record.topic, "record not delivered; it is sent again");
+                        self.hold(seq, failure.record, probe, failure_kind.needs_rebuild())
                     }
                 }
             }
@@ -621,6 +628,7 @@ impl<'a> SessionCore<'a> {
         seq: Seq,
         record: RoutedRecord,
         refused: Option<String>,
+        replace: bool,
     ) -> Result<(), PipelineError> {
         if self.stopping.is_some() {
             debug!("record not delivered while stopping; it will be sent again");
@@ -628,7 +636,7 @@ impl<'a> SessionCore<'a> {
             return Ok(());
         }
         self.held.insert(seq, Held { record, refused });
-        self.raise_fence(true);
+        self.raise_fence(replace);
         Ok(())
     }
 
@@ -702,10 +710,10 @@ impl<'a> SessionCore<'a> {
                 self.metrics.producer_error(ProducerErrorKind::Definite);
                 self.on_refused(now, seq, record, reason, true)
             }
-            SinkError::Transient(reason) => {
+            error @ (SinkError::Transient(_) | SinkError::RetiredStillReporting { .. }) => {
                 self.metrics.producer_error(ProducerErrorKind::Transient);
-                warn!(error = %reason, topic = %record.topic, "Kafka did not take a record; it is sent again after a pause");
-                self.hold(seq, record, probe)
+                warn!(%error, topic = %record.topic, "Kafka did not take a record; it is sent again after a pause");
+                self.hold(seq, record, probe, true)
             }
             SinkError::Config(reason) => Err(PipelineError::Definite(reason)),
         }

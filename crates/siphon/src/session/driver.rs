@@ -197,7 +197,8 @@ impl Driver<'_> {
                 Action::Lookup(lookup) => self.spawn_lookup(lookup),
                 Action::PurgeProducer => self.sink.purge(),
                 Action::ReplaceProducer => match self.sink.rebuild() {
-                    Ok(()) => {
+                    Ok(_) => {
+                        self.metrics.producer_rebuilt();
                         self.probe.abort();
                         self.probe =
                             tokio::spawn(watch_brokers(self.sink.prober(), self.metrics.health()));
@@ -249,6 +250,8 @@ impl Driver<'_> {
             "progress"
         );
         self.sink.release_retired();
+        self.metrics
+            .set_retired_producer_unreported(self.sink.retired().map_or(0, |r| r.unreported));
         self.metrics
             .set_server_wal_end(self.stream.server_wal_end());
         self.metrics.set_confirmed_lsn(self.stream.reported());

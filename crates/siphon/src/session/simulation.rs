@@ -24,6 +24,7 @@ use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
+use siphon_kafka_sink::RDKafkaErrorCode;
 use siphon_kafka_sink::{Delivered, Delivery, DeliveryError, DeliveryFailure, SinkError};
 use siphon_router::{EventRouter, Format, RoutedRecord, RouterOptions};
 use siphon_source::{RowChange, SourceEvent, TableName};
@@ -163,7 +164,7 @@ impl Broker {
             + self.reports.iter().map(VecDeque::len).sum::<usize>()
     }
 
-    fn report(&mut self, p: usize, q: Queued, result: Result<(), DeliveryError>) {
+    fn report(&mut self, p: usize, q: Queued, result: Result<(), RDKafkaErrorCode>) {
         let bytes = siphon_kafka_sink::producer::record_bytes(&q.record);
         self.reports[p].push_back(Delivery {
             token: q.token,
@@ -174,8 +175,8 @@ impl Broker {
                     partition: p as i32,
                     offset: 0,
                 }),
-                Err(error) => Err(DeliveryFailure {
-                    error,
+                Err(code) => Err(DeliveryFailure {
+                    error: DeliveryError::from_code(&q.record.topic, code),
                     record: q.record,
                 }),
             },
@@ -196,10 +197,10 @@ impl Broker {
     }
 
     /// Fails every record the producer still holds (purge, or a failed gap-less producer).
-    fn fail_all(&mut self, why: &str) {
+    fn fail_all(&mut self, code: RDKafkaErrorCode) {
         for p in 0..PARTITIONS {
             while let Some(q) = self.unwritten[p].pop_front() {
-                self.report(p, q, Err(DeliveryError::Transient(why.to_owned())));
+                self.report(p, q, Err(code));
             }
         }
     }
@@ -210,21 +211,17 @@ impl Broker {
         let batch: Vec<Queued> = self.unwritten[p].drain(..n).collect();
         if self.failed {
             for q in batch {
-                self.report(p, q, Err(DeliveryError::Transient("fatal".into())));
+                self.report(p, q, Err(RDKafkaErrorCode::Fatal));
             }
             return;
         }
         if batch.iter().any(|q| is_poison(&q.record)) {
             trace.push(format!("broker: batch of {n} refused on p{p}"));
             for q in batch {
-                self.report(
-                    p,
-                    q,
-                    Err(DeliveryError::Definite("POLICY_VIOLATION".into())),
-                );
+                self.report(p, q, Err(RDKafkaErrorCode::PolicyViolation));
             }
             self.failed = true;
-            self.fail_all("fatal: gap-less guarantee");
+            self.fail_all(RDKafkaErrorCode::GaplessGuarantee);
             return;
         }
         if faults && rng.chance(3) {
@@ -236,10 +233,10 @@ impl Broker {
                 if persisted {
                     self.persist(p, &q.record);
                 }
-                self.report(p, q, Err(DeliveryError::Transient("timed out".into())));
+                self.report(p, q, Err(RDKafkaErrorCode::MessageTimedOut));
             }
             self.failed = true;
-            self.fail_all("fatal: gap-less guarantee");
+            self.fail_all(RDKafkaErrorCode::GaplessGuarantee);
             return;
         }
         for q in batch {
@@ -493,7 +490,7 @@ fn run_seed(
                     Action::Lookup(Lookup::NotNullColumns(relation)) => lookups.push_back(relation),
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
-                        w.broker.fail_all("purged");
+                        w.broker.fail_all(RDKafkaErrorCode::PurgeInflight);
                     }
                     Action::ReplaceProducer => {
                         w.trace.push("replace producer".into());

@@ -166,6 +166,8 @@ pub struct Metrics {
     skipped: [Counter; 3],
     producer_errors: [Counter; 2],
     reconnects: [Counter; 2],
+    producer_rebuilds: Counter,
+    retired_producer_unreported: Gauge,
 
     in_flight_records: Gauge,
     in_flight_bytes: Gauge,
@@ -259,6 +261,18 @@ impl Metrics {
             reconnects_family.clone(),
         );
         let reconnects = ReconnectCause::ALL.map(|c| fixed(&reconnects_family, "cause", c.label()));
+        let producer_rebuilds = Counter::default();
+        registry.register(
+            "siphon_producer_rebuilds",
+            "Kafka producers replaced by a new one after a producer failure (the replication stream stays up)",
+            producer_rebuilds.clone(),
+        );
+        let retired_producer_unreported = Gauge::default();
+        registry.register(
+            "siphon_retired_producer_unreported_records",
+            "Records of the replaced (retired) Kafka producer whose delivery report has not arrived yet; 0 when none waits",
+            retired_producer_unreported.clone(),
+        );
 
         let in_flight_records = Gauge::default();
         registry.register(
@@ -342,6 +356,8 @@ impl Metrics {
             skipped,
             producer_errors,
             reconnects,
+            producer_rebuilds,
+            retired_producer_unreported,
             in_flight_records,
             in_flight_bytes,
             confirmed_lsn,
@@ -457,6 +473,18 @@ impl Metrics {
             ReconnectCause::Sink => 1,
         };
         self.reconnects[i].inc();
+    }
+
+    /// The Kafka producer was replaced by a new one (its unreported records are sent again).
+    pub fn producer_rebuilt(&self) {
+        self.producer_rebuilds.inc();
+    }
+
+    /// The retired producer has `records` records whose delivery report has not arrived (0
+    /// when no retired producer waits).
+    pub fn set_retired_producer_unreported(&self, records: usize) {
+        self.retired_producer_unreported
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
     /// The in-flight window now holds `records` records of `bytes` bytes.
@@ -660,6 +688,20 @@ mod tests {
     }
 
     #[test]
+    fn producer_rebuilds_and_retired_records_have_series() {
+        let m = Metrics::new();
+        let t = m.encode();
+        assert_eq!(value(&t, "siphon_producer_rebuilds_total"), 0.0);
+        assert_eq!(value(&t, "siphon_retired_producer_unreported_records"), 0.0);
+        m.producer_rebuilt();
+        m.producer_rebuilt();
+        m.set_retired_producer_unreported(7);
+        let t = m.encode();
+        assert_eq!(value(&t, "siphon_producer_rebuilds_total"), 2.0);
+        assert_eq!(value(&t, "siphon_retired_producer_unreported_records"), 7.0);
+    }
+
+    #[test]
     fn oldest_unacked_age_grows_until_cleared() {
         let m = Metrics::new();
         let since = Instant::now();
@@ -766,7 +808,7 @@ mod tests {
                 assert!(v.parse::<f64>().is_ok() || v == "+Inf", "{line}");
             }
         }
-        assert_eq!(helps, 20, "one HELP per metric family");
+        assert_eq!(helps, 22, "one HELP per metric family");
         assert_eq!(types, helps);
         assert!(!t.contains("# EOF"), "classic text format, not OpenMetrics");
     }

@@ -1,0 +1,616 @@
+//! Just enough of the Kafka wire protocol to answer Produce requests with a chosen error:
+//! request framing and headers, Produce requests (v3..=v12, flexible from v9), and Produce
+//! responses of the same versions.
+//!
+//! Produce v3 is the first version carrying record batches (message format v2), which every
+//! client the tests use speaks; librdkafka sends at most v10, one partition per request, and
+//! uses v10 (flexible) against Tansu 0.6 (the Kafka-mode proxy records the versions it sees:
+//! `ThrottlingProxy::produce_versions`). v13 (topic ids instead of names) is not parsed.
+//!
+//! # Invariants
+//!
+//! - Parsing never panics on malformed input: it returns an error (truncated, negative
+//!   lengths, unsupported versions).
+//! - [`encode_produce_response`] writes every field of the version it is given (tagged fields
+//!   empty), with the 4-byte size prefix, so a client can read it as the broker's answer.
+
+use anyhow::{bail, ensure, Context as _, Result};
+
+/// The Produce API key.
+pub const PRODUCE: i16 = 0;
+/// Produce versions understood here.
+pub const PRODUCE_VERSIONS: std::ops::RangeInclusive<i16> = 3..=12;
+/// Produce versions from which requests and responses are "flexible" (compact encodings and
+/// tagged fields).
+const FIRST_FLEXIBLE_PRODUCE: i16 = 9;
+
+/// The fields of a request header every version shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub api_key: i16,
+    pub api_version: i16,
+    pub correlation_id: i32,
+}
+
+/// One partition's records in a Produce request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionData {
+    pub partition: i32,
+    /// The record batches as sent (empty for a null record set).
+    pub records: Vec<u8>,
+}
+
+/// One topic of a Produce request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicData {
+    pub name: String,
+    pub partitions: Vec<PartitionData>,
+}
+
+/// A parsed Produce request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProduceRequest {
+    pub header: RequestHeader,
+    pub transactional_id: Option<String>,
+    pub acks: i16,
+    pub timeout_ms: i32,
+    pub topics: Vec<TopicData>,
+}
+
+/// One partition's answer in a Produce response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionResponse {
+    pub partition: i32,
+    pub error_code: i16,
+    /// Sent from v8 on.
+    pub error_message: Option<String>,
+}
+
+/// One topic's answers in a Produce response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicResponse {
+    pub name: String,
+    pub partitions: Vec<PartitionResponse>,
+}
+
+/// A cursor over a request or response body.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, at: 0 }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+            .with_context(|| {
+                format!(
+                    "truncated: {n} bytes wanted at {} of {}",
+                    self.at,
+                    self.bytes.len()
+                )
+            })?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn i16(&mut self) -> Result<i16> {
+        Ok(i16::from_be_bytes(self.take(2)?.try_into()?))
+    }
+
+    fn i32(&mut self) -> Result<i32> {
+        Ok(i32::from_be_bytes(self.take(4)?.try_into()?))
+    }
+
+    fn i64(&mut self) -> Result<i64> {
+        Ok(i64::from_be_bytes(self.take(8)?.try_into()?))
+    }
+
+    fn uvarint(&mut self) -> Result<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.take(1)?[0];
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        bail!("unsigned varint longer than 64 bits")
+    }
+
+    /// A length: i16/i32 (-1 = null) or, flexible, uvarint N+1 (0 = null).
+    fn length(&mut self, flexible: bool, wide: bool) -> Result<Option<usize>> {
+        let n: i64 = if flexible {
+            self.uvarint()? as i64 - 1
+        } else if wide {
+            i64::from(self.i32()?)
+        } else {
+            i64::from(self.i16()?)
+        };
+        match n {
+            -1 => Ok(None),
+            n if n < 0 => bail!("negative length {n}"),
+            n => Ok(Some(usize::try_from(n)?)),
+        }
+    }
+
+    fn nullable_string(&mut self, flexible: bool) -> Result<Option<String>> {
+        match self.length(flexible, false)? {
+            None => Ok(None),
+            Some(n) => Ok(Some(String::from_utf8(self.take(n)?.to_vec())?)),
+        }
+    }
+
+    fn string(&mut self, flexible: bool) -> Result<String> {
+        self.nullable_string(flexible)?
+            .context("null where a string is required")
+    }
+
+    fn array_len(&mut self, flexible: bool) -> Result<usize> {
+        Ok(self.length(flexible, true)?.unwrap_or(0))
+    }
+
+    fn tagged_fields(&mut self) -> Result<()> {
+        for _ in 0..self.uvarint()? {
+            let _tag = self.uvarint()?;
+            let size = usize::try_from(self.uvarint()?)?;
+            self.take(size)?;
+        }
+        Ok(())
+    }
+}
+
+/// Builds a request or response body.
+#[derive(Default)]
+struct Writer {
+    out: Vec<u8>,
+}
+
+impl Writer {
+    fn i16(&mut self, v: i16) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn i32(&mut self, v: i32) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn i64(&mut self, v: i64) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn uvarint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.out.push((v as u8 & 0x7f) | 0x80);
+            v >>= 7;
+        }
+        self.out.push(v as u8);
+    }
+
+    fn length(&mut self, len: Option<usize>, flexible: bool, wide: bool) {
+        match (flexible, wide) {
+            (true, _) => self.uvarint(len.map_or(0, |n| n as u64 + 1)),
+            (false, true) => self.i32(len.map_or(-1, |n| n as i32)),
+            (false, false) => self.i16(len.map_or(-1, |n| n as i16)),
+        }
+    }
+
+    fn nullable_string(&mut self, s: Option<&str>, flexible: bool) {
+        self.length(s.map(str::len), flexible, false);
+        if let Some(s) = s {
+            self.out.extend_from_slice(s.as_bytes());
+        }
+    }
+
+    fn array_len(&mut self, n: usize, flexible: bool) {
+        self.length(Some(n), flexible, true);
+    }
+
+    fn bytes(&mut self, b: &[u8], flexible: bool) {
+        self.length(Some(b.len()), flexible, true);
+        self.out.extend_from_slice(b);
+    }
+
+    fn empty_tagged_fields(&mut self) {
+        self.uvarint(0);
+    }
+
+    /// The body with its 4-byte size prefix.
+    fn framed(self) -> Vec<u8> {
+        let mut framed = (self.out.len() as i32).to_be_bytes().to_vec();
+        framed.extend(self.out);
+        framed
+    }
+}
+
+fn produce_is_flexible(version: i16) -> bool {
+    version >= FIRST_FLEXIBLE_PRODUCE
+}
+
+/// The header of a request `frame` (the bytes after the 4-byte size).
+pub fn request_header(frame: &[u8]) -> Result<RequestHeader> {
+    let mut r = Reader::new(frame);
+    Ok(RequestHeader {
+        api_key: r.i16()?,
+        api_version: r.i16()?,
+        correlation_id: r.i32()?,
+    })
+}
+
+/// Parses a Produce request `frame` (the bytes after the 4-byte size).
+pub fn parse_produce_request(frame: &[u8]) -> Result<ProduceRequest> {
+    let header = request_header(frame)?;
+    ensure!(
+        header.api_key == PRODUCE,
+        "API key {} is not Produce",
+        header.api_key
+    );
+    ensure!(
+        PRODUCE_VERSIONS.contains(&header.api_version),
+        "Produce v{} is not supported here",
+        header.api_version
+    );
+    let flexible = produce_is_flexible(header.api_version);
+    let mut r = Reader::new(frame);
+    r.take(8)?;
+    // The client id is a (non-compact) nullable string in every header version.
+    r.nullable_string(false)?;
+    if flexible {
+        r.tagged_fields()?;
+    }
+    let transactional_id = r.nullable_string(flexible)?;
+    let acks = r.i16()?;
+    let timeout_ms = r.i32()?;
+    let mut topics = Vec::new();
+    for _ in 0..r.array_len(flexible)? {
+        let name = r.string(flexible)?;
+        let mut partitions = Vec::new();
+        for _ in 0..r.array_len(flexible)? {
+            let partition = r.i32()?;
+            let records = match r.length(flexible, true)? {
+                None => Vec::new(),
+                Some(n) => r.take(n)?.to_vec(),
+            };
+            if flexible {
+                r.tagged_fields()?;
+            }
+            partitions.push(PartitionData { partition, records });
+        }
+        if flexible {
+            r.tagged_fields()?;
+        }
+        topics.push(TopicData { name, partitions });
+    }
+    if flexible {
+        r.tagged_fields()?;
+    }
+    Ok(ProduceRequest {
+        header,
+        transactional_id,
+        acks,
+        timeout_ms,
+        topics,
+    })
+}
+
+/// Encodes a Produce request (for tests of the parser and of the proxy), with its size prefix.
+pub fn encode_produce_request(request: &ProduceRequest, client_id: Option<&str>) -> Vec<u8> {
+    let version = request.header.api_version;
+    let flexible = produce_is_flexible(version);
+    let mut w = Writer::default();
+    w.i16(request.header.api_key);
+    w.i16(version);
+    w.i32(request.header.correlation_id);
+    w.nullable_string(client_id, false);
+    if flexible {
+        w.empty_tagged_fields();
+    }
+    w.nullable_string(request.transactional_id.as_deref(), flexible);
+    w.i16(request.acks);
+    w.i32(request.timeout_ms);
+    w.array_len(request.topics.len(), flexible);
+    for topic in &request.topics {
+        w.nullable_string(Some(&topic.name), flexible);
+        w.array_len(topic.partitions.len(), flexible);
+        for p in &topic.partitions {
+            w.i32(p.partition);
+            w.bytes(&p.records, flexible);
+            if flexible {
+                w.empty_tagged_fields();
+            }
+        }
+        if flexible {
+            w.empty_tagged_fields();
+        }
+    }
+    if flexible {
+        w.empty_tagged_fields();
+    }
+    w.framed()
+}
+
+/// A Produce response of `version` to request `correlation_id`, with its size prefix: each
+/// partition answered with its error code, base offset -1.
+pub fn encode_produce_response(
+    version: i16,
+    correlation_id: i32,
+    topics: &[TopicResponse],
+) -> Vec<u8> {
+    let flexible = produce_is_flexible(version);
+    let mut w = Writer::default();
+    w.i32(correlation_id);
+    if flexible {
+        // Response header v1.
+        w.empty_tagged_fields();
+    }
+    w.array_len(topics.len(), flexible);
+    for topic in topics {
+        w.nullable_string(Some(&topic.name), flexible);
+        w.array_len(topic.partitions.len(), flexible);
+        for p in &topic.partitions {
+            w.i32(p.partition);
+            w.i16(p.error_code);
+            w.i64(-1); // base_offset
+            w.i64(-1); // log_append_time_ms (v2+)
+            if version >= 5 {
+                w.i64(-1); // log_start_offset
+            }
+            if version >= 8 {
+                w.array_len(0, flexible); // record_errors
+                w.nullable_string(p.error_message.as_deref(), flexible);
+            }
+            if flexible {
+                w.empty_tagged_fields();
+            }
+        }
+        if flexible {
+            w.empty_tagged_fields();
+        }
+    }
+    w.i32(0); // throttle_time_ms
+    if flexible {
+        w.empty_tagged_fields();
+    }
+    w.framed()
+}
+
+/// Parses a Produce response `frame` of `version` (the bytes after the 4-byte size): the
+/// correlation id and each partition's error.
+pub fn parse_produce_response(version: i16, frame: &[u8]) -> Result<(i32, Vec<TopicResponse>)> {
+    ensure!(
+        PRODUCE_VERSIONS.contains(&version),
+        "Produce v{version} is not supported here"
+    );
+    let flexible = produce_is_flexible(version);
+    let mut r = Reader::new(frame);
+    let correlation_id = r.i32()?;
+    if flexible {
+        r.tagged_fields()?;
+    }
+    let mut topics = Vec::new();
+    for _ in 0..r.array_len(flexible)? {
+        let name = r.string(flexible)?;
+        let mut partitions = Vec::new();
+        for _ in 0..r.array_len(flexible)? {
+            let partition = r.i32()?;
+            let error_code = r.i16()?;
+            r.i64()?;
+            r.i64()?;
+            if version >= 5 {
+                r.i64()?;
+            }
+            let mut error_message = None;
+            if version >= 8 {
+                for _ in 0..r.array_len(flexible)? {
+                    r.i32()?;
+                    r.nullable_string(flexible)?;
+                    if flexible {
+                        r.tagged_fields()?;
+                    }
+                }
+                error_message = r.nullable_string(flexible)?;
+            }
+            if flexible {
+                r.tagged_fields()?;
+            }
+            partitions.push(PartitionResponse {
+                partition,
+                error_code,
+                error_message,
+            });
+        }
+        if flexible {
+            r.tagged_fields()?;
+        }
+        topics.push(TopicResponse { name, partitions });
+    }
+    r.i32()?;
+    if flexible {
+        r.tagged_fields()?;
+    }
+    ensure!(
+        r.at == frame.len(),
+        "{} bytes left after the response",
+        frame.len() - r.at
+    );
+    Ok((correlation_id, topics))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(version: i16) -> ProduceRequest {
+        ProduceRequest {
+            header: RequestHeader {
+                api_key: PRODUCE,
+                api_version: version,
+                correlation_id: 4242,
+            },
+            transactional_id: None,
+            acks: -1,
+            timeout_ms: 30_000,
+            topics: vec![
+                TopicData {
+                    name: "outbox.event.Order".into(),
+                    partitions: vec![
+                        PartitionData {
+                            partition: 2,
+                            records: b"batch with POISON inside".to_vec(),
+                        },
+                        PartitionData {
+                            partition: 0,
+                            records: vec![0u8; 300],
+                        },
+                    ],
+                },
+                TopicData {
+                    name: "other".into(),
+                    partitions: vec![PartitionData {
+                        partition: 1,
+                        records: vec![7u8; 5],
+                    }],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn produce_requests_of_every_version_round_trip() {
+        for version in PRODUCE_VERSIONS {
+            let req = request(version);
+            let framed = encode_produce_request(&req, Some("rdkafka"));
+            let size = i32::from_be_bytes(framed[..4].try_into().unwrap()) as usize;
+            assert_eq!(size, framed.len() - 4);
+            assert_eq!(
+                parse_produce_request(&framed[4..]).unwrap(),
+                req,
+                "v{version}"
+            );
+            let header = request_header(&framed[4..]).unwrap();
+            assert_eq!(header.correlation_id, 4242);
+        }
+    }
+
+    /// A Produce v3 request as librdkafka writes it, byte by byte: header v1, then the body.
+    #[test]
+    fn a_hand_written_v3_request_parses() {
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&0i16.to_be_bytes()); // api key
+        frame.extend_from_slice(&3i16.to_be_bytes()); // version
+        frame.extend_from_slice(&7i32.to_be_bytes()); // correlation id
+        frame.extend_from_slice(&2i16.to_be_bytes());
+        frame.extend_from_slice(b"id"); // client id
+        frame.extend_from_slice(&(-1i16).to_be_bytes()); // transactional id: null
+        frame.extend_from_slice(&(-1i16).to_be_bytes()); // acks
+        frame.extend_from_slice(&1000i32.to_be_bytes()); // timeout
+        frame.extend_from_slice(&1i32.to_be_bytes()); // one topic
+        frame.extend_from_slice(&1i16.to_be_bytes());
+        frame.extend_from_slice(b"t");
+        frame.extend_from_slice(&1i32.to_be_bytes()); // one partition
+        frame.extend_from_slice(&5i32.to_be_bytes()); // partition 5
+        frame.extend_from_slice(&3i32.to_be_bytes());
+        frame.extend_from_slice(b"abc"); // records
+        let req = parse_produce_request(&frame).unwrap();
+        assert_eq!(req.header.correlation_id, 7);
+        assert_eq!(req.acks, -1);
+        assert_eq!(req.topics[0].name, "t");
+        assert_eq!(req.topics[0].partitions[0].partition, 5);
+        assert_eq!(req.topics[0].partitions[0].records, b"abc");
+    }
+
+    /// A flexible (v9) request: compact lengths (N+1 varints) and tagged fields.
+    #[test]
+    fn a_hand_written_v9_request_parses() {
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&0i16.to_be_bytes());
+        frame.extend_from_slice(&9i16.to_be_bytes());
+        frame.extend_from_slice(&8i32.to_be_bytes());
+        frame.extend_from_slice(&(-1i16).to_be_bytes()); // client id: null (not compact)
+        frame.push(0); // header tagged fields
+        frame.push(0); // transactional id: null
+        frame.extend_from_slice(&(-1i16).to_be_bytes());
+        frame.extend_from_slice(&1000i32.to_be_bytes());
+        frame.push(2); // one topic
+        frame.push(2);
+        frame.extend_from_slice(b"t");
+        frame.push(2); // one partition
+        frame.extend_from_slice(&1i32.to_be_bytes());
+        frame.push(4);
+        frame.extend_from_slice(b"xyz");
+        frame.push(0); // partition tagged fields
+        frame.push(0); // topic tagged fields
+        frame.extend_from_slice(&[1, 3, 1, 0xff]); // one unknown tagged field, skipped
+        let req = parse_produce_request(&frame).unwrap();
+        assert_eq!(req.header.correlation_id, 8);
+        assert_eq!(req.topics[0].partitions[0].records, b"xyz");
+    }
+
+    #[test]
+    fn responses_of_every_version_round_trip() {
+        let topics = vec![TopicResponse {
+            name: "outbox.event.Order".into(),
+            partitions: vec![PartitionResponse {
+                partition: 2,
+                error_code: 44,
+                error_message: Some("refused".into()),
+            }],
+        }];
+        for version in PRODUCE_VERSIONS {
+            let framed = encode_produce_response(version, 99, &topics);
+            let (correlation_id, parsed) = parse_produce_response(version, &framed[4..]).unwrap();
+            assert_eq!(correlation_id, 99);
+            let mut expected = topics.clone();
+            if version < 8 {
+                expected[0].partitions[0].error_message = None;
+            }
+            assert_eq!(parsed, expected, "v{version}");
+        }
+    }
+
+    #[test]
+    fn a_v3_response_has_the_documented_layout() {
+        let framed = encode_produce_response(
+            3,
+            5,
+            &[TopicResponse {
+                name: "t".into(),
+                partitions: vec![PartitionResponse {
+                    partition: 1,
+                    error_code: 32,
+                    error_message: None,
+                }],
+            }],
+        );
+        // size, correlation id, [topic "t" [partition, error, base offset, append time]], throttle
+        let expected_len = 4 + 4 + 4 + 2 + 1 + 4 + 4 + 2 + 8 + 8 + 4;
+        assert_eq!(framed.len(), expected_len);
+        assert_eq!(&framed[23..25], &32i16.to_be_bytes());
+    }
+
+    #[test]
+    fn malformed_requests_are_errors() {
+        let framed = encode_produce_request(&request(7), None);
+        for cut in [0, 3, 9, 20, framed.len() - 5] {
+            assert!(parse_produce_request(&framed[4..4 + cut.min(framed.len() - 4)]).is_err());
+        }
+        let mut wrong = framed[4..].to_vec();
+        wrong[1] = 1; // api key 1 (Fetch)
+        assert!(parse_produce_request(&wrong).is_err());
+        let mut old = framed[4..].to_vec();
+        old[3] = 2; // Produce v2
+        assert!(parse_produce_request(&old).is_err());
+        let mut negative = framed[4..].to_vec();
+        // The topic array count: after the 8-byte header, the null client id (2), the null
+        // transactional id (2), acks (2) and timeout (4).
+        negative[18..22].copy_from_slice(&(-5i32).to_be_bytes());
+        assert!(parse_produce_request(&negative).is_err());
+    }
+}
