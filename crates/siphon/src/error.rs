@@ -1,74 +1,135 @@
-//! Pipeline errors, sorted by consequence (transient: reconnect from the confirmed position;
-//! definite: stop and say what to fix).
+//! Why a session ended, sorted by consequence (transient: reconnect from the acknowledged
+//! position; definite: stop and say what to fix; a bug: stop and say so).
 //!
 //! # Invariants
-//! - Every error converted here keeps the classification its source crate gave it.
+//! - Every error keeps the typed error it came from (source, sink, router, ledger): nothing is
+//!   flattened into a string, so its classification travels with it.
+//! - [`PipelineError::consequence`] is the only place that decides whether to reconnect.
 
-use siphon_kafka_sink::{DeliveryError, SinkError};
+use crate::session::ledger::LedgerError;
+use crate::telemetry::ReconnectCause;
+use pgoutput::Lsn;
+use siphon_kafka_sink::{Refusal, SinkError};
+use siphon_router::RouteError;
 use siphon_source::SourceError;
+use std::fmt;
+
+/// A record Kafka will not take as it is.
+#[derive(Debug, Clone)]
+pub enum RecordFault {
+    /// The broker refused it (delivery report).
+    Broker(Refusal),
+    /// The producer refused to enqueue it (too large for `message.max.bytes` ...).
+    Enqueue(String),
+}
+
+impl fmt::Display for RecordFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordFault::Broker(refusal) => refusal.fmt(f),
+            RecordFault::Enqueue(reason) => f.write_str(reason),
+        }
+    }
+}
 
 /// Why a pipeline session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    /// Reconnecting to PostgreSQL from the confirmed position can cure it.
+    /// PostgreSQL: connection, protocol, slot, publication or catalog.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// Kafka: producer creation, topic creation, configuration.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// A record Kafka refuses for good, with `on_error = "fail"` (or a refusal only the operator
+    /// can cure).
     #[error("{0}")]
-    Transient(String),
-    /// The Kafka side failed (brokers unreachable, producer failed); rebuilding the producer and
-    /// resending from the confirmed position can cure it.
+    Refused(RecordFault),
+    /// Even the dead-letter topic refused a record: nothing more can be done but stop.
+    #[error("the dead-letter topic refused a record: {0}")]
+    DeadLetterRefused(RecordFault),
+    /// A row that cannot be routed, with `on_error = "fail"`.
+    #[error("{error} (the row at {lsn} was not delivered; fix it, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)")]
+    Row { error: Box<RouteError>, lsn: Lsn },
+    /// An outbox table whose columns do not fit the router's options.
     #[error("{0}")]
-    SinkUnavailable(String),
+    Unbindable(Box<RouteError>),
+    /// The replication connection makes no progress (what was seen).
+    #[error("replication connection stalled: {0}")]
+    Stalled(String),
+    /// The server ended the replication stream.
+    #[error("replication stream ended")]
+    StreamEnded,
+    /// The acknowledgement ledger was used against its rules: a bug.
+    #[error("internal error in acknowledgement tracking: {0}")]
+    Ledger(#[from] LedgerError),
+}
+
+/// What an error means for the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consequence {
+    /// Reconnect (with backoff) from the acknowledged position; the cause is counted.
+    Transient(ReconnectCause),
     /// The operator must change something; the message says what.
-    #[error("{0}")]
-    Definite(String),
+    Definite,
+    /// A bug in Siphon: stop, saying so.
+    Bug,
 }
 
 impl PipelineError {
+    /// What the error means for the process.
+    pub fn consequence(&self) -> Consequence {
+        match self {
+            PipelineError::Source(e) if e.is_transient() => {
+                Consequence::Transient(ReconnectCause::Source)
+            }
+            PipelineError::Sink(e) if e.is_transient() => {
+                Consequence::Transient(ReconnectCause::Sink)
+            }
+            PipelineError::Stalled(_) | PipelineError::StreamEnded => {
+                Consequence::Transient(ReconnectCause::Source)
+            }
+            PipelineError::Ledger(_) => Consequence::Bug,
+            _ => Consequence::Definite,
+        }
+    }
+
     /// Whether the supervisor should reconnect.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            PipelineError::Transient(_) | PipelineError::SinkUnavailable(_)
-        )
+        matches!(self.consequence(), Consequence::Transient(_))
     }
 
     /// Which side failed, for a transient error.
-    pub fn cause(&self) -> Option<crate::telemetry::ReconnectCause> {
-        use crate::telemetry::ReconnectCause;
-        match self {
-            PipelineError::Transient(_) => Some(ReconnectCause::Source),
-            PipelineError::SinkUnavailable(_) => Some(ReconnectCause::Sink),
-            PipelineError::Definite(_) => None,
+    pub fn cause(&self) -> Option<ReconnectCause> {
+        match self.consequence() {
+            Consequence::Transient(cause) => Some(cause),
+            _ => None,
         }
     }
 }
 
-impl From<SourceError> for PipelineError {
-    fn from(e: SourceError) -> Self {
-        if e.is_transient() {
-            PipelineError::Transient(e.to_string())
-        } else {
-            PipelineError::Definite(e.to_string())
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl From<SinkError> for PipelineError {
-    fn from(e: SinkError) -> Self {
-        if e.is_transient() {
-            PipelineError::SinkUnavailable(e.to_string())
-        } else {
-            PipelineError::Definite(e.to_string())
-        }
-    }
-}
-
-impl From<DeliveryError> for PipelineError {
-    fn from(e: DeliveryError) -> Self {
-        match e {
-            DeliveryError::Transient(failure) => {
-                PipelineError::SinkUnavailable(failure.to_string())
-            }
-            DeliveryError::Definite(refusal) => PipelineError::Definite(refusal.to_string()),
-        }
+    #[test]
+    fn consequences_follow_the_source_classification() {
+        let transient = PipelineError::from(SourceError::Transient("cut".into()));
+        assert_eq!(
+            transient.consequence(),
+            Consequence::Transient(ReconnectCause::Source)
+        );
+        let definite = PipelineError::from(SourceError::Definite("no wal_level".into()));
+        assert_eq!(definite.consequence(), Consequence::Definite);
+        assert_eq!(
+            PipelineError::from(SinkError::Transient("down".into())).cause(),
+            Some(ReconnectCause::Sink)
+        );
+        assert!(PipelineError::Stalled("silent".into()).is_transient());
+        assert_eq!(
+            PipelineError::from(LedgerError::NoOpenTransaction).consequence(),
+            Consequence::Bug
+        );
+        assert!(!PipelineError::Refused(RecordFault::Enqueue("too large".into())).is_transient());
     }
 }

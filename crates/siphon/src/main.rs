@@ -7,6 +7,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use siphon::status::Render as _;
 use siphon::{config, error, import, settings, status, supervisor, telemetry};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -21,6 +21,7 @@ pub mod config;
 pub mod error;
 pub mod queries;
 pub mod setup;
+pub mod status;
 pub mod stream;
 pub mod tls;
 

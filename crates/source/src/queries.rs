@@ -1,5 +1,5 @@
-//! Catalog and status queries the streaming session asks while it runs (over the ordinary SQL
-//! connection), each returning a typed value.
+//! Catalog and status queries the streaming session asks while it runs, over its own ordinary
+//! SQL connection ([`Catalog`]), each returning a typed value.
 //!
 //! # Invariants
 //! - LSNs are read with the typed `pg_lsn` conversion, never parsed from text.
@@ -11,6 +11,38 @@ use pgoutput::{Lsn, Oid};
 use std::collections::HashSet;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
+
+/// The session's SQL connection, for the queries below. Cheap to share (`Arc`): queries run
+/// concurrently on one connection.
+pub struct Catalog {
+    client: Client,
+}
+
+impl Catalog {
+    /// Opens the connection (TLS as `url` says).
+    pub async fn connect(url: &str) -> Result<Self, SourceError> {
+        Ok(Catalog {
+            client: crate::setup::connect(url).await?,
+        })
+    }
+
+    /// See [`not_null_columns`].
+    pub async fn not_null_columns(&self, relation_id: Oid) -> Result<HashSet<String>, SourceError> {
+        not_null_columns(&self.client, relation_id).await
+    }
+
+    /// See [`current_wal_flush`].
+    pub async fn current_wal_flush(&self) -> Result<Lsn, SourceError> {
+        current_wal_flush(&self.client).await
+    }
+
+    /// WAL the slot retains (see [`crate::status::retained_wal_bytes`]).
+    pub async fn retained_wal_bytes(&self, slot: &str) -> Result<Option<u64>, SourceError> {
+        crate::status::retained_wal_bytes(&self.client, slot)
+            .await
+            .map_err(|e| SourceError::Transient(e.to_string()))
+    }
+}
 
 /// The columns of table `relation_id` declared NOT NULL.
 pub async fn not_null_columns(

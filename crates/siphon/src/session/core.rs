@@ -25,7 +25,7 @@
 
 use super::ledger::{Ledger, LedgerError, Seq, TxnId};
 use crate::dead_letter::Stage;
-use crate::error::PipelineError;
+use crate::error::{PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
 use crate::supervisor::Backoff;
 use crate::telemetry::{pg_timestamp, Metrics, ProducerErrorKind, ReconnectCause, SkipKind};
@@ -33,7 +33,7 @@ use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_router::{
-    Change, EventRouter, LogLevel, Routed, RoutedRecord, SkipReason, TableBinding,
+    Change, EventRouter, LogLevel, RouteError, Routed, RoutedRecord, SkipReason, TableBinding,
 };
 use siphon_source::{RowChange, SourceError, SourceEvent, TableName};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -93,7 +93,7 @@ pub enum Input {
     },
     /// A lookup was answered.
     Answer(Answer),
-    /// The replication connection is stalled (the reason is logged).
+    /// The replication connection is stalled (what was seen).
     Stalled(String),
     /// Stop reading, wait for what is in flight, then finish.
     Shutdown,
@@ -132,15 +132,15 @@ pub struct CoreSettings<'a> {
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
 enum Binding {
     Bound(Box<TableBinding>),
-    Unbindable(String),
+    Unbindable(RouteError),
 }
 
 /// A record taken back from the producer, to be sent again when the fence allows.
 struct Held {
     record: RoutedRecord,
-    /// The broker refused it (with this reason), perhaps only because it shared a batch with a
-    /// record the broker refuses: it is sent alone next.
-    refused: Option<String>,
+    /// The broker refused it (why), perhaps only because it shared a batch with a record the
+    /// broker refuses: it is sent alone next.
+    refused: Option<RecordFault>,
 }
 
 /// Nothing new is sent while a fence is up.
@@ -210,7 +210,7 @@ pub struct SessionCore<'a> {
     fence: Option<Fence>,
     held: BTreeMap<Seq, Held>,
     /// The refused record being sent alone, and why it was refused.
-    probing: Option<(Seq, String)>,
+    probing: Option<(Seq, RecordFault)>,
     pacer: Pacer,
     stopping: Option<Stopping>,
     finished: bool,
@@ -308,7 +308,7 @@ impl<'a> SessionCore<'a> {
                 error,
             } => self.on_send_refused(now, Seq::from_token(token), record, error),
             Input::Answer(answer) => self.on_answer(answer),
-            Input::Stalled(reason) => Err(PipelineError::Transient(reason)),
+            Input::Stalled(seen) => Err(PipelineError::Stalled(seen)),
             Input::Shutdown => {
                 info!("shutting down: waiting for in-flight records");
                 self.stop(now, Ok(()));
@@ -477,9 +477,9 @@ impl<'a> SessionCore<'a> {
                     Ok(binding) => Binding::Bound(Box::new(binding)),
                     Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
                         error!(table = %format_args!("{}.{}", relation.namespace, relation.name), error = %e, "outbox table cannot be routed; its rows go to the dead-letter topic");
-                        Binding::Unbindable(e.to_string())
+                        Binding::Unbindable(e)
                     }
-                    Err(e) => return Err(PipelineError::Definite(e.to_string())),
+                    Err(e) => return Err(PipelineError::Unbindable(Box::new(e))),
                 };
                 self.bindings.insert(relation.id, binding);
             }
@@ -512,11 +512,7 @@ impl<'a> SessionCore<'a> {
                 self.metrics.row_skipped(SkipKind::OtherTable);
                 return Ok(());
             }
-            Some(Binding::Bound(binding)) => self
-                .settings
-                .router
-                .route(binding, change)
-                .map_err(|e| e.to_string()),
+            Some(Binding::Bound(binding)) => self.settings.router.route(binding, change),
             Some(Binding::Unbindable(reason)) => Err(reason.clone()),
         };
         match routed {
@@ -530,9 +526,10 @@ impl<'a> SessionCore<'a> {
                 Ok(())
             }
             Err(reason) => match self.settings.on_error {
-                ErrorPolicy::Fail => Err(PipelineError::Definite(format!(
-                    "{reason} (the row at {lsn} was not delivered; fix it, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)"
-                ))),
+                ErrorPolicy::Fail => Err(PipelineError::Row {
+                    error: Box::new(reason),
+                    lsn,
+                }),
                 ErrorPolicy::DeadLetter(dead_letters) => {
                     self.metrics.record_dead_lettered(dead_letters.topic());
                     warn!(table = %format_args!("{}.{}", relation.namespace, relation.name), %lsn, error = %reason, topic = dead_letters.topic(), "row dead-lettered");
@@ -592,13 +589,13 @@ impl<'a> SessionCore<'a> {
                 });
                 match failure.error {
                     DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {
-                        Err(PipelineError::Definite(refusal.to_string()))
+                        Err(PipelineError::Refused(RecordFault::Broker(refusal)))
                     }
                     DeliveryError::Definite(refusal) => self.on_refused(
                         now,
                         seq,
                         failure.record,
-                        refusal.to_string(),
+                        RecordFault::Broker(refusal),
                         probe.is_some(),
                     ),
                     DeliveryError::Transient(failure_kind) => {
@@ -611,7 +608,7 @@ impl<'a> SessionCore<'a> {
     }
 
     /// If `seq` is the record being sent alone, ends the probe and returns why it was refused.
-    fn take_probe(&mut self, seq: Seq) -> Option<String> {
+    fn take_probe(&mut self, seq: Seq) -> Option<RecordFault> {
         match self.probing.take() {
             Some((probed, reason)) if probed == seq => Some(reason),
             other => {
@@ -627,7 +624,7 @@ impl<'a> SessionCore<'a> {
         &mut self,
         seq: Seq,
         record: RoutedRecord,
-        refused: Option<String>,
+        refused: Option<RecordFault>,
         replace: bool,
     ) -> Result<(), PipelineError> {
         if self.stopping.is_some() {
@@ -647,7 +644,7 @@ impl<'a> SessionCore<'a> {
         now: Now,
         seq: Seq,
         record: RoutedRecord,
-        reason: String,
+        reason: RecordFault,
         alone: bool,
     ) -> Result<(), PipelineError> {
         if self.stopping.is_some() {
@@ -657,7 +654,7 @@ impl<'a> SessionCore<'a> {
         let dead_letters = match self.settings.on_error {
             ErrorPolicy::DeadLetter(d) => d,
             // The refused batch holds the record at fault: stop, naming it.
-            ErrorPolicy::Fail => return Err(PipelineError::Definite(reason)),
+            ErrorPolicy::Fail => return Err(PipelineError::Refused(reason)),
         };
         if !alone {
             // Perhaps innocent: find out by sending it alone once everything before it settled.
@@ -673,9 +670,7 @@ impl<'a> SessionCore<'a> {
             return Ok(());
         }
         if record.topic == dead_letters.topic() {
-            return Err(PipelineError::Definite(format!(
-                "the dead-letter topic refused a record: {reason}"
-            )));
+            return Err(PipelineError::DeadLetterRefused(reason));
         }
         let txn = self
             .ledger
@@ -708,14 +703,14 @@ impl<'a> SessionCore<'a> {
             // Refused at enqueue: this record alone is at fault.
             SinkError::Definite(reason) => {
                 self.metrics.producer_error(ProducerErrorKind::Definite);
-                self.on_refused(now, seq, record, reason, true)
+                self.on_refused(now, seq, record, RecordFault::Enqueue(reason), true)
             }
             error @ (SinkError::Transient(_) | SinkError::RetiredStillReporting { .. }) => {
                 self.metrics.producer_error(ProducerErrorKind::Transient);
                 warn!(%error, topic = %record.topic, "Kafka did not take a record; it is sent again after a pause");
                 self.hold(seq, record, probe, true)
             }
-            SinkError::Config(reason) => Err(PipelineError::Definite(reason)),
+            error @ SinkError::Config(_) => Err(error.into()),
         }
     }
 }
@@ -734,11 +729,5 @@ fn log_skipped(router: &EventRouter, reason: SkipReason, relation: &Relation) {
             "UPDATE of an outbox row skipped: outbox rows should only be inserted (table.op.invalid.behavior = warn)"
         ),
         (SkipReason::Update, LogLevel::Info) => info!(%table, "UPDATE of an outbox row skipped"),
-    }
-}
-
-impl From<LedgerError> for PipelineError {
-    fn from(e: LedgerError) -> Self {
-        PipelineError::Definite(format!("internal error in acknowledgement tracking: {e}"))
     }
 }

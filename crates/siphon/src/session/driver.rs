@@ -16,6 +16,7 @@ use super::{Carry, PipelineSettings};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink};
+use siphon_source::queries::Catalog;
 use siphon_source::ReplicationStream;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -63,7 +64,7 @@ pub async fn run_session(
     let start = slot.confirmed_flush_lsn.max(carry.acked_through);
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
     let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
-    let sql = Arc::new(siphon_source::setup::connect(&settings.source.url).await?);
+    let sql = Arc::new(Catalog::connect(&settings.source.url).await?);
     let stream = ReplicationStream::start(&settings.source, start).await?;
     let core = SessionCore::new(
         CoreSettings {
@@ -122,7 +123,7 @@ struct Driver<'a> {
     sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
     stream: ReplicationStream,
-    sql: Arc<tokio_postgres::Client>,
+    sql: Arc<Catalog>,
     /// Results of the tasks run beside the loop.
     inputs_tx: mpsc::UnboundedSender<Input>,
     inputs: mpsc::UnboundedReceiver<Input>,
@@ -167,7 +168,7 @@ impl Driver<'_> {
                 }
                 event = self.stream.next(), if self.core.can_read() => Some(match event {
                     Ok(Some(event)) => Input::Source(event),
-                    Ok(None) => Input::SourceFailed(PipelineError::Transient("replication stream ended".into())),
+                    Ok(None) => Input::SourceFailed(PipelineError::StreamEnded),
                     Err(e) => Input::SourceFailed(e.into()),
                 }),
             };
@@ -217,18 +218,16 @@ impl Driver<'_> {
         tokio::spawn(async move {
             let input = match lookup {
                 Lookup::NotNullColumns(relation) => {
-                    let columns = match tokio::time::timeout(
-                        SQL_TIMEOUT,
-                        siphon_source::queries::not_null_columns(&sql, relation.id),
-                    )
-                    .await
-                    {
-                        Ok(result) => result,
-                        Err(_) => Err(siphon_source::SourceError::Transient(format!(
-                            "reading the outbox table's columns took more than {}s",
-                            SQL_TIMEOUT.as_secs()
-                        ))),
-                    };
+                    let columns =
+                        match tokio::time::timeout(SQL_TIMEOUT, sql.not_null_columns(relation.id))
+                            .await
+                        {
+                            Ok(result) => result,
+                            Err(_) => Err(siphon_source::SourceError::Transient(format!(
+                                "reading the outbox table's columns took more than {}s",
+                                SQL_TIMEOUT.as_secs()
+                            ))),
+                        };
                     Input::Answer(Answer::NotNullColumns { relation, columns })
                 }
             };
@@ -273,13 +272,13 @@ impl Driver<'_> {
         let inputs = self.inputs_tx.clone();
         self.status_probe = Some(tokio::spawn(async move {
             let probe = async {
-                if let Ok(Some(bytes)) = crate::status::retained_wal_bytes(&sql, &slot).await {
+                if let Ok(Some(bytes)) = sql.retained_wal_bytes(&slot).await {
                     metrics.set_slot_retained_wal_bytes(bytes);
                 }
                 if !check_stall {
                     return None;
                 }
-                match siphon_source::queries::current_wal_flush(&sql).await {
+                match sql.current_wal_flush().await {
                     Ok(flushed) if flushed > seen => Some(format!(
                         "replication connection stalled: nothing received for {}s while the server has WAL up to {flushed} (last seen {seen})",
                         silent.as_secs()

@@ -515,7 +515,7 @@ fn run_seed(
                             w.broker.reports[p].clear();
                         }
                         match result {
-                            Err(e @ PipelineError::Definite(_)) => {
+                            Err(e) if !e.is_transient() => {
                                 outcome_error = Some(e);
                                 break 'sessions;
                             }
@@ -594,10 +594,7 @@ fn run_seed(
             } else if faults && choice == 90 && w.rng.chance(20) && !stopping {
                 w.trace.push("source connection lost".into());
                 stopping = true;
-                core.handle(
-                    w.now(),
-                    Input::SourceFailed(PipelineError::Transient("connection lost".into())),
-                );
+                core.handle(w.now(), Input::SourceFailed(PipelineError::StreamEnded));
             } else if faults && choice == 91 && w.rng.chance(10) && !stopping {
                 w.trace.push("shutdown".into());
                 stopping = true;
@@ -697,7 +694,7 @@ fn simulation_fail_policy_stops_on_a_refused_record_without_loss() {
             Ok((outcome, trace)) => {
                 let any_poison = World::new(seed, 40).poison.iter().next().is_some();
                 match outcome.error {
-                    Some(PipelineError::Definite(_)) => {}
+                    Some(e) if !e.is_transient() => {}
                     Some(other) => fail(seed, "fail", &format!("unexpected error {other}"), &trace),
                     None if any_poison => fail(
                         seed,
