@@ -8,9 +8,11 @@
 #
 # Steps:
 #   1. scripts/install-deps.sh
-#   2. cargo build --workspace --all-targets   (builds target/debug/siphon)
-#   3. cargo test --workspace --no-fail-fast
-#   4. scripts/fuzz.sh: a short coverage-guided fuzzing pass over the pgoutput decoder and
+#   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings
+#   3. cargo build --workspace --all-targets   (builds target/debug/siphon)
+#   4. cargo test --workspace --no-fail-fast (the session simulation runs SIPHON_SIM_SEEDS
+#      seeds per policy, default 400)
+#   5. scripts/fuzz.sh: a short coverage-guided fuzzing pass over the pgoutput decoder and
 #      the outbox router (SIPHON_FUZZ_SECONDS per target, default 20; 0 skips it; the first
 #      run also installs cargo-fuzz into the cache, a minute or two)
 # Exits non-zero if any step fails. The full test output is also written to
@@ -94,6 +96,12 @@ if ((rc == 0)); then
         echo "cargo not found: install a Rust toolchain (rust-version in Cargo.toml)" >&2
         rc=1
     }
+fi
+if ((rc == 0)); then
+    step "cargo fmt --check" cargo fmt --all -- --check || rc=$?
+fi
+if ((rc == 0)); then
+    step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings || rc=$?
 fi
 if ((rc == 0)); then
     step "cargo build --workspace --all-targets" cargo build --workspace --all-targets || rc=$?

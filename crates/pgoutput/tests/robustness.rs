@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Malformed input: every cut of every captured message, trailing bytes, corrupted and
 //! arbitrary bytes. Decoding must fail with the right error and never panic.
 

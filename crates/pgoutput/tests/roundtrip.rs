@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Property tests: generated messages encoded by the test-only encoder decode back to the
 //! same value, outside and inside streamed blocks, for every protocol version that has them.
 

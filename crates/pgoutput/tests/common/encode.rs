@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! A small serializer of [`Message`] back to the wire format, written from the protocol
 //! documentation independently of the decoder. Optional fields (the streamed xid, the
 //! parallel Stream Abort fields, the old tuple of an Update) are written when present.
