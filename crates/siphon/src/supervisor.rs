@@ -8,11 +8,11 @@
 
 use crate::error::PipelineError;
 use crate::session::{run_session, Carry, PipelineSettings};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Event, Metrics, ReconnectCause};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 /// Backoff between reconnection attempts.
 #[derive(Debug, Clone)]
@@ -61,14 +61,17 @@ pub async fn supervise(
         match run_session(&settings, &metrics, &mut carry, &mut shutdown).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
-                if let Some(cause) = e.cause() {
-                    metrics.reconnect(cause);
-                }
                 if started.elapsed() >= HEALTHY_SESSION {
                     backoff.reset();
                 }
                 let delay = backoff.next_delay(rand::random::<f64>());
-                warn!(error = %e, retry_in = ?delay, resume_from = %carry.acked_through, "pipeline interrupted; reconnecting");
+                Event::Reconnecting {
+                    cause: e.cause().unwrap_or(ReconnectCause::Source),
+                    error: &e,
+                    delay,
+                    resume_from: carry.acked_through,
+                }
+                .emit(&metrics);
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.changed() => {

@@ -28,18 +28,16 @@ use crate::dead_letter::Stage;
 use crate::error::{PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
 use crate::supervisor::Backoff;
-use crate::telemetry::{pg_timestamp, Metrics, ProducerErrorKind, ReconnectCause, SkipKind};
+use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind};
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
-use siphon_router::{
-    Change, EventRouter, LogLevel, RouteError, Routed, RoutedRecord, SkipReason, TableBinding,
-};
+use siphon_router::{Change, EventRouter, RouteError, Routed, RoutedRecord, TableBinding};
 use siphon_source::{RowChange, SourceError, SourceEvent, TableName};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 /// The current time, as the driver read it.
 #[derive(Debug, Clone, Copy)]
@@ -375,11 +373,10 @@ impl<'a> SessionCore<'a> {
             if !self.pacer.try_book(now.instant) {
                 return;
             }
-            warn!(
-                resend = self.held.len(),
-                "Kafka producer failed; replacing it and sending its undelivered records again in their order"
-            );
-            self.metrics.reconnect(ReconnectCause::Sink);
+            Event::ProducerReplaced {
+                resend: self.held.len(),
+            }
+            .emit(&self.metrics);
             self.actions.push_back(Action::ReplaceProducer);
             fence.replace = false;
             self.fence = Some(fence);
@@ -476,7 +473,11 @@ impl<'a> SessionCore<'a> {
                 {
                     Ok(binding) => Binding::Bound(Box::new(binding)),
                     Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
-                        error!(table = %format_args!("{}.{}", relation.namespace, relation.name), error = %e, "outbox table cannot be routed; its rows go to the dead-letter topic");
+                        Event::TableUnroutable {
+                            table: &format_args!("{}.{}", relation.namespace, relation.name),
+                            error: &e,
+                        }
+                        .emit(&self.metrics);
                         Binding::Unbindable(e)
                     }
                     Err(e) => return Err(PipelineError::Unbindable(Box::new(e))),
@@ -509,7 +510,7 @@ impl<'a> SessionCore<'a> {
         let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
         let routed = match self.bindings.get(&relation.id) {
             None => {
-                self.metrics.row_skipped(SkipKind::OtherTable);
+                Event::OtherTableRow.emit(&self.metrics);
                 return Ok(());
             }
             Some(Binding::Bound(binding)) => self.settings.router.route(binding, change),
@@ -521,8 +522,12 @@ impl<'a> SessionCore<'a> {
                 self.send_new(now, txn, record)
             }
             Ok(Routed::Skipped(reason)) => {
-                self.metrics.row_skipped(reason.into());
-                log_skipped(self.settings.router, reason, relation);
+                Event::RowSkipped {
+                    table: &format_args!("{}.{}", relation.namespace, relation.name),
+                    reason,
+                    level: self.settings.router.log_level(reason),
+                }
+                .emit(&self.metrics);
                 Ok(())
             }
             Err(reason) => match self.settings.on_error {
@@ -531,8 +536,13 @@ impl<'a> SessionCore<'a> {
                     lsn,
                 }),
                 ErrorPolicy::DeadLetter(dead_letters) => {
-                    self.metrics.record_dead_lettered(dead_letters.topic());
-                    warn!(table = %format_args!("{}.{}", relation.namespace, relation.name), %lsn, error = %reason, topic = dead_letters.topic(), "row dead-lettered");
+                    Event::RowDeadLettered {
+                        table: &format_args!("{}.{}", relation.namespace, relation.name),
+                        lsn,
+                        error: &reason,
+                        dead_letter_topic: dead_letters.topic(),
+                    }
+                    .emit(&self.metrics);
                     let record = dead_letters.for_row(
                         relation,
                         row,
@@ -583,10 +593,15 @@ impl<'a> SessionCore<'a> {
                 Ok(())
             }
             Err(failure) => {
-                self.metrics.producer_error(match failure.error {
-                    DeliveryError::Definite(_) => ProducerErrorKind::Definite,
-                    DeliveryError::Transient(_) => ProducerErrorKind::Transient,
-                });
+                Event::DeliveryFailed {
+                    topic: &failure.record.topic,
+                    error: &failure.error,
+                    kind: match failure.error {
+                        DeliveryError::Definite(_) => ProducerErrorKind::Definite,
+                        DeliveryError::Transient(_) => ProducerErrorKind::Transient,
+                    },
+                }
+                .emit(&self.metrics);
                 match failure.error {
                     DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {
                         Err(PipelineError::Refused(RecordFault::Broker(refusal)))
@@ -599,7 +614,6 @@ impl<'a> SessionCore<'a> {
                         probe.is_some(),
                     ),
                     DeliveryError::Transient(failure_kind) => {
-                        debug!(error = %failure_kind, topic = %failure.record.topic, "record not delivered; it is sent again");
                         self.hold(seq, failure.record, probe, failure_kind.needs_rebuild())
                     }
                 }
@@ -677,8 +691,11 @@ impl<'a> SessionCore<'a> {
             .get(seq)
             .map(|r| r.txn)
             .ok_or(LedgerError::UnknownRecord(seq))?;
-        warn!(topic = %record.topic, error = %reason, "record dead-lettered");
-        self.metrics.record_dead_lettered(&record.topic);
+        Event::RecordDeadLettered {
+            topic: &record.topic,
+            error: &reason,
+        }
+        .emit(&self.metrics);
         self.pacer.progress = true;
         let letter =
             dead_letters.for_record(record, &reason, Stage::Produce, self.ledger.commit_lsn(txn));
@@ -702,32 +719,23 @@ impl<'a> SessionCore<'a> {
         match error {
             // Refused at enqueue: this record alone is at fault.
             SinkError::Definite(reason) => {
-                self.metrics.producer_error(ProducerErrorKind::Definite);
+                Event::DeliveryFailed {
+                    topic: &record.topic,
+                    error: &reason,
+                    kind: ProducerErrorKind::Definite,
+                }
+                .emit(&self.metrics);
                 self.on_refused(now, seq, record, RecordFault::Enqueue(reason), true)
             }
             error @ (SinkError::Transient(_) | SinkError::RetiredStillReporting { .. }) => {
-                self.metrics.producer_error(ProducerErrorKind::Transient);
-                warn!(%error, topic = %record.topic, "Kafka did not take a record; it is sent again after a pause");
+                Event::RecordNotTaken {
+                    topic: &record.topic,
+                    error: &error,
+                }
+                .emit(&self.metrics);
                 self.hold(seq, record, probe, true)
             }
             error @ SinkError::Config(_) => Err(error.into()),
         }
-    }
-}
-
-/// Logs a skipped row at the level the router's options ask for.
-fn log_skipped(router: &EventRouter, reason: SkipReason, relation: &Relation) {
-    let table = format_args!("{}.{}", relation.namespace, relation.name);
-    match (reason, router.log_level(reason)) {
-        (SkipReason::Delete, _) => {}
-        (SkipReason::Update, LogLevel::Error) => error!(
-            %table,
-            "UPDATE of an outbox row skipped: outbox rows should only be inserted (table.op.invalid.behavior = error)"
-        ),
-        (SkipReason::Update, LogLevel::Warn) => warn!(
-            %table,
-            "UPDATE of an outbox row skipped: outbox rows should only be inserted (table.op.invalid.behavior = warn)"
-        ),
-        (SkipReason::Update, LogLevel::Info) => info!(%table, "UPDATE of an outbox row skipped"),
     }
 }

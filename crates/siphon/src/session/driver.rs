@@ -199,7 +199,6 @@ impl Driver<'_> {
                 Action::PurgeProducer => self.sink.purge(),
                 Action::ReplaceProducer => match self.sink.rebuild() {
                     Ok(_) => {
-                        self.metrics.producer_rebuilt();
                         self.probe.abort();
                         self.probe =
                             tokio::spawn(watch_brokers(self.sink.prober(), self.metrics.health()));

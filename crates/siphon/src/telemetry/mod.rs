@@ -4,6 +4,8 @@
 //!   methods on a shared `Arc<Metrics>`.
 //! - [`pg_timestamp`] reads pgoutput's commit times, for the commit-to-acknowledgement latency
 //!   (the session's ledger keeps the times themselves).
+//! - [`Event`] is one telemetry event as a value: it writes its log line and moves its metrics
+//!   together.
 //! - [`Health`] holds the two facts readiness depends on (streaming, broker reachable).
 //! - [`serve`] answers `GET /metrics`, `GET /health` and `GET /ready` on a listener from [`bind`].
 //!
@@ -17,10 +19,12 @@
 //! - Serving metrics never affects the pipeline: the endpoint only reads atomics and takes the
 //!   registry's short-lived locks.
 
+mod event;
 mod http;
 mod metrics;
 mod pgtime;
 
+pub use event::Event;
 pub use http::{bind, serve};
 pub use metrics::{
     Metrics, ProducerErrorKind, ReconnectCause, SkipKind, TopicMetrics, COMMIT_TO_ACK_BUCKETS,
