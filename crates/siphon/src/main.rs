@@ -133,7 +133,10 @@ fn run(path: &Path) -> ExitCode {
     settings::init_logging(config.log.format);
     let result = (|| -> anyhow::Result<Result<(), error::PipelineError>> {
         let settings = settings::build(&config)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        // One thread for the data path: the replication reader, the session and its SQL tasks
+        // hand events to each other as task switches, not cross-thread wake-ups (librdkafka
+        // keeps its own threads; blocking work goes to the blocking pool).
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("starting the async runtime")?;

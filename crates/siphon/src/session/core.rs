@@ -28,7 +28,7 @@ use crate::dead_letter::Stage;
 use crate::error::{PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
 use crate::supervisor::Backoff;
-use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind};
+use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
@@ -213,6 +213,8 @@ pub struct SessionCore<'a> {
     stopping: Option<Stopping>,
     finished: bool,
     actions: VecDeque<Action>,
+    /// Per-topic counters, looked up once per topic (no lock on the per-record path).
+    topics: HashMap<String, TopicMetrics>,
 }
 
 impl<'a> SessionCore<'a> {
@@ -233,6 +235,7 @@ impl<'a> SessionCore<'a> {
             stopping: None,
             finished: false,
             actions: VecDeque::new(),
+            topics: HashMap::new(),
         }
     }
 
@@ -518,7 +521,7 @@ impl<'a> SessionCore<'a> {
         };
         match routed {
             Ok(Routed::Record(record)) => {
-                self.metrics.record_routed(&record.topic);
+                self.topic_metrics(&record.topic).routed();
                 self.send_new(now, txn, record)
             }
             Ok(Routed::Skipped(reason)) => {
@@ -556,6 +559,16 @@ impl<'a> SessionCore<'a> {
         }
     }
 
+    /// The counters of `topic`, from the session's cache.
+    fn topic_metrics(&mut self, topic: &str) -> &TopicMetrics {
+        if !self.topics.contains_key(topic) {
+            let handles = self.metrics.topic(topic);
+            self.topics.insert(topic.to_owned(), handles);
+        }
+        // Present: inserted just above if it was missing.
+        &self.topics[topic]
+    }
+
     /// Hands a new record of `txn` to the producer.
     fn send_new(
         &mut self,
@@ -564,7 +577,7 @@ impl<'a> SessionCore<'a> {
         record: RoutedRecord,
     ) -> Result<(), PipelineError> {
         let seq = self.ledger.add(txn, record_bytes(&record), now.instant)?;
-        self.metrics.record_produced(&record.topic);
+        self.topic_metrics(&record.topic).produced();
         self.with_producer += 1;
         self.actions.push_back(Action::Send {
             token: seq.token(),

@@ -15,6 +15,7 @@ use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore}
 use super::{Carry, PipelineSettings};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
+use futures::FutureExt as _;
 use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink};
 use siphon_source::queries::Catalog;
 use siphon_source::ReplicationStream;
@@ -31,6 +32,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const TICK_INTERVAL: Duration = Duration::from_secs(5);
 /// The longest a catalog query or the status probe may take.
 const SQL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Source events handled per wake-up at most (between two looks at shutdown and the timers).
+const SOURCE_BATCH: usize = 256;
 /// Delivery reports handled per wake-up at most (the rest on the next turn, so reading and
 /// shutdown are not starved).
 const REPORT_BATCH: usize = 1024;
@@ -166,11 +169,24 @@ impl Driver<'_> {
                     self.on_tick();
                     None
                 }
-                event = self.stream.next(), if self.core.can_read() => Some(match event {
-                    Ok(Some(event)) => Input::Source(event),
-                    Ok(None) => Input::SourceFailed(PipelineError::StreamEnded),
-                    Err(e) => Input::SourceFailed(e.into()),
-                }),
+                event = self.stream.next(), if self.core.can_read() => {
+                    self.core.handle(Now::read(), source_input(event));
+                    // Take what is already buffered without a trip through `select!`.
+                    for _ in 1..SOURCE_BATCH {
+                        if let Some(result) = self.execute().await {
+                            return result;
+                        }
+                        if !self.core.can_read() {
+                            break;
+                        }
+                        // Cancel-safe: an event not ready yet is not lost by dropping the future.
+                        match self.stream.next().now_or_never() {
+                            Some(event) => self.core.handle(Now::read(), source_input(event)),
+                            None => break,
+                        }
+                    }
+                    None
+                }
             };
             if let Some(input) = input {
                 self.core.handle(Now::read(), input);
@@ -300,6 +316,17 @@ impl Driver<'_> {
                 ),
             }
         }));
+    }
+}
+
+/// A result of the replication stream as the core's input.
+fn source_input(
+    event: Result<Option<siphon_source::SourceEvent>, siphon_source::SourceError>,
+) -> Input {
+    match event {
+        Ok(Some(event)) => Input::Source(event),
+        Ok(None) => Input::SourceFailed(PipelineError::StreamEnded),
+        Err(e) => Input::SourceFailed(e.into()),
     }
 }
 
