@@ -211,4 +211,37 @@ mod tests {
             &["predicate `p`", "Check that the predicate selects"],
         );
     }
+
+    #[test]
+    fn a_predicate_with_groups_and_classes_is_judged() {
+        let import = import_debezium(&minimal(
+            r#", "topic.prefix": "shop",
+               "table.include.list": "public.outbox,app.outbox",
+               "transforms.outbox.predicate": "p",
+               "predicates": "p",
+               "predicates.p.type": "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+               "predicates.p.pattern": "shop\\.(public|app)\\.[a-z]+""#,
+        ))
+        .unwrap();
+        note_with(
+            &import,
+            &[
+                "predicate `p`",
+                "shop.public.outbox, shop.app.outbox",
+                "the same records are routed",
+            ],
+        );
+
+        let import = import_debezium(&minimal(
+            r#", "topic.prefix": "shop",
+               "transforms": "unwrap,outbox",
+               "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
+               "transforms.unwrap.predicate": "notOutbox",
+               "predicates": "notOutbox",
+               "predicates.notOutbox.type": "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+               "predicates.notOutbox.pattern": "shop\\.[a-z]+\\.(orders|customers){1}""#,
+        ))
+        .unwrap();
+        note_with(&import, &["`unwrap`", "never touched the outbox events"]);
+    }
 }

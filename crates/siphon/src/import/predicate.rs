@@ -6,6 +6,11 @@
 //!   matches all or none of the known change-event topics. Anything else (another predicate
 //!   type, unknown topics, a pattern that cannot be matched here) is `None`, and the note asks
 //!   the user to check rather than guessing.
+//! - Patterns are read by the router's translation of Java regular expressions
+//!   ([`siphon_router::topic::java_regex`]), the same one `route.topic.regex` uses; a pattern it
+//!   refuses is never approximated.
+
+use siphon_router::topic::{check_topic_name, java_regex};
 
 const TOPIC_NAME_MATCHES: &str = "org.apache.kafka.connect.transforms.predicates.TopicNameMatches";
 
@@ -23,10 +28,10 @@ impl Predicate {
         if self.kind != TOPIC_NAME_MATCHES {
             return None;
         }
-        let pattern = self.pattern.as_deref()?;
+        let matches = topic_matcher(self.pattern.as_deref()?)?;
         let results: Vec<bool> = change_topics?
             .iter()
-            .map(|t| java_full_match(pattern, t))
+            .map(|t| matches(t))
             .collect::<Option<_>>()?;
         if results.iter().all(|m| *m) {
             Some(true)
@@ -82,92 +87,31 @@ pub(super) fn router_predicate_note(
     }
 }
 
-/// Whether `pattern` matches all of `text`, as Java's `Pattern.matches`, for the regular
-/// expressions topic patterns usually are: literals, escapes of punctuation, `.`, `^`/`$`
-/// anchors at the ends, `*`, `+` and `?` on one character, and `|` at the top level.
-/// `None` when the pattern uses anything else (groups, classes, counted repetition, ...).
-fn java_full_match(pattern: &str, text: &str) -> Option<bool> {
-    #[derive(Clone, Copy)]
-    enum Atom {
-        Char(char),
-        Any,
-    }
-    #[derive(Clone, Copy)]
-    enum Repeat {
-        One,
-        ZeroOrMore,
-        OneOrMore,
-        ZeroOrOne,
-    }
-    fn parse(alternative: &str) -> Option<Vec<(Atom, Repeat)>> {
-        let alternative = alternative.strip_prefix('^').unwrap_or(alternative);
-        let alternative = match alternative.strip_suffix('$') {
-            Some(a) if !a.ends_with('\\') => a,
-            _ => alternative,
-        };
-        let mut items: Vec<(Atom, Repeat)> = Vec::new();
-        let mut chars = alternative.chars().peekable();
-        while let Some(c) = chars.next() {
-            let atom = match c {
-                '\\' => match chars.next()? {
-                    e if e.is_ascii_punctuation() => Atom::Char(e),
-                    _ => return None,
-                },
-                '.' => Atom::Any,
-                '*' | '+' | '?' => {
-                    let last = items.last_mut()?;
-                    if !matches!(last.1, Repeat::One) {
-                        // `*?` and friends: laziness does not change a full match.
-                        if c == '?' {
-                            continue;
-                        }
-                        return None;
-                    }
-                    last.1 = match c {
-                        '*' => Repeat::ZeroOrMore,
-                        '+' => Repeat::OneOrMore,
-                        _ => Repeat::ZeroOrOne,
-                    };
-                    continue;
-                }
-                '(' | ')' | '[' | ']' | '{' | '}' | '^' | '$' | '|' => return None,
-                other => Atom::Char(other),
-            };
-            items.push((atom, Repeat::One));
-        }
-        Some(items)
-    }
-    fn matches(items: &[(Atom, Repeat)], text: &[char]) -> bool {
-        let Some(((atom, repeat), rest)) = items.split_first() else {
-            return text.is_empty();
-        };
-        let one = |c: &char| match atom {
-            Atom::Char(a) => a == c,
-            Atom::Any => *c != '\n',
-        };
-        let (min, max) = match repeat {
-            Repeat::One => (1, 1),
-            Repeat::ZeroOrOne => (0, 1),
-            Repeat::ZeroOrMore => (0, usize::MAX),
-            Repeat::OneOrMore => (1, usize::MAX),
-        };
-        let available = text.iter().take_while(|c| one(c)).count().min(max);
-        (min..=available).rev().any(|n| matches(rest, &text[n..]))
-    }
-    let text: Vec<char> = text.chars().collect();
-    let mut any = false;
-    for alternative in pattern.split('|') {
-        if alternative.ends_with('\\') {
-            return None;
-        }
-        any |= matches(&parse(alternative)?, &text);
-    }
-    Some(any)
+/// A matcher for topic names with `pattern` as Java's `Pattern.matches` reads it, by the
+/// router's translation of Java regular expressions; `None` when that translation refuses the
+/// pattern (lookaround, backreferences, possessive quantifiers, ...).
+///
+/// The matcher answers `None` for a text that is not a legal Kafka topic name: only on those
+/// ASCII names is it certain that the `regex` crate's Unicode classes (`\w`, `\d`, `(?i)`)
+/// agree with Java's ASCII ones.
+fn topic_matcher(pattern: &str) -> Option<impl Fn(&str) -> Option<bool>> {
+    let regex = java_regex(pattern).ok()?;
+    Some(move |topic: &str| {
+        check_topic_name(topic)
+            .is_ok()
+            .then(|| regex.is_match(topic))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether `pattern` matches all of `text`, as Java's `Pattern.matches`; `None` when that
+    /// cannot be decided here.
+    fn java_full_match(pattern: &str, text: &str) -> Option<bool> {
+        topic_matcher(pattern)?(text)
+    }
 
     #[test]
     fn topic_patterns_match_as_java_matches_them() {
@@ -187,8 +131,45 @@ mod tests {
         assert_eq!(java_full_match("a|shop.*", "shop"), Some(true));
         assert_eq!(java_full_match("x.?y", "xy"), Some(true));
         assert_eq!(java_full_match(".*?outbox", "a.outbox"), Some(true));
-        assert_eq!(java_full_match("(shop)\\..*", "shop.x"), None);
-        assert_eq!(java_full_match("[a-z]+", "shop"), None);
-        assert_eq!(java_full_match("\\w+", "shop"), None);
+    }
+
+    #[test]
+    fn groups_classes_and_counted_repetition_match_as_java_matches_them() {
+        assert_eq!(java_full_match("(shop)\\..*", "shop.x"), Some(true));
+        assert_eq!(java_full_match("[a-z]+", "shop"), Some(true));
+        assert_eq!(java_full_match("\\w+", "shop"), Some(true));
+        assert_eq!(
+            java_full_match("shop\\.(public|app)\\.outbox", "shop.app.outbox"),
+            Some(true)
+        );
+        assert_eq!(
+            java_full_match("shop\\.(public|app)\\.outbox", "shop.other.outbox"),
+            Some(false)
+        );
+        assert_eq!(java_full_match("[a-z]+", "shop.x"), Some(false));
+        assert_eq!(
+            java_full_match("[^.]+\\.public\\.outbox_[0-9]{2}", "shop.public.outbox_07"),
+            Some(true)
+        );
+        assert_eq!(
+            java_full_match("[^.]+\\.public\\.outbox_[0-9]{2}", "shop.public.outbox_7"),
+            Some(false)
+        );
+        assert_eq!(
+            java_full_match("(?<db>shop)\\.\\w+\\.outbox", "shop.public.outbox"),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn patterns_that_cannot_be_matched_as_java_does_are_not_judged() {
+        // Lookaround, backreferences and possessive quantifiers: the `regex` crate lacks them.
+        assert_eq!(java_full_match("(?!other).*", "shop.x"), None);
+        assert_eq!(java_full_match("(shop)\\.\\1", "shop.shop"), None);
+        assert_eq!(java_full_match("shop.*+x", "shop.x"), None);
+        // Not a Java regular expression at all (Debezium would not start).
+        assert_eq!(java_full_match("shop(", "shop"), None);
+        // Only Kafka topic names are judged: on them, Unicode classes agree with Java's.
+        assert_eq!(java_full_match("\\w+", "caf\u{e9}"), None);
     }
 }
