@@ -14,7 +14,7 @@
 //!   include list is a note, never a guess, and an empty result falls back to Siphon's
 //!   default with a note.
 
-use std::fmt::Write as _;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::output::{string, Output};
 use super::props::{describe_reference, is_placeholder, keyed, provider_reference, Props};
@@ -229,17 +229,18 @@ fn plain_table(entry: &str) -> Option<String> {
     (ident(schema) && ident(table)).then_some(name)
 }
 
-/// Percent-encodes what is not unreserved in a URL component (RFC 3986).
+/// What stays as it is in a URL component: RFC 3986's unreserved characters (letters, digits,
+/// `-`, `.`, `_`, `~`). Every other byte is percent-encoded, so any user or database name
+/// reads back unchanged.
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes what is not unreserved in a URL component (RFC 3986), in upper-case hex.
 fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(byte as char);
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
-    out
+    utf8_percent_encode(text, NOT_UNRESERVED).to_string()
 }
 
 #[cfg(test)]
@@ -272,5 +273,35 @@ mod tests {
         let params = siphon_source::ConnectionParams::from_url(&c.source.url).unwrap();
         assert_eq!(params.user, "svc@corp");
         assert_eq!(params.database, "my db");
+    }
+
+    #[test]
+    fn names_with_reserved_characters_round_trip_through_the_url() {
+        let user = "svc:a/b?c#d[e]f@g!$&'()*+,;=%h \u{fc}~-._Z9";
+        let dbname = "db/1?x=y&z#w %2F";
+        let import = import_debezium(&minimal(&format!(
+            r#", "database.user": {}, "database.dbname": {}"#,
+            serde_json::Value::from(user),
+            serde_json::Value::from(dbname)
+        )))
+        .unwrap();
+        let c = parse(&import);
+        // Everything but RFC 3986's unreserved characters is encoded, in upper-case hex.
+        assert_eq!(
+            c.source.url,
+            "postgres://svc%3Aa%2Fb%3Fc%23d%5Be%5Df%40g%21%24%26%27%28%29%2A%2B%2C%3B%3D%25h%20%C3%BC~-._Z9\
+             @db:5432/db%2F1%3Fx%3Dy%26z%23w%20%252F"
+        );
+        let params = siphon_source::ConnectionParams::from_url(&c.source.url).unwrap();
+        assert_eq!(params.user, user);
+        assert_eq!(params.database, dbname);
+        // The password goes after the encoded user, which has no `@` left.
+        note_with(
+            &import,
+            &[
+                "SIPHON_SOURCE_URL=postgres://svc%3Aa",
+                "%C3%BC~-._Z9:PASSWORD@db:5432/",
+            ],
+        );
     }
 }
