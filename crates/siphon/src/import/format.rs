@@ -18,6 +18,7 @@ const BYTE_ARRAY_CONVERTER: &str = "org.apache.kafka.connect.converters.ByteArra
 const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 const SIMPLE_HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
 
+/// Fills `[format]` from the key, value and header converters.
 pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<String>) {
     for (side, key) in [("key", "key.converter"), ("value", "value.converter")] {
         let encoding = converter_encoding(props, side, key, notes);

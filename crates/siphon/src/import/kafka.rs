@@ -65,6 +65,7 @@ fn producer_property(java: &str) -> ProducerProperty<'_> {
     }
 }
 
+/// Fills `[kafka]`, `[kafka.properties]` and `[kafka.topic_creation]`.
 pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<String>) {
     let mut bootstrap = None;
     for key in props.keys_with_prefix("producer.override.") {

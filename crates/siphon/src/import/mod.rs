@@ -17,17 +17,17 @@
 //!   `siphon check-config` names any option Siphon's router does not support.
 //!
 //! # Layout
-//! [`import_debezium`] reads the connector configuration once ([`props`]), finds the outbox
-//! router in the transform chain ([`chain`]), then lets each section of the output take the
+//! [`import_debezium`] reads the connector configuration once (`props`), finds the outbox
+//! router in the transform chain (`chain`), then lets each section of the output take the
 //! keys it understands, in this order:
-//! - [`source`]: `[source]`, the connection, slot, publication and outbox tables;
-//! - [`kafka`]: `[kafka]`, producer overrides and topic creation;
-//! - [`router`]: `[router]`, the outbox router's options and the connector's logical name;
-//!   the other transforms and the predicates are judged by [`chain`] and [`predicate`];
-//! - [`format`]: `[format]`, the key and value converters;
-//! - [`leftovers`]: a note for every key no section took.
+//! - `source`: `[source]`, the connection, slot, publication and outbox tables;
+//! - `kafka`: `[kafka]`, producer overrides and topic creation;
+//! - `router`: `[router]`, the outbox router's options and the connector's logical name;
+//!   the other transforms and the predicates are judged by `chain` and `predicate`;
+//! - `format`: `[format]`, the key and value converters;
+//! - `leftovers`: a note for every key no section took.
 //!
-//! [`output`] keeps the sections and renders them as TOML.
+//! `output` keeps the sections and renders them as TOML.
 
 mod chain;
 mod format;

@@ -15,6 +15,8 @@ use super::chain::{self, Transform};
 use super::output::{string, Output};
 use super::props::{keyed, Props};
 
+/// Fills `[router]` from the outbox router transform (`chain[router_index]`) and the
+/// logical name, then notes the rest of the chain and its predicates.
 pub(super) fn section(
     props: &mut Props,
     chain: &[Transform],
