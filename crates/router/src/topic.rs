@@ -209,8 +209,7 @@ impl TopicRouter {
                 template,
             });
         }
-        let translated = format!(r"\A(?:{})\z", translate_java_regex(regex));
-        let compiled = Regex::new(&translated).map_err(|e| ConfigError::InvalidTopicRegex {
+        let compiled = java_regex(regex).map_err(|e| ConfigError::InvalidTopicRegex {
             value: regex.to_owned(),
             reason: e
                 .to_string()
@@ -248,13 +247,66 @@ impl TopicRouter {
     }
 }
 
+/// Why a Java regular expression cannot be compiled by [`java_regex`].
+#[derive(Debug, thiserror::Error)]
+pub enum JavaRegexError {
+    /// A possessive quantifier (`*+`, `++`, `?+`, `{n}+`): the `regex` crate would read it as a
+    /// repetition of a repetition and match texts Java does not (`a*+a` never matches in Java).
+    #[error("possessive quantifiers (such as *+) are not supported")]
+    Possessive,
+    /// The `regex` crate refused the translated pattern.
+    #[error(transparent)]
+    Regex(#[from] regex::Error),
+}
+
+/// Compiles a Java regular expression (`java.util.regex.Pattern` syntax) into a [`Regex`] that
+/// matches only whole texts, as Java's `Pattern.matches` and `Matcher.matches()` do.
+///
+/// `(?<name>...)` groups and Java's `.` (which excludes all of Java's line terminators) are
+/// translated; everything else is taken as the `regex` crate reads it, which for the ASCII
+/// texts of topic names agrees with Java.
+///
+/// # Errors
+/// [`JavaRegexError`] when the pattern uses what the `regex` crate lacks (lookaround,
+/// backreferences, atomic groups, possessive quantifiers, `\Q...\E` quoting, ...) or is not a
+/// well-formed pattern on its own, e.g. `a)|(b`, which would otherwise change meaning inside
+/// the anchoring group.
+pub fn java_regex(pattern: &str) -> Result<Regex, JavaRegexError> {
+    let translated = translate_java_regex(pattern)?;
+    // Checked alone first: wrapped, an unbalanced `)` could close the anchoring group.
+    Regex::new(&translated)?;
+    Ok(Regex::new(&format!(r"\A(?:{translated})\z"))?)
+}
+
 /// Java regex syntax to the `regex` crate's: `(?<name>` becomes `(?P<name>`, and `.` outside
-/// character classes excludes all of Java's line terminators, not only `\n`.
-fn translate_java_regex(java: &str) -> String {
+/// character classes excludes all of Java's line terminators, not only `\n`. Possessive
+/// quantifiers, which the `regex` crate would misread, are refused.
+fn translate_java_regex(java: &str) -> Result<String, JavaRegexError> {
     let mut out = String::with_capacity(java.len() + 16);
     let mut chars = java.chars().peekable();
     let mut class_depth = 0usize;
+    // What the last token read was, outside character classes: a quantifier (so a `+` now makes
+    // it possessive), an unescaped `(` (so a `?` now opens a group), or inside `{n,m}`.
+    let mut after_quantifier = false;
+    let mut after_open = false;
+    let mut counted = false;
     while let Some(c) = chars.next() {
+        let outside = class_depth == 0;
+        if outside && c == '+' && after_quantifier {
+            return Err(JavaRegexError::Possessive);
+        }
+        // `??` and `*?` are lazy quantifiers, not a quantifier of a quantifier.
+        after_quantifier = outside
+            && match c {
+                '*' | '+' => true,
+                '?' => !after_quantifier && !after_open,
+                '}' => std::mem::take(&mut counted),
+                _ => false,
+            };
+        after_open = outside && c == '(';
+        if outside && c == '{' {
+            counted = true;
+        }
         match c {
             '\\' => {
                 out.push(c);
@@ -295,7 +347,7 @@ fn translate_java_regex(java: &str) -> String {
             _ => out.push(c),
         }
     }
-    out
+    Ok(out)
 }
 
 /// Checks a topic name against Kafka's rules (`org.apache.kafka.common.internals.Topic`);
@@ -385,6 +437,83 @@ mod tests {
     #[test]
     fn line_terminators_leave_the_value_unrouted() {
         assert_eq!(render("outbox.event.${routedByValue}", "a\nb"), "a\nb");
+    }
+
+    fn java_matches(pattern: &str, text: &str) -> bool {
+        match java_regex(pattern) {
+            Ok(regex) => regex.is_match(text),
+            Err(e) => panic!("{pattern}: {e}"),
+        }
+    }
+
+    #[test]
+    fn java_regex_matches_whole_texts_only() {
+        assert!(java_matches(r"shop\.public\.outbox", "shop.public.outbox"));
+        assert!(!java_matches(
+            r"shop\.public\.outbox",
+            "shop.public.outbox2"
+        ));
+        assert!(!java_matches(r"public\.outbox", "shop.public.outbox"));
+        assert!(java_matches("^shop\\..+$", "shop.x"));
+        // Every alternative must match the whole text, the first one included.
+        assert!(java_matches("a|ab", "ab"));
+        assert!(!java_matches("a|shop", "shopx"));
+    }
+
+    #[test]
+    fn java_regex_takes_groups_classes_and_counted_repetition() {
+        assert!(java_matches(r"(shop)\..*", "shop.x"));
+        assert!(java_matches(
+            r"(?<prefix>shop)\.(public|app)\.outbox",
+            "shop.app.outbox"
+        ));
+        assert!(!java_matches(
+            r"(?<prefix>shop)\.(public|app)\.outbox",
+            "shop.other.outbox"
+        ));
+        assert!(java_matches("[a-z]+", "shop"));
+        assert!(!java_matches("[a-z]+", "Shop"));
+        assert!(java_matches("[^.]+\\.[^.]+", "a.b"));
+        assert!(java_matches("[]a]+", "]a]"));
+        assert!(java_matches(r"\w+\.outbox_\d{2,3}", "shop.outbox_12"));
+        assert!(!java_matches(r"\w+\.outbox_\d{2,3}", "shop.outbox_1234"));
+        assert!(java_matches("(?i)SHOP\\..*", "shop.x"));
+        // Lazy quantifiers and literal plus signs are not possessive ones.
+        assert!(java_matches("a+?b*?c??", "aab"));
+        assert!(java_matches(r"a\++", "a++"));
+        assert!(java_matches("[*+]+", "*+"));
+        assert!(java_matches("(?:a)+", "aa"));
+    }
+
+    #[test]
+    fn java_dot_excludes_java_line_terminators() {
+        assert!(java_matches("a.b", "a-b"));
+        for terminator in JAVA_LINE_TERMINATORS {
+            assert!(!java_matches("a.b", &format!("a{terminator}b")));
+        }
+        assert!(java_matches("a[.]b", "a.b"));
+    }
+
+    #[test]
+    fn java_regex_refuses_what_it_cannot_match_as_java_does() {
+        for unsupported in [
+            "(?=shop)shop", // lookahead
+            "(a)\\1",       // backreference
+            "(?>a*)a",      // atomic group
+            r"\Qa.b\E",     // quoting
+            "a)|(b",        // unbalanced: must not escape the anchoring group
+            "a\\",          // trailing backslash
+            "a*+a",         // possessive: never matches in Java
+            "a++",          // possessive
+            "a?+",          // possessive
+            "a{1,2}+",      // possessive
+            r"\*?+",        // possessive, of an escaped character
+        ] {
+            assert!(
+                java_regex(unsupported).is_err(),
+                "{unsupported} was accepted"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,157 @@
+//! `[format]`: the key and value encodings, from the connector's `key.converter`,
+//! `value.converter` and `header.converter`.
+//!
+//! # Invariants
+//! - Both `format.key` and `format.value` are always written; a converter Siphon cannot
+//!   reproduce is written as `json` with a note saying the bytes differ.
+//! - A JsonConverter without `schemas.enable` is taken as Kafka's default, true (json-schemas),
+//!   since a converter set on the connector does not inherit the worker's options.
+//! - Converter options are notes (Siphon's encodings have none), except a UTF-8 `encoding`,
+//!   which is what Siphon writes anyway.
+
+use super::output::{string, Output};
+use super::props::{keyed, Props};
+
+const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
+const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter";
+const BYTE_ARRAY_CONVERTER: &str = "org.apache.kafka.connect.converters.ByteArrayConverter";
+const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
+const SIMPLE_HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
+
+/// Fills `[format]` from the key, value and header converters.
+pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<String>) {
+    for (side, key) in [("key", "key.converter"), ("value", "value.converter")] {
+        let encoding = converter_encoding(props, side, key, notes);
+        out.format.insert(side.into(), string(encoding));
+    }
+    if let Some(class) = props.take("header.converter") {
+        if class != SIMPLE_HEADER_CONVERTER {
+            notes.push(format!(
+                "`header.converter` = `{class}`: Siphon writes headers as {SIMPLE_HEADER_CONVERTER} does (the `id` header as UTF-8 text); consumers reading headers may see different bytes"
+            ));
+        }
+    }
+    for key in props.keys_with_prefix("header.converter.") {
+        let value = props.take(&key).unwrap_or_default();
+        notes.push(keyed(
+            &key,
+            &value,
+            "header converter option; not carried over",
+        ));
+    }
+}
+
+/// The `[format]` encoding for one converter, with notes for what Siphon cannot reproduce.
+fn converter_encoding(
+    props: &mut Props,
+    side: &str,
+    key: &str,
+    notes: &mut Vec<String>,
+) -> &'static str {
+    let class = props.take(key);
+    let schemas_key = format!("{key}.schemas.enable");
+    let schemas = props.take(&schemas_key);
+    let mut options = Vec::new();
+    for option in props.keys_with_prefix(&format!("{key}.")) {
+        let value = props.take(&option).unwrap_or_default();
+        options.push((option, value));
+    }
+    let Some(class) = class else {
+        notes.push(format!(
+            "`{key}` is not set, so the Connect worker's {key} applied (Kafka's own default is {JSON_CONVERTER} with schemas.enable=true): \
+             written as json (JsonConverter with schemas.enable=false); check the worker configuration and set format.{side} to match it"
+        ));
+        return "json";
+    };
+    let encoding = match class.as_str() {
+        JSON_CONVERTER => {
+            let with_schemas = match schemas.as_deref() {
+                None => {
+                    notes.push(format!(
+                        "`{schemas_key}` is not set: JsonConverter's default, true, is assumed (json-schemas), since a converter set in the connector \
+                         configuration does not take the worker's converter options"
+                    ));
+                    true
+                }
+                Some(v) => !v.eq_ignore_ascii_case("false"),
+            };
+            if with_schemas {
+                "json-schemas"
+            } else {
+                "json"
+            }
+        }
+        STRING_CONVERTER => "string",
+        BYTE_ARRAY_CONVERTER | BINARY_DATA_CONVERTER => "binary",
+        other => {
+            let what = if other.contains("Avro") {
+                "Avro"
+            } else if other.contains("Protobuf") {
+                "Protobuf"
+            } else if other.contains("JsonSchema") {
+                "JSON Schema"
+            } else if other.contains("CloudEvents") {
+                "CloudEvents"
+            } else {
+                "this converter's"
+            };
+            notes.push(format!(
+                "`{key}` = `{other}`: Siphon does not support {what} encoding yet. Written as json (JsonConverter with schemas.enable=false), \
+                 which produces different bytes: do not switch until the consumers accept them (or Siphon supports it)"
+            ));
+            "json"
+        }
+    };
+    if class != JSON_CONVERTER {
+        if let Some(v) = schemas {
+            options.push((schemas_key, v));
+        }
+    }
+    for (option, value) in options {
+        let utf8 = value.eq_ignore_ascii_case("UTF-8") || value.eq_ignore_ascii_case("UTF8");
+        if option.ends_with(".encoding") && utf8 {
+            continue; // StringConverter's default: what Siphon writes.
+        }
+        notes.push(keyed(
+            &option,
+            &value,
+            "converter option; Siphon's encodings have no options",
+        ));
+    }
+    encoding
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::EncodingName;
+    use crate::import::import_debezium;
+    use crate::import::tests::{minimal, note_with, parse};
+
+    #[test]
+    fn converters_map_to_encodings() {
+        let import = import_debezium(&minimal(
+            r#", "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+               "value.converter": "io.debezium.converters.BinaryDataConverter""#,
+        ))
+        .unwrap();
+        let c = parse(&import);
+        assert_eq!(c.format.key, EncodingName::JsonSchemas);
+        assert_eq!(c.format.value, EncodingName::Binary);
+        note_with(&import, &["key.converter.schemas.enable", "assumed"]);
+
+        let import = import_debezium(&minimal(
+            r#", "key.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+               "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+               "value.converter.schemas.enable": "true""#,
+        ))
+        .unwrap();
+        let c = parse(&import);
+        assert_eq!(c.format.key, EncodingName::Binary);
+        assert_eq!(c.format.value, EncodingName::JsonSchemas);
+        assert!(
+            !import.notes.iter().any(|n| n.contains("converter")),
+            "{:#?}",
+            import.notes
+        );
+    }
+}
