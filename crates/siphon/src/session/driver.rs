@@ -16,6 +16,7 @@ use super::{Carry, PipelineSettings};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use futures::FutureExt as _;
+use pgoutput::Lsn;
 use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink};
 use siphon_source::queries::Catalog;
 use siphon_source::ReplicationStream;
@@ -56,6 +57,36 @@ async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>
     }
 }
 
+/// What a session needs that takes a round trip to set up.
+struct Connections {
+    start: Lsn,
+    sink: KafkaSink,
+    deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
+    sql: Arc<Catalog>,
+    stream: ReplicationStream,
+}
+
+/// Checks the server, opens the producer, the SQL connection and the replication stream.
+async fn connect(
+    settings: &PipelineSettings,
+    metrics: &Arc<Metrics>,
+    carry: &Carry,
+) -> Result<Connections, PipelineError> {
+    let slot = siphon_source::prepare(&settings.source).await?;
+    let start = slot.confirmed_flush_lsn.max(carry.acked_through);
+    let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
+    let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
+    let sql = Arc::new(Catalog::connect(&settings.source.url).await?);
+    let stream = ReplicationStream::start(&settings.source, start).await?;
+    Ok(Connections {
+        start,
+        sink,
+        deliveries,
+        sql,
+        stream,
+    })
+}
+
 /// Runs one session until shutdown (`Ok`) or an error.
 pub async fn run_session(
     settings: &PipelineSettings,
@@ -63,12 +94,24 @@ pub async fn run_session(
     carry: &mut Carry,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
-    let slot = siphon_source::prepare(&settings.source).await?;
-    let start = slot.confirmed_flush_lsn.max(carry.acked_through);
-    let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
-    let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
-    let sql = Arc::new(Catalog::connect(&settings.source.url).await?);
-    let stream = ReplicationStream::start(&settings.source, start).await?;
+    if *shutdown.borrow() {
+        return Ok(());
+    }
+    // Connecting can hang on an unreachable server: a shutdown request ends it.
+    let Connections {
+        start,
+        sink,
+        deliveries,
+        sql,
+        stream,
+    } = tokio::select! {
+        biased;
+        _ = shutdown.changed() => {
+            info!("shutdown requested while connecting");
+            return Ok(());
+        }
+        connections = connect(settings, metrics, carry) => connections?,
+    };
     let core = SessionCore::new(
         CoreSettings {
             router: &settings.router,
@@ -112,8 +155,16 @@ pub async fn run_session(
     }
     match outcome {
         Ok(()) => {
-            let reported = driver.stream.finish(settings.shutdown_timeout).await?;
-            info!(confirmed = %reported, "stopped; confirmed position reported to PostgreSQL");
+            // Bounded: on a broken connection the final status update never leaves.
+            let finish = driver.stream.finish(settings.shutdown_timeout);
+            match tokio::time::timeout(settings.shutdown_timeout * 2, finish).await {
+                Ok(reported) => {
+                    info!(confirmed = %reported?, "stopped; confirmed position reported to PostgreSQL")
+                }
+                Err(_) => warn!(
+                    "stopped; the replication connection did not answer, the acknowledged position is reported by the next start"
+                ),
+            }
             Ok(())
         }
         Err(e) => Err(e),
