@@ -14,6 +14,7 @@
 pub mod core;
 pub mod driver;
 pub mod ledger;
+pub mod message;
 #[cfg(test)]
 mod simulation;
 

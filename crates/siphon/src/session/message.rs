@@ -1,0 +1,200 @@
+//! Logical decoding messages as outbox rows.
+//!
+//! An application can write its outbox events with `pg_logical_emit_message(true, prefix,
+//! content)` instead of inserting and deleting rows. The content is a JSON object with the
+//! outbox fields (`id`, `aggregatetype`, `aggregateid`, `type`, `payload`, plus any placement
+//! fields); each message becomes a row of a table that exists only here, whose columns are the
+//! object's members, so the same router, with the same options, turns it into the same record a
+//! table row would give.
+//!
+//! # Invariants
+//! - Each member keeps the exact text the application wrote: a string member is its decoded
+//!   text (`text`), an object or array is its JSON text (`jsonb`), a number its literal
+//!   (`numeric`), `true`/`false` a `bool`, `null` a NULL.
+//! - One synthetic relation per distinct prefix and set of members (names and kinds), so a
+//!   binding is made once per shape, not once per message; relation ids never repeat within a
+//!   session and are far above the OIDs PostgreSQL hands out first.
+//! - Content that is not a JSON object is a [`MessageError`] naming the prefix and the fix.
+
+use bytes::Bytes;
+use pgoutput::{Column, Oid, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
+use serde_json::value::RawValue;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// PostgreSQL type OIDs the members map to.
+const BOOL: Oid = 16;
+const TEXT: Oid = 25;
+const NUMERIC: Oid = 1700;
+const JSONB: Oid = 3802;
+
+/// The schema name the synthetic tables are shown under (in logs and dead letters).
+pub const MESSAGE_SCHEMA: &str = "pg_logical_emit_message";
+
+/// Why a message's content cannot be an outbox row.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    #[error("logical message with prefix {prefix:?} is not a JSON object ({reason}): write the outbox fields as one JSON object, e.g. pg_logical_emit_message(true, '{prefix}', json_build_object('id', ..., 'aggregatetype', ..., 'aggregateid', ..., 'type', ..., 'payload', ...)::text)")]
+    NotAnObject { prefix: String, reason: String },
+    #[error("logical message with prefix {prefix:?} is not UTF-8")]
+    NotUtf8 { prefix: String },
+}
+
+/// Turns message contents into rows of synthetic relations, one per shape.
+#[derive(Debug)]
+pub struct MessageRows {
+    shapes: HashMap<(String, Vec<(String, Oid)>), Arc<Relation>>,
+    next_id: Oid,
+}
+
+impl Default for MessageRows {
+    fn default() -> Self {
+        MessageRows {
+            shapes: HashMap::new(),
+            next_id: Oid::MAX,
+        }
+    }
+}
+
+impl MessageRows {
+    /// The row for `content`, and its relation (new: not seen before in this session).
+    pub fn row(
+        &mut self,
+        prefix: &str,
+        content: &[u8],
+    ) -> Result<(Arc<Relation>, TupleData, bool), MessageError> {
+        let text = std::str::from_utf8(content).map_err(|_| MessageError::NotUtf8 {
+            prefix: prefix.to_owned(),
+        })?;
+        let members: BTreeMap<String, Box<RawValue>> =
+            serde_json::from_str(text).map_err(|e| MessageError::NotAnObject {
+                prefix: prefix.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let mut shape = Vec::with_capacity(members.len());
+        let mut columns = Vec::with_capacity(members.len());
+        for (name, raw) in &members {
+            let (type_oid, column) = column_of(raw.get());
+            shape.push((name.clone(), type_oid));
+            columns.push(column);
+        }
+        let key = (prefix.to_owned(), shape);
+        let (relation, new) = match self.shapes.get(&key) {
+            Some(relation) => (Arc::clone(relation), false),
+            None => {
+                let relation = Arc::new(Relation {
+                    xid: None,
+                    id: self.next_id,
+                    namespace: Text::new(Bytes::from_static(MESSAGE_SCHEMA.as_bytes()))
+                        .unwrap_or_else(|_| Text::from_static("")),
+                    name: Text::new(Bytes::copy_from_slice(prefix.as_bytes()))
+                        .unwrap_or_else(|_| Text::from_static("")),
+                    replica_identity: ReplicaIdentity::Nothing,
+                    columns: key
+                        .1
+                        .iter()
+                        .map(|(name, type_oid)| RelationColumn {
+                            flags: 0,
+                            name: Text::new(Bytes::copy_from_slice(name.as_bytes()))
+                                .unwrap_or_else(|_| Text::from_static("")),
+                            type_oid: *type_oid,
+                            type_modifier: -1,
+                        })
+                        .collect(),
+                });
+                self.next_id = self.next_id.saturating_sub(1);
+                self.shapes.insert(key, Arc::clone(&relation));
+                (relation, true)
+            }
+        };
+        Ok((relation, TupleData { columns }, new))
+    }
+}
+
+/// The column type and value of one member, from its JSON text.
+fn column_of(raw: &str) -> (Oid, Column) {
+    let raw = raw.trim();
+    match raw.as_bytes().first() {
+        Some(b'"') => match serde_json::from_str::<String>(raw) {
+            Ok(text) => (TEXT, Column::Text(Bytes::from(text))),
+            // A string with an unpaired surrogate escape: kept as its JSON text.
+            Err(_) => (JSONB, Column::Text(Bytes::copy_from_slice(raw.as_bytes()))),
+        },
+        Some(b'{' | b'[') => (JSONB, Column::Text(Bytes::copy_from_slice(raw.as_bytes()))),
+        Some(b't') => (BOOL, Column::Text(Bytes::from_static(b"t"))),
+        Some(b'f') => (BOOL, Column::Text(Bytes::from_static(b"f"))),
+        Some(b'n') => (TEXT, Column::Null),
+        _ => (NUMERIC, Column::Text(Bytes::copy_from_slice(raw.as_bytes()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(column: &Column) -> Option<&str> {
+        match column {
+            Column::Text(b) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn members_become_typed_columns_with_their_exact_text() {
+        let mut rows = MessageRows::default();
+        let content = br#"{"id":"e1","aggregatetype":"Order","aggregateid":"o-1","type":"Created",
+            "payload":{"total": 1.10, "items":[1,2]},"n":12,"ok":true,"gone":null}"#;
+        let (relation, row, new) = rows.row("outbox", content).unwrap();
+        assert!(new);
+        assert_eq!(relation.namespace.as_str(), MESSAGE_SCHEMA);
+        assert_eq!(relation.name.as_str(), "outbox");
+        let by_name: HashMap<&str, (Oid, &Column)> = relation
+            .columns
+            .iter()
+            .zip(&row.columns)
+            .map(|(c, v)| (c.name.as_str(), (c.type_oid, v)))
+            .collect();
+        assert_eq!(by_name["id"].0, TEXT);
+        assert_eq!(text(by_name["id"].1), Some("e1"));
+        assert_eq!(by_name["payload"].0, JSONB);
+        assert_eq!(
+            text(by_name["payload"].1),
+            Some(r#"{"total": 1.10, "items":[1,2]}"#),
+            "the payload's text as written"
+        );
+        assert_eq!((by_name["n"].0, text(by_name["n"].1)), (NUMERIC, Some("12")));
+        assert_eq!((by_name["ok"].0, text(by_name["ok"].1)), (BOOL, Some("t")));
+        assert_eq!(by_name["gone"].1, &Column::Null);
+    }
+
+    #[test]
+    fn one_relation_per_shape() {
+        let mut rows = MessageRows::default();
+        let (a, _, new_a) = rows.row("outbox", br#"{"id":"1","payload":{}}"#).unwrap();
+        let (b, _, new_b) = rows.row("outbox", br#"{"payload":{"x":1},"id":"2"}"#).unwrap();
+        let (c, _, new_c) = rows.row("outbox", br#"{"id":"3","payload":"text"}"#).unwrap();
+        let (d, _, new_d) = rows.row("other", br#"{"id":"4","payload":{}}"#).unwrap();
+        assert!(new_a && !new_b && new_c && new_d);
+        assert_eq!(a.id, b.id, "same members and kinds, in any order");
+        assert_ne!(a.id, c.id, "payload is text now");
+        assert_ne!(a.id, d.id, "another prefix");
+    }
+
+    #[test]
+    fn content_that_is_not_an_object_names_the_fix() {
+        let mut rows = MessageRows::default();
+        for content in [&b"[1,2]"[..], b"\"x\"", b"{oops", b""] {
+            let err = rows.row("outbox", content).unwrap_err();
+            assert!(
+                err.to_string().contains("json_build_object"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            rows.row("outbox", &[0xff, 0xfe]).unwrap_err(),
+            MessageError::NotUtf8 {
+                prefix: "outbox".into()
+            }
+        );
+    }
+}
