@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates (once) the Python environment the end-to-end tests decode records with, and prints
 # its interpreter's path. The environment lives outside the repository, in
-# ~/.cache/siphon/py-<hash of tests/python/requirements.txt>, so a changed requirements file
+# ${SIPHON_CACHE_DIR:-~/.cache/siphon}/py-<hash of tests/python/requirements.txt>, so a changed requirements file
 # gets a fresh one and an unchanged one is reused.
 #
 # Exit status: 0 with the interpreter path on stdout; 3 when python3 is not installed (the
@@ -14,7 +14,7 @@ if ! command -v python3 >/dev/null 2>&1; then
     exit 3
 fi
 hash="$(sha256sum "$requirements" | cut -c1-16)"
-cache="${SIPHON_CACHE:-$HOME/.cache/siphon}"
+cache="${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}"
 venv="$cache/py-$hash"
 if [ ! -x "$venv/.ready" ]; then
     mkdir -p "$cache"
