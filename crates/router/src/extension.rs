@@ -3,7 +3,7 @@
 //! [`EventExtensions`] is what the user configured; [`EventRouter::with_extensions`] checks it
 //! against the router options. Binding a table resolves the extra columns it needs (the event
 //! type column for protobuf and CloudEvents, the trace columns); routing a row first builds
-//! the Debezium record, then [`Extensions::finish`] rewrites its value (protobuf, structured
+//! the Debezium record, then `Extensions::finish` rewrites its value (protobuf, structured
 //! CloudEvents) and appends headers (`ce_*`, `content-type`, `traceparent`, `tracestate`).
 //!
 //! A malformed trace context is left out of the record and counted
@@ -232,11 +232,8 @@ impl Extensions {
         let text_of = |column: &BoundColumn| -> Result<Option<String>, RouteError> {
             match cell(binding, column, row)? {
                 None => Ok(None),
-                Some((raw, text)) if column.kind == ValueKind::Bytes => {
-                    // A bytea key reads as PostgreSQL prints it (`\x…`).
-                    let _ = raw;
-                    Ok(Some(text.to_owned()))
-                }
+                // A bytea key reads as PostgreSQL prints it (`\x…`).
+                Some((_, text)) if column.kind == ValueKind::Bytes => Ok(Some(text.to_owned())),
                 Some((raw, text)) => {
                     let bytes = to_string(column.kind, raw, text)
                         .map_err(|BadValue| invalid(binding, column, raw))?;
