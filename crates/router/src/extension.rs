@@ -294,7 +294,16 @@ impl Extensions {
                 fields,
                 has_payload,
             };
-            record.value = Some(protobuf::encode(&event));
+            // `route.tombstone.on.empty.payload` as Debezium reads it: NULL, or text made only
+            // of characters up to U+0020.
+            let empty = !has_payload
+                || (binding.payload.kind == ValueKind::Text
+                    && event.payload.iter().all(|&b| b <= b' '));
+            record.value = if empty && options.tombstone_on_empty_payload() {
+                None
+            } else {
+                Some(protobuf::encode(&event))
+            };
         }
 
         let (parent, state) = match trace {

@@ -504,3 +504,23 @@ fn missing_and_null_extra_columns_are_errors_naming_the_option() {
         })
     ));
 }
+
+#[test]
+fn protobuf_values_keep_tombstones_when_asked() {
+    let null_payload = row(Column::Null, Column::Null, Column::Null);
+    let blank_payload = row(t(" "), Column::Null, Column::Null);
+    let tombstones = router(
+        &[("route.tombstone.on.empty.payload", "true")],
+        Encoding::Json,
+        protobuf(),
+    );
+    assert_eq!(route(&tombstones, TEXT, &null_payload).value, None);
+    assert_eq!(route(&tombstones, TEXT, &blank_payload).value, None);
+    // Without the option a NULL payload is a message with has_payload = false.
+    let messages = router(&[], Encoding::Json, protobuf());
+    let value = route(&messages, TEXT, &null_payload)
+        .value
+        .expect("a message");
+    // The last field is the source position: has_payload (false) is left out.
+    assert!(value.ends_with(b"\x22\x0dpublic.outbox"), "{value:?}");
+}
