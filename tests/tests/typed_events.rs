@@ -429,3 +429,72 @@ mode = "structured"
     }
     Ok(())
 }
+
+#[test]
+fn impossible_combinations_are_refused_before_connecting() -> Result<()> {
+    let bin = siphon_tests::siphon_bin()?;
+    let dir = tempfile::tempdir()?;
+    let cases = [
+        ("[format]\nkey = \"protobuf\"\n", "format.key = \"protobuf\""),
+        ("[cloudevents]\nmode = \"envelope\"\n", "unknown variant `envelope`"),
+        (
+            "[router]\n\"route.tombstone.on.empty.payload\" = true\n[cloudevents]\nmode = \"structured\"\n",
+            "cannot write the tombstones",
+        ),
+        (
+            "[cloudevents]\nmode = \"binary\"\nsource = \"not a uri\"\n",
+            "is not a URI-reference",
+        ),
+        ("[trace]\nstate_column = \"tracestate\"\n", "trace.column"),
+    ];
+    for (extra, needle) in cases {
+        let path = dir.path().join("siphon.toml");
+        std::fs::write(
+            &path,
+            format!("[source]\nurl = \"postgres://siphon@127.0.0.1:1/app\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n{extra}"),
+        )?;
+        let output = std::process::Command::new(&bin)
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{extra} was accepted");
+        assert!(stderr.contains(needle), "{extra}: {stderr}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_trace_column_is_named() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let client = pg.connect().await?;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, \
+             aggregateid text, type text NOT NULL, payload jsonb)",
+        )
+        .await?;
+    let siphon = SiphonProcess::start(&siphon_config(
+        &pg,
+        &broker,
+        "typed_missing_trace",
+        "[trace]\ncolumn = \"traceparent\"\n",
+    ))?;
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    client
+        .batch_execute(
+            "INSERT INTO outbox VALUES (gen_random_uuid(), 'Order', 'o-1', 'Created', '{}')",
+        )
+        .await?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success(), "siphon went on without the trace column");
+    let log = siphon.log();
+    assert!(
+        log.contains("\"traceparent\"") && log.contains("trace.column"),
+        "{log}"
+    );
+    Ok(())
+}
