@@ -16,8 +16,13 @@ fi
 hash="$(sha256sum "$requirements" | cut -c1-16)"
 cache="${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}"
 venv="$cache/py-$hash"
+mkdir -p "$cache"
 if [ ! -x "$venv/.ready" ]; then
-    mkdir -p "$cache"
+    # Tests start in parallel: one builds, the others wait and reuse.
+    exec 9>"$cache/py-$hash.lock"
+    flock 9
+fi
+if [ ! -x "$venv/.ready" ]; then
     # Build beside the final path and rename, so a concurrent or interrupted run never
     # leaves a half-made environment behind under the final name.
     staging="$(mktemp -d "$cache/py-$hash.XXXXXX")"
