@@ -20,3 +20,36 @@ pub struct SourcePosition {
     /// `commit_time` of its BEGIN message, converted from PostgreSQL's epoch).
     pub commit_time_us: Option<i64>,
 }
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 00:00:00 UTC).
+const POSTGRES_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+
+impl SourcePosition {
+    /// The position of a change as pgoutput gives it: `final_lsn`, `xid` and `commit_time`
+    /// (microseconds since 2000-01-01, PostgreSQL's epoch) of its BEGIN message, and the LSN
+    /// of the change.
+    pub fn from_pgoutput(final_lsn: Lsn, lsn: Lsn, xid: u32, commit_time_pg_us: i64) -> Self {
+        SourcePosition {
+            commit_lsn: final_lsn,
+            lsn,
+            xid,
+            commit_time_us: commit_time_pg_us.checked_add(POSTGRES_EPOCH_UNIX_MICROS),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_times_move_to_the_unix_epoch() {
+        let p = SourcePosition::from_pgoutput(Lsn(9), Lsn(5), 7, 0);
+        assert_eq!(p.commit_time_us, Some(946_684_800_000_000));
+        assert_eq!((p.commit_lsn, p.lsn, p.xid), (Lsn(9), Lsn(5), 7));
+        assert_eq!(
+            SourcePosition::from_pgoutput(Lsn(0), Lsn(0), 0, i64::MAX).commit_time_us,
+            None
+        );
+    }
+}
