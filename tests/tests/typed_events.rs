@@ -423,8 +423,20 @@ mode = "structured"
         assert_eq!(message["id"], json!(row.id), "{event}");
         assert_eq!(message["type"], json!(row.event_type));
         assert_eq!(message["table"], json!("public.outbox"));
-        // No timestamp column: the commit time when the pipeline passes the position, else
-        // none; and no trace configured, so no trace headers.
+        // No timestamp column: the event time is the commit time when the pipeline passes
+        // the position, else there is none.
+        let attributes = &event["cloudevent"]["attributes"];
+        if message["commit_lsn"] != json!(0) {
+            assert_eq!(message["xid"], json!(run.xids[&row.id]));
+            assert_eq!(message["has_timestamp"], json!(true));
+            assert_eq!(attributes["time"], message["timestamp_rfc3339"], "{event}");
+        } else {
+            assert_eq!(message["has_timestamp"], json!(false));
+            // (The SDK fills a missing time with the time of reading: look at the value.)
+            let value: Value = serde_json::from_slice(record.value.as_deref().unwrap_or_default())?;
+            assert!(value.get("time").is_none(), "{value}");
+        }
+        // No trace configured: no trace headers.
         assert_eq!(header(record, "traceparent"), None);
     }
     Ok(())
