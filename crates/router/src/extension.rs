@@ -242,8 +242,6 @@ impl Extensions {
             }
         };
 
-        let trace = self.read_trace(binding, row)?;
-
         let id = text_of(&binding.event_id)?.unwrap_or_default();
         let aggregate_id = text_of(&binding.event_key)?;
         let event_type = match &bound.event_type {
@@ -268,6 +266,8 @@ impl Extensions {
             None => None,
         }
         .or(position.commit_time_us);
+        // Read last, so that a row failing for another reason is not counted.
+        let trace = self.read_trace(binding, row)?;
 
         if config.protobuf_value {
             let (payload, content_type, has_payload) = self.payload(binding, row)?;
