@@ -9,6 +9,9 @@
 #     libssl-dev, libcurl4-openssl-dev, zlib1g-dev, build-essential, openssl and
 #     python3-pip (only if no pip is available). `apt-get update` runs at most
 #     once, and only when something is missing.
+#   * The Python environment the end-to-end tests decode records with
+#     (protobuf, grpcio-tools, cloudevents from PyPI), by scripts/python-env.sh,
+#     under the same cache root; python3-venv when venv cannot bootstrap pip.
 #   * The Tansu Kafka-protocol broker, into a cache outside the repository,
 #     keyed by version and variant:
 #       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/tansu-<version>-<variant>/bin/tansu
@@ -101,6 +104,10 @@ if [[ " $TANSU_VARIANTS " == *" memory "* ]] &&
     command -v python3 >/dev/null 2>&1 || missing+=(python3)
     have_pip || missing+=(python3-pip)
 fi
+# The decoder environment of the end-to-end tests needs venv with pip.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
 # ca-certificates is needed for pip to reach PyPI on a minimal image.
 pkg_installed ca-certificates || missing+=(ca-certificates)
 
@@ -178,6 +185,11 @@ for variant in $TANSU_VARIANTS; do
     log "tansu ($variant):  $bin"
 done
 
+if command -v python3 >/dev/null 2>&1; then
+    decoder=$(SIPHON_CACHE_DIR="$CACHE_DIR" bash "$(dirname "${BASH_SOURCE[0]}")/python-env.sh") ||
+        die "scripts/python-env.sh could not build the decoder environment"
+    log "python decoders:   $decoder"
+fi
 log "postgresql bin:    $PG_BIN ($("$PG_BIN/postgres" --version))"
 log "cmake:             $(command -v cmake) ($(cmake --version | head -n1))"
 log "ok"

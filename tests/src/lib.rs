@@ -40,6 +40,7 @@ pub mod outbox;
 pub mod ports;
 pub mod postgres;
 pub mod proxy;
+pub mod python;
 pub mod siphon;
 pub mod wait;
 

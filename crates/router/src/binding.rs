@@ -34,6 +34,12 @@ pub enum ColumnRole {
     SchemaVersion,
     /// An entry of `table.fields.additional.placement`.
     Additional(Placement),
+    /// `table.field.event.type`: the event type of protobuf values and CloudEvents.
+    EventType,
+    /// `trace.column`: the W3C `traceparent`.
+    TraceParent,
+    /// `trace.state_column`: the W3C `tracestate`.
+    TraceState,
 }
 
 impl ColumnRole {
@@ -47,6 +53,9 @@ impl ColumnRole {
             ColumnRole::EventTimestamp => FIELD_EVENT_TIMESTAMP,
             ColumnRole::SchemaVersion => FIELD_SCHEMA_VERSION,
             ColumnRole::Additional(_) => FIELDS_ADDITIONAL_PLACEMENT,
+            ColumnRole::EventType => crate::extension::EVENT_TYPE_OPTION,
+            ColumnRole::TraceParent => crate::extension::TRACE_COLUMN_OPTION,
+            ColumnRole::TraceState => crate::extension::TRACE_STATE_COLUMN_OPTION,
         }
     }
 
@@ -62,6 +71,9 @@ impl ColumnRole {
             ColumnRole::Additional(Placement::Header) => "a header value",
             ColumnRole::Additional(Placement::Envelope) => "an envelope field",
             ColumnRole::Additional(Placement::Partition) => "the partition number",
+            ColumnRole::EventType => "the event type",
+            ColumnRole::TraceParent => "the W3C traceparent",
+            ColumnRole::TraceState => "the W3C tracestate",
         }
     }
 }
@@ -129,6 +141,8 @@ pub struct TableBinding {
     pub(crate) additional: Vec<BoundAdditional>,
     /// The Debezium value schema name of the table's rows, `<topic.prefix>.<schema>.<table>.Value`.
     pub(crate) row_schema_name: String,
+    /// The columns of the formats beyond Debezium's (see [`crate::extension`]).
+    pub(crate) extensions: crate::extension::BoundExtensions,
 }
 
 impl TableBinding {
@@ -316,6 +330,7 @@ pub(crate) fn bind(
         schema_version,
         additional,
         row_schema_name,
+        extensions: crate::extension::BoundExtensions::default(),
     })
 }
 

@@ -25,6 +25,8 @@
 //! - [`topic`]: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
 //! - [`partition`]: Kafka's murmur2 key partitioning.
 //! - [`error`]: configuration and routing errors, each naming the fix.
+//! - [`extension`]: the formats beyond Debezium's, applied after routing: [`protobuf`]
+//!   values, [`cloudevents`] and W3C [`trace`] context, with the [`position`] of the change.
 //!
 //! # Invariants
 //! - Routing has no side effects and never panics; every row is either a record, a skip
@@ -50,28 +52,37 @@
 //!   appearance; Debezium merges them in hash-set order, which varies between runs.
 
 pub mod binding;
+pub mod cloudevents;
 pub mod connect;
 pub mod encode;
 pub mod error;
 pub mod expand;
+pub mod extension;
 pub mod javanum;
 pub mod json;
 pub mod options;
 pub mod partition;
+pub mod position;
+pub mod protobuf;
 pub mod route;
 pub mod timestamp;
 pub mod topic;
+pub mod trace;
 
 pub use binding::{ColumnRole, TableBinding};
+pub use cloudevents::{CloudEventsMode, CloudEventsOptions};
 pub use encode::ValueKind;
 pub use error::{ConfigError, RouteError};
+pub use extension::{default_cloudevents_source, EventExtensions, ExtensionConfigError};
 pub use options::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, JsonEmptyArrayBehavior,
     JsonNullBehavior, Placement, RouterOptions,
 };
 pub use partition::{murmur2, partition_for_key};
+pub use position::SourcePosition;
 pub use route::{
     Change, Encoding, EventRouter, Format, Header, LogLevel, Routed, RoutedRecord, RouterContext,
     SkipReason,
 };
 pub use topic::TopicRouter;
+pub use trace::TraceOptions;

@@ -28,7 +28,9 @@ use crate::connect::{java_text, write_envelope, write_json, Schema, SchemaType, 
 use crate::encode::{decode_bytea, to_json, to_string, BadValue, ValueKind};
 use crate::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::expand::{expand, Expansion};
+use crate::extension::{EventExtensions, ExtensionConfigError, Extensions};
 use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
+use crate::position::SourcePosition;
 use crate::timestamp::{record_timestamp_ms, TimestampError};
 use crate::topic::check_topic_name;
 use bytes::Bytes;
@@ -178,6 +180,7 @@ pub struct EventRouter {
     format: Format,
     id_header: Arc<str>,
     context_headers: Vec<Header>,
+    extensions: Extensions,
 }
 
 impl EventRouter {
@@ -189,7 +192,35 @@ impl EventRouter {
             format,
             id_header: Arc::from(ID_HEADER),
             context_headers: Vec::new(),
+            extensions: Extensions::default(),
         }
+    }
+
+    /// The router with formats beyond Debezium's: protobuf values, CloudEvents, W3C trace
+    /// context (see [`crate::extension`]).
+    ///
+    /// # Errors
+    /// An [`ExtensionConfigError`] naming the fix when the combination cannot work.
+    pub fn with_extensions(
+        mut self,
+        extensions: EventExtensions,
+    ) -> Result<Self, ExtensionConfigError> {
+        extensions.check(&self.options)?;
+        self.extensions.config = extensions;
+        Ok(self)
+    }
+
+    /// The formats beyond Debezium's.
+    pub fn extensions(&self) -> &EventExtensions {
+        &self.extensions.config
+    }
+
+    /// How many rows had a malformed trace context (`trace.column` or `trace.state_column`),
+    /// left out of their records, since the router was made (shared by its clones).
+    pub fn malformed_trace_contexts(&self) -> u64 {
+        self.extensions
+            .malformed_trace
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A router that, unless `extended.headers.enabled=false`, starts every record's headers
@@ -261,7 +292,7 @@ impl EventRouter {
     /// `route.by.field` column is not text-like, [`RouteError::UnsupportedEncoding`] when the
     /// encodings cannot write the key or payload column.
     pub fn bind(&self, relation: &Relation) -> Result<TableBinding, RouteError> {
-        bind(&self.options, self.format, relation, &|_| false)
+        self.bind_with_not_null(relation, &|_| false)
     }
 
     /// [`EventRouter::bind`], with `not_null` saying which columns are declared NOT NULL
@@ -274,7 +305,9 @@ impl EventRouter {
         relation: &Relation,
         not_null: &dyn Fn(&str) -> bool,
     ) -> Result<TableBinding, RouteError> {
-        bind(&self.options, self.format, relation, not_null)
+        let mut binding = bind(&self.options, self.format, relation, not_null)?;
+        binding.extensions = self.extensions.bind(relation)?;
+        Ok(binding)
     }
 
     /// Routes one change of a row of the bound table.
@@ -285,8 +318,24 @@ impl EventRouter {
     /// an UPDATE with `table.op.invalid.behavior=fatal`, a payload the JSON expansion cannot
     /// write, or a row that does not match the binding.
     pub fn route(&self, binding: &TableBinding, change: Change<'_>) -> Result<Routed, RouteError> {
+        self.route_at(binding, change, &SourcePosition::default())
+    }
+
+    /// [`EventRouter::route`] for a change read at `position`, which protobuf values and
+    /// CloudEvents carry (with [`EventRouter::route`] they carry zeros and no commit time).
+    ///
+    /// # Errors
+    /// As [`EventRouter::route`].
+    pub fn route_at(
+        &self,
+        binding: &TableBinding,
+        change: Change<'_>,
+        position: &SourcePosition,
+    ) -> Result<Routed, RouteError> {
         match change {
-            Change::Insert(row) => self.route_insert(binding, row).map(Routed::Record),
+            Change::Insert(row) => self
+                .route_insert(binding, row, position)
+                .map(Routed::Record),
             Change::Delete(_) => Ok(Routed::Skipped(SkipReason::Delete)),
             Change::Update { .. } => match self.options.invalid_operation() {
                 InvalidOperationBehavior::Warn | InvalidOperationBehavior::Error => {
@@ -304,6 +353,7 @@ impl EventRouter {
         &self,
         binding: &TableBinding,
         row: &TupleData,
+        position: &SourcePosition,
     ) -> Result<RoutedRecord, RouteError> {
         if row.columns.len() != binding.column_count {
             return Err(RouteError::ColumnCountMismatch {
@@ -394,16 +444,26 @@ impl EventRouter {
             }
         }
 
-        let value = self.encode_value(binding, row, routed_value)?;
+        // A protobuf value replaces the Debezium value: it is not encoded at all.
+        let value = if self.extensions.config.protobuf_value {
+            None
+        } else {
+            self.encode_value(binding, row, routed_value)?
+        };
 
-        Ok(RoutedRecord {
+        let record = RoutedRecord {
             topic,
             key,
             value,
             headers,
             timestamp_ms,
             partition,
-        })
+        };
+        if !self.extensions.config.is_active() {
+            return Ok(record);
+        }
+        self.extensions
+            .finish(self, binding, row, position, routed_value, record)
     }
 
     /// The record value: the payload, expanded or wrapped in an envelope as configured.
@@ -566,7 +626,7 @@ fn column_value(
 }
 
 /// The column's text, or `None` for NULL.
-fn cell<'r>(
+pub(crate) fn cell<'r>(
     binding: &TableBinding,
     column: &BoundColumn,
     row: &'r TupleData,
@@ -650,7 +710,7 @@ fn encode_column(
         .map_err(|BadValue| invalid(binding, column, raw))
 }
 
-fn invalid(binding: &TableBinding, column: &BoundColumn, raw: &[u8]) -> RouteError {
+pub(crate) fn invalid(binding: &TableBinding, column: &BoundColumn, raw: &[u8]) -> RouteError {
     invalid_as(binding, column, raw, column.kind.name())
 }
 

@@ -26,6 +26,12 @@ pub struct Config {
     /// How keys and values are encoded.
     #[serde(default)]
     pub format: FormatSection,
+    /// CloudEvents (Kafka protocol binding 1.0).
+    #[serde(default)]
+    pub cloudevents: CloudEventsSection,
+    /// W3C trace context carried from outbox columns to record headers.
+    #[serde(default)]
+    pub trace: TraceSection,
     /// Flow control and shutdown.
     #[serde(default)]
     pub pipeline: PipelineSection,
@@ -158,6 +164,8 @@ pub enum EncodingName {
     JsonSchemas,
     /// As Debezium's BinaryDataConverter: a `bytea` payload written as raw bytes.
     Binary,
+    /// Values only: the `siphon.outbox.v1.OutboxEvent` message of `proto/siphon/outbox/v1/event.proto`.
+    Protobuf,
 }
 
 /// `[format]`.
@@ -167,9 +175,47 @@ pub struct FormatSection {
     /// Key encoding: `json` (default), `json-schemas`, `string` or `binary`.
     #[serde(default)]
     pub key: EncodingName,
-    /// Value encoding: `json` (default), `json-schemas`, `string` or `binary`.
+    /// Value encoding: `json` (default), `json-schemas`, `string`, `binary` or `protobuf`.
     #[serde(default)]
     pub value: EncodingName,
+}
+
+/// `cloudevents.mode`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CloudEventsModeName {
+    /// No CloudEvents.
+    #[default]
+    Off,
+    /// Attributes as `ce_*` headers, the value as the value format writes it.
+    Binary,
+    /// The whole event as an `application/cloudevents+json` value.
+    Structured,
+}
+
+/// `[cloudevents]`.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CloudEventsSection {
+    /// `off` (default), `binary` or `structured`.
+    #[serde(default)]
+    pub mode: CloudEventsModeName,
+    /// The `source` attribute, a URI-reference; empty (default) derives
+    /// `/siphon/<database>/<slot>`.
+    #[serde(default)]
+    pub source: String,
+}
+
+/// `[trace]`.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSection {
+    /// The column holding a W3C `traceparent`; empty (default) carries no trace context.
+    #[serde(default)]
+    pub column: String,
+    /// The column holding a W3C `tracestate`; empty (default) for none.
+    #[serde(default)]
+    pub state_column: String,
 }
 
 /// `[pipeline]`.
@@ -344,6 +390,16 @@ const ENV_SECTIONS: &[EnvSection] = &[
     EnvSection {
         prefix: "FORMAT_",
         path: &["format"],
+        dotted: false,
+    },
+    EnvSection {
+        prefix: "CLOUDEVENTS_",
+        path: &["cloudevents"],
+        dotted: false,
+    },
+    EnvSection {
+        prefix: "TRACE_",
+        path: &["trace"],
         dotted: false,
     },
     EnvSection {
@@ -543,6 +599,8 @@ mod tests {
                 ("SIPHON_ROUTER_ROUTE_BY_FIELD", "type"),
                 ("SIPHON_FORMAT_VALUE", "string"),
                 ("SIPHON_PIPELINE_MAX_IN_FLIGHT_RECORDS", "7"),
+                ("SIPHON_CLOUDEVENTS_MODE", "structured"),
+                ("SIPHON_TRACE_STATE_COLUMN", "tracestate"),
                 ("SIPHON_CONFIG", "ignored.toml"),
                 ("OTHER_VAR", "x"),
             ],
@@ -564,6 +622,22 @@ mod tests {
         );
         assert_eq!(c.format.value, EncodingName::String);
         assert_eq!(c.pipeline.max_in_flight_records, 7);
+        assert_eq!(c.cloudevents.mode, CloudEventsModeName::Structured);
+        assert_eq!(c.trace.state_column, "tracestate");
+    }
+
+    #[test]
+    fn unknown_cloudevents_mode_names_the_accepted_ones() {
+        let err = parse(
+            &format!("{MINIMAL}\n[cloudevents]\nmode = \"batch\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("batch") && text.contains("structured"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -3,24 +3,88 @@
 //! # Invariants
 //! - Everything that can be checked without connecting is checked here, before any connection.
 
-use crate::config::{option_strings, Config, EncodingName, LogFormat, OnError, SinkKind};
+use crate::config::{
+    option_strings, CloudEventsModeName, Config, EncodingName, LogFormat, OnError, SinkKind,
+};
 use crate::dead_letter::DeadLetters;
 use crate::session::{ErrorPolicy, PipelineSettings};
 use anyhow::Context;
 use siphon_kafka_sink::{SinkConfig, TopicCreation};
-use siphon_router::{Encoding, EventRouter, Format, RouterContext, RouterOptions};
+use siphon_router::{
+    default_cloudevents_source, CloudEventsMode, CloudEventsOptions, Encoding, EventExtensions,
+    EventRouter, Format, RouterContext, RouterOptions, TraceOptions,
+};
 use siphon_source::{SourceConfig, TableName};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
 
+/// The Debezium encoding; `protobuf` values are written by the router's extension, which
+/// replaces the value, so the Debezium side keeps `json` (it accepts every payload column).
 fn encoding(name: EncodingName) -> Encoding {
     match name {
-        EncodingName::Json => Encoding::Json,
+        EncodingName::Json | EncodingName::Protobuf => Encoding::Json,
         EncodingName::String => Encoding::String,
         EncodingName::JsonSchemas => Encoding::JsonSchemas,
         EncodingName::Binary => Encoding::Binary,
     }
+}
+
+/// The router option naming the event type column, which Debezium declares but never reads.
+const EVENT_TYPE_OPTION: &str = "table.field.event.type";
+
+/// The formats beyond Debezium's (`format.value = "protobuf"`, `[cloudevents]`, `[trace]`),
+/// taking the event type column out of `router` when they read it.
+fn build_extensions(
+    config: &Config,
+    router_options: &mut std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<EventExtensions> {
+    if config.format.key == EncodingName::Protobuf {
+        anyhow::bail!("format.key = \"protobuf\" is not supported: the protobuf message is the whole event and is written as the value; keep the key json, json-schemas, string or binary");
+    }
+    let protobuf_value = config.format.value == EncodingName::Protobuf;
+    let cloudevents = match config.cloudevents.mode {
+        CloudEventsModeName::Off => None,
+        mode => Some(CloudEventsOptions {
+            mode: if mode == CloudEventsModeName::Binary {
+                CloudEventsMode::Binary
+            } else {
+                CloudEventsMode::Structured
+            },
+            source: if config.cloudevents.source.is_empty() {
+                let database =
+                    siphon_source::ConnectionParams::from_url(&config.source.url)?.database;
+                default_cloudevents_source(&database, &config.source.slot)
+            } else {
+                config.cloudevents.source.clone()
+            },
+        }),
+    };
+    if config.cloudevents.mode == CloudEventsModeName::Off && !config.cloudevents.source.is_empty()
+    {
+        anyhow::bail!("cloudevents.source is set but cloudevents.mode is \"off\"; set cloudevents.mode = \"binary\" or \"structured\", or remove cloudevents.source");
+    }
+    let trace = match (config.trace.column.as_str(), config.trace.state_column.as_str()) {
+        ("", "") => None,
+        ("", _) => anyhow::bail!("trace.state_column is set but trace.column is not; name the traceparent column in trace.column"),
+        (column, state) => Some(TraceOptions {
+            column: column.to_owned(),
+            state_column: (!state.is_empty()).then(|| state.to_owned()),
+        }),
+    };
+    let mut extensions = EventExtensions {
+        protobuf_value,
+        cloudevents,
+        trace,
+        ..EventExtensions::default()
+    };
+    // Debezium ignores the event type option (the router warns about it); these formats read it.
+    if protobuf_value || extensions.cloudevents.is_some() {
+        if let Some(column) = router_options.remove(EVENT_TYPE_OPTION) {
+            extensions.event_type_column = column.trim().to_owned();
+        }
+    }
+    Ok(extensions)
 }
 
 /// A random id for this run (`__debezium.context.runId`), formatted as a version-4 UUID.
@@ -41,7 +105,8 @@ fn run_id() -> String {
 /// The router: with Debezium's context headers when `topic.prefix` (the logical name they
 /// carry) is set or `extended.headers.enabled` is explicitly true, as in Debezium 3.2+.
 fn build_router(config: &Config) -> anyhow::Result<EventRouter> {
-    let map = option_strings(&config.router, "router")?;
+    let mut map = option_strings(&config.router, "router")?;
+    let extensions = build_extensions(config, &mut map)?;
     let options = RouterOptions::from_map(&map).context("[router]")?;
     for warning in options.warnings() {
         tracing::warn!("[router] {warning}");
@@ -54,12 +119,13 @@ fn build_router(config: &Config) -> anyhow::Result<EventRouter> {
         || map
             .get("extended.headers.enabled")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    if wants_context {
+    let router = if wants_context {
         EventRouter::new_with_context(options, format, RouterContext::postgresql(run_id()))
-            .context("[router]")
+            .context("[router]")?
     } else {
-        Ok(EventRouter::new(options, format))
-    }
+        EventRouter::new(options, format)
+    };
+    Ok(router.with_extensions(extensions)?)
 }
 
 /// Builds the pipeline settings, checking every option.
@@ -154,4 +220,77 @@ pub async fn forward_signals(stop: watch::Sender<bool>) {
     };
     info!(signal = name, "stop requested");
     let _ = stop.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        let text = format!(
+            "[source]\nurl = \"postgres://siphon@127.0.0.1:5432/app db\"\nslot = \"s1\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n{extra}"
+        );
+        Config::from_table(text.parse().expect("toml")).expect("valid configuration")
+    }
+
+    fn error(extra: &str) -> String {
+        match build_router(&config(extra)) {
+            Ok(_) => panic!("expected an error for {extra}"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn extensions_are_read_from_their_sections() {
+        let router = build_router(&config(
+            "[router]\n\"table.field.event.type\" = \"kind\"\n[format]\nvalue = \"protobuf\"\n[cloudevents]\nmode = \"binary\"\n[trace]\ncolumn = \"tp\"\nstate_column = \"ts\"\n",
+        ))
+        .expect("valid");
+        let extensions = router.extensions();
+        assert!(extensions.protobuf_value);
+        assert_eq!(extensions.event_type_column, "kind");
+        assert_eq!(
+            extensions.cloudevents,
+            Some(CloudEventsOptions {
+                mode: CloudEventsMode::Binary,
+                source: "/siphon/app%20db/s1".to_owned(),
+            })
+        );
+        assert_eq!(
+            extensions.trace,
+            Some(TraceOptions {
+                column: "tp".to_owned(),
+                state_column: Some("ts".to_owned()),
+            })
+        );
+        // Without protobuf or CloudEvents the type option stays Debezium's ignored one.
+        let plain = build_router(&config("[router]\n\"table.field.event.type\" = \"kind\"\n"))
+            .expect("valid");
+        assert!(!plain.extensions().is_active());
+        assert!(plain
+            .options()
+            .warnings()
+            .iter()
+            .any(|w| w.contains("table.field.event.type")));
+    }
+
+    #[test]
+    fn impossible_combinations_name_the_fix() {
+        assert!(error("[format]\nkey = \"protobuf\"\n").contains("format.key"));
+        assert!(error(
+            "[router]\n\"route.tombstone.on.empty.payload\" = true\n[cloudevents]\nmode = \"structured\"\n"
+        )
+        .contains("cloudevents.mode = \"binary\""));
+        assert!(
+            error("[cloudevents]\nmode = \"binary\"\nsource = \"has space\"\n")
+                .contains("URI-reference")
+        );
+        assert!(error("[cloudevents]\nsource = \"/x\"\n").contains("cloudevents.mode"));
+        assert!(error("[trace]\nstate_column = \"ts\"\n").contains("trace.column"));
+        assert!(error("[trace]\ncolumn = \"t\"\nstate_column = \"t\"\n").contains("same column"));
+        assert!(error(
+            "[router]\n\"table.expand.json.payload\" = true\n[format]\nvalue = \"protobuf\"\n"
+        )
+        .contains("table.expand.json.payload"));
+    }
 }
