@@ -292,17 +292,12 @@ state_column = "tracestate"
         if let Some(tenant) = row.tenant {
             fields.insert("tenant".into(), json!(tenant));
         }
-        // The source position is written when the pipeline passes it (EventRouter::route_at);
-        // until then it is zero. Either way the table is named.
-        let position_known = message["commit_lsn"] != json!(0);
-        let (commit_lsn, lsn, xid) = if position_known {
-            let commit_lsn = message["commit_lsn"].as_u64().expect("number");
-            let lsn = message["lsn"].as_u64().expect("number");
-            assert!(lsn > 0 && lsn < commit_lsn, "{message}");
-            (json!(commit_lsn), json!(lsn), json!(run.xids[&row.id]))
-        } else {
-            (json!(0), json!(0), json!(0))
-        };
+        // The source position of the row: its transaction's commit LSN, its own LSN before it,
+        // and the transaction id the application saw.
+        let commit_lsn = message["commit_lsn"].as_u64().expect("number");
+        let lsn = message["lsn"].as_u64().expect("number");
+        assert!(lsn > 0 && lsn < commit_lsn, "{message}");
+        let (commit_lsn, lsn, xid) = (json!(commit_lsn), json!(lsn), json!(run.xids[&row.id]));
         assert_eq!(
             message,
             &json!({
@@ -423,19 +418,11 @@ mode = "structured"
         assert_eq!(message["id"], json!(row.id), "{event}");
         assert_eq!(message["type"], json!(row.event_type));
         assert_eq!(message["table"], json!("public.outbox"));
-        // No timestamp column: the event time is the commit time when the pipeline passes
-        // the position, else there is none.
+        // No timestamp column: the event time is the commit time.
         let attributes = &event["cloudevent"]["attributes"];
-        if message["commit_lsn"] != json!(0) {
-            assert_eq!(message["xid"], json!(run.xids[&row.id]));
-            assert_eq!(message["has_timestamp"], json!(true));
-            assert_eq!(attributes["time"], message["timestamp_rfc3339"], "{event}");
-        } else {
-            assert_eq!(message["has_timestamp"], json!(false));
-            // (The SDK fills a missing time with the time of reading: look at the value.)
-            let value: Value = serde_json::from_slice(record.value.as_deref().unwrap_or_default())?;
-            assert!(value.get("time").is_none(), "{value}");
-        }
+        assert_eq!(message["xid"], json!(run.xids[&row.id]));
+        assert_eq!(message["has_timestamp"], json!(true));
+        assert_eq!(attributes["time"], message["timestamp_rfc3339"], "{event}");
         // No trace configured: no trace headers.
         assert_eq!(header(record, "traceparent"), None);
     }

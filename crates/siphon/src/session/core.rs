@@ -32,7 +32,9 @@ use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMet
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
-use siphon_router::{Change, EventRouter, RouteError, Routed, RoutedRecord, TableBinding};
+use siphon_router::{
+    Change, EventRouter, RouteError, Routed, RoutedRecord, SourcePosition, TableBinding,
+};
 use siphon_source::{RowChange, SourceError, SourceEvent, TableName};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -203,6 +205,8 @@ pub struct SessionCore<'a> {
     awaiting_lookup: bool,
     /// The open transaction, if any.
     txn: Option<TxnId>,
+    /// Its Begin: commit LSN, transaction id and commit time (for the source position).
+    begin: (Lsn, u32, i64),
     /// Records handed to the producer whose report has not arrived.
     with_producer: usize,
     fence: Option<Fence>,
@@ -227,6 +231,7 @@ impl<'a> SessionCore<'a> {
             bindings: HashMap::new(),
             awaiting_lookup: false,
             txn: None,
+            begin: (Lsn::ZERO, 0, 0),
             with_producer: 0,
             fence: None,
             held: BTreeMap::new(),
@@ -419,9 +424,10 @@ impl<'a> SessionCore<'a> {
             SourceEvent::Begin {
                 final_lsn,
                 commit_time_us,
-                ..
+                xid,
             } => {
                 self.txn = Some(self.ledger.begin(final_lsn, commit_time_us)?);
+                self.begin = (final_lsn, xid, commit_time_us);
             }
             SourceEvent::Relation(relation) => self.on_relation(relation),
             SourceEvent::Change {
@@ -516,7 +522,11 @@ impl<'a> SessionCore<'a> {
                 Event::OtherTableRow.emit(&self.metrics);
                 return Ok(());
             }
-            Some(Binding::Bound(binding)) => self.settings.router.route(binding, change),
+            Some(Binding::Bound(binding)) => {
+                let (final_lsn, xid, commit_time_us) = self.begin;
+                let position = SourcePosition::from_pgoutput(final_lsn, lsn, xid, commit_time_us);
+                self.settings.router.route_at(binding, change, &position)
+            }
             Some(Binding::Unbindable(reason)) => Err(reason.clone()),
         };
         match routed {

@@ -316,6 +316,8 @@ impl Driver<'_> {
         );
         self.sink.release_retired();
         self.metrics
+            .set_malformed_trace_contexts(self.settings.router.malformed_trace_contexts());
+        self.metrics
             .set_retired_producer_unreported(self.sink.retired().map_or(0, |r| r.unreported));
         self.metrics
             .set_server_wal_end(self.stream.server_wal_end());

@@ -40,10 +40,13 @@ pub enum MessageError {
     NotUtf8 { prefix: String },
 }
 
+/// A prefix and its members' names and column types.
+type Shape = (String, Vec<(String, Oid)>);
+
 /// Turns message contents into rows of synthetic relations, one per shape.
 #[derive(Debug)]
 pub struct MessageRows {
-    shapes: HashMap<(String, Vec<(String, Oid)>), Arc<Relation>>,
+    shapes: HashMap<Shape, Arc<Relation>>,
     next_id: Oid,
 }
 
@@ -124,7 +127,10 @@ fn column_of(raw: &str) -> (Oid, Column) {
         Some(b't') => (BOOL, Column::Text(Bytes::from_static(b"t"))),
         Some(b'f') => (BOOL, Column::Text(Bytes::from_static(b"f"))),
         Some(b'n') => (TEXT, Column::Null),
-        _ => (NUMERIC, Column::Text(Bytes::copy_from_slice(raw.as_bytes()))),
+        _ => (
+            NUMERIC,
+            Column::Text(Bytes::copy_from_slice(raw.as_bytes())),
+        ),
     }
 }
 
@@ -162,7 +168,10 @@ mod tests {
             Some(r#"{"total": 1.10, "items":[1,2]}"#),
             "the payload's text as written"
         );
-        assert_eq!((by_name["n"].0, text(by_name["n"].1)), (NUMERIC, Some("12")));
+        assert_eq!(
+            (by_name["n"].0, text(by_name["n"].1)),
+            (NUMERIC, Some("12"))
+        );
         assert_eq!((by_name["ok"].0, text(by_name["ok"].1)), (BOOL, Some("t")));
         assert_eq!(by_name["gone"].1, &Column::Null);
     }
@@ -171,8 +180,12 @@ mod tests {
     fn one_relation_per_shape() {
         let mut rows = MessageRows::default();
         let (a, _, new_a) = rows.row("outbox", br#"{"id":"1","payload":{}}"#).unwrap();
-        let (b, _, new_b) = rows.row("outbox", br#"{"payload":{"x":1},"id":"2"}"#).unwrap();
-        let (c, _, new_c) = rows.row("outbox", br#"{"id":"3","payload":"text"}"#).unwrap();
+        let (b, _, new_b) = rows
+            .row("outbox", br#"{"payload":{"x":1},"id":"2"}"#)
+            .unwrap();
+        let (c, _, new_c) = rows
+            .row("outbox", br#"{"id":"3","payload":"text"}"#)
+            .unwrap();
         let (d, _, new_d) = rows.row("other", br#"{"id":"4","payload":{}}"#).unwrap();
         assert!(new_a && !new_b && new_c && new_d);
         assert_eq!(a.id, b.id, "same members and kinds, in any order");
@@ -185,10 +198,7 @@ mod tests {
         let mut rows = MessageRows::default();
         for content in [&b"[1,2]"[..], b"\"x\"", b"{oops", b""] {
             let err = rows.row("outbox", content).unwrap_err();
-            assert!(
-                err.to_string().contains("json_build_object"),
-                "{err}"
-            );
+            assert!(err.to_string().contains("json_build_object"), "{err}");
         }
         assert_eq!(
             rows.row("outbox", &[0xff, 0xfe]).unwrap_err(),

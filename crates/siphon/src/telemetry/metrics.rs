@@ -167,6 +167,7 @@ pub struct Metrics {
     producer_errors: [Counter; 2],
     reconnects: [Counter; 2],
     producer_rebuilds: Counter,
+    malformed_trace_contexts: Counter,
     retired_producer_unreported: Gauge,
 
     in_flight_records: Gauge,
@@ -261,6 +262,12 @@ impl Metrics {
             reconnects_family.clone(),
         );
         let reconnects = ReconnectCause::ALL.map(|c| fixed(&reconnects_family, "cause", c.label()));
+        let malformed_trace_contexts = Counter::default();
+        registry.register(
+            "siphon_trace_context_malformed",
+            "Records whose trace context column held a value that is not a W3C traceparent (left out of the record)",
+            malformed_trace_contexts.clone(),
+        );
         let producer_rebuilds = Counter::default();
         registry.register(
             "siphon_producer_rebuilds",
@@ -357,6 +364,7 @@ impl Metrics {
             producer_errors,
             reconnects,
             producer_rebuilds,
+            malformed_trace_contexts,
             retired_producer_unreported,
             in_flight_records,
             in_flight_bytes,
@@ -478,6 +486,15 @@ impl Metrics {
     /// The Kafka producer was replaced by a new one (its unreported records are sent again).
     pub fn producer_rebuilt(&self) {
         self.producer_rebuilds.inc();
+    }
+
+    /// The router has left out `total` malformed trace contexts so far (a running total; the
+    /// counter moves by the difference).
+    pub fn set_malformed_trace_contexts(&self, total: u64) {
+        let seen = self.malformed_trace_contexts.get();
+        if total > seen {
+            self.malformed_trace_contexts.inc_by(total - seen);
+        }
     }
 
     /// The retired producer has `records` records whose delivery report has not arrived (0
