@@ -825,7 +825,7 @@ mod tests {
                 assert!(v.parse::<f64>().is_ok() || v == "+Inf", "{line}");
             }
         }
-        assert_eq!(helps, 22, "one HELP per metric family");
+        assert_eq!(helps, 23, "one HELP per metric family");
         assert_eq!(types, helps);
         assert!(!t.contains("# EOF"), "classic text format, not OpenMetrics");
     }
