@@ -93,6 +93,25 @@ pub struct SourceSection {
     /// server has newer WAL, is considered stalled and reconnected.
     #[serde(default = "default_stall_timeout_secs")]
     pub stall_timeout_secs: u64,
+    /// Prefixes of transactional logical decoding messages
+    /// (`pg_logical_emit_message(true, prefix, content)`) whose content is an outbox event.
+    #[serde(default)]
+    pub message_prefixes: Vec<String>,
+    /// What to do with a non-transactional message of one of those prefixes (not atomic with
+    /// the business change): `error` (default) or `skip` (with a warning).
+    #[serde(default)]
+    pub non_transactional_messages: NonTransactional,
+}
+
+/// `source.non_transactional_messages`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NonTransactional {
+    /// Stop with an error naming the fix.
+    #[default]
+    Error,
+    /// Skip it with a warning, counted.
+    Skip,
 }
 
 /// `[kafka]`: the broker side.
@@ -460,7 +479,7 @@ pub fn apply_env(
             raw_key
         };
         let full = format!("{}.{key}", section.path.join("."));
-        let parsed = if full == "source.tables" {
+        let parsed = if full == "source.tables" || full == "source.message_prefixes" {
             toml::Value::Array(
                 value
                     .split(',')

@@ -54,6 +54,14 @@ pub enum PipelineError {
     /// An outbox table whose columns do not fit the router's options.
     #[error("{0}")]
     Unbindable(Box<RouteError>),
+    /// A logical message of an outbox prefix that is not a JSON object, with
+    /// `on_error = "fail"`.
+    #[error("{0} (set pipeline.on_error = \"dead-letter\" to send such messages to a dead-letter topic)")]
+    Message(#[from] crate::session::message::MessageError),
+    /// A non-transactional logical message of an outbox prefix: not atomic with the business
+    /// change, so never an event.
+    #[error("logical message with prefix {prefix:?} at {lsn} was emitted outside a transaction (pg_logical_emit_message(false, ...)): it is not atomic with the change it announces, so it is not delivered; emit it with pg_logical_emit_message(true, ...), or set source.non_transactional_messages = \"skip\" to skip such messages with a warning")]
+    NonTransactionalMessage { prefix: String, lsn: Lsn },
     /// The replication connection makes no progress (what was seen).
     #[error("replication connection stalled: {0}")]
     Stalled(String),

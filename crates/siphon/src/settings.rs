@@ -4,10 +4,11 @@
 //! - Everything that can be checked without connecting is checked here, before any connection.
 
 use crate::config::{
-    option_strings, CloudEventsModeName, Config, EncodingName, LogFormat, OnError, SinkKind,
+    option_strings, CloudEventsModeName, Config, EncodingName, LogFormat, NonTransactional,
+    OnError, SinkKind,
 };
 use crate::dead_letter::DeadLetters;
-use crate::session::{ErrorPolicy, PipelineSettings};
+use crate::session::{ErrorPolicy, NonTransactionalPolicy, PipelineSettings, Routers};
 use anyhow::Context;
 use siphon_kafka_sink::{SinkConfig, TopicCreation};
 use siphon_router::{
@@ -15,6 +16,7 @@ use siphon_router::{
     EventRouter, Format, RouterContext, RouterOptions, TraceOptions,
 };
 use siphon_source::{SourceConfig, TableName};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
@@ -102,14 +104,19 @@ fn run_id() -> String {
     )
 }
 
-/// The router: with Debezium's context headers when `topic.prefix` (the logical name they
-/// carry) is set or `extended.headers.enabled` is explicitly true, as in Debezium 3.2+.
-fn build_router(config: &Config) -> anyhow::Result<EventRouter> {
-    let mut map = option_strings(&config.router, "router")?;
+/// One router from `options`: with Debezium's context headers when `topic.prefix` (the logical
+/// name they carry) is set or `extended.headers.enabled` is explicitly true, as in Debezium 3.2+.
+fn build_router(
+    config: &Config,
+    options: &BTreeMap<String, toml::Value>,
+    section: &str,
+    run_id: &str,
+) -> anyhow::Result<EventRouter> {
+    let mut map = option_strings(options, section)?;
     let extensions = build_extensions(config, &mut map)?;
-    let options = RouterOptions::from_map(&map).context("[router]")?;
+    let options = RouterOptions::from_map(&map).with_context(|| format!("[{section}]"))?;
     for warning in options.warnings() {
-        tracing::warn!("[router] {warning}");
+        tracing::warn!("[{section}] {warning}");
     }
     let format = Format {
         key: encoding(config.format.key),
@@ -120,12 +127,46 @@ fn build_router(config: &Config) -> anyhow::Result<EventRouter> {
             .get("extended.headers.enabled")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let router = if wants_context {
-        EventRouter::new_with_context(options, format, RouterContext::postgresql(run_id()))
-            .context("[router]")?
+        EventRouter::new_with_context(
+            options,
+            format,
+            RouterContext::postgresql(run_id.to_owned()),
+        )
+        .with_context(|| format!("[{section}]"))?
     } else {
         EventRouter::new(options, format)
     };
     Ok(router.with_extensions(extensions)?)
+}
+
+/// The routers: `[router]`, and for each `[router.tables."schema.table"]` its options on top of
+/// `[router]` (the table must be one of `source.tables`).
+fn build_routers(config: &Config, tables: &[TableName]) -> anyhow::Result<Routers> {
+    let mut base = config.router.clone();
+    let per_table = match base.remove("tables") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(t)) => t,
+        Some(_) => anyhow::bail!(
+            "router.tables must hold one table of options per outbox table, e.g. [router.tables.\"billing.outbox\"]"
+        ),
+    };
+    let run_id = run_id();
+    let default = build_router(config, &base, "router", &run_id)?;
+    let mut by_table = HashMap::new();
+    for (name, overrides) in per_table {
+        let section = format!("router.tables.\"{name}\"");
+        let toml::Value::Table(overrides) = overrides else {
+            anyhow::bail!("[{section}] must be a table of router options");
+        };
+        let table = TableName::parse(&name).with_context(|| format!("[{section}]"))?;
+        if !tables.contains(&table) {
+            anyhow::bail!("[{section}] names a table that is not in source.tables; add it there or remove the section");
+        }
+        let mut merged = base.clone();
+        merged.extend(overrides);
+        by_table.insert(table, build_router(config, &merged, &section, &run_id)?);
+    }
+    Ok(Routers::new(default, by_table))
 }
 
 /// Builds the pipeline settings, checking every option.
@@ -148,7 +189,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         buffer_events: 4096,
         application_name: config.source.application_name.clone(),
     };
-    let router = build_router(config)?;
+    let router = build_routers(config, &source.tables)?;
     let sink = SinkConfig {
         bootstrap_servers: config.kafka.bootstrap_servers.clone(),
         properties: option_strings(&config.kafka.properties, "kafka.properties")?,
@@ -171,6 +212,11 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         source,
         sink,
         router,
+        message_prefixes: config.source.message_prefixes.iter().cloned().collect(),
+        non_transactional: match config.source.non_transactional_messages {
+            NonTransactional::Error => NonTransactionalPolicy::Error,
+            NonTransactional::Skip => NonTransactionalPolicy::Skip,
+        },
         on_error,
         stall_timeout: Duration::from_secs(config.source.stall_timeout_secs.max(1)),
         max_in_flight_records: config.pipeline.max_in_flight_records,
@@ -233,8 +279,45 @@ mod tests {
         Config::from_table(text.parse().expect("toml")).expect("valid configuration")
     }
 
+    fn router_of(c: &Config) -> anyhow::Result<EventRouter> {
+        build_router(c, &c.router, "router", "run")
+    }
+
+    fn tables(names: &[&str]) -> Vec<TableName> {
+        names
+            .iter()
+            .map(|n| TableName::parse(n).expect("name"))
+            .collect()
+    }
+
+    #[test]
+    fn a_table_section_overrides_the_router_options_for_that_table() {
+        let c = config(
+            "[router]\n\"route.topic.replacement\" = \"events.${routedByValue}\"\n[router.tables.\"billing.outbox\"]\n\"table.field.event.key\" = \"invoice_id\"\n\"route.by.field\" = \"kind\"\n",
+        );
+        let routers =
+            build_routers(&c, &tables(&["public.outbox", "billing.outbox"])).expect("valid");
+        let billing = routers.for_table(&TableName::parse("billing.outbox").expect("name"));
+        let public = routers.for_table(&TableName::parse("public.outbox").expect("name"));
+        assert_eq!(billing.options().route_by_column(), "kind");
+        assert_eq!(public.options().route_by_column(), "aggregatetype");
+        assert_eq!(billing.options().event_key_column(), "invoice_id");
+        assert_eq!(
+            billing.options().topic_replacement(),
+            public.options().topic_replacement(),
+            "the defaults carry over"
+        );
+        let err = build_routers(&c, &tables(&["public.outbox"]))
+            .err()
+            .expect("unknown table");
+        assert!(
+            format!("{err:#}").contains("not in source.tables"),
+            "{err:#}"
+        );
+    }
+
     fn error(extra: &str) -> String {
-        match build_router(&config(extra)) {
+        match router_of(&config(extra)) {
             Ok(_) => panic!("expected an error for {extra}"),
             Err(e) => format!("{e:#}"),
         }
@@ -242,7 +325,7 @@ mod tests {
 
     #[test]
     fn extensions_are_read_from_their_sections() {
-        let router = build_router(&config(
+        let router = router_of(&config(
             "[router]\n\"table.field.event.type\" = \"kind\"\n[format]\nvalue = \"protobuf\"\n[cloudevents]\nmode = \"binary\"\n[trace]\ncolumn = \"tp\"\nstate_column = \"ts\"\n",
         ))
         .expect("valid");
@@ -264,8 +347,8 @@ mod tests {
             })
         );
         // Without protobuf or CloudEvents the type option stays Debezium's ignored one.
-        let plain = build_router(&config("[router]\n\"table.field.event.type\" = \"kind\"\n"))
-            .expect("valid");
+        let plain =
+            router_of(&config("[router]\n\"table.field.event.type\" = \"kind\"\n")).expect("valid");
         assert!(!plain.extensions().is_active());
         assert!(plain
             .options()

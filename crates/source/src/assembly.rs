@@ -53,6 +53,14 @@ pub enum SourceEvent {
     },
     /// The server has sent everything up to `wal_end` and no transaction is open.
     Idle { wal_end: Lsn },
+    /// A logical decoding message (`pg_logical_emit_message`): a transactional one comes
+    /// between the Begin and Commit of its transaction, in WAL order with its rows.
+    Message {
+        transactional: bool,
+        lsn: Lsn,
+        prefix: String,
+        content: Bytes,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -139,6 +147,27 @@ impl Assembler {
         })
     }
 
+    /// A logical decoding message; a transactional one must come inside its transaction.
+    pub fn message(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: Bytes,
+    ) -> Result<SourceEvent, SourceError> {
+        if transactional && self.open.is_none() {
+            return Err(SourceError::Protocol(format!(
+                "transactional logical message at {lsn} outside a transaction"
+            )));
+        }
+        Ok(SourceEvent::Message {
+            transactional,
+            lsn,
+            prefix: prefix.to_owned(),
+            content,
+        })
+    }
+
     /// The server reports its WAL end; yields [`SourceEvent::Idle`] outside transactions.
     pub fn keepalive(&mut self, wal_end: Lsn) -> Option<SourceEvent> {
         (self.open.is_none() && wal_end != Lsn::ZERO).then_some(SourceEvent::Idle { wal_end })
@@ -174,11 +203,11 @@ impl Assembler {
             Message::Delete(delete) => {
                 self.change(delete.relation_id, RowChange::Delete(delete.old), lsn)
             }
-            // Types, origins, truncates and logical messages carry no outbox rows.
-            Message::Type(_)
-            | Message::Origin(_)
-            | Message::Truncate(_)
-            | Message::LogicalMessage(_) => Ok(None),
+            Message::LogicalMessage(m) => self
+                .message(m.is_transactional(), m.lsn, m.prefix.as_str(), m.content)
+                .map(Some),
+            // Types, origins and truncates carry no outbox rows.
+            Message::Type(_) | Message::Origin(_) | Message::Truncate(_) => Ok(None),
             other => Err(SourceError::Protocol(format!(
                 "unexpected pgoutput message for protocol version 1: {other:?}"
             ))),

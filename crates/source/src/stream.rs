@@ -10,7 +10,7 @@ use crate::{ConnectionParams, SourceConfig, SourceError};
 use pgoutput::Lsn;
 use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use std::time::{Duration, Instant};
-use tracing::{debug, info};
+use tracing::info;
 
 /// A running logical replication stream.
 pub struct ReplicationStream {
@@ -99,10 +99,17 @@ impl ReplicationStream {
                 ReplicationEvent::KeepAlive { wal_end, .. } => {
                     self.assembler.keepalive(Lsn(wal_end.as_u64()))
                 }
-                ReplicationEvent::Message { prefix, .. } => {
-                    debug!(prefix, "ignoring logical decoding message");
-                    None
-                }
+                ReplicationEvent::Message {
+                    transactional,
+                    lsn,
+                    prefix,
+                    content,
+                } => Some(self.assembler.message(
+                    transactional,
+                    Lsn(lsn.as_u64()),
+                    &prefix,
+                    content,
+                )?),
                 ReplicationEvent::StoppedAt { .. } => None,
             };
             if let Some(event) = produced {

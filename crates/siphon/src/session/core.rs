@@ -24,6 +24,8 @@
 //!   the fix: never dropped silently.
 
 use super::ledger::{Ledger, LedgerError, Seq, TxnId};
+use super::message::MessageRows;
+use super::{NonTransactionalPolicy, Routers};
 use crate::dead_letter::Stage;
 use crate::error::{PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
@@ -121,7 +123,10 @@ pub enum Action {
 
 /// The session's fixed settings.
 pub struct CoreSettings<'a> {
-    pub router: &'a EventRouter,
+    pub router: &'a Routers,
+    /// Prefixes of logical messages that carry outbox events.
+    pub message_prefixes: &'a HashSet<String>,
+    pub non_transactional: NonTransactionalPolicy,
     pub on_error: &'a ErrorPolicy,
     pub tables: HashSet<TableName>,
     pub max_in_flight_records: usize,
@@ -130,8 +135,11 @@ pub struct CoreSettings<'a> {
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
-enum Binding {
-    Bound(Box<TableBinding>),
+enum Binding<'a> {
+    Bound {
+        binding: Box<TableBinding>,
+        router: &'a EventRouter,
+    },
     Unbindable(RouteError),
 }
 
@@ -201,7 +209,9 @@ pub struct SessionCore<'a> {
     settings: CoreSettings<'a>,
     metrics: Arc<Metrics>,
     ledger: Ledger,
-    bindings: HashMap<Oid, Binding>,
+    bindings: HashMap<Oid, Binding<'a>>,
+    /// Logical messages of outbox prefixes, as rows of synthetic relations.
+    messages: MessageRows,
     awaiting_lookup: bool,
     /// The open transaction, if any.
     txn: Option<TxnId>,
@@ -229,6 +239,7 @@ impl<'a> SessionCore<'a> {
             metrics,
             ledger: Ledger::new(start),
             bindings: HashMap::new(),
+            messages: MessageRows::default(),
             awaiting_lookup: false,
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
@@ -447,6 +458,12 @@ impl<'a> SessionCore<'a> {
                     self.confirm(watermark);
                 }
             }
+            SourceEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } => self.on_message(now, transactional, lsn, &prefix, &content)?,
         }
         Ok(())
     }
@@ -475,26 +492,105 @@ impl<'a> SessionCore<'a> {
             Answer::NotNullColumns { relation, columns } => {
                 self.awaiting_lookup = false;
                 let not_null = columns?;
-                let binding = match self
-                    .settings
-                    .router
-                    .bind_with_not_null(&relation, &|column| not_null.contains(column))
-                {
-                    Ok(binding) => Binding::Bound(Box::new(binding)),
-                    Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
-                        Event::TableUnroutable {
-                            table: &format_args!("{}.{}", relation.namespace, relation.name),
-                            error: &e,
-                        }
-                        .emit(&self.metrics);
-                        Binding::Unbindable(e)
-                    }
-                    Err(e) => return Err(PipelineError::Unbindable(Box::new(e))),
+                let table = TableName {
+                    schema: relation.namespace.to_string(),
+                    name: relation.name.to_string(),
                 };
+                let router = self.settings.router.for_table(&table);
+                let binding = self.bind(router, &relation, &|column| not_null.contains(column))?;
                 self.bindings.insert(relation.id, binding);
             }
         }
         Ok(())
+    }
+
+    /// Binds `relation` with `router`: a binding, or (dead letters configured) why its rows
+    /// cannot be routed.
+    fn bind(
+        &self,
+        router: &'a EventRouter,
+        relation: &Relation,
+        not_null: &dyn Fn(&str) -> bool,
+    ) -> Result<Binding<'a>, PipelineError> {
+        match router.bind_with_not_null(relation, not_null) {
+            Ok(binding) => Ok(Binding::Bound {
+                binding: Box::new(binding),
+                router,
+            }),
+            Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
+                Event::TableUnroutable {
+                    table: &format_args!("{}.{}", relation.namespace, relation.name),
+                    error: &e,
+                }
+                .emit(&self.metrics);
+                Ok(Binding::Unbindable(e))
+            }
+            Err(e) => Err(PipelineError::Unbindable(Box::new(e))),
+        }
+    }
+
+    /// A logical decoding message: an outbox event if its prefix is configured.
+    fn on_message(
+        &mut self,
+        now: Now,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: &[u8],
+    ) -> Result<(), PipelineError> {
+        if !self.settings.message_prefixes.contains(prefix) {
+            debug!(prefix, "logical message of another prefix ignored");
+            return Ok(());
+        }
+        if !transactional {
+            return match self.settings.non_transactional {
+                NonTransactionalPolicy::Error => Err(PipelineError::NonTransactionalMessage {
+                    prefix: prefix.to_owned(),
+                    lsn,
+                }),
+                NonTransactionalPolicy::Skip => {
+                    Event::NonTransactionalMessageSkipped { prefix, lsn }.emit(&self.metrics);
+                    Ok(())
+                }
+            };
+        }
+        let (relation, row) = match self.messages.row(prefix, content) {
+            Ok((relation, row, new)) => {
+                if new {
+                    let router = self.settings.router.default_router();
+                    let binding = self.bind(router, &relation, &|_| false)?;
+                    self.bindings.insert(relation.id, binding);
+                }
+                (relation, row)
+            }
+            Err(e) => {
+                self.metrics.event_read();
+                return match self.settings.on_error {
+                    ErrorPolicy::Fail => Err(e.into()),
+                    ErrorPolicy::DeadLetter(dead_letters) => {
+                        // Dead-lettered as a row of its own, its content as text.
+                        let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
+                        let (relation, row) = self.messages.unreadable(prefix, content);
+                        Event::RowDeadLettered {
+                            table: &format_args!("{}.{}", relation.namespace, relation.name),
+                            lsn,
+                            error: &e,
+                            dead_letter_topic: dead_letters.topic(),
+                        }
+                        .emit(&self.metrics);
+                        let record = dead_letters.for_row(
+                            &relation,
+                            &row,
+                            &e,
+                            lsn,
+                            self.ledger.commit_lsn(txn),
+                        );
+                        self.send_new(now, txn, record)
+                    }
+                };
+            }
+        };
+        self.on_change(now, &relation, RowChange::Insert(row), lsn)
     }
 
     fn on_change(
@@ -522,23 +618,25 @@ impl<'a> SessionCore<'a> {
                 Event::OtherTableRow.emit(&self.metrics);
                 return Ok(());
             }
-            Some(Binding::Bound(binding)) => {
+            Some(Binding::Bound { binding, router }) => {
                 let (final_lsn, xid, commit_time_us) = self.begin;
                 let position = SourcePosition::from_pgoutput(final_lsn, lsn, xid, commit_time_us);
-                self.settings.router.route_at(binding, change, &position)
+                router
+                    .route_at(binding, change, &position)
+                    .map(|routed| (routed, *router))
             }
             Some(Binding::Unbindable(reason)) => Err(reason.clone()),
         };
         match routed {
-            Ok(Routed::Record(record)) => {
+            Ok((Routed::Record(record), _)) => {
                 self.topic_metrics(&record.topic).routed();
                 self.send_new(now, txn, record)
             }
-            Ok(Routed::Skipped(reason)) => {
+            Ok((Routed::Skipped(reason), router)) => {
                 Event::RowSkipped {
                     table: &format_args!("{}.{}", relation.namespace, relation.name),
                     reason,
-                    level: self.settings.router.log_level(reason),
+                    level: router.log_level(reason),
                 }
                 .emit(&self.metrics);
                 Ok(())

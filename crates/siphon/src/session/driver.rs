@@ -115,6 +115,8 @@ pub async fn run_session(
     let core = SessionCore::new(
         CoreSettings {
             router: &settings.router,
+            message_prefixes: &settings.message_prefixes,
+            non_transactional: settings.non_transactional,
             on_error: &settings.on_error,
             tables: settings
                 .source

@@ -88,8 +88,7 @@ impl MessageRows {
                 let relation = Arc::new(Relation {
                     xid: None,
                     id: self.next_id,
-                    namespace: Text::new(Bytes::from_static(MESSAGE_SCHEMA.as_bytes()))
-                        .unwrap_or_else(|_| Text::from_static("")),
+                    namespace: Text::from_static(MESSAGE_SCHEMA),
                     name: Text::new(Bytes::copy_from_slice(prefix.as_bytes()))
                         .unwrap_or_else(|_| Text::from_static("")),
                     replica_identity: ReplicaIdentity::Nothing,
@@ -111,6 +110,32 @@ impl MessageRows {
             }
         };
         Ok((relation, TupleData { columns }, new))
+    }
+}
+
+impl MessageRows {
+    /// A message whose content cannot be read as an object, as a one-column row (`content`,
+    /// its bytes as text, invalid UTF-8 replaced), for its dead letter.
+    pub fn unreadable(&self, prefix: &str, content: &[u8]) -> (Relation, TupleData) {
+        let relation = Relation {
+            xid: None,
+            id: 0,
+            namespace: Text::from_static(MESSAGE_SCHEMA),
+            name: Text::new(Bytes::copy_from_slice(prefix.as_bytes()))
+                .unwrap_or_else(|_| Text::from_static("")),
+            replica_identity: ReplicaIdentity::Nothing,
+            columns: vec![RelationColumn {
+                flags: 0,
+                name: Text::from_static("content"),
+                type_oid: TEXT,
+                type_modifier: -1,
+            }],
+        };
+        let text = String::from_utf8_lossy(content).into_owned();
+        let row = TupleData {
+            columns: vec![Column::Text(Bytes::from(text))],
+        };
+        (relation, row)
     }
 }
 

@@ -22,7 +22,8 @@ use crate::dead_letter::DeadLetters;
 use pgoutput::Lsn;
 use siphon_kafka_sink::SinkConfig;
 use siphon_router::EventRouter;
-use siphon_source::SourceConfig;
+use siphon_source::{SourceConfig, TableName};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 pub use driver::run_session;
@@ -36,11 +37,56 @@ pub enum ErrorPolicy {
     DeadLetter(DeadLetters),
 }
 
+/// The routers: `[router]` for every outbox table (and logical-message outbox), and for a table
+/// with `[router.tables."schema.table"]` options, those on top of `[router]`.
+pub struct Routers {
+    default: EventRouter,
+    tables: HashMap<TableName, EventRouter>,
+}
+
+impl Routers {
+    /// `default` for every table but those in `tables`.
+    pub fn new(default: EventRouter, tables: HashMap<TableName, EventRouter>) -> Self {
+        Routers { default, tables }
+    }
+
+    /// The router for rows of `table`.
+    pub fn for_table(&self, table: &TableName) -> &EventRouter {
+        self.tables.get(table).unwrap_or(&self.default)
+    }
+
+    /// The `[router]` router (logical messages use it).
+    pub fn default_router(&self) -> &EventRouter {
+        &self.default
+    }
+
+    /// Malformed trace contexts left out so far, by all routers.
+    pub fn malformed_trace_contexts(&self) -> u64 {
+        self.tables
+            .values()
+            .map(EventRouter::malformed_trace_contexts)
+            .sum::<u64>()
+            + self.default.malformed_trace_contexts()
+    }
+}
+
+/// What to do with a non-transactional logical message of an outbox prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonTransactionalPolicy {
+    /// Stop, naming the fix.
+    Error,
+    /// Skip it with a warning.
+    Skip,
+}
+
 /// Everything a session needs, built once from the configuration.
 pub struct PipelineSettings {
     pub source: SourceConfig,
     pub sink: SinkConfig,
-    pub router: EventRouter,
+    pub router: Routers,
+    /// Prefixes of logical messages that carry outbox events.
+    pub message_prefixes: HashSet<String>,
+    pub non_transactional: NonTransactionalPolicy,
     pub on_error: ErrorPolicy,
     pub max_in_flight_records: usize,
     pub max_in_flight_bytes: usize,

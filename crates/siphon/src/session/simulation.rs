@@ -18,7 +18,7 @@
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
-use super::ErrorPolicy;
+use super::{ErrorPolicy, NonTransactionalPolicy, Routers};
 use crate::dead_letter::DeadLetters;
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
@@ -410,10 +410,14 @@ fn run_seed(
 ) -> Result<(Outcome, Vec<String>), (String, Vec<String>)> {
     let txn_count = 40;
     let mut w = World::new(seed, txn_count);
-    let router = EventRouter::new(
-        RouterOptions::from_map(&BTreeMap::new()).map_err(|e| (e.to_string(), Vec::new()))?,
-        Format::default(),
+    let router = Routers::new(
+        EventRouter::new(
+            RouterOptions::from_map(&BTreeMap::new()).map_err(|e| (e.to_string(), Vec::new()))?,
+            Format::default(),
+        ),
+        HashMap::new(),
     );
+    let prefixes = HashSet::new();
     let policy = if fail_on_poison {
         ErrorPolicy::Fail
     } else {
@@ -436,6 +440,8 @@ fn run_seed(
         let mut core = SessionCore::new(
             CoreSettings {
                 router: &router,
+                message_prefixes: &prefixes,
+                non_transactional: NonTransactionalPolicy::Error,
                 on_error: &policy,
                 tables: [TableName {
                     schema: "public".into(),

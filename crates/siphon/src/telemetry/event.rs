@@ -26,6 +26,8 @@ pub enum Event<'a> {
     },
     /// A row of another (published, not outbox) table.
     OtherTableRow,
+    /// A non-transactional logical message of an outbox prefix, skipped by configuration.
+    NonTransactionalMessageSkipped { prefix: &'a str, lsn: Lsn },
     /// A row could not be routed; it went to the dead-letter topic.
     RowDeadLettered {
         table: &'a dyn Display,
@@ -91,6 +93,10 @@ impl Event<'_> {
                 }
             }
             Event::OtherTableRow => metrics.row_skipped(SkipKind::OtherTable),
+            Event::NonTransactionalMessageSkipped { prefix, lsn } => {
+                metrics.row_skipped(SkipKind::NonTransactionalMessage);
+                warn!(prefix, %lsn, "non-transactional logical message skipped (source.non_transactional_messages = \"skip\"): it is not atomic with the change it announces");
+            }
             Event::RowDeadLettered {
                 table,
                 lsn,

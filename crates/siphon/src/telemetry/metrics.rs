@@ -48,16 +48,25 @@ pub enum SkipKind {
     Update,
     /// A change to a published table that is not an outbox table.
     OtherTable,
+    /// A non-transactional logical message of an outbox prefix, skipped by
+    /// `source.non_transactional_messages = "skip"`.
+    NonTransactionalMessage,
 }
 
 impl SkipKind {
-    const ALL: [SkipKind; 3] = [SkipKind::Delete, SkipKind::Update, SkipKind::OtherTable];
+    const ALL: [SkipKind; 4] = [
+        SkipKind::Delete,
+        SkipKind::Update,
+        SkipKind::OtherTable,
+        SkipKind::NonTransactionalMessage,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             SkipKind::Delete => "delete",
             SkipKind::Update => "update",
             SkipKind::OtherTable => "other_table",
+            SkipKind::NonTransactionalMessage => "non_transactional_message",
         }
     }
 }
@@ -163,7 +172,7 @@ pub struct Metrics {
     acked: Family<TopicLabels, Counter>,
     dead_lettered: Family<TopicLabels, Counter>,
     topics: RwLock<HashMap<String, TopicMetrics>>,
-    skipped: [Counter; 3],
+    skipped: [Counter; 4],
     producer_errors: [Counter; 2],
     reconnects: [Counter; 2],
     producer_rebuilds: Counter,
@@ -461,6 +470,7 @@ impl Metrics {
             SkipKind::Delete => 0,
             SkipKind::Update => 1,
             SkipKind::OtherTable => 2,
+            SkipKind::NonTransactionalMessage => 3,
         };
         self.skipped[i].inc();
     }
