@@ -261,6 +261,16 @@ impl Session<'_> {
             name: relation.name.to_string(),
         };
         if !self.tables.contains(&name) {
+            // A partition of an outbox table is never "another table": stop, naming the fix.
+            let source = &self.settings.source;
+            siphon_source::catalog::ensure_not_an_outbox_partition(
+                &self.sql,
+                relation.id,
+                &name,
+                &source.tables,
+                &source.publication,
+            )
+            .await?;
             debug!(table = %name, "table is published but not an outbox table; its changes are ignored");
             self.bindings.remove(&relation.id);
             return Ok(());

@@ -17,6 +17,7 @@
 //! - Row changes are only emitted between a [`SourceEvent::Begin`] and its [`SourceEvent::Commit`].
 
 pub mod assembly;
+pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod setup;
