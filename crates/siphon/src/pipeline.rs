@@ -198,28 +198,12 @@ impl Session<'_> {
         {
             self.metrics.set_slot_retained_wal_bytes(bytes);
         }
-        // A silent stream is normal on an idle server; it is a stall only when we are ready to
-        // read and the server has WAL we have not been sent.
-        let silent = self.stream.silent_for();
-        if self.window.has_room() && silent >= self.settings.stall_timeout {
-            let row = self
-                .sql
-                .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
-                .await
-                .map_err(|e| {
-                    PipelineError::Transient(format!("checking the server's WAL position: {e}"))
-                })?;
-            let flushed: Lsn = row
-                .get::<_, String>(0)
-                .parse()
-                .map_err(|e| PipelineError::Transient(format!("{e}")))?;
-            if flushed > self.stream.server_wal_end() {
-                return Err(PipelineError::Transient(format!(
-                    "replication connection stalled: nothing received for {}s while the server has WAL up to {flushed} (last seen {})",
-                    silent.as_secs(),
-                    self.stream.server_wal_end()
-                )));
-            }
+        // A silent stream is normal on an idle server or while the server decodes WAL with no
+        // output for the slot: the server is asked whether it is a stall (only while ready to read).
+        if self.window.has_room() {
+            self.stream
+                .check_stall(&self.sql, self.settings.stall_timeout)
+                .await?;
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod setup;
+pub mod stall;
 pub mod stream;
 pub mod tls;
 

@@ -6,6 +6,7 @@
 //!   network reader's channel, so it can sit in a `select!`.
 
 use crate::assembly::{Assembler, SourceEvent};
+use crate::stall::{StallWatch, Verdict};
 use crate::{ConnectionParams, SourceConfig, SourceError};
 use pgoutput::Lsn;
 use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
@@ -19,6 +20,7 @@ pub struct ReplicationStream {
     assembler: Assembler,
     slot: String,
     confirmed: Lsn,
+    stall: StallWatch,
 }
 
 impl ReplicationStream {
@@ -61,6 +63,9 @@ impl ReplicationStream {
             assembler: Assembler::new(),
             slot: config.slot.clone(),
             confirmed: start_lsn,
+            // Status updates go out at least every idle wakeup (and within a status interval of
+            // a new position); twice that without one reaching the server is not chance.
+            stall: StallWatch::new(2 * config.idle_wakeup_interval + config.status_interval),
         })
     }
 
@@ -132,6 +137,32 @@ impl ReplicationStream {
     /// How long since the last message of any kind (keepalives included) was read.
     pub fn silent_for(&self) -> Duration {
         self.last_message.elapsed()
+    }
+
+    /// Asks the server, once the stream has been silent for `timeout`, whether it is stalled
+    /// (see [`crate::stall`]): a transient error naming what was seen when it is, so the session
+    /// reconnects. Call it only while ready to read.
+    pub async fn check_stall(
+        &mut self,
+        sql: &tokio_postgres::Client,
+        timeout: Duration,
+    ) -> Result<(), SourceError> {
+        let silence = self.silent_for();
+        let received = self.server_wal_end();
+        match self
+            .stall
+            .check(sql, &self.slot, silence, timeout, received)
+            .await?
+        {
+            Verdict::Stalled(seen) => Err(SourceError::Transient(format!(
+                "replication connection stalled: {seen}"
+            ))),
+            Verdict::ServerBusy(seen) | Verdict::CaughtUp(seen) => {
+                debug!(%seen, "replication stream silent, not stalled");
+                Ok(())
+            }
+            Verdict::NotSilent => Ok(()),
+        }
     }
 
     /// The server's WAL end as last seen on the stream.
