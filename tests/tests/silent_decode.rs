@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use siphon_tests::outbox::{
     event, insert_transaction, siphon_config, slot_active, wait_for_each_once, Event, OUTBOX_DDL,
 };
+use siphon_tests::proxy::ThrottlingProxy;
 use siphon_tests::{siphon_bin, wait_until, Broker, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -108,6 +109,54 @@ async fn a_long_decode_of_another_table_is_not_taken_for_a_stall() -> Result<()>
         busy_checks > 0,
         "the silent stream was checked with the server:\n{log}"
     );
+    assert!(siphon.is_running());
+    Ok(())
+}
+
+/// The other side: a replication connection that is really broken (every byte between Siphon
+/// and PostgreSQL held by a paused proxy) is still found stalled, and Siphon recovers once the
+/// path is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_carries_nothing_is_still_a_stall() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let proxy = ThrottlingProxy::start(format!("127.0.0.1:{}", pg.port()).parse()?)?;
+    let config = siphon_config(&pg, &broker, "cut", "")
+        .replace(
+            "status_interval_ms = 200\n",
+            "status_interval_ms = 200\nstall_timeout_secs = 2\n",
+        )
+        .replace(&format!("127.0.0.1:{}", pg.port()), &proxy.address());
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "cut").await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+
+    proxy.pause();
+    let first: Vec<Event> = (1..=10).map(|s| event(s, true)).collect();
+    insert_transaction(&mut client, &first, true).await?;
+    siphon
+        .wait_for_log("replication connection stalled", Duration::from_secs(60))
+        .await?;
+    proxy.resume();
+    let later: Vec<Event> = (11..=20).map(|s| event(s, true)).collect();
+    insert_transaction(&mut client, &later, true).await?;
+    let expected: BTreeSet<String> = first.iter().chain(&later).map(|e| e.id.clone()).collect();
+    wait_for_each_once(&broker, &expected, Duration::from_secs(90))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let log = siphon.log();
+    let stall = log
+        .lines()
+        .find(|l| l.contains("replication connection stalled"))
+        .unwrap_or_default();
+    eprintln!("{stall}");
     assert!(siphon.is_running());
     Ok(())
 }

@@ -193,9 +193,13 @@ impl Session<'_> {
         self.metrics
             .set_server_wal_end(self.stream.server_wal_end());
         self.metrics.set_confirmed_lsn(self.stream.reported());
-        if let Ok(Some(bytes)) =
-            crate::status::retained_wal_bytes(&self.sql, &self.settings.source.slot).await
-        {
+        // Bounded: on a broken connection the query never answers, and the stall check below
+        // must still run.
+        let retained = tokio::time::timeout(
+            TICK_INTERVAL,
+            crate::status::retained_wal_bytes(&self.sql, &self.settings.source.slot),
+        );
+        if let Ok(Ok(Some(bytes))) = retained.await {
             self.metrics.set_slot_retained_wal_bytes(bytes);
         }
         // A silent stream is normal on an idle server or while the server decodes WAL with no

@@ -123,20 +123,28 @@ pub enum Verdict {
 pub struct Seen {
     pub what: String,
     pub silence: Duration,
-    pub server_flush_lsn: Lsn,
+    /// The server's flushed WAL position (`None` when the server did not answer).
+    pub server_flush_lsn: Option<Lsn>,
 }
 
 impl fmt::Display for Seen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "nothing received for {}s; {} (server WAL flushed to {})",
+            "nothing received for {}s; {}",
             self.silence.as_secs(),
-            self.what,
-            self.server_flush_lsn
-        )
+            self.what
+        )?;
+        match self.server_flush_lsn {
+            Some(lsn) => write!(f, " (server WAL flushed to {lsn})"),
+            None => Ok(()),
+        }
     }
 }
+
+/// How long the check of the walsender may take at least before the server counts as
+/// unreachable.
+pub const OBSERVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most times the silence needed for a stall doubles after stalls without progress.
 pub const MAX_ESCALATION: u32 = 4;
@@ -167,7 +175,7 @@ pub fn judge(
     let seen = |what: String| Seen {
         what,
         silence,
-        server_flush_lsn: current.server_flush_lsn,
+        server_flush_lsn: Some(current.server_flush_lsn),
     };
     let Some(now) = &current.walsender else {
         return Verdict::Stalled(seen(
@@ -261,7 +269,24 @@ impl StallWatch {
             self.previous = None;
             return Ok(Verdict::NotSilent);
         }
-        let current = observe(client, slot).await?;
+        // Both connections go to the same server: one that does not answer the check within
+        // the timeout (at least OBSERVE_TIMEOUT) is unreachable, and so is the stream.
+        let wait = timeout.max(OBSERVE_TIMEOUT);
+        let current = match tokio::time::timeout(wait, observe(client, slot)).await {
+            Ok(observed) => observed?,
+            Err(_) => {
+                CONSECUTIVE_STALLS.fetch_add(1, Ordering::Relaxed);
+                LAST_STALL_AT.store(received.0, Ordering::Relaxed);
+                return Ok(Verdict::Stalled(Seen {
+                    what: format!(
+                        "the server did not answer the check of the slot's walsender within {}s",
+                        wait.as_secs()
+                    ),
+                    silence,
+                    server_flush_lsn: None,
+                }));
+            }
+        };
         let reply = current.walsender.as_ref().and_then(|w| w.reply_time_us);
         let replies_unseen_for = match (reply, self.reply_seen) {
             (Some(r), Some((seen, since))) if r == seen => current.at.duration_since(since),
