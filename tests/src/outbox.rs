@@ -254,17 +254,12 @@ pub async fn wait_for_slot_past(
 /// The topics the records of [`event`]s go to.
 pub const EVENT_TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
 
-/// Every record in [`EVENT_TOPICS`].
-pub async fn read_event_records(broker: &Broker) -> Result<Vec<ConsumedRecord>> {
+/// Every record in [`EVENT_TOPICS`] of the broker at `bootstrap`.
+pub async fn read_event_records(bootstrap: &str) -> Result<Vec<ConsumedRecord>> {
     let mut all = Vec::new();
     for topic in EVENT_TOPICS {
         all.extend(
-            crate::read_topic_async(
-                &broker.bootstrap(),
-                topic,
-                std::time::Duration::from_secs(60),
-            )
-            .await?,
+            crate::read_topic_async(bootstrap, topic, std::time::Duration::from_secs(60)).await?,
         );
     }
     Ok(all)
@@ -275,15 +270,16 @@ pub fn record_id(record: &ConsumedRecord) -> String {
     String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned()
 }
 
-/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`], then checks that
+/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of the broker at
+/// `bootstrap`, then checks that
 /// each arrived exactly once and that nothing else arrived.
 pub async fn wait_for_each_once(
-    broker: &Broker,
+    bootstrap: &str,
     expected: &BTreeSet<String>,
     timeout: std::time::Duration,
 ) -> Result<Vec<ConsumedRecord>> {
     let records = crate::wait_for(timeout, std::time::Duration::from_millis(500), || async {
-        let records = read_event_records(broker).await?;
+        let records = read_event_records(bootstrap).await?;
         let ids: BTreeSet<String> = records.iter().map(record_id).collect();
         let missing = expected.difference(&ids).count();
         anyhow::ensure!(

@@ -72,7 +72,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         .collect::<anyhow::Result<Vec<_>>>()
         .context("source.tables")?;
     siphon_source::ConnectionParams::from_url(&config.source.url)?;
-    let source = SourceConfig {
+    let mut source = SourceConfig {
         url: config.source.url.clone(),
         slot: config.source.slot.clone(),
         publication: config.source.publication.clone(),
@@ -94,6 +94,11 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         discard: config.kafka.sink == SinkKind::Discard,
     };
     sink.client_properties()?;
+    // The replication client's read-ahead, bounded by bytes through the window.
+    source.buffer_events = siphon_source::read_ahead_events(
+        config.pipeline.max_in_flight_bytes,
+        producer_max_bytes(&sink)?,
+    );
     let on_error = match config.pipeline.on_error {
         OnError::Fail => ErrorPolicy::Fail,
         OnError::DeadLetter => ErrorPolicy::DeadLetter(DeadLetters::new(

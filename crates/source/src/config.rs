@@ -25,7 +25,8 @@ pub struct SourceConfig {
     pub status_interval: Duration,
     /// How long the stream may stay silent before a status update is sent anyway.
     pub idle_wakeup_interval: Duration,
-    /// Events buffered between the network reader and the pipeline.
+    /// Events buffered between the network reader and the pipeline: the replication client's
+    /// read-ahead (size it with [`crate::read_ahead_events`]).
     pub buffer_events: usize,
     /// `application_name` of the replication connection.
     pub application_name: String,

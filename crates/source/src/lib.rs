@@ -29,5 +29,5 @@ pub use assembly::{RowChange, SourceEvent};
 pub use config::{redact_url, ConnectionParams, SourceConfig, TableName};
 pub use error::SourceError;
 pub use setup::{prepare, SlotState};
-pub use stream::ReplicationStream;
+pub use stream::{read_ahead_events, ReplicationStream};
 pub use tls::{RootCerts, SslMode, TlsSettings};

@@ -4,6 +4,14 @@
 //! - [`ReplicationStream::confirm`] is monotonic; the server is only told positions passed to it.
 //! - [`ReplicationStream::next`] is cancel-safe: its only await point is the receive from the
 //!   network reader's channel, so it can sit in a `select!`.
+//! - Read-ahead is bounded: pgwire-replication's network reader decodes whole messages (one row
+//!   change each, held as `Bytes` until consumed) into a channel of `buffer_events` events, and
+//!   stops reading the socket (TCP flow control then holds the server back) while the channel
+//!   is full. Besides the channel it holds one message waiting for room, the message being read
+//!   and a 128 KiB read buffer. So at most `(buffer_events + 2)` messages plus 128 KiB are read
+//!   ahead of the pipeline, whatever their size; [`read_ahead_events`] sizes `buffer_events`
+//!   from the in-flight byte window and the largest record the producer accepts, so the
+//!   read-ahead of any deliverable row stays within about one window.
 
 use crate::assembly::{Assembler, SourceEvent};
 use crate::stall::{StallWatch, Verdict};
@@ -12,6 +20,21 @@ use pgoutput::Lsn;
 use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
+
+/// Fewest and most events the replication client may read ahead (see the module invariants).
+pub const MIN_READ_AHEAD_EVENTS: usize = 8;
+pub const MAX_READ_AHEAD_EVENTS: usize = 4096;
+
+/// The replication client's event buffer (`SourceConfig::buffer_events`) for an in-flight window
+/// of `window_bytes` and records of at most `max_record_bytes` (the producer's
+/// `message.max.bytes`: a larger row cannot be delivered and stops the pipeline at the first
+/// one): as many records as the window holds, within
+/// [`MIN_READ_AHEAD_EVENTS`]..=[`MAX_READ_AHEAD_EVENTS`]. Read-ahead is then at most about
+/// `window_bytes` for rows of any deliverable size (and `MIN_READ_AHEAD_EVENTS + 2` rows when
+/// the window is smaller than that many records).
+pub fn read_ahead_events(window_bytes: usize, max_record_bytes: usize) -> usize {
+    (window_bytes / max_record_bytes.max(1)).clamp(MIN_READ_AHEAD_EVENTS, MAX_READ_AHEAD_EVENTS)
+}
 
 /// A running logical replication stream.
 pub struct ReplicationStream {
@@ -183,5 +206,22 @@ impl ReplicationStream {
             .await
             .map_err(|e| SourceError::from_replication(&self.slot, e))?;
         Ok(reported)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_ahead_is_the_window_in_records_of_the_largest_size() {
+        // The defaults: a 32 MiB window and librdkafka's 1,000,000-byte message.max.bytes.
+        assert_eq!(read_ahead_events(32 * 1024 * 1024, 1_000_000), 33);
+        assert_eq!(
+            read_ahead_events(8 * 1024 * 1024, 1_000_000),
+            MIN_READ_AHEAD_EVENTS
+        );
+        assert_eq!(read_ahead_events(usize::MAX, 1), MAX_READ_AHEAD_EVENTS);
+        assert_eq!(read_ahead_events(1024, 0), MIN_READ_AHEAD_EVENTS);
     }
 }
