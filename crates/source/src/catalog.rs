@@ -24,14 +24,23 @@ pub async fn partition_ancestors(
     client: &Client,
     relation: Oid,
 ) -> Result<Vec<TableName>, SourceError> {
+    // pg_inherits rather than pg_partition_ancestors (PostgreSQL 12+), so this works on every
+    // version with partitioning; only partition links are followed, not plain inheritance.
     let rows = client
         .query(
-            "SELECT n.nspname::text, c.relname::text \
-             FROM pg_partition_ancestors($1::oid::regclass) WITH ORDINALITY AS a(relid, depth) \
-             JOIN pg_class c ON c.oid = a.relid \
+            "WITH RECURSIVE up(relid, depth) AS ( \
+                 SELECT i.inhparent, 1 FROM pg_inherits i \
+                 JOIN pg_class c ON c.oid = i.inhrelid \
+                 WHERE i.inhrelid = $1::oid AND c.relispartition \
+               UNION ALL \
+                 SELECT i.inhparent, up.depth + 1 FROM up \
+                 JOIN pg_inherits i ON i.inhrelid = up.relid \
+                 JOIN pg_class c ON c.oid = i.inhrelid \
+                 WHERE c.relispartition) \
+             SELECT n.nspname::text, c.relname::text FROM up \
+             JOIN pg_class c ON c.oid = up.relid \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE a.relid <> $1::oid::regclass \
-             ORDER BY a.depth",
+             ORDER BY up.depth",
             &[&relation],
         )
         .await
@@ -68,7 +77,8 @@ pub fn publish_via_root_fix(publication: &str) -> String {
 pub async fn publishes_via_root(client: &Client, publication: &str) -> Result<bool, SourceError> {
     let row = client
         .query_opt(
-            "SELECT pubviaroot FROM pg_publication WHERE pubname = $1",
+            // Through jsonb: before PostgreSQL 13 the column does not exist (reads as off).
+            "SELECT coalesce((to_jsonb(p) ->> 'pubviaroot')::bool, false) FROM pg_publication p WHERE pubname = $1",
             &[&publication],
         )
         .await

@@ -146,6 +146,10 @@ impl fmt::Display for Seen {
 /// unreachable.
 pub const OBSERVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How old the previous observation may be to be compared with the current one (checks come
+/// every few seconds while the stream is silent and Siphon is ready to read).
+pub const PREVIOUS_VALID: Duration = Duration::from_secs(15);
+
 /// The most times the silence needed for a stall doubles after stalls without progress.
 pub const MAX_ESCALATION: u32 = 4;
 
@@ -156,7 +160,8 @@ pub fn required_silence(timeout: Duration, consecutive_stalls: u32) -> Duration 
 
 /// Judges the stream from two observations of its walsender.
 ///
-/// - `previous`: the observation before `current` during the same silence, if any;
+/// - `previous`: the observation just before `current` during the same silence, if any (the
+///   signs of a broken connection other than a missing walsender need two looks in a row);
 /// - `silence`: how long nothing was read from the stream;
 /// - `required`: the silence that may be a stall (see [`required_silence`]);
 /// - `replies_unseen_for`: how long the walsender's `reply_time` has not changed;
@@ -206,7 +211,10 @@ pub fn judge(
             now.wait()
         )));
     }
-    if replies_unseen_for >= reply_grace.max(required) {
+    // Two looks in a row at a walsender in its loop (where it reads every status update that
+    // has arrived) without a new one: they are not arriving.
+    let waited_before = before.is_some_and(WalSenderActivity::waits_on_client);
+    if waited_before && replies_unseen_for >= reply_grace.max(required) {
         return Verdict::Stalled(seen(format!(
             "walsender {} waits on the client ({}) but has read none of our status updates for {}s: the connection is broken",
             now.pid,
@@ -272,6 +280,15 @@ impl StallWatch {
         // Both connections go to the same server: one that does not answer the check within
         // the timeout (at least OBSERVE_TIMEOUT) is unreachable, and so is the stream.
         let wait = timeout.max(OBSERVE_TIMEOUT);
+        // An observation from before a pause in checking (the window was full) says nothing
+        // about now.
+        if self
+            .previous
+            .as_ref()
+            .is_some_and(|p| p.at.elapsed() > PREVIOUS_VALID)
+        {
+            self.previous = None;
+        }
         let current = match tokio::time::timeout(wait, observe(client, slot)).await {
             Ok(observed) => observed?,
             Err(_) => {

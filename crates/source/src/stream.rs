@@ -222,6 +222,6 @@ mod tests {
             MIN_READ_AHEAD_EVENTS
         );
         assert_eq!(read_ahead_events(usize::MAX, 1), MAX_READ_AHEAD_EVENTS);
-        assert_eq!(read_ahead_events(1024, 0), MIN_READ_AHEAD_EVENTS);
+        assert_eq!(read_ahead_events(4, 0), MIN_READ_AHEAD_EVENTS);
     }
 }
