@@ -17,7 +17,8 @@ pub struct SourceConfig {
     pub url: String,
     /// Logical replication slot (created with `pgoutput` if missing).
     pub slot: String,
-    /// Publication (created `FOR TABLE <tables>` if missing).
+    /// Publication (created `FOR TABLE <tables> WITH (publish_via_partition_root = true)` if
+    /// missing).
     pub publication: String,
     /// Outbox tables.
     pub tables: Vec<TableName>,

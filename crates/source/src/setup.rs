@@ -6,6 +6,11 @@
 //! - A slot that exists is never dropped or recreated here: its `confirmed_flush_lsn` is the
 //!   only record of what has been delivered.
 //! - Every failure names what to change (a setting, a grant, a command to run).
+//! - A publication that would name a partitioned outbox table's changes by its partitions
+//!   (`publish_via_partition_root` off) is refused: those changes could not be routed.
+//! - Losing the race to create the publication or the slot to another process (42710
+//!   duplicate_object, or 23505 on the catalog's name index) is not an error: what the other
+//!   created is checked and used; a slot still being created is waited for like a busy one.
 
 use crate::config::{quote_ident, quote_literal};
 use crate::{SourceConfig, SourceError, TableName};
