@@ -13,6 +13,7 @@
 //! | transaction being written | moves every second | follows the client's updates | none (on CPU), `IO/ReorderBufferWrite`, `Client/WalSenderWaitForWAL` |
 //! | its commit being decoded | stands still | stands still (replies are not read) | none (on CPU), `IO/ReorderBufferRead` |
 //! | caught up | at the server's WAL end | follows the client's updates | `Client/WalSenderWaitForWAL` |
+//! | client stopped (not reading, not replying), rows to send | stands still | stands still | `Client/WalSenderWriteData` |
 //!
 //! A broken connection looks different: no walsender at all (it ended, or the slot is free), or
 //! a walsender waiting on the client (`Client/*`) while the client's status updates stop
