@@ -32,7 +32,7 @@
 use crate::SourceError;
 use pgoutput::Lsn;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
@@ -236,10 +236,47 @@ pub fn judge(
     )))
 }
 
-/// Stalls declared in this process without progress since, and where the last one was: a
-/// stall-caused reconnect makes a new stream, so this outlives it.
-static CONSECUTIVE_STALLS: AtomicU32 = AtomicU32::new(0);
-static LAST_STALL_AT: AtomicU64 = AtomicU64::new(0);
+/// Stalls declared without progress since, and where the last one was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Escalation {
+    consecutive: u32,
+    last_stall_at: Lsn,
+}
+
+impl Escalation {
+    /// The silence that makes a stall now.
+    pub fn required(&self, timeout: Duration) -> Duration {
+        required_silence(timeout, self.consecutive)
+    }
+
+    /// The stream has received up to `received`: past the last stall's position, that is
+    /// progress, and the next stall needs only the timeout again.
+    pub fn received(&mut self, received: Lsn) {
+        if received > self.last_stall_at {
+            self.consecutive = 0;
+        }
+    }
+
+    /// A stall was declared with the stream at `received`.
+    pub fn stalled(&mut self, received: Lsn) {
+        self.consecutive = self.consecutive.saturating_add(1);
+        self.last_stall_at = self.last_stall_at.max(received);
+    }
+}
+
+/// The escalation of this process: a stall-caused reconnect makes a new stream, so it outlives
+/// each [`StallWatch`].
+static ESCALATION: Mutex<Escalation> = Mutex::new(Escalation {
+    consecutive: 0,
+    last_stall_at: Lsn(0),
+});
+
+/// Runs `f` on the process's escalation (a poisoned lock still holds a consistent value: it is
+/// two plain numbers).
+fn escalation<T>(f: impl FnOnce(&mut Escalation) -> T) -> T {
+    let mut guard = ESCALATION.lock().unwrap_or_else(|e| e.into_inner());
+    f(&mut guard)
+}
 
 /// The stall state of one stream: the previous observation during the current silence and when
 /// the walsender last showed a new status update from us.
@@ -270,10 +307,10 @@ impl StallWatch {
         timeout: Duration,
         received: Lsn,
     ) -> Result<Verdict, SourceError> {
-        if received.0 > LAST_STALL_AT.load(Ordering::Relaxed) {
-            CONSECUTIVE_STALLS.store(0, Ordering::Relaxed);
-        }
-        let required = required_silence(timeout, CONSECUTIVE_STALLS.load(Ordering::Relaxed));
+        let required = escalation(|e| {
+            e.received(received);
+            e.required(timeout)
+        });
         if silence < required {
             self.previous = None;
             return Ok(Verdict::NotSilent);
@@ -293,8 +330,7 @@ impl StallWatch {
         let current = match tokio::time::timeout(wait, observe(client, slot)).await {
             Ok(observed) => observed?,
             Err(_) => {
-                CONSECUTIVE_STALLS.fetch_add(1, Ordering::Relaxed);
-                LAST_STALL_AT.store(received.0, Ordering::Relaxed);
+                escalation(|e| e.stalled(received));
                 return Ok(Verdict::Stalled(Seen {
                     what: format!(
                         "the server did not answer the check of the slot's walsender within {}s",
@@ -328,8 +364,7 @@ impl StallWatch {
             self.reply_grace,
         );
         if matches!(verdict, Verdict::Stalled(_)) {
-            CONSECUTIVE_STALLS.fetch_add(1, Ordering::Relaxed);
-            LAST_STALL_AT.store(received.0, Ordering::Relaxed);
+            escalation(|e| e.stalled(received));
         }
         self.previous = Some(current);
         Ok(verdict)
@@ -482,6 +517,25 @@ mod tests {
             20 * SECOND,
         );
         assert!(matches!(verdict, Verdict::CaughtUp(_)), "{verdict:?}");
+    }
+
+    #[test]
+    fn escalation_grows_without_progress_and_resets_with_it() {
+        let timeout = 10 * SECOND;
+        let mut e = Escalation::default();
+        let mut intervals = Vec::new();
+        for _ in 0..6 {
+            e.received(Lsn(100));
+            intervals.push(e.required(timeout).as_secs());
+            e.stalled(Lsn(100));
+        }
+        assert_eq!(intervals, [10, 20, 40, 80, 160, 160]);
+        // Nothing new received after the reconnect: still escalated.
+        e.received(Lsn(100));
+        assert_eq!(e.required(timeout), 160 * SECOND);
+        // Progress past the stall: back to the timeout.
+        e.received(Lsn(101));
+        assert_eq!(e.required(timeout), timeout);
     }
 
     #[test]
