@@ -162,7 +162,7 @@ async fn an_existing_publication_naming_partitions_is_refused_with_the_fix() -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_publication_switched_to_partition_names_while_streaming_stops_without_skipping(
+async fn a_publication_switched_to_partition_names_while_streaming_stops_and_loses_nothing(
 ) -> Result<()> {
     let pg = Postgres::start()?;
     let broker = Broker::start()?;
@@ -198,5 +198,25 @@ async fn a_publication_switched_to_partition_names_while_streaming_stops_without
         confirmed <= before,
         "the slot did not move past the rows it could not route ({confirmed} > {before})"
     );
+
+    // The fix, then a restart: the rows written meanwhile are still decoded under the
+    // partition's name (the publication as it was when they were written); they are routed as
+    // the outbox table's, not skipped.
+    client
+        .batch_execute("ALTER PUBLICATION switch_pub SET (publish_via_partition_root = true)")
+        .await?;
+    let third: Vec<Event> = (21..=30).map(|s| event(s, true)).collect();
+    insert_spread(&mut client, &third, &[2, 3]).await?;
+    siphon.start_again()?;
+    let expected: BTreeSet<String> = first
+        .iter()
+        .chain(&second)
+        .chain(&third)
+        .map(|e| e.id.clone())
+        .collect();
+    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    assert!(siphon.is_running());
     Ok(())
 }

@@ -248,21 +248,32 @@ impl Session<'_> {
             schema: relation.namespace.to_string(),
             name: relation.name.to_string(),
         };
-        if !self.tables.contains(&name) {
-            // A partition of an outbox table is never "another table": stop, naming the fix.
+        // A partition of an outbox table is never "another table": it is routed as its outbox
+        // table, or stops the session naming the fix.
+        let renamed;
+        let relation = if self.tables.contains(&name) {
+            relation
+        } else {
             let source = &self.settings.source;
-            siphon_source::catalog::ensure_not_an_outbox_partition(
+            match siphon_source::catalog::outbox_relation_for(
                 &self.sql,
-                relation.id,
-                &name,
+                relation,
                 &source.tables,
                 &source.publication,
             )
-            .await?;
-            debug!(table = %name, "table is published but not an outbox table; its changes are ignored");
-            self.bindings.remove(&relation.id);
-            return Ok(());
-        }
+            .await?
+            {
+                Some(outbox) => {
+                    renamed = outbox;
+                    &renamed
+                }
+                None => {
+                    debug!(table = %name, "table is published but not an outbox table; its changes are ignored");
+                    self.bindings.remove(&relation.id);
+                    return Ok(());
+                }
+            }
+        };
         let not_null = self.not_null_columns(relation.id).await?;
         let binding = match self
             .settings

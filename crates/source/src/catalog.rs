@@ -1,21 +1,23 @@
 //! Typed catalog look-ups the pipeline needs while streaming.
 //!
 //! # Invariants
-//! - A relation that pgoutput names, that is a partition (at any depth) of a configured outbox
-//!   table, while the publication names partitions (`publish_via_partition_root` off), is never
-//!   taken for "another table": [`ensure_not_an_outbox_partition`] turns it into a definite
-//!   error naming the `ALTER PUBLICATION` that makes PostgreSQL name the outbox table instead.
-//!   Its rows would otherwise be skipped and the slot would move past them.
+//! - A relation that pgoutput names and that is a partition (at any depth) of a configured
+//!   outbox table is never taken for "another table" ([`outbox_relation_for`]): while the
+//!   publication names partitions (`publish_via_partition_root` off) it is a definite error
+//!   naming the `ALTER PUBLICATION` that makes PostgreSQL name the outbox table instead; once
+//!   the publication names the outbox table, changes still named by the partition (decoded
+//!   before the switch) are routed as the outbox table's. Its rows are never skipped, so the
+//!   slot never moves past them undelivered.
 //! - The look-ups read the current catalog, not the one the change was decoded with: a
 //!   partition detached and dropped before its description is read can no longer be traced to
-//!   its root, and a publication switched to `publish_via_partition_root = true` while Siphon
-//!   still reads changes decoded before the switch is taken at its new value. The setup check
-//!   ([`crate::setup`]) refuses a publication that names partitions, so these only matter when
-//!   the publication is changed while Siphon runs.
+//!   its root. The setup check ([`crate::setup`]) refuses a publication that names partitions,
+//!   so this only matters when the publication is switched off while Siphon runs and a
+//!   partition is dropped before Siphon reads its rows.
 
 use crate::config::quote_ident;
 use crate::{SourceError, TableName};
-use pgoutput::Oid;
+use bytes::Bytes;
+use pgoutput::{Oid, Relation, Text};
 use tokio_postgres::Client;
 
 /// The partitioned tables `relation` belongs to, nearest first (empty when it is no partition,
@@ -86,28 +88,43 @@ pub async fn publishes_via_root(client: &Client, publication: &str) -> Result<bo
     Ok(row.is_some_and(|r| r.get(0)))
 }
 
-/// Fails with a definite error when `relation` (named `name` by pgoutput, not an outbox table)
-/// is a partition of one of the outbox tables and the publication names partitions
-/// (`publish_via_partition_root` off): its rows would come under the partition's name, and
-/// skipping them would lose events.
+/// What to do with `relation`, which pgoutput named but which is not an outbox table:
 ///
-/// With `publish_via_partition_root` on, pgoutput also describes the partition (right after the
-/// outbox table) before a change, but sends the change under the outbox table's OID: the
-/// partition's description is then harmless and passes.
-pub async fn ensure_not_an_outbox_partition(
+/// - `Ok(None)`: another table; its changes are ignored.
+/// - `Ok(Some(outbox))`: a partition of an outbox table while the publication names changes by
+///   the outbox table (`publish_via_partition_root` on): `relation` renamed to that outbox
+///   table, to be bound and routed like it. Changes still come under the partition's name when
+///   they were decoded before the publication was switched on (the decoder reads the
+///   publication as it was when they were written); with the option on from the start,
+///   pgoutput only describes the partition (right after the outbox table) and sends nothing
+///   under its name.
+/// - `Err(Definite)`: a partition of an outbox table while the publication names partitions:
+///   skipping its rows would lose events; the error names the `ALTER PUBLICATION` to run.
+pub async fn outbox_relation_for(
     client: &Client,
-    relation: Oid,
-    name: &TableName,
+    relation: &Relation,
     outbox_tables: &[TableName],
     publication: &str,
-) -> Result<(), SourceError> {
-    let Some(root) = outbox_partition_root(client, relation, outbox_tables).await? else {
-        return Ok(());
+) -> Result<Option<Relation>, SourceError> {
+    let Some(root) = outbox_partition_root(client, relation.id, outbox_tables).await? else {
+        return Ok(None);
     };
-    if publishes_via_root(client, publication).await? {
-        return Ok(());
+    let leaf = TableName {
+        schema: relation.namespace.to_string(),
+        name: relation.name.to_string(),
+    };
+    if !publishes_via_root(client, publication).await? {
+        return Err(leaf_published(publication, &leaf, &root));
     }
-    Err(leaf_published(publication, name, &root))
+    let text = |s: &str| {
+        Text::new(Bytes::copy_from_slice(s.as_bytes()))
+            .map_err(|e| SourceError::Protocol(format!("table name is not UTF-8: {e}")))
+    };
+    Ok(Some(Relation {
+        namespace: text(&root.schema)?,
+        name: text(&root.name)?,
+        ..relation.clone()
+    }))
 }
 
 /// The error for a change that PostgreSQL named by the partition `leaf` of outbox table `root`.
