@@ -16,10 +16,11 @@ const ROW_BYTES: i64 = 512 * 1024;
 /// The in-flight window (`pipeline.max_in_flight_bytes`).
 const WINDOW_BYTES: u64 = 8 * 1024 * 1024;
 /// What the process may hold beyond the window: its code, runtime, librdkafka's and the SQL
-/// client's buffers (about 30 MB of RSS when idle here), the replication client's read-ahead
-/// (here 8 + 2 rows: 5 MB) and the allocator's slack. Before the read-ahead was bounded by
-/// bytes, the whole 100 MB backlog was read ahead (VmHWM 132 MB).
-const FIXED_OVERHEAD_BYTES: u64 = 40 * 1024 * 1024;
+/// client's buffers (25-30 MB of RSS when idle here), the rows read ahead of the window (at
+/// most one more window: 8 MB, plus 6 rows inside the replication client: 3 MB) and the
+/// allocator's slack. Before the read-ahead was bounded by bytes, the whole 100 MB backlog was
+/// read ahead (VmHWM 132 MB).
+const FIXED_OVERHEAD_BYTES: u64 = 48 * 1024 * 1024;
 
 /// `VmRSS` and `VmHWM` of a process, in bytes.
 fn memory_of(pid: u32) -> Result<(u64, u64)> {

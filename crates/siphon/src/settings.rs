@@ -72,7 +72,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         .collect::<anyhow::Result<Vec<_>>>()
         .context("source.tables")?;
     siphon_source::ConnectionParams::from_url(&config.source.url)?;
-    let mut source = SourceConfig {
+    let source = SourceConfig {
         url: config.source.url.clone(),
         slot: config.source.slot.clone(),
         publication: config.source.publication.clone(),
@@ -80,6 +80,8 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         status_interval: Duration::from_millis(config.source.status_interval_ms.max(10)),
         idle_wakeup_interval: Duration::from_secs(10),
         buffer_events: 4096,
+        // Read-ahead of the replication stream: at most one more in-flight window of bytes.
+        read_ahead_bytes: config.pipeline.max_in_flight_bytes,
         application_name: config.source.application_name.clone(),
     };
     let router = build_router(config)?;
@@ -94,11 +96,6 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         discard: config.kafka.sink == SinkKind::Discard,
     };
     sink.client_properties()?;
-    // The replication client's read-ahead, bounded by bytes through the window.
-    source.buffer_events = siphon_source::read_ahead_events(
-        config.pipeline.max_in_flight_bytes,
-        producer_max_bytes(&sink)?,
-    );
     let on_error = match config.pipeline.on_error {
         OnError::Fail => ErrorPolicy::Fail,
         OnError::DeadLetter => ErrorPolicy::DeadLetter(DeadLetters::new(

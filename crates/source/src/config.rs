@@ -26,9 +26,10 @@ pub struct SourceConfig {
     pub status_interval: Duration,
     /// How long the stream may stay silent before a status update is sent anyway.
     pub idle_wakeup_interval: Duration,
-    /// Events buffered between the network reader and the pipeline: the replication client's
-    /// read-ahead (size it with [`crate::read_ahead_events`]).
+    /// Most events read ahead of the pipeline (see [`crate::read_ahead`]).
     pub buffer_events: usize,
+    /// Most bytes of events read ahead of the pipeline (one larger event passes alone).
+    pub read_ahead_bytes: usize,
     /// `application_name` of the replication connection.
     pub application_name: String,
 }

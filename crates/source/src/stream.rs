@@ -4,16 +4,12 @@
 //! - [`ReplicationStream::confirm`] is monotonic; the server is only told positions passed to it.
 //! - [`ReplicationStream::next`] is cancel-safe: its only await point is the receive from the
 //!   network reader's channel, so it can sit in a `select!`.
-//! - Read-ahead is bounded: pgwire-replication's network reader decodes whole messages (one row
-//!   change each, held as `Bytes` until consumed) into a channel of `buffer_events` events, and
-//!   stops reading the socket (TCP flow control then holds the server back) while the channel
-//!   is full. Besides the channel it holds one message waiting for room, the message being read
-//!   and a 128 KiB read buffer. So at most `(buffer_events + 2)` messages plus 128 KiB are read
-//!   ahead of the pipeline, whatever their size; [`read_ahead_events`] sizes `buffer_events`
-//!   from the in-flight byte window and the largest record the producer accepts, so the
-//!   read-ahead of any deliverable row stays within about one window.
+//! - Read-ahead is bounded by bytes and by events ([`crate::read_ahead`]):
+//!   `SourceConfig::read_ahead_bytes` and `SourceConfig::buffer_events`, plus a few messages
+//!   inside pgwire-replication.
 
 use crate::assembly::{Assembler, SourceEvent};
+use crate::read_ahead::{ReadAhead, LIBRARY_BUFFER_EVENTS};
 use crate::stall::{StallWatch, Verdict};
 use crate::{ConnectionParams, SourceConfig, SourceError};
 use pgoutput::Lsn;
@@ -21,24 +17,9 @@ use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, R
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
 
-/// Fewest and most events the replication client may read ahead (see the module invariants).
-pub const MIN_READ_AHEAD_EVENTS: usize = 8;
-pub const MAX_READ_AHEAD_EVENTS: usize = 4096;
-
-/// The replication client's event buffer (`SourceConfig::buffer_events`) for an in-flight window
-/// of `window_bytes` and records of at most `max_record_bytes` (the producer's
-/// `message.max.bytes`: a larger row cannot be delivered and stops the pipeline at the first
-/// one): as many records as the window holds, within
-/// [`MIN_READ_AHEAD_EVENTS`]..=[`MAX_READ_AHEAD_EVENTS`]. Read-ahead is then at most about
-/// `window_bytes` for rows of any deliverable size (and `MIN_READ_AHEAD_EVENTS + 2` rows when
-/// the window is smaller than that many records).
-pub fn read_ahead_events(window_bytes: usize, max_record_bytes: usize) -> usize {
-    (window_bytes / max_record_bytes.max(1)).clamp(MIN_READ_AHEAD_EVENTS, MAX_READ_AHEAD_EVENTS)
-}
-
 /// A running logical replication stream.
 pub struct ReplicationStream {
-    client: ReplicationClient,
+    client: ReadAhead,
     last_message: Instant,
     assembler: Assembler,
     slot: String,
@@ -70,7 +51,7 @@ impl ReplicationStream {
         .with_ack_lsn(WireLsn::from_u64(start_lsn.0))
         .with_status_interval(config.status_interval)
         .with_wakeup_interval(config.idle_wakeup_interval)
-        .with_buffer_size(config.buffer_events)
+        .with_buffer_size(LIBRARY_BUFFER_EVENTS)
         .with_application_name(config.application_name.clone());
         let mut client = ReplicationClient::connect(wire)
             .await
@@ -81,7 +62,7 @@ impl ReplicationStream {
             .map_err(|e| SourceError::from_replication_as(&config.slot, Some(&user), e))?;
         info!(slot = %config.slot, from = %start_lsn, %sslmode, "streaming");
         Ok(ReplicationStream {
-            client,
+            client: ReadAhead::spawn(client, config.read_ahead_bytes, config.buffer_events),
             last_message: Instant::now(),
             assembler: Assembler::new(),
             slot: config.slot.clone(),
@@ -99,6 +80,7 @@ impl ReplicationStream {
                 .client
                 .recv()
                 .await
+                .ok_or_else(|| SourceError::Transient("the replication reader stopped".into()))?
                 .map_err(|e| SourceError::from_replication(&self.slot, e))?;
             let Some(event) = event else { return Ok(None) };
             self.last_message = Instant::now();
@@ -143,7 +125,7 @@ impl ReplicationStream {
     pub fn confirm(&mut self, lsn: Lsn) {
         if lsn > self.confirmed {
             self.confirmed = lsn;
-            self.client.update_applied_lsn(WireLsn::from_u64(lsn.0));
+            self.client.update_applied_lsn(lsn.0);
         }
     }
 
@@ -195,33 +177,17 @@ impl ReplicationStream {
 
     /// Waits (up to `timeout`) until the confirmed position has been reported to the server, then
     /// ends the stream cleanly.
-    pub async fn finish(mut self, timeout: Duration) -> Result<Lsn, SourceError> {
+    pub async fn finish(self, timeout: Duration) -> Result<Lsn, SourceError> {
         let deadline = tokio::time::Instant::now() + timeout;
         while self.reported() < self.confirmed && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let reported = self.reported();
+        let slot = self.slot;
         self.client
             .shutdown()
             .await
-            .map_err(|e| SourceError::from_replication(&self.slot, e))?;
+            .map_err(|e| SourceError::from_replication(&slot, e))?;
         Ok(reported)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn read_ahead_is_the_window_in_records_of_the_largest_size() {
-        // The defaults: a 32 MiB window and librdkafka's 1,000,000-byte message.max.bytes.
-        assert_eq!(read_ahead_events(32 * 1024 * 1024, 1_000_000), 33);
-        assert_eq!(
-            read_ahead_events(8 * 1024 * 1024, 1_000_000),
-            MIN_READ_AHEAD_EVENTS
-        );
-        assert_eq!(read_ahead_events(usize::MAX, 1), MAX_READ_AHEAD_EVENTS);
-        assert_eq!(read_ahead_events(4, 0), MIN_READ_AHEAD_EVENTS);
     }
 }
