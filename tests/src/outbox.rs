@@ -250,3 +250,60 @@ pub async fn wait_for_slot_past(
     })
     .await
 }
+
+/// The topics the records of [`event`]s go to.
+pub const EVENT_TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
+
+/// Every record in [`EVENT_TOPICS`] of the broker at `bootstrap`.
+pub async fn read_event_records(bootstrap: &str) -> Result<Vec<ConsumedRecord>> {
+    let mut all = Vec::new();
+    for topic in EVENT_TOPICS {
+        all.extend(
+            crate::read_topic_async(bootstrap, topic, std::time::Duration::from_secs(60)).await?,
+        );
+    }
+    Ok(all)
+}
+
+/// The `id` header of a record (lossy UTF-8; empty when missing).
+pub fn record_id(record: &ConsumedRecord) -> String {
+    String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned()
+}
+
+/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of the broker at
+/// `bootstrap`, then checks that
+/// each arrived exactly once and that nothing else arrived.
+pub async fn wait_for_each_once(
+    bootstrap: &str,
+    expected: &BTreeSet<String>,
+    timeout: std::time::Duration,
+) -> Result<Vec<ConsumedRecord>> {
+    let records = crate::wait_for(timeout, std::time::Duration::from_millis(500), || async {
+        let records = read_event_records(bootstrap).await?;
+        let ids: BTreeSet<String> = records.iter().map(record_id).collect();
+        let missing = expected.difference(&ids).count();
+        anyhow::ensure!(
+            missing == 0,
+            "{missing} of {} events missing",
+            expected.len()
+        );
+        Ok(Some(records))
+    })
+    .await?;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &records {
+        *counts.entry(record_id(r)).or_default() += 1;
+    }
+    let repeated: Vec<&String> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    let phantom: Vec<&String> = counts.keys().filter(|id| !expected.contains(*id)).collect();
+    anyhow::ensure!(
+        repeated.is_empty(),
+        "events delivered more than once: {repeated:?}"
+    );
+    anyhow::ensure!(phantom.is_empty(), "events never written: {phantom:?}");
+    Ok(records)
+}

@@ -334,6 +334,7 @@ mod tests {
             status_interval: Duration::from_millis(100),
             idle_wakeup_interval: Duration::from_secs(1),
             buffer_events: 64,
+            read_ahead_bytes: 1 << 20,
             application_name: "siphon-status-test".into(),
         };
         let stream = siphon_source::ReplicationStream::start(&config, created)

@@ -17,7 +17,8 @@ pub struct SourceConfig {
     pub url: String,
     /// Logical replication slot (created with `pgoutput` if missing).
     pub slot: String,
-    /// Publication (created `FOR TABLE <tables>` if missing).
+    /// Publication (created `FOR TABLE <tables> WITH (publish_via_partition_root = true)` if
+    /// missing).
     pub publication: String,
     /// Outbox tables.
     pub tables: Vec<TableName>,
@@ -25,8 +26,10 @@ pub struct SourceConfig {
     pub status_interval: Duration,
     /// How long the stream may stay silent before a status update is sent anyway.
     pub idle_wakeup_interval: Duration,
-    /// Events buffered between the network reader and the pipeline.
+    /// Most events read ahead of the pipeline (see [`crate::read_ahead`]).
     pub buffer_events: usize,
+    /// Most bytes of events read ahead of the pipeline (one larger event passes alone).
+    pub read_ahead_bytes: usize,
     /// `application_name` of the replication connection.
     pub application_name: String,
 }

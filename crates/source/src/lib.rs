@@ -7,6 +7,10 @@
 //!   [`pgoutput`] crate and hands out [`SourceEvent`]s.
 //! - [`assembly`] is the sans-IO state machine in between: it keeps the relation cache and checks
 //!   transaction framing (Begin .. Commit), so it is tested without a server.
+//! - [`catalog`] answers the pipeline's catalog questions while streaming (is this relation a
+//!   partition of an outbox table?).
+//! - [`stall`] tells a stalled replication connection from a server busy decoding, from what
+//!   the server shows of the slot's walsender.
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
 //!   `sslkey`) into the TLS set-up of both connections.
 //!
@@ -17,10 +21,13 @@
 //! - Row changes are only emitted between a [`SourceEvent::Begin`] and its [`SourceEvent::Commit`].
 
 pub mod assembly;
+pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod queries;
+pub mod read_ahead;
 pub mod setup;
+pub mod stall;
 pub mod status;
 pub mod stream;
 pub mod tls;

@@ -2,14 +2,12 @@
 //! SQL connection ([`Catalog`]), each returning a typed value.
 //!
 //! # Invariants
-//! - LSNs are read with the typed `pg_lsn` conversion, never parsed from text.
 //! - Every error is classified by [`SourceError::from_sql`] (SQLSTATE), so the caller knows
 //!   whether reconnecting can cure it.
 
 use crate::SourceError;
-use pgoutput::{Lsn, Oid};
+use pgoutput::Oid;
 use std::collections::HashSet;
-use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
 /// The session's SQL connection, for the queries below. Cheap to share (`Arc`): queries run
@@ -31,9 +29,24 @@ impl Catalog {
         not_null_columns(&self.client, relation_id).await
     }
 
-    /// See [`current_wal_flush`].
-    pub async fn current_wal_flush(&self) -> Result<Lsn, SourceError> {
-        current_wal_flush(&self.client).await
+    /// Runs a stall check of the replication stream (see [`crate::stream::StallCheck`]).
+    pub async fn check_stall(
+        &self,
+        check: crate::stream::StallCheck,
+        timeout: std::time::Duration,
+    ) -> Result<Option<String>, SourceError> {
+        check.run(&self.client, timeout).await
+    }
+
+    /// See [`crate::catalog::outbox_relation_for`].
+    pub async fn outbox_relation_for(
+        &self,
+        relation: &pgoutput::Relation,
+        outbox_tables: &[crate::TableName],
+        publication: &str,
+    ) -> Result<Option<pgoutput::Relation>, SourceError> {
+        crate::catalog::outbox_relation_for(&self.client, relation, outbox_tables, publication)
+            .await
     }
 
     /// WAL the slot retains (see [`crate::status::retained_wal_bytes`]).
@@ -58,14 +71,4 @@ pub async fn not_null_columns(
         .await
         .map_err(|e| SourceError::from_sql("reading the outbox table's columns", e))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
-}
-
-/// The server's current WAL flush position.
-pub async fn current_wal_flush(client: &Client) -> Result<Lsn, SourceError> {
-    let row = client
-        .query_one("SELECT pg_current_wal_flush_lsn()", &[])
-        .await
-        .map_err(|e| SourceError::from_sql("reading the server's WAL position", e))?;
-    let lsn: PgLsn = row.get(0);
-    Ok(Lsn(u64::from(lsn)))
 }

@@ -6,6 +6,11 @@
 //! - A slot that exists is never dropped or recreated here: its `confirmed_flush_lsn` is the
 //!   only record of what has been delivered.
 //! - Every failure names what to change (a setting, a grant, a command to run).
+//! - A publication that would name a partitioned outbox table's changes by its partitions
+//!   (`publish_via_partition_root` off) is refused: those changes could not be routed.
+//! - Losing the race to create the publication or the slot to another process (42710
+//!   duplicate_object, or 23505 on the catalog's name index) is not an error: what the other
+//!   created is checked and used; a slot still being created is waited for like a busy one.
 
 use crate::config::{quote_ident, quote_literal};
 use crate::{SourceConfig, SourceError, TableName};
@@ -29,8 +34,8 @@ pub async fn prepare(config: &SourceConfig) -> Result<SlotState, SourceError> {
     let params = crate::ConnectionParams::from_url(&config.url)?;
     let client = connect(&config.url).await?;
     check_wal_level(&client).await?;
-    check_tables(&client, &config.tables).await?;
-    ensure_publication(&client, &config.publication, &config.tables).await?;
+    let partitioned = check_tables(&client, &config.tables).await?;
+    ensure_publication(&client, &config.publication, &config.tables, &partitioned).await?;
     ensure_slot(&client, &config.slot, Some(&params.user)).await
 }
 
@@ -65,87 +70,217 @@ async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
     Ok(())
 }
 
-async fn check_tables(client: &Client, tables: &[TableName]) -> Result<(), SourceError> {
+/// Checks that every outbox table exists; returns those that are partitioned.
+async fn check_tables(
+    client: &Client,
+    tables: &[TableName],
+) -> Result<BTreeSet<TableName>, SourceError> {
+    let mut partitioned = BTreeSet::new();
     for table in tables {
         let row = client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
+            .query_one(
+                "SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))",
+                &[&table.quoted()],
+            )
             .await
             .map_err(|e| SourceError::from_sql("looking up the outbox tables", e))?;
-        let exists: bool = row.get(0);
-        if !exists {
-            return Err(SourceError::Definite(format!(
-                "outbox table {table} does not exist (source.tables): create it, or fix the name in source.tables"
-            )));
+        let kind: Option<String> = row.get(0);
+        match kind.as_deref() {
+            None => {
+                return Err(SourceError::Definite(format!(
+                    "outbox table {table} does not exist (source.tables): create it, or fix the name in source.tables"
+                )))
+            }
+            Some("p") => {
+                partitioned.insert(table.clone());
+            }
+            Some(_) => {}
         }
     }
-    Ok(())
+    Ok(partitioned)
+}
+
+/// The first PostgreSQL version (`server_version_num`) with `publish_via_partition_root`.
+const PUBLISH_VIA_ROOT_VERSION: i32 = 130_000;
+
+/// A publication as the catalog describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PublicationFlags {
+    all_tables: bool,
+    via_root: bool,
+}
+
+async fn server_version_num(client: &Client) -> Result<i32, SourceError> {
+    let row = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(|e| SourceError::from_sql("reading the server version", e))?;
+    Ok(row.get(0))
+}
+
+async fn publication_flags(
+    client: &Client,
+    publication: &str,
+    version: i32,
+) -> Result<Option<PublicationFlags>, SourceError> {
+    let sql = if version >= PUBLISH_VIA_ROOT_VERSION {
+        "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = $1"
+    } else {
+        "SELECT puballtables, false FROM pg_publication WHERE pubname = $1"
+    };
+    let row = client
+        .query_opt(sql, &[&publication])
+        .await
+        .map_err(|e| SourceError::from_sql("looking up the publication", e))?;
+    Ok(row.map(|r| PublicationFlags {
+        all_tables: r.get(0),
+        via_root: r.get(1),
+    }))
+}
+
+/// Whether a failed `CREATE` lost a race with another instance creating the same object
+/// (42710 duplicate_object, or 23505 unique_violation on the catalog's name index).
+fn lost_creation_race(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::DUPLICATE_OBJECT || *c == SqlState::UNIQUE_VIOLATION
+    )
 }
 
 async fn ensure_publication(
     client: &Client,
     publication: &str,
     tables: &[TableName],
+    partitioned: &BTreeSet<TableName>,
 ) -> Result<(), SourceError> {
-    let exists = client
-        .query_opt(
-            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
-            &[&publication],
-        )
-        .await
-        .map_err(|e| SourceError::from_sql("looking up the publication", e))?;
-    match exists {
+    let version = server_version_num(client).await?;
+    let flags = match publication_flags(client, publication, version).await? {
+        Some(flags) => flags,
         None => {
             let list: Vec<String> = tables.iter().map(TableName::quoted).collect();
+            // Partitions must be published under their root's name: pgoutput would otherwise
+            // name each change by its partition, which is not an outbox table.
+            let with = if version >= PUBLISH_VIA_ROOT_VERSION {
+                " WITH (publish_via_partition_root = true)"
+            } else {
+                ""
+            };
             let sql = format!(
-                "CREATE PUBLICATION {} FOR TABLE {}",
+                "CREATE PUBLICATION {} FOR TABLE {}{with}",
                 quote_ident(publication),
                 list.join(", ")
             );
-            client.batch_execute(&sql).await.map_err(|e| {
-                SourceError::from_sql(
-                    &format!("creating publication \"{publication}\" (run `{sql}` as a user that owns the tables, or grant that)"),
-                    e,
-                )
-            })?;
-            info!(publication, tables = %list.join(", "), "created publication");
-            Ok(())
-        }
-        Some(row) => {
-            let all_tables: bool = row.get(0);
-            if all_tables {
-                return Ok(());
+            match client.batch_execute(&sql).await {
+                Ok(()) => {
+                    info!(publication, tables = %list.join(", "), "created publication");
+                    return Ok(());
+                }
+                Err(e) if lost_creation_race(&e) => {
+                    info!(publication, "publication was created by another instance at the same time; checking it");
+                    publication_flags(client, publication, version)
+                        .await?
+                        .ok_or_else(|| {
+                            SourceError::Transient(format!(
+                                "publication \"{publication}\" was being created by another process and is gone again"
+                            ))
+                        })?
+                }
+                Err(e) => {
+                    return Err(SourceError::from_sql(
+                        &format!("creating publication \"{publication}\" (run `{sql}` as a user that owns the tables, or grant that)"),
+                        e,
+                    ))
+                }
             }
-            let rows = client
-                .query(
-                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1",
-                    &[&publication],
-                )
-                .await
-                .map_err(|e| SourceError::from_sql("reading the publication's tables", e))?;
-            let published: BTreeSet<TableName> = rows
-                .iter()
+        }
+    };
+    let published = if flags.all_tables {
+        None
+    } else {
+        let rows = client
+            .query(
+                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+                &[&publication],
+            )
+            .await
+            .map_err(|e| SourceError::from_sql("reading the publication's tables", e))?;
+        Some(
+            rows.iter()
                 .map(|r| TableName {
                     schema: r.get(0),
                     name: r.get(1),
                 })
-                .collect();
-            let missing: Vec<String> = tables
-                .iter()
-                .filter(|t| !published.contains(t))
-                .map(TableName::quoted)
-                .collect();
-            if missing.is_empty() {
-                Ok(())
-            } else {
-                Err(SourceError::Definite(format!(
-                    "publication \"{publication}\" does not include {}: run ALTER PUBLICATION {} ADD TABLE {}",
-                    missing.join(", "),
-                    quote_ident(publication),
-                    missing.join(", ")
-                )))
-            }
+                .collect(),
+        )
+    };
+    publication_problem(publication, flags, tables, partitioned, published.as_ref())
+        .map_or(Ok(()), |message| Err(SourceError::Definite(message)))
+}
+
+/// What is wrong with an existing publication, as a message naming the commands that fix it.
+///
+/// `published` is what `pg_publication_tables` lists (`None` for `FOR ALL TABLES`): the leaf
+/// partitions of a partitioned table when `publish_via_partition_root` is off, the table itself
+/// when it is on.
+fn publication_problem(
+    publication: &str,
+    flags: PublicationFlags,
+    tables: &[TableName],
+    partitioned: &BTreeSet<TableName>,
+    published: Option<&BTreeSet<TableName>>,
+) -> Option<String> {
+    let mut fixes = Vec::new();
+    let mut problems = Vec::new();
+    if !flags.via_root && !partitioned.is_empty() {
+        let names: Vec<String> = partitioned.iter().map(TableName::quoted).collect();
+        problems.push(format!(
+            "publishes the partitioned outbox table {} under its partitions' names (publish_via_partition_root is off), so its events could not be routed",
+            names.join(", ")
+        ));
+        fixes.push(crate::catalog::publish_via_root_fix(publication));
+    }
+    if let Some(published) = published {
+        // With publish_via_partition_root off the catalog lists the partitions of a partitioned
+        // table, not the table: its membership is only known once the first fix is made.
+        let missing: Vec<String> = tables
+            .iter()
+            .filter(|t| flags.via_root || !partitioned.contains(t))
+            .filter(|t| !published.contains(t))
+            .map(TableName::quoted)
+            .collect();
+        if !missing.is_empty() {
+            problems.push(format!("does not include {}", missing.join(", ")));
+            fixes.push(format!(
+                "ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(publication),
+                missing.join(", ")
+            ));
         }
     }
+    if problems.is_empty() {
+        None
+    } else {
+        Some(format!(
+            "publication \"{publication}\" {}: run {}",
+            problems.join(" and "),
+            fixes.join("; ")
+        ))
+    }
+}
+
+async fn read_slot(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<tokio_postgres::Row>, SourceError> {
+    client
+        .query_opt(
+            "SELECT plugin, slot_type, database, confirmed_flush_lsn::text, wal_status \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| SourceError::from_sql("looking up the replication slot", e))
 }
 
 async fn ensure_slot(
@@ -153,41 +288,59 @@ async fn ensure_slot(
     slot: &str,
     user: Option<&str>,
 ) -> Result<SlotState, SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT plugin, slot_type, database, confirmed_flush_lsn::text, wal_status \
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await
-        .map_err(|e| SourceError::from_sql("looking up the replication slot", e))?;
-    let Some(row) = row else {
-        let sql = format!(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')",
-            quote_literal(slot)
-        );
-        let created = client.query_one(&sql, &[]).await.map_err(|e| {
-            if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
-                let server = e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned());
-                return SourceError::missing_replication(user, &server);
+    let row = match read_slot(client, slot).await? {
+        Some(row) => row,
+        None => {
+            let sql = format!(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')",
+                quote_literal(slot)
+            );
+            match client.query_one(&sql, &[]).await {
+                Ok(created) => {
+                    let lsn = parse_lsn(created.get(0))?;
+                    info!(slot, %lsn, "created replication slot");
+                    return Ok(SlotState {
+                        confirmed_flush_lsn: lsn,
+                        created: true,
+                    });
+                }
+                // Another instance created it first: use it (streaming waits as a standby
+                // while that instance holds it).
+                Err(e) if lost_creation_race(&e) => {
+                    info!(slot, "replication slot was created by another instance at the same time; using it");
+                    read_slot(client, slot).await?.ok_or_else(|| {
+                        SourceError::Transient(format!(
+                            "replication slot \"{slot}\" was being created by another process and is gone again"
+                        ))
+                    })?
+                }
+                Err(e) => {
+                    if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                        let server = e
+                            .as_db_error()
+                            .map_or_else(|| e.to_string(), |db| db.message().to_owned());
+                        return Err(SourceError::missing_replication(user, &server));
+                    }
+                    return Err(SourceError::from_sql(
+                        &format!("creating replication slot \"{slot}\" (the user needs the REPLICATION attribute; max_replication_slots may be exhausted)"),
+                        e,
+                    ));
+                }
             }
-            SourceError::from_sql(
-                &format!("creating replication slot \"{slot}\" (the user needs the REPLICATION attribute; max_replication_slots may be exhausted)"),
-                e,
-            )
-        })?;
-        let lsn = parse_lsn(created.get(0))?;
-        info!(slot, %lsn, "created replication slot");
-        return Ok(SlotState {
-            confirmed_flush_lsn: lsn,
-            created: true,
-        });
+        }
     };
     let plugin: Option<String> = row.get(0);
     let slot_type: String = row.get(1);
     let database: Option<String> = row.get(2);
     let confirmed: Option<String> = row.get(3);
     let wal_status: Option<String> = row.get(4);
+    // While another process is still creating the slot, its plugin name is empty and it has no
+    // confirmed position yet: wait for it like a standby rather than judge a half-made slot.
+    if slot_type == "logical" && (plugin.as_deref() == Some("") || confirmed.is_none()) {
+        return Err(SourceError::Transient(format!(
+            "standby: replication slot \"{slot}\" is being created by another process; waiting to take over"
+        )));
+    }
     if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
         return Err(SourceError::Definite(format!(
             "replication slot \"{slot}\" is a {slot_type} slot with plugin {}; Siphon needs a logical slot using pgoutput: choose another source.slot, or drop it with SELECT pg_drop_replication_slot('{slot}') if nothing else uses it",
@@ -234,5 +387,77 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Option<L
     match row.and_then(|r| r.get::<_, Option<String>>(0)) {
         Some(text) => Ok(Some(parse_lsn(&text)?)),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> BTreeSet<TableName> {
+        list.iter()
+            .map(|n| TableName::parse(n).expect("valid name"))
+            .collect()
+    }
+
+    #[test]
+    fn a_partitioned_outbox_needs_publish_via_root_not_add_table() {
+        let tables: Vec<TableName> = names(&["outbox"]).into_iter().collect();
+        let partitioned = names(&["outbox"]);
+        let off = PublicationFlags {
+            all_tables: false,
+            via_root: false,
+        };
+        // pg_publication_tables lists the partitions when pubviaroot is off.
+        let leaves = names(&["outbox_2026_01", "outbox_2026_02"]);
+        let message =
+            publication_problem("p", off, &tables, &partitioned, Some(&leaves)).expect("a problem");
+        assert!(
+            message.contains(r#"ALTER PUBLICATION "p" SET (publish_via_partition_root = true)"#),
+            "{message}"
+        );
+        assert!(!message.contains("ADD TABLE"), "{message}");
+        // FOR ALL TABLES without pubviaroot names partitions too.
+        let all = PublicationFlags {
+            all_tables: true,
+            via_root: false,
+        };
+        assert!(publication_problem("p", all, &tables, &partitioned, None).is_some());
+        // With pubviaroot on the catalog lists the root.
+        let on = PublicationFlags {
+            all_tables: false,
+            via_root: true,
+        };
+        assert_eq!(
+            publication_problem("p", on, &tables, &partitioned, Some(&names(&["outbox"]))),
+            None
+        );
+        let message = publication_problem("p", on, &tables, &partitioned, Some(&names(&["other"])))
+            .expect("a problem");
+        assert!(
+            message.contains(r#"ADD TABLE "public"."outbox""#),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_plain_outbox_needs_only_membership() {
+        let tables: Vec<TableName> = names(&["outbox"]).into_iter().collect();
+        let off = PublicationFlags {
+            all_tables: false,
+            via_root: false,
+        };
+        let none = BTreeSet::new();
+        assert_eq!(
+            publication_problem("p", off, &tables, &none, Some(&names(&["outbox"]))),
+            None
+        );
+        let message =
+            publication_problem("p", off, &tables, &none, Some(&none)).expect("a problem");
+        assert!(
+            message.contains(r#"run ALTER PUBLICATION "p" ADD TABLE "public"."outbox""#),
+            "{message}"
+        );
+        assert!(!message.contains("publish_via_partition_root"), "{message}");
     }
 }

@@ -4,21 +4,61 @@
 //! - [`ReplicationStream::confirm`] is monotonic; the server is only told positions passed to it.
 //! - [`ReplicationStream::next`] is cancel-safe: its only await point is the receive from the
 //!   network reader's channel, so it can sit in a `select!`.
+//! - Read-ahead is bounded by bytes and by events ([`crate::read_ahead`]):
+//!   `SourceConfig::read_ahead_bytes` and `SourceConfig::buffer_events`, plus a few messages
+//!   inside pgwire-replication.
 
 use crate::assembly::{Assembler, SourceEvent};
+use crate::read_ahead::{ReadAhead, LIBRARY_BUFFER_EVENTS};
+use crate::stall::{StallWatch, Verdict};
 use crate::{ConnectionParams, SourceConfig, SourceError};
 use pgoutput::Lsn;
 use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::info;
+use tokio::sync::Mutex;
+use tracing::{debug, info};
 
 /// A running logical replication stream.
 pub struct ReplicationStream {
-    client: ReplicationClient,
+    client: ReadAhead,
     last_message: Instant,
     assembler: Assembler,
     slot: String,
     confirmed: Lsn,
+    stall: Arc<Mutex<StallWatch>>,
+}
+
+/// One stall check of the stream, to run beside the session loop (see [`crate::stall`]): it
+/// carries the stream's silence and position as they were when it was made.
+pub struct StallCheck {
+    watch: Arc<Mutex<StallWatch>>,
+    slot: String,
+    silence: Duration,
+    received: Lsn,
+}
+
+impl StallCheck {
+    /// Asks the server whether the silent stream is stalled: `Some(what was seen)` when it is,
+    /// so the session reconnects. Bounded in time (a server that does not answer is a stall).
+    pub async fn run(
+        self,
+        sql: &tokio_postgres::Client,
+        timeout: Duration,
+    ) -> Result<Option<String>, SourceError> {
+        let mut watch = self.watch.lock().await;
+        match watch
+            .check(sql, &self.slot, self.silence, timeout, self.received)
+            .await?
+        {
+            Verdict::Stalled(seen) => Ok(Some(seen.to_string())),
+            Verdict::ServerBusy(seen) | Verdict::CaughtUp(seen) => {
+                debug!(%seen, "replication stream silent, not stalled");
+                Ok(None)
+            }
+            Verdict::NotSilent => Ok(None),
+        }
+    }
 }
 
 impl ReplicationStream {
@@ -45,7 +85,7 @@ impl ReplicationStream {
         .with_ack_lsn(WireLsn::from_u64(start_lsn.0))
         .with_status_interval(config.status_interval)
         .with_wakeup_interval(config.idle_wakeup_interval)
-        .with_buffer_size(config.buffer_events)
+        .with_buffer_size(LIBRARY_BUFFER_EVENTS)
         .with_application_name(config.application_name.clone());
         let mut client = ReplicationClient::connect(wire)
             .await
@@ -56,11 +96,16 @@ impl ReplicationStream {
             .map_err(|e| SourceError::from_replication_as(&config.slot, Some(&user), e))?;
         info!(slot = %config.slot, from = %start_lsn, %sslmode, "streaming");
         Ok(ReplicationStream {
-            client,
+            client: ReadAhead::spawn(client, config.read_ahead_bytes, config.buffer_events),
             last_message: Instant::now(),
             assembler: Assembler::new(),
             slot: config.slot.clone(),
             confirmed: start_lsn,
+            // Status updates go out at least every idle wakeup (and within a status interval of
+            // a new position); twice that without one reaching the server is not chance.
+            stall: Arc::new(Mutex::new(StallWatch::new(
+                2 * config.idle_wakeup_interval + config.status_interval,
+            ))),
         })
     }
 
@@ -71,6 +116,7 @@ impl ReplicationStream {
                 .client
                 .recv()
                 .await
+                .ok_or_else(|| SourceError::Transient("the replication reader stopped".into()))?
                 .map_err(|e| SourceError::from_replication(&self.slot, e))?;
             let Some(event) = event else { return Ok(None) };
             self.last_message = Instant::now();
@@ -122,7 +168,7 @@ impl ReplicationStream {
     pub fn confirm(&mut self, lsn: Lsn) {
         if lsn > self.confirmed {
             self.confirmed = lsn;
-            self.client.update_applied_lsn(WireLsn::from_u64(lsn.0));
+            self.client.update_applied_lsn(lsn.0);
         }
     }
 
@@ -141,6 +187,16 @@ impl ReplicationStream {
         self.last_message.elapsed()
     }
 
+    /// A stall check of the stream as it is now (call it only while ready to read).
+    pub fn stall_check(&self) -> StallCheck {
+        StallCheck {
+            watch: Arc::clone(&self.stall),
+            slot: self.slot.clone(),
+            silence: self.silent_for(),
+            received: self.server_wal_end(),
+        }
+    }
+
     /// The server's WAL end as last seen on the stream.
     pub fn server_wal_end(&self) -> Lsn {
         Lsn(self.client.metrics().last_wal_end().as_u64())
@@ -148,16 +204,17 @@ impl ReplicationStream {
 
     /// Waits (up to `timeout`) until the confirmed position has been reported to the server, then
     /// ends the stream cleanly.
-    pub async fn finish(mut self, timeout: Duration) -> Result<Lsn, SourceError> {
+    pub async fn finish(self, timeout: Duration) -> Result<Lsn, SourceError> {
         let deadline = tokio::time::Instant::now() + timeout;
         while self.reported() < self.confirmed && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let reported = self.reported();
+        let slot = self.slot;
         self.client
             .shutdown()
             .await
-            .map_err(|e| SourceError::from_replication(&self.slot, e))?;
+            .map_err(|e| SourceError::from_replication(&slot, e))?;
         Ok(reported)
     }
 }

@@ -67,6 +67,9 @@ impl Now {
 pub enum Lookup {
     /// The NOT NULL columns of an outbox table (for `json-schemas` optional fields).
     NotNullColumns(Arc<Relation>),
+    /// Whether a relation that is not an outbox table is a partition of one (its changes are
+    /// then the outbox table's, never "another table's").
+    OutboxRelation(Arc<Relation>),
 }
 
 /// The answer to a [`Lookup`].
@@ -75,6 +78,11 @@ pub enum Answer {
     NotNullColumns {
         relation: Arc<Relation>,
         columns: Result<HashSet<String>, SourceError>,
+    },
+    /// `Some`: the relation renamed to the outbox table it is a partition of.
+    OutboxRelation {
+        relation: Arc<Relation>,
+        outbox: Result<Option<Relation>, SourceError>,
     },
 }
 
@@ -477,14 +485,14 @@ impl<'a> SessionCore<'a> {
             schema: relation.namespace.to_string(),
             name: relation.name.to_string(),
         };
-        if !self.settings.tables.contains(&name) {
-            debug!(table = %name, "table is published but not an outbox table; its changes are ignored");
-            self.bindings.remove(&relation.id);
-            return;
-        }
         self.awaiting_lookup = true;
-        self.actions
-            .push_back(Action::Lookup(Lookup::NotNullColumns(relation)));
+        let lookup = if self.settings.tables.contains(&name) {
+            Lookup::NotNullColumns(relation)
+        } else {
+            // Perhaps a partition of an outbox table: never skipped as another table's.
+            Lookup::OutboxRelation(relation)
+        };
+        self.actions.push_back(Action::Lookup(lookup));
     }
 
     fn on_answer(&mut self, answer: Answer) -> Result<(), PipelineError> {
@@ -500,6 +508,18 @@ impl<'a> SessionCore<'a> {
                 let binding = self.bind(router, &relation, &|column| not_null.contains(column))?;
                 self.bindings.insert(relation.id, binding);
             }
+            Answer::OutboxRelation { relation, outbox } => match outbox? {
+                Some(outbox) => {
+                    debug!(partition = %format_args!("{}.{}", relation.namespace, relation.name), table = %format_args!("{}.{}", outbox.namespace, outbox.name), "changes named by a partition are routed as its outbox table's");
+                    self.actions
+                        .push_back(Action::Lookup(Lookup::NotNullColumns(Arc::new(outbox))));
+                }
+                None => {
+                    self.awaiting_lookup = false;
+                    debug!(table = %format_args!("{}.{}", relation.namespace, relation.name), "table is published but not an outbox table; its changes are ignored");
+                    self.bindings.remove(&relation.id);
+                }
+            },
         }
         Ok(())
     }

@@ -283,20 +283,31 @@ impl Driver<'_> {
     fn spawn_lookup(&self, lookup: Lookup) {
         let sql = Arc::clone(&self.sql);
         let inputs = self.inputs_tx.clone();
+        let tables = self.settings.source.tables.clone();
+        let publication = self.settings.source.publication.clone();
         tokio::spawn(async move {
+            let timed_out = || {
+                siphon_source::SourceError::Transient(format!(
+                    "a catalog query took more than {}s",
+                    SQL_TIMEOUT.as_secs()
+                ))
+            };
             let input = match lookup {
                 Lookup::NotNullColumns(relation) => {
                     let columns =
-                        match tokio::time::timeout(SQL_TIMEOUT, sql.not_null_columns(relation.id))
+                        tokio::time::timeout(SQL_TIMEOUT, sql.not_null_columns(relation.id))
                             .await
-                        {
-                            Ok(result) => result,
-                            Err(_) => Err(siphon_source::SourceError::Transient(format!(
-                                "reading the outbox table's columns took more than {}s",
-                                SQL_TIMEOUT.as_secs()
-                            ))),
-                        };
+                            .unwrap_or_else(|_| Err(timed_out()));
                     Input::Answer(Answer::NotNullColumns { relation, columns })
+                }
+                Lookup::OutboxRelation(relation) => {
+                    let outbox = tokio::time::timeout(
+                        SQL_TIMEOUT,
+                        sql.outbox_relation_for(&relation, &tables, &publication),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()));
+                    Input::Answer(Answer::OutboxRelation { relation, outbox })
                 }
             };
             // The receiver is gone only when the session ended.
@@ -331,44 +342,35 @@ impl Driver<'_> {
         {
             return;
         }
-        // A silent stream is normal on an idle server; it is a stall only when we are ready to
-        // read and the server has WAL we have not been sent.
-        let silent = self.stream.silent_for();
-        let check_stall = self.core.can_read() && silent >= self.settings.stall_timeout;
-        let seen = self.stream.server_wal_end();
+        // A silent stream is normal on an idle server or while the server decodes WAL with no
+        // output for the slot: the server is asked whether it is a stall (only while ready to
+        // read; the check asks nothing before the stream has been silent long enough).
+        let stall_check = self.core.can_read().then(|| self.stream.stall_check());
+        let stall_timeout = self.settings.stall_timeout;
         let sql = Arc::clone(&self.sql);
         let slot = self.settings.source.slot.clone();
         let metrics = Arc::clone(&self.metrics);
         let inputs = self.inputs_tx.clone();
         self.status_probe = Some(tokio::spawn(async move {
-            let probe = async {
-                if let Ok(Some(bytes)) = sql.retained_wal_bytes(&slot).await {
-                    metrics.set_slot_retained_wal_bytes(bytes);
-                }
-                if !check_stall {
-                    return None;
-                }
-                match sql.current_wal_flush().await {
-                    Ok(flushed) if flushed > seen => Some(format!(
-                        "replication connection stalled: nothing received for {}s while the server has WAL up to {flushed} (last seen {seen})",
-                        silent.as_secs()
-                    )),
-                    Ok(_) => None,
-                    Err(e) => {
-                        debug!(error = %e, "checking the server's WAL position");
-                        None
-                    }
-                }
-            };
-            match tokio::time::timeout(SQL_TIMEOUT, probe).await {
-                Ok(Some(stall)) => {
-                    let _ = inputs.send(Input::Stalled(stall));
+            match tokio::time::timeout(TICK_INTERVAL, sql.retained_wal_bytes(&slot)).await {
+                Ok(Ok(Some(bytes))) => metrics.set_slot_retained_wal_bytes(bytes),
+                Ok(_) => {}
+                Err(_) => warn!(
+                    "the slot's retained WAL was not read within {}s; the SQL connection may be broken",
+                    TICK_INTERVAL.as_secs()
+                ),
+            }
+            let Some(check) = stall_check else { return };
+            // Bounded by the check itself: a server that does not answer it is a stall.
+            match sql.check_stall(check, stall_timeout).await {
+                Ok(Some(seen)) => {
+                    let _ = inputs.send(Input::Stalled(seen));
                 }
                 Ok(None) => {}
-                Err(_) => warn!(
-                    "the status query took more than {}s; the SQL connection may be broken",
-                    SQL_TIMEOUT.as_secs()
-                ),
+                // The session's SQL connection is broken: reconnect (the error says why).
+                Err(e) => {
+                    let _ = inputs.send(Input::SourceFailed(e.into()));
+                }
             }
         }));
     }

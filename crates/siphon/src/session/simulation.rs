@@ -458,7 +458,7 @@ fn run_seed(
         );
         w.broker.failed = false;
         w.broker.generation += 1;
-        let mut lookups: VecDeque<Arc<Relation>> = VecDeque::new();
+        let mut lookups: VecDeque<Lookup> = VecDeque::new();
         let mut stopping = false;
         loop {
             step += 1;
@@ -493,7 +493,7 @@ fn run_seed(
                         w.trace.push(format!("confirm {lsn}"));
                         w.check_confirm(lsn).map_err(|e| (e, w.trace.clone()))?;
                     }
-                    Action::Lookup(Lookup::NotNullColumns(relation)) => lookups.push_back(relation),
+                    Action::Lookup(lookup) => lookups.push_back(lookup),
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
                         w.broker.fail_all(RDKafkaErrorCode::PurgeInflight);
@@ -588,14 +588,19 @@ fn run_seed(
                     core.handle(w.now(), Input::Delivery(report));
                 }
             } else if choice < 90 && !lookups.is_empty() {
-                if let Some(relation) = lookups.pop_front() {
-                    core.handle(
-                        w.now(),
-                        Input::Answer(Answer::NotNullColumns {
-                            relation,
-                            columns: Ok(HashSet::new()),
-                        }),
-                    );
+                let answer = match lookups.pop_front() {
+                    Some(Lookup::NotNullColumns(relation)) => Some(Answer::NotNullColumns {
+                        relation,
+                        columns: Ok(HashSet::new()),
+                    }),
+                    Some(Lookup::OutboxRelation(relation)) => Some(Answer::OutboxRelation {
+                        relation,
+                        outbox: Ok(None),
+                    }),
+                    None => None,
+                };
+                if let Some(answer) = answer {
+                    core.handle(w.now(), Input::Answer(answer));
                 }
             } else if faults && choice == 90 && w.rng.chance(20) && !stopping {
                 w.trace.push("source connection lost".into());

@@ -1,0 +1,113 @@
+//! Memory stays bounded by bytes with large rows: a backlog of 512 KB outbox rows behind a
+//! broker that takes nothing does not pile up in the replication client's read-ahead. The peak
+//! RSS of the siphon process stays within the in-flight window plus a fixed overhead, and once
+//! the broker answers again every event arrives.
+
+use anyhow::{Context, Result};
+use siphon_tests::outbox::{event, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL};
+use siphon_tests::proxy::ProxiedBroker;
+use siphon_tests::{wait_until, Postgres, SiphonProcess};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// Rows of 512 KB each: 100 MB of backlog.
+const ROWS: i64 = 200;
+const ROW_BYTES: i64 = 512 * 1024;
+/// The in-flight window (`pipeline.max_in_flight_bytes`).
+const WINDOW_BYTES: u64 = 8 * 1024 * 1024;
+/// What the process may hold beyond the window: its code, runtime, librdkafka's and the SQL
+/// client's buffers (25-30 MB of RSS when idle here), the rows read ahead of the window (at
+/// most one more window: 8 MB, plus 6 rows inside the replication client: 3 MB) and the
+/// allocator's slack. Before the read-ahead was bounded by bytes, the whole 100 MB backlog was
+/// read ahead (VmHWM 132 MB).
+const FIXED_OVERHEAD_BYTES: u64 = 48 * 1024 * 1024;
+
+/// `VmRSS` and `VmHWM` of a process, in bytes.
+fn memory_of(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
+        Ok(kb * 1024)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_rows_behind_a_stopped_broker_stay_within_the_byte_window() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = ProxiedBroker::start()?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config_at(
+        &pg,
+        &broker.bootstrap(),
+        "large",
+        "\"message.timeout.ms\" = \"120000\"",
+        &format!("max_in_flight_bytes = {WINDOW_BYTES}"),
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "large").await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let pid = siphon.pid().context("siphon is not running")?;
+    let (rss_before, _) = memory_of(pid)?;
+
+    broker.proxy().pause();
+    // 200 rows of 512 KB in 20 transactions; the payload compresses in the table (TOAST), but
+    // pgoutput sends each row whole.
+    for txn in 0..20i64 {
+        client
+            .execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+                 SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
+                        'Order', 'order-' || (g % 17), 'Event', \
+                        jsonb_build_object('seq', g, 'data', repeat('x', $3::int)) \
+                 FROM generate_series($1::bigint, $2::bigint) g",
+                &[&(txn * 10 + 1), &(txn * 10 + 10), &(ROW_BYTES as i32)],
+            )
+            .await?;
+    }
+    // Long enough for the stream to read whatever it would read ahead.
+    let mut peak = 0;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        peak = peak.max(memory_of(pid)?.1);
+    }
+    let bound = WINDOW_BYTES + FIXED_OVERHEAD_BYTES;
+    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "{ROWS} rows of {} KB ({:.0} MB) behind a stopped broker: VmRSS before {:.1} MB, VmHWM {:.1} MB; \
+         bound {:.0} MB (window {:.0} MB + {:.0} MB fixed)",
+        ROW_BYTES / 1024,
+        mb((ROWS * ROW_BYTES) as u64),
+        mb(rss_before),
+        mb(peak),
+        mb(bound),
+        mb(WINDOW_BYTES),
+        mb(FIXED_OVERHEAD_BYTES)
+    );
+    assert!(
+        peak <= bound,
+        "peak RSS {:.1} MB exceeds the window plus the fixed overhead ({:.0} MB)",
+        mb(peak),
+        mb(bound)
+    );
+
+    broker.proxy().resume();
+    let expected: BTreeSet<String> = (1..=ROWS as u64).map(|s| event(s, true).id).collect();
+    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    assert!(siphon.is_running());
+    Ok(())
+}
