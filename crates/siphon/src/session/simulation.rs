@@ -720,3 +720,111 @@ fn simulation_fail_policy_stops_on_a_refused_record_without_loss() {
         }
     }
 }
+
+/// A record the producer refused to take (enqueue failed) is not waited for at shutdown: the
+/// stop is immediate, not the whole shutdown timeout later, and the record's transaction is not
+/// confirmed.
+#[test]
+fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
+    let router = Routers::new(
+        EventRouter::new(
+            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
+            Format::default(),
+        ),
+        HashMap::new(),
+    );
+    let prefixes = HashSet::new();
+    let metrics = Arc::new(Metrics::new());
+    let mut core = SessionCore::new(
+        CoreSettings {
+            router: &router,
+            message_prefixes: &prefixes,
+            non_transactional: NonTransactionalPolicy::Error,
+            on_error: &ErrorPolicy::Fail,
+            tables: [TableName {
+                schema: "public".into(),
+                name: "outbox".into(),
+            }]
+            .into_iter()
+            .collect(),
+            max_in_flight_records: WINDOW,
+            max_in_flight_bytes: usize::MAX,
+            shutdown_timeout: Duration::from_secs(30),
+        },
+        metrics,
+        Lsn(0),
+    );
+    let start = Instant::now();
+    let now = Now {
+        instant: start,
+        wall: SystemTime::now(),
+    };
+    core.handle(now, Input::Source(SourceEvent::Relation(relation())));
+    let Some(Action::Lookup(Lookup::NotNullColumns(relation))) = core.poll_action() else {
+        panic!("a lookup of the outbox table's columns");
+    };
+    core.handle(
+        now,
+        Input::Answer(Answer::NotNullColumns {
+            relation: Arc::clone(&relation),
+            columns: Ok(HashSet::new()),
+        }),
+    );
+    for event in [
+        SourceEvent::Begin {
+            xid: 1,
+            final_lsn: Lsn(100),
+            commit_time_us: 0,
+        },
+        SourceEvent::Change {
+            relation,
+            change: RowChange::Insert(row(1, 1, false)),
+            lsn: Lsn(90),
+        },
+        SourceEvent::Commit {
+            commit_lsn: Lsn(100),
+            end_lsn: Lsn(110),
+            commit_time_us: 0,
+        },
+    ] {
+        core.handle(now, Input::Source(event));
+    }
+    // The producer does not take the record, twice: the first time the producer is replaced at
+    // once and the record sent again; the second time the replacement waits (no delivery in
+    // between), with the record held.
+    for attempt in 0..2 {
+        let send = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+            Action::Send { token, record } => Some((token, record)),
+            _ => None,
+        });
+        let Some((token, record)) = send else {
+            panic!("the record is sent (attempt {attempt})");
+        };
+        core.handle(
+            now,
+            Input::SendRefused {
+                token,
+                record,
+                error: SinkError::Transient("broker unreachable".into()),
+            },
+        );
+    }
+    assert_eq!(core.held(), 1, "held while the replacement backs off");
+    core.handle(now, Input::Shutdown);
+    let mut finished = false;
+    while let Some(action) = core.poll_action() {
+        match action {
+            Action::Finish(result) => {
+                assert!(result.is_ok());
+                finished = true;
+            }
+            Action::Confirm(lsn) => panic!("confirmed {lsn} past a record never delivered"),
+            _ => {}
+        }
+    }
+    assert!(
+        finished,
+        "the stop does not wait for a record the producer never took"
+    );
+    assert_eq!(core.watermark(), Lsn(0));
+}
