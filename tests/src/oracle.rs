@@ -1,5 +1,7 @@
 //! Debezium as the oracle of the differential tests: `tests/debezium/Oracle.java` compiled with
-//! `javac` and run on the Debezium jars that `scripts/install-debezium.sh` caches.
+//! the system's `javac` and run on the Debezium jars and the Java 21 runtime that
+//! `scripts/install-debezium.sh` caches (Debezium's official 3.x images run Java 21; set
+//! `SIPHON_ORACLE_JAVA` to another `java` binary to see what another JDK prints).
 //!
 //! The oracle runs Debezium's embedded engine with its PostgreSQL connector and the outbox
 //! Event Router on a slot of its own, then applies Kafka Connect's converters and the Java
@@ -237,10 +239,10 @@ fn properties_escape(text: &str) -> String {
 }
 
 impl Oracle {
-    /// Finds the JDK, installs the Debezium jars if needed and compiles the oracle into
-    /// `target/debezium-oracle`. `Ok(None)` when Java is not installed.
+    /// Finds the JDK, installs the Debezium jars and Java 21 runtime if needed and compiles
+    /// the oracle into `target/debezium-oracle`. `Ok(None)` when no JDK is installed.
     pub fn locate() -> Result<Option<Oracle>> {
-        let (Some(java), Some(javac)) = (jdk_tool("java"), jdk_tool("javac")) else {
+        let (Some(_), Some(javac)) = (jdk_tool("java"), jdk_tool("javac")) else {
             return Ok(None);
         };
         let root = crate::workspace_root();
@@ -253,10 +255,13 @@ impl Oracle {
             String::from_utf8_lossy(&install.stderr)
         );
         let stdout = String::from_utf8(install.stdout)?;
-        let jars = stdout
-            .lines()
-            .last()
-            .context("install-debezium.sh printed no jar directory")?;
+        let lines: Vec<&str> = stdout.lines().collect();
+        let [.., jars, runtime] = lines[..] else {
+            bail!("install-debezium.sh did not print the jar directory and the java binary");
+        };
+        let java = std::env::var_os("SIPHON_ORACLE_JAVA")
+            .filter(|j| !j.is_empty())
+            .map_or_else(|| PathBuf::from(runtime), PathBuf::from);
         let classes = root.join("target/debezium-oracle");
         std::fs::create_dir_all(&classes)?;
         let jar_glob = format!("{jars}/*");
@@ -268,7 +273,7 @@ impl Oracle {
         };
         if stale {
             let out = Command::new(&javac)
-                .arg("-d")
+                .args(["--release", "17", "-d"])
                 .arg(&classes)
                 .arg("-cp")
                 .arg(&jar_glob)

@@ -15,7 +15,7 @@ use crate::json::write_json_string;
 use bytes::Bytes;
 
 /// The type of a Connect schema.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SchemaType {
     /// `boolean`
     Boolean,
@@ -40,7 +40,7 @@ pub enum SchemaType {
 }
 
 /// A Connect schema.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Schema {
     /// The type.
     pub ty: SchemaType,

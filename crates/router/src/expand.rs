@@ -11,12 +11,15 @@
 //! - number: optional int32, int64 or (big integer, double) float64;
 //! - object: an optional struct named by the dotted path from the payload column name
 //!   (`payload`, `payload.order`, …) with one field per member in document order, where
+//!   a member named `""` with a schema fails the inference (Connect refuses the name), and
 //!   members whose schema is unknown (`null`, `[]`) are left out unless
 //!   `table.json.payload.null.behavior=optional_bytes` /
 //!   `table.json.payload.empty.array.behavior=optional_string` type them;
 //! - array: an optional array of the schema of its first non-null element; object elements
-//!   are merged into one struct, fields in order of appearance; elements of different JSON
-//!   types, or numbers of different schemas, make the inference fail.
+//!   are merged into one struct, fields in order of appearance; the merge of two or more
+//!   different object schemas is a *required* struct (Debezium copies only name and version),
+//!   so a `null` element then does not fit; elements of different JSON types, or numbers of
+//!   different schemas, make the inference fail.
 //!
 //! # Outcomes
 //! Debezium logs a warning and keeps the payload unchanged when the text does not start with
@@ -387,6 +390,11 @@ impl Inference {
                         _ => name.clone(),
                     };
                     if let Some(schema) = self.schema(Some(&field_key), value)? {
+                        // Connect's `SchemaBuilder.field` refuses an empty name, which fails
+                        // the whole inference (a member without a schema is never added).
+                        if name.is_empty() {
+                            return Err(());
+                        }
                         if !fields.iter().any(|(n, _)| n == name) {
                             fields.push((name.clone(), schema));
                         }
@@ -449,7 +457,8 @@ impl Inference {
 }
 
 /// Merges two struct schemas: fields of the left in order, then new fields of the right; a
-/// left bytes field (from a `null`) gives way to a typed right one.
+/// left bytes field (from a `null`) gives way to a typed right one. The result is not
+/// optional, so a `null` element of an array whose objects differ does not fit it.
 fn merge(left: Schema, right: Schema) -> Schema {
     let SchemaType::Struct(mut fields) = left.ty else {
         return left;
@@ -469,9 +478,11 @@ fn merge(left: Schema, right: Schema) -> Schema {
             }
         }
     }
+    // Debezium rebuilds the merged schema with `SchemaUtil.copySchemaBasics`, which copies
+    // the name and version but not `optional`: a merged element schema is required.
     Schema {
         ty: SchemaType::Struct(fields),
-        optional: left.optional,
+        optional: false,
         name: left.name,
         version: left.version,
     }
@@ -486,6 +497,10 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
         ))
     };
     match (node, &schema.ty) {
+        // Connect's `Struct.put` refuses null for a required schema.
+        (Node::Null, _) if !schema.optional => {
+            Err("a JSON null is an element of an array whose objects differ, whose merged schema is required".to_owned())
+        }
         (Node::Null, _) => Ok(Value::Null),
         (Node::Str(s), SchemaType::String) => Ok(Value::Str(s.clone())),
         (Node::Bool(b), SchemaType::Boolean) => Ok(Value::Bool(*b)),
@@ -589,16 +604,50 @@ mod tests {
 
     #[test]
     fn nested_objects_and_merged_array_elements() {
-        let (schema, value) =
-            dflt(r#"{"o": {"x": 1}, "items": [{"id": 1}, {"id": 2, "q": "a"}, null]}"#);
+        // Expected bytes from Debezium 3.6.3's JsonSchemaData and JsonConverter.
+        let (schema, value) = dflt(r#"{"o": {"x": 1}, "items": [{"id": 1}, {"id": 2, "q": "a"}]}"#);
         assert_eq!(
             schema,
-            r#"{"type":"struct","fields":[{"type":"struct","fields":[{"type":"int32","optional":true,"field":"x"}],"optional":true,"name":"payload.o","field":"o"},{"type":"array","items":{"type":"struct","fields":[{"type":"int32","optional":true,"field":"id"},{"type":"string","optional":true,"field":"q"}],"optional":true,"name":"payload.items"},"optional":true,"field":"items"}],"optional":true,"name":"payload"}"#
+            r#"{"type":"struct","fields":[{"type":"struct","fields":[{"type":"int32","optional":true,"field":"x"}],"optional":true,"name":"payload.o","field":"o"},{"type":"array","items":{"type":"struct","fields":[{"type":"int32","optional":true,"field":"id"},{"type":"string","optional":true,"field":"q"}],"optional":false,"name":"payload.items"},"optional":true,"field":"items"}],"optional":true,"name":"payload"}"#
         );
         assert_eq!(
             value,
-            r#"{"o":{"x":1},"items":[{"id":1,"q":null},{"id":2,"q":"a"},null]}"#
+            r#"{"o":{"x":1},"items":[{"id":1,"q":null},{"id":2,"q":"a"}]}"#
         );
+        // Equal element schemas are not merged: the element schema stays optional.
+        let (_, value) = dflt(r#"{"items": [{"id": 1}, {"id": 1}, null]}"#);
+        assert_eq!(value, r#"{"items":[{"id":1},{"id":1},null]}"#);
+    }
+
+    // Expected bytes from Debezium 3.6.3 (differential test): the merged element struct is
+    // required, and a null element no longer fits it.
+    #[test]
+    fn merged_array_elements_are_required() {
+        let (schema, value) = dflt(r#"{"f0": [{"f1": null}, {"f1": 1.0E-4}]}"#);
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"array","items":{"type":"struct","fields":[{"type":"double","optional":true,"field":"f1"}],"optional":false,"name":"payload.f0"},"optional":true,"field":"f0"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(value, r#"{"f0":[{"f1":null},{"f1":1.0E-4}]}"#);
+        assert!(matches!(
+            expand(
+                "payload",
+                r#"{"f0": [{"a": 1}, {"b": 2}, null]}"#,
+                JsonNullBehavior::Ignore,
+                JsonEmptyArrayBehavior::Ignore
+            ),
+            Expansion::Broken { .. }
+        ));
+    }
+
+    #[test]
+    fn empty_member_name_without_a_schema_is_left_out() {
+        let (schema, value) = dflt(r#"{"": null, "a": {"": []}}"#);
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"struct","fields":[],"optional":true,"name":"payload.a","field":"a"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(value, r#"{"a":{}}"#);
     }
 
     #[test]
@@ -623,6 +672,11 @@ mod tests {
             "{\"a\":[null]}",
             "{\"a\":\"\\ud800\"}",
             "{\"a\":\"\u{1}\"}",
+            // Expected from Debezium 3.6.3 (differential test): an empty member name with a
+            // schema leaves the payload as it is.
+            "{\"\": 1}",
+            "{\"a\": {\"\": \"x\"}}",
+            "{\"a\": [{\"\": true}]}",
         ] {
             assert_eq!(
                 expand("payload", text, n, a),

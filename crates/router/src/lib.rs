@@ -24,6 +24,7 @@
 //! - [`javanum`]: floating-point numbers printed as Java prints them.
 //! - [`topic`]: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
 //! - [`partition`]: Kafka's murmur2 key partitioning.
+//! - [`schema_cache`]: the envelope schema Debezium builds once and reuses, name included.
 //! - [`error`]: configuration and routing errors, each naming the fix.
 //!
 //! # Invariants
@@ -43,9 +44,6 @@
 //!   table is bound; Debezium fails on the first event.
 //! - A `timestamptz` event timestamp column is read; Debezium fails on it (its schema is a
 //!   string), and reads `timestamp` columns only.
-//! - Where Debezium caches the envelope's value schema by payload schema (naming it after
-//!   whichever routing value came first), each record's schema is named after its own
-//!   routing value.
 //! - Expanded arrays of objects whose elements differ merge their fields in order of
 //!   appearance; Debezium merges them in hash-set order, which varies between runs.
 
@@ -59,6 +57,7 @@ pub mod json;
 pub mod options;
 pub mod partition;
 pub mod route;
+pub mod schema_cache;
 pub mod timestamp;
 pub mod topic;
 

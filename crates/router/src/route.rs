@@ -29,6 +29,7 @@ use crate::encode::{decode_bytea, to_json, to_string, BadValue, ValueKind};
 use crate::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::expand::{expand, Expansion};
 use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
+use crate::schema_cache::{CachedEnvelope, EnvelopeSchemas};
 use crate::timestamp::{record_timestamp_ms, TimestampError};
 use crate::topic::check_topic_name;
 use bytes::Bytes;
@@ -178,6 +179,8 @@ pub struct EventRouter {
     format: Format,
     id_header: Arc<str>,
     context_headers: Vec<Header>,
+    /// Envelope schema names as Debezium caches them; shared by clones.
+    envelope_schemas: EnvelopeSchemas,
 }
 
 impl EventRouter {
@@ -189,6 +192,7 @@ impl EventRouter {
             format,
             id_header: Arc::from(ID_HEADER),
             context_headers: Vec::new(),
+            envelope_schemas: EnvelopeSchemas::default(),
         }
     }
 
@@ -504,7 +508,20 @@ impl EventRouter {
                 }
             },
         };
-        let name = envelope_schema_name(&binding.row_schema_name, routed_value);
+        // Debezium builds the envelope schema once per payload schema (or per version) and
+        // reuses it, name included: the first record's routing value names it.
+        let name = match self.envelope_schemas.name(&fields[0].1, version, || {
+            envelope_schema_name(&binding.row_schema_name, routed_value)
+        }) {
+            CachedEnvelope::Name(name) => name,
+            CachedEnvelope::Mismatch => {
+                return Err(RouteError::EnvelopeVersionMismatch {
+                    table: binding.table().to_owned(),
+                    column: column.name.to_string(),
+                    version: version.unwrap_or_default(),
+                })
+            }
+        };
         let schema = Schema {
             ty: SchemaType::Struct(fields),
             optional: false,

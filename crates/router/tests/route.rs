@@ -211,7 +211,9 @@ fn payload_escaping_is_jacksons() {
         ("unit\u{1f}sep\u{0}", br#""unit\u001Fsep\u0000""#),
         ("del\u{7f}/slash", b"\"del\x7f/slash\""),
         ("café 日本 \u{2028}", "\"café 日本 \u{2028}\"".as_bytes()),
-        ("🎉", b"\"\xf0\x9f\x8e\x89\""),
+        // Jackson writes a character above U+FFFF as its two surrogates, escaped (bytes
+        // taken from Debezium 3.6.3's JsonConverter in the differential test).
+        ("🎉", br#""\uD83C\uDF89""#),
     ];
     for (payload, expected) in cases {
         let rec = record(&r, &binding, &outbox_row(t("Order"), t("1"), t(payload)));
