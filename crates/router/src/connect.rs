@@ -11,7 +11,7 @@
 //! - [`write_json`] of a value that fits its schema is one valid JSON value.
 
 use crate::javanum::{java_double, java_float};
-use crate::json::write_json_string;
+use crate::json::{java_utf8, write_json_string, write_json_utf16};
 use bytes::Bytes;
 
 /// The type of a Connect schema.
@@ -86,6 +86,9 @@ pub enum Value {
     Float64(f64),
     /// A string.
     Str(String),
+    /// A Java string that holds an unpaired surrogate, as UTF-16 code units (only from an
+    /// expanded payload: JSON text can escape one, UTF-8 cannot hold one).
+    JavaStr(Vec<u16>),
     /// Bytes (base64 in JSON).
     Bytes(Bytes),
     /// An array.
@@ -161,6 +164,7 @@ pub fn write_json(out: &mut Vec<u8>, value: &Value, schema: Option<&Schema>) {
         Value::Float32(f) => write_float(out, java_float(*f)),
         Value::Float64(f) => write_float(out, java_double(*f)),
         Value::Str(s) => write_json_string(out, s),
+        Value::JavaStr(units) => write_json_utf16(out, units),
         Value::Bytes(b) => {
             out.push(b'"');
             base64(out, b);
@@ -253,6 +257,7 @@ fn write_java_text(
         Value::Float32(f) => out.extend_from_slice(java_float(*f).text.as_bytes()),
         Value::Float64(f) => out.extend_from_slice(java_double(*f).text.as_bytes()),
         Value::Str(s) => out.extend_from_slice(s.as_bytes()),
+        Value::JavaStr(units) => out.extend_from_slice(&java_utf8(units)),
         Value::Bytes(_) => return Err(BytesHaveNoText),
         Value::Array(items) => {
             // java.util.AbstractCollection.toString

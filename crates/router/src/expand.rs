@@ -4,7 +4,10 @@
 //! Parsing follows Jackson's defaults (`ObjectMapper.readTree`): strict JSON, numbers typed as
 //! int when they fit 32 bits, long when they fit 64 bits, a big integer beyond that and a
 //! double when they have a fraction or exponent; a repeated object key keeps its first
-//! position and its last value; anything after the first value is not read.
+//! position and its last value; anything after the first value is not read. Strings are Java
+//! strings: a `\uD800`-style escape of an unpaired surrogate is kept (as UTF-16 code units),
+//! and written back as Jackson writes it; a member *name* holding one is refused
+//! ([`Expansion::Unsupported`]).
 //!
 //! Schema inference:
 //! - string, boolean: optional string, optional boolean;
@@ -48,6 +51,8 @@ enum Node {
     BigInt,
     Double(f64),
     Str(String),
+    /// A string holding an unpaired surrogate (`"\ud800"`), as Java's UTF-16 code units.
+    JavaStr(Vec<u16>),
     Array(Vec<Node>),
     Object(Vec<(String, Node)>),
 }
@@ -63,6 +68,11 @@ pub enum Expansion {
         schema: Schema,
         /// The value.
         value: Value,
+    },
+    /// Debezium expands the payload, but Siphon cannot write what it makes of it.
+    Unsupported {
+        /// Why.
+        reason: String,
     },
     /// The schema was replaced (by this one, or by none) but the value stayed the string.
     Broken {
@@ -86,10 +96,16 @@ pub fn expand(
     let mut parser = Parser {
         bytes: text.as_bytes(),
         pos: 0,
+        unpaired_surrogate_in_name: false,
     };
     let Some(node) = parser.value(0) else {
         return Expansion::Unchanged;
     };
+    if parser.unpaired_surrogate_in_name {
+        return Expansion::Unsupported {
+            reason: "a member name holds an unpaired surrogate (a \\uD800-style escape), which Siphon does not write as a field name".to_owned(),
+        };
+    }
     let inference = Inference {
         null_behavior,
         empty_array,
@@ -119,6 +135,50 @@ pub fn expand(
 struct Parser<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// A member name held an unpaired surrogate.
+    unpaired_surrogate_in_name: bool,
+}
+
+/// A JSON string as Jackson reads it into a Java string: UTF-8 text until an unpaired
+/// surrogate shows up, UTF-16 code units from then on.
+enum Text {
+    Utf8(String),
+    Utf16(Vec<u16>),
+}
+
+impl Text {
+    fn push_str(&mut self, s: &str) {
+        match self {
+            Text::Utf8(out) => out.push_str(s),
+            Text::Utf16(units) => units.extend(s.encode_utf16()),
+        }
+    }
+
+    fn push(&mut self, c: char) {
+        match self {
+            Text::Utf8(out) => out.push(c),
+            Text::Utf16(units) => {
+                let mut buf = [0u16; 2];
+                units.extend_from_slice(c.encode_utf16(&mut buf));
+            }
+        }
+    }
+
+    fn push_unpaired(&mut self, unit: u16) {
+        if let Text::Utf8(out) = self {
+            *self = Text::Utf16(out.encode_utf16().collect());
+        }
+        if let Text::Utf16(units) = self {
+            units.push(unit);
+        }
+    }
+
+    fn into_node(self) -> Node {
+        match self {
+            Text::Utf8(s) => Node::Str(s),
+            Text::Utf16(units) => Node::JavaStr(units),
+        }
+    }
 }
 
 impl Parser<'_> {
@@ -164,7 +224,13 @@ impl Parser<'_> {
                     if self.peek() != Some(b'"') {
                         return None;
                     }
-                    let key = self.string()?;
+                    let key = match self.string()? {
+                        Text::Utf8(key) => key,
+                        Text::Utf16(units) => {
+                            self.unpaired_surrogate_in_name = true;
+                            String::from_utf16_lossy(&units)
+                        }
+                    };
                     self.skip_ws();
                     if self.peek() != Some(b':') {
                         return None;
@@ -207,7 +273,7 @@ impl Parser<'_> {
                     }
                 }
             }
-            b'"' => self.string().map(Node::Str),
+            b'"' => self.string().map(Text::into_node),
             b't' => self.literal(b"true").map(|()| Node::Bool(true)),
             b'f' => self.literal(b"false").map(|()| Node::Bool(false)),
             b'n' => self.literal(b"null").map(|()| Node::Null),
@@ -278,10 +344,22 @@ impl Parser<'_> {
         u32::from_str_radix(text, 16).ok()
     }
 
-    fn string(&mut self) -> Option<String> {
+    /// The 4 hex digits of a `\uXXXX` escape starting at `at`, without moving.
+    fn escaped_unit_at(&self, at: usize) -> Option<u32> {
+        if self.bytes.get(at..at + 2) != Some(b"\\u") {
+            return None;
+        }
+        let digits = std::str::from_utf8(self.bytes.get(at + 2..at + 6)?).ok()?;
+        if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(digits, 16).ok()
+    }
+
+    fn string(&mut self) -> Option<Text> {
         // At the opening quote.
         self.pos += 1;
-        let mut out = String::new();
+        let mut out = Text::Utf8(String::new());
         loop {
             let run_start = self.pos;
             while let Some(&b) = self.bytes.get(self.pos) {
@@ -311,22 +389,23 @@ impl Parser<'_> {
                         b't' => out.push('\t'),
                         b'u' => {
                             let first = self.hex4()?;
-                            let code = if (0xD800..0xDC00).contains(&first) {
-                                // A high surrogate must be followed by an escaped low one.
-                                if self.bytes.get(self.pos..self.pos + 2) != Some(b"\\u") {
-                                    return None;
+                            // Jackson builds a Java string unit by unit: a surrogate escape
+                            // need not be paired.
+                            if (0xD800..0xDC00).contains(&first) {
+                                match self.escaped_unit_at(self.pos) {
+                                    Some(second) if (0xDC00..0xE000).contains(&second) => {
+                                        self.pos += 6;
+                                        let code =
+                                            0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00);
+                                        out.push(char::from_u32(code)?);
+                                    }
+                                    _ => out.push_unpaired(u16::try_from(first).ok()?),
                                 }
-                                self.pos += 2;
-                                let second = self.hex4()?;
-                                if !(0xDC00..0xE000).contains(&second) {
-                                    return None;
-                                }
-                                0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00)
+                            } else if (0xDC00..0xE000).contains(&first) {
+                                out.push_unpaired(u16::try_from(first).ok()?);
                             } else {
-                                first
-                            };
-                            // A lone low surrogate cannot be written back as UTF-8.
-                            out.push(char::from_u32(code)?);
+                                out.push(char::from_u32(first)?);
+                            }
                         }
                         _ => return None,
                     }
@@ -344,7 +423,7 @@ fn node_type(node: &Node) -> u8 {
         Node::Null => 0,
         Node::Bool(_) => 1,
         Node::Int(_) | Node::Long(_) | Node::BigInt | Node::Double(_) => 2,
-        Node::Str(_) => 3,
+        Node::Str(_) | Node::JavaStr(_) => 3,
         Node::Array(_) => 4,
         Node::Object(_) => 5,
     }
@@ -363,7 +442,7 @@ impl Inference {
     /// `Ok(None)`: no schema (the member is left out); `Err`: inference fails.
     fn schema(&self, key: Option<&str>, node: &Node) -> Result<Option<Schema>, ()> {
         Ok(match node {
-            Node::Str(_) => Some(optional(SchemaType::String)),
+            Node::Str(_) | Node::JavaStr(_) => Some(optional(SchemaType::String)),
             Node::Bool(_) => Some(optional(SchemaType::Boolean)),
             Node::Int(_) => Some(optional(SchemaType::Int32)),
             Node::Long(_) => Some(optional(SchemaType::Int64)),
@@ -503,6 +582,7 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
         }
         (Node::Null, _) => Ok(Value::Null),
         (Node::Str(s), SchemaType::String) => Ok(Value::Str(s.clone())),
+        (Node::JavaStr(units), SchemaType::String) => Ok(Value::JavaStr(units.clone())),
         (Node::Bool(b), SchemaType::Boolean) => Ok(Value::Bool(*b)),
         (Node::Int(i), SchemaType::Int32) => Ok(Value::Int(i64::from(*i))),
         (Node::Long(l), SchemaType::Int64) => Ok(Value::Int(*l)),
@@ -526,7 +606,7 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
             )
             .collect::<Result<Vec<_>, _>>()
             .map(Value::Struct),
-        (Node::Str(_), _) => mismatch("string"),
+        (Node::Str(_) | Node::JavaStr(_), _) => mismatch("string"),
         (Node::Bool(_), _) => mismatch("boolean"),
         (Node::Int(_) | Node::Long(_) | Node::Double(_), _) => mismatch("number"),
         (Node::Array(_), _) => mismatch("array"),
@@ -670,7 +750,6 @@ mod tests {
             "{\"a\":[1,\"x\"]}",
             "{\"a\":[1,3000000000]}",
             "{\"a\":[null]}",
-            "{\"a\":\"\\ud800\"}",
             "{\"a\":\"\u{1}\"}",
             // Expected from Debezium 3.6.3 (differential test): an empty member name with a
             // schema leaves the payload as it is.
@@ -708,6 +787,30 @@ mod tests {
                 schema: Some(_),
                 ..
             }
+        ));
+    }
+
+    // Expected bytes from Debezium 3.6.3 (differential test): Jackson reads unpaired
+    // surrogate escapes into the Java string; JsonConverter escapes them again.
+    #[test]
+    fn unpaired_surrogates_are_kept() {
+        let (schema, value) = dflt(r#"{"a": "x\uDC00y", "b": "\udfff\ud800", "c": "\ud83d\ude00", "d": "\udbff\u0041"}"#);
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"string","optional":true,"field":"a"},{"type":"string","optional":true,"field":"b"},{"type":"string","optional":true,"field":"c"},{"type":"string","optional":true,"field":"d"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(
+            value,
+            r#"{"a":"x\uDC00y","b":"\uDFFF\uD800","c":"\uD83D\uDE00","d":"\uDBFFA"}"#
+        );
+        assert!(matches!(
+            expand(
+                "payload",
+                r#"{"\ud800": 1}"#,
+                JsonNullBehavior::Ignore,
+                JsonEmptyArrayBehavior::Ignore
+            ),
+            Expansion::Unsupported { .. }
         ));
     }
 

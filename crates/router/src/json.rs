@@ -118,6 +118,40 @@ pub fn write_json_string(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
 }
 
+/// Appends a Java string given as UTF-16 code units (unpaired surrogates allowed) to `out` as
+/// a JSON string literal, quotes included: every surrogate, paired or not, as a `\uXXXX`
+/// escape, the other units as [`write_json_string`] writes them.
+pub fn write_json_utf16(out: &mut Vec<u8>, units: &[u16]) {
+    out.push(b'"');
+    let mut buf = [0u8; 4];
+    for &unit in units {
+        if (0xD800..0xE000).contains(&unit) {
+            // Jackson escapes each surrogate unit on its own (see the module docs).
+            push_unit(out, unit);
+            continue;
+        }
+        // A unit outside the surrogate range is a character of the BMP.
+        let c = char::from_u32(u32::from(unit)).unwrap_or(char::REPLACEMENT_CHARACTER);
+        let bytes = c.encode_utf8(&mut buf).as_bytes();
+        match ESCAPES[usize::from(bytes[0])] {
+            0 => out.extend_from_slice(bytes),
+            UNICODE => push_unit(out, unit),
+            escape => out.extend_from_slice(&[b'\\', escape]),
+        }
+    }
+    out.push(b'"');
+}
+
+/// The UTF-8 bytes Java's `String.getBytes(UTF_8)` gives for UTF-16 `units`: an unpaired
+/// surrogate becomes `?`.
+pub fn java_utf8(units: &[u16]) -> Vec<u8> {
+    // Java's UTF-8 encoder replaces malformed input with '?'.
+    let text: String = char::decode_utf16(units.iter().copied())
+        .map(|r| r.unwrap_or('?'))
+        .collect();
+    text.into_bytes()
+}
+
 /// `text` as a JSON string literal, quotes included.
 pub fn json_string(text: &str) -> Vec<u8> {
     let mut out = Vec::new();
@@ -211,6 +245,22 @@ mod tests {
         let mut out = b"x".to_vec();
         write_json_string(&mut out, "y\"");
         assert_eq!(out, b"x\"y\\\"\"");
+    }
+
+    // Expected bytes from Debezium 3.6.3 (differential test): JsonConverter escapes unpaired
+    // surrogates; StringConverter's UTF-8 encoder turns them into '?'.
+    #[test]
+    fn unpaired_surrogates() {
+        let units: Vec<u16> = vec![0x78, 0xDC00, 0x79];
+        let mut out = Vec::new();
+        write_json_utf16(&mut out, &units);
+        assert_eq!(out, br#""x\uDC00y""#);
+        let mut out = Vec::new();
+        write_json_utf16(&mut out, &[0xDFFF, 0xD800, 0x22, 0x1, 0xE9, 0xD83D, 0xDE00]);
+        assert_eq!(out, "\"\\uDFFF\\uD800\\\"\\u0001é\\uD83D\\uDE00\"".as_bytes());
+        assert_eq!(java_utf8(&[0x78, 0xDC00, 0x79]), b"x?y");
+        assert_eq!(java_utf8(&[0xDFFF, 0xD800]), b"??");
+        assert_eq!(java_utf8(&[0xD83D, 0xDE00]), "😀".as_bytes());
     }
 
     proptest! {

@@ -443,12 +443,22 @@ impl EventRouter {
         // characters up to U+0020.
         let empty = match (&payload, &expansion) {
             (None, _) => true,
-            (Some((_, text)), Expansion::Unchanged | Expansion::Broken { .. }) => {
+            (
+                Some((_, text)),
+                Expansion::Unchanged | Expansion::Broken { .. } | Expansion::Unsupported { .. },
+            ) => {
                 column.kind == ValueKind::Text && text.chars().all(|c| c <= ' ')
             }
             _ => false,
         };
 
+        if let Expansion::Unsupported { reason } = &expansion {
+            return Err(RouteError::JsonExpansion {
+                table: binding.table().to_owned(),
+                column: column.name.to_string(),
+                reason: reason.clone(),
+            });
+        }
         if let Expansion::Broken { schema, reason } = &expansion {
             let text = payload.map(|(_, t)| t).unwrap_or_default();
             let fail = || RouteError::JsonExpansion {
