@@ -113,7 +113,8 @@ fn hostile_string(rng: &mut Rng, max_pieces: usize) -> String {
         return s;
     }
     for _ in 0..=rng.below(max_pieces) {
-        s.push_str(*rng.pick(PIECES));
+        let piece: &&str = rng.pick(PIECES);
+        s.push_str(piece);
     }
     s
 }

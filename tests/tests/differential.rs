@@ -67,7 +67,6 @@ fn variants() -> Vec<Variant> {
             router: vec![
                 ("table.expand.json.payload", "true"),
                 ("table.json.payload.null.behavior", "optional_bytes"),
-                ("table.json.payload.empty.array.behavior", "optional_string"),
             ],
         },
         Variant {

@@ -794,7 +794,9 @@ mod tests {
     // surrogate escapes into the Java string; JsonConverter escapes them again.
     #[test]
     fn unpaired_surrogates_are_kept() {
-        let (schema, value) = dflt(r#"{"a": "x\uDC00y", "b": "\udfff\ud800", "c": "\ud83d\ude00", "d": "\udbff\u0041"}"#);
+        let (schema, value) = dflt(
+            r#"{"a": "x\uDC00y", "b": "\udfff\ud800", "c": "\ud83d\ude00", "d": "\udbff\u0041"}"#,
+        );
         assert_eq!(
             schema,
             r#"{"type":"struct","fields":[{"type":"string","optional":true,"field":"a"},{"type":"string","optional":true,"field":"b"},{"type":"string","optional":true,"field":"c"},{"type":"string","optional":true,"field":"d"}],"optional":true,"name":"payload"}"#

@@ -257,7 +257,10 @@ mod tests {
         assert_eq!(out, br#""x\uDC00y""#);
         let mut out = Vec::new();
         write_json_utf16(&mut out, &[0xDFFF, 0xD800, 0x22, 0x1, 0xE9, 0xD83D, 0xDE00]);
-        assert_eq!(out, "\"\\uDFFF\\uD800\\\"\\u0001é\\uD83D\\uDE00\"".as_bytes());
+        assert_eq!(
+            out,
+            "\"\\uDFFF\\uD800\\\"\\u0001é\\uD83D\\uDE00\"".as_bytes()
+        );
         assert_eq!(java_utf8(&[0x78, 0xDC00, 0x79]), b"x?y");
         assert_eq!(java_utf8(&[0xDFFF, 0xD800]), b"??");
         assert_eq!(java_utf8(&[0xD83D, 0xDE00]), "😀".as_bytes());

@@ -446,9 +446,7 @@ impl EventRouter {
             (
                 Some((_, text)),
                 Expansion::Unchanged | Expansion::Broken { .. } | Expansion::Unsupported { .. },
-            ) => {
-                column.kind == ValueKind::Text && text.chars().all(|c| c <= ' ')
-            }
+            ) => column.kind == ValueKind::Text && text.chars().all(|c| c <= ' '),
             _ => false,
         };
 
@@ -467,6 +465,15 @@ impl EventRouter {
                 reason: reason.clone(),
             };
             if has_envelope {
+                // Debezium builds (and caches) the envelope schema for the inferred payload
+                // schema before putting the string into it fails: later records of that
+                // payload schema get this record's name.
+                if let Some(schema) = schema {
+                    let version = self.schema_version(binding, row)?;
+                    let _ = self.envelope_schemas.name(schema, version, || {
+                        envelope_schema_name(&binding.row_schema_name, routed_value)
+                    });
+                }
                 return Err(fail());
             }
             // The schema was replaced but the value is still the string: only a converter
@@ -509,15 +516,7 @@ impl EventRouter {
             fields.push((extra.alias.to_string(), extra.column.schema()));
             values.push(column_value(binding, &extra.column, row)?);
         }
-        let version = match &binding.schema_version {
-            None => None,
-            Some(v) => match cell(binding, v, row)? {
-                None => None,
-                Some((raw, text)) => {
-                    Some(text.parse::<i32>().map_err(|_| invalid(binding, v, raw))?)
-                }
-            },
-        };
+        let version = self.schema_version(binding, row)?;
         // Debezium builds the envelope schema once per payload schema (or per version) and
         // reuses it, name included: the first record's routing value names it.
         let name = match self.envelope_schemas.name(&fields[0].1, version, || {
@@ -539,6 +538,26 @@ impl EventRouter {
             version,
         };
         Ok(write_value(&Value::Struct(values), &schema, encoding))
+    }
+}
+
+impl EventRouter {
+    /// The `table.field.event.schema.version` column's value, if configured and not NULL.
+    fn schema_version(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+    ) -> Result<Option<i32>, RouteError> {
+        let Some(v) = &binding.schema_version else {
+            return Ok(None);
+        };
+        match cell(binding, v, row)? {
+            None => Ok(None),
+            Some((raw, text)) => text
+                .parse::<i32>()
+                .map(Some)
+                .map_err(|_| invalid(binding, v, raw)),
+        }
     }
 }
 

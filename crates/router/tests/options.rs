@@ -368,6 +368,143 @@ fn schema_version_applies_to_the_envelope_schema() {
     assert_eq!(o.warnings().len(), 1);
 }
 
+/// The name of a json-schemas envelope, from the record's value.
+fn envelope_name(rec: &RoutedRecord) -> String {
+    let value: serde_json::Value =
+        match serde_json::from_slice(rec.value.as_deref().unwrap_or_default()) {
+            Ok(v) => v,
+            Err(e) => panic!("{e}"),
+        };
+    value["schema"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn route_with(r: &EventRouter, row: Row) -> Result<Routed, RouteError> {
+    let b = bind(r, &table());
+    r.route(&b, Change::Insert(&row.tuple()))
+}
+
+fn record_of(routed: Result<Routed, RouteError>) -> RoutedRecord {
+    match routed {
+        Ok(Routed::Record(rec)) => rec,
+        other => panic!("expected a record, got {other:?}"),
+    }
+}
+
+// Debezium 3.6.3 names the envelope schema after the first record of a payload schema and
+// reuses it (differential test, variant "schemas": later Customer records carry
+// `dbz.public.outbox.Order.Value`).
+#[test]
+fn envelope_schema_name_is_the_first_records_per_payload_schema() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let order = record_of(route_with(&r, Row::default()));
+    assert_eq!(envelope_name(&order), "dbz.public.outbox.Order.Value");
+    let customer = Row {
+        aggregatetype: t("Customer"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, customer))),
+        "dbz.public.outbox.Order.Value",
+        "same payload schema: the cached name"
+    );
+    let other_shape = Row {
+        aggregatetype: t("Customer"),
+        payload: t(r#"{"other": true}"#),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, other_shape))),
+        "dbz.public.outbox.Customer.Value",
+        "another payload schema: a new name"
+    );
+    // A clone of the router shares the cache, as one Debezium task does.
+    let clone = r.clone();
+    let invoice = Row {
+        aggregatetype: t("Invoice"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&clone, invoice))),
+        "dbz.public.outbox.Order.Value"
+    );
+    // A new router starts empty, as a restarted task does.
+    let fresh = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let invoice = Row {
+        aggregatetype: t("Invoice"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&fresh, invoice))),
+        "dbz.public.outbox.Invoice.Value"
+    );
+}
+
+// A payload whose expansion Debezium cannot finish still caches the envelope schema of its
+// inferred payload schema (differential test, variant "expenvelope").
+#[test]
+fn failed_expansion_still_names_the_envelope_schema() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let broken = Row {
+        aggregatetype: t("Order"),
+        payload: t(r#"{"n": [{"a": 1}, {"b": 2}, null]}"#),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_with(&r, broken),
+        Err(RouteError::JsonExpansion { .. })
+    ));
+    let fits = Row {
+        aggregatetype: t("Customer"),
+        payload: t(r#"{"n": [{"a": 1}, {"b": 2}]}"#),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, fits))),
+        "dbz.public.outbox.Order.Value"
+    );
+}
+
+#[test]
+fn versioned_envelope_schema_is_cached_per_version() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("table.field.event.schema.version", "version"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    record_of(route_with(&r, Row::default()));
+    let customer = Row {
+        aggregatetype: t("Customer"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, customer))),
+        "dbz.public.outbox.Order.Value"
+    );
+    let other_shape = Row {
+        payload: t(r#"{"other": true}"#),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_with(&r, other_shape),
+        Err(RouteError::EnvelopeVersionMismatch { version: 7, .. })
+    ));
+}
+
 #[test]
 fn partition_placement() {
     let rec = route(
