@@ -74,8 +74,8 @@ pub struct OracleRun {
     pub publication: String,
     /// `schema.table` to capture.
     pub table: String,
-    /// The Event Router's options (without the `transforms.outbox.` prefix), `topic.prefix`
-    /// included (it is a connector option: it is passed to both).
+    /// The Event Router's options (without the `transforms.outbox.` prefix), with the
+    /// connector options Siphon keeps beside them (`topic.prefix`, `extended.headers.enabled`).
     pub router: BTreeMap<String, String>,
     pub key: Converter,
     pub value: Converter,
@@ -327,7 +327,8 @@ impl Oracle {
             set("oracle.expected", &run.expected.to_string());
             set("oracle.partitions", &run.partitions.to_string());
             for (k, v) in &run.router {
-                if k == "topic.prefix" {
+                // Connector options Siphon reads from its router section.
+                if k == "topic.prefix" || k == "extended.headers.enabled" {
                     p.insert(k.clone(), v.clone());
                 } else {
                     p.insert(format!("transforms.outbox.{k}"), v.clone());

@@ -43,6 +43,29 @@ fn variants() -> Vec<Variant> {
             )],
         },
         Variant {
+            name: "keyfield",
+            key: Converter::String,
+            value: Converter::JsonSchemas,
+            router: vec![
+                ("table.field.event.key", "type"),
+                ("extended.headers.enabled", "false"),
+                ("route.tombstone.on.empty.payload", "true"),
+                (
+                    "table.fields.additional.placement",
+                    "tenant:header:t,type:envelope:kind",
+                ),
+            ],
+        },
+        Variant {
+            name: "regex",
+            key: Converter::Json,
+            value: Converter::String,
+            router: vec![
+                ("route.topic.regex", "(?<routedByValue>[A-Z])(.*)"),
+                ("route.tombstone.on.empty.payload", "true"),
+            ],
+        },
+        Variant {
             name: "expjson",
             key: Converter::String,
             value: Converter::Json,
