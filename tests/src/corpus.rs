@@ -14,6 +14,9 @@
 //! - payloads `table.expand.json.payload` leaves as strings: an empty member name, mixed
 //!   arrays, top-level arrays and scalars, blank text.
 //!
+//! Left out on purpose: arrays of objects whose shapes do not extend one another, where
+//! Debezium's merged schema depends on the JVM run (see `docs/migrating-from-debezium.md`).
+//!
 //! # Invariants
 //! - [`generate`] is a pure function of its seed and size: the same arguments give the same
 //!   rows on every machine.
@@ -252,10 +255,27 @@ fn json_value(rng: &mut Rng, depth: usize, lone_surrogates: bool) -> String {
                 .map(|_| match if same { first } else { rng.below(3) } {
                     0 => json_string(rng, "e😀"),
                     1 => (*rng.pick(&["1", "2", "-7"])).to_owned(),
-                    _ => json_object(rng, depth + 1, lone_surrogates),
+                    _ => array_element_object(rng),
                 })
                 .collect();
             format!("[{}]", items.join(", "))
+        }
+    }
+}
+
+/// An object for an array of objects. Debezium merges the schemas of differing elements in
+/// an order that changes from one JVM to the next (a hash set of schemas whose hash codes
+/// include an enum's identity hash), so the shapes here only ever extend one another
+/// (`{"id"}`, `{"id", "q"}`), where every merge order gives the same schema.
+fn array_element_object(rng: &mut Rng) -> String {
+    let id = rng.below(100);
+    match rng.below(4) {
+        0 => format!("{{\"id\": {id}}}"),
+        1 => "{}".to_owned(),
+        2 => format!("{{\"id\": {id}, \"q\": null}}"),
+        _ => {
+            let q = hostile_string(rng, 2);
+            format!("{{\"id\": {id}, \"q\": {}}}", json_string(rng, &q))
         }
     }
 }

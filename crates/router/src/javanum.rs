@@ -15,10 +15,12 @@
 //!   that still reads back as the number, if it is closer (`4.9E-324` rather than `5.0E-324`).
 //!
 //! # Edge cases
+//! - Debezium's official 3.x container images run Java 21, and the differential test runs its
+//!   oracle on Java 21: this module follows Java 19 and later.
 //! - Java 17 and earlier used an older algorithm that sometimes printed more digits than
-//!   needed (JDK-4511638) and did not apply the two-digit rule above. A Kafka Connect worker
-//!   on such a JDK can differ from this module in those rare cases; this module follows the
-//!   Java 19+ specification.
+//!   needed (JDK-4511638): `8.41E21` as `8.409999999999999E21`, `1.0E23` as
+//!   `9.999999999999999E22` (both seen from Debezium 3.6.3 on OpenJDK 17.0.15). A Kafka
+//!   Connect worker on such a JDK differs from this module for those numbers.
 //! - Jackson writes non-finite numbers as JSON strings (`"NaN"`, `"Infinity"`); [`FloatText`]
 //!   says whether a value is finite so the JSON encoder can quote it.
 //!
