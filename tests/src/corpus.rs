@@ -27,7 +27,9 @@
 use std::fmt::Write as _;
 
 /// The outbox table of the differential tests: Debezium's outbox shape plus a header column,
-/// an envelope column and an event timestamp.
+/// an envelope column, an event timestamp, a partition and a schema version, and the payload
+/// three ways: as `json` (kept as written), as `jsonb` (PostgreSQL's normalized text, NULL
+/// where jsonb refuses the text) and as `bytea` (the UTF-8 bytes of the text).
 pub const TABLE_DDL: &str = "CREATE TABLE outbox (
     id uuid PRIMARY KEY,
     aggregatetype varchar(255) NOT NULL,
@@ -35,7 +37,17 @@ pub const TABLE_DDL: &str = "CREATE TABLE outbox (
     type text NOT NULL,
     payload json,
     tenant text,
-    created_at timestamp(6) NOT NULL)";
+    created_at timestamp(6) NOT NULL,
+    part integer,
+    ver integer,
+    payload_b jsonb,
+    payload_bin bytea);
+CREATE FUNCTION try_jsonb(t text) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN t::jsonb;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$";
 
 /// One outbox row, as text for each column (`None`: NULL).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +59,8 @@ pub struct Row {
     pub payload: Option<String>,
     pub tenant: Option<String>,
     pub created_at: String,
+    pub part: Option<i32>,
+    pub ver: Option<i32>,
 }
 
 /// SplitMix64: small, fast, and the same sequence everywhere.
@@ -351,6 +365,8 @@ pub fn generate(seed: u64, count: usize, lone_surrogates: bool) -> Vec<Row> {
                 event_type,
                 payload: payload(&mut rng, lone_surrogates),
                 tenant,
+                part: (!rng.chance(10)).then(|| rng.below(3) as i32),
+                ver: (!rng.chance(10)).then(|| 1 + rng.below(3) as i32),
                 created_at: format!(
                     "20{:02}-{:02}-{:02} {:02}:{:02}:{:02}.{micros:06}",
                     rng.below(40),
@@ -371,8 +387,10 @@ pub async fn insert(client: &mut tokio_postgres::Client, rows: &[Row]) -> anyhow
         let tx = client.transaction().await?;
         let stmt = tx
             .prepare(
-                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, created_at) \
-                 VALUES ($1::text::uuid, $2, $3, $4, $5::text::json, $6, $7::text::timestamp)",
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, created_at, \
+                                     part, ver, payload_b, payload_bin) \
+                 VALUES ($1::text::uuid, $2, $3, $4, $5::text::json, $6, $7::text::timestamp, \
+                         $8, $9, try_jsonb($5), convert_to($5, 'UTF8'))",
             )
             .await?;
         for r in chunk {
@@ -386,6 +404,8 @@ pub async fn insert(client: &mut tokio_postgres::Client, rows: &[Row]) -> anyhow
                     &r.payload,
                     &r.tenant,
                     &r.created_at,
+                    &r.part,
+                    &r.ver,
                 ],
             )
             .await?;

@@ -366,6 +366,17 @@ pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
         return Ok(None);
     };
     let pg = Postgres::start()?;
+    // Two slots and up to two WAL senders per variant.
+    let senders = 2 * variants.len() + 10;
+    {
+        let client = pg.connect().await?;
+        for setting in ["max_replication_slots", "max_wal_senders"] {
+            client
+                .batch_execute(&format!("ALTER SYSTEM SET {setting} = {senders}"))
+                .await?;
+        }
+    }
+    pg.restart()?;
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(corpus::TABLE_DDL).await?;

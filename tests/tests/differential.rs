@@ -66,6 +66,58 @@ fn variants() -> Vec<Variant> {
             ],
         },
         Variant {
+            name: "partition",
+            key: Converter::Json,
+            value: Converter::Json,
+            router: vec![(
+                "table.fields.additional.placement",
+                "part:partition,ver:header",
+            )],
+        },
+        Variant {
+            name: "jsonb",
+            key: Converter::Json,
+            value: Converter::Json,
+            router: vec![("table.field.event.payload", "payload_b")],
+        },
+        Variant {
+            name: "expjsonb",
+            key: Converter::JsonSchemas,
+            value: Converter::JsonSchemas,
+            router: vec![
+                ("table.field.event.payload", "payload_b"),
+                ("table.expand.json.payload", "true"),
+            ],
+        },
+        Variant {
+            name: "binary",
+            key: Converter::String,
+            value: Converter::Binary,
+            router: vec![("table.field.event.payload", "payload_bin")],
+        },
+        Variant {
+            name: "bytesschemas",
+            key: Converter::Json,
+            value: Converter::JsonSchemas,
+            router: vec![
+                ("table.field.event.payload", "payload_bin"),
+                ("table.fields.additional.placement", "tenant:envelope"),
+            ],
+        },
+        Variant {
+            name: "versioned",
+            key: Converter::Json,
+            value: Converter::JsonSchemas,
+            router: vec![
+                ("table.expand.json.payload", "true"),
+                ("table.field.event.schema.version", "ver"),
+                (
+                    "table.fields.additional.placement",
+                    "type:envelope:eventType",
+                ),
+            ],
+        },
+        Variant {
             name: "expjson",
             key: Converter::String,
             value: Converter::Json,

@@ -29,7 +29,7 @@ use crate::encode::{decode_bytea, to_json, to_string, BadValue, ValueKind};
 use crate::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::expand::{expand, Expansion};
 use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
-use crate::schema_cache::{CachedEnvelope, EnvelopeSchemas};
+use crate::schema_cache::{CacheKey, EnvelopeSchemas};
 use crate::timestamp::{record_timestamp_ms, TimestampError};
 use crate::topic::check_topic_name;
 use bytes::Bytes;
@@ -457,6 +457,17 @@ impl EventRouter {
                 reason: reason.clone(),
             });
         }
+
+        if has_envelope {
+            // Debezium builds the envelope (and checks that the payload fits it) before it
+            // looks at an empty payload.
+            let (schema, value) = self.envelope(binding, row, routed_value, &expansion)?;
+            if empty && self.options.tombstone_on_empty_payload() {
+                return Ok(None);
+            }
+            return Ok(write_value(&value, &schema, encoding));
+        }
+
         if let Expansion::Broken { schema, reason } = &expansion {
             let text = payload.map(|(_, t)| t).unwrap_or_default();
             let fail = || RouteError::JsonExpansion {
@@ -464,18 +475,6 @@ impl EventRouter {
                 column: column.name.to_string(),
                 reason: reason.clone(),
             };
-            if has_envelope {
-                // Debezium builds (and caches) the envelope schema for the inferred payload
-                // schema before putting the string into it fails: later records of that
-                // payload schema get this record's name.
-                if let Some(schema) = schema {
-                    let version = self.schema_version(binding, row)?;
-                    let _ = self.envelope_schemas.name(schema, version, || {
-                        envelope_schema_name(&binding.row_schema_name, routed_value)
-                    });
-                }
-                return Err(fail());
-            }
             // The schema was replaced but the value is still the string: only a converter
             // that ignores the schema can write it.
             return match (encoding, schema) {
@@ -494,18 +493,75 @@ impl EventRouter {
             return Ok(None);
         }
 
-        if !has_envelope {
-            return match expansion {
-                Expansion::Expanded { schema, value } => Ok(write_value(&value, &schema, encoding)),
-                _ => encode_column(binding, column, row, encoding),
-            };
+        match expansion {
+            Expansion::Expanded { schema, value } => Ok(write_value(&value, &schema, encoding)),
+            _ => encode_column(binding, column, row, encoding),
         }
+    }
 
-        // The envelope: {payload, aliases…} named after the table and the routing value.
-        let (payload_schema, payload_value) = match expansion {
-            Expansion::Expanded { schema, value } => (schema, value),
-            _ => (column.schema(), column_value(binding, column, row)?),
+    /// The envelope `{payload, aliases…}` and its schema, as Debezium builds it: the schema
+    /// from its cache (see [`crate::schema_cache`]), the payload put into it as Connect's
+    /// `Struct.put` checks it.
+    fn envelope(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+        routed_value: &str,
+        expansion: &Expansion,
+    ) -> Result<(Schema, Value), RouteError> {
+        let column = &binding.payload;
+        let expansion_failure = |reason: &str| RouteError::JsonExpansion {
+            table: binding.table().to_owned(),
+            column: column.name.to_string(),
+            reason: reason.to_owned(),
         };
+        // The payload's own schema (replaced by the inferred one when the expansion failed
+        // after inferring it) and the value that is put into the envelope.
+        let (own_schema, payload_value) = match expansion {
+            Expansion::Expanded { schema, value } => (Some(schema.clone()), value.clone()),
+            Expansion::Broken { schema, .. } => {
+                (schema.clone(), column_value(binding, column, row)?)
+            }
+            _ => (Some(column.schema()), column_value(binding, column, row)?),
+        };
+        let key = match &binding.schema_version {
+            None => CacheKey::PayloadSchema,
+            Some(_) => CacheKey::Version(self.schema_version(binding, row)?),
+        };
+        let version = match key {
+            CacheKey::Version(v) => v,
+            CacheKey::PayloadSchema => None,
+        };
+        // Debezium builds the envelope schema once per payload schema (or per version) and
+        // reuses it, name included: the first record's routing value names it.
+        let Some((payload_schema, name)) =
+            self.envelope_schemas.lookup(own_schema.as_ref(), key, || {
+                envelope_schema_name(&binding.row_schema_name, routed_value)
+            })
+        else {
+            return Err(match expansion {
+                Expansion::Broken { reason, .. } => expansion_failure(reason),
+                _ => expansion_failure("the payload has no schema"),
+            });
+        };
+        // Connect's `Struct.put`: a struct only into the identical struct schema, null only
+        // into an optional schema, any other value into a schema of its column's type.
+        let fits = match (&payload_value, expansion) {
+            (Value::Null, _) => payload_schema.optional,
+            (_, Expansion::Expanded { schema, .. }) => *schema == payload_schema,
+            _ => payload_schema.ty == column.schema().ty,
+        };
+        if !fits {
+            return Err(match (version, key, expansion) {
+                (_, CacheKey::Version(_), _) => RouteError::EnvelopeVersionMismatch {
+                    table: binding.table().to_owned(),
+                    column: column.name.to_string(),
+                    version,
+                },
+                (_, _, Expansion::Broken { reason, .. }) => expansion_failure(reason),
+                _ => expansion_failure("the payload does not fit its envelope schema"),
+            });
+        }
         let mut fields = vec![("payload".to_owned(), payload_schema)];
         let mut values = vec![payload_value];
         for extra in binding
@@ -516,28 +572,13 @@ impl EventRouter {
             fields.push((extra.alias.to_string(), extra.column.schema()));
             values.push(column_value(binding, &extra.column, row)?);
         }
-        let version = self.schema_version(binding, row)?;
-        // Debezium builds the envelope schema once per payload schema (or per version) and
-        // reuses it, name included: the first record's routing value names it.
-        let name = match self.envelope_schemas.name(&fields[0].1, version, || {
-            envelope_schema_name(&binding.row_schema_name, routed_value)
-        }) {
-            CachedEnvelope::Name(name) => name,
-            CachedEnvelope::Mismatch => {
-                return Err(RouteError::EnvelopeVersionMismatch {
-                    table: binding.table().to_owned(),
-                    column: column.name.to_string(),
-                    version: version.unwrap_or_default(),
-                })
-            }
-        };
         let schema = Schema {
             ty: SchemaType::Struct(fields),
             optional: false,
             name: Some(name),
             version,
         };
-        Ok(write_value(&Value::Struct(values), &schema, encoding))
+        Ok((schema, Value::Struct(values)))
     }
 }
 

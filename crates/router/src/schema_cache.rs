@@ -6,9 +6,14 @@
 //! Debezium's two caches, reproduced here:
 //! - without `table.field.event.schema.version`: keyed by the payload's schema alone (not the
 //!   table, not the routing value), at most 10 000 entries, least recently used evicted;
-//! - with it: keyed by the version number alone, never evicted; the cached schema includes
-//!   the payload schema of the first record, so a later record of that version whose payload
-//!   schema differs does not fit it (Debezium fails on it: [`CachedEnvelope::Mismatch`]).
+//! - with it: keyed by the row's version alone (NULL is a key too), never evicted; the cached
+//!   schema includes the payload schema of the first record of that version, and later
+//!   records are put into it: a string payload fits any cached string schema (so a payload
+//!   whose expansion failed is written as text), an expanded one only the identical struct
+//!   schema; anything else fails in Debezium.
+//!
+//! Debezium consults the cache before it checks for an empty payload, so a tombstone names
+//! the schema too.
 //!
 //! Both live as long as the router (Debezium: the connector task), shared by its clones.
 //!
@@ -24,13 +29,13 @@ use std::sync::{Arc, Mutex};
 /// Debezium's bound on the payload-schema cache (`BoundedConcurrentHashMap(10000, …, LRU)`).
 pub const CAPACITY: usize = 10_000;
 
-/// What the cache gives for an envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CachedEnvelope {
-    /// The envelope schema name to use.
-    Name(String),
-    /// The version's cached schema was built for another payload schema.
-    Mismatch,
+/// Which of Debezium's two caches a router uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKey {
+    /// `table.field.event.schema.version` is not set: keyed by the payload schema.
+    PayloadSchema,
+    /// It is set: keyed by the row's version, NULL included.
+    Version(Option<i32>),
 }
 
 #[derive(Debug, Default)]
@@ -38,7 +43,7 @@ struct Inner {
     /// Payload schema -> (envelope schema name, last use).
     by_payload: HashMap<Schema, (String, u64)>,
     /// Schema version -> (payload schema, envelope schema name).
-    by_version: HashMap<i32, (Schema, String)>,
+    by_version: HashMap<Option<i32>, (Schema, String)>,
     tick: u64,
 }
 
@@ -49,34 +54,38 @@ pub struct EnvelopeSchemas {
 }
 
 impl EnvelopeSchemas {
-    /// The envelope schema name for a record whose payload has `payload` as schema, with
-    /// schema version `version`; `fresh` is the name this record would give it.
-    pub fn name(
+    /// The payload field schema and the envelope schema name for a record whose payload has
+    /// schema `payload` (`None`: Debezium has none, a top-level `[]` expanded); `fresh` is the
+    /// name this record would give a new envelope schema. `None` when Debezium cannot build
+    /// the envelope schema (no payload schema and nothing cached).
+    ///
+    /// With [`CacheKey::Version`] the returned payload schema is the cached one, which may
+    /// differ from `payload`: the caller checks that the value fits it.
+    pub fn lookup(
         &self,
-        payload: &Schema,
-        version: Option<i32>,
+        payload: Option<&Schema>,
+        key: CacheKey,
         fresh: impl FnOnce() -> String,
-    ) -> CachedEnvelope {
+    ) -> Option<(Schema, String)> {
         let mut inner = self
             .inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(v) = version {
-            return match inner.by_version.get(&v) {
-                Some((cached, name)) if cached == payload => CachedEnvelope::Name(name.clone()),
-                Some(_) => CachedEnvelope::Mismatch,
-                None => {
-                    let name = fresh();
-                    inner.by_version.insert(v, (payload.clone(), name.clone()));
-                    CachedEnvelope::Name(name)
-                }
-            };
+        if let CacheKey::Version(v) = key {
+            if let Some((cached, name)) = inner.by_version.get(&v) {
+                return Some((cached.clone(), name.clone()));
+            }
+            let payload = payload?.clone();
+            let name = fresh();
+            inner.by_version.insert(v, (payload.clone(), name.clone()));
+            return Some((payload, name));
         }
+        let payload = payload?;
         inner.tick += 1;
         let tick = inner.tick;
         if let Some((name, used)) = inner.by_payload.get_mut(payload) {
             *used = tick;
-            return CachedEnvelope::Name(name.clone());
+            return Some((payload.clone(), name.clone()));
         }
         if inner.by_payload.len() >= CAPACITY {
             let oldest = inner
@@ -92,7 +101,7 @@ impl EnvelopeSchemas {
         inner
             .by_payload
             .insert(payload.clone(), (name.clone(), tick));
-        CachedEnvelope::Name(name)
+        Some((payload.clone(), name))
     }
 }
 
@@ -105,30 +114,31 @@ mod tests {
         Schema::new(ty, true)
     }
 
+    fn name(cache: &EnvelopeSchemas, payload: &Schema, key: CacheKey, fresh: &str) -> String {
+        cache
+            .lookup(Some(payload), key, || fresh.to_owned())
+            .map(|(_, n)| n)
+            .unwrap_or_default()
+    }
+
     #[test]
     fn first_name_wins_per_payload_schema() {
         let cache = EnvelopeSchemas::default();
         let json = schema(SchemaType::String);
         let int = schema(SchemaType::Int32);
-        let name = |n: &str| CachedEnvelope::Name(n.to_owned());
+        let key = CacheKey::PayloadSchema;
+        assert_eq!(name(&cache, &json, key, "a.Order.Value"), "a.Order.Value");
         assert_eq!(
-            cache.name(&json, None, || "a.Order.Value".into()),
-            name("a.Order.Value")
+            name(&cache, &json, key, "a.Customer.Value"),
+            "a.Order.Value"
         );
         assert_eq!(
-            cache.name(&json, None, || "a.Customer.Value".into()),
-            name("a.Order.Value")
-        );
-        assert_eq!(
-            cache.name(&int, None, || "a.Customer.Value".into()),
-            name("a.Customer.Value")
+            name(&cache, &int, key, "a.Customer.Value"),
+            "a.Customer.Value"
         );
         // A clone shares the cache.
-        let clone = cache.clone();
-        assert_eq!(
-            clone.name(&json, None, || "x".into()),
-            name("a.Order.Value")
-        );
+        assert_eq!(name(&cache.clone(), &json, key, "x"), "a.Order.Value");
+        assert_eq!(cache.lookup(None, key, || "x".into()), None);
     }
 
     #[test]
@@ -136,20 +146,21 @@ mod tests {
         let cache = EnvelopeSchemas::default();
         let json = schema(SchemaType::String);
         let int = schema(SchemaType::Int32);
-        let name = |n: &str| CachedEnvelope::Name(n.to_owned());
-        assert_eq!(cache.name(&json, Some(1), || "Order".into()), name("Order"));
+        let v = CacheKey::Version;
+        assert_eq!(name(&cache, &json, v(Some(1)), "Order"), "Order");
+        assert_eq!(name(&cache, &json, v(Some(1)), "Customer"), "Order");
+        assert_eq!(name(&cache, &json, v(Some(2)), "Customer"), "Customer");
+        assert_eq!(name(&cache, &json, v(None), "Null"), "Null");
+        // The cached payload schema comes back, whatever this record's is.
         assert_eq!(
-            cache.name(&json, Some(1), || "Customer".into()),
-            name("Order")
+            cache.lookup(Some(&int), v(Some(1)), || "x".into()),
+            Some((json.clone(), "Order".to_owned()))
         );
         assert_eq!(
-            cache.name(&json, Some(2), || "Customer".into()),
-            name("Customer")
+            cache.lookup(None, v(Some(2)), || "x".into()),
+            Some((json, "Customer".to_owned()))
         );
-        assert_eq!(
-            cache.name(&int, Some(1), || "Customer".into()),
-            CachedEnvelope::Mismatch
-        );
+        assert_eq!(cache.lookup(None, v(Some(3)), || "x".into()), None);
     }
 
     #[test]
@@ -160,19 +171,14 @@ mod tests {
             s.name = Some(format!("s{i}"));
             s
         };
+        let p = CacheKey::PayloadSchema;
         for i in 0..CAPACITY {
-            cache.name(&key(i), None, || format!("n{i}"));
+            name(&cache, &key(i), p, &format!("n{i}"));
         }
         // Touch the first so the second is the oldest.
-        cache.name(&key(0), None, || "new".into());
-        cache.name(&key(CAPACITY), None, || "last".into());
-        assert_eq!(
-            cache.name(&key(0), None, || "new".into()),
-            CachedEnvelope::Name("n0".into())
-        );
-        assert_eq!(
-            cache.name(&key(1), None, || "new".into()),
-            CachedEnvelope::Name("new".into())
-        );
+        name(&cache, &key(0), p, "new");
+        name(&cache, &key(CAPACITY), p, "last");
+        assert_eq!(name(&cache, &key(0), p, "new"), "n0");
+        assert_eq!(name(&cache, &key(1), p, "new"), "new");
     }
 }

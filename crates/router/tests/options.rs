@@ -501,8 +501,90 @@ fn versioned_envelope_schema_is_cached_per_version() {
     };
     assert!(matches!(
         route_with(&r, other_shape),
-        Err(RouteError::EnvelopeVersionMismatch { version: 7, .. })
+        Err(RouteError::EnvelopeVersionMismatch {
+            version: Some(7),
+            ..
+        })
     ));
+}
+
+// Differential test, variant "versioned" (Debezium 3.6.3): the version's cached schema is
+// used whatever this record's payload schema is; a payload whose expansion failed is the
+// original text, which fits a cached text payload schema; a NULL version is a key too.
+#[test]
+fn versioned_envelope_takes_failed_expansions_as_text() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("table.field.event.schema.version", "version"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let text_first = Row {
+        payload: t(r#""not an object""#),
+        version: t("2"),
+        ..Row::default()
+    };
+    let rec = record_of(route_with(&r, text_first));
+    assert!(text(&rec.value).contains(r#""name":"io.debezium.data.Json""#));
+    let big = Row {
+        aggregatetype: t("Customer"),
+        payload: t(r#"{"n": 123456789012345678901234567890}"#),
+        version: t("2"),
+        ..Row::default()
+    };
+    let rec = record_of(route_with(&r, big));
+    assert_eq!(
+        text(&rec.value),
+        concat!(
+            r#"{"schema":{"type":"struct","fields":["#,
+            r#"{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"payload"},"#,
+            r#"{"type":"string","optional":false,"field":"type"}"#,
+            r#"],"optional":false,"name":"dbz.public.outbox.Order.Value","version":2},"#,
+            r#""payload":{"payload":"{\"n\": 123456789012345678901234567890}","type":"OrderCreated"}}"#
+        )
+    );
+    let expanded = Row {
+        version: t("2"),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_with(&r, expanded),
+        Err(RouteError::EnvelopeVersionMismatch {
+            version: Some(2),
+            ..
+        })
+    ));
+    let null_version = Row {
+        aggregatetype: t("Invoice"),
+        version: Column::Null,
+        ..Row::default()
+    };
+    let rec = record_of(route_with(&r, null_version));
+    assert_eq!(envelope_name(&rec), "dbz.public.outbox.Invoice.Value");
+    assert!(!text(&rec.value).contains(r#""version":2}"#));
+}
+
+// Debezium builds the envelope before it checks for an empty payload: a tombstone names the
+// schema for the records after it.
+#[test]
+fn a_tombstone_names_the_envelope_schema() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("topic.prefix", "dbz"),
+        ("route.tombstone.on.empty.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let empty = Row {
+        aggregatetype: t("Gone"),
+        payload: Column::Null,
+        ..Row::default()
+    };
+    assert_eq!(record_of(route_with(&r, empty)).value, None);
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, Row::default()))),
+        "dbz.public.outbox.Gone.Value"
+    );
 }
 
 #[test]
