@@ -22,6 +22,7 @@
 //! - [`timestamp`]: `table.field.event.timestamp`, PostgreSQL timestamp text to milliseconds.
 //! - [`json`]: JSON string literals escaped exactly as Jackson escapes them.
 //! - [`javanum`]: floating-point numbers printed as Java prints them.
+//! - [`javanum_legacy`]: the same as Java 17 and earlier print them.
 //! - [`topic`]: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
 //! - [`partition`]: Kafka's murmur2 key partitioning.
 //! - [`schema_cache`]: the envelope schema Debezium builds once and reuses, name included.
@@ -60,6 +61,7 @@ pub mod encode;
 pub mod error;
 pub mod expand;
 pub mod javanum;
+pub mod javanum_legacy;
 pub mod json;
 pub mod options;
 pub mod partition;
