@@ -34,6 +34,15 @@ pub const PARTITIONS: i32 = 3;
 /// The header whose value differs per connector start.
 const MASKED_HEADER: &str = "__debezium.context.runId";
 
+/// The Java version the oracle runs on, which Siphon is told to print numbers for:
+/// `SIPHON_ORACLE_JAVA_VERSION` (set it with `SIPHON_ORACLE_JAVA`), default 21.
+pub fn oracle_java_version() -> u32 {
+    std::env::var("SIPHON_ORACLE_JAVA_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(21)
+}
+
 /// One router configuration and pair of encodings.
 #[derive(Debug, Clone)]
 pub struct Variant {
@@ -108,6 +117,7 @@ dead_letter_topic = "{name}.dead"
 [format]
 key = "{key}"
 value = "{value}"
+java_version = {java_version}
 
 [router]
 {router}"#,
@@ -116,6 +126,7 @@ value = "{value}"
             bootstrap = broker.bootstrap(),
             key = self.key.siphon_name(),
             value = self.value.siphon_name(),
+            java_version = oracle_java_version(),
         )
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! The small corpus runs with every test run. The large one runs with
 //! `SIPHON_DIFFERENTIAL_ROWS=<n>` (e.g. 5000); `SIPHON_DIFFERENTIAL_SEED` picks another
-//! corpus. Without a JDK (`java` and `javac` on `PATH` or in `JAVA_HOME`) the test is skipped
+//! corpus. `SIPHON_ORACLE_JAVA=/usr/lib/jvm/java-17-openjdk-amd64/bin/java
+//! SIPHON_ORACLE_JAVA_VERSION=17` runs the oracle on Java 17 and Siphon with
+//! `format.java_version = 17`. Without a JDK (`java` and `javac` on `PATH` or in `JAVA_HOME`) the test is skipped
 //! with a message; `scripts/install-deps.sh` installs one.
 
 use anyhow::Result;

@@ -97,6 +97,32 @@ pub enum Value {
     Struct(Vec<Value>),
 }
 
+impl Value {
+    /// The value with every float printed as Java 17 prints it (`Encoded` text instead of a
+    /// number the writers would print the Java 19+ way).
+    pub fn with_java17_numbers(self) -> Value {
+        let encoded = |f: crate::javanum::FloatText| {
+            let mut json = Vec::with_capacity(f.text.len() + 2);
+            write_float(&mut json, f.clone());
+            Value::Encoded {
+                json: Bytes::from(json),
+                text: Bytes::from(f.text),
+            }
+        };
+        match self {
+            Value::Float32(f) => encoded(crate::javanum_legacy::java17_float(f)),
+            Value::Float64(f) => encoded(crate::javanum_legacy::java17_double(f)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(Value::with_java17_numbers).collect())
+            }
+            Value::Struct(values) => {
+                Value::Struct(values.into_iter().map(Value::with_java17_numbers).collect())
+            }
+            other => other,
+        }
+    }
+}
+
 /// Appends `schema` as `JsonConverter.asJsonSchema` writes it.
 pub fn write_schema(out: &mut Vec<u8>, schema: &Schema) {
     write_schema_field(out, schema, None);

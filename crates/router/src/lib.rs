@@ -79,7 +79,7 @@ pub use options::{
 };
 pub use partition::{murmur2, partition_for_key};
 pub use route::{
-    Change, Encoding, EventRouter, Format, Header, LogLevel, Routed, RoutedRecord, RouterContext,
-    SkipReason,
+    Change, Encoding, EventRouter, Format, Header, JavaNumbers, LogLevel, Routed, RoutedRecord,
+    RouterContext, SkipReason,
 };
 pub use topic::TopicRouter;

@@ -25,7 +25,7 @@
 
 use crate::binding::{bind, BoundColumn, TableBinding};
 use crate::connect::{java_text, write_envelope, write_json, Schema, SchemaType, Value};
-use crate::encode::{decode_bytea, to_json, to_string, BadValue, ValueKind};
+use crate::encode::{decode_bytea, to_json_with, to_string_with, BadValue, ValueKind};
 use crate::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::expand::{expand, Expansion};
 use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
@@ -60,13 +60,26 @@ pub enum Encoding {
     Binary,
 }
 
-/// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`).
+/// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`), and
+/// how the worker's JVM prints floating-point numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Format {
     /// How the record key is written.
     pub key: Encoding,
     /// How the record value is written.
     pub value: Encoding,
+    /// The Java generation whose `Double.toString` / `Float.toString` the numbers follow.
+    pub numbers: JavaNumbers,
+}
+
+/// Which Java's `Double.toString` / `Float.toString` floating-point numbers follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JavaNumbers {
+    /// Java 19 and later (shortest decimal): Debezium's official 3.x images run Java 21.
+    #[default]
+    Java19,
+    /// Java 18 and earlier (`FloatingDecimal`), which prints some numbers with more digits.
+    Java17,
 }
 
 /// One change to an outbox row, as pgoutput delivers it.
@@ -336,7 +349,8 @@ impl EventRouter {
         let id = {
             let column = &binding.event_id;
             let (raw, text) = required(binding, column, row)?;
-            to_string(column.kind, raw, text).map_err(|BadValue| invalid(binding, column, raw))?
+            to_string_with(column.kind, raw, text, self.format.numbers)
+                .map_err(|BadValue| invalid(binding, column, raw))?
         };
 
         let timestamp_ms = match &binding.timestamp {
@@ -360,7 +374,13 @@ impl EventRouter {
             },
         };
 
-        let key = encode_column(binding, &binding.event_key, row, self.format.key)?;
+        let key = encode_column(
+            binding,
+            &binding.event_key,
+            row,
+            self.format.key,
+            self.format.numbers,
+        )?;
 
         let mut headers = Vec::with_capacity(self.context_headers.len() + 1);
         headers.extend(self.context_headers.iter().cloned());
@@ -375,7 +395,7 @@ impl EventRouter {
                     let value = match cell(binding, &extra.column, row)? {
                         None => None,
                         Some((raw, text)) => Some(
-                            to_string(extra.column.kind, raw, text)
+                            to_string_with(extra.column.kind, raw, text, self.format.numbers)
                                 .map_err(|BadValue| invalid(binding, &extra.column, raw))?,
                         ),
                     };
@@ -438,6 +458,13 @@ impl EventRouter {
             }
             _ => Expansion::Unchanged,
         };
+        let expansion = match (expansion, self.format.numbers) {
+            (Expansion::Expanded { schema, value }, JavaNumbers::Java17) => Expansion::Expanded {
+                schema,
+                value: value.with_java17_numbers(),
+            },
+            (other, _) => other,
+        };
 
         // `payload.toString().trim().isEmpty()` in Debezium: NULL, or text made only of
         // characters up to U+0020.
@@ -495,7 +522,7 @@ impl EventRouter {
 
         match expansion {
             Expansion::Expanded { schema, value } => Ok(write_value(&value, &schema, encoding)),
-            _ => encode_column(binding, column, row, encoding),
+            _ => encode_column(binding, column, row, encoding, self.format.numbers),
         }
     }
 
@@ -519,10 +546,14 @@ impl EventRouter {
         // after inferring it) and the value that is put into the envelope.
         let (own_schema, payload_value) = match expansion {
             Expansion::Expanded { schema, value } => (Some(schema.clone()), value.clone()),
-            Expansion::Broken { schema, .. } => {
-                (schema.clone(), column_value(binding, column, row)?)
-            }
-            _ => (Some(column.schema()), column_value(binding, column, row)?),
+            Expansion::Broken { schema, .. } => (
+                schema.clone(),
+                column_value(binding, column, row, self.format.numbers)?,
+            ),
+            _ => (
+                Some(column.schema()),
+                column_value(binding, column, row, self.format.numbers)?,
+            ),
         };
         let key = match &binding.schema_version {
             None => CacheKey::PayloadSchema,
@@ -570,7 +601,12 @@ impl EventRouter {
             .filter(|a| a.placement == Placement::Envelope)
         {
             fields.push((extra.alias.to_string(), extra.column.schema()));
-            values.push(column_value(binding, &extra.column, row)?);
+            values.push(column_value(
+                binding,
+                &extra.column,
+                row,
+                self.format.numbers,
+            )?);
         }
         let schema = Schema {
             ty: SchemaType::Struct(fields),
@@ -638,6 +674,7 @@ fn column_value(
     binding: &TableBinding,
     column: &BoundColumn,
     row: &TupleData,
+    numbers: JavaNumbers,
 ) -> Result<Value, RouteError> {
     let Some((raw, text)) = cell(binding, column, row)? else {
         return Ok(Value::Null);
@@ -647,8 +684,8 @@ fn column_value(
         return decode_bytea(text).map(Value::Bytes).map_err(bad);
     }
     Ok(Value::Encoded {
-        json: to_json(column.kind, raw, text).map_err(bad)?,
-        text: to_string(column.kind, raw, text).map_err(bad)?,
+        json: to_json_with(column.kind, raw, text, numbers).map_err(bad)?,
+        text: to_string_with(column.kind, raw, text, numbers).map_err(bad)?,
     })
 }
 
@@ -705,6 +742,7 @@ fn encode_column(
     column: &BoundColumn,
     row: &TupleData,
     encoding: Encoding,
+    numbers: JavaNumbers,
 ) -> Result<Option<Bytes>, RouteError> {
     let Some((raw, text)) = cell(binding, column, row)? else {
         return Ok(match encoding {
@@ -719,10 +757,10 @@ fn encode_column(
         });
     };
     let encoded = match encoding {
-        Encoding::Json => to_json(column.kind, raw, text),
-        Encoding::String => to_string(column.kind, raw, text),
+        Encoding::Json => to_json_with(column.kind, raw, text, numbers),
+        Encoding::String => to_string_with(column.kind, raw, text, numbers),
         Encoding::Binary => decode_bytea(text),
-        Encoding::JsonSchemas => to_json(column.kind, raw, text).map(|json| {
+        Encoding::JsonSchemas => to_json_with(column.kind, raw, text, numbers).map(|json| {
             let mut out = Vec::with_capacity(json.len() + 96);
             out.extend_from_slice(b"{\"schema\":");
             crate::connect::write_schema(&mut out, &column.schema());

@@ -140,7 +140,11 @@ fn options(pairs: &[(&str, &str)]) -> RouterOptions {
 }
 
 fn format(key: Encoding, value: Encoding) -> Format {
-    Format { key, value }
+    Format {
+        key,
+        value,
+        ..Format::default()
+    }
 }
 
 /// NOT NULL as in Debezium's example table: all but payload.
@@ -584,6 +588,36 @@ fn a_tombstone_names_the_envelope_schema() {
     assert_eq!(
         envelope_name(&record_of(route_with(&r, Row::default()))),
         "dbz.public.outbox.Gone.Value"
+    );
+}
+
+// Expected bytes: Debezium 3.6.3 with JsonConverter on Java 21 and on Java 17.
+#[test]
+fn numbers_follow_the_workers_java() {
+    let payload = || Row {
+        payload: t(r#"{"a": 8.41E21, "b": 1.0E23, "c": 0.5}"#),
+        ..Row::default()
+    };
+    let opts = [EXPAND];
+    let rec = route(&opts, format(JSON, JSON), payload());
+    assert_eq!(text(&rec.value), r#"{"a":8.41E21,"b":1.0E23,"c":0.5}"#);
+    let java17 = Format {
+        numbers: siphon_router::JavaNumbers::Java17,
+        ..format(JSON, JSON)
+    };
+    let rec = route(&opts, java17, payload());
+    assert_eq!(
+        text(&rec.value),
+        r#"{"a":8.409999999999999E21,"b":9.999999999999999E22,"c":0.5}"#
+    );
+    let java17_text = Format {
+        numbers: siphon_router::JavaNumbers::Java17,
+        ..format(JSON, STRING)
+    };
+    let rec = route(&opts, java17_text, payload());
+    assert_eq!(
+        text(&rec.value),
+        "Struct{a=8.409999999999999E21,b=9.999999999999999E22,c=0.5}"
     );
 }
 

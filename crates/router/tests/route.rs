@@ -111,6 +111,7 @@ fn strings() -> Format {
     Format {
         key: Encoding::String,
         value: Encoding::String,
+        ..Format::default()
     }
 }
 
@@ -124,7 +125,8 @@ fn default_format_is_json_for_key_and_value() {
         Format::default(),
         Format {
             key: Encoding::Json,
-            value: Encoding::Json
+            value: Encoding::Json,
+            numbers: siphon_router::JavaNumbers::Java19,
         }
     );
 }
@@ -276,6 +278,7 @@ fn mixed_key_and_value_encodings() {
         Format {
             key: Encoding::String,
             value: Encoding::Json,
+            ..Format::default()
         },
     );
     let binding = bound(&r, &outbox());
@@ -672,7 +675,7 @@ proptest! {
         let names = ["id", "aggregatetype", "aggregateid", "payload"];
         let rel = relation(&names.iter().copied().zip(types.iter().copied()).collect::<Vec<_>>());
         let encoding = |json| if json { Encoding::Json } else { Encoding::String };
-        let r = router(&[], Format { key: encoding(json_key), value: encoding(json_value) });
+        let r = router(&[], Format { key: encoding(json_key), value: encoding(json_value), ..Format::default() });
         if let Ok(binding) = r.bind(&rel) {
             let tuple = row(columns);
             let change = match op {

@@ -8,7 +8,7 @@ use crate::dead_letter::DeadLetters;
 use crate::pipeline::{ErrorPolicy, PipelineSettings};
 use anyhow::Context;
 use siphon_kafka_sink::{SinkConfig, TopicCreation};
-use siphon_router::{Encoding, EventRouter, Format, RouterContext, RouterOptions};
+use siphon_router::{Encoding, EventRouter, Format, JavaNumbers, RouterContext, RouterOptions};
 use siphon_source::{SourceConfig, TableName};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,6 +49,11 @@ fn build_router(config: &Config) -> anyhow::Result<EventRouter> {
     let format = Format {
         key: encoding(config.format.key),
         value: encoding(config.format.value),
+        numbers: if config.format.java_version >= 19 {
+            JavaNumbers::Java19
+        } else {
+            JavaNumbers::Java17
+        },
     };
     let wants_context = map.contains_key("topic.prefix")
         || map
