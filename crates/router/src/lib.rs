@@ -49,7 +49,7 @@
 //!   appearance; Debezium merges them in hash-set order, which varies between JVM runs.
 //! - An expanded payload with an unpaired surrogate escape in a member *name* is an error.
 //! - Doubles are printed as Java 19 and later print them (Debezium's official 3.x images run
-//!   Java 21); a worker on Java 17 or older prints some with more digits.
+//!   Java 21), or as Java 17 and earlier with [`JavaNumbers::Java17`].
 //! - `table.json.payload.empty.array.behavior` is Siphon's own option (Debezium 3.x has no
 //!   such option); its default, `ignore`, is what Debezium does.
 //!
