@@ -237,11 +237,17 @@ fn compare(
     let mut dead: BTreeMap<String, &ConsumedRecord> = BTreeMap::new();
     for r in siphon {
         if r.topic.ends_with(".dead") {
+            // A refused row carries its columns in the value; a record the broker refused
+            // keeps its headers, `id` included.
             let id = r
                 .value
                 .as_deref()
                 .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
-                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned));
+                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+                .or_else(|| {
+                    r.header("id")
+                        .map(|id| String::from_utf8_lossy(id).into_owned())
+                });
             if let Some(id) = id {
                 dead.insert(id, r);
             }

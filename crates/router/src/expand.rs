@@ -32,8 +32,8 @@
 //! keeps the string value, which the JSON converters then refuse ([`Expansion::Broken`]).
 //!
 //! # Invariants
-//! - Never panics; nesting deeper than [`MAX_DEPTH`] fails the parse, as Jackson's default
-//!   stream constraints do.
+//! - Never panics; containers nested deeper than [`MAX_DEPTH`] fail the parse, as Jackson's
+//!   default stream constraints do (1000 levels parse, 1001 do not).
 
 use crate::connect::{Schema, SchemaType, Value};
 use crate::options::{JsonEmptyArrayBehavior, JsonNullBehavior};
@@ -205,11 +205,14 @@ impl Parser<'_> {
         }
     }
 
+    /// A value inside `depth` containers.
     fn value(&mut self, depth: usize) -> Option<Node> {
-        if depth > MAX_DEPTH {
+        self.skip_ws();
+        let opens = matches!(self.peek()?, b'{' | b'[');
+        // Jackson counts containers: the 1001st nested object or array is refused.
+        if opens && depth + 1 > MAX_DEPTH {
             return None;
         }
-        self.skip_ws();
         match self.peek()? {
             b'{' => {
                 self.pos += 1;
@@ -814,6 +817,32 @@ mod tests {
             ),
             Expansion::Unsupported { .. }
         ));
+    }
+
+    // Jackson 2.21's StreamReadConstraints (Debezium 3.6.3): 1000 nested containers parse,
+    // 1001 do not, whatever the innermost value.
+    #[test]
+    fn nesting_limit_counts_containers() {
+        // Deep recursion: on a thread with a stack as large as the router gives deep payloads.
+        let checks = || {
+            let nested = |levels: usize, inner: &str| {
+                format!("{}{inner}{}", "{\"n\": ".repeat(levels), "}".repeat(levels))
+            };
+            let n = JsonNullBehavior::Ignore;
+            let a = JsonEmptyArrayBehavior::Ignore;
+            let expanded =
+                |text: &str| matches!(expand("payload", text, n, a), Expansion::Expanded { .. });
+            assert!(expanded(&nested(1000, "1")));
+            assert!(!expanded(&nested(1001, "1")));
+            assert!(expanded(&nested(999, "{}")));
+            assert!(!expanded(&nested(1000, "{}")));
+            assert!(!expanded(&nested(1000, "[]")));
+        };
+        let worker = std::thread::Builder::new()
+            .stack_size(64 * 1024 * 1024)
+            .spawn(checks)
+            .map(std::thread::JoinHandle::join);
+        assert!(matches!(worker, Ok(Ok(()))));
     }
 
     #[test]

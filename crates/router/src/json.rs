@@ -152,6 +152,38 @@ pub fn java_utf8(units: &[u16]) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// Jackson's default `StreamWriteConstraints.maxNestingDepth`: the JSON converters cannot
+/// write a document whose objects and arrays nest deeper.
+pub const MAX_WRITE_DEPTH: usize = 1000;
+
+/// The deepest nesting of objects and arrays in a JSON document (0 for a scalar).
+pub fn nesting_depth(json: &[u8]) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// `text` as a JSON string literal, quotes included.
 pub fn json_string(text: &str) -> Vec<u8> {
     let mut out = Vec::new();
@@ -238,6 +270,13 @@ mod tests {
             };
             assert_eq!(lit(&text), format!("\"{expected}\""), "byte {b:#04x}");
         }
+    }
+
+    #[test]
+    fn nesting_depth_skips_strings() {
+        assert_eq!(nesting_depth(b"1"), 0);
+        assert_eq!(nesting_depth(br#"{"a":[{"b":"[{\"}"}]}"#), 3);
+        assert_eq!(nesting_depth(br#"[[],[[]]]"#), 3);
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::connect::{java_text, write_envelope, write_json, Schema, SchemaType, 
 use crate::encode::{decode_bytea, to_json_with, to_string_with, BadValue, ValueKind};
 use crate::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::expand::{expand, Expansion};
+use crate::json::{nesting_depth, MAX_WRITE_DEPTH};
 use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
 use crate::schema_cache::{CacheKey, EnvelopeSchemas};
 use crate::timestamp::{record_timestamp_ms, TimestampError};
@@ -182,6 +183,13 @@ impl RouterContext {
     }
 }
 
+/// Payloads nested at most this deep are expanded on the calling thread.
+const SHALLOW_NESTING: usize = 64;
+
+/// The stack of the thread that expands a deeper payload: 1000 levels of recursion in the
+/// parser, the schema inference, the writers and the drop, with room to spare.
+const DEEP_STACK_BYTES: usize = 64 * 1024 * 1024;
+
 /// The header that carries the event id.
 const ID_HEADER: &str = "id";
 
@@ -303,6 +311,9 @@ impl EventRouter {
     /// write, or a row that does not match the binding.
     pub fn route(&self, binding: &TableBinding, change: Change<'_>) -> Result<Routed, RouteError> {
         match change {
+            Change::Insert(row) if self.needs_deep_stack(binding, row) => {
+                self.route_insert_on_deep_stack(binding, row)
+            }
             Change::Insert(row) => self.route_insert(binding, row).map(Routed::Record),
             Change::Delete(_) => Ok(Routed::Skipped(SkipReason::Delete)),
             Change::Update { .. } => match self.options.invalid_operation() {
@@ -492,7 +503,7 @@ impl EventRouter {
             if empty && self.options.tombstone_on_empty_payload() {
                 return Ok(None);
             }
-            return Ok(write_value(&value, &schema, encoding));
+            return self.written(binding, &value, &schema, encoding);
         }
 
         if let Expansion::Broken { schema, reason } = &expansion {
@@ -521,9 +532,72 @@ impl EventRouter {
         }
 
         match expansion {
-            Expansion::Expanded { schema, value } => Ok(write_value(&value, &schema, encoding)),
+            Expansion::Expanded { schema, value } => {
+                self.written(binding, &value, &schema, encoding)
+            }
             _ => encode_column(binding, column, row, encoding, self.format.numbers),
         }
+    }
+
+    /// Whether the row's payload is expanded and nests deeper than a thread's default stack
+    /// comfortably recurses (expansion, writing and dropping the value recurse per level).
+    fn needs_deep_stack(&self, binding: &TableBinding, row: &TupleData) -> bool {
+        self.options.expand_json_payload()
+            && matches!(
+                cell(binding, &binding.payload, row),
+                Ok(Some((_, text))) if nesting_depth(text.as_bytes()) > SHALLOW_NESTING
+            )
+    }
+
+    /// [`EventRouter::route_insert`] on a scoped thread with a stack sized for
+    /// [`crate::expand::MAX_DEPTH`] levels.
+    fn route_insert_on_deep_stack(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+    ) -> Result<Routed, RouteError> {
+        let failed = |what: &str| RouteError::JsonExpansion {
+            table: binding.table().to_owned(),
+            column: binding.payload.name.to_string(),
+            reason: format!("the payload nests deeply and {what}"),
+        };
+        std::thread::scope(|scope| {
+            let worker = std::thread::Builder::new()
+                .name("siphon-deep-json".to_owned())
+                .stack_size(DEEP_STACK_BYTES)
+                .spawn_scoped(scope, || {
+                    self.route_insert(binding, row).map(Routed::Record)
+                })
+                .map_err(|e| failed(&format!("no thread could be started to expand it: {e}")))?;
+            worker
+                .join()
+                .map_err(|_| failed("expanding it failed unexpectedly"))?
+        })
+    }
+
+    /// A struct value written per encoding, refused where Jackson would refuse to write it
+    /// (nested deeper than [`MAX_WRITE_DEPTH`]).
+    fn written(
+        &self,
+        binding: &TableBinding,
+        value: &Value,
+        schema: &Schema,
+        encoding: Encoding,
+    ) -> Result<Option<Bytes>, RouteError> {
+        let out = write_value(value, schema, encoding);
+        if matches!(encoding, Encoding::Json | Encoding::JsonSchemas) {
+            let depth = out.as_deref().map_or(0, nesting_depth);
+            if depth > MAX_WRITE_DEPTH {
+                return Err(RouteError::JsonExpansion {
+                    table: binding.table().to_owned(),
+                    column: binding.payload.name.to_string(),
+                    reason: format!(
+                        "the record's JSON nests {depth} levels deep, and Jackson (behind Kafka Connect's JsonConverter) writes at most {MAX_WRITE_DEPTH}"
+                    ),
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// The envelope `{payload, aliases…}` and its schema, as Debezium builds it: the schema

@@ -621,6 +621,40 @@ fn numbers_follow_the_workers_java() {
     );
 }
 
+// Expected from Debezium 3.6.3 (Jackson 2.21's stream constraints): 1000 nested objects are
+// expanded and written without schemas; with schemas the output nests deeper than the
+// 1000 levels Jackson writes, and the JsonConverter fails.
+#[test]
+fn deep_payloads_expand_without_exhausting_the_stack() {
+    let nested = |levels: usize| format!("{}1{}", "{\"n\": ".repeat(levels), "}".repeat(levels));
+    let deep = || Row {
+        payload: t(&nested(1000)),
+        ..Row::default()
+    };
+    let rec = route(&[EXPAND], format(JSON, JSON), deep());
+    assert_eq!(
+        text(&rec.value),
+        format!("{}1{}", "{\"n\":".repeat(1000), "}".repeat(1000))
+    );
+    assert!(matches!(
+        route_err(&[EXPAND], format(JSON, SCHEMAS), deep()),
+        RouteError::JsonExpansion { .. }
+    ));
+    let shallow_enough = Row {
+        payload: t(&nested(499)),
+        ..Row::default()
+    };
+    route(&[EXPAND], format(JSON, SCHEMAS), shallow_enough);
+    let too_deep = Row {
+        payload: t(&nested(500)),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_err(&[EXPAND], format(JSON, SCHEMAS), too_deep),
+        RouteError::JsonExpansion { .. }
+    ));
+}
+
 #[test]
 fn partition_placement() {
     let rec = route(
