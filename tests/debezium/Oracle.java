@@ -7,7 +7,7 @@
 // router options under `transforms.outbox.`, which the oracle applies itself record by record)
 // plus keys for the oracle itself:
 //   oracle.output          file to write the records to
-//   oracle.expected        number of records to wait for
+//   oracle.expected        number of change events to wait for (tombstones included)
 //   oracle.partitions      partition count used for the default partitioner
 //   oracle.timeout.ms      how long to wait for them (default 120000)
 //   oracle.key.converter / oracle.value.converter    converter classes

@@ -79,7 +79,7 @@ pub struct OracleRun {
     pub router: BTreeMap<String, String>,
     pub key: Converter,
     pub value: Converter,
-    /// How many records to wait for.
+    /// How many change events to wait for (each INSERT, UPDATE, DELETE and tombstone).
     pub expected: usize,
     /// Partitions of every topic (for the default partitioner).
     pub partitions: i32,
