@@ -1,13 +1,14 @@
 //! Outbox routing with the semantics of Debezium's outbox Event Router
 //! (`io.debezium.transforms.outbox.EventRouter`) followed by Kafka Connect's converters.
 //!
-//! The crate is a pure function from an outbox row, as pgoutput delivers it, to the Kafka
-//! record Debezium would have written, byte for byte:
+//! The crate turns an outbox row, as pgoutput delivers it, into the Kafka record Debezium
+//! would have written, byte for byte; the only state it keeps is Debezium's envelope schema
+//! cache ([`schema_cache`]), which Debezium's bytes depend on:
 //!
 //! ```text
 //! RouterOptions::from_map(options) ─┐
 //!                                   ├─ EventRouter::new ─ bind(Relation) ─ TableBinding
-//! Format { key, value } ────────────┘                                         │
+//! Format { key, value, numbers } ───┘                                         │
 //!                                     route(&binding, Change::Insert(row)) ─ Routed::Record
 //! ```
 //!
@@ -29,8 +30,10 @@
 //! - [`error`]: configuration and routing errors, each naming the fix.
 //!
 //! # Invariants
-//! - Routing has no side effects and never panics; every row is either a record, a skip
-//!   with a [`SkipReason`], or a [`RouteError`] that names the table.
+//! - Routing never panics (a deeply nested payload is expanded on a thread with a large
+//!   stack); every row is either a record, a skip with a [`SkipReason`], or a [`RouteError`]
+//!   that names the table. Its only side effect is filling the envelope schema cache, shared
+//!   by a router's clones, as one Debezium task shares it.
 //! - Input text is never re-serialized unless `table.expand.json.payload` is on: a jsonb
 //!   payload reaches Kafka as PostgreSQL printed it (as a JSON string literal with the Json
 //!   encoding, unchanged with the String encoding).
