@@ -13,6 +13,9 @@
 //!   (`1.0E7`, `1.0E-4`, `1.2345E-5`, `-2.5E10`).
 //! - When the shortest decimal has a single digit, Java prints the closest two-digit decimal
 //!   that still reads back as the number, if it is closer (`4.9E-324` rather than `5.0E-324`).
+//! - When two shortest decimals are exactly as close to the number, Java takes the one whose
+//!   last digit is even (`1.4978982117220732E15`); Rust's own output may take the other one,
+//!   so ties are decided here again.
 //!
 //! # Edge cases
 //! - Debezium's official 3.x container images run Java 21, and the differential test runs its
