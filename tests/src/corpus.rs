@@ -41,7 +41,9 @@ pub const TABLE_DDL: &str = "CREATE TABLE outbox (
     part integer,
     ver integer,
     payload_b jsonb,
-    payload_bin bytea);
+    payload_bin bytea,
+    score double precision,
+    ratio real);
 CREATE FUNCTION try_jsonb(t text) RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN
     RETURN t::jsonb;
@@ -50,7 +52,7 @@ EXCEPTION WHEN others THEN
 END $$";
 
 /// One outbox row, as text for each column (`None`: NULL).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub id: String,
     pub aggregatetype: String,
@@ -61,6 +63,8 @@ pub struct Row {
     pub created_at: String,
     pub part: Option<i32>,
     pub ver: Option<i32>,
+    pub score: Option<f64>,
+    pub ratio: Option<f32>,
 }
 
 /// SplitMix64: small, fast, and the same sequence everywhere.
@@ -203,6 +207,32 @@ fn number(rng: &mut Rng) -> String {
 
 /// `text` as a JSON string literal; non-ASCII characters are written raw or as `\u`
 /// escapes (surrogate pairs outside the BMP), in either case of hex digits.
+/// A `double precision` value: tricky decimals, random bit patterns, non-finite values.
+fn column_double(rng: &mut Rng) -> f64 {
+    match rng.below(4) {
+        0 => *rng.pick(&[
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            8.41e21,
+            1.0e23,
+            5e-324,
+        ]),
+        1 => number(rng)
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .unwrap_or(0.5),
+        _ => loop {
+            let v = f64::from_bits(rng.next());
+            if v.is_finite() {
+                break v;
+            }
+        },
+    }
+}
+
 fn json_string(rng: &mut Rng, text: &str) -> String {
     let escape_mode = rng.below(3);
     let mut out = String::from("\"");
@@ -374,6 +404,8 @@ pub fn generate(seed: u64, count: usize, lone_surrogates: bool) -> Vec<Row> {
                 tenant,
                 part: (!rng.chance(10)).then(|| rng.below(3) as i32),
                 ver: (!rng.chance(10)).then(|| 1 + rng.below(3) as i32),
+                score: (!rng.chance(10)).then(|| column_double(&mut rng)),
+                ratio: (!rng.chance(10)).then(|| column_double(&mut rng) as f32),
                 created_at: format!(
                     "20{:02}-{:02}-{:02} {:02}:{:02}:{:02}.{micros:06}",
                     rng.below(40),
@@ -395,9 +427,9 @@ pub async fn insert(client: &mut tokio_postgres::Client, rows: &[Row]) -> anyhow
         let stmt = tx
             .prepare(
                 "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, created_at, \
-                                     part, ver, payload_b, payload_bin) \
+                                     part, ver, payload_b, payload_bin, score, ratio) \
                  VALUES ($1::text::uuid, $2, $3, $4, $5::text::json, $6, $7::text::timestamp, \
-                         $8, $9, try_jsonb($5), convert_to($5, 'UTF8'))",
+                         $8, $9, try_jsonb($5), convert_to($5, 'UTF8'), $10, $11)",
             )
             .await?;
         for r in chunk {
@@ -413,6 +445,8 @@ pub async fn insert(client: &mut tokio_postgres::Client, rows: &[Row]) -> anyhow
                     &r.created_at,
                     &r.part,
                     &r.ver,
+                    &r.score,
+                    &r.ratio,
                 ],
             )
             .await?;
@@ -428,8 +462,10 @@ mod tests {
 
     #[test]
     fn same_seed_same_rows() {
-        assert_eq!(generate(7, 50, true), generate(7, 50, true));
-        assert_ne!(generate(7, 50, true), generate(8, 50, true));
+        // Debug text, since NaN is not equal to itself.
+        let text = |seed| format!("{:?}", generate(seed, 50, true));
+        assert_eq!(text(7), text(7));
+        assert_ne!(text(7), text(8));
     }
 
     #[test]

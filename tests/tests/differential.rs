@@ -120,6 +120,24 @@ fn variants() -> Vec<Variant> {
             ],
         },
         Variant {
+            name: "floats",
+            key: Converter::Json,
+            value: Converter::JsonSchemas,
+            router: vec![(
+                "table.fields.additional.placement",
+                "score:header,ratio:header,score:envelope,ratio:envelope:r",
+            )],
+        },
+        Variant {
+            name: "floatstr",
+            key: Converter::String,
+            value: Converter::String,
+            router: vec![
+                ("table.field.event.payload", "score"),
+                ("table.fields.additional.placement", "ratio:envelope"),
+            ],
+        },
+        Variant {
             name: "expjson",
             key: Converter::String,
             value: Converter::Json,
