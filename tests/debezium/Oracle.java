@@ -18,7 +18,7 @@
 //   R topic partition timestamp key value header-count (name value)*
 // a line "X topic id error" for a record the converters refuse (a worker's task would fail), and,
 // when the engine stops with an error or too few records came, a last line "E <message hex>".
-// Runs are executed one after another in the same JVM.
+// Runs are executed in the same JVM, four at a time.
 
 import io.debezium.engine.DebeziumEngine;
 import io.debezium.engine.RecordChangeEvent;
@@ -49,10 +49,27 @@ public final class Oracle {
     private static final char[] HEX = "0123456789abcdef".toCharArray();
 
     public static void main(String[] args) throws Exception {
+        // Runs are independent (each has its own slot, engine and converters): run a few at a
+        // time.
+        ExecutorService runs = Executors.newFixedThreadPool(4);
+        List<java.util.concurrent.Future<?>> pending = new ArrayList<>();
         for (String path : args) {
-            run(path);
+            pending.add(runs.submit(() -> {
+                run(path);
+                return null;
+            }));
         }
-        System.exit(0);
+        int status = 0;
+        for (java.util.concurrent.Future<?> f : pending) {
+            try {
+                f.get();
+            } catch (java.util.concurrent.ExecutionException e) {
+                e.getCause().printStackTrace();
+                status = 1;
+            }
+        }
+        runs.shutdown();
+        System.exit(status);
     }
 
     private static String hex(byte[] bytes) {

@@ -465,18 +465,39 @@ pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
         rows: rows.len(),
         ..Report::default()
     };
-    for ((variant, output), siphon) in variants.iter().zip(&outputs).zip(&siphons) {
+    for (variant, output) in variants.iter().zip(&outputs) {
         if let Some(e) = &output.error {
             anyhow::bail!("Debezium run {} failed: {e}", variant.name);
         }
-        let records = read_variant(
-            &broker,
-            variant,
-            rows.len(),
-            siphon,
-            Duration::from_secs(120),
-        )?;
-        compare(variant, rows, output, &records, &mut report);
+    }
+    // Read the variants' topics concurrently: each read waits for its partitions' ends.
+    let read: Vec<Result<Vec<ConsumedRecord>>> = std::thread::scope(|scope| {
+        let readers: Vec<_> = variants
+            .iter()
+            .zip(&siphons)
+            .map(|(variant, siphon)| {
+                let broker = &broker;
+                scope.spawn(move || {
+                    read_variant(
+                        broker,
+                        variant,
+                        rows.len(),
+                        siphon,
+                        Duration::from_secs(120),
+                    )
+                })
+            })
+            .collect();
+        readers
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a reader thread panicked")))
+            })
+            .collect()
+    });
+    for ((variant, output), records) in variants.iter().zip(&outputs).zip(read) {
+        compare(variant, rows, output, &records?, &mut report);
     }
     if crate::keep_dirs() {
         eprintln!(

@@ -11,7 +11,7 @@
 //! # Invariants
 //! - [`Oracle::locate`] returns `Ok(None)` only when no JDK (`java` and `javac`) is found; a
 //!   missing jar cache is installed, and any other failure is an error.
-//! - Runs execute one after another in one JVM; each run reads its own slot, so runs never
+//! - Runs execute in one JVM, a few at a time; each run reads its own slot, so runs never
 //!   see each other's progress.
 //! - Byte strings cross the process boundary in hex, so no byte is reinterpreted.
 
@@ -292,8 +292,8 @@ impl Oracle {
         }))
     }
 
-    /// Runs `runs` one after another in one JVM; `dir` receives the run files, outputs and
-    /// the JVM's log (`oracle.log`).
+    /// Runs `runs` in one JVM (four at a time); `dir` receives the run files, outputs and the
+    /// JVM's log (`oracle.log`).
     pub fn run(&self, dir: &Path, runs: &[OracleRun]) -> Result<Vec<OracleOutput>> {
         let mut files = Vec::new();
         for run in runs {
