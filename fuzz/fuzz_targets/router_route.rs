@@ -21,8 +21,8 @@ use pgoutput::{Column, Relation, RelationColumn, ReplicaIdentity, Text, TupleDat
 use siphon_router::encode::{oid, FIRST_USER_OID};
 use siphon_router::topic::check_topic_name;
 use siphon_router::{
-    partition_for_key, Change, Encoding, EventRouter, Format, Routed, RouterContext,
-    RouterOptions, SkipReason,
+    partition_for_key, Change, Encoding, EventRouter, Format, Routed, RouterContext, RouterOptions,
+    SkipReason,
 };
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -278,6 +278,8 @@ struct Input {
     options: Vec<(Pick, OptionValue)>,
     key: EncodingSpec,
     value: EncodingSpec,
+    /// Numbers printed as Java 17 prints them rather than Java 19+.
+    java17_numbers: bool,
     /// The run id of Debezium's context headers; `None` builds the router without them.
     context: Option<String>,
     relation_id: u32,
@@ -319,9 +321,9 @@ fn tuple(row: &Row, column_count: usize) -> TupleData {
         .map(|v| match v {
             Value::Null => Column::Null,
             Value::UnchangedToast => Column::UnchangedToast,
-            Value::KnownText(i) => {
-                Column::Text(Bytes::from_static(TEXTS[usize::from(*i) % TEXTS.len()].as_bytes()))
-            }
+            Value::KnownText(i) => Column::Text(Bytes::from_static(
+                TEXTS[usize::from(*i) % TEXTS.len()].as_bytes(),
+            )),
             Value::Text(Raw(b)) => Column::Text(Bytes::copy_from_slice(b)),
             Value::Binary(Raw(b)) => Column::Binary(Bytes::copy_from_slice(b)),
         })
@@ -392,6 +394,11 @@ fuzz_target!(|input: Input| {
     let format = Format {
         key: encoding(input.key),
         value: encoding(input.value),
+        numbers: if input.java17_numbers {
+            siphon_router::JavaNumbers::Java17
+        } else {
+            siphon_router::JavaNumbers::Java19
+        },
     };
     let router = match &input.context {
         None => EventRouter::new(options, format),

@@ -34,8 +34,11 @@
 //!   system from the outside.
 
 pub mod broker;
+pub mod corpus;
+pub mod differential;
 pub mod kafka_protocol;
 pub mod kafka_read;
+pub mod oracle;
 pub mod outbox;
 pub mod ports;
 pub mod postgres;

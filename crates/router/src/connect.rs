@@ -11,11 +11,11 @@
 //! - [`write_json`] of a value that fits its schema is one valid JSON value.
 
 use crate::javanum::{java_double, java_float};
-use crate::json::write_json_string;
+use crate::json::{java_utf8, write_json_string, write_json_utf16};
 use bytes::Bytes;
 
 /// The type of a Connect schema.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SchemaType {
     /// `boolean`
     Boolean,
@@ -40,7 +40,7 @@ pub enum SchemaType {
 }
 
 /// A Connect schema.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Schema {
     /// The type.
     pub ty: SchemaType,
@@ -86,12 +86,41 @@ pub enum Value {
     Float64(f64),
     /// A string.
     Str(String),
+    /// A Java string that holds an unpaired surrogate, as UTF-16 code units (only from an
+    /// expanded payload: JSON text can escape one, UTF-8 cannot hold one).
+    JavaStr(Vec<u16>),
     /// Bytes (base64 in JSON).
     Bytes(Bytes),
     /// An array.
     Array(Vec<Value>),
     /// A struct: one value per schema field, in order.
     Struct(Vec<Value>),
+}
+
+impl Value {
+    /// The value with every float printed as Java 17 prints it (`Encoded` text instead of a
+    /// number the writers would print the Java 19+ way).
+    pub fn with_java17_numbers(self) -> Value {
+        let encoded = |f: crate::javanum::FloatText| {
+            let mut json = Vec::with_capacity(f.text.len() + 2);
+            write_float(&mut json, f.clone());
+            Value::Encoded {
+                json: Bytes::from(json),
+                text: Bytes::from(f.text),
+            }
+        };
+        match self {
+            Value::Float32(f) => encoded(crate::javanum_legacy::java17_float(f)),
+            Value::Float64(f) => encoded(crate::javanum_legacy::java17_double(f)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(Value::with_java17_numbers).collect())
+            }
+            Value::Struct(values) => {
+                Value::Struct(values.into_iter().map(Value::with_java17_numbers).collect())
+            }
+            other => other,
+        }
+    }
 }
 
 /// Appends `schema` as `JsonConverter.asJsonSchema` writes it.
@@ -161,6 +190,7 @@ pub fn write_json(out: &mut Vec<u8>, value: &Value, schema: Option<&Schema>) {
         Value::Float32(f) => write_float(out, java_float(*f)),
         Value::Float64(f) => write_float(out, java_double(*f)),
         Value::Str(s) => write_json_string(out, s),
+        Value::JavaStr(units) => write_json_utf16(out, units),
         Value::Bytes(b) => {
             out.push(b'"');
             base64(out, b);
@@ -253,6 +283,7 @@ fn write_java_text(
         Value::Float32(f) => out.extend_from_slice(java_float(*f).text.as_bytes()),
         Value::Float64(f) => out.extend_from_slice(java_double(*f).text.as_bytes()),
         Value::Str(s) => out.extend_from_slice(s.as_bytes()),
+        Value::JavaStr(units) => out.extend_from_slice(&java_utf8(units)),
         Value::Bytes(_) => return Err(BytesHaveNoText),
         Value::Array(items) => {
             // java.util.AbstractCollection.toString

@@ -24,6 +24,7 @@
 
 use crate::javanum::{java_double, java_float, FloatText};
 use crate::json::{json_string, write_json_string};
+use crate::route::JavaNumbers;
 use bytes::Bytes;
 use pgoutput::Oid;
 
@@ -163,6 +164,46 @@ pub fn to_json(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadVal
             Ok(Bytes::from(out))
         }
     }
+}
+
+/// [`to_json`] with numbers printed as `numbers` says.
+pub fn to_json_with(
+    kind: ValueKind,
+    raw: &Bytes,
+    text: &str,
+    numbers: JavaNumbers,
+) -> Result<Bytes, BadValue> {
+    match (kind, numbers) {
+        (ValueKind::Float32, JavaNumbers::Java17) => float32_17(text).map(json_number),
+        (ValueKind::Float64, JavaNumbers::Java17) => float64_17(text).map(json_number),
+        _ => to_json(kind, raw, text),
+    }
+}
+
+/// [`to_string`] with numbers printed as `numbers` says.
+pub fn to_string_with(
+    kind: ValueKind,
+    raw: &Bytes,
+    text: &str,
+    numbers: JavaNumbers,
+) -> Result<Bytes, BadValue> {
+    match (kind, numbers) {
+        (ValueKind::Float32, JavaNumbers::Java17) => float32_17(text).map(|f| Bytes::from(f.text)),
+        (ValueKind::Float64, JavaNumbers::Java17) => float64_17(text).map(|f| Bytes::from(f.text)),
+        _ => to_string(kind, raw, text),
+    }
+}
+
+fn float32_17(text: &str) -> Result<FloatText, BadValue> {
+    text.parse::<f32>()
+        .map(crate::javanum_legacy::java17_float)
+        .map_err(|_| BadValue)
+}
+
+fn float64_17(text: &str) -> Result<FloatText, BadValue> {
+    text.parse::<f64>()
+        .map(crate::javanum_legacy::java17_double)
+        .map_err(|_| BadValue)
 }
 
 /// The bytes of PostgreSQL's hex bytea text (`\x0aff`, the default `bytea_output`).

@@ -161,6 +161,14 @@ pub enum RouteError {
         column: String,
         reason: String,
     },
+    /// The payload does not fit the envelope schema cached for its schema version (built for
+    /// the first record of that version); Debezium's router fails the task here.
+    #[error("the payload in column \"{column}\" of table {table} does not fit the envelope schema built for the first payload of schema version {}, and the envelope schema is cached per version (table.field.event.schema.version); give payloads of another shape a new version", version.map_or_else(|| "NULL".to_owned(), |v| v.to_string()))]
+    EnvelopeVersionMismatch {
+        table: String,
+        column: String,
+        version: Option<i32>,
+    },
     /// An UPDATE reached an outbox table while `table.op.invalid.behavior` is `fatal`.
     #[error("a row of outbox table {table} was updated, and table.op.invalid.behavior is {behavior}; outbox rows must only be inserted (and deleted): stop updating them, or set table.op.invalid.behavior to warn or error to skip updates")]
     InvalidOperation {

@@ -4,19 +4,25 @@
 //! Parsing follows Jackson's defaults (`ObjectMapper.readTree`): strict JSON, numbers typed as
 //! int when they fit 32 bits, long when they fit 64 bits, a big integer beyond that and a
 //! double when they have a fraction or exponent; a repeated object key keeps its first
-//! position and its last value; anything after the first value is not read.
+//! position and its last value; anything after the first value is not read. Strings are Java
+//! strings: a `\uD800`-style escape of an unpaired surrogate is kept (as UTF-16 code units),
+//! and written back as Jackson writes it; a member *name* holding one is refused
+//! ([`Expansion::Unsupported`]).
 //!
 //! Schema inference:
 //! - string, boolean: optional string, optional boolean;
 //! - number: optional int32, int64 or (big integer, double) float64;
 //! - object: an optional struct named by the dotted path from the payload column name
 //!   (`payload`, `payload.order`, …) with one field per member in document order, where
+//!   a member named `""` with a schema fails the inference (Connect refuses the name), and
 //!   members whose schema is unknown (`null`, `[]`) are left out unless
 //!   `table.json.payload.null.behavior=optional_bytes` /
 //!   `table.json.payload.empty.array.behavior=optional_string` type them;
 //! - array: an optional array of the schema of its first non-null element; object elements
-//!   are merged into one struct, fields in order of appearance; elements of different JSON
-//!   types, or numbers of different schemas, make the inference fail.
+//!   are merged into one struct, fields in order of appearance; the merge of two or more
+//!   different object schemas is a *required* struct (Debezium copies only name and version),
+//!   so a `null` element then does not fit; elements of different JSON types, or numbers of
+//!   different schemas, make the inference fail.
 //!
 //! # Outcomes
 //! Debezium logs a warning and keeps the payload unchanged when the text does not start with
@@ -26,8 +32,8 @@
 //! keeps the string value, which the JSON converters then refuse ([`Expansion::Broken`]).
 //!
 //! # Invariants
-//! - Never panics; nesting deeper than [`MAX_DEPTH`] fails the parse, as Jackson's default
-//!   stream constraints do.
+//! - Never panics; containers nested deeper than [`MAX_DEPTH`] fail the parse, as Jackson's
+//!   default stream constraints do (1000 levels parse, 1001 do not).
 
 use crate::connect::{Schema, SchemaType, Value};
 use crate::options::{JsonEmptyArrayBehavior, JsonNullBehavior};
@@ -45,6 +51,8 @@ enum Node {
     BigInt,
     Double(f64),
     Str(String),
+    /// A string holding an unpaired surrogate (`"\ud800"`), as Java's UTF-16 code units.
+    JavaStr(Vec<u16>),
     Array(Vec<Node>),
     Object(Vec<(String, Node)>),
 }
@@ -60,6 +68,11 @@ pub enum Expansion {
         schema: Schema,
         /// The value.
         value: Value,
+    },
+    /// Debezium expands the payload, but Siphon cannot write what it makes of it.
+    Unsupported {
+        /// Why.
+        reason: String,
     },
     /// The schema was replaced (by this one, or by none) but the value stayed the string.
     Broken {
@@ -83,10 +96,16 @@ pub fn expand(
     let mut parser = Parser {
         bytes: text.as_bytes(),
         pos: 0,
+        unpaired_surrogate_in_name: false,
     };
     let Some(node) = parser.value(0) else {
         return Expansion::Unchanged;
     };
+    if parser.unpaired_surrogate_in_name {
+        return Expansion::Unsupported {
+            reason: "a member name holds an unpaired surrogate (a \\uD800-style escape), which Siphon does not write as a field name".to_owned(),
+        };
+    }
     let inference = Inference {
         null_behavior,
         empty_array,
@@ -116,6 +135,50 @@ pub fn expand(
 struct Parser<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// A member name held an unpaired surrogate.
+    unpaired_surrogate_in_name: bool,
+}
+
+/// A JSON string as Jackson reads it into a Java string: UTF-8 text until an unpaired
+/// surrogate shows up, UTF-16 code units from then on.
+enum Text {
+    Utf8(String),
+    Utf16(Vec<u16>),
+}
+
+impl Text {
+    fn push_str(&mut self, s: &str) {
+        match self {
+            Text::Utf8(out) => out.push_str(s),
+            Text::Utf16(units) => units.extend(s.encode_utf16()),
+        }
+    }
+
+    fn push(&mut self, c: char) {
+        match self {
+            Text::Utf8(out) => out.push(c),
+            Text::Utf16(units) => {
+                let mut buf = [0u16; 2];
+                units.extend_from_slice(c.encode_utf16(&mut buf));
+            }
+        }
+    }
+
+    fn push_unpaired(&mut self, unit: u16) {
+        if let Text::Utf8(out) = self {
+            *self = Text::Utf16(out.encode_utf16().collect());
+        }
+        if let Text::Utf16(units) = self {
+            units.push(unit);
+        }
+    }
+
+    fn into_node(self) -> Node {
+        match self {
+            Text::Utf8(s) => Node::Str(s),
+            Text::Utf16(units) => Node::JavaStr(units),
+        }
+    }
 }
 
 impl Parser<'_> {
@@ -142,11 +205,14 @@ impl Parser<'_> {
         }
     }
 
+    /// A value inside `depth` containers.
     fn value(&mut self, depth: usize) -> Option<Node> {
-        if depth > MAX_DEPTH {
+        self.skip_ws();
+        let opens = matches!(self.peek()?, b'{' | b'[');
+        // Jackson counts containers: the 1001st nested object or array is refused.
+        if opens && depth + 1 > MAX_DEPTH {
             return None;
         }
-        self.skip_ws();
         match self.peek()? {
             b'{' => {
                 self.pos += 1;
@@ -161,7 +227,13 @@ impl Parser<'_> {
                     if self.peek() != Some(b'"') {
                         return None;
                     }
-                    let key = self.string()?;
+                    let key = match self.string()? {
+                        Text::Utf8(key) => key,
+                        Text::Utf16(units) => {
+                            self.unpaired_surrogate_in_name = true;
+                            String::from_utf16_lossy(&units)
+                        }
+                    };
                     self.skip_ws();
                     if self.peek() != Some(b':') {
                         return None;
@@ -204,7 +276,7 @@ impl Parser<'_> {
                     }
                 }
             }
-            b'"' => self.string().map(Node::Str),
+            b'"' => self.string().map(Text::into_node),
             b't' => self.literal(b"true").map(|()| Node::Bool(true)),
             b'f' => self.literal(b"false").map(|()| Node::Bool(false)),
             b'n' => self.literal(b"null").map(|()| Node::Null),
@@ -275,10 +347,22 @@ impl Parser<'_> {
         u32::from_str_radix(text, 16).ok()
     }
 
-    fn string(&mut self) -> Option<String> {
+    /// The 4 hex digits of a `\uXXXX` escape starting at `at`, without moving.
+    fn escaped_unit_at(&self, at: usize) -> Option<u32> {
+        if self.bytes.get(at..at + 2) != Some(b"\\u") {
+            return None;
+        }
+        let digits = std::str::from_utf8(self.bytes.get(at + 2..at + 6)?).ok()?;
+        if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(digits, 16).ok()
+    }
+
+    fn string(&mut self) -> Option<Text> {
         // At the opening quote.
         self.pos += 1;
-        let mut out = String::new();
+        let mut out = Text::Utf8(String::new());
         loop {
             let run_start = self.pos;
             while let Some(&b) = self.bytes.get(self.pos) {
@@ -308,22 +392,23 @@ impl Parser<'_> {
                         b't' => out.push('\t'),
                         b'u' => {
                             let first = self.hex4()?;
-                            let code = if (0xD800..0xDC00).contains(&first) {
-                                // A high surrogate must be followed by an escaped low one.
-                                if self.bytes.get(self.pos..self.pos + 2) != Some(b"\\u") {
-                                    return None;
+                            // Jackson builds a Java string unit by unit: a surrogate escape
+                            // need not be paired.
+                            if (0xD800..0xDC00).contains(&first) {
+                                match self.escaped_unit_at(self.pos) {
+                                    Some(second) if (0xDC00..0xE000).contains(&second) => {
+                                        self.pos += 6;
+                                        let code =
+                                            0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00);
+                                        out.push(char::from_u32(code)?);
+                                    }
+                                    _ => out.push_unpaired(u16::try_from(first).ok()?),
                                 }
-                                self.pos += 2;
-                                let second = self.hex4()?;
-                                if !(0xDC00..0xE000).contains(&second) {
-                                    return None;
-                                }
-                                0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00)
+                            } else if (0xDC00..0xE000).contains(&first) {
+                                out.push_unpaired(u16::try_from(first).ok()?);
                             } else {
-                                first
-                            };
-                            // A lone low surrogate cannot be written back as UTF-8.
-                            out.push(char::from_u32(code)?);
+                                out.push(char::from_u32(first)?);
+                            }
                         }
                         _ => return None,
                     }
@@ -341,7 +426,7 @@ fn node_type(node: &Node) -> u8 {
         Node::Null => 0,
         Node::Bool(_) => 1,
         Node::Int(_) | Node::Long(_) | Node::BigInt | Node::Double(_) => 2,
-        Node::Str(_) => 3,
+        Node::Str(_) | Node::JavaStr(_) => 3,
         Node::Array(_) => 4,
         Node::Object(_) => 5,
     }
@@ -360,7 +445,7 @@ impl Inference {
     /// `Ok(None)`: no schema (the member is left out); `Err`: inference fails.
     fn schema(&self, key: Option<&str>, node: &Node) -> Result<Option<Schema>, ()> {
         Ok(match node {
-            Node::Str(_) => Some(optional(SchemaType::String)),
+            Node::Str(_) | Node::JavaStr(_) => Some(optional(SchemaType::String)),
             Node::Bool(_) => Some(optional(SchemaType::Boolean)),
             Node::Int(_) => Some(optional(SchemaType::Int32)),
             Node::Long(_) => Some(optional(SchemaType::Int64)),
@@ -387,6 +472,11 @@ impl Inference {
                         _ => name.clone(),
                     };
                     if let Some(schema) = self.schema(Some(&field_key), value)? {
+                        // Connect's `SchemaBuilder.field` refuses an empty name, which fails
+                        // the whole inference (a member without a schema is never added).
+                        if name.is_empty() {
+                            return Err(());
+                        }
                         if !fields.iter().any(|(n, _)| n == name) {
                             fields.push((name.clone(), schema));
                         }
@@ -449,7 +539,8 @@ impl Inference {
 }
 
 /// Merges two struct schemas: fields of the left in order, then new fields of the right; a
-/// left bytes field (from a `null`) gives way to a typed right one.
+/// left bytes field (from a `null`) gives way to a typed right one. The result is not
+/// optional, so a `null` element of an array whose objects differ does not fit it.
 fn merge(left: Schema, right: Schema) -> Schema {
     let SchemaType::Struct(mut fields) = left.ty else {
         return left;
@@ -469,9 +560,11 @@ fn merge(left: Schema, right: Schema) -> Schema {
             }
         }
     }
+    // Debezium rebuilds the merged schema with `SchemaUtil.copySchemaBasics`, which copies
+    // the name and version but not `optional`: a merged element schema is required.
     Schema {
         ty: SchemaType::Struct(fields),
-        optional: left.optional,
+        optional: false,
         name: left.name,
         version: left.version,
     }
@@ -486,8 +579,13 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
         ))
     };
     match (node, &schema.ty) {
+        // Connect's `Struct.put` refuses null for a required schema.
+        (Node::Null, _) if !schema.optional => {
+            Err("a JSON null is an element of an array whose objects differ, whose merged schema is required".to_owned())
+        }
         (Node::Null, _) => Ok(Value::Null),
         (Node::Str(s), SchemaType::String) => Ok(Value::Str(s.clone())),
+        (Node::JavaStr(units), SchemaType::String) => Ok(Value::JavaStr(units.clone())),
         (Node::Bool(b), SchemaType::Boolean) => Ok(Value::Bool(*b)),
         (Node::Int(i), SchemaType::Int32) => Ok(Value::Int(i64::from(*i))),
         (Node::Long(l), SchemaType::Int64) => Ok(Value::Int(*l)),
@@ -511,7 +609,7 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
             )
             .collect::<Result<Vec<_>, _>>()
             .map(Value::Struct),
-        (Node::Str(_), _) => mismatch("string"),
+        (Node::Str(_) | Node::JavaStr(_), _) => mismatch("string"),
         (Node::Bool(_), _) => mismatch("boolean"),
         (Node::Int(_) | Node::Long(_) | Node::Double(_), _) => mismatch("number"),
         (Node::Array(_), _) => mismatch("array"),
@@ -589,16 +687,50 @@ mod tests {
 
     #[test]
     fn nested_objects_and_merged_array_elements() {
-        let (schema, value) =
-            dflt(r#"{"o": {"x": 1}, "items": [{"id": 1}, {"id": 2, "q": "a"}, null]}"#);
+        // Expected bytes from Debezium 3.6.3's JsonSchemaData and JsonConverter.
+        let (schema, value) = dflt(r#"{"o": {"x": 1}, "items": [{"id": 1}, {"id": 2, "q": "a"}]}"#);
         assert_eq!(
             schema,
-            r#"{"type":"struct","fields":[{"type":"struct","fields":[{"type":"int32","optional":true,"field":"x"}],"optional":true,"name":"payload.o","field":"o"},{"type":"array","items":{"type":"struct","fields":[{"type":"int32","optional":true,"field":"id"},{"type":"string","optional":true,"field":"q"}],"optional":true,"name":"payload.items"},"optional":true,"field":"items"}],"optional":true,"name":"payload"}"#
+            r#"{"type":"struct","fields":[{"type":"struct","fields":[{"type":"int32","optional":true,"field":"x"}],"optional":true,"name":"payload.o","field":"o"},{"type":"array","items":{"type":"struct","fields":[{"type":"int32","optional":true,"field":"id"},{"type":"string","optional":true,"field":"q"}],"optional":false,"name":"payload.items"},"optional":true,"field":"items"}],"optional":true,"name":"payload"}"#
         );
         assert_eq!(
             value,
-            r#"{"o":{"x":1},"items":[{"id":1,"q":null},{"id":2,"q":"a"},null]}"#
+            r#"{"o":{"x":1},"items":[{"id":1,"q":null},{"id":2,"q":"a"}]}"#
         );
+        // Equal element schemas are not merged: the element schema stays optional.
+        let (_, value) = dflt(r#"{"items": [{"id": 1}, {"id": 1}, null]}"#);
+        assert_eq!(value, r#"{"items":[{"id":1},{"id":1},null]}"#);
+    }
+
+    // Expected bytes from Debezium 3.6.3 (differential test): the merged element struct is
+    // required, and a null element no longer fits it.
+    #[test]
+    fn merged_array_elements_are_required() {
+        let (schema, value) = dflt(r#"{"f0": [{"f1": null}, {"f1": 1.0E-4}]}"#);
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"array","items":{"type":"struct","fields":[{"type":"double","optional":true,"field":"f1"}],"optional":false,"name":"payload.f0"},"optional":true,"field":"f0"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(value, r#"{"f0":[{"f1":null},{"f1":1.0E-4}]}"#);
+        assert!(matches!(
+            expand(
+                "payload",
+                r#"{"f0": [{"a": 1}, {"b": 2}, null]}"#,
+                JsonNullBehavior::Ignore,
+                JsonEmptyArrayBehavior::Ignore
+            ),
+            Expansion::Broken { .. }
+        ));
+    }
+
+    #[test]
+    fn empty_member_name_without_a_schema_is_left_out() {
+        let (schema, value) = dflt(r#"{"": null, "a": {"": []}}"#);
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"struct","fields":[],"optional":true,"name":"payload.a","field":"a"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(value, r#"{"a":{}}"#);
     }
 
     #[test]
@@ -621,8 +753,12 @@ mod tests {
             "{\"a\":[1,\"x\"]}",
             "{\"a\":[1,3000000000]}",
             "{\"a\":[null]}",
-            "{\"a\":\"\\ud800\"}",
             "{\"a\":\"\u{1}\"}",
+            // Expected from Debezium 3.6.3 (differential test): an empty member name with a
+            // schema leaves the payload as it is.
+            "{\"\": 1}",
+            "{\"a\": {\"\": \"x\"}}",
+            "{\"a\": [{\"\": true}]}",
         ] {
             assert_eq!(
                 expand("payload", text, n, a),
@@ -655,6 +791,58 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    // Expected bytes from Debezium 3.6.3 (differential test): Jackson reads unpaired
+    // surrogate escapes into the Java string; JsonConverter escapes them again.
+    #[test]
+    fn unpaired_surrogates_are_kept() {
+        let (schema, value) = dflt(
+            r#"{"a": "x\uDC00y", "b": "\udfff\ud800", "c": "\ud83d\ude00", "d": "\udbff\u0041"}"#,
+        );
+        assert_eq!(
+            schema,
+            r#"{"type":"struct","fields":[{"type":"string","optional":true,"field":"a"},{"type":"string","optional":true,"field":"b"},{"type":"string","optional":true,"field":"c"},{"type":"string","optional":true,"field":"d"}],"optional":true,"name":"payload"}"#
+        );
+        assert_eq!(
+            value,
+            r#"{"a":"x\uDC00y","b":"\uDFFF\uD800","c":"\uD83D\uDE00","d":"\uDBFFA"}"#
+        );
+        assert!(matches!(
+            expand(
+                "payload",
+                r#"{"\ud800": 1}"#,
+                JsonNullBehavior::Ignore,
+                JsonEmptyArrayBehavior::Ignore
+            ),
+            Expansion::Unsupported { .. }
+        ));
+    }
+
+    // Jackson 2.21's StreamReadConstraints (Debezium 3.6.3): 1000 nested containers parse,
+    // 1001 do not, whatever the innermost value.
+    #[test]
+    fn nesting_limit_counts_containers() {
+        // Deep recursion: on a thread with a stack as large as the router gives deep payloads.
+        let checks = || {
+            let nested = |levels: usize, inner: &str| {
+                format!("{}{inner}{}", "{\"n\": ".repeat(levels), "}".repeat(levels))
+            };
+            let n = JsonNullBehavior::Ignore;
+            let a = JsonEmptyArrayBehavior::Ignore;
+            let expanded =
+                |text: &str| matches!(expand("payload", text, n, a), Expansion::Expanded { .. });
+            assert!(expanded(&nested(1000, "1")));
+            assert!(!expanded(&nested(1001, "1")));
+            assert!(expanded(&nested(999, "{}")));
+            assert!(!expanded(&nested(1000, "{}")));
+            assert!(!expanded(&nested(1000, "[]")));
+        };
+        let worker = std::thread::Builder::new()
+            .stack_size(64 * 1024 * 1024)
+            .spawn(checks)
+            .map(std::thread::JoinHandle::join);
+        assert!(matches!(worker, Ok(Ok(()))));
     }
 
     #[test]

@@ -13,12 +13,17 @@
 //!   (`1.0E7`, `1.0E-4`, `1.2345E-5`, `-2.5E10`).
 //! - When the shortest decimal has a single digit, Java prints the closest two-digit decimal
 //!   that still reads back as the number, if it is closer (`4.9E-324` rather than `5.0E-324`).
+//! - When two shortest decimals are exactly as close to the number, Java takes the one whose
+//!   last digit is even (`1.4978982117220732E15`); Rust's own output may take the other one,
+//!   so ties are decided here again.
 //!
 //! # Edge cases
+//! - Debezium's official 3.x container images run Java 21, and the differential test runs its
+//!   oracle on Java 21: this module follows Java 19 and later.
 //! - Java 17 and earlier used an older algorithm that sometimes printed more digits than
-//!   needed (JDK-4511638) and did not apply the two-digit rule above. A Kafka Connect worker
-//!   on such a JDK can differ from this module in those rare cases; this module follows the
-//!   Java 19+ specification.
+//!   needed (JDK-4511638): `8.41E21` as `8.409999999999999E21`, `1.0E23` as
+//!   `9.999999999999999E22` (both seen from Debezium 3.6.3 on OpenJDK 17.0.15);
+//!   [`crate::javanum_legacy`] prints numbers that way, for `format.java_version` 18 and below.
 //! - Jackson writes non-finite numbers as JSON strings (`"NaN"`, `"Infinity"`); [`FloatText`]
 //!   says whether a value is finite so the JSON encoder can quote it.
 //!
@@ -45,7 +50,7 @@ pub fn java_double(v: f64) -> FloatText {
         return non_finite(if v < 0.0 { "-Infinity" } else { "Infinity" });
     }
     let abs = v.abs();
-    let shortest = format!("{abs:e}");
+    let shortest = ties_to_even(format!("{abs:e}"), |digits| format!("{abs:.digits$e}"));
     let two_digits = format!("{abs:.1e}");
     let reads_back = two_digits.parse::<f64>().is_ok_and(|x| x == abs);
     render(
@@ -66,7 +71,7 @@ pub fn java_float(v: f32) -> FloatText {
         return non_finite(if v < 0.0 { "-Infinity" } else { "Infinity" });
     }
     let abs = v.abs();
-    let shortest = format!("{abs:e}");
+    let shortest = ties_to_even(format!("{abs:e}"), |digits| format!("{abs:.digits$e}"));
     let two_digits = format!("{abs:.1e}");
     let reads_back = two_digits.parse::<f32>().is_ok_and(|x| x == abs);
     render(
@@ -76,6 +81,57 @@ pub fn java_float(v: f32) -> FloatText {
         &two_digits,
         reads_back,
     )
+}
+
+/// Extra digits of the exact value looked at to tell an exact tie from a near one (a double's
+/// exact decimal expansion never holds this many zeros right after a tie's 5).
+const TIE_GUARD_DIGITS: usize = 40;
+
+/// Java picks, among the shortest decimals that read back as the number, the one closest to
+/// it, and on an exact tie the one whose last digit is even; Rust's shortest output may take
+/// the other one of a tie (`1.4978982117220733E15` where Java prints `…732E15`).
+/// `shortest` is Rust's `{:e}` text, `exact(p)` the number's `{:.p$e}` text (correctly
+/// rounded to p + 1 digits).
+fn ties_to_even(shortest: String, exact: impl Fn(usize) -> String) -> String {
+    let Some((digits, _)) = split_scientific(&shortest) else {
+        return shortest;
+    };
+    let n = digits.len();
+    if n < 2 {
+        return shortest;
+    }
+    let Some((exact_digits, exponent)) = split_scientific(&exact(n + TIE_GUARD_DIGITS)) else {
+        return shortest;
+    };
+    let bytes = exact_digits.as_bytes();
+    let tie = bytes.get(n) == Some(&b'5') && bytes[n + 1..].iter().all(|&b| b == b'0');
+    if !tie {
+        return shortest;
+    }
+    // The two candidates are the exact value truncated to n digits and that plus one unit in
+    // the last place; Java takes the even one.
+    let mut chosen: Vec<u8> = bytes[..n].to_vec();
+    let mut exponent = exponent;
+    if (chosen[n - 1] - b'0') % 2 == 1 {
+        let mut i = n;
+        loop {
+            if i == 0 {
+                chosen.insert(0, b'1');
+                chosen.pop();
+                exponent += 1;
+                break;
+            }
+            i -= 1;
+            if chosen[i] == b'9' {
+                chosen[i] = b'0';
+            } else {
+                chosen[i] += 1;
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8(chosen).unwrap_or_default();
+    format!("{}.{}e{exponent}", &text[..1], &text[1..])
 }
 
 fn non_finite(text: &str) -> FloatText {
@@ -204,6 +260,23 @@ mod tests {
         assert_eq!(d(2e-3), "0.002");
     }
 
+    // Expected strings: Double.toString on Java 21 (Temurin 21.0.8).
+    #[test]
+    fn exact_ties_take_the_even_digit() {
+        assert_eq!(
+            d(f64::from_bits(4833850393388060005)),
+            "1.4978982117220732E15"
+        );
+        assert_eq!(
+            d(f64::from_bits(4831176509639292914)),
+            "9.776635906864622E14"
+        );
+        assert_eq!(
+            d(-f64::from_bits(4833239138024117817)),
+            "-1.3450843707365262E15"
+        );
+    }
+
     #[test]
     fn doubles_that_java_prints_with_two_digits() {
         // Double.MIN_VALUE: the shortest decimal is 5E-324, Java prints the closer 4.9E-324.
@@ -232,6 +305,31 @@ mod tests {
         assert_eq!(f(f32::from_bits(1)), "1.4E-45");
         assert_eq!(f(f32::NAN), "NaN");
         assert_eq!(f(f32::NEG_INFINITY), "-Infinity");
+    }
+
+    /// Checks a file of `bits<TAB>text` lines (`f` before the bits of a float) written by
+    /// Java 21 (`SIPHON_JAVA21_DOUBLES=path cargo test -p siphon-router java21_file`).
+    #[test]
+    fn java21_file() {
+        let Some(path) = std::env::var_os("SIPHON_JAVA21_DOUBLES") else {
+            return;
+        };
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut bad = Vec::new();
+        for line in text.lines() {
+            let Some((kind_bits, expected)) = line.split_once('\t') else {
+                continue;
+            };
+            let got = if let Some(bits) = kind_bits.strip_prefix('f') {
+                f(f32::from_bits(bits.parse::<i32>().unwrap_or(0) as u32))
+            } else {
+                d(f64::from_bits(kind_bits.parse::<i64>().unwrap_or(0) as u64))
+            };
+            if got != expected && bad.len() < 20 {
+                bad.push(format!("{kind_bits}: java {expected} rust {got}"));
+            }
+        }
+        assert!(bad.is_empty(), "mismatches:\n{}", bad.join("\n"));
     }
 
     proptest! {

@@ -1,13 +1,14 @@
 //! Outbox routing with the semantics of Debezium's outbox Event Router
 //! (`io.debezium.transforms.outbox.EventRouter`) followed by Kafka Connect's converters.
 //!
-//! The crate is a pure function from an outbox row, as pgoutput delivers it, to the Kafka
-//! record Debezium would have written, byte for byte:
+//! The crate turns an outbox row, as pgoutput delivers it, into the Kafka record Debezium
+//! would have written, byte for byte; the only state it keeps is Debezium's envelope schema
+//! cache ([`schema_cache`]), which Debezium's bytes depend on:
 //!
 //! ```text
 //! RouterOptions::from_map(options) ─┐
 //!                                   ├─ EventRouter::new ─ bind(Relation) ─ TableBinding
-//! Format { key, value } ────────────┘                                         │
+//! Format { key, value, numbers } ───┘                                         │
 //!                                     route(&binding, Change::Insert(row)) ─ Routed::Record
 //! ```
 //!
@@ -22,15 +23,19 @@
 //! - [`timestamp`]: `table.field.event.timestamp`, PostgreSQL timestamp text to milliseconds.
 //! - [`json`]: JSON string literals escaped exactly as Jackson escapes them.
 //! - [`javanum`]: floating-point numbers printed as Java prints them.
+//! - [`javanum_legacy`]: the same as Java 17 and earlier print them.
 //! - [`topic`]: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
 //! - [`partition`]: Kafka's murmur2 key partitioning.
+//! - [`schema_cache`]: the envelope schema Debezium builds once and reuses, name included.
 //! - [`error`]: configuration and routing errors, each naming the fix.
 //! - [`extension`]: the formats beyond Debezium's, applied after routing: [`protobuf`]
 //!   values, [`cloudevents`] and W3C [`trace`] context, with the [`position`] of the change.
 //!
 //! # Invariants
-//! - Routing has no side effects and never panics; every row is either a record, a skip
-//!   with a [`SkipReason`], or a [`RouteError`] that names the table.
+//! - Routing never panics (a deeply nested payload is expanded on a thread with a large
+//!   stack); every row is either a record, a skip with a [`SkipReason`], or a [`RouteError`]
+//!   that names the table. Its only side effect is filling the envelope schema cache, shared
+//!   by a router's clones, as one Debezium task shares it.
 //! - Input text is never re-serialized unless `table.expand.json.payload` is on: a jsonb
 //!   payload reaches Kafka as PostgreSQL printed it (as a JSON string literal with the Json
 //!   encoding, unchanged with the String encoding).
@@ -45,11 +50,15 @@
 //!   table is bound; Debezium fails on the first event.
 //! - A `timestamptz` event timestamp column is read; Debezium fails on it (its schema is a
 //!   string), and reads `timestamp` columns only.
-//! - Where Debezium caches the envelope's value schema by payload schema (naming it after
-//!   whichever routing value came first), each record's schema is named after its own
-//!   routing value.
 //! - Expanded arrays of objects whose elements differ merge their fields in order of
-//!   appearance; Debezium merges them in hash-set order, which varies between runs.
+//!   appearance; Debezium merges them in hash-set order, which varies between JVM runs.
+//! - An expanded payload with an unpaired surrogate escape in a member *name* is an error.
+//! - Doubles are printed as Java 19 and later print them (Debezium's official 3.x images run
+//!   Java 21), or as Java 17 and earlier with [`JavaNumbers::Java17`].
+//! - `table.json.payload.empty.array.behavior` is Siphon's own option (Debezium 3.x has no
+//!   such option); its default, `ignore`, is what Debezium does.
+//!
+//! The bytes are checked against a real Debezium by `tests/tests/differential.rs`.
 
 pub mod binding;
 pub mod cloudevents;
@@ -59,12 +68,14 @@ pub mod error;
 pub mod expand;
 pub mod extension;
 pub mod javanum;
+pub mod javanum_legacy;
 pub mod json;
 pub mod options;
 pub mod partition;
 pub mod position;
 pub mod protobuf;
 pub mod route;
+pub mod schema_cache;
 pub mod timestamp;
 pub mod topic;
 pub mod trace;
@@ -81,8 +92,8 @@ pub use options::{
 pub use partition::{murmur2, partition_for_key};
 pub use position::SourcePosition;
 pub use route::{
-    Change, Encoding, EventRouter, Format, Header, LogLevel, Routed, RoutedRecord, RouterContext,
-    SkipReason,
+    Change, Encoding, EventRouter, Format, Header, JavaNumbers, LogLevel, Routed, RoutedRecord,
+    RouterContext, SkipReason,
 };
 pub use topic::TopicRouter;
 pub use trace::TraceOptions;

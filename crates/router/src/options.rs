@@ -95,6 +95,8 @@ pub enum JsonNullBehavior {
 }
 
 /// How JSON expansion types an empty array (`table.json.payload.empty.array.behavior`).
+///
+/// Siphon's own option: Debezium 3.x has none, and always leaves empty arrays out (`Ignore`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JsonEmptyArrayBehavior {
     /// `ignore`: members whose value is `[]` are left out of the expanded value.

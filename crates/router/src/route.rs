@@ -25,12 +25,14 @@
 
 use crate::binding::{bind, BoundColumn, TableBinding};
 use crate::connect::{java_text, write_envelope, write_json, Schema, SchemaType, Value};
-use crate::encode::{decode_bytea, to_json, to_string, BadValue, ValueKind};
+use crate::encode::{decode_bytea, to_json_with, to_string_with, BadValue, ValueKind};
 use crate::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::expand::{expand, Expansion};
 use crate::extension::{EventExtensions, ExtensionConfigError, Extensions};
+use crate::json::{nesting_depth, MAX_WRITE_DEPTH};
 use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
 use crate::position::SourcePosition;
+use crate::schema_cache::{CacheKey, EnvelopeSchemas};
 use crate::timestamp::{record_timestamp_ms, TimestampError};
 use crate::topic::check_topic_name;
 use bytes::Bytes;
@@ -61,13 +63,26 @@ pub enum Encoding {
     Binary,
 }
 
-/// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`).
+/// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`), and
+/// how the worker's JVM prints floating-point numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Format {
     /// How the record key is written.
     pub key: Encoding,
     /// How the record value is written.
     pub value: Encoding,
+    /// The Java generation whose `Double.toString` / `Float.toString` the numbers follow.
+    pub numbers: JavaNumbers,
+}
+
+/// Which Java's `Double.toString` / `Float.toString` floating-point numbers follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JavaNumbers {
+    /// Java 19 and later (shortest decimal): Debezium's official 3.x images run Java 21.
+    #[default]
+    Java19,
+    /// Java 18 and earlier (`FloatingDecimal`), which prints some numbers with more digits.
+    Java17,
 }
 
 /// One change to an outbox row, as pgoutput delivers it.
@@ -170,6 +185,13 @@ impl RouterContext {
     }
 }
 
+/// Payloads nested at most this deep are expanded on the calling thread.
+const SHALLOW_NESTING: usize = 64;
+
+/// The stack of the thread that expands a deeper payload: 1000 levels of recursion in the
+/// parser, the schema inference, the writers and the drop, with room to spare.
+const DEEP_STACK_BYTES: usize = 64 * 1024 * 1024;
+
 /// The header that carries the event id.
 const ID_HEADER: &str = "id";
 
@@ -181,6 +203,8 @@ pub struct EventRouter {
     id_header: Arc<str>,
     context_headers: Vec<Header>,
     extensions: Extensions,
+    /// Envelope schema names as Debezium caches them; shared by clones.
+    envelope_schemas: EnvelopeSchemas,
 }
 
 impl EventRouter {
@@ -193,6 +217,7 @@ impl EventRouter {
             id_header: Arc::from(ID_HEADER),
             context_headers: Vec::new(),
             extensions: Extensions::default(),
+            envelope_schemas: EnvelopeSchemas::default(),
         }
     }
 
@@ -333,6 +358,9 @@ impl EventRouter {
         position: &SourcePosition,
     ) -> Result<Routed, RouteError> {
         match change {
+            Change::Insert(row) if self.needs_deep_stack(binding, row) => {
+                self.route_insert_on_deep_stack(binding, row, position)
+            }
             Change::Insert(row) => self
                 .route_insert(binding, row, position)
                 .map(Routed::Record),
@@ -382,7 +410,8 @@ impl EventRouter {
         let id = {
             let column = &binding.event_id;
             let (raw, text) = required(binding, column, row)?;
-            to_string(column.kind, raw, text).map_err(|BadValue| invalid(binding, column, raw))?
+            to_string_with(column.kind, raw, text, self.format.numbers)
+                .map_err(|BadValue| invalid(binding, column, raw))?
         };
 
         let timestamp_ms = match &binding.timestamp {
@@ -406,7 +435,13 @@ impl EventRouter {
             },
         };
 
-        let key = encode_column(binding, &binding.event_key, row, self.format.key)?;
+        let key = encode_column(
+            binding,
+            &binding.event_key,
+            row,
+            self.format.key,
+            self.format.numbers,
+        )?;
 
         let mut headers = Vec::with_capacity(self.context_headers.len() + 1);
         headers.extend(self.context_headers.iter().cloned());
@@ -421,7 +456,7 @@ impl EventRouter {
                     let value = match cell(binding, &extra.column, row)? {
                         None => None,
                         Some((raw, text)) => Some(
-                            to_string(extra.column.kind, raw, text)
+                            to_string_with(extra.column.kind, raw, text, self.format.numbers)
                                 .map_err(|BadValue| invalid(binding, &extra.column, raw))?,
                         ),
                     };
@@ -494,16 +529,42 @@ impl EventRouter {
             }
             _ => Expansion::Unchanged,
         };
+        let expansion = match (expansion, self.format.numbers) {
+            (Expansion::Expanded { schema, value }, JavaNumbers::Java17) => Expansion::Expanded {
+                schema,
+                value: value.with_java17_numbers(),
+            },
+            (other, _) => other,
+        };
 
         // `payload.toString().trim().isEmpty()` in Debezium: NULL, or text made only of
         // characters up to U+0020.
         let empty = match (&payload, &expansion) {
             (None, _) => true,
-            (Some((_, text)), Expansion::Unchanged | Expansion::Broken { .. }) => {
-                column.kind == ValueKind::Text && text.chars().all(|c| c <= ' ')
-            }
+            (
+                Some((_, text)),
+                Expansion::Unchanged | Expansion::Broken { .. } | Expansion::Unsupported { .. },
+            ) => column.kind == ValueKind::Text && text.chars().all(|c| c <= ' '),
             _ => false,
         };
+
+        if let Expansion::Unsupported { reason } = &expansion {
+            return Err(RouteError::JsonExpansion {
+                table: binding.table().to_owned(),
+                column: column.name.to_string(),
+                reason: reason.clone(),
+            });
+        }
+
+        if has_envelope {
+            // Debezium builds the envelope (and checks that the payload fits it) before it
+            // looks at an empty payload.
+            let (schema, value) = self.envelope(binding, row, routed_value, &expansion)?;
+            if empty && self.options.tombstone_on_empty_payload() {
+                return Ok(None);
+            }
+            return self.written(binding, &value, &schema, encoding);
+        }
 
         if let Expansion::Broken { schema, reason } = &expansion {
             let text = payload.map(|(_, t)| t).unwrap_or_default();
@@ -512,9 +573,6 @@ impl EventRouter {
                 column: column.name.to_string(),
                 reason: reason.clone(),
             };
-            if has_envelope {
-                return Err(fail());
-            }
             // The schema was replaced but the value is still the string: only a converter
             // that ignores the schema can write it.
             return match (encoding, schema) {
@@ -533,18 +591,144 @@ impl EventRouter {
             return Ok(None);
         }
 
-        if !has_envelope {
-            return match expansion {
-                Expansion::Expanded { schema, value } => Ok(write_value(&value, &schema, encoding)),
-                _ => encode_column(binding, column, row, encoding),
-            };
+        match expansion {
+            Expansion::Expanded { schema, value } => {
+                self.written(binding, &value, &schema, encoding)
+            }
+            _ => encode_column(binding, column, row, encoding, self.format.numbers),
         }
+    }
 
-        // The envelope: {payload, aliases…} named after the table and the routing value.
-        let (payload_schema, payload_value) = match expansion {
-            Expansion::Expanded { schema, value } => (schema, value),
-            _ => (column.schema(), column_value(binding, column, row)?),
+    /// Whether the row's payload is expanded and nests deeper than a thread's default stack
+    /// comfortably recurses (expansion, writing and dropping the value recurse per level).
+    fn needs_deep_stack(&self, binding: &TableBinding, row: &TupleData) -> bool {
+        self.options.expand_json_payload()
+            && matches!(
+                cell(binding, &binding.payload, row),
+                Ok(Some((_, text))) if nesting_depth(text.as_bytes()) > SHALLOW_NESTING
+            )
+    }
+
+    /// [`EventRouter::route_insert`] on a scoped thread with a stack sized for
+    /// [`crate::expand::MAX_DEPTH`] levels.
+    fn route_insert_on_deep_stack(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+        position: &SourcePosition,
+    ) -> Result<Routed, RouteError> {
+        let failed = |what: &str| RouteError::JsonExpansion {
+            table: binding.table().to_owned(),
+            column: binding.payload.name.to_string(),
+            reason: format!("the payload nests deeply and {what}"),
         };
+        std::thread::scope(|scope| {
+            let worker = std::thread::Builder::new()
+                .name("siphon-deep-json".to_owned())
+                .stack_size(DEEP_STACK_BYTES)
+                .spawn_scoped(scope, || {
+                    self.route_insert(binding, row, position)
+                        .map(Routed::Record)
+                })
+                .map_err(|e| failed(&format!("no thread could be started to expand it: {e}")))?;
+            worker
+                .join()
+                .map_err(|_| failed("expanding it failed unexpectedly"))?
+        })
+    }
+
+    /// A struct value written per encoding, refused where Jackson would refuse to write it
+    /// (nested deeper than [`MAX_WRITE_DEPTH`]).
+    fn written(
+        &self,
+        binding: &TableBinding,
+        value: &Value,
+        schema: &Schema,
+        encoding: Encoding,
+    ) -> Result<Option<Bytes>, RouteError> {
+        let out = write_value(value, schema, encoding);
+        if matches!(encoding, Encoding::Json | Encoding::JsonSchemas) {
+            let depth = out.as_deref().map_or(0, nesting_depth);
+            if depth > MAX_WRITE_DEPTH {
+                return Err(RouteError::JsonExpansion {
+                    table: binding.table().to_owned(),
+                    column: binding.payload.name.to_string(),
+                    reason: format!(
+                        "the record's JSON nests {depth} levels deep, and Jackson (behind Kafka Connect's JsonConverter) writes at most {MAX_WRITE_DEPTH}"
+                    ),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The envelope `{payload, aliases…}` and its schema, as Debezium builds it: the schema
+    /// from its cache (see [`crate::schema_cache`]), the payload put into it as Connect's
+    /// `Struct.put` checks it.
+    fn envelope(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+        routed_value: &str,
+        expansion: &Expansion,
+    ) -> Result<(Schema, Value), RouteError> {
+        let column = &binding.payload;
+        let expansion_failure = |reason: &str| RouteError::JsonExpansion {
+            table: binding.table().to_owned(),
+            column: column.name.to_string(),
+            reason: reason.to_owned(),
+        };
+        // The payload's own schema (replaced by the inferred one when the expansion failed
+        // after inferring it) and the value that is put into the envelope.
+        let (own_schema, payload_value) = match expansion {
+            Expansion::Expanded { schema, value } => (Some(schema.clone()), value.clone()),
+            Expansion::Broken { schema, .. } => (
+                schema.clone(),
+                column_value(binding, column, row, self.format.numbers)?,
+            ),
+            _ => (
+                Some(column.schema()),
+                column_value(binding, column, row, self.format.numbers)?,
+            ),
+        };
+        let key = match &binding.schema_version {
+            None => CacheKey::PayloadSchema,
+            Some(_) => CacheKey::Version(self.schema_version(binding, row)?),
+        };
+        let version = match key {
+            CacheKey::Version(v) => v,
+            CacheKey::PayloadSchema => None,
+        };
+        // Debezium builds the envelope schema once per payload schema (or per version) and
+        // reuses it, name included: the first record's routing value names it.
+        let Some((payload_schema, name)) =
+            self.envelope_schemas.lookup(own_schema.as_ref(), key, || {
+                envelope_schema_name(&binding.row_schema_name, routed_value)
+            })
+        else {
+            return Err(match expansion {
+                Expansion::Broken { reason, .. } => expansion_failure(reason),
+                _ => expansion_failure("the payload has no schema"),
+            });
+        };
+        // Connect's `Struct.put`: a struct only into the identical struct schema, null only
+        // into an optional schema, any other value into a schema of its column's type.
+        let fits = match (&payload_value, expansion) {
+            (Value::Null, _) => payload_schema.optional,
+            (_, Expansion::Expanded { schema, .. }) => *schema == payload_schema,
+            _ => payload_schema.ty == column.schema().ty,
+        };
+        if !fits {
+            return Err(match (version, key, expansion) {
+                (_, CacheKey::Version(_), _) => RouteError::EnvelopeVersionMismatch {
+                    table: binding.table().to_owned(),
+                    column: column.name.to_string(),
+                    version,
+                },
+                (_, _, Expansion::Broken { reason, .. }) => expansion_failure(reason),
+                _ => expansion_failure("the payload does not fit its envelope schema"),
+            });
+        }
         let mut fields = vec![("payload".to_owned(), payload_schema)];
         let mut values = vec![payload_value];
         for extra in binding
@@ -553,25 +737,40 @@ impl EventRouter {
             .filter(|a| a.placement == Placement::Envelope)
         {
             fields.push((extra.alias.to_string(), extra.column.schema()));
-            values.push(column_value(binding, &extra.column, row)?);
+            values.push(column_value(
+                binding,
+                &extra.column,
+                row,
+                self.format.numbers,
+            )?);
         }
-        let version = match &binding.schema_version {
-            None => None,
-            Some(v) => match cell(binding, v, row)? {
-                None => None,
-                Some((raw, text)) => {
-                    Some(text.parse::<i32>().map_err(|_| invalid(binding, v, raw))?)
-                }
-            },
-        };
-        let name = envelope_schema_name(&binding.row_schema_name, routed_value);
         let schema = Schema {
             ty: SchemaType::Struct(fields),
             optional: false,
             name: Some(name),
             version,
         };
-        Ok(write_value(&Value::Struct(values), &schema, encoding))
+        Ok((schema, Value::Struct(values)))
+    }
+}
+
+impl EventRouter {
+    /// The `table.field.event.schema.version` column's value, if configured and not NULL.
+    fn schema_version(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+    ) -> Result<Option<i32>, RouteError> {
+        let Some(v) = &binding.schema_version else {
+            return Ok(None);
+        };
+        match cell(binding, v, row)? {
+            None => Ok(None),
+            Some((raw, text)) => text
+                .parse::<i32>()
+                .map(Some)
+                .map_err(|_| invalid(binding, v, raw)),
+        }
     }
 }
 
@@ -611,6 +810,7 @@ fn column_value(
     binding: &TableBinding,
     column: &BoundColumn,
     row: &TupleData,
+    numbers: JavaNumbers,
 ) -> Result<Value, RouteError> {
     let Some((raw, text)) = cell(binding, column, row)? else {
         return Ok(Value::Null);
@@ -620,8 +820,8 @@ fn column_value(
         return decode_bytea(text).map(Value::Bytes).map_err(bad);
     }
     Ok(Value::Encoded {
-        json: to_json(column.kind, raw, text).map_err(bad)?,
-        text: to_string(column.kind, raw, text).map_err(bad)?,
+        json: to_json_with(column.kind, raw, text, numbers).map_err(bad)?,
+        text: to_string_with(column.kind, raw, text, numbers).map_err(bad)?,
     })
 }
 
@@ -678,6 +878,7 @@ fn encode_column(
     column: &BoundColumn,
     row: &TupleData,
     encoding: Encoding,
+    numbers: JavaNumbers,
 ) -> Result<Option<Bytes>, RouteError> {
     let Some((raw, text)) = cell(binding, column, row)? else {
         return Ok(match encoding {
@@ -692,10 +893,10 @@ fn encode_column(
         });
     };
     let encoded = match encoding {
-        Encoding::Json => to_json(column.kind, raw, text),
-        Encoding::String => to_string(column.kind, raw, text),
+        Encoding::Json => to_json_with(column.kind, raw, text, numbers),
+        Encoding::String => to_string_with(column.kind, raw, text, numbers),
         Encoding::Binary => decode_bytea(text),
-        Encoding::JsonSchemas => to_json(column.kind, raw, text).map(|json| {
+        Encoding::JsonSchemas => to_json_with(column.kind, raw, text, numbers).map(|json| {
             let mut out = Vec::with_capacity(json.len() + 96);
             out.extend_from_slice(b"{\"schema\":");
             crate::connect::write_schema(&mut out, &column.schema());

@@ -87,6 +87,7 @@ fn router(options: &[(&str, &str)], value: Encoding, extensions: EventExtensions
         Format {
             key: Encoding::String,
             value,
+            ..Format::default()
         },
     )
     .with_extensions(extensions)

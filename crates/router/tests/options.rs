@@ -140,7 +140,11 @@ fn options(pairs: &[(&str, &str)]) -> RouterOptions {
 }
 
 fn format(key: Encoding, value: Encoding) -> Format {
-    Format { key, value }
+    Format {
+        key,
+        value,
+        ..Format::default()
+    }
 }
 
 /// NOT NULL as in Debezium's example table: all but payload.
@@ -366,6 +370,289 @@ fn schema_version_applies_to_the_envelope_schema() {
     // Without an envelope the option changes nothing and says so.
     let o = options(&[("table.field.event.schema.version", "version")]);
     assert_eq!(o.warnings().len(), 1);
+}
+
+/// The name of a json-schemas envelope, from the record's value.
+fn envelope_name(rec: &RoutedRecord) -> String {
+    let value: serde_json::Value =
+        match serde_json::from_slice(rec.value.as_deref().unwrap_or_default()) {
+            Ok(v) => v,
+            Err(e) => panic!("{e}"),
+        };
+    value["schema"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn route_with(r: &EventRouter, row: Row) -> Result<Routed, RouteError> {
+    let b = bind(r, &table());
+    r.route(&b, Change::Insert(&row.tuple()))
+}
+
+fn record_of(routed: Result<Routed, RouteError>) -> RoutedRecord {
+    match routed {
+        Ok(Routed::Record(rec)) => rec,
+        other => panic!("expected a record, got {other:?}"),
+    }
+}
+
+// Debezium 3.6.3 names the envelope schema after the first record of a payload schema and
+// reuses it (differential test, variant "schemas": later Customer records carry
+// `dbz.public.outbox.Order.Value`).
+#[test]
+fn envelope_schema_name_is_the_first_records_per_payload_schema() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let order = record_of(route_with(&r, Row::default()));
+    assert_eq!(envelope_name(&order), "dbz.public.outbox.Order.Value");
+    let customer = Row {
+        aggregatetype: t("Customer"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, customer))),
+        "dbz.public.outbox.Order.Value",
+        "same payload schema: the cached name"
+    );
+    let other_shape = Row {
+        aggregatetype: t("Customer"),
+        payload: t(r#"{"other": true}"#),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, other_shape))),
+        "dbz.public.outbox.Customer.Value",
+        "another payload schema: a new name"
+    );
+    // A clone of the router shares the cache, as one Debezium task does.
+    let clone = r.clone();
+    let invoice = Row {
+        aggregatetype: t("Invoice"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&clone, invoice))),
+        "dbz.public.outbox.Order.Value"
+    );
+    // A new router starts empty, as a restarted task does.
+    let fresh = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let invoice = Row {
+        aggregatetype: t("Invoice"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&fresh, invoice))),
+        "dbz.public.outbox.Invoice.Value"
+    );
+}
+
+// A payload whose expansion Debezium cannot finish still caches the envelope schema of its
+// inferred payload schema (differential test, variant "expenvelope").
+#[test]
+fn failed_expansion_still_names_the_envelope_schema() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let broken = Row {
+        aggregatetype: t("Order"),
+        payload: t(r#"{"n": [{"a": 1}, {"b": 2}, null]}"#),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_with(&r, broken),
+        Err(RouteError::JsonExpansion { .. })
+    ));
+    let fits = Row {
+        aggregatetype: t("Customer"),
+        payload: t(r#"{"n": [{"a": 1}, {"b": 2}]}"#),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, fits))),
+        "dbz.public.outbox.Order.Value"
+    );
+}
+
+#[test]
+fn versioned_envelope_schema_is_cached_per_version() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("table.field.event.schema.version", "version"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    record_of(route_with(&r, Row::default()));
+    let customer = Row {
+        aggregatetype: t("Customer"),
+        ..Row::default()
+    };
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, customer))),
+        "dbz.public.outbox.Order.Value"
+    );
+    let other_shape = Row {
+        payload: t(r#"{"other": true}"#),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_with(&r, other_shape),
+        Err(RouteError::EnvelopeVersionMismatch {
+            version: Some(7),
+            ..
+        })
+    ));
+}
+
+// Differential test, variant "versioned" (Debezium 3.6.3): the version's cached schema is
+// used whatever this record's payload schema is; a payload whose expansion failed is the
+// original text, which fits a cached text payload schema; a NULL version is a key too.
+#[test]
+fn versioned_envelope_takes_failed_expansions_as_text() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("table.field.event.schema.version", "version"),
+        ("topic.prefix", "dbz"),
+        ("table.expand.json.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let text_first = Row {
+        payload: t(r#""not an object""#),
+        version: t("2"),
+        ..Row::default()
+    };
+    let rec = record_of(route_with(&r, text_first));
+    assert!(text(&rec.value).contains(r#""name":"io.debezium.data.Json""#));
+    let big = Row {
+        aggregatetype: t("Customer"),
+        payload: t(r#"{"n": 123456789012345678901234567890}"#),
+        version: t("2"),
+        ..Row::default()
+    };
+    let rec = record_of(route_with(&r, big));
+    assert_eq!(
+        text(&rec.value),
+        concat!(
+            r#"{"schema":{"type":"struct","fields":["#,
+            r#"{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"payload"},"#,
+            r#"{"type":"string","optional":false,"field":"type"}"#,
+            r#"],"optional":false,"name":"dbz.public.outbox.Order.Value","version":2},"#,
+            r#""payload":{"payload":"{\"n\": 123456789012345678901234567890}","type":"OrderCreated"}}"#
+        )
+    );
+    let expanded = Row {
+        version: t("2"),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_with(&r, expanded),
+        Err(RouteError::EnvelopeVersionMismatch {
+            version: Some(2),
+            ..
+        })
+    ));
+    let null_version = Row {
+        aggregatetype: t("Invoice"),
+        version: Column::Null,
+        ..Row::default()
+    };
+    let rec = record_of(route_with(&r, null_version));
+    assert_eq!(envelope_name(&rec), "dbz.public.outbox.Invoice.Value");
+    assert!(!text(&rec.value).contains(r#""version":2}"#));
+}
+
+// Debezium builds the envelope before it checks for an empty payload: a tombstone names the
+// schema for the records after it.
+#[test]
+fn a_tombstone_names_the_envelope_schema() {
+    let opts = [
+        ("table.fields.additional.placement", "type:envelope"),
+        ("topic.prefix", "dbz"),
+        ("route.tombstone.on.empty.payload", "true"),
+    ];
+    let r = EventRouter::new(options(&opts), format(JSON, SCHEMAS));
+    let empty = Row {
+        aggregatetype: t("Gone"),
+        payload: Column::Null,
+        ..Row::default()
+    };
+    assert_eq!(record_of(route_with(&r, empty)).value, None);
+    assert_eq!(
+        envelope_name(&record_of(route_with(&r, Row::default()))),
+        "dbz.public.outbox.Gone.Value"
+    );
+}
+
+// Expected bytes: Debezium 3.6.3 with JsonConverter on Java 21 and on Java 17.
+#[test]
+fn numbers_follow_the_workers_java() {
+    let payload = || Row {
+        payload: t(r#"{"a": 8.41E21, "b": 1.0E23, "c": 0.5}"#),
+        ..Row::default()
+    };
+    let opts = [EXPAND];
+    let rec = route(&opts, format(JSON, JSON), payload());
+    assert_eq!(text(&rec.value), r#"{"a":8.41E21,"b":1.0E23,"c":0.5}"#);
+    let java17 = Format {
+        numbers: siphon_router::JavaNumbers::Java17,
+        ..format(JSON, JSON)
+    };
+    let rec = route(&opts, java17, payload());
+    assert_eq!(
+        text(&rec.value),
+        r#"{"a":8.409999999999999E21,"b":9.999999999999999E22,"c":0.5}"#
+    );
+    let java17_text = Format {
+        numbers: siphon_router::JavaNumbers::Java17,
+        ..format(JSON, STRING)
+    };
+    let rec = route(&opts, java17_text, payload());
+    assert_eq!(
+        text(&rec.value),
+        "Struct{a=8.409999999999999E21,b=9.999999999999999E22,c=0.5}"
+    );
+}
+
+// Expected from Debezium 3.6.3 (Jackson 2.21's stream constraints): 1000 nested objects are
+// expanded and written without schemas; with schemas the output nests deeper than the
+// 1000 levels Jackson writes, and the JsonConverter fails.
+#[test]
+fn deep_payloads_expand_without_exhausting_the_stack() {
+    let nested = |levels: usize| format!("{}1{}", "{\"n\": ".repeat(levels), "}".repeat(levels));
+    let deep = || Row {
+        payload: t(&nested(1000)),
+        ..Row::default()
+    };
+    let rec = route(&[EXPAND], format(JSON, JSON), deep());
+    assert_eq!(
+        text(&rec.value),
+        format!("{}1{}", "{\"n\":".repeat(1000), "}".repeat(1000))
+    );
+    assert!(matches!(
+        route_err(&[EXPAND], format(JSON, SCHEMAS), deep()),
+        RouteError::JsonExpansion { .. }
+    ));
+    let shallow_enough = Row {
+        payload: t(&nested(499)),
+        ..Row::default()
+    };
+    route(&[EXPAND], format(JSON, SCHEMAS), shallow_enough);
+    let too_deep = Row {
+        payload: t(&nested(500)),
+        ..Row::default()
+    };
+    assert!(matches!(
+        route_err(&[EXPAND], format(JSON, SCHEMAS), too_deep),
+        RouteError::JsonExpansion { .. }
+    ));
 }
 
 #[test]

@@ -188,7 +188,7 @@ pub enum EncodingName {
 }
 
 /// `[format]`.
-#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FormatSection {
     /// Key encoding: `json` (default), `json-schemas`, `string` or `binary`.
@@ -197,6 +197,24 @@ pub struct FormatSection {
     /// Value encoding: `json` (default), `json-schemas`, `string`, `binary` or `protobuf`.
     #[serde(default)]
     pub value: EncodingName,
+    /// The Java version of the Kafka Connect worker being replaced: floating-point numbers are
+    /// printed as its `Double.toString` prints them (Java 18 and earlier differ). Default 21.
+    #[serde(default = "default_java_version")]
+    pub java_version: u32,
+}
+
+fn default_java_version() -> u32 {
+    21
+}
+
+impl Default for FormatSection {
+    fn default() -> Self {
+        FormatSection {
+            key: EncodingName::default(),
+            value: EncodingName::default(),
+            java_version: default_java_version(),
+        }
+    }
 }
 
 /// `cloudevents.mode`.

@@ -13,7 +13,7 @@ use anyhow::Context;
 use siphon_kafka_sink::{SinkConfig, TopicCreation};
 use siphon_router::{
     default_cloudevents_source, CloudEventsMode, CloudEventsOptions, Encoding, EventExtensions,
-    EventRouter, Format, RouterContext, RouterOptions, TraceOptions,
+    EventRouter, Format, JavaNumbers, RouterContext, RouterOptions, TraceOptions,
 };
 use siphon_source::{SourceConfig, TableName};
 use std::collections::{BTreeMap, HashMap};
@@ -121,6 +121,11 @@ fn build_router(
     let format = Format {
         key: encoding(config.format.key),
         value: encoding(config.format.value),
+        numbers: if config.format.java_version >= 19 {
+            JavaNumbers::Java19
+        } else {
+            JavaNumbers::Java17
+        },
     };
     let wants_context = map.contains_key("topic.prefix")
         || map

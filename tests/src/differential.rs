@@ -1,0 +1,509 @@
+//! The differential harness: the same outbox rows through Debezium (the [`oracle`]) and
+//! through the `siphon` binary, against one PostgreSQL and one broker, compared record by
+//! record and byte for byte.
+//!
+//! Each [`Variant`] is one router option set and pair of encodings. Every variant gets two
+//! slots (one per system) created before the rows are inserted, so both read the same WAL;
+//! its topics are named `<variant>.<aggregate type>` by `route.topic.replacement`, so
+//! variants never share a topic. Siphon runs with `pipeline.on_error = "dead-letter"`, so a
+//! row it refuses shows up (on `<variant>.dead`) rather than stopping it.
+//!
+//! Records are paired by their `id` header (the row's primary key). Compared: topic,
+//! partition, key, value and headers (names, order, values), and the record timestamp when
+//! `table.field.event.timestamp` is set. Masked: the value of `__debezium.context.runId`
+//! (random per connector start).
+//!
+//! # Invariants
+//! - A row Debezium's converters refuse (a Connect task would fail on it) may be refused by
+//!   Siphon (dead-lettered); every other row must give the same bytes. Anything else is a
+//!   [`Difference`].
+//!
+//! [`oracle`]: crate::oracle
+
+use crate::corpus::{self, Row};
+use crate::oracle::{Converter, Oracle, OracleOutput, OracleRecord, OracleRun};
+use crate::{list_topics, read_topic, Broker, ConsumedRecord, Postgres, SiphonProcess};
+use anyhow::{Context as _, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// Partitions of every topic.
+pub const PARTITIONS: i32 = 3;
+
+/// The header whose value differs per connector start.
+const MASKED_HEADER: &str = "__debezium.context.runId";
+
+/// The Java version the oracle runs on, which Siphon is told to print numbers for:
+/// `SIPHON_ORACLE_JAVA_VERSION` (set it with `SIPHON_ORACLE_JAVA`), default 21.
+pub fn oracle_java_version() -> u32 {
+    std::env::var("SIPHON_ORACLE_JAVA_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(21)
+}
+
+/// One router configuration and pair of encodings.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// Short name: slot, topic and file prefix (lower-case letters and digits).
+    pub name: &'static str,
+    pub key: Converter,
+    pub value: Converter,
+    /// Router options besides the topic replacement and `topic.prefix`.
+    pub router: Vec<(&'static str, &'static str)>,
+}
+
+impl Variant {
+    fn router_options(&self) -> BTreeMap<String, String> {
+        let mut options: BTreeMap<String, String> = self
+            .router
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        options.insert(
+            "route.topic.replacement".to_owned(),
+            format!("{}.${{routedByValue}}", self.name),
+        );
+        options.insert("topic.prefix".to_owned(), "dbz".to_owned());
+        options
+    }
+
+    fn compares_timestamps(&self) -> bool {
+        self.router
+            .iter()
+            .any(|(k, _)| *k == "table.field.event.timestamp")
+    }
+
+    fn siphon_config(&self, pg: &Postgres, broker: &Broker) -> String {
+        let mut router = String::new();
+        for (k, v) in self.router_options() {
+            // JSON strings of ASCII text are TOML basic strings.
+            let _ = writeln!(
+                router,
+                "{} = {}",
+                serde_json::Value::from(k),
+                serde_json::Value::from(v)
+            );
+        }
+        format!(
+            r#"
+[source]
+url = "{url}"
+slot = "{name}_s"
+publication = "diff_pub"
+tables = ["public.outbox"]
+status_interval_ms = 200
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[kafka.properties]
+"message.timeout.ms" = "30000"
+
+[kafka.topic_creation]
+partitions = {PARTITIONS}
+replication_factor = 1
+
+[metrics]
+listen = "127.0.0.1:0"
+
+[pipeline]
+shutdown_timeout_secs = 20
+max_backoff_secs = 2
+on_error = "dead-letter"
+dead_letter_topic = "{name}.dead"
+
+[format]
+key = "{key}"
+value = "{value}"
+java_version = {java_version}
+
+[router]
+{router}"#,
+            url = pg.url(),
+            name = self.name,
+            bootstrap = broker.bootstrap(),
+            key = self.key.siphon_name(),
+            value = self.value.siphon_name(),
+            java_version = oracle_java_version(),
+        )
+    }
+}
+
+/// One difference between Debezium's record and Siphon's for the same row.
+#[derive(Debug, Clone)]
+pub struct Difference {
+    pub variant: &'static str,
+    pub id: String,
+    /// What differs (`value`, `key`, `headers`, …).
+    pub what: String,
+    pub debezium: String,
+    pub siphon: String,
+}
+
+/// What one differential run found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub rows: usize,
+    pub records_compared: usize,
+    /// Rows Debezium's converters refuse, per variant (Siphon refused them too).
+    pub refused_by_both: usize,
+    pub differences: Vec<Difference>,
+}
+
+impl Report {
+    /// A readable summary: counts, then the differences grouped by variant and kind (up to
+    /// `per_group` examples each).
+    pub fn summary(&self, per_group: usize) -> String {
+        let mut out = format!(
+            "{} rows, {} records compared, {} refused by both, {} differences\n",
+            self.rows,
+            self.records_compared,
+            self.refused_by_both,
+            self.differences.len()
+        );
+        let mut groups: BTreeMap<(&str, &str), Vec<&Difference>> = BTreeMap::new();
+        for d in &self.differences {
+            groups.entry((d.variant, &d.what)).or_default().push(d);
+        }
+        for ((variant, what), diffs) in groups {
+            let _ = writeln!(out, "== {variant}: {what} ({} rows)", diffs.len());
+            for d in diffs.iter().take(per_group) {
+                let _ = writeln!(
+                    out,
+                    "  row {}\n    debezium: {}\n    siphon:   {}",
+                    d.id, d.debezium, d.siphon
+                );
+            }
+        }
+        out
+    }
+}
+
+fn show(bytes: &Option<Vec<u8>>) -> String {
+    match bytes {
+        None => "<null>".to_owned(),
+        Some(b) => {
+            let text = String::from_utf8_lossy(b);
+            let mut s: String = text.chars().take(600).collect();
+            if text.chars().count() > 600 {
+                s.push('…');
+            }
+            format!("{s:?}")
+        }
+    }
+}
+
+fn show_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
+    headers
+        .iter()
+        .map(|(k, v)| format!("{k}={}", show(v)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn masked(headers: &[(String, Option<Vec<u8>>)]) -> Vec<(String, Option<Vec<u8>>)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            if k == MASKED_HEADER {
+                (k.clone(), v.as_ref().map(|_| b"<masked>".to_vec()))
+            } else {
+                (k.clone(), v.clone())
+            }
+        })
+        .collect()
+}
+
+/// Pairs and compares one variant's records.
+fn compare(
+    variant: &Variant,
+    rows: &[Row],
+    oracle: &OracleOutput,
+    siphon: &[ConsumedRecord],
+    report: &mut Report,
+) {
+    let mut diff = |id: &str, what: &str, debezium: String, siphon: String| {
+        report.differences.push(Difference {
+            variant: variant.name,
+            id: id.to_owned(),
+            what: what.to_owned(),
+            debezium,
+            siphon,
+        });
+    };
+    let mut by_id: BTreeMap<String, &ConsumedRecord> = BTreeMap::new();
+    let mut dead: BTreeMap<String, &ConsumedRecord> = BTreeMap::new();
+    for r in siphon {
+        if r.topic.ends_with(".dead") {
+            // A refused row carries its columns in the value; a record the broker refused
+            // keeps its headers, `id` included.
+            let id = r
+                .value
+                .as_deref()
+                .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+                .or_else(|| {
+                    r.header("id")
+                        .map(|id| String::from_utf8_lossy(id).into_owned())
+                });
+            if let Some(id) = id {
+                dead.insert(id, r);
+            }
+        } else if let Some(id) = r.header("id") {
+            by_id.insert(String::from_utf8_lossy(id).into_owned(), r);
+        }
+    }
+    let mut seen = 0;
+    for record in &oracle.records {
+        let Some(id) = record.id() else {
+            diff(
+                "?",
+                "oracle record without id",
+                format!("{record:?}"),
+                String::new(),
+            );
+            continue;
+        };
+        seen += 1;
+        match record {
+            OracleRecord::Refused { error, .. } => match (dead.get(&id), by_id.get(&id)) {
+                (Some(_), _) => report.refused_by_both += 1,
+                (None, Some(r)) => diff(
+                    &id,
+                    "Debezium's converters refuse the record, Siphon wrote one",
+                    error.clone(),
+                    show(&r.value),
+                ),
+                (None, None) => diff(&id, "missing in Siphon", error.clone(), String::new()),
+            },
+            OracleRecord::Produced {
+                topic,
+                partition,
+                timestamp,
+                key,
+                value,
+                headers,
+            } => {
+                let Some(got) = by_id.get(&id) else {
+                    let why = dead
+                        .get(&id)
+                        .and_then(|d| d.header("siphon.error.message"))
+                        .map(|m| String::from_utf8_lossy(m).into_owned())
+                        .unwrap_or_else(|| "no record".to_owned());
+                    diff(&id, "refused by Siphon only", show(value), why);
+                    continue;
+                };
+                report.records_compared += 1;
+                if *topic != got.topic {
+                    diff(&id, "topic", topic.clone(), got.topic.clone());
+                }
+                if *key != got.key {
+                    diff(&id, "key", show(key), show(&got.key));
+                }
+                if *value != got.value {
+                    diff(&id, "value", show(value), show(&got.value));
+                }
+                if masked(headers) != masked(&got.headers) {
+                    diff(
+                        &id,
+                        "headers",
+                        show_headers(headers),
+                        show_headers(&got.headers),
+                    );
+                }
+                if let Some(p) = partition {
+                    if *p != got.partition {
+                        diff(&id, "partition", p.to_string(), got.partition.to_string());
+                    }
+                }
+                if variant.compares_timestamps() && *timestamp != got.timestamp {
+                    diff(
+                        &id,
+                        "timestamp",
+                        format!("{timestamp:?}"),
+                        format!("{:?}", got.timestamp),
+                    );
+                }
+            }
+        }
+    }
+    if seen != rows.len() {
+        diff(
+            "*",
+            "record count",
+            format!("{seen} records for {} rows", rows.len()),
+            format!("{} records, {} dead letters", by_id.len(), dead.len()),
+        );
+    }
+}
+
+/// Reads every topic of `variant` until `rows` records (dead letters included) are there.
+fn read_variant(
+    broker: &Broker,
+    variant: &Variant,
+    rows: usize,
+    siphon: &SiphonProcess,
+    timeout: Duration,
+) -> Result<Vec<ConsumedRecord>> {
+    let deadline = Instant::now() + timeout;
+    let prefix = format!("{}.", variant.name);
+    loop {
+        let mut all = Vec::new();
+        for topic in list_topics(&broker.bootstrap())?
+            .into_iter()
+            .filter(|t| t.starts_with(&prefix))
+        {
+            all.extend(read_topic(
+                &broker.bootstrap(),
+                &topic,
+                Duration::from_secs(60),
+            )?);
+        }
+        if all.len() >= rows {
+            return Ok(all);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "variant {}: {} of {rows} records after {timeout:?}; siphon log:\n{}",
+                variant.name,
+                all.len(),
+                siphon.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Runs `rows` through Debezium and Siphon for each variant and compares the records.
+/// `Ok(None)` when no JDK is installed.
+pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
+    let Some(oracle) = Oracle::locate()? else {
+        return Ok(None);
+    };
+    let pg = Postgres::start()?;
+    // Two slots and up to two WAL senders per variant.
+    let senders = 2 * variants.len() + 10;
+    {
+        let client = pg.connect().await?;
+        for setting in ["max_replication_slots", "max_wal_senders"] {
+            client
+                .batch_execute(&format!("ALTER SYSTEM SET {setting} = {senders}"))
+                .await?;
+        }
+    }
+    pg.restart()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(corpus::TABLE_DDL).await?;
+    client
+        .batch_execute("CREATE PUBLICATION diff_pub FOR TABLE outbox")
+        .await?;
+    for v in variants {
+        for suffix in ["s", "d"] {
+            client
+                .execute(
+                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[&format!("{}_{suffix}", v.name)],
+                )
+                .await?;
+        }
+    }
+    corpus::insert(&mut client, rows).await?;
+    // Some UPDATEs and DELETEs of outbox rows: both systems skip them (the UPDATEs with a
+    // warning); Debezium's connector also sends a tombstone after each DELETE.
+    let changed = rows.len() / 20;
+    let updated: Vec<String> = rows.iter().take(changed).map(|r| r.id.clone()).collect();
+    let deleted: Vec<String> = rows
+        .iter()
+        .skip(changed)
+        .take(changed)
+        .map(|r| r.id.clone())
+        .collect();
+    client
+        .execute(
+            "UPDATE outbox SET tenant = 'updated' WHERE id = ANY($1::text[]::uuid[])",
+            &[&updated],
+        )
+        .await?;
+    client
+        .execute(
+            "DELETE FROM outbox WHERE id = ANY($1::text[]::uuid[])",
+            &[&deleted],
+        )
+        .await?;
+    let change_events = rows.len() + updated.len() + 2 * deleted.len();
+
+    let siphons = variants
+        .iter()
+        .map(|v| SiphonProcess::start(&v.siphon_config(&pg, &broker)))
+        .collect::<Result<Vec<_>>>()?;
+
+    let work = crate::short_tempdir("siphon-diff-")?;
+    let runs: Vec<OracleRun> = variants
+        .iter()
+        .map(|v| OracleRun {
+            name: v.name.to_owned(),
+            pg_port: pg.port(),
+            slot: format!("{}_d", v.name),
+            publication: "diff_pub".to_owned(),
+            table: "public.outbox".to_owned(),
+            router: v.router_options(),
+            key: v.key,
+            value: v.value,
+            expected: change_events,
+            partitions: PARTITIONS,
+        })
+        .collect();
+    let work_dir = work.path().to_path_buf();
+    let outputs = tokio::task::spawn_blocking(move || oracle.run(&work_dir, &runs))
+        .await
+        .context("oracle task")??;
+
+    let mut report = Report {
+        rows: rows.len(),
+        ..Report::default()
+    };
+    for (variant, output) in variants.iter().zip(&outputs) {
+        if let Some(e) = &output.error {
+            anyhow::bail!("Debezium run {} failed: {e}", variant.name);
+        }
+    }
+    // Read the variants' topics concurrently: each read waits for its partitions' ends.
+    let read: Vec<Result<Vec<ConsumedRecord>>> = std::thread::scope(|scope| {
+        let readers: Vec<_> = variants
+            .iter()
+            .zip(&siphons)
+            .map(|(variant, siphon)| {
+                let broker = &broker;
+                scope.spawn(move || {
+                    read_variant(
+                        broker,
+                        variant,
+                        rows.len(),
+                        siphon,
+                        Duration::from_secs(120),
+                    )
+                })
+            })
+            .collect();
+        readers
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a reader thread panicked")))
+            })
+            .collect()
+    });
+    for ((variant, output), records) in variants.iter().zip(&outputs).zip(read) {
+        compare(variant, rows, output, &records?, &mut report);
+    }
+    if crate::keep_dirs() {
+        eprintln!(
+            "differential: oracle files kept in {}",
+            work.keep().display()
+        );
+    }
+    Ok(Some(report))
+}
