@@ -255,7 +255,8 @@ fn compare(
             by_id.insert(String::from_utf8_lossy(id).into_owned(), r);
         }
     }
-    let mut seen = 0;
+    // Every row gives Debezium one record or refusal; a refused UPDATE adds one for its id.
+    let mut seen = std::collections::BTreeSet::new();
     for record in &oracle.records {
         let Some(id) = record.id() else {
             diff(
@@ -266,7 +267,7 @@ fn compare(
             );
             continue;
         };
-        seen += 1;
+        seen.insert(id.clone());
         match record {
             OracleRecord::Refused { error, .. } => match (dead.get(&id), by_id.get(&id)) {
                 (Some(_), _) => report.refused_by_both += 1,
@@ -329,13 +330,18 @@ fn compare(
             }
         }
     }
-    if seen != rows.len() {
+    if seen.len() != rows.len() {
         diff(
             "*",
             "record count",
-            format!("{seen} records for {} rows", rows.len()),
+            format!("{} event ids for {} rows", seen.len(), rows.len()),
             format!("{} records, {} dead letters", by_id.len(), dead.len()),
         );
+    }
+    for id in by_id.keys().chain(dead.keys()) {
+        if !seen.contains(id) {
+            diff(id, "extra in Siphon", String::new(), "a record".to_owned());
+        }
     }
 }
 

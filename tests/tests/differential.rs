@@ -138,6 +138,12 @@ fn variants() -> Vec<Variant> {
             ],
         },
         Variant {
+            name: "fatalupdates",
+            key: Converter::Json,
+            value: Converter::Json,
+            router: vec![("table.op.invalid.behavior", "fatal")],
+        },
+        Variant {
             name: "expjson",
             key: Converter::String,
             value: Converter::Json,
