@@ -166,7 +166,7 @@ def row(a, values, fit=False):
 
 
 def router_input(options, columns, changes, key="json", value="json", context=None,
-                 namespace="public", table="outbox", partitions=3):
+                 namespace="public", table="outbox"):
     """One `Input` of fuzz_targets/router_route.rs, field by field."""
     a = Arb()
     for name, option_value in options:  # options
@@ -209,7 +209,6 @@ def router_input(options, columns, changes, key="json", value="json", context=No
             a.variant(CHANGE_DELETE, CHANGE_VARIANTS)
             row(a, rows[0], fit=True)
     a.more(False)
-    a.i32(partitions)  # partitions
     return a.build()
 
 

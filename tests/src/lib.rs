@@ -40,6 +40,7 @@ pub mod kafka_protocol;
 pub mod kafka_read;
 pub mod oracle;
 pub mod outbox;
+pub mod partition;
 pub mod ports;
 pub mod postgres;
 pub mod proxy;

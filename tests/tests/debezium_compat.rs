@@ -2,10 +2,10 @@
 //! partitions as the Java client chooses them, and taking over a slot Debezium created.
 
 use anyhow::{Context, Result};
-use siphon_router::partition_for_key;
 use siphon_tests::outbox::{
     event, insert_transaction, siphon_config, slot_active, Event, OUTBOX_DDL,
 };
+use siphon_tests::partition::partition_for_key;
 use siphon_tests::{
     read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };

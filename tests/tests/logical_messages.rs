@@ -3,7 +3,9 @@
 //! their transaction; rolled-back and non-transactional ones never do.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::{siphon_config, slot_active, OUTBOX_DDL};
+use siphon_tests::outbox::{
+    current_insert_lsn, siphon_config, slot_active, wait_for_slot_past, OUTBOX_DDL,
+};
 use siphon_tests::{
     read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
@@ -130,6 +132,22 @@ async fn messages_and_rows_arrive_once_in_commit_order_and_rolled_back_ones_neve
     assert_eq!(message.value_str().as_deref(), Some(r#""{\"n\" : 1}""#));
     assert_eq!(row.value_str().as_deref(), Some(r#""{\"n\": 2}""#));
     assert!(siphon.is_running(), "{}", siphon.log());
+    // The publication Siphon created carries INSERTs (and UPDATEs, to warn about them), not the
+    // DELETEs that clean the outbox up.
+    let ops = client
+        .query_one(
+            "SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = 'msgs_pub'",
+            &[],
+        )
+        .await?;
+    assert_eq!(
+        (
+            ops.get::<_, bool>(0),
+            ops.get::<_, bool>(1),
+            ops.get::<_, bool>(2)
+        ),
+        (true, true, false)
+    );
     Ok(())
 }
 
@@ -163,5 +181,38 @@ async fn non_transactional_messages_can_be_skipped_with_a_warning() -> Result<()
         .log()
         .contains("non-transactional logical message skipped"));
     assert!(siphon.is_running());
+    Ok(())
+}
+
+/// No outbox table at all: `source.tables = []` with a message prefix. The events arrive and the
+/// slot moves past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_less_outbox_delivers_and_the_slot_follows() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    let config = siphon_config(&pg, &broker, "tableless", "")
+        .replace("tables = [\"public.outbox\"]", "tables = []")
+        .replace("[source]\n", "[source]\nmessage_prefixes = [\"outbox\"]\n");
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "tableless").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    client
+        .batch_execute(&format!(
+            "BEGIN; {}; {}; COMMIT;",
+            message_sql("outbox", true, 1, "o-1"),
+            message_sql("outbox", true, 2, "o-1")
+        ))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    let records = wait_for_ids(&broker, 2, &siphon).await?;
+    assert_eq!(ids(&records), [id(1), id(2)]);
+    wait_for_slot_past(&client, "tableless", end, Duration::from_secs(30))
+        .await
+        .with_context(|| siphon.log())?;
     Ok(())
 }

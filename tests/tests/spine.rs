@@ -29,7 +29,7 @@ async fn canonical_jsonb(client: &Client, payloads: &[String]) -> Result<Vec<Str
 /// escaped as Jackson escapes it (a character above U+FFFF as two `\uXXXX` surrogate escapes);
 /// the router's escaper is checked against Debezium by the differential test.
 fn json_string(text: &str) -> Vec<u8> {
-    siphon_router::json::json_string(text)
+    siphon_router::json_string(text)
 }
 
 async fn read_all(broker: &Broker, topics: &[&str]) -> Result<Vec<ConsumedRecord>> {

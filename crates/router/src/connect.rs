@@ -10,7 +10,7 @@
 //!   `field` last.
 //! - [`write_json`] of a value that fits its schema is one valid JSON value.
 
-use crate::javanum::{java_double, java_float};
+use crate::javanum::java_double;
 use crate::json::{java_utf8, write_json_string, write_json_utf16};
 use bytes::Bytes;
 
@@ -80,8 +80,6 @@ pub enum Value {
     Bool(bool),
     /// An int16, int32 or int64.
     Int(i64),
-    /// A float32.
-    Float32(f32),
     /// A float64.
     Float64(f64),
     /// A string.
@@ -110,7 +108,6 @@ impl Value {
             }
         };
         match self {
-            Value::Float32(f) => encoded(crate::javanum_legacy::java17_float(f)),
             Value::Float64(f) => encoded(crate::javanum_legacy::java17_double(f)),
             Value::Array(items) => {
                 Value::Array(items.into_iter().map(Value::with_java17_numbers).collect())
@@ -187,7 +184,6 @@ pub fn write_json(out: &mut Vec<u8>, value: &Value, schema: Option<&Schema>) {
         Value::Encoded { json, .. } => out.extend_from_slice(json),
         Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
-        Value::Float32(f) => write_float(out, java_float(*f)),
         Value::Float64(f) => write_float(out, java_double(*f)),
         Value::Str(s) => write_json_string(out, s),
         Value::JavaStr(units) => write_json_utf16(out, units),
@@ -280,7 +276,6 @@ fn write_java_text(
         Value::Encoded { text, .. } => out.extend_from_slice(text),
         Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
-        Value::Float32(f) => out.extend_from_slice(java_float(*f).text.as_bytes()),
         Value::Float64(f) => out.extend_from_slice(java_double(*f).text.as_bytes()),
         Value::Str(s) => out.extend_from_slice(s.as_bytes()),
         Value::JavaStr(units) => out.extend_from_slice(&java_utf8(units)),
@@ -328,27 +323,14 @@ fn write_java_text(
 
 /// Standard base64 with padding, as Jackson writes `byte[]`.
 pub(crate) fn base64(out: &mut Vec<u8>, data: &[u8]) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        out.push(ALPHABET[(n >> 18) as usize & 63]);
-        out.push(ALPHABET[(n >> 12) as usize & 63]);
-        out.push(if chunk.len() > 1 {
-            ALPHABET[(n >> 6) as usize & 63]
-        } else {
-            b'='
-        });
-        out.push(if chunk.len() > 2 {
-            ALPHABET[n as usize & 63]
-        } else {
-            b'='
-        });
-    }
+    use base64::Engine as _;
+    let start = out.len();
+    out.resize(start + data.len().div_ceil(3) * 4, 0);
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(data, &mut out[start..])
+        // The buffer was sized for the padded encoding.
+        .unwrap_or(0);
+    out.truncate(start + written);
 }
 
 #[cfg(test)]

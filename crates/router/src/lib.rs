@@ -3,7 +3,7 @@
 //!
 //! The crate turns an outbox row, as pgoutput delivers it, into the Kafka record Debezium
 //! would have written, byte for byte; the only state it keeps is Debezium's envelope schema
-//! cache ([`schema_cache`]), which Debezium's bytes depend on:
+//! cache (`schema_cache`), which Debezium's bytes depend on:
 //!
 //! ```text
 //! RouterOptions::from_map(options) ─┐
@@ -13,23 +13,22 @@
 //! ```
 //!
 //! Modules, each with one job:
-//! - [`options`]: the Debezium option names, defaults and validation.
-//! - [`binding`]: finding the configured columns in a table.
-//! - [`route`]: turning a change into a [`RoutedRecord`] or a skip.
-//! - [`encode`]: column values as `JsonConverter` / `StringConverter` write them.
-//! - [`connect`]: Connect schemas and values (envelopes, expanded payloads) as the converters
+//! - `options`: the Debezium option names, defaults and validation.
+//! - `binding`: finding the configured columns in a table.
+//! - `route`: turning a change into a [`RoutedRecord`] or a skip.
+//! - `encode`: column values as `JsonConverter` / `StringConverter` write them.
+//! - `connect`: Connect schemas and values (envelopes, expanded payloads) as the converters
 //!   write them, schemas included.
-//! - [`expand`]: `table.expand.json.payload`, JSON text to a struct with an inferred schema.
-//! - [`timestamp`]: `table.field.event.timestamp`, PostgreSQL timestamp text to milliseconds.
-//! - [`json`]: JSON string literals escaped exactly as Jackson escapes them.
-//! - [`javanum`]: floating-point numbers printed as Java prints them.
-//! - [`javanum_legacy`]: the same as Java 17 and earlier print them.
-//! - [`topic`]: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
-//! - [`partition`]: Kafka's murmur2 key partitioning.
-//! - [`schema_cache`]: the envelope schema Debezium builds once and reuses, name included.
-//! - [`error`]: configuration and routing errors, each naming the fix.
-//! - [`extension`]: the formats beyond Debezium's, applied after routing: [`protobuf`]
-//!   values, [`cloudevents`] and W3C [`trace`] context, with the [`position`] of the change.
+//! - `expand`: `table.expand.json.payload`, JSON text to a struct with an inferred schema.
+//! - `timestamp`: `table.field.event.timestamp`, PostgreSQL timestamp text to milliseconds.
+//! - `json`: JSON string literals escaped exactly as Jackson escapes them.
+//! - `javanum`: floating-point numbers printed as Java prints them.
+//! - `javanum_legacy`: the same as Java 17 and earlier print them.
+//! - `topic`: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
+//! - `schema_cache`: the envelope schema Debezium builds once and reuses, name included.
+//! - `error`: configuration and routing errors, each naming the fix.
+//! - `extension`: the formats beyond Debezium's, applied after routing: `protobuf`
+//!   values, `cloudevents` and W3C `trace` context, with the `position` of the change.
 //!
 //! # Invariants
 //! - Routing never panics (a deeply nested payload is expanded on a thread with a large
@@ -60,40 +59,39 @@
 //!
 //! The bytes are checked against a real Debezium by `tests/tests/differential.rs`.
 
-pub mod binding;
-pub mod cloudevents;
-pub mod connect;
-pub mod encode;
-pub mod error;
-pub mod expand;
-pub mod extension;
-pub mod javanum;
-pub mod javanum_legacy;
-pub mod json;
-pub mod options;
-pub mod partition;
-pub mod position;
-pub mod protobuf;
-pub mod route;
-pub mod schema_cache;
-pub mod timestamp;
-pub mod topic;
-pub mod trace;
+mod binding;
+mod cloudevents;
+mod connect;
+mod encode;
+mod error;
+mod expand;
+mod extension;
+mod javanum;
+mod javanum_legacy;
+mod json;
+mod options;
+mod position;
+mod protobuf;
+mod route;
+mod schema_cache;
+mod timestamp;
+mod topic;
+mod trace;
 
 pub use binding::{ColumnRole, TableBinding};
 pub use cloudevents::{CloudEventsMode, CloudEventsOptions};
-pub use encode::ValueKind;
+pub use encode::{oid, ValueKind, FIRST_USER_OID};
 pub use error::{ConfigError, RouteError};
 pub use extension::{default_cloudevents_source, EventExtensions, ExtensionConfigError};
+pub use json::json_string;
 pub use options::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, JsonEmptyArrayBehavior,
     JsonNullBehavior, Placement, RouterOptions,
 };
-pub use partition::{murmur2, partition_for_key};
 pub use position::SourcePosition;
 pub use route::{
     Change, Encoding, EventRouter, Format, Header, JavaNumbers, LogLevel, Routed, RoutedRecord,
     RouterContext, SkipReason,
 };
-pub use topic::TopicRouter;
+pub use topic::{check_topic_name, java_regex, JavaRegexError, TopicRouter};
 pub use trace::TraceOptions;

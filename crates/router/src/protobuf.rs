@@ -19,9 +19,6 @@ pub mod v1 {
 /// The media type of a protobuf record value.
 pub const CONTENT_TYPE: &str = "application/protobuf";
 
-/// The fully qualified name of the message a protobuf record value holds.
-pub const MESSAGE_NAME: &str = "siphon.outbox.v1.OutboxEvent";
-
 /// The record value bytes of an event.
 pub fn encode(event: &v1::OutboxEvent) -> Bytes {
     Bytes::from(event.encode_to_vec())

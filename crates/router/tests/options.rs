@@ -1339,7 +1339,7 @@ proptest! {
         let first = r.route(&b, Change::Insert(&row));
         prop_assert_eq!(first.clone(), r.route(&b, Change::Insert(&row)));
         if let Ok(Routed::Record(rec)) = first {
-            prop_assert!(siphon_router::topic::check_topic_name(&rec.topic).is_ok());
+            prop_assert!(siphon_router::check_topic_name(&rec.topic).is_ok());
             if value == SCHEMAS {
                 if let Some(v) = &rec.value {
                     prop_assert!(serde_json::from_slice::<serde_json::Value>(v).is_ok());

@@ -456,19 +456,31 @@ const ENV_SECTIONS: &[EnvSection] = &[
     },
 ];
 
-/// Keys whose values are not strings: the variable's text is read as a TOML value.
-const TYPED_KEYS: &[&str] = &[
-    "source.status_interval_ms",
-    "source.stall_timeout_secs",
-    "kafka.topic_creation.enabled",
-    "kafka.topic_creation.partitions",
-    "kafka.topic_creation.replication_factor",
-    "pipeline.max_in_flight_records",
-    "pipeline.max_in_flight_bytes",
-    "pipeline.shutdown_timeout_secs",
-    "pipeline.max_backoff_secs",
-    "metrics.enabled",
-];
+/// The configuration with every default filled in, as a TOML tree: the one source of truth
+/// for the type of each key an environment variable sets (a key without a default, like
+/// `source.url`, and the option maps are strings).
+fn defaults_tree() -> toml::Table {
+    let minimal = "[source]\nurl = \"\"\n[kafka]\nbootstrap_servers = \"\"\n";
+    minimal
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|doc| toml::Value::Table(doc).try_into::<Config>().ok())
+        .and_then(|config| toml::Value::try_from(config).ok())
+        .and_then(|value| match value {
+            toml::Value::Table(table) => Some(table),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// The default at `path`.
+fn default_at<'t>(tree: &'t toml::Table, path: &[&str], key: &str) -> Option<&'t toml::Value> {
+    let mut table = tree;
+    for part in path {
+        table = table.get(*part)?.as_table()?;
+    }
+    table.get(key)
+}
 
 /// Applies `SIPHON_<SECTION>_<KEY>` variables to a parsed document.
 ///
@@ -479,6 +491,7 @@ pub fn apply_env(
     doc: &mut toml::Table,
     vars: impl IntoIterator<Item = (String, String)>,
 ) -> anyhow::Result<()> {
+    let defaults = defaults_tree();
     for (name, value) in vars {
         let Some(rest) = name.strip_prefix("SIPHON_") else {
             continue;
@@ -497,28 +510,27 @@ pub fn apply_env(
             raw_key
         };
         let full = format!("{}.{key}", section.path.join("."));
-        let parsed = if full == "source.tables" || full == "source.message_prefixes" {
-            toml::Value::Array(
+        let parsed = match default_at(&defaults, section.path, &key) {
+            // A list of strings: comma-separated.
+            Some(toml::Value::Array(_)) => toml::Value::Array(
                 value
                     .split(',')
-                    .map(|t| toml::Value::String(t.trim().to_owned()))
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(|t| toml::Value::String(t.to_owned()))
                     .collect(),
-            )
-        } else if TYPED_KEYS.contains(&full.as_str()) {
-            value
-                .parse::<toml::Value>()
-                .or_else(|_| {
-                    format!("v = {value}")
-                        .parse::<toml::Table>()
-                        .map(|mut t| t.remove("v").unwrap_or(toml::Value::String(value.clone())))
-                })
+            ),
+            Some(toml::Value::String(_)) | None => toml::Value::String(value),
+            // A number or a boolean: the variable's text as a TOML value.
+            Some(_) => format!("v = {value}")
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
                 .with_context(|| {
                     format!(
                         "environment variable {name}: {value:?} is not a valid value for {full}"
                     )
-                })?
-        } else {
-            toml::Value::String(value)
+                })?,
         };
         let mut table = &mut *doc;
         for part in section.path {
@@ -561,9 +573,9 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if self.source.tables.is_empty() {
+        if self.source.tables.is_empty() && self.source.message_prefixes.is_empty() {
             bail!(
-                "source.tables is empty: list the outbox tables, e.g. tables = [\"public.outbox\"]"
+                "source.tables is empty and no source.message_prefixes are set: list the outbox tables, e.g. tables = [\"public.outbox\"], or the prefixes of a logical-message outbox, e.g. message_prefixes = [\"outbox\"]"
             );
         }
         if self.pipeline.max_in_flight_records == 0 || self.pipeline.max_in_flight_bytes == 0 {
@@ -638,6 +650,10 @@ mod tests {
                 ("SIPHON_PIPELINE_MAX_IN_FLIGHT_RECORDS", "7"),
                 ("SIPHON_CLOUDEVENTS_MODE", "structured"),
                 ("SIPHON_TRACE_STATE_COLUMN", "tracestate"),
+                ("SIPHON_FORMAT_JAVA_VERSION", "17"),
+                ("SIPHON_SOURCE_MESSAGE_PREFIXES", "outbox,audit"),
+                ("SIPHON_SOURCE_SLOT", "1234"),
+                ("SIPHON_METRICS_ENABLED", "false"),
                 ("SIPHON_CONFIG", "ignored.toml"),
                 ("OTHER_VAR", "x"),
             ],
@@ -661,6 +677,12 @@ mod tests {
         assert_eq!(c.pipeline.max_in_flight_records, 7);
         assert_eq!(c.cloudevents.mode, CloudEventsModeName::Structured);
         assert_eq!(c.trace.state_column, "tracestate");
+        // Types come from the configuration itself: a number, a list, a string that looks like a
+        // number, a boolean.
+        assert_eq!(c.format.java_version, 17);
+        assert_eq!(c.source.message_prefixes, ["outbox", "audit"]);
+        assert_eq!(c.source.slot, "1234");
+        assert!(!c.metrics.enabled);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::config::{quote_ident, quote_literal};
 use crate::{SourceConfig, SourceError, TableName};
 use pgoutput::Lsn;
 use std::collections::BTreeSet;
+use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 use tracing::info;
 
@@ -108,6 +109,8 @@ const PUBLISH_VIA_ROOT_VERSION: i32 = 130_000;
 struct PublicationFlags {
     all_tables: bool,
     via_root: bool,
+    /// `pubinsert`: INSERTs are published (without them no event is ever seen).
+    inserts: bool,
 }
 
 async fn server_version_num(client: &Client) -> Result<i32, SourceError> {
@@ -124,9 +127,9 @@ async fn publication_flags(
     version: i32,
 ) -> Result<Option<PublicationFlags>, SourceError> {
     let sql = if version >= PUBLISH_VIA_ROOT_VERSION {
-        "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = $1"
+        "SELECT puballtables, pubviaroot, pubinsert FROM pg_publication WHERE pubname = $1"
     } else {
-        "SELECT puballtables, false FROM pg_publication WHERE pubname = $1"
+        "SELECT puballtables, false, pubinsert FROM pg_publication WHERE pubname = $1"
     };
     let row = client
         .query_opt(sql, &[&publication])
@@ -135,6 +138,7 @@ async fn publication_flags(
     Ok(row.map(|r| PublicationFlags {
         all_tables: r.get(0),
         via_root: r.get(1),
+        inserts: r.get(2),
     }))
 }
 
@@ -156,20 +160,34 @@ async fn ensure_publication(
 ) -> Result<(), SourceError> {
     let version = server_version_num(client).await?;
     let flags = match publication_flags(client, publication, version).await? {
-        Some(flags) => flags,
+        Some(flags) => {
+            info!(
+                publication,
+                "using the existing publication as it is (its published operations are left unchanged)"
+            );
+            flags
+        }
         None => {
             let list: Vec<String> = tables.iter().map(TableName::quoted).collect();
-            // Partitions must be published under their root's name: pgoutput would otherwise
-            // name each change by its partition, which is not an outbox table.
+            // Only INSERTs become events (UPDATEs are published to warn about them): DELETEs
+            // of outbox rows would cross the wire for nothing. Partitions must be published
+            // under their root's name: pgoutput would otherwise name each change by its
+            // partition, which is not an outbox table.
             let with = if version >= PUBLISH_VIA_ROOT_VERSION {
-                " WITH (publish_via_partition_root = true)"
+                " WITH (publish = 'insert, update', publish_via_partition_root = true)"
             } else {
-                ""
+                " WITH (publish = 'insert, update')"
+            };
+            // A logical-message outbox needs no table: messages are sent whatever the
+            // publication holds.
+            let what = if list.is_empty() {
+                String::new()
+            } else {
+                format!(" FOR TABLE {}", list.join(", "))
             };
             let sql = format!(
-                "CREATE PUBLICATION {} FOR TABLE {}{with}",
-                quote_ident(publication),
-                list.join(", ")
+                "CREATE PUBLICATION {}{what}{with}",
+                quote_ident(publication)
             );
             match client.batch_execute(&sql).await {
                 Ok(()) => {
@@ -232,6 +250,13 @@ fn publication_problem(
 ) -> Option<String> {
     let mut fixes = Vec::new();
     let mut problems = Vec::new();
+    if !flags.inserts {
+        problems.push("does not publish INSERTs, so no outbox event would ever be seen".to_owned());
+        fixes.push(format!(
+            "ALTER PUBLICATION {} SET (publish = 'insert, update')",
+            quote_ident(publication)
+        ));
+    }
     if !flags.via_root && !partitioned.is_empty() {
         let names: Vec<String> = partitioned.iter().map(TableName::quoted).collect();
         problems.push(format!(
@@ -275,7 +300,7 @@ async fn read_slot(
 ) -> Result<Option<tokio_postgres::Row>, SourceError> {
     client
         .query_opt(
-            "SELECT plugin, slot_type, database, confirmed_flush_lsn::text, wal_status \
+            "SELECT plugin, slot_type, database, confirmed_flush_lsn, wal_status \
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
@@ -292,15 +317,15 @@ async fn ensure_slot(
         Some(row) => row,
         None => {
             let sql = format!(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')",
+                "SELECT lsn FROM pg_create_logical_replication_slot({}, 'pgoutput')",
                 quote_literal(slot)
             );
             match client.query_one(&sql, &[]).await {
                 Ok(created) => {
-                    let lsn = parse_lsn(created.get(0))?;
-                    info!(slot, %lsn, "created replication slot");
+                    let position = lsn(created.get(0));
+                    info!(slot, lsn = %position, "created replication slot");
                     return Ok(SlotState {
-                        confirmed_flush_lsn: lsn,
+                        confirmed_flush_lsn: position,
                         created: true,
                     });
                 }
@@ -332,7 +357,7 @@ async fn ensure_slot(
     let plugin: Option<String> = row.get(0);
     let slot_type: String = row.get(1);
     let database: Option<String> = row.get(2);
-    let confirmed: Option<String> = row.get(3);
+    let confirmed: Option<PgLsn> = row.get(3);
     let wal_status: Option<String> = row.get(4);
     // While another process is still creating the slot, its plugin name is empty and it has no
     // confirmed position yet: wait for it like a standby rather than judge a half-made slot.
@@ -363,31 +388,27 @@ async fn ensure_slot(
             "replication slot \"{slot}\" was invalidated (its WAL was removed, see max_slot_wal_keep_size): drop it with SELECT pg_drop_replication_slot('{slot}') and restart Siphon; events in the lost WAL cannot be recovered"
         )));
     }
-    let lsn = parse_lsn(confirmed.as_deref().unwrap_or("0/0"))?;
     Ok(SlotState {
-        confirmed_flush_lsn: lsn,
+        confirmed_flush_lsn: confirmed.map_or(Lsn::ZERO, lsn),
         created: false,
     })
 }
 
-fn parse_lsn(text: &str) -> Result<Lsn, SourceError> {
-    text.parse()
-        .map_err(|e| SourceError::Protocol(format!("{e}")))
+/// A `pg_lsn` as read with its typed conversion.
+fn lsn(value: PgLsn) -> Lsn {
+    Lsn(u64::from(value))
 }
 
 /// Reads the slot's `confirmed_flush_lsn` (for status reports and tests).
 pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
     let row = client
         .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await
         .map_err(|e| SourceError::from_sql("reading the replication slot", e))?;
-    match row.and_then(|r| r.get::<_, Option<String>>(0)) {
-        Some(text) => Ok(Some(parse_lsn(&text)?)),
-        None => Ok(None),
-    }
+    Ok(row.and_then(|r| r.get::<_, Option<PgLsn>>(0)).map(lsn))
 }
 
 #[cfg(test)]
@@ -407,6 +428,7 @@ mod tests {
         let off = PublicationFlags {
             all_tables: false,
             via_root: false,
+            inserts: true,
         };
         // pg_publication_tables lists the partitions when pubviaroot is off.
         let leaves = names(&["outbox_2026_01", "outbox_2026_02"]);
@@ -421,12 +443,14 @@ mod tests {
         let all = PublicationFlags {
             all_tables: true,
             via_root: false,
+            inserts: true,
         };
         assert!(publication_problem("p", all, &tables, &partitioned, None).is_some());
         // With pubviaroot on the catalog lists the root.
         let on = PublicationFlags {
             all_tables: false,
             via_root: true,
+            inserts: true,
         };
         assert_eq!(
             publication_problem("p", on, &tables, &partitioned, Some(&names(&["outbox"]))),
@@ -441,11 +465,34 @@ mod tests {
     }
 
     #[test]
+    fn a_publication_without_inserts_is_refused_with_the_fix() {
+        let tables: Vec<TableName> = names(&["outbox"]).into_iter().collect();
+        let no_inserts = PublicationFlags {
+            all_tables: false,
+            via_root: true,
+            inserts: false,
+        };
+        let message = publication_problem(
+            "p",
+            no_inserts,
+            &tables,
+            &BTreeSet::new(),
+            Some(&names(&["outbox"])),
+        )
+        .expect("a problem");
+        assert!(
+            message.contains(r#"ALTER PUBLICATION "p" SET (publish = 'insert, update')"#),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn a_plain_outbox_needs_only_membership() {
         let tables: Vec<TableName> = names(&["outbox"]).into_iter().collect();
         let off = PublicationFlags {
             all_tables: false,
             via_root: false,
+            inserts: true,
         };
         let none = BTreeSet::new();
         assert_eq!(

@@ -7,10 +7,10 @@
 //!   type, unknown topics, a pattern that cannot be matched here) is `None`, and the note asks
 //!   the user to check rather than guessing.
 //! - Patterns are read by the router's translation of Java regular expressions
-//!   ([`siphon_router::topic::java_regex`]), the same one `route.topic.regex` uses; a pattern it
+//!   ([`siphon_router::java_regex`]), the same one `route.topic.regex` uses; a pattern it
 //!   refuses is never approximated.
 
-use siphon_router::topic::{check_topic_name, java_regex};
+use siphon_router::{check_topic_name, java_regex};
 
 const TOPIC_NAME_MATCHES: &str = "org.apache.kafka.connect.transforms.predicates.TopicNameMatches";
 

@@ -1,4 +1,6 @@
-//! Kafka's default key partitioning: murmur2 as the Java client computes it.
+//! Kafka's default key partitioning: murmur2 as the Java client computes it, to check from the
+//! outside that librdkafka's `murmur2_random` partitioner puts each record where Kafka Connect
+//! would have.
 //!
 //! The Java producer sends a keyed record to partition
 //! `toPositive(Utils.murmur2(keyBytes)) % numPartitions`; [`partition_for_key`] does the same so
