@@ -67,30 +67,7 @@ pub struct Row {
     pub ratio: Option<f32>,
 }
 
-/// SplitMix64: small, fast, and the same sequence everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+use crate::rng::SplitMix64 as Rng;
 
 /// Pieces hostile strings are made of.
 const PIECES: &[&str] = &[
@@ -192,7 +169,7 @@ fn number(rng: &mut Rng) -> String {
     if rng.chance(40) {
         // A random finite double, written shortest or with 17 digits.
         loop {
-            let v = f64::from_bits(rng.next());
+            let v = f64::from_bits(rng.next_u64());
             if v.is_finite() {
                 return if rng.chance(50) {
                     format!("{v:e}")
@@ -225,7 +202,7 @@ fn column_double(rng: &mut Rng) -> f64 {
             .filter(|v| v.is_finite())
             .unwrap_or(0.5),
         _ => loop {
-            let v = f64::from_bits(rng.next());
+            let v = f64::from_bits(rng.next_u64());
             if v.is_finite() {
                 break v;
             }

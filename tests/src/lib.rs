@@ -45,6 +45,7 @@ pub mod ports;
 pub mod postgres;
 pub mod proxy;
 pub mod python;
+pub mod rng;
 pub mod siphon;
 pub mod wait;
 

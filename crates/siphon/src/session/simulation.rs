@@ -28,6 +28,7 @@ use siphon_kafka_sink::RDKafkaErrorCode;
 use siphon_kafka_sink::{Delivered, Delivery, DeliveryError, DeliveryFailure, SinkError};
 use siphon_router::{EventRouter, Format, RoutedRecord, RouterOptions};
 use siphon_source::{RowChange, SourceEvent, TableName};
+use siphon_tests::rng::SplitMix64 as Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -36,25 +37,6 @@ const PARTITIONS: usize = 3;
 const KEYS: u64 = 5;
 const WINDOW: usize = 8;
 const DEAD_LETTER_TOPIC: &str = "dead.letters";
-
-/// splitmix64: a small, fixed pseudo-random sequence per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// One committed transaction of the modelled database.
 #[derive(Debug, Clone)]
@@ -207,7 +189,7 @@ impl Broker {
 
     /// Writes (or fails) the next batch of partition `p`.
     fn write_batch(&mut self, rng: &mut Rng, p: usize, faults: bool, trace: &mut Vec<String>) {
-        let n = (1 + rng.below(3) as usize).min(self.unwritten[p].len());
+        let n = (1 + rng.below(3)).min(self.unwritten[p].len());
         let batch: Vec<Queued> = self.unwritten[p].drain(..n).collect();
         if self.failed {
             for q in batch {
@@ -276,9 +258,9 @@ impl World {
                 if is_poison {
                     poison.insert(event);
                 }
-                events.push((event, rng.below(KEYS), is_poison));
+                events.push((event, rng.below(KEYS as usize) as u64, is_poison));
             }
-            let deletes = rng.below(2) as usize;
+            let deletes = rng.below(2);
             lsn += 100 + 10 * (events.len() + deletes) as u64;
             let end_lsn = Lsn(lsn);
             for &(e, _, _) in &events {
@@ -399,6 +381,36 @@ impl World {
     }
 }
 
+/// A core over the modelled outbox table, with a window of [`WINDOW`] records.
+fn session_core<'a>(
+    router: &'a Routers,
+    prefixes: &'a HashSet<String>,
+    on_error: &'a ErrorPolicy,
+    shutdown_timeout: Duration,
+    metrics: Arc<Metrics>,
+    start: Lsn,
+) -> SessionCore<'a> {
+    SessionCore::new(
+        CoreSettings {
+            router,
+            message_prefixes: prefixes,
+            non_transactional: NonTransactionalPolicy::Error,
+            on_error,
+            tables: [TableName {
+                schema: "public".into(),
+                name: "outbox".into(),
+            }]
+            .into_iter()
+            .collect(),
+            max_in_flight_records: WINDOW,
+            max_in_flight_bytes: usize::MAX,
+            shutdown_timeout,
+        },
+        metrics,
+        start,
+    )
+}
+
 /// The outcome of one seed.
 struct Outcome {
     error: Option<PipelineError>,
@@ -437,22 +449,11 @@ fn run_seed(
         }
         w.trace.push(format!("session {sessions} from {resume}"));
         let mut source = w.source_from(resume);
-        let mut core = SessionCore::new(
-            CoreSettings {
-                router: &router,
-                message_prefixes: &prefixes,
-                non_transactional: NonTransactionalPolicy::Error,
-                on_error: &policy,
-                tables: [TableName {
-                    schema: "public".into(),
-                    name: "outbox".into(),
-                }]
-                .into_iter()
-                .collect(),
-                max_in_flight_records: WINDOW,
-                max_in_flight_bytes: usize::MAX,
-                shutdown_timeout: Duration::from_secs(5),
-            },
+        let mut core = session_core(
+            &router,
+            &prefixes,
+            &policy,
+            Duration::from_secs(5),
             Arc::clone(&metrics),
             resume,
         );
@@ -570,12 +571,10 @@ fn run_seed(
                     .ok_or_else(|| ("empty".to_owned(), Vec::new()))?;
                 core.handle(w.now(), Input::Source(event));
             } else if choice < 55 && !partitions_with_work.is_empty() {
-                let p =
-                    partitions_with_work[w.rng.below(partitions_with_work.len() as u64) as usize];
+                let p = partitions_with_work[w.rng.below(partitions_with_work.len())];
                 w.broker.write_batch(&mut w.rng, p, faults, &mut w.trace);
             } else if choice < 85 && !partitions_with_reports.is_empty() {
-                let p = partitions_with_reports
-                    [w.rng.below(partitions_with_reports.len() as u64) as usize];
+                let p = partitions_with_reports[w.rng.below(partitions_with_reports.len())];
                 if let Some(report) = w.broker.reports[p].pop_front() {
                     w.trace.push(format!(
                         "report #{} {}",
@@ -611,10 +610,10 @@ fn run_seed(
                 stopping = true;
                 core.handle(w.now(), Input::Shutdown);
             } else {
-                let cap = Duration::from_millis(1 + w.rng.below(2_000));
+                let cap = Duration::from_millis(1 + w.rng.below(2_000) as u64);
                 let wait = match core.next_timeout() {
                     Some(at) if at > w.now => at - w.now,
-                    _ => Duration::from_millis(1 + w.rng.below(50)),
+                    _ => Duration::from_millis(1 + w.rng.below(50) as u64),
                 };
                 w.advance(wait.min(cap));
                 if w.trace.last().is_none_or(|l| !l.starts_with("tick")) {
@@ -735,22 +734,11 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
     );
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
-    let mut core = SessionCore::new(
-        CoreSettings {
-            router: &router,
-            message_prefixes: &prefixes,
-            non_transactional: NonTransactionalPolicy::Error,
-            on_error: &ErrorPolicy::Fail,
-            tables: [TableName {
-                schema: "public".into(),
-                name: "outbox".into(),
-            }]
-            .into_iter()
-            .collect(),
-            max_in_flight_records: WINDOW,
-            max_in_flight_bytes: usize::MAX,
-            shutdown_timeout: Duration::from_secs(30),
-        },
+    let mut core = session_core(
+        &router,
+        &prefixes,
+        &ErrorPolicy::Fail,
+        Duration::from_secs(30),
         metrics,
         Lsn(0),
     );
