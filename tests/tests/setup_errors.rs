@@ -157,6 +157,30 @@ async fn a_publication_dropped_while_streaming_stops_siphon_naming_the_fix() -> 
     Ok(())
 }
 
+/// Taking the outbox table out of the publication makes PostgreSQL publish nothing for it, on
+/// every version, without any error on the stream: Siphon notices and stops, naming the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_table_taken_out_of_the_publication_stops_siphon_naming_the_fix() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    client
+        .batch_execute("ALTER PUBLICATION p DROP TABLE outbox")
+        .await?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    let log = siphon.log();
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+    assert!(
+        log.contains(r#"ALTER PUBLICATION "p" ADD TABLE "public"."outbox""#),
+        "{log}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalidated_slot_is_a_definite_error_naming_the_fix() -> Result<()> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);

@@ -101,6 +101,10 @@ pub struct SourceSection {
     /// the business change): `error` (default) or `skip` (with a warning).
     #[serde(default)]
     pub non_transactional_messages: NonTransactional,
+    /// Keep the slot as a failover slot (PostgreSQL 17+), so that a physical standby with
+    /// `sync_replication_slots = on` holds a synchronized copy to resume from after a failover.
+    #[serde(default)]
+    pub failover: bool,
 }
 
 /// `source.non_transactional_messages`.

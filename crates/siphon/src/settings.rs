@@ -195,6 +195,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         // Read-ahead of the replication stream: at most one more in-flight window of bytes.
         read_ahead_bytes: config.pipeline.max_in_flight_bytes,
         application_name: config.source.application_name.clone(),
+        failover: config.source.failover,
     };
     let router = build_routers(config, &source.tables)?;
     let sink = SinkConfig {

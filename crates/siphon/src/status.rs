@@ -37,6 +37,7 @@ impl Render for SlotStatus {
     fn render_text(&self) -> String {
         let mut lines: Vec<(&str, String)> = vec![
             ("server version", self.server_version.clone()),
+            ("host", self.host.clone()),
             ("database", self.database.clone()),
             ("current WAL LSN", self.current_wal_lsn.to_string()),
             ("slot", self.slot_name.clone()),
@@ -60,7 +61,17 @@ impl Render for SlotStatus {
                     s.safe_wal_size_bytes
                         .map_or_else(|| "unlimited".to_owned(), |v| v.to_string()),
                 ),
+                ("failover slot", or_none(s.failover.map(yes_no))),
+                ("synced", or_none(s.synced.map(yes_no))),
             ]),
+        }
+        if let Some(setting) = &self.synchronized_standby_slots {
+            let shown = if setting.is_empty() {
+                "(empty)"
+            } else {
+                setting
+            };
+            lines.push(("standby slots", shown.to_owned()));
         }
         lines.push(("publication", self.publication_name.clone()));
         match &self.publication {
@@ -116,6 +127,9 @@ mod tests {
         SlotStatus {
             server_version: "16.4".into(),
             database: "app".into(),
+            host: "db1:5432".into(),
+            synchronized_standby_slots: None,
+            standby_slots_problem: None,
             current_wal_lsn: Lsn(0x1_0000_2000),
             slot_name: "siphon".into(),
             slot: Some(SlotInfo {
@@ -130,6 +144,8 @@ mod tests {
                 retained_wal_bytes: Some(0x1800),
                 lag_bytes: Some(0x1000),
                 safe_wal_size_bytes: None,
+                failover: None,
+                synced: None,
             }),
             publication_name: "siphon_outbox".into(),
             publication: Some(PublicationInfo {
@@ -172,6 +188,19 @@ mod tests {
         slot.plugin = Some("pgoutput".into());
         slot.database = Some("other".into());
         assert!(s.healthy().1[0].contains("belongs to database other, not app"));
+
+        let slot = s.slot.as_mut().unwrap();
+        slot.database = Some("app".into());
+        slot.failover = Some(true);
+        s.synchronized_standby_slots = Some(String::new());
+        s.standby_slots_problem = Some("synchronized_standby_slots is empty".into());
+        assert_eq!(
+            s.healthy().1,
+            vec!["replication slot \"siphon\" is a failover slot but synchronized_standby_slots is empty".to_owned()]
+        );
+        assert!(s.render_text().contains("standby slots:       (empty)\n"));
+        s.slot.as_mut().unwrap().failover = Some(false);
+        assert!(s.healthy().0, "only a failover slot needs the setting");
 
         s.slot = None;
         s.publication = None;

@@ -32,6 +32,8 @@ pub struct SourceConfig {
     pub read_ahead_bytes: usize,
     /// `application_name` of the replication connection.
     pub application_name: String,
+    /// Keep the slot as a failover slot (PostgreSQL 17+), synchronized to physical standbys.
+    pub failover: bool,
 }
 
 /// A schema-qualified table name, as stored in the catalog (not quoted).
@@ -125,15 +127,82 @@ pub fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// Host, port, user, password, database and TLS settings taken from `source.url`.
-#[derive(Clone)]
-pub struct ConnectionParams {
-    /// The host name: what is connected to, and the name a `verify-full` certificate must carry.
+/// One host of `source.url`: tried in the order the URL lists them, as libpq does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The host name: what is connected to, and the name a `verify-full` certificate must carry
+    /// (a path for a Unix socket directory).
     pub host: String,
     /// `hostaddr`: when given, the address connected to instead of resolving `host` (which still
     /// names the server for certificate checks), as in libpq.
     pub hostaddr: Option<std::net::IpAddr>,
     pub port: u16,
+}
+
+impl Endpoint {
+    /// What to open a socket to: `hostaddr` when given, else `host`.
+    pub fn address(&self) -> String {
+        self.hostaddr
+            .map_or_else(|| self.host.clone(), |ip| ip.to_string())
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// libpq's `target_session_attrs`: which of the hosts a session may use. Siphon's slot lives on
+/// the primary, so only the values that find it are accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TargetSession {
+    /// The first host that accepts the connection (libpq's default).
+    #[default]
+    Any,
+    /// The first host whose sessions are writable (`transaction_read_only = off`).
+    ReadWrite,
+    /// The first host not in recovery (`pg_is_in_recovery()` is false).
+    Primary,
+}
+
+impl TargetSession {
+    fn parse(value: &str) -> Result<Self, SourceError> {
+        match value {
+            "any" => Ok(TargetSession::Any),
+            "read-write" => Ok(TargetSession::ReadWrite),
+            "primary" => Ok(TargetSession::Primary),
+            "read-only" | "standby" | "prefer-standby" => Err(SourceError::Config(format!(
+                "source.url: target_session_attrs={value} would pick a standby, but Siphon's replication slot lives on the primary: use target_session_attrs=read-write"
+            ))),
+            other => Err(SourceError::Config(format!(
+                "source.url: target_session_attrs={other:?} is not a libpq value Siphon knows: use read-write (or primary, or any)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for TargetSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TargetSession::Any => "any",
+            TargetSession::ReadWrite => "read-write",
+            TargetSession::Primary => "primary",
+        })
+    }
+}
+
+/// Hosts, user, password, database and TLS settings taken from `source.url`.
+#[derive(Clone)]
+pub struct ConnectionParams {
+    /// The hosts, in the order they are tried (at least one).
+    pub endpoints: Vec<Endpoint>,
+    /// Which host to use (`target_session_attrs`).
+    pub target: TargetSession,
     pub user: String,
     pub password: String,
     pub database: String,
@@ -145,9 +214,8 @@ impl fmt::Debug for ConnectionParams {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The password never reaches logs.
         f.debug_struct("ConnectionParams")
-            .field("host", &self.host)
-            .field("hostaddr", &self.hostaddr)
-            .field("port", &self.port)
+            .field("endpoints", &self.endpoints)
+            .field("target", &self.target)
             .field("user", &self.user)
             .field("database", &self.database)
             .field("tls", &self.tls)
@@ -158,14 +226,8 @@ impl fmt::Debug for ConnectionParams {
 impl ConnectionParams {
     /// Reads the parameters out of a libpq-style URL or key/value string.
     pub fn from_url(url: &str) -> Result<Self, SourceError> {
-        let (config, tls) = parse_url(url)?;
-        let host = match config.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-            None => "localhost".to_owned(),
-        };
-        let hostaddr = config.get_hostaddrs().first().copied();
-        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let parsed = parse_url(url)?;
+        let config = &parsed.config;
         let user = config
             .get_user()
             .ok_or_else(|| {
@@ -180,20 +242,115 @@ impl ConnectionParams {
             .unwrap_or_default();
         let database = config.get_dbname().unwrap_or(&user).to_owned();
         Ok(ConnectionParams {
-            host,
-            hostaddr,
-            port,
+            endpoints: endpoints(config),
+            target: parsed.target,
             user,
             password,
             database,
-            tls,
+            tls: parsed.tls,
         })
+    }
+}
+
+/// The hosts of a parsed URL with their ports and addresses. tokio-postgres has already checked
+/// that the lists line up (one port for all hosts or one each; one `hostaddr` each or none).
+fn endpoints(config: &tokio_postgres::Config) -> Vec<Endpoint> {
+    use tokio_postgres::config::Host;
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|host| match host {
+            Host::Tcp(h) => h.clone(),
+            Host::Unix(p) => p.display().to_string(),
+        })
+        .collect();
+    let addrs = config.get_hostaddrs();
+    let count = hosts.len().max(addrs.len()).max(1);
+    let ports = config.get_ports();
+    (0..count)
+        .map(|i| {
+            let hostaddr = addrs.get(i).copied();
+            let host = hosts.get(i).cloned().unwrap_or_else(|| {
+                hostaddr.map_or_else(|| "localhost".to_owned(), |ip| ip.to_string())
+            });
+            let port = match ports {
+                [] => 5432,
+                [one] => *one,
+                many => many.get(i).copied().unwrap_or(5432),
+            };
+            Endpoint {
+                host,
+                hostaddr,
+                port,
+            }
+        })
+        .collect()
+}
+
+/// `source.url` read: what tokio-postgres understands (with one host or several), and the
+/// parameters Siphon reads itself.
+pub(crate) struct ParsedUrl {
+    /// Everything tokio-postgres understands, with its `ssl_mode` set from `sslmode`.
+    pub config: tokio_postgres::Config,
+    pub tls: TlsSettings,
+    pub target: TargetSession,
+}
+
+impl ParsedUrl {
+    /// The SQL connection's configuration for one of the URL's hosts.
+    pub fn for_endpoint(&self, endpoint: &Endpoint) -> tokio_postgres::Config {
+        let base = &self.config;
+        let mut config = tokio_postgres::Config::new();
+        if endpoint.host.starts_with('/') {
+            config.host_path(&endpoint.host);
+        } else {
+            config.host(&endpoint.host);
+        }
+        if let Some(ip) = endpoint.hostaddr {
+            config.hostaddr(ip);
+        }
+        config.port(endpoint.port);
+        if let Some(user) = base.get_user() {
+            config.user(user);
+        }
+        if let Some(password) = base.get_password() {
+            config.password(password);
+        }
+        if let Some(dbname) = base.get_dbname() {
+            config.dbname(dbname);
+        }
+        if let Some(options) = base.get_options() {
+            config.options(options);
+        }
+        if let Some(name) = base.get_application_name() {
+            config.application_name(name);
+        }
+        if let Some(timeout) = base.get_connect_timeout() {
+            config.connect_timeout(*timeout);
+        }
+        if let Some(timeout) = base.get_tcp_user_timeout() {
+            config.tcp_user_timeout(*timeout);
+        }
+        config
+            .ssl_mode(base.get_ssl_mode())
+            .ssl_negotiation(base.get_ssl_negotiation())
+            .channel_binding(base.get_channel_binding())
+            .keepalives(base.get_keepalives())
+            .keepalives_idle(base.get_keepalives_idle());
+        if let Some(interval) = base.get_keepalives_interval() {
+            config.keepalives_interval(interval);
+        }
+        if let Some(retries) = base.get_keepalives_retries() {
+            config.keepalives_retries(retries);
+        }
+        config
     }
 }
 
 /// Parameters Siphon reads itself (tokio-postgres does not know them, or knows only some of
 /// their values); they are taken out of the URL before tokio-postgres parses the rest.
-const OWN_PARAMS: [&str; 6] = [
+const OWN_PARAMS: [&str; 7] = [
+    "target_session_attrs",
     "sslmode",
     "sslrootcert",
     "sslcert",
@@ -202,9 +359,9 @@ const OWN_PARAMS: [&str; 6] = [
     "sslnegotiation",
 ];
 
-/// Splits `source.url` into the tokio-postgres configuration (with its `ssl_mode` set) and the
-/// TLS settings both connections use. Errors never contain the password.
-pub(crate) fn parse_url(url: &str) -> Result<(tokio_postgres::Config, TlsSettings), SourceError> {
+/// Splits `source.url` into the tokio-postgres configuration (with its `ssl_mode` set), the TLS
+/// settings both connections use and the target session. Errors never contain the password.
+pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, SourceError> {
     let (rest, own) = take_params(url, &OWN_PARAMS).map_err(|why| {
         SourceError::Config(format!(
             "source.url ({}) is not a valid PostgreSQL URL: {why}",
@@ -218,6 +375,12 @@ pub(crate) fn parse_url(url: &str) -> Result<(tokio_postgres::Config, TlsSetting
             crate::error::error_chain(&e)
         ))
     })?;
+    let mut target = TargetSession::Any;
+    for (key, value) in &own {
+        if key == "target_session_attrs" {
+            target = TargetSession::parse(value)?;
+        }
+    }
     let tls = TlsSettings::from_params(&own)?;
     if config.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
         return Err(SourceError::Config(
@@ -225,7 +388,11 @@ pub(crate) fn parse_url(url: &str) -> Result<(tokio_postgres::Config, TlsSetting
         ));
     }
     config.ssl_mode(tls.mode.for_tokio_postgres());
-    Ok((config, tls))
+    Ok(ParsedUrl {
+        config,
+        tls,
+        target,
+    })
 }
 
 /// Removes the parameters named in `keys` from a URL (`postgres://...?k=v&...`) or a key/value
@@ -485,22 +652,90 @@ mod tests {
         let p = ConnectionParams::from_url("postgres://alice:s3cret@127.0.0.1:5433/app").unwrap();
         assert_eq!(
             (
-                p.host.as_str(),
-                p.port,
+                p.endpoints[0].to_string(),
                 p.user.as_str(),
                 p.database.as_str()
             ),
-            ("127.0.0.1", 5433, "alice", "app")
+            ("127.0.0.1:5433".to_owned(), "alice", "app")
         );
+        assert_eq!((p.endpoints.len(), p.target), (1, TargetSession::Any));
         assert_eq!(p.password, "s3cret");
         assert!(!format!("{p:?}").contains("s3cret"));
         assert!(ConnectionParams::from_url("postgres://127.0.0.1/app").is_err());
     }
 
     #[test]
+    fn several_hosts_are_tried_in_order_with_their_ports() {
+        let listed = |url: &str| {
+            let p = ConnectionParams::from_url(url).unwrap();
+            (
+                p.endpoints
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+                p.target,
+            )
+        };
+        assert_eq!(
+            listed("postgres://u:p@db1:5433,db2:5434/app?target_session_attrs=read-write"),
+            (
+                vec!["db1:5433".to_owned(), "db2:5434".to_owned()],
+                TargetSession::ReadWrite
+            )
+        );
+        assert_eq!(
+            listed("host=db1,db2 port=6000 user=u dbname=app target_session_attrs=primary"),
+            (
+                vec!["db1:6000".to_owned(), "db2:6000".to_owned()],
+                TargetSession::Primary
+            )
+        );
+        assert_eq!(
+            listed("host=a,b hostaddr=10.0.0.1,10.0.0.2 user=u").0,
+            vec!["a:5432".to_owned(), "b:5432".to_owned()]
+        );
+        let p = ConnectionParams::from_url("host=a,b hostaddr=10.0.0.1,10.0.0.2 user=u").unwrap();
+        assert_eq!(p.endpoints[1].address(), "10.0.0.2");
+        assert_eq!(
+            listed("postgres://u@[::1]:5/d").0,
+            vec!["[::1]:5".to_owned()]
+        );
+        // One SQL configuration per host, keeping the rest of the URL.
+        let parsed =
+            parse_url("postgres://u:p@db1:1,db2:2/app?connect_timeout=3&application_name=x")
+                .unwrap();
+        let second = parsed.for_endpoint(
+            &ConnectionParams::from_url("postgres://u@db2:2/app")
+                .unwrap()
+                .endpoints[0],
+        );
+        assert_eq!(second.get_ports(), &[2]);
+        assert_eq!(second.get_hosts().len(), 1);
+        assert_eq!(second.get_password(), Some(&b"p"[..]));
+        assert_eq!(second.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(second.get_application_name(), Some("x"));
+    }
+
+    #[test]
+    fn a_target_session_that_picks_a_standby_is_refused_with_the_fix() {
+        for value in ["read-only", "standby", "prefer-standby"] {
+            let err = ConnectionParams::from_url(&format!(
+                "postgres://u@a,b/d?target_session_attrs={value}"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("target_session_attrs=read-write"), "{err}");
+        }
+        let err = ConnectionParams::from_url("postgres://u@a/d?target_session_attrs=bogus")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("read-write"), "{err}");
+    }
+
+    #[test]
     fn tls_parameters_are_read_and_the_rest_goes_to_tokio_postgres() {
         let url = "postgres://alice:s3cret@db.example:5433/app?connect_timeout=5&sslmode=verify-full&sslrootcert=%2Fetc%2Fca%20dir%2Fca.pem&sslcert=/c.pem&sslkey=/k.pem&application_name=x";
-        let (config, tls) = parse_url(url).unwrap();
+        let ParsedUrl { config, tls, .. } = parse_url(url).unwrap();
         assert_eq!(tls.mode, crate::SslMode::VerifyFull);
         assert_eq!(
             tls.root_certs,
@@ -516,7 +751,7 @@ mod tests {
         );
         assert_eq!(config.get_password(), Some(&b"s3cret"[..]));
 
-        let (config, tls) = parse_url(
+        let ParsedUrl { config, tls, .. } = parse_url(
             "host=127.0.0.1 user=bob password='a b\\'c' sslmode = require sslrootcert='/x y/ca.pem' dbname=app",
         )
         .unwrap();
@@ -525,13 +760,13 @@ mod tests {
         assert!(tls.verifies_chain() && !tls.verifies_host_name());
         assert_eq!(tls.root_certs, crate::RootCerts::File("/x y/ca.pem".into()));
 
-        let (config, tls) = parse_url("postgres://u@h/d").unwrap();
+        let ParsedUrl { config, tls, .. } = parse_url("postgres://u@h/d").unwrap();
         assert_eq!(tls.mode, crate::SslMode::Prefer);
         assert_eq!(
             config.get_ssl_mode(),
             tokio_postgres::config::SslMode::Prefer
         );
-        let (config, _) = parse_url("postgres://u@h/d?sslmode=disable").unwrap();
+        let ParsedUrl { config, .. } = parse_url("postgres://u@h/d?sslmode=disable").unwrap();
         assert_eq!(
             config.get_ssl_mode(),
             tokio_postgres::config::SslMode::Disable

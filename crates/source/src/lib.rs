@@ -11,6 +11,9 @@
 //!   partition of an outbox table?).
 //! - [`stall`] tells a stalled replication connection from a server busy decoding, from what
 //!   the server shows of the slot's walsender.
+//! - [`locate`] finds the host of `source.url` to use (several hosts with
+//!   `target_session_attrs=read-write` find the primary after a failover) and tells servers
+//!   apart; [`failover`] checks what failover slots need from the primary.
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
 //!   `sslkey`) into the TLS set-up of both connections.
 //!
@@ -24,6 +27,8 @@ pub mod assembly;
 pub mod catalog;
 pub mod config;
 pub mod error;
+pub mod failover;
+pub mod locate;
 pub mod queries;
 pub mod read_ahead;
 pub mod setup;
@@ -33,8 +38,9 @@ pub mod stream;
 pub mod tls;
 
 pub use assembly::{RowChange, SourceEvent};
-pub use config::{redact_url, ConnectionParams, SourceConfig, TableName};
+pub use config::{redact_url, ConnectionParams, Endpoint, SourceConfig, TableName, TargetSession};
 pub use error::SourceError;
+pub use locate::ServerIdentity;
 pub use setup::{prepare, SlotState};
 pub use stream::ReplicationStream;
 pub use tls::{RootCerts, SslMode, TlsSettings};

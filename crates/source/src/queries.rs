@@ -17,10 +17,10 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Opens the connection (TLS as `url` says).
-    pub async fn connect(url: &str) -> Result<Self, SourceError> {
+    /// Opens the connection to `endpoint`, one of the hosts of `url` (TLS as `url` says).
+    pub async fn connect(url: &str, endpoint: &crate::Endpoint) -> Result<Self, SourceError> {
         Ok(Catalog {
-            client: crate::setup::connect(url).await?,
+            client: crate::locate::connect_to(url, endpoint).await?,
         })
     }
 
@@ -47,6 +47,15 @@ impl Catalog {
     ) -> Result<Option<pgoutput::Relation>, SourceError> {
         crate::catalog::outbox_relation_for(&self.client, relation, outbox_tables, publication)
             .await
+    }
+
+    /// See [`crate::setup::verify_publication`].
+    pub async fn verify_publication(
+        &self,
+        publication: &str,
+        tables: &[crate::TableName],
+    ) -> Result<(), SourceError> {
+        crate::setup::verify_publication(&self.client, publication, tables).await
     }
 
     /// WAL the slot retains (see [`crate::status::retained_wal_bytes`]).

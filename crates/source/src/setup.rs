@@ -12,13 +12,15 @@
 //!   duplicate_object, or 23505 on the catalog's name index) is not an error: what the other
 //!   created is checked and used; a slot still being created is waited for like a busy one.
 
-use crate::config::{quote_ident, quote_literal};
+use crate::config::{quote_ident, quote_literal, Endpoint};
+use crate::failover;
+use crate::locate::{locate, Located, ServerIdentity};
 use crate::{SourceConfig, SourceError, TableName};
 use pgoutput::Lsn;
 use std::collections::BTreeSet;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
-use tracing::info;
+use tracing::{info, warn};
 
 /// What the slot looked like when streaming was about to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,34 +29,53 @@ pub struct SlotState {
     pub confirmed_flush_lsn: Lsn,
     /// Whether this run created the slot.
     pub created: bool,
+    /// The host of `source.url` that was checked: the session's other connections go there.
+    pub endpoint: Endpoint,
+    /// Which server that is (`None` when it does not say): positions carried over from a
+    /// session on another server (before a failover) must not be used to skip WAL.
+    pub identity: Option<ServerIdentity>,
+    /// The slot exists without failover while `source.failover` is on: the replication
+    /// connection turns failover on before it starts (`ALTER_REPLICATION_SLOT` is a replication
+    /// command).
+    pub enable_failover: bool,
 }
 
-/// Connects over SQL, checks `wal_level`, the tables, the publication and the slot, creating the
-/// last two when they are missing.
+/// Connects over SQL to the host of `source.url` that fits its `target_session_attrs`, checks
+/// `wal_level`, the tables, the publication and the slot, creating the last two when they are
+/// missing.
 pub async fn prepare(config: &SourceConfig) -> Result<SlotState, SourceError> {
     let params = crate::ConnectionParams::from_url(&config.url)?;
-    let client = connect(&config.url).await?;
+    let Located { client, endpoint } = locate(&config.url).await?;
     check_wal_level(&client).await?;
+    let version = server_version_num(&client).await?;
+    if config.failover {
+        failover::check_version(version)?;
+    }
     let partitioned = check_tables(&client, &config.tables).await?;
     ensure_publication(&client, &config.publication, &config.tables, &partitioned).await?;
-    ensure_slot(&client, &config.slot, Some(&params.user)).await
-}
-
-/// Opens an ordinary SQL connection to `url` with the TLS settings it names (`sslmode`,
-/// `sslrootcert`, `sslcert`, `sslkey`); the connection task ends with the client.
-pub async fn connect(url: &str) -> Result<Client, SourceError> {
-    let (config, tls) = crate::config::parse_url(url)?;
-    let connector = tls.sql_connector()?;
-    let (client, connection) = config
-        .connect(connector)
-        .await
-        .map_err(|e| SourceError::from_connect(&tls, e))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "SQL connection closed");
+    let slot = ensure_slot(
+        &client,
+        &SlotRequest {
+            name: &config.slot,
+            user: Some(&params.user),
+            failover: config.failover,
+            version,
+        },
+    )
+    .await?;
+    if config.failover {
+        let standby_slots = failover::standby_slots(&client).await?;
+        if let Some(problem) = standby_slots.problem() {
+            warn!(slot = %config.slot, "{problem}");
         }
-    });
-    Ok(client)
+    }
+    Ok(SlotState {
+        confirmed_flush_lsn: slot.confirmed_flush_lsn,
+        created: slot.created,
+        enable_failover: config.failover && !slot.failover,
+        identity: crate::locate::identity(&client).await,
+        endpoint,
+    })
 }
 
 async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
@@ -113,7 +134,7 @@ struct PublicationFlags {
     inserts: bool,
 }
 
-async fn server_version_num(client: &Client) -> Result<i32, SourceError> {
+pub(crate) async fn server_version_num(client: &Client) -> Result<i32, SourceError> {
     let row = client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await
@@ -213,6 +234,36 @@ async fn ensure_publication(
             }
         }
     };
+    publication_check(client, publication, flags, tables, partitioned).await
+}
+
+/// Checks, while streaming, that the publication still exists and still publishes every outbox
+/// table's INSERTs. Neither loss is reported by the stream itself: from PostgreSQL 18 a missing
+/// publication is skipped with a warning the replication protocol does not surface, and a table
+/// removed from a publication silently stops its changes on every version.
+pub async fn verify_publication(
+    client: &Client,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<(), SourceError> {
+    let version = server_version_num(client).await?;
+    let Some(flags) = publication_flags(client, publication, version).await? else {
+        return Err(SourceError::Definite(format!(
+            "publication \"{publication}\" was dropped while streaming: PostgreSQL publishes nothing for it while it is missing, so events committed until it exists again are not captured; create it again (restart Siphon, which creates it, or CREATE PUBLICATION {} FOR TABLE <outbox tables> WITH (publish = 'insert, update'))",
+            quote_ident(publication)
+        )));
+    };
+    let partitioned = check_tables(client, tables).await?;
+    publication_check(client, publication, flags, tables, &partitioned).await
+}
+
+async fn publication_check(
+    client: &Client,
+    publication: &str,
+    flags: PublicationFlags,
+    tables: &[TableName],
+    partitioned: &BTreeSet<TableName>,
+) -> Result<(), SourceError> {
     let published = if flags.all_tables {
         None
     } else {
@@ -297,43 +348,75 @@ fn publication_problem(
 async fn read_slot(
     client: &Client,
     slot: &str,
+    version: i32,
 ) -> Result<Option<tokio_postgres::Row>, SourceError> {
+    let failover = if version >= failover::FAILOVER_SLOTS_VERSION {
+        "failover"
+    } else {
+        "false"
+    };
     client
         .query_opt(
-            "SELECT plugin, slot_type, database, confirmed_flush_lsn, wal_status \
-             FROM pg_replication_slots WHERE slot_name = $1",
+            &format!(
+                "SELECT plugin, slot_type, database, confirmed_flush_lsn, wal_status, {failover} \
+                 FROM pg_replication_slots WHERE slot_name = $1"
+            ),
             &[&slot],
         )
         .await
         .map_err(|e| SourceError::from_sql("looking up the replication slot", e))
 }
 
-async fn ensure_slot(
-    client: &Client,
-    slot: &str,
-    user: Option<&str>,
-) -> Result<SlotState, SourceError> {
-    let row = match read_slot(client, slot).await? {
+/// The slot Siphon needs.
+struct SlotRequest<'a> {
+    name: &'a str,
+    user: Option<&'a str>,
+    /// Create it as a failover slot (PostgreSQL 17+, checked before).
+    failover: bool,
+    version: i32,
+}
+
+/// The slot as found (or created).
+struct FoundSlot {
+    confirmed_flush_lsn: Lsn,
+    created: bool,
+    /// Whether the slot is a failover slot.
+    failover: bool,
+}
+
+async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<FoundSlot, SourceError> {
+    let slot = request.name;
+    let user = request.user;
+    let row = match read_slot(client, slot, request.version).await? {
         Some(row) => row,
         None => {
-            let sql = format!(
-                "SELECT lsn FROM pg_create_logical_replication_slot({}, 'pgoutput')",
-                quote_literal(slot)
-            );
+            let sql = if request.failover {
+                // (slot_name, plugin, temporary, twophase, failover)
+                format!(
+                    "SELECT lsn FROM pg_create_logical_replication_slot({}, 'pgoutput', false, false, true)",
+                    quote_literal(slot)
+                )
+            } else {
+                format!(
+                    "SELECT lsn FROM pg_create_logical_replication_slot({}, 'pgoutput')",
+                    quote_literal(slot)
+                )
+            };
             match client.query_one(&sql, &[]).await {
                 Ok(created) => {
                     let position = lsn(created.get(0));
-                    info!(slot, lsn = %position, "created replication slot");
-                    return Ok(SlotState {
+                    info!(slot, lsn = %position, failover = request.failover, "created replication slot");
+                    return Ok(FoundSlot {
                         confirmed_flush_lsn: position,
                         created: true,
+                        failover: request.failover,
                     });
                 }
                 // Another instance created it first: use it (streaming waits as a standby
                 // while that instance holds it).
                 Err(e) if lost_creation_race(&e) => {
                     info!(slot, "replication slot was created by another instance at the same time; using it");
-                    read_slot(client, slot).await?.ok_or_else(|| {
+                    read_slot(client, slot, request.version).await?.ok_or_else(|| {
                         SourceError::Transient(format!(
                             "replication slot \"{slot}\" was being created by another process and is gone again"
                         ))
@@ -359,6 +442,7 @@ async fn ensure_slot(
     let database: Option<String> = row.get(2);
     let confirmed: Option<PgLsn> = row.get(3);
     let wal_status: Option<String> = row.get(4);
+    let failover: bool = row.get(5);
     // While another process is still creating the slot, its plugin name is empty and it has no
     // confirmed position yet: wait for it like a standby rather than judge a half-made slot.
     if slot_type == "logical" && (plugin.as_deref() == Some("") || confirmed.is_none()) {
@@ -388,9 +472,10 @@ async fn ensure_slot(
             "replication slot \"{slot}\" was invalidated (its WAL was removed, see max_slot_wal_keep_size): drop it with SELECT pg_drop_replication_slot('{slot}') and restart Siphon; events in the lost WAL cannot be recovered"
         )));
     }
-    Ok(SlotState {
+    Ok(FoundSlot {
         confirmed_flush_lsn: confirmed.map_or(Lsn::ZERO, lsn),
         created: false,
+        failover,
     })
 }
 

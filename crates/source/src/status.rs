@@ -72,6 +72,11 @@ pub struct SlotInfo {
     /// WAL that can still be written before the slot is in danger of losing WAL (none when
     /// `max_slot_wal_keep_size` is unlimited).
     pub safe_wal_size_bytes: Option<i64>,
+    /// Whether the slot is a failover slot, copied to standbys (none before PostgreSQL 17).
+    pub failover: Option<bool>,
+    /// Whether this copy of the slot was synchronized from a primary (true on a standby, and on a
+    /// promoted standby; none before PostgreSQL 17).
+    pub synced: Option<bool>,
 }
 
 /// The publication, as `pg_publication` shows it.
@@ -90,6 +95,12 @@ pub struct SlotStatus {
     pub server_version: String,
     /// The database the URL connects to.
     pub database: String,
+    /// The host of the URL that answered (the first that fits `target_session_attrs`).
+    pub host: String,
+    /// The primary's `synchronized_standby_slots` (none before PostgreSQL 17).
+    pub synchronized_standby_slots: Option<String>,
+    /// What is wrong with that setting for a failover slot, naming the fix.
+    pub standby_slots_problem: Option<String>,
     /// The server's current WAL position (replay position on a standby).
     #[serde(serialize_with = "lsn_text_one")]
     pub current_wal_lsn: Lsn,
@@ -128,8 +139,10 @@ pub async fn slot_status(
     slot: &str,
     publication: &str,
 ) -> Result<SlotStatus, StatusError> {
-    let client = crate::setup::connect(url).await?;
-    status_with(&client, slot, publication).await
+    let located = crate::locate::locate(url).await?;
+    let mut status = status_with(&located.client, slot, publication).await?;
+    status.host = located.endpoint.to_string();
+    Ok(status)
 }
 
 /// [`slot_status`] over an open connection.
@@ -146,6 +159,17 @@ pub async fn status_with(
         .await
         .map_err(|e| StatusError::query("reading the server version and WAL position", e))?;
     let current: Option<PgLsn> = server.get(2);
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(|e| StatusError::query("reading the server version", e))?
+        .get(0);
+    let failover_slots = version >= crate::failover::FAILOVER_SLOTS_VERSION;
+    let failover_columns = if failover_slots {
+        "failover, synced"
+    } else {
+        "NULL::bool, NULL::bool"
+    };
     let slot_row = client
         .query_opt(
             &format!(
@@ -154,7 +178,7 @@ pub async fn status_with(
                         confirmed_flush_lsn, restart_lsn, wal_status, \
                         pg_wal_lsn_diff(cur.lsn, restart_lsn)::int8, \
                         pg_wal_lsn_diff(cur.lsn, confirmed_flush_lsn)::int8, \
-                        safe_wal_size \
+                        safe_wal_size, {failover_columns} \
                    FROM pg_replication_slots, cur WHERE slot_name = $1"
             ),
             &[&slot],
@@ -173,7 +197,18 @@ pub async fn status_with(
         retained_wal_bytes: bytes(row.get(8)),
         lag_bytes: bytes(row.get(9)),
         safe_wal_size_bytes: row.get(10),
+        failover: row.get(11),
+        synced: row.get(12),
     });
+    let (synchronized_standby_slots, standby_slots_problem) = if failover_slots {
+        let standby = crate::failover::standby_slots(client)
+            .await
+            .map_err(|e| StatusError::Query(e.to_string()))?;
+        let problem = standby.problem();
+        (Some(standby.setting), problem)
+    } else {
+        (None, None)
+    };
     let publication_row = client
         .query_opt(
             "SELECT puballtables FROM pg_publication WHERE pubname = $1",
@@ -204,6 +239,9 @@ pub async fn status_with(
     Ok(SlotStatus {
         server_version: server.get(0),
         database: server.get(1),
+        host: String::new(),
+        synchronized_standby_slots,
+        standby_slots_problem,
         current_wal_lsn: lsn(current).unwrap_or(Lsn::ZERO),
         slot_name: slot.to_owned(),
         slot: slot_info,
@@ -261,6 +299,13 @@ impl SlotStatus {
                         "replication slot \"{slot}\" is about to lose WAL (wal_status = unreserved, past max_slot_wal_keep_size): get Siphon streaming and caught up now"
                     )),
                     _ => {}
+                }
+                if s.failover == Some(true) {
+                    if let Some(problem) = &self.standby_slots_problem {
+                        reasons.push(format!(
+                            "replication slot \"{slot}\" is a failover slot but {problem}"
+                        ));
+                    }
                 }
                 if !s.active && s.wal_status.as_deref() != Some("lost") {
                     reasons.push(format!(

@@ -11,7 +11,7 @@
 use crate::assembly::{Assembler, SourceEvent};
 use crate::read_ahead::{ReadAhead, LIBRARY_BUFFER_EVENTS};
 use crate::stall::{StallWatch, Verdict};
-use crate::{ConnectionParams, SourceConfig, SourceError};
+use crate::{ConnectionParams, SlotState, SourceConfig, SourceError, TargetSession};
 use pgoutput::Lsn;
 use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use std::sync::Arc;
@@ -62,24 +62,30 @@ impl StallCheck {
 }
 
 impl ReplicationStream {
-    /// Starts streaming from `start_lsn` (the slot's confirmed position).
-    pub async fn start(config: &SourceConfig, start_lsn: Lsn) -> Result<Self, SourceError> {
+    /// Starts streaming from `start_lsn` (at or after the slot's confirmed position) on the host
+    /// [`crate::prepare`] checked (`slot`). Before `START_REPLICATION` the replication session
+    /// checks that the host still fits `target_session_attrs` and is still the server `prepare`
+    /// saw (a failover in between is a transient error), and turns failover on for the slot when
+    /// `prepare` asked for it.
+    pub async fn start(
+        config: &SourceConfig,
+        slot: &SlotState,
+        start_lsn: Lsn,
+    ) -> Result<Self, SourceError> {
         let params = ConnectionParams::from_url(&config.url)?;
-        let tls = params.tls.replication_config(&params.host);
+        let endpoint = &slot.endpoint;
+        let tls = params.tls.replication_config(&endpoint.host);
         let sslmode = params.tls.mode;
         let user = params.user.clone();
-        let address = params
-            .hostaddr
-            .map_or_else(|| params.host.clone(), |ip| ip.to_string());
         let wire = ReplicationConfig::new(
-            address,
+            endpoint.address(),
             params.user,
             params.password,
             params.database,
             config.slot.clone(),
             config.publication.clone(),
         )
-        .with_port(params.port)
+        .with_port(endpoint.port)
         .with_tls(tls)
         .with_start_lsn(WireLsn::from_u64(start_lsn.0))
         .with_ack_lsn(WireLsn::from_u64(start_lsn.0))
@@ -87,14 +93,19 @@ impl ReplicationStream {
         .with_wakeup_interval(config.idle_wakeup_interval)
         .with_buffer_size(LIBRARY_BUFFER_EVENTS)
         .with_application_name(config.application_name.clone());
-        let mut client = ReplicationClient::connect(wire)
+        let failed = |e| SourceError::from_replication_as(&config.slot, Some(&user), e);
+        let mut client = ReplicationClient::connect_gated(wire)
             .await
-            .map_err(|e| SourceError::from_replication_as(&config.slot, Some(&user), e))?;
-        client
-            .wait_started()
+            .map_err(failed)?;
+        before_start(&mut client, config, slot, params.target)
             .await
-            .map_err(|e| SourceError::from_replication_as(&config.slot, Some(&user), e))?;
-        info!(slot = %config.slot, from = %start_lsn, %sslmode, "streaming");
+            .map_err(|e| match e {
+                BeforeStart::Wire(e) => failed(e),
+                BeforeStart::Source(e) => e,
+            })?;
+        client.start().await.map_err(failed)?;
+        client.wait_started().await.map_err(failed)?;
+        info!(slot = %config.slot, from = %start_lsn, host = %endpoint, %sslmode, "streaming");
         Ok(ReplicationStream {
             client: ReadAhead::spawn(client, config.read_ahead_bytes, config.buffer_events),
             last_message: Instant::now(),
@@ -217,4 +228,63 @@ impl ReplicationStream {
             .map_err(|e| SourceError::from_replication(&slot, e))?;
         Ok(reported)
     }
+}
+
+/// Why the checks before `START_REPLICATION` failed.
+enum BeforeStart {
+    Wire(pgwire_replication::PgWireError),
+    Source(SourceError),
+}
+
+impl From<pgwire_replication::PgWireError> for BeforeStart {
+    fn from(e: pgwire_replication::PgWireError) -> Self {
+        BeforeStart::Wire(e)
+    }
+}
+
+/// The first column of the first row of a simple-query answer, as text.
+fn first_value(rows: &[pgwire_replication::QueryRow]) -> Option<String> {
+    rows.first()
+        .and_then(|row| row.first())
+        .and_then(|value| value.as_ref())
+        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The replication session's checks before it starts: the host still fits the target session,
+/// it is still the server `prepare` checked, and the slot becomes a failover slot if asked.
+async fn before_start(
+    client: &mut ReplicationClient,
+    config: &SourceConfig,
+    slot: &SlotState,
+    target: TargetSession,
+) -> Result<(), BeforeStart> {
+    let endpoint = &slot.endpoint;
+    if target != TargetSession::Any {
+        let rows = client
+            .simple_query("SELECT pg_is_in_recovery()::text")
+            .await?;
+        if first_value(&rows).as_deref() != Some("false") {
+            return Err(BeforeStart::Source(SourceError::Transient(format!(
+                "{endpoint} became a standby before streaming started; looking for the primary again"
+            ))));
+        }
+    }
+    if let Some(expected) = &slot.identity {
+        let seen = client.identify_system().await?;
+        if seen.system_id != expected.system_id || seen.timeline != expected.timeline {
+            return Err(BeforeStart::Source(SourceError::Transient(format!(
+                "{endpoint} is no longer the server that was checked ({expected}; now system {} timeline {}): a failover happened; checking again",
+                seen.system_id, seen.timeline
+            ))));
+        }
+    }
+    if slot.enable_failover {
+        let command = format!(
+            "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+            crate::config::quote_ident(&config.slot)
+        );
+        client.simple_query(&command).await?;
+        info!(slot = %config.slot, "replication slot is now a failover slot");
+    }
+    Ok(())
 }

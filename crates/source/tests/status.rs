@@ -119,8 +119,12 @@ async fn reads_a_real_slot_and_publication() {
         buffer_events: 64,
         read_ahead_bytes: 1 << 20,
         application_name: "siphon-status-test".into(),
+        failover: false,
     };
-    let stream = siphon_source::ReplicationStream::start(&config, created)
+    let slot = siphon_source::prepare(&config).await.unwrap();
+    assert_eq!(slot.confirmed_flush_lsn, created);
+    assert!(!slot.created && !slot.enable_failover);
+    let stream = siphon_source::ReplicationStream::start(&config, &slot, created)
         .await
         .unwrap();
     wait_active(&db, "status_slot", true).await;

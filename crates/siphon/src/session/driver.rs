@@ -59,6 +59,8 @@ async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>
 
 /// What a session needs that takes a round trip to set up.
 struct Connections {
+    /// The server streamed from, as `prepare` identified it.
+    server: Option<siphon_source::ServerIdentity>,
     start: Lsn,
     sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
@@ -73,12 +75,13 @@ async fn connect(
     carry: &Carry,
 ) -> Result<Connections, PipelineError> {
     let slot = siphon_source::prepare(&settings.source).await?;
-    let start = slot.confirmed_flush_lsn.max(carry.acked_through);
+    let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
     let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
-    let sql = Arc::new(Catalog::connect(&settings.source.url).await?);
-    let stream = ReplicationStream::start(&settings.source, start).await?;
+    let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
+    let stream = ReplicationStream::start(&settings.source, &slot, start).await?;
     Ok(Connections {
+        server: slot.identity,
         start,
         sink,
         deliveries,
@@ -99,6 +102,7 @@ pub async fn run_session(
     }
     // Connecting can hang on an unreachable server: a shutdown request ends it.
     let Connections {
+        server,
         start,
         sink,
         deliveries,
@@ -150,6 +154,7 @@ pub async fn run_session(
     let outcome = driver.run(shutdown).await;
     metrics.health().set_streaming(false);
     carry.acked_through = driver.core.watermark();
+    carry.server = server;
     metrics.set_oldest_unacked_since(None);
     driver.probe.abort();
     if let Some(task) = driver.status_probe.take() {
@@ -349,6 +354,8 @@ impl Driver<'_> {
         let stall_timeout = self.settings.stall_timeout;
         let sql = Arc::clone(&self.sql);
         let slot = self.settings.source.slot.clone();
+        let publication = self.settings.source.publication.clone();
+        let tables = self.settings.source.tables.clone();
         let metrics = Arc::clone(&self.metrics);
         let inputs = self.inputs_tx.clone();
         self.status_probe = Some(tokio::spawn(async move {
@@ -359,6 +366,17 @@ impl Driver<'_> {
                     "the slot's retained WAL was not read within {}s; the SQL connection may be broken",
                     TICK_INTERVAL.as_secs()
                 ),
+            }
+            // A dropped publication, or an outbox table taken out of it, silences the stream
+            // without an error on the stream itself: stop, naming the fix.
+            if let Ok(Err(e)) =
+                tokio::time::timeout(TICK_INTERVAL, sql.verify_publication(&publication, &tables))
+                    .await
+            {
+                if !e.is_transient() {
+                    let _ = inputs.send(Input::SourceFailed(e.into()));
+                    return;
+                }
             }
             let Some(check) = stall_check else { return };
             // Bounded by the check itself: a server that does not answer it is a stall.

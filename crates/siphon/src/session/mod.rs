@@ -99,6 +99,74 @@ pub struct PipelineSettings {
 #[derive(Debug, Default)]
 pub struct Carry {
     /// Everything before this position was acknowledged by Kafka (possibly not yet confirmed to
-    /// the slot): the next session resumes here if it is past the slot's position.
+    /// the slot): the next session resumes here if it is past the slot's position and the
+    /// server is the same one.
     pub acked_through: Lsn,
+    /// The server `acked_through` is a position of (`None`: unknown).
+    pub server: Option<siphon_source::ServerIdentity>,
+}
+
+impl Carry {
+    /// Where the next session starts on a server of identity `server` whose slot confirmed
+    /// `slot_confirmed`: past the slot's position only when the acknowledged position is one of
+    /// the same server and timeline. After a failover the new primary's timeline branched off
+    /// at or before that position, and a start past the branch point would skip the new
+    /// timeline's transactions there; the slot's synchronized position is safe (it only repeats).
+    pub fn resume_from(
+        &self,
+        slot_confirmed: Lsn,
+        server: Option<&siphon_source::ServerIdentity>,
+    ) -> Lsn {
+        match (&self.server, server) {
+            (Some(before), Some(now)) if before == now => slot_confirmed.max(self.acked_through),
+            _ => {
+                if self.acked_through > slot_confirmed {
+                    tracing::info!(
+                        acked_through = %self.acked_through,
+                        slot = %slot_confirmed,
+                        before = ?self.server,
+                        now = ?server,
+                        "not the server of the previous session (failover?): resuming from the slot's position; events after it are sent again"
+                    );
+                }
+                slot_confirmed
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod carry_tests {
+    use super::*;
+    use siphon_source::ServerIdentity;
+
+    fn server(timeline: u32) -> ServerIdentity {
+        ServerIdentity {
+            system_id: "7714138579329324802".into(),
+            timeline,
+        }
+    }
+
+    #[test]
+    fn a_carried_position_is_used_only_on_the_same_server_and_timeline() {
+        let carry = Carry {
+            acked_through: Lsn(500),
+            server: Some(server(1)),
+        };
+        assert_eq!(carry.resume_from(Lsn(300), Some(&server(1))), Lsn(500));
+        assert_eq!(carry.resume_from(Lsn(700), Some(&server(1))), Lsn(700));
+        // A promoted standby (a new timeline): the slot's position, never past it.
+        assert_eq!(carry.resume_from(Lsn(300), Some(&server(2))), Lsn(300));
+        // Another cluster, or one that does not say who it is.
+        let other = ServerIdentity {
+            system_id: "1".into(),
+            timeline: 1,
+        };
+        assert_eq!(carry.resume_from(Lsn(300), Some(&other)), Lsn(300));
+        assert_eq!(carry.resume_from(Lsn(300), None), Lsn(300));
+        assert_eq!(
+            Carry::default().resume_from(Lsn(300), Some(&server(1))),
+            Lsn(300)
+        );
+    }
 }

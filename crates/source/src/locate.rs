@@ -1,0 +1,171 @@
+//! Finding the server to stream from among the hosts of `source.url`, and telling whether it is
+//! still the server of the previous session.
+//!
+//! `source.url` may list several hosts (`postgres://u@db1,db2/app?target_session_attrs=read-write`
+//! or `host=db1,db2 ...`), as libpq allows, so that after a failover Siphon finds the new
+//! primary. [`locate`] tries the hosts in order and keeps the first that fits the target session;
+//! every later connection of the session (catalog queries, the replication stream) goes to that
+//! same host, so the slot that was checked is the slot that is streamed from.
+//!
+//! # Invariants
+//! - A host is only chosen after a session on it answered the target's question
+//!   (`transaction_read_only`, or `pg_is_in_recovery()` for `primary`).
+//! - With one host the error of that host is returned as it is (its consequence unchanged); with
+//!   several, the errors are definite only if every host failed definitely: a host that is down
+//!   or is a standby can be cured by a failover, so that is waited for.
+//! - [`ServerIdentity`] changes with a promotion (a new timeline) or a different cluster (a new
+//!   system identifier); positions from another identity are never used to skip WAL.
+
+use crate::config::{parse_url, Endpoint, ParsedUrl, TargetSession};
+use crate::SourceError;
+use std::fmt;
+use tokio_postgres::Client;
+use tracing::{debug, info};
+
+/// An open SQL session on the chosen host.
+pub struct Located {
+    pub client: Client,
+    pub endpoint: Endpoint,
+}
+
+/// Which server (cluster and timeline) a session talked to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerIdentity {
+    /// The cluster's system identifier (decimal, as IDENTIFY_SYSTEM prints it).
+    pub system_id: String,
+    /// The timeline the server writes WAL on; a promoted standby starts a new one.
+    pub timeline: u32,
+}
+
+impl fmt::Display for ServerIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "system {} timeline {}", self.system_id, self.timeline)
+    }
+}
+
+/// Connects to the first host of `url` that fits its `target_session_attrs`.
+pub async fn locate(url: &str) -> Result<Located, SourceError> {
+    let parsed = parse_url(url)?;
+    let endpoints = crate::ConnectionParams::from_url(url)?.endpoints;
+    if let [endpoint] = endpoints.as_slice() {
+        let client = open(&parsed, endpoint).await?;
+        check_target(&client, parsed.target, endpoint).await?;
+        return Ok(Located {
+            client,
+            endpoint: endpoint.clone(),
+        });
+    }
+    let mut refusals = Vec::new();
+    let mut all_definite = true;
+    for endpoint in &endpoints {
+        let attempt = match open(&parsed, endpoint).await {
+            Ok(client) => check_target(&client, parsed.target, endpoint)
+                .await
+                .map(|()| client),
+            Err(e) => Err(e),
+        };
+        match attempt {
+            Ok(client) => {
+                if !refusals.is_empty() {
+                    info!(host = %endpoint, target = %parsed.target, "connected to the next host of source.url");
+                }
+                return Ok(Located {
+                    client,
+                    endpoint: endpoint.clone(),
+                });
+            }
+            Err(e) => {
+                debug!(host = %endpoint, error = %e, "host of source.url not used");
+                all_definite &= matches!(e, SourceError::Definite(_) | SourceError::Config(_));
+                refusals.push(format!("{endpoint}: {e}"));
+            }
+        }
+    }
+    let summary = format!(
+        "no host of source.url is usable (target_session_attrs={}): {}",
+        parsed.target,
+        refusals.join("; ")
+    );
+    if all_definite {
+        Err(SourceError::Definite(summary))
+    } else {
+        Err(SourceError::Transient(summary))
+    }
+}
+
+/// Opens a SQL session on `endpoint` (the host [`locate`] chose), without checking the target.
+pub async fn connect_to(url: &str, endpoint: &Endpoint) -> Result<Client, SourceError> {
+    open(&parse_url(url)?, endpoint).await
+}
+
+async fn open(parsed: &ParsedUrl, endpoint: &Endpoint) -> Result<Client, SourceError> {
+    let connector = parsed.tls.sql_connector()?;
+    let (client, connection) = parsed
+        .for_endpoint(endpoint)
+        .connect(connector)
+        .await
+        .map_err(|e| SourceError::from_connect(&parsed.tls, e))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "SQL connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Whether the session on `endpoint` fits `target`: a standby (or a read-only primary, for
+/// `read-write`) is a transient refusal, cured by a failover or by the next host.
+async fn check_target(
+    client: &Client,
+    target: TargetSession,
+    endpoint: &Endpoint,
+) -> Result<(), SourceError> {
+    let sql = match target {
+        TargetSession::Any => return Ok(()),
+        TargetSession::ReadWrite => "SELECT current_setting('transaction_read_only') = 'off'",
+        TargetSession::Primary => "SELECT NOT pg_is_in_recovery()",
+    };
+    let fits: bool = client
+        .query_one(sql, &[])
+        .await
+        .map_err(|e| SourceError::from_sql("checking target_session_attrs", e))?
+        .get(0);
+    if fits {
+        Ok(())
+    } else {
+        Err(SourceError::Transient(format!(
+            "{endpoint} is not {} (a standby, or default_transaction_read_only is on); waiting for a {} server",
+            match target {
+                TargetSession::Primary => "a primary",
+                _ => "read-write",
+            },
+            target
+        )))
+    }
+}
+
+/// Reads the identity of the server `client` is connected to. `None` on a standby (which
+/// writes no WAL of its own) or when the server does not tell this user.
+pub async fn identity(client: &Client) -> Option<ServerIdentity> {
+    let row = client
+        .query_one(
+            "SELECT (SELECT system_identifier FROM pg_control_system())::text, \
+                    CASE WHEN pg_is_in_recovery() THEN NULL \
+                         ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END",
+            &[],
+        )
+        .await;
+    let row = match row {
+        Ok(row) => row,
+        Err(e) => {
+            debug!(error = %e, "server identity not readable");
+            return None;
+        }
+    };
+    let system_id: Option<String> = row.get(0);
+    let timeline: Option<String> = row.get(1);
+    Some(ServerIdentity {
+        system_id: system_id?,
+        timeline: u32::from_str_radix(&timeline?, 16).ok()?,
+    })
+}
