@@ -32,7 +32,7 @@
 use crate::SourceError;
 use pgoutput::Lsn;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
@@ -264,17 +264,15 @@ impl Escalation {
     }
 }
 
-/// The escalation of this process: a stall-caused reconnect makes a new stream, so it outlives
-/// each [`StallWatch`].
-static ESCALATION: Mutex<Escalation> = Mutex::new(Escalation {
-    consecutive: 0,
-    last_stall_at: Lsn(0),
-});
+/// The escalation shared by a stream and its checks. It is carried from one session to the next
+/// by the caller ([`crate::ReplicationStream::stall_escalation`]): a stall-caused reconnect makes
+/// a new stream, and the escalation must outlive it.
+pub type SharedEscalation = Arc<StdMutex<Escalation>>;
 
-/// Runs `f` on the process's escalation (a poisoned lock still holds a consistent value: it is
-/// two plain numbers).
-fn escalation<T>(f: impl FnOnce(&mut Escalation) -> T) -> T {
-    let mut guard = ESCALATION.lock().unwrap_or_else(|e| e.into_inner());
+/// Runs `f` on an escalation (a poisoned lock still holds a consistent value: it is two plain
+/// numbers).
+fn with_escalation<T>(shared: &SharedEscalation, f: impl FnOnce(&mut Escalation) -> T) -> T {
+    let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
     f(&mut guard)
 }
 
@@ -285,15 +283,18 @@ pub struct StallWatch {
     previous: Option<SlotActivity>,
     reply_seen: Option<(i64, Instant)>,
     reply_grace: Duration,
+    escalation: SharedEscalation,
 }
 
 impl StallWatch {
-    /// `reply_grace`: how long our status updates may legitimately be apart.
-    pub fn new(reply_grace: Duration) -> Self {
+    /// `reply_grace`: how long our status updates may legitimately be apart; `escalation`: the
+    /// stalls without progress so far (also before this stream).
+    pub fn new(reply_grace: Duration, escalation: SharedEscalation) -> Self {
         StallWatch {
             previous: None,
             reply_seen: None,
             reply_grace,
+            escalation,
         }
     }
 
@@ -307,7 +308,7 @@ impl StallWatch {
         timeout: Duration,
         received: Lsn,
     ) -> Result<Verdict, SourceError> {
-        let required = escalation(|e| {
+        let required = with_escalation(&self.escalation, |e| {
             e.received(received);
             e.required(timeout)
         });
@@ -330,7 +331,7 @@ impl StallWatch {
         let current = match tokio::time::timeout(wait, observe(client, slot)).await {
             Ok(observed) => observed?,
             Err(_) => {
-                escalation(|e| e.stalled(received));
+                with_escalation(&self.escalation, |e| e.stalled(received));
                 return Ok(Verdict::Stalled(Seen {
                     what: format!(
                         "the server did not answer the check of the slot's walsender within {}s",
@@ -364,7 +365,7 @@ impl StallWatch {
             self.reply_grace,
         );
         if matches!(verdict, Verdict::Stalled(_)) {
-            escalation(|e| e.stalled(received));
+            with_escalation(&self.escalation, |e| e.stalled(received));
         }
         self.previous = Some(current);
         Ok(verdict)

@@ -10,7 +10,7 @@
 
 use crate::assembly::{Assembler, SourceEvent};
 use crate::read_ahead::{ReadAhead, LIBRARY_BUFFER_EVENTS};
-use crate::stall::{StallWatch, Verdict};
+use crate::stall::{Escalation, SharedEscalation, StallWatch, Verdict};
 use crate::{ConnectionParams, SlotState, SourceConfig, SourceError, TargetSession};
 use pgoutput::Lsn;
 use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
@@ -27,6 +27,7 @@ pub struct ReplicationStream {
     slot: String,
     confirmed: Lsn,
     stall: Arc<Mutex<StallWatch>>,
+    escalation: SharedEscalation,
 }
 
 /// One stall check of the stream, to run beside the session loop (see [`crate::stall`]): it
@@ -66,11 +67,13 @@ impl ReplicationStream {
     /// [`crate::prepare`] checked (`slot`). Before `START_REPLICATION` the replication session
     /// checks that the host still fits `target_session_attrs` and is still the server `prepare`
     /// saw (a failover in between is a transient error), and turns failover on for the slot when
-    /// `prepare` asked for it.
+    /// `prepare` asked for it. `escalation`: the stalls without progress of the streams before
+    /// this one (see [`crate::stall`]; [`ReplicationStream::stall_escalation`] hands it on).
     pub async fn start(
         config: &SourceConfig,
         slot: &SlotState,
         start_lsn: Lsn,
+        escalation: Escalation,
     ) -> Result<Self, SourceError> {
         let params = ConnectionParams::from_url(&config.url)?;
         let endpoint = &slot.endpoint;
@@ -106,6 +109,7 @@ impl ReplicationStream {
         client.start().await.map_err(failed)?;
         client.wait_started().await.map_err(failed)?;
         info!(slot = %config.slot, from = %start_lsn, host = %endpoint, %sslmode, "streaming");
+        let escalation = Arc::new(std::sync::Mutex::new(escalation));
         Ok(ReplicationStream {
             client: ReadAhead::spawn(client, config.read_ahead_bytes, config.buffer_events),
             last_message: Instant::now(),
@@ -116,7 +120,9 @@ impl ReplicationStream {
             // a new position); twice that without one reaching the server is not chance.
             stall: Arc::new(Mutex::new(StallWatch::new(
                 2 * config.idle_wakeup_interval + config.status_interval,
+                Arc::clone(&escalation),
             ))),
+            escalation,
         })
     }
 
@@ -196,6 +202,11 @@ impl ReplicationStream {
     /// How long since the last message of any kind (keepalives included) was read.
     pub fn silent_for(&self) -> Duration {
         self.last_message.elapsed()
+    }
+
+    /// The stalls without progress so far, to hand to the next stream.
+    pub fn stall_escalation(&self) -> Escalation {
+        *self.escalation.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A stall check of the stream as it is now (call it only while ready to read).

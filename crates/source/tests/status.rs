@@ -124,7 +124,7 @@ async fn reads_a_real_slot_and_publication() {
     let slot = siphon_source::prepare(&config).await.unwrap();
     assert_eq!(slot.confirmed_flush_lsn, created);
     assert!(!slot.created && !slot.enable_failover);
-    let stream = siphon_source::ReplicationStream::start(&config, &slot, created)
+    let stream = siphon_source::ReplicationStream::start(&config, &slot, created, Default::default())
         .await
         .unwrap();
     wait_active(&db, "status_slot", true).await;

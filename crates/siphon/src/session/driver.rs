@@ -79,7 +79,7 @@ async fn connect(
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
     let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
     let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
-    let stream = ReplicationStream::start(&settings.source, &slot, start).await?;
+    let stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
     Ok(Connections {
         server: slot.identity,
         start,
@@ -155,6 +155,7 @@ pub async fn run_session(
     metrics.health().set_streaming(false);
     carry.acked_through = driver.core.watermark();
     carry.server = server;
+    carry.stall = driver.stream.stall_escalation();
     metrics.set_oldest_unacked_since(None);
     driver.probe.abort();
     if let Some(task) = driver.status_probe.take() {

@@ -104,6 +104,9 @@ pub struct Carry {
     pub acked_through: Lsn,
     /// The server `acked_through` is a position of (`None`: unknown).
     pub server: Option<siphon_source::ServerIdentity>,
+    /// Stalls declared without progress: each doubles the silence the next one needs, across
+    /// the reconnects they cause.
+    pub stall: siphon_source::stall::Escalation,
 }
 
 impl Carry {
@@ -152,6 +155,7 @@ mod carry_tests {
         let carry = Carry {
             acked_through: Lsn(500),
             server: Some(server(1)),
+            ..Carry::default()
         };
         assert_eq!(carry.resume_from(Lsn(300), Some(&server(1))), Lsn(500));
         assert_eq!(carry.resume_from(Lsn(700), Some(&server(1))), Lsn(700));
