@@ -222,6 +222,13 @@ pub async fn drain(
     };
     let (walsender_cpu, broker_cpu) = watch.finish().await;
     let usage = procstat::sample(pid)?;
+    if end == DrainEnd::LastRecord {
+        let confirmed = workload::confirmed_lsn(db, slot).await?;
+        eprintln!(
+            "bench: debezium's slot stayed {} bytes of WAL short of the end of the backlog; timed to its last record",
+            end_lsn.saturating_sub(confirmed)
+        );
+    }
 
     // Closing stdin stops the engine; the JVM then reports its count and exits.
     drop(child.stdin.take());
