@@ -112,6 +112,11 @@ impl Results {
         counts
     }
 
+    /// Whether every reported record count equals the backlog's events.
+    pub fn records_match(&self) -> bool {
+        records_check(self.backlog.events, &self.counts()).1
+    }
+
     /// The rows under contention, whose reference is the contended pg_recvlogical.
     fn contended_rows(c: &Contention) -> Vec<(&'static str, &Drain)> {
         vec![
@@ -367,7 +372,7 @@ impl Results {
                 "kafka_ratio_to_pg_recvlogical": ratio(c.recvlogical.secs, c.kafka.secs),
             })
         });
-        let (_, records_match) = records_check(b.events, &self.counts());
+        let records_match = self.records_match();
         let latency = self.latency.as_ref().map(|l| {
             json!({
                 "events_written": l.events_written,
@@ -550,6 +555,7 @@ mod tests {
             table.contains("(equal to the backlog: 1000 events)"),
             "{table}"
         );
+        assert!(r.records_match());
         assert_eq!(r.json()["debezium_skipped"], "skipped: no JDK");
         assert_eq!(r.json()["drains"].as_array().map(Vec::len), Some(3));
     }
@@ -571,6 +577,7 @@ mod tests {
         assert!(table.contains("debezium 999 (MISMATCH"), "{table}");
         assert_eq!(r.json()["drains"][3]["timed_to"], "last_record");
         assert_eq!(r.json()["records_match_backlog"], false);
+        assert!(!r.records_match());
     }
 
     #[test]

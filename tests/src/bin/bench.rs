@@ -105,6 +105,11 @@ async fn run(args: &cli::Args) -> Result<()> {
     if let Some(failure) = &results.failure {
         anyhow::bail!("{failure}");
     }
+    anyhow::ensure!(
+        results.records_match(),
+        "a drain handed a different number of records to its sink than the backlog's {} events (see the table)",
+        args.events
+    );
     Ok(())
 }
 
