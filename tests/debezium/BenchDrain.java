@@ -10,6 +10,7 @@
 //
 // Control lines go to standard output, tab separated, each starting with "BENCH" (everything
 // else, Debezium's logging included, goes to standard error):
+//   BENCH PROGRESS <records>       every second: records converted so far
 //   BENCH LAST <records>           the record that completes the backlog was converted
 //   BENCH ERROR <message>          the engine stopped with an error
 //   BENCH COUNT <records> <bytes>  written after standard input closes and the engine stopped
@@ -30,6 +31,7 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.kafka.common.header.internals.RecordHeaders;
@@ -95,11 +97,19 @@ public final class BenchDrain {
                 .build();
         ExecutorService executor = Executors.newSingleThreadExecutor();
         executor.execute(engine);
+        ScheduledExecutorService progress = Executors.newSingleThreadScheduledExecutor(r -> {
+            Thread t = new Thread(r, "bench-progress");
+            t.setDaemon(true);
+            return t;
+        });
+        progress.scheduleAtFixedRate(() -> control.println("BENCH\tPROGRESS\t" + records.get()),
+                1, 1, TimeUnit.SECONDS);
 
         // Runs until the bench closes standard input.
         while (System.in.read() >= 0) {
             // Nothing is read from it but its end.
         }
+        progress.shutdownNow();
         engine.close();
         executor.shutdown();
         executor.awaitTermination(60, TimeUnit.SECONDS);

@@ -10,6 +10,8 @@
 //!   still short of the end [`LAST_RECORD_GRACE`] after Debezium reported the backlog's last
 //!   record, the drain ends at that report instead ([`DrainEnd::LastRecord`]).
 //! - The JVM is killed when the drain is dropped, so an error path leaves no process behind.
+//! - A drain whose record count has not moved for [`STALL`] (JVM start included) fails
+//!   instead of waiting for the drain timeout: Debezium never confirms the end by itself.
 //! - The record count is what the engine delivered after the router (one per outbox INSERT;
 //!   DELETEs and tombstones are dropped by the router), read after the JVM stopped.
 
@@ -32,6 +34,8 @@ pub const OFFSET_FLUSH_MS: u64 = 1_000;
 /// How long after its last record Debezium may take to confirm the end before the drain is
 /// timed to that record.
 pub const LAST_RECORD_GRACE: Duration = Duration::from_millis(3 * OFFSET_FLUSH_MS);
+/// How long the record count may stand still before the drain fails.
+pub const STALL: Duration = Duration::from_secs(60);
 
 /// Finds Java and the Debezium jars (installing the jars if needed, as the differential test
 /// does) and compiles the programs. `Err` holds why the row is skipped.
@@ -124,6 +128,7 @@ pub fn drain_end(
 /// A control line of `BenchDrain.java`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
+    Progress(u64),
     LastRecord,
     Error(String),
     Count { records: u64, bytes: u64 },
@@ -133,6 +138,7 @@ pub enum Control {
 pub fn parse_control(line: &str) -> Option<Control> {
     let mut fields = line.strip_prefix("BENCH\t")?.split('\t');
     match fields.next()? {
+        "PROGRESS" => Some(Control::Progress(fields.next()?.parse().ok()?)),
         "LAST" => Some(Control::LastRecord),
         "ERROR" => Some(Control::Error(fields.collect::<Vec<_>>().join(" "))),
         "COUNT" => Some(Control::Count {
@@ -193,71 +199,87 @@ pub async fn drain(
         }
     });
 
-    let deadline = start + timeout;
-    let mut last_record_at = None;
-    let (elapsed, end) = loop {
-        while let Ok((at, control)) = rx.try_recv() {
+    let outcome: Result<Drain> = async {
+        let deadline = start + timeout;
+        let mut last_record_at = None;
+        let (mut count, mut count_changed_at) = (0, Duration::ZERO);
+        let (elapsed, end) = loop {
+            while let Ok((at, control)) = rx.try_recv() {
+                match control {
+                    Control::Progress(n) if n != count => (count, count_changed_at) = (n, at),
+                    Control::Progress(_) => {}
+                    Control::LastRecord => last_record_at = Some(at),
+                    Control::Error(e) => bail!("Debezium stopped: {e} ({log_hint})"),
+                    Control::Count { .. } => {}
+                }
+            }
+            if let Some(status) = child.try_wait().context("polling the Debezium JVM")? {
+                bail!("the Debezium JVM exited early ({status}; {log_hint})");
+            }
+            let slot_at_end = workload::confirmed_lsn(db, slot).await? >= end_lsn;
+            if let Some(done) = drain_end(
+                start.elapsed(),
+                slot_at_end,
+                last_record_at,
+                LAST_RECORD_GRACE,
+            ) {
+                break done;
+            }
+            if Instant::now() >= deadline {
+                bail!("Debezium did not reach the end of the backlog within {timeout:?} ({log_hint})");
+            }
+            if last_record_at.is_none() && start.elapsed() >= count_changed_at + STALL {
+                bail!(
+                    "Debezium delivered {count} of {events} records and none for {STALL:?} ({log_hint})"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (walsender_cpu, broker_cpu) = watch.finish().await;
+        let usage = procstat::sample(pid)?;
+        if end == DrainEnd::LastRecord {
+            let confirmed = workload::confirmed_lsn(db, slot).await?;
+            eprintln!(
+                "bench: debezium's slot stayed {} bytes of WAL short of the end of the backlog; timed to its last record",
+                end_lsn.saturating_sub(confirmed)
+            );
+        }
+
+        // Closing stdin stops the engine; the JVM then reports its count and exits.
+        drop(child.stdin.take());
+        let exit = tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .with_context(|| format!("the Debezium JVM did not stop within 60 s ({log_hint})"))?
+            .context("waiting for the Debezium JVM")?;
+        let _ = reader.await;
+        let mut records = None;
+        while let Ok((_, control)) = rx.try_recv() {
             match control {
-                Control::LastRecord => last_record_at = Some(at),
-                Control::Error(e) => bail!("Debezium stopped: {e} ({log_hint})"),
-                Control::Count { .. } => {}
+                Control::Count { records: r, .. } => records = Some(r),
+                Control::Error(e) => eprintln!("bench: debezium reported at stop: {e}"),
+                Control::LastRecord | Control::Progress(_) => {}
             }
         }
-        if let Some(status) = child.try_wait().context("polling the Debezium JVM")? {
-            bail!("the Debezium JVM exited early ({status}; {log_hint})");
+        if !exit.success() {
+            bail!("the Debezium JVM exited with {exit} ({log_hint})");
         }
-        let slot_at_end = workload::confirmed_lsn(db, slot).await? >= end_lsn;
-        if let Some(done) = drain_end(
-            start.elapsed(),
-            slot_at_end,
-            last_record_at,
-            LAST_RECORD_GRACE,
-        ) {
-            break done;
-        }
-        if Instant::now() >= deadline {
-            bail!("Debezium did not reach the end of the backlog within {timeout:?} ({log_hint})");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let (walsender_cpu, broker_cpu) = watch.finish().await;
-    let usage = procstat::sample(pid)?;
-    if end == DrainEnd::LastRecord {
-        let confirmed = workload::confirmed_lsn(db, slot).await?;
-        eprintln!(
-            "bench: debezium's slot stayed {} bytes of WAL short of the end of the backlog; timed to its last record",
-            end_lsn.saturating_sub(confirmed)
-        );
+        let records =
+            records.with_context(|| format!("the Debezium JVM reported no count ({log_hint})"))?;
+        Ok(Drain {
+            secs: elapsed.as_secs_f64(),
+            usage: Some(usage),
+            records_produced: Some(records as f64),
+            walsender_cpu,
+            broker_cpu,
+            end,
+        })
     }
-
-    // Closing stdin stops the engine; the JVM then reports its count and exits.
-    drop(child.stdin.take());
-    let exit = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .with_context(|| format!("the Debezium JVM did not stop within 60 s ({log_hint})"))?
-        .context("waiting for the Debezium JVM")?;
-    let _ = reader.await;
-    let mut records = None;
-    while let Ok((_, control)) = rx.try_recv() {
-        match control {
-            Control::Count { records: r, .. } => records = Some(r),
-            Control::Error(e) => eprintln!("bench: debezium reported at stop: {e}"),
-            Control::LastRecord => {}
-        }
+    .await;
+    if outcome.is_err() {
+        // Release the slot before the caller drops it: kill the JVM and wait for it.
+        let _ = child.kill().await;
     }
-    if !exit.success() {
-        bail!("the Debezium JVM exited with {exit} ({log_hint})");
-    }
-    let records =
-        records.with_context(|| format!("the Debezium JVM reported no count ({log_hint})"))?;
-    Ok(Drain {
-        secs: elapsed.as_secs_f64(),
-        usage: Some(usage),
-        records_produced: Some(records as f64),
-        walsender_cpu,
-        broker_cpu,
-        end,
-    })
+    outcome
 }
 
 #[cfg(test)]
@@ -318,6 +340,10 @@ mod tests {
     #[test]
     fn control_lines() {
         assert_eq!(parse_control("BENCH\tLAST\t10"), Some(Control::LastRecord));
+        assert_eq!(
+            parse_control("BENCH\tPROGRESS\t7"),
+            Some(Control::Progress(7))
+        );
         assert_eq!(
             parse_control("BENCH\tCOUNT\t10\t4096"),
             Some(Control::Count {
