@@ -7,15 +7,20 @@
 #   --pg-url URL      use this PostgreSQL instead of a scratch cluster
 #   --bootstrap H:P   use this Kafka instead of a Tansu broker
 #   --json PATH       also write the JSON result there
+#   --contention      also drain under a CPU hog of two busy threads and compare
+#   --no-debezium     skip the Debezium row
 #   --help            every option
 #
 # One run drains the same backlog with pg_recvlogical (the reference), with Siphon to the
-# broker and with Siphon's discard sink, then measures commit->ack latency at a steady
-# 5,000 events/s. It prints a table and writes target/bench/result.json. See
-# docs/performance.md for what each figure means.
+# broker, with Siphon's discard sink and with Debezium's embedded engine (skipped, with the
+# reason in the table, when Java or the Debezium jars are missing), optionally again under a
+# CPU hog (--contention), then measures commit->ack latency at a steady 5,000 events/s next to
+# the broker's own produce latency (a probe producer). It prints a table and writes
+# target/bench/result.json. See docs/performance.md for what each figure means.
 #
-# Needs what scripts/install-deps.sh installs (PostgreSQL, the Tansu broker, the build
-# dependencies); it runs that script first. It stops everything it starts.
+# Needs what scripts/install-deps.sh installs (PostgreSQL, the Tansu broker, the Debezium jars
+# and Java runtime, the build dependencies); it runs that script first. It stops everything it
+# starts.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

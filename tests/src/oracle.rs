@@ -1,5 +1,6 @@
 //! Debezium as the oracle of the differential tests: `tests/debezium/Oracle.java` compiled with
-//! the system's `javac` and run on the Debezium jars and the Java 21 runtime that
+//! the system's `javac` (with `BenchDrain.java`, the benchmark's Debezium drain, which runs
+//! through [`Oracle::java_command`]) and run on the Debezium jars and the Java 21 runtime that
 //! `scripts/install-debezium.sh` caches (Debezium's official 3.x images run Java 21; set
 //! `SIPHON_ORACLE_JAVA` to another `java` binary to see what another JDK prints).
 //!
@@ -129,6 +130,9 @@ pub struct OracleOutput {
     pub error: Option<String>,
 }
 
+/// The Java programs in `tests/debezium` (class names), compiled by [`Oracle::locate`].
+const PROGRAMS: [&str; 2] = ["Oracle", "BenchDrain"];
+
 /// A compiled oracle, ready to run.
 pub struct Oracle {
     java: PathBuf,
@@ -238,6 +242,15 @@ fn properties_escape(text: &str) -> String {
     out
 }
 
+/// Writes `props` as a `.properties` file that `Properties.load` reads back exactly.
+pub fn write_properties(file: &Path, props: &BTreeMap<String, String>) -> Result<()> {
+    let text: String = props
+        .iter()
+        .map(|(k, v)| format!("{}={}\n", properties_escape(k), properties_escape(v)))
+        .collect();
+    std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))
+}
+
 impl Oracle {
     /// Finds the JDK, installs the Debezium jars and Java 21 runtime if needed and compiles
     /// the oracle into `target/debezium-oracle`. `Ok(None)` when no JDK is installed.
@@ -265,24 +278,32 @@ impl Oracle {
         let classes = root.join("target/debezium-oracle");
         std::fs::create_dir_all(&classes)?;
         let jar_glob = format!("{jars}/*");
-        let source = root.join("tests/debezium/Oracle.java");
-        let compiled = classes.join("Oracle.class");
-        let stale = match (std::fs::metadata(&source), std::fs::metadata(&compiled)) {
-            (Ok(s), Ok(c)) => s.modified()? > c.modified()?,
-            _ => true,
-        };
+        // Every program in tests/debezium is compiled together: the oracle and the
+        // benchmark's Debezium drain (tests/src/bench/debezium.rs).
+        let mut stale = false;
+        let mut sources = Vec::new();
+        for program in PROGRAMS {
+            let source = root.join(format!("tests/debezium/{program}.java"));
+            let compiled = classes.join(format!("{program}.class"));
+            stale |= match (std::fs::metadata(&source), std::fs::metadata(&compiled)) {
+                (Ok(s), Ok(c)) => s.modified()? > c.modified()?,
+                _ => true,
+            };
+            sources.push(source);
+        }
         if stale {
             let out = Command::new(&javac)
                 .args(["--release", "17", "-d"])
                 .arg(&classes)
                 .arg("-cp")
                 .arg(&jar_glob)
-                .arg(&source)
+                .args(&sources)
                 .output()
                 .context("running javac")?;
             ensure!(
                 out.status.success(),
-                "javac Oracle.java failed:\n{}",
+                "javac {} failed:\n{}",
+                PROGRAMS.map(|p| format!("{p}.java")).join(" "),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
@@ -290,6 +311,14 @@ impl Oracle {
             java,
             classpath: format!("{jar_glob}:{}", classes.display()),
         }))
+    }
+
+    /// A command running Java class `class` (one of `tests/debezium/*.java`) on the Debezium
+    /// jars and the runtime the oracle uses.
+    pub fn java_command(&self, class: &str) -> Command {
+        let mut command = Command::new(&self.java);
+        command.arg("-cp").arg(&self.classpath).arg(class);
+        command
     }
 
     /// Runs `runs` in one JVM (four at a time); `dir` receives the run files, outputs and the
@@ -336,19 +365,13 @@ impl Oracle {
             }
             run.key.properties("oracle.key.converter", &mut p);
             run.value.properties("oracle.value.converter", &mut p);
-            let text: String = p
-                .iter()
-                .map(|(k, v)| format!("{}={}\n", properties_escape(k), properties_escape(v)))
-                .collect();
             let file = dir.join(format!("{}.properties", run.name));
-            std::fs::write(&file, text)?;
+            write_properties(&file, &p)?;
             files.push((file, output));
         }
         let log = dir.join("oracle.log");
-        let status = Command::new(&self.java)
-            .arg("-cp")
-            .arg(&self.classpath)
-            .arg("Oracle")
+        let status = self
+            .java_command("Oracle")
             .args(files.iter().map(|(f, _)| f))
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::File::create(dir.join("oracle.err"))?)

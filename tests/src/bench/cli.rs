@@ -4,8 +4,10 @@ use clap::Parser;
 use std::path::PathBuf;
 
 /// Measures Siphon against the physical limit of a logical replication slot: drains one
-/// backlog with pg_recvlogical, with Siphon to Kafka and with Siphon's discard sink, then
-/// measures commit-to-ack latency under a steady load. Prints a table and writes JSON.
+/// backlog with pg_recvlogical, with Siphon to Kafka, with Siphon's discard sink and with
+/// Debezium's embedded engine (when Java and its jars are installed), optionally again under a
+/// CPU hog (--contention), then measures commit-to-ack latency under a steady load next to the
+/// broker's own produce latency. Prints a table and writes JSON.
 #[derive(Debug, Parser)]
 #[command(name = "bench")]
 pub struct Args {
@@ -53,6 +55,15 @@ pub struct Args {
     /// Give up on a drain after this many seconds.
     #[arg(long, default_value_t = 1_800)]
     pub drain_timeout_secs: u64,
+
+    /// Also drain the backlog with pg_recvlogical, Siphon to the broker and Siphon's discard
+    /// sink while two busy threads of the bench compete for the CPU, and compare them.
+    #[arg(long)]
+    pub contention: bool,
+
+    /// Skip the Debezium row (it needs Java and the jars of scripts/install-debezium.sh).
+    #[arg(long)]
+    pub no_debezium: bool,
 }
 
 impl Args {
@@ -67,6 +78,47 @@ impl Args {
         anyhow::ensure!(
             self.latency_rate >= self.latency_txn_events,
             "--latency-rate must be at least --latency-txn-events (one transaction per second)"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults() -> anyhow::Result<()> {
+        let a = parse(&[])?;
+        assert_eq!(a.events, 1_000_000);
+        assert_eq!(a.latency_secs, 60);
+        assert!(!a.contention);
+        assert!(!a.no_debezium);
+        a.validate()
+    }
+
+    #[test]
+    fn contention_and_debezium_switches() -> anyhow::Result<()> {
+        let a = parse(&["--events", "20000", "--latency-secs", "5", "--contention"])?;
+        assert_eq!((a.events, a.latency_secs), (20_000, 5));
+        assert!(a.contention);
+        let a = parse(&["--no-debezium"])?;
+        assert!(a.no_debezium && !a.contention);
+        assert!(parse(&["--contention=yes"]).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_what_clap_cannot() -> anyhow::Result<()> {
+        assert!(parse(&["--events", "0"])?.validate().is_err());
+        assert!(
+            parse(&["--latency-rate", "10", "--latency-txn-events", "100"])?
+                .validate()
+                .is_err()
         );
         Ok(())
     }

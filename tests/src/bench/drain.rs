@@ -24,6 +24,19 @@ pub struct Drain {
     pub walsender_cpu: Option<f64>,
     /// CPU seconds of the broker during the drain (a broker process found on this host).
     pub broker_cpu: Option<f64>,
+    /// What ended the timing.
+    pub end: DrainEnd,
+}
+
+/// What a drain's time runs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainEnd {
+    /// The client exited at the end position (pg_recvlogical `--endpos`).
+    ProcessExit,
+    /// The slot's `confirmed_flush_lsn` reached the end position.
+    SlotConfirmed,
+    /// The client reported the backlog's last record; its confirmation lagged (Debezium).
+    LastRecord,
 }
 
 /// Follows the CPU time of the walsender serving a slot (its `active_pid`, sampled every
@@ -114,6 +127,7 @@ pub async fn recvlogical(
         records_produced: None,
         walsender_cpu,
         broker_cpu,
+        end: DrainEnd::ProcessExit,
     })
 }
 
@@ -237,6 +251,7 @@ pub async fn siphon(
         records_produced,
         walsender_cpu,
         broker_cpu,
+        end: DrainEnd::SlotConfirmed,
     })
 }
 

@@ -1,7 +1,9 @@
-//! Commit-to-ack latency under a steady load: Siphon's own histogram and an independent
-//! end-to-end measure (COMMIT returned at the writer -> record polled by a consumer).
+//! Commit-to-ack latency under a steady load: Siphon's own histogram, an independent
+//! end-to-end measure (COMMIT returned at the writer -> record polled by a consumer), and the
+//! broker's own produce latency over the same seconds (a probe producer, [`super::probe`]).
 
 use super::drain;
+use super::probe::{Probe, ProbeStats};
 use super::procstat::{self, Usage};
 use super::promhist;
 use super::services::Services;
@@ -50,6 +52,8 @@ pub struct Latency {
     /// End-to-end (p50, max) per second of the run, by commit time.
     pub per_second: Vec<(f64, f64)>,
     pub usage: Usage,
+    /// The probe producer's send -> ack latency during the writes, or why it is missing.
+    pub probe: std::result::Result<ProbeStats, String>,
 }
 
 /// Runs the phase on fresh slot `slot`: starts Siphon (kafka sink), warms up, writes at the
@@ -118,11 +122,15 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let probe = start_probe(&svc.bootstrap, &nonce).await;
     let before = promhist::scrape(&siphon.metrics).await?;
 
     let started = Instant::now();
     let commits = write(svc, plan, txns, &nonce, &agg_sql).await;
     let write_secs = started.elapsed().as_secs_f64();
+    let probe = probe.and_then(|p| {
+        tokio::task::block_in_place(|| p.finish()).map_err(|e| format!("the probe failed: {e:#}"))
+    });
     let commits = match commits {
         Ok(c) => c,
         Err(e) => {
@@ -204,10 +212,23 @@ pub async fn run(
         received: delays.len() as u64,
         per_second,
         usage,
+        probe,
     })
 }
 
-fn exact_quantiles(sorted: &[f64]) -> Option<Quantiles> {
+/// Creates the probe's topic (one partition) and starts the probe; `Err` says why there is
+/// no probe (the phase goes on without it).
+async fn start_probe(bootstrap: &str, nonce: &str) -> std::result::Result<Probe, String> {
+    let topic = format!("siphon-bench-probe-{nonce}");
+    siphon_tests::create_topic(bootstrap, &topic, 1)
+        .await
+        .map_err(|e| format!("creating the probe topic {topic}: {e:#}"))?;
+    tokio::task::block_in_place(|| Probe::start(bootstrap, &topic))
+        .map_err(|e| format!("starting the probe producer: {e:#}"))
+}
+
+/// Exact p50/p95/p99/max of sorted samples (nearest rank); `None` when there are none.
+pub fn exact_quantiles(sorted: &[f64]) -> Option<Quantiles> {
     let at = |q: f64| -> Option<f64> {
         let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
         sorted.get(rank - 1).copied()

@@ -1,7 +1,8 @@
 //! The result table, the targets and the JSON document.
 
-use super::drain::Drain;
+use super::drain::{Drain, DrainEnd};
 use super::latency::{Latency, Quantiles};
+use super::probe::{self, ProbeStats};
 use serde_json::{json, Value};
 
 pub struct Backlog {
@@ -16,7 +17,60 @@ pub struct Results {
     pub recvlogical: Drain,
     pub kafka: Drain,
     pub discard: Drain,
+    /// The Debezium row, or why it was skipped.
+    pub debezium: Result<Drain, String>,
+    /// The drains under a CPU hog (`--contention`).
+    pub contention: Option<Contention>,
     pub latency: Option<Latency>,
+    /// A measurement that failed without stopping the run (the Debezium drain): the run
+    /// reports it and exits non-zero.
+    pub failure: Option<String>,
+}
+
+/// The same backlog drained again while busy threads compete for the CPU.
+pub struct Contention {
+    /// Busy threads of the hog.
+    pub threads: usize,
+    pub recvlogical: Drain,
+    pub kafka: Drain,
+    pub discard: Drain,
+}
+
+/// `reference_secs / secs`: above 1 is faster than the reference.
+pub fn ratio(reference_secs: f64, secs: f64) -> f64 {
+    reference_secs / secs
+}
+
+/// How much of Siphon's commit->ack latency the broker's own produce latency is, per quantile
+/// (p50, p99), as fractions.
+pub fn broker_share(broker: &Quantiles, siphon: &Quantiles) -> (f64, f64) {
+    (broker.p50 / siphon.p50, broker.p99 / siphon.p99)
+}
+
+/// Compares each row's record count with the backlog's events; the text of the check and
+/// whether every count matched.
+pub fn records_check(events: u64, counts: &[(&str, Option<f64>)]) -> (String, bool) {
+    let known: Vec<(&str, f64)> = counts
+        .iter()
+        .filter_map(|(name, c)| c.map(|c| (*name, c)))
+        .collect();
+    let ok = known.iter().all(|(_, c)| *c == events as f64);
+    let list: Vec<String> = known
+        .iter()
+        .map(|(name, c)| format!("{name} {c:.0}"))
+        .collect();
+    let verdict = if ok {
+        "equal to the backlog"
+    } else {
+        "MISMATCH with the backlog"
+    };
+    (
+        format!(
+            "records handed to the sink: {} ({verdict}: {events} events)",
+            list.join(", ")
+        ),
+        ok,
+    )
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -30,11 +84,45 @@ struct Target {
 }
 
 impl Results {
-    fn rows(&self) -> [(&'static str, &Drain); 3] {
-        [
+    /// The quiet rows: name and drain (Debezium's when it ran).
+    fn rows(&self) -> Vec<(&'static str, &Drain)> {
+        let mut rows = vec![
             ("pg_recvlogical", &self.recvlogical),
             ("siphon->kafka", &self.kafka),
             ("siphon->discard", &self.discard),
+        ];
+        if let Ok(d) = &self.debezium {
+            rows.push(("debezium", d));
+        }
+        rows
+    }
+
+    /// The record count of every row that reports one.
+    fn counts(&self) -> Vec<(&'static str, Option<f64>)> {
+        let mut counts: Vec<_> = self
+            .rows()
+            .into_iter()
+            .filter(|(name, _)| *name != "pg_recvlogical")
+            .map(|(name, d)| (name, d.records_produced))
+            .collect();
+        if let Some(c) = &self.contention {
+            counts.push(("siphon->kafka (hog)", c.kafka.records_produced));
+            counts.push(("siphon->discard (hog)", c.discard.records_produced));
+        }
+        counts
+    }
+
+    /// Whether every reported record count equals the backlog's events.
+    pub fn records_match(&self) -> bool {
+        records_check(self.backlog.events, &self.counts()).1
+    }
+
+    /// The rows under contention, whose reference is the contended pg_recvlogical.
+    fn contended_rows(c: &Contention) -> Vec<(&'static str, &Drain)> {
+        vec![
+            ("pg_recvlogical", &c.recvlogical),
+            ("siphon->kafka", &c.kafka),
+            ("siphon->discard", &c.discard),
         ]
     }
 
@@ -43,11 +131,14 @@ impl Results {
     }
 
     fn ratio(&self, d: &Drain) -> f64 {
-        self.recvlogical.secs / d.secs
+        ratio(self.recvlogical.secs, d.secs)
     }
 
     fn peak_rss_mb(&self) -> Option<f64> {
         let mut all = vec![self.kafka.usage, self.discard.usage];
+        if let Some(c) = &self.contention {
+            all.extend([c.kafka.usage, c.discard.usage]);
+        }
         all.push(self.latency.as_ref().map(|l| l.usage));
         all.into_iter()
             .flatten()
@@ -79,6 +170,25 @@ impl Results {
                 shown: format!("{:.0}%", discard * 100.0),
                 pass: Some(discard >= 0.90),
             },
+            self.contention.as_ref().map_or(
+                Target {
+                    name: "drain to broker, contended",
+                    goal: ">= 60% of pg_recvlogical",
+                    value: None,
+                    shown: "not measured".into(),
+                    pass: None,
+                },
+                |c| {
+                    let r = ratio(c.recvlogical.secs, c.kafka.secs);
+                    Target {
+                        name: "drain to broker, contended",
+                        goal: ">= 60% of pg_recvlogical",
+                        value: Some(r),
+                        shown: format!("{:.0}%", r * 100.0),
+                        pass: Some(r >= 0.60),
+                    }
+                },
+            ),
             Target {
                 name: "commit->ack p99 (histogram)",
                 goal: "<= 50 ms",
@@ -106,40 +216,28 @@ impl Results {
             b.wal_bytes as f64 / MIB,
             b.write_secs
         );
-        out += &format!(
-            "{:<17} {:>9} {:>11} {:>7} {:>13} {:>16} | {:>18} {:>15}\n",
-            "",
-            "seconds",
-            "events/s",
-            "ratio",
-            "peak RSS MB",
-            "CPU s per 1M ev",
-            "walsender CPU s/1M",
-            "broker CPU s/1M"
-        );
-        for (name, d) in self.rows() {
-            let (rss, cpu) = match d.usage {
-                Some(u) => (
-                    format!("{:.1}", u.peak_rss_bytes as f64 / MIB),
-                    format!("{:.2}", u.cpu_secs * 1e6 / b.events as f64),
-                ),
-                None => ("-".into(), "-".into()),
-            };
-            let per_m = |v: Option<f64>| {
-                v.map_or("-".to_owned(), |c| {
-                    format!("{:.2}", c * 1e6 / b.events as f64)
-                })
-            };
+        out += &self.drain_table(&self.rows(), self.recvlogical.secs);
+        match &self.debezium {
+            Ok(d) if d.end == DrainEnd::LastRecord => {
+                out += &format!(
+                    "  * debezium timed to its last record: its offset flush had not confirmed the end {:.0} s later\n",
+                    super::debezium::LAST_RECORD_GRACE.as_secs_f64()
+                );
+            }
+            Ok(_) => {}
+            Err(why) => out += &format!("{:<17} {why}\n", "debezium"),
+        }
+        out += &records_check(b.events, &self.counts()).0;
+        out += "\n";
+        if let Some(c) = &self.contention {
             out += &format!(
-                "{:<17} {:>9.2} {:>11.0} {:>7.2} {:>13} {:>16} | {:>18} {:>15}\n",
-                name,
-                d.secs,
-                self.rate(d),
-                self.ratio(d),
-                rss,
-                cpu,
-                per_m(d.walsender_cpu),
-                per_m(d.broker_cpu)
+                "\nunder contention ({} busy threads in the bench process; ratio to pg_recvlogical under the same hog):\n",
+                c.threads
+            );
+            out += &self.drain_table(&Self::contended_rows(c), c.recvlogical.secs);
+            out += &format!(
+                "  siphon->kafka / pg_recvlogical under the hog: {:.2}x (target >= 0.6x)\n",
+                ratio(c.recvlogical.secs, c.kafka.secs)
             );
         }
         out += "\n";
@@ -163,6 +261,7 @@ impl Results {
                     l.events_written,
                     show_q(l.end_to_end, "max")
                 );
+                out += &probe_lines(&l.probe, l.histogram.as_ref());
                 out += &format!(
                     "  siphon under this load: peak RSS {:.1} MB, {:.2} CPU s per 1M events\n",
                     l.usage.peak_rss_bytes as f64 / MIB,
@@ -185,28 +284,95 @@ impl Results {
         out
     }
 
+    /// The header and one line per drain; ratios against `reference_secs`.
+    fn drain_table(&self, rows: &[(&str, &Drain)], reference_secs: f64) -> String {
+        let b = &self.backlog;
+        let mut out = format!(
+            "{:<17} {:>9} {:>11} {:>7} {:>13} {:>16} | {:>18} {:>15}\n",
+            "",
+            "seconds",
+            "events/s",
+            "ratio",
+            "peak RSS MB",
+            "CPU s per 1M ev",
+            "walsender CPU s/1M",
+            "broker CPU s/1M"
+        );
+        for (name, d) in rows {
+            let (rss, cpu) = match d.usage {
+                Some(u) => (
+                    format!("{:.1}", u.peak_rss_bytes as f64 / MIB),
+                    format!("{:.2}", u.cpu_secs * 1e6 / b.events as f64),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            let per_m = |v: Option<f64>| {
+                v.map_or("-".to_owned(), |c| {
+                    format!("{:.2}", c * 1e6 / b.events as f64)
+                })
+            };
+            let mark = if d.end == DrainEnd::LastRecord {
+                "*"
+            } else {
+                ""
+            };
+            out += &format!(
+                "{:<17} {:>9} {:>11.0} {:>7.2} {:>13} {:>16} | {:>18} {:>15}\n",
+                name,
+                format!("{:.2}{mark}", d.secs),
+                self.rate(d),
+                ratio(reference_secs, d.secs),
+                rss,
+                cpu,
+                per_m(d.walsender_cpu),
+                per_m(d.broker_cpu)
+            );
+        }
+        out
+    }
+
+    fn drain_json(&self, name: &str, d: &Drain, reference_secs: f64) -> Value {
+        let b = &self.backlog;
+        json!({
+            "name": name,
+            "seconds": d.secs,
+            "timed_to": match d.end {
+                DrainEnd::ProcessExit => "process_exit",
+                DrainEnd::SlotConfirmed => "slot_confirmed",
+                DrainEnd::LastRecord => "last_record",
+            },
+            "events_per_sec": self.rate(d),
+            "ratio_to_pg_recvlogical": ratio(reference_secs, d.secs),
+            "peak_rss_mb": d.usage.map(|u| u.peak_rss_bytes as f64 / MIB),
+            "cpu_secs_per_million_events": d.usage.map(|u| u.cpu_secs * 1e6 / b.events as f64),
+            "system_cpu_share": d.usage.map(|u| u.sys_secs / u.cpu_secs.max(f64::MIN_POSITIVE)),
+            "voluntary_context_switches_per_event": d.usage.map(|u| u.voluntary_switches as f64 / b.events as f64),
+            "records_produced": d.records_produced,
+            "walsender_cpu_secs": d.walsender_cpu,
+            "broker_cpu_secs": d.broker_cpu,
+        })
+    }
+
     /// The same as JSON.
     pub fn json(&self) -> Value {
         let b = &self.backlog;
         let rows: Vec<Value> = self
             .rows()
             .iter()
-            .map(|(name, d)| {
-                json!({
-                    "name": name,
-                    "seconds": d.secs,
-                    "events_per_sec": self.rate(d),
-                    "ratio_to_pg_recvlogical": self.ratio(d),
-                    "peak_rss_mb": d.usage.map(|u| u.peak_rss_bytes as f64 / MIB),
-                    "cpu_secs_per_million_events": d.usage.map(|u| u.cpu_secs * 1e6 / b.events as f64),
-                    "system_cpu_share": d.usage.map(|u| u.sys_secs / u.cpu_secs.max(f64::MIN_POSITIVE)),
-                    "voluntary_context_switches_per_event": d.usage.map(|u| u.voluntary_switches as f64 / b.events as f64),
-                    "records_produced": d.records_produced,
-                    "walsender_cpu_secs": d.walsender_cpu,
-                    "broker_cpu_secs": d.broker_cpu,
-                })
-            })
+            .map(|(name, d)| self.drain_json(name, d, self.recvlogical.secs))
             .collect();
+        let contention = self.contention.as_ref().map(|c| {
+            let rows: Vec<Value> = Self::contended_rows(c)
+                .iter()
+                .map(|(name, d)| self.drain_json(name, d, c.recvlogical.secs))
+                .collect();
+            json!({
+                "hog_threads": c.threads,
+                "drains": rows,
+                "kafka_ratio_to_pg_recvlogical": ratio(c.recvlogical.secs, c.kafka.secs),
+            })
+        });
+        let records_match = self.records_match();
         let latency = self.latency.as_ref().map(|l| {
             json!({
                 "events_written": l.events_written,
@@ -221,6 +387,19 @@ impl Results {
                 "end_to_end_note": "COMMIT returned at the writer -> record polled by an rdkafka consumer",
                 "peak_rss_mb": l.usage.peak_rss_bytes as f64 / MIB,
                 "cpu_secs_per_million_events": l.usage.cpu_secs * 1e6 / l.events_written.max(1) as f64,
+                "broker_probe": match &l.probe {
+                    Ok(p) => json!({
+                        "send_to_ack_seconds": q_json(p.latency),
+                        "sent": p.sent,
+                        "acknowledged": p.acked,
+                        "failed": p.failed,
+                        "record_bytes": probe::RECORD_BYTES,
+                        "interval_ms": probe::INTERVAL.as_millis() as u64,
+                        "note": "a separate producer (acks=all, idempotent, linger.ms=0) to a topic of its own during the writes",
+                        "share_of_histogram_p50_p99": l.histogram.as_ref().zip(p.latency.as_ref()).map(|(s, b)| broker_share(b, s)),
+                    }),
+                    Err(why) => json!({"error": why}),
+                },
             })
         });
         let targets: Vec<Value> = self
@@ -236,10 +415,45 @@ impl Results {
                 "write_seconds": b.write_secs,
             },
             "drains": rows,
+            "debezium_skipped": self.debezium.as_ref().err(),
+            "records_match_backlog": records_match,
+            "contention": contention,
             "latency": latency,
             "targets": targets,
         })
     }
+}
+
+/// The latency report's lines about the probe producer.
+fn probe_lines(probe: &Result<ProbeStats, String>, siphon: Option<&Quantiles>) -> String {
+    let p = match probe {
+        Err(why) => {
+            return format!("  broker produce->ack, probe producer: not measured ({why})\n")
+        }
+        Ok(p) => p,
+    };
+    let mut out = format!(
+        "  broker produce->ack, probe producer (acks=all, linger.ms=0; {} of {} records of {} B, every {} ms{}): {}\n",
+        p.acked,
+        p.sent,
+        probe::RECORD_BYTES,
+        probe::INTERVAL.as_millis(),
+        if p.failed > 0 {
+            format!(", {} FAILED", p.failed)
+        } else {
+            String::new()
+        },
+        show_q(p.latency, "max")
+    );
+    if let (Some(b), Some(s)) = (p.latency.as_ref(), siphon) {
+        let (p50, p99) = broker_share(b, s);
+        out += &format!(
+            "  the broker's own produce latency is {:.0}% of Siphon's commit->ack p50 and {:.0}% of its p99\n",
+            p50 * 100.0,
+            p99 * 100.0
+        );
+    }
+    out
 }
 
 fn show_q(q: Option<Quantiles>, max_label: &str) -> String {
@@ -260,4 +474,160 @@ fn q_json(q: Option<Quantiles>) -> Value {
         Value::Null,
         |q| json!({"p50": q.p50, "p95": q.p95, "p99": q.p99, "max": q.max}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::procstat::Usage;
+    use super::*;
+
+    fn drain(secs: f64, records: Option<f64>, end: DrainEnd) -> Drain {
+        Drain {
+            secs,
+            usage: records.map(|_| Usage {
+                peak_rss_bytes: 20 * 1024 * 1024,
+                cpu_secs: 1.0,
+                sys_secs: 0.25,
+                voluntary_switches: 10,
+            }),
+            records_produced: records,
+            walsender_cpu: None,
+            broker_cpu: None,
+            end,
+        }
+    }
+
+    fn results(debezium: Result<Drain, String>, contention: Option<Contention>) -> Results {
+        Results {
+            backlog: Backlog {
+                events: 1000,
+                transactions: 1,
+                wal_bytes: 1 << 20,
+                write_secs: 1.0,
+            },
+            recvlogical: drain(2.0, None, DrainEnd::ProcessExit),
+            kafka: drain(4.0, Some(1000.0), DrainEnd::SlotConfirmed),
+            discard: drain(2.5, Some(1000.0), DrainEnd::SlotConfirmed),
+            debezium,
+            contention,
+            latency: None,
+            failure: None,
+        }
+    }
+
+    #[test]
+    fn ratios_and_shares() {
+        assert_eq!(ratio(2.0, 4.0), 0.5);
+        let q = |p50, p99| Quantiles {
+            p50,
+            p95: p99,
+            p99,
+            max: p99,
+        };
+        assert_eq!(
+            broker_share(&q(0.002, 0.010), &q(0.008, 0.040)),
+            (0.25, 0.25)
+        );
+    }
+
+    #[test]
+    fn record_counts_are_checked_against_the_backlog() {
+        let (text, ok) = records_check(10, &[("a", Some(10.0)), ("b", None)]);
+        assert!(ok);
+        assert_eq!(
+            text,
+            "records handed to the sink: a 10 (equal to the backlog: 10 events)"
+        );
+        let (text, ok) = records_check(10, &[("a", Some(10.0)), ("debezium", Some(9.0))]);
+        assert!(!ok);
+        assert!(text.contains("debezium 9 (MISMATCH"), "{text}");
+    }
+
+    #[test]
+    fn a_skipped_debezium_row_says_why() {
+        let r = results(Err("skipped: no JDK".into()), None);
+        let table = r.table();
+        assert!(
+            table.contains("debezium          skipped: no JDK"),
+            "{table}"
+        );
+        assert!(
+            table.contains("(equal to the backlog: 1000 events)"),
+            "{table}"
+        );
+        assert!(r.records_match());
+        assert_eq!(r.json()["debezium_skipped"], "skipped: no JDK");
+        assert_eq!(r.json()["drains"].as_array().map(Vec::len), Some(3));
+    }
+
+    #[test]
+    fn a_debezium_row_timed_to_its_last_record_is_marked() {
+        let r = results(Ok(drain(8.0, Some(999.0), DrainEnd::LastRecord)), None);
+        let table = r.table();
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("debezium"))
+            .unwrap_or_default();
+        // 8 s against pg_recvlogical's 2 s: ratio 0.25; the time carries the mark.
+        assert!(row.contains("8.00*") && row.contains("0.25"), "{row}");
+        assert!(
+            table.contains("* debezium timed to its last record"),
+            "{table}"
+        );
+        assert!(table.contains("debezium 999 (MISMATCH"), "{table}");
+        assert_eq!(r.json()["drains"][3]["timed_to"], "last_record");
+        assert_eq!(r.json()["records_match_backlog"], false);
+        assert!(!r.records_match());
+    }
+
+    #[test]
+    fn contended_rows_use_the_contended_reference() {
+        let c = Contention {
+            threads: 2,
+            recvlogical: drain(3.0, None, DrainEnd::ProcessExit),
+            kafka: drain(6.0, Some(1000.0), DrainEnd::SlotConfirmed),
+            discard: drain(3.0, Some(1000.0), DrainEnd::SlotConfirmed),
+        };
+        let r = results(Err("skipped: --no-debezium".into()), Some(c));
+        let table = r.table();
+        assert!(
+            table.contains("siphon->kafka / pg_recvlogical under the hog: 0.50x (target >= 0.6x)"),
+            "{table}"
+        );
+        let target = r
+            .targets()
+            .into_iter()
+            .find(|t| t.name == "drain to broker, contended");
+        assert_eq!(target.and_then(|t| t.pass), Some(false));
+        assert_eq!(r.json()["contention"]["kafka_ratio_to_pg_recvlogical"], 0.5);
+        assert_eq!(
+            r.json()["contention"]["drains"][2]["ratio_to_pg_recvlogical"],
+            1.0
+        );
+    }
+
+    #[test]
+    fn probe_lines_report_the_share() {
+        let q = |p50, p99| Quantiles {
+            p50,
+            p95: p99,
+            p99,
+            max: p99,
+        };
+        let stats = ProbeStats {
+            sent: 500,
+            failed: 0,
+            latency: Some(q(0.002, 0.010)),
+            acked: 500,
+        };
+        let text = probe_lines(&Ok(stats), Some(&q(0.008, 0.020)));
+        assert!(text.contains("500 of 500 records"), "{text}");
+        assert!(text.contains("p50 2.0 ms"), "{text}");
+        assert!(
+            text.contains("25% of Siphon's commit->ack p50 and 50% of its p99"),
+            "{text}"
+        );
+        let text = probe_lines(&Err("no broker".into()), None);
+        assert!(text.contains("not measured (no broker)"), "{text}");
+    }
 }

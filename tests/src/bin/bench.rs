@@ -1,20 +1,29 @@
 //! Siphon's benchmark: `scripts/bench.sh [N]` builds and runs it. See docs/performance.md.
 //!
-//! One run writes a backlog of outbox events behind three logical slots, drains slot A with
-//! pg_recvlogical (the physical limit of the slot stream), slot B with Siphon to Kafka and
-//! slot C with Siphon's discard sink, then measures commit-to-ack latency under a steady load
-//! on a fresh slot. It prints one table and writes it as JSON to target/bench/result.json.
-//! It starts PostgreSQL and a Tansu broker through the test harness unless `--pg-url` /
-//! `--bootstrap` name existing ones, and stops everything it started.
+//! One run writes a backlog of outbox events behind one logical slot per drain (all created
+//! before the backlog, so each drains the same WAL): slot A with pg_recvlogical (the physical
+//! limit of the slot stream), slot B with Siphon to Kafka, slot C with Siphon's discard sink,
+//! a Debezium slot with Debezium's embedded engine (when Java and its jars are installed) and,
+//! with `--contention`, three more slots drained like A, B and C while a CPU hog runs. Then it
+//! measures commit-to-ack latency under a steady load on a fresh slot, next to a probe
+//! producer's own produce latency. It prints one table and writes it as JSON to
+//! target/bench/result.json. It starts PostgreSQL and a Tansu broker through the test harness
+//! unless `--pg-url` / `--bootstrap` name existing ones, and stops everything it started.
 
 #[path = "../bench/backlog.rs"]
 mod backlog;
 #[path = "../bench/cli.rs"]
 mod cli;
+#[path = "../bench/debezium.rs"]
+mod debezium;
 #[path = "../bench/drain.rs"]
 mod drain;
+#[path = "../bench/hog.rs"]
+mod hog;
 #[path = "../bench/latency.rs"]
 mod latency;
+#[path = "../bench/probe.rs"]
+mod probe;
 #[path = "../bench/procstat.rs"]
 mod procstat;
 #[path = "../bench/promhist.rs"]
@@ -93,6 +102,14 @@ async fn run(args: &cli::Args) -> Result<()> {
         write_file(&path, &json)?;
         eprintln!("bench: wrote {}", path.display());
     }
+    if let Some(failure) = &results.failure {
+        anyhow::bail!("{failure}");
+    }
+    anyhow::ensure!(
+        results.records_match(),
+        "a drain handed a different number of records to its sink than the backlog's {} events (see the table)",
+        args.events
+    );
     Ok(())
 }
 
@@ -102,10 +119,31 @@ async fn measure(
     db: &tokio_postgres::Client,
 ) -> Result<report::Results> {
     let timeout = Duration::from_secs(args.drain_timeout_secs);
-    let [slot_a, slot_b, slot_c, slot_lat] =
-        ["a", "b", "c", "latency"].map(|s| format!("{}{s}", workload::SLOT_PREFIX));
+    let slot = |s: &str| format!("{}{s}", workload::SLOT_PREFIX);
+    let [slot_a, slot_b, slot_c, slot_dbz, slot_lat] =
+        ["a", "b", "c", "debezium", "latency"].map(slot);
+    let [hog_a, hog_b, hog_c] = ["a_hog", "b_hog", "c_hog"].map(slot);
+
+    let debezium = if args.no_debezium {
+        Err("skipped: --no-debezium".to_owned())
+    } else {
+        eprintln!("bench: looking for Java and the Debezium jars ...");
+        tokio::task::block_in_place(debezium::locate).map_err(|why| format!("skipped: {why}"))
+    };
+    if let Err(why) = &debezium {
+        eprintln!("bench: debezium row {why}");
+    }
+
+    // Every drain's slot exists before the backlog is written: each decodes the same WAL.
     workload::prepare(db).await?;
-    for slot in [&slot_a, &slot_b, &slot_c] {
+    let mut slots = vec![&slot_a, &slot_b, &slot_c];
+    if debezium.is_ok() {
+        slots.push(&slot_dbz);
+    }
+    if args.contention {
+        slots.extend([&hog_a, &hog_b, &hog_c]);
+    }
+    for slot in slots {
         workload::create_slot(db, slot).await?;
     }
 
@@ -130,6 +168,60 @@ async fn measure(
     let discard = drain::siphon(svc, db, &slot_c, "discard", end_lsn, timeout).await?;
     workload::drop_slot(db, &slot_c).await?;
     eprintln!("bench: siphon->discard: {:.2} s", discard.secs);
+
+    // A Debezium drain that fails is reported in its row; the run goes on and exits non-zero.
+    let mut failure = None;
+    let debezium = match debezium {
+        Err(why) => Err(why),
+        Ok(oracle) => {
+            eprintln!("bench: draining {slot_dbz} with debezium (embedded engine, discarding) ...");
+            let outcome =
+                debezium::drain(svc, db, &oracle, &slot_dbz, end_lsn, args.events, timeout).await;
+            workload::drop_slot(db, &slot_dbz).await?;
+            match outcome {
+                Ok(d) => {
+                    eprintln!("bench: debezium: {:.2} s", d.secs);
+                    Ok(d)
+                }
+                Err(e) => {
+                    eprintln!("bench: debezium: FAILED: {e:#}");
+                    failure = Some(format!("the Debezium drain failed: {e:#}"));
+                    Err(format!("FAILED: {e:#}"))
+                }
+            }
+        }
+    };
+
+    let contention = if args.contention {
+        if tokio::task::block_in_place(|| svc.restart_broker())? {
+            eprintln!("bench: restarted the broker (empty) for the contended drains");
+        }
+        eprintln!("bench: starting a CPU hog of {} busy threads", hog::THREADS);
+        let hog = hog::CpuHog::start(hog::THREADS)?;
+        // On an error below, `hog` is dropped with the future, which stops its threads.
+        eprintln!("bench: draining {hog_a} with pg_recvlogical under the hog ...");
+        let recvlogical = drain::recvlogical(svc, &hog_a, &end_text, timeout).await?;
+        workload::drop_slot(db, &hog_a).await?;
+        eprintln!("bench: pg_recvlogical (hog): {:.2} s", recvlogical.secs);
+        eprintln!("bench: draining {hog_b} with siphon (kafka sink) under the hog ...");
+        let kafka = drain::siphon(svc, db, &hog_b, "kafka", end_lsn, timeout).await?;
+        workload::drop_slot(db, &hog_b).await?;
+        eprintln!("bench: siphon->kafka (hog): {:.2} s", kafka.secs);
+        eprintln!("bench: draining {hog_c} with siphon (discard sink) under the hog ...");
+        let discard = drain::siphon(svc, db, &hog_c, "discard", end_lsn, timeout).await?;
+        workload::drop_slot(db, &hog_c).await?;
+        eprintln!("bench: siphon->discard (hog): {:.2} s", discard.secs);
+        hog.stop();
+        eprintln!("bench: stopped the CPU hog");
+        Some(report::Contention {
+            threads: hog::THREADS,
+            recvlogical,
+            kafka,
+            discard,
+        })
+    } else {
+        None
+    };
 
     let latency = if args.latency_secs == 0 {
         None
@@ -156,7 +248,10 @@ async fn measure(
         recvlogical,
         kafka,
         discard,
+        debezium,
+        contention,
         latency,
+        failure,
     })
 }
 
