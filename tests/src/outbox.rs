@@ -116,15 +116,18 @@ pub async fn slot_confirmed_lsn(client: &Client, slot: &str) -> Result<Option<u6
         .map(|v| v as u64))
 }
 
-/// Whether a process is streaming from the slot.
+/// Whether a walsender is streaming from the slot. A slot is also `active` while an ordinary
+/// backend is still creating it (waiting for running transactions to end); transactions that
+/// commit then are before the slot's consistent point and never decoded, so that does not count.
 pub async fn slot_active(client: &Client, slot: &str) -> Result<bool> {
     let row = client
-        .query_opt(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots s \
+                 JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1)",
             &[&slot],
         )
         .await?;
-    Ok(row.map(|r| r.get::<_, bool>(0)).unwrap_or(false))
+    Ok(row.get(0))
 }
 
 /// WAL the slot keeps from being removed, in bytes.
