@@ -274,14 +274,13 @@ pub fn record_id(record: &ConsumedRecord) -> String {
 }
 
 /// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of the broker at
-/// `bootstrap`, then checks that
-/// each arrived exactly once and that nothing else arrived.
-pub async fn wait_for_each_once(
+/// `bootstrap`; returns every record there (repeats and others included).
+pub async fn wait_for_all(
     bootstrap: &str,
     expected: &BTreeSet<String>,
     timeout: std::time::Duration,
 ) -> Result<Vec<ConsumedRecord>> {
-    let records = crate::wait_for(timeout, std::time::Duration::from_millis(500), || async {
+    crate::wait_for(timeout, std::time::Duration::from_millis(500), || async {
         let records = read_event_records(bootstrap).await?;
         let ids: BTreeSet<String> = records.iter().map(record_id).collect();
         let missing = expected.difference(&ids).count();
@@ -292,7 +291,18 @@ pub async fn wait_for_each_once(
         );
         Ok(Some(records))
     })
-    .await?;
+    .await
+}
+
+/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of the broker at
+/// `bootstrap`, then checks that
+/// each arrived exactly once and that nothing else arrived.
+pub async fn wait_for_each_once(
+    bootstrap: &str,
+    expected: &BTreeSet<String>,
+    timeout: std::time::Duration,
+) -> Result<Vec<ConsumedRecord>> {
+    let records = wait_for_all(bootstrap, expected, timeout).await?;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for r in &records {
         *counts.entry(record_id(r)).or_default() += 1;

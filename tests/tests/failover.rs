@@ -14,9 +14,9 @@
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, event, read_event_records, record_id, siphon_config,
-    slot_active, OUTBOX_DDL,
+    slot_active, wait_for_all, OUTBOX_DDL,
 };
-use siphon_tests::{siphon_bin, wait_for, wait_until, Broker, Postgres, SiphonProcess};
+use siphon_tests::{siphon_bin, wait_until, Broker, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -247,19 +247,9 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
         kept.iter().any(|txn| *txn >= first_after_crash),
         "the writer never committed on the new primary"
     );
-    let records = wait_for(Duration::from_secs(120), Duration::from_secs(1), || async {
-        let records = read_event_records(&broker.bootstrap()).await?;
-        let ids: BTreeSet<String> = records.iter().map(record_id).collect();
-        let missing = expected.difference(&ids).count();
-        anyhow::ensure!(
-            missing == 0,
-            "{missing} of {} events missing",
-            expected.len()
-        );
-        Ok(Some(records))
-    })
-    .await
-    .with_context(|| siphon.log())?;
+    let records = wait_for_all(&broker.bootstrap(), &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| siphon.log())?;
     let phantom: Vec<String> = records
         .iter()
         .map(record_id)

@@ -3,28 +3,12 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, event, insert_transaction, siphon_config, slot_active,
-    slot_retained_wal, Event, OUTBOX_DDL,
+    check_first_deliveries_in_order, event, insert_transaction, record_id, siphon_config,
+    slot_active, slot_retained_wal, wait_for_all, Event, OUTBOX_DDL,
 };
-use siphon_tests::{
-    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
-};
+use siphon_tests::{wait_for, wait_until, Broker, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::Duration;
-
-const TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
-
-async fn read_all(broker: &Broker) -> Result<Vec<ConsumedRecord>> {
-    let mut all = Vec::new();
-    for topic in TOPICS {
-        all.extend(read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(60)).await?);
-    }
-    Ok(all)
-}
-
-fn id_of(record: &ConsumedRecord) -> String {
-    String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned()
-}
 
 /// Waits until every committed event arrived, then checks: nothing else arrived, and per
 /// aggregate the first delivery of each event is in commit order. Returns the duplicate count.
@@ -34,22 +18,12 @@ async fn check_delivery(
     siphon: &SiphonProcess,
 ) -> Result<usize> {
     let expected: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
-    let records = wait_for(Duration::from_secs(180), Duration::from_secs(1), || async {
-        let records = read_all(broker).await?;
-        let ids: BTreeSet<String> = records.iter().map(id_of).collect();
-        let missing = expected.difference(&ids).count();
-        anyhow::ensure!(
-            missing == 0,
-            "{missing} of {} events missing",
-            expected.len()
-        );
-        Ok(Some(records))
-    })
-    .await
-    .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let records = wait_for_all(&broker.bootstrap(), &expected, Duration::from_secs(180))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let phantom: Vec<String> = records
         .iter()
-        .map(id_of)
+        .map(record_id)
         .filter(|id| !expected.contains(id))
         .collect();
     assert!(

@@ -134,8 +134,9 @@ async fn an_outbox_table_without_a_configured_column_is_named_and_the_row_is_not
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_publication_dropped_while_streaming_stops_siphon_naming_the_fix() -> Result<()> {
+/// Streams, runs `sql` on the database, and returns Siphon's log after it exited with the
+/// definite-error status.
+async fn definite_exit_after(sql: &str) -> Result<String> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);
     let client = pg.connect().await?;
     client.batch_execute(OUTBOX).await?;
@@ -143,13 +144,19 @@ async fn a_publication_dropped_while_streaming_stops_siphon_naming_the_fix() -> 
     siphon
         .wait_for_log("streaming", Duration::from_secs(60))
         .await?;
-    client.batch_execute("DROP PUBLICATION p").await?;
-    client
-        .batch_execute("INSERT INTO outbox VALUES (gen_random_uuid(), 'Order', 'o-1', 'T', '{}')")
-        .await?;
+    client.batch_execute(sql).await?;
     let status = siphon.wait_exit(Duration::from_secs(60))?;
     let log = siphon.log();
     assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+    Ok(log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_dropped_while_streaming_stops_siphon_naming_the_fix() -> Result<()> {
+    let log = definite_exit_after(
+        "DROP PUBLICATION p; INSERT INTO outbox VALUES (gen_random_uuid(), 'Order', 'o-1', 'T', '{}')",
+    )
+    .await?;
     assert!(
         log.contains("publication") && log.contains("CREATE PUBLICATION"),
         "{log}"
@@ -161,19 +168,7 @@ async fn a_publication_dropped_while_streaming_stops_siphon_naming_the_fix() -> 
 /// every version, without any error on the stream: Siphon notices and stops, naming the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_table_taken_out_of_the_publication_stops_siphon_naming_the_fix() -> Result<()> {
-    let (pg, broker) = (Postgres::start()?, Broker::start()?);
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
-    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
-    siphon
-        .wait_for_log("streaming", Duration::from_secs(60))
-        .await?;
-    client
-        .batch_execute("ALTER PUBLICATION p DROP TABLE outbox")
-        .await?;
-    let status = siphon.wait_exit(Duration::from_secs(60))?;
-    let log = siphon.log();
-    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+    let log = definite_exit_after("ALTER PUBLICATION p DROP TABLE outbox").await?;
     assert!(
         log.contains(r#"ALTER PUBLICATION "p" ADD TABLE "public"."outbox""#),
         "{log}"
