@@ -32,13 +32,14 @@ use crate::session::ErrorPolicy;
 use crate::supervisor::Backoff;
 use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
 use pgoutput::{Lsn, Oid, Relation, TupleData};
+use rustc_hash::FxHashMap;
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_router::{
     Change, EventRouter, RouteError, Routed, RoutedRecord, SourcePosition, TableBinding,
 };
 use siphon_source::{RowChange, SourceError, SourceEvent, TableName};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
@@ -217,7 +218,8 @@ pub struct SessionCore<'a> {
     settings: CoreSettings<'a>,
     metrics: Arc<Metrics>,
     ledger: Ledger,
-    bindings: HashMap<Oid, Binding<'a>>,
+    /// By relation OID, with an integer hasher (one lookup per row change).
+    bindings: FxHashMap<Oid, Binding<'a>>,
     /// Logical messages of outbox prefixes, as rows of synthetic relations.
     messages: MessageRows,
     awaiting_lookup: bool,
@@ -236,7 +238,7 @@ pub struct SessionCore<'a> {
     finished: bool,
     actions: VecDeque<Action>,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
-    topics: HashMap<String, TopicMetrics>,
+    topics: FxHashMap<String, TopicMetrics>,
 }
 
 impl<'a> SessionCore<'a> {
@@ -246,7 +248,7 @@ impl<'a> SessionCore<'a> {
             settings,
             metrics,
             ledger: Ledger::new(start),
-            bindings: HashMap::new(),
+            bindings: FxHashMap::default(),
             messages: MessageRows::default(),
             awaiting_lookup: false,
             txn: None,
@@ -259,7 +261,7 @@ impl<'a> SessionCore<'a> {
             stopping: None,
             finished: false,
             actions: VecDeque::new(),
-            topics: HashMap::new(),
+            topics: FxHashMap::default(),
         }
     }
 
