@@ -90,12 +90,10 @@ pub fn write_json_string(out: &mut Vec<u8>, text: &str) {
             out.extend_from_slice(&stage[..o]);
             o = 0;
         }
-        let at = match bytes.get(i..i + 8) {
+        let at = match bytes[i..].first_chunk::<8>() {
             Some(word) => {
                 stage[o..o + 8].copy_from_slice(word);
-                let mut lanes = [0u8; 8];
-                lanes.copy_from_slice(word);
-                let found = escape_lanes(u64::from_le_bytes(lanes));
+                let found = escape_lanes(u64::from_le_bytes(*word));
                 if found == 0 {
                     i += 8;
                     o += 8;
