@@ -43,8 +43,6 @@ pub struct Delivery {
     pub token: usize,
     /// Which producer (see [`KafkaSink::generation`]) reported it.
     pub generation: u64,
-    /// Key, value and header bytes of the record (what it held in the in-flight window).
-    pub bytes: usize,
     pub result: Result<Delivered, DeliveryFailure>,
 }
 
@@ -134,16 +132,13 @@ impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, token: usize) {
+        if let (Ok(message), Some(observer)) = (result, &self.observer) {
+            observer.delivered(message.topic());
+        }
         let delivery = match result {
             Ok(message) => Delivery {
                 token,
                 generation: self.generation,
-                bytes: {
-                    if let Some(observer) = &self.observer {
-                        observer.delivered(message.topic());
-                    }
-                    message_bytes(message)
-                },
                 result: Ok(Delivered {
                     partition: message.partition(),
                     offset: message.offset(),
@@ -152,7 +147,6 @@ impl ProducerContext for DeliveryContext {
             Err((error, message)) => Delivery {
                 token,
                 generation: self.generation,
-                bytes: message_bytes(message),
                 result: Err(DeliveryFailure {
                     error: DeliveryError::from_kafka(message.topic(), error),
                     record: copy_record(message),
@@ -210,18 +204,6 @@ fn copy_record<M: Message>(message: &M) -> RoutedRecord {
         // resend lands in the same place; unassigned (-1) leaves the choice to the producer.
         partition: (message.partition() >= 0).then(|| message.partition()),
     }
-}
-
-fn message_bytes<M: Message>(message: &M) -> usize {
-    let headers = message
-        .headers()
-        .map(|h| {
-            h.iter()
-                .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
-                .sum()
-        })
-        .unwrap_or(0);
-    message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len) + headers
 }
 
 /// The size a record holds in the in-flight window (key, value and headers).
@@ -434,7 +416,6 @@ impl KafkaSink {
                 let delivery = Delivery {
                     token,
                     generation: 0,
-                    bytes: record_bytes(record),
                     result: Ok(Delivered {
                         partition: -1,
                         offset: -1,

@@ -9,7 +9,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
-use std::collections::{BTreeMap, HashSet};
+use rustc_hash::FxHashSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tracing::info;
 
@@ -17,7 +18,7 @@ use tracing::info;
 pub struct TopicCreator {
     admin: Option<AdminClient<DefaultClientContext>>,
     settings: TopicCreation,
-    known: HashSet<String>,
+    known: FxHashSet<String>,
 }
 
 /// Properties that only make sense for a producer; the admin client rejects or ignores them.
@@ -69,7 +70,7 @@ impl TopicCreator {
         Ok(TopicCreator {
             admin,
             settings,
-            known: HashSet::new(),
+            known: FxHashSet::default(),
         })
     }
 

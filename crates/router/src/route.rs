@@ -595,7 +595,7 @@ impl EventRouter {
             Expansion::Expanded { schema, value } => {
                 self.written(binding, &value, &schema, encoding)
             }
-            _ => encode_column(binding, column, row, encoding, self.format.numbers),
+            _ => encode_cell(binding, column, payload, encoding, self.format.numbers),
         }
     }
 
@@ -880,7 +880,24 @@ fn encode_column(
     encoding: Encoding,
     numbers: JavaNumbers,
 ) -> Result<Option<Bytes>, RouteError> {
-    let Some((raw, text)) = cell(binding, column, row)? else {
+    encode_cell(
+        binding,
+        column,
+        cell(binding, column, row)?,
+        encoding,
+        numbers,
+    )
+}
+
+/// The key or value bytes for a column's value as [`cell`] gave it (its text checked once).
+fn encode_cell(
+    binding: &TableBinding,
+    column: &BoundColumn,
+    value: Option<(&Bytes, &str)>,
+    encoding: Encoding,
+    numbers: JavaNumbers,
+) -> Result<Option<Bytes>, RouteError> {
+    let Some((raw, text)) = value else {
         return Ok(match encoding {
             // JsonConverter writes a null of an optional schema as the JSON literal.
             Encoding::Json => Some(Bytes::from_static(b"null")),

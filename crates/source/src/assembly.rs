@@ -14,7 +14,7 @@
 use crate::SourceError;
 use bytes::Bytes;
 use pgoutput::{Decoder, DecoderOptions, Lsn, Message, Oid, OldTuple, Relation, TupleData, Xid};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// A row change of a table in the publication.
@@ -73,7 +73,8 @@ struct OpenTransaction {
 #[derive(Debug)]
 pub struct Assembler {
     decoder: Decoder,
-    relations: HashMap<Oid, Arc<Relation>>,
+    /// Keyed by OID with an integer hasher: one lookup per row change.
+    relations: FxHashMap<Oid, Arc<Relation>>,
     open: Option<OpenTransaction>,
 }
 
@@ -91,7 +92,7 @@ impl Assembler {
                 protocol_version: 1,
                 parallel_streaming: false,
             }),
-            relations: HashMap::new(),
+            relations: FxHashMap::default(),
             open: None,
         }
     }

@@ -143,6 +143,31 @@ fn pass_applied(
     Ok(())
 }
 
+/// What the stop and applied-position signals say without waiting: `Err` when the task must
+/// end. Checked before each event, so the select below (whose wake-up registrations cost
+/// more than the event itself) runs only when no event is ready.
+fn poll_signals(
+    client: &ReplicationClient,
+    stop: &mut watch::Receiver<bool>,
+    applied: &mut watch::Receiver<u64>,
+    tx: &mpsc::UnboundedSender<Item>,
+) -> Result<(), Told> {
+    match stop.has_changed() {
+        Ok(false) => {}
+        Ok(true) if *stop.borrow() => return Err(Told::Stop),
+        Ok(true) | Err(_) => return Err(Told::Gone),
+    }
+    match applied.has_changed() {
+        Ok(false) => {}
+        Ok(true) => pass_applied(client, applied, Ok(()))?,
+        Err(_) => return Err(Told::Gone),
+    }
+    if tx.is_closed() {
+        return Err(Told::Gone);
+    }
+    Ok(())
+}
+
 async fn relay(
     mut client: ReplicationClient,
     tx: mpsc::UnboundedSender<Item>,
@@ -151,8 +176,14 @@ async fn relay(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), PgWireError> {
     let told = 'read: loop {
+        if let Err(told) = poll_signals(&client, &mut stop, &mut applied, &tx) {
+            break told;
+        }
+        // The signals were just checked: an event that is ready is taken first (the other
+        // branches are then never polled, so they register no wake-up).
         let event = tokio::select! {
             biased;
+            event = client.recv() => event,
             changed = stop.changed() => {
                 break if changed.is_ok() && *stop.borrow() { Told::Stop } else { Told::Gone };
             }
@@ -161,24 +192,27 @@ async fn relay(
                 Err(told) => break told,
             },
             () = tx.closed() => break Told::Gone,
-            event = client.recv() => event,
         };
         let last = !matches!(event, Ok(Some(_)));
         let cost = room.cost(&event);
-        let permit = loop {
-            tokio::select! {
-                biased;
-                changed = stop.changed() => {
-                    break 'read if changed.is_ok() && *stop.borrow() { Told::Stop } else { Told::Gone };
-                }
-                changed = applied.changed() => {
-                    if let Err(told) = pass_applied(&client, &mut applied, changed) {
-                        break 'read told;
+        let permit = match Arc::clone(&room.budget).try_acquire_many_owned(cost) {
+            Ok(permit) => Some(permit),
+            // No room (or, never, a closed budget): wait for room, still passing positions on.
+            Err(_) => loop {
+                tokio::select! {
+                    biased;
+                    changed = stop.changed() => {
+                        break 'read if changed.is_ok() && *stop.borrow() { Told::Stop } else { Told::Gone };
                     }
+                    changed = applied.changed() => {
+                        if let Err(told) = pass_applied(&client, &mut applied, changed) {
+                            break 'read told;
+                        }
+                    }
+                    () = tx.closed() => break 'read Told::Gone,
+                    permit = Arc::clone(&room.budget).acquire_many_owned(cost) => break permit.ok(),
                 }
-                () = tx.closed() => break 'read Told::Gone,
-                permit = Arc::clone(&room.budget).acquire_many_owned(cost) => break permit.ok(),
-            }
+            },
         };
         if tx
             .send(Item {

@@ -32,13 +32,14 @@ use crate::session::ErrorPolicy;
 use crate::supervisor::Backoff;
 use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
 use pgoutput::{Lsn, Oid, Relation, TupleData};
+use rustc_hash::FxHashMap;
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_router::{
     Change, EventRouter, RouteError, Routed, RoutedRecord, SourcePosition, TableBinding,
 };
 use siphon_source::{RowChange, SourceError, SourceEvent, TableName};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
@@ -212,12 +213,26 @@ struct Stopping {
     result: Result<(), PipelineError>,
 }
 
+/// The counters of `topic` from `cache`, taken from `metrics` the first time.
+fn cached_topic<'c>(
+    cache: &'c mut FxHashMap<String, TopicMetrics>,
+    metrics: &Metrics,
+    topic: &str,
+) -> &'c TopicMetrics {
+    if !cache.contains_key(topic) {
+        cache.insert(topic.to_owned(), metrics.topic(topic));
+    }
+    // Present: inserted just above if it was missing.
+    &cache[topic]
+}
+
 /// The session state machine.
 pub struct SessionCore<'a> {
     settings: CoreSettings<'a>,
     metrics: Arc<Metrics>,
     ledger: Ledger,
-    bindings: HashMap<Oid, Binding<'a>>,
+    /// By relation OID, with an integer hasher (one lookup per row change).
+    bindings: FxHashMap<Oid, Binding<'a>>,
     /// Logical messages of outbox prefixes, as rows of synthetic relations.
     messages: MessageRows,
     awaiting_lookup: bool,
@@ -236,7 +251,7 @@ pub struct SessionCore<'a> {
     finished: bool,
     actions: VecDeque<Action>,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
-    topics: HashMap<String, TopicMetrics>,
+    topics: FxHashMap<String, TopicMetrics>,
 }
 
 impl<'a> SessionCore<'a> {
@@ -246,7 +261,7 @@ impl<'a> SessionCore<'a> {
             settings,
             metrics,
             ledger: Ledger::new(start),
-            bindings: HashMap::new(),
+            bindings: FxHashMap::default(),
             messages: MessageRows::default(),
             awaiting_lookup: false,
             txn: None,
@@ -259,7 +274,7 @@ impl<'a> SessionCore<'a> {
             stopping: None,
             finished: false,
             actions: VecDeque::new(),
-            topics: HashMap::new(),
+            topics: FxHashMap::default(),
         }
     }
 
@@ -648,10 +663,7 @@ impl<'a> SessionCore<'a> {
             Some(Binding::Unbindable(reason)) => Err(reason.clone()),
         };
         match routed {
-            Ok((Routed::Record(record), _)) => {
-                self.topic_metrics(&record.topic).routed();
-                self.send_new(now, txn, record)
-            }
+            Ok((Routed::Record(record), _)) => self.send_routed(now, txn, record),
             Ok((Routed::Skipped(reason), router)) => {
                 Event::RowSkipped {
                     table: &format_args!("{}.{}", relation.namespace, relation.name),
@@ -689,12 +701,23 @@ impl<'a> SessionCore<'a> {
 
     /// The counters of `topic`, from the session's cache.
     fn topic_metrics(&mut self, topic: &str) -> &TopicMetrics {
-        if !self.topics.contains_key(topic) {
-            let handles = self.metrics.topic(topic);
-            self.topics.insert(topic.to_owned(), handles);
-        }
-        // Present: inserted just above if it was missing.
-        &self.topics[topic]
+        cached_topic(&mut self.topics, &self.metrics, topic)
+    }
+
+    /// Hands a newly routed record of `txn` to the producer: [`SessionCore::send_new`] with
+    /// the record also counted as routed, its topic's counters looked up once.
+    fn send_routed(
+        &mut self,
+        now: Now,
+        txn: TxnId,
+        record: RoutedRecord,
+    ) -> Result<(), PipelineError> {
+        let counters = cached_topic(&mut self.topics, &self.metrics, &record.topic);
+        counters.routed();
+        let seq = self.ledger.add(txn, record_bytes(&record), now.instant)?;
+        counters.produced();
+        self.hand_over(seq, record);
+        Ok(())
     }
 
     /// Hands a new record of `txn` to the producer.
@@ -706,12 +729,17 @@ impl<'a> SessionCore<'a> {
     ) -> Result<(), PipelineError> {
         let seq = self.ledger.add(txn, record_bytes(&record), now.instant)?;
         self.topic_metrics(&record.topic).produced();
+        self.hand_over(seq, record);
+        Ok(())
+    }
+
+    /// Queues the sending of `record`, which the ledger holds as `seq`.
+    fn hand_over(&mut self, seq: Seq, record: RoutedRecord) {
         self.with_producer += 1;
         self.actions.push_back(Action::Send {
             token: seq.token(),
             record,
         });
-        Ok(())
     }
 
     fn on_delivery(&mut self, now: Now, delivery: Delivery) -> Result<(), PipelineError> {

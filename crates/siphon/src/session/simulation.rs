@@ -147,11 +147,9 @@ impl Broker {
     }
 
     fn report(&mut self, p: usize, q: Queued, result: Result<(), RDKafkaErrorCode>) {
-        let bytes = siphon_kafka_sink::producer::record_bytes(&q.record);
         self.reports[p].push_back(Delivery {
             token: q.token,
             generation: self.generation,
-            bytes,
             result: match result {
                 Ok(()) => Ok(Delivered {
                     partition: p as i32,

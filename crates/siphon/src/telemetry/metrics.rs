@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -171,7 +171,7 @@ pub struct Metrics {
     produced: Family<TopicLabels, Counter>,
     acked: Family<TopicLabels, Counter>,
     dead_lettered: Family<TopicLabels, Counter>,
-    topics: RwLock<HashMap<String, TopicMetrics>>,
+    topics: RwLock<FxHashMap<String, TopicMetrics>>,
     skipped: [Counter; 4],
     producer_errors: [Counter; 2],
     reconnects: [Counter; 2],
@@ -368,7 +368,7 @@ impl Metrics {
             produced,
             acked,
             dead_lettered,
-            topics: RwLock::new(HashMap::new()),
+            topics: RwLock::new(FxHashMap::default()),
             skipped,
             producer_errors,
             reconnects,
