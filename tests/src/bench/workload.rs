@@ -16,7 +16,9 @@ pub const PUBLICATION: &str = "siphon_bench_pub";
 pub const SLOT_PREFIX: &str = "siphon_bench_";
 
 /// Drops what an earlier run may have left (inactive bench slots, the publication, the
-/// schema), then creates the schema, the outbox table and the publication.
+/// schema), then creates the schema, the outbox table and the publication, as Siphon creates
+/// its own: INSERTs and UPDATEs only, so the outbox's DELETEs do not cross the wire (every row
+/// reads the same publication).
 pub async fn prepare(db: &Client) -> Result<()> {
     drop_objects(db).await?;
     db.batch_execute(&format!(
@@ -27,7 +29,7 @@ pub async fn prepare(db: &Client) -> Result<()> {
              aggregateid varchar(255) NOT NULL,
              type varchar(255) NOT NULL,
              payload jsonb);
-         CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE};"
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish = 'insert, update');"
     ))
     .await
     .context("creating the benchmark's schema, table and publication")
