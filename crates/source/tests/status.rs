@@ -124,9 +124,10 @@ async fn reads_a_real_slot_and_publication() {
     let slot = siphon_source::prepare(&config).await.unwrap();
     assert_eq!(slot.confirmed_flush_lsn, created);
     assert!(!slot.created && !slot.enable_failover);
-    let stream = siphon_source::ReplicationStream::start(&config, &slot, created, Default::default())
-        .await
-        .unwrap();
+    let stream =
+        siphon_source::ReplicationStream::start(&config, &slot, created, Default::default())
+            .await
+            .unwrap();
     wait_active(&db, "status_slot", true).await;
     let st3 = slot_status(&pg.url(), "status_slot", "status_pub")
         .await
