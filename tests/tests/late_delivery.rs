@@ -2,8 +2,9 @@
 //!
 //! The Kafka-mode fault proxy holds one Produce request (the batch holding a marked event) of
 //! Siphon's producer: the broker does not see it and the producer gets no answer. Its records
-//! time out, so the session fences, purges and replaces the producer, and the replacement sends
-//! them again, followed by newer events of the same aggregates. Only then does the proxy hand
+//! (or those queued behind them) time out, so the session fences, purges and replaces the
+//! producer, and the replacement sends them again, followed by newer events of the same
+//! aggregates. Only then does the proxy hand
 //! the held request to the broker, which writes the old batch after everything written
 //! meanwhile. Per key, the first delivery of every event must still be in commit order, every
 //! committed event must arrive, and the late copies must be the same records (same `id`).
