@@ -18,7 +18,12 @@
 //! Produce requests that match it itself, with the fault's error code, instead
 //! of forwarding them (the broker never sees those records); every other
 //! request is forwarded unchanged. Answers go back in request order, as Kafka
-//! clients expect.
+//! clients expect. A fault made with [`ProduceFault::hold`] answers nothing
+//! instead: the matching request is kept aside (the client waits for an answer
+//! that never comes, until it times out), and
+//! [`ThrottlingProxy::release_held`] later hands it to the broker on a
+//! connection of its own, so the broker writes those records after whatever
+//! was written meanwhile: a request delivered late.
 //!
 //! # Invariants
 //!
@@ -26,7 +31,12 @@
 //! - Bytes are forwarded unchanged and in order; an end of stream on one side
 //!   is passed on as an end of stream (write shutdown) to the other. In Kafka
 //!   mode, a Produce request matching the fault is not forwarded: the client
-//!   gets an answer built by the proxy in its place, in order.
+//!   gets an answer built by the proxy in its place, in order; or, for a
+//!   holding fault, no answer at all (the answers of the requests after it
+//!   still come in their order).
+//! - A held request reaches the broker only through
+//!   [`ThrottlingProxy::release_held`], unchanged, once, in the order the
+//!   requests were held; held requests outlive the client's connection.
 //! - In Kafka mode a frame larger than [`MAX_FRAME`] closes the connection,
 //!   so memory per connection stays bounded.
 //! - Over any interval, a direction limited to `r` bytes/s forwards at most
@@ -51,8 +61,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::kafka_protocol::{
-    encode_produce_response, parse_produce_request, request_header, PartitionResponse,
-    TopicResponse, PRODUCE,
+    encode_produce_response, parse_produce_request, parse_produce_response, request_header,
+    PartitionResponse, TopicResponse, PRODUCE,
 };
 
 /// Bytes read from a socket at once.
@@ -173,8 +183,17 @@ pub struct ProduceFault {
     /// Only record batches whose bytes contain this (any batch when `None`):
     /// the batch's other records fail with it, as with a real broker.
     pub marker: Option<Vec<u8>>,
-    /// The Kafka error code answered, e.g. 44 (POLICY_VIOLATION).
-    pub error_code: i16,
+    /// What the proxy does with a matching request.
+    pub action: FaultAction,
+}
+
+/// What a Kafka-mode proxy does with a Produce request its fault matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Answer it with this Kafka error code, e.g. 44 (POLICY_VIOLATION).
+    Answer(i16),
+    /// Keep it, unanswered, until [`ThrottlingProxy::release_held`].
+    Hold,
 }
 
 impl ProduceFault {
@@ -184,7 +203,18 @@ impl ProduceFault {
             topic: topic.to_owned(),
             partition: None,
             marker: None,
-            error_code,
+            action: FaultAction::Answer(error_code),
+        }
+    }
+
+    /// Every Produce to `topic` is held: not forwarded, not answered, until
+    /// [`ThrottlingProxy::release_held`].
+    pub fn hold(topic: &str) -> Self {
+        ProduceFault {
+            topic: topic.to_owned(),
+            partition: None,
+            marker: None,
+            action: FaultAction::Hold,
         }
     }
 
@@ -210,9 +240,18 @@ impl ProduceFault {
     }
 }
 
-/// The answer the proxy gives itself to the request `frame` (after the size
-/// prefix), if the fault matches one of its batches.
-pub fn injected_answer(fault: &ProduceFault, frame: &[u8]) -> Option<Vec<u8>> {
+/// What the proxy does with one request in place of forwarding it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intercept {
+    /// Answer it with these bytes (a whole frame, size prefix included).
+    Answer(Vec<u8>),
+    /// Keep it aside, unanswered.
+    Hold,
+}
+
+/// What the proxy does with the request `frame` (after the size prefix) in
+/// place of forwarding it, if the fault matches one of its batches.
+pub fn intercept(fault: &ProduceFault, frame: &[u8]) -> Option<Intercept> {
     let header = request_header(frame).ok()?;
     if header.api_key != PRODUCE {
         return None;
@@ -227,6 +266,10 @@ pub fn injected_answer(fault: &ProduceFault, frame: &[u8]) -> Option<Vec<u8>> {
     if !hit || request.acks == 0 {
         return None;
     }
+    let error_code = match fault.action {
+        FaultAction::Hold => return Some(Intercept::Hold),
+        FaultAction::Answer(code) => code,
+    };
     let topics: Vec<TopicResponse> = request
         .topics
         .iter()
@@ -238,7 +281,7 @@ pub fn injected_answer(fault: &ProduceFault, frame: &[u8]) -> Option<Vec<u8>> {
                 .map(|p| PartitionResponse {
                     partition: p.partition,
                     error_code: if fault.matches(&t.name, p.partition, &p.records) {
-                        fault.error_code
+                        error_code
                     } else {
                         NOT_LEADER_OR_FOLLOWER
                     },
@@ -247,11 +290,11 @@ pub fn injected_answer(fault: &ProduceFault, frame: &[u8]) -> Option<Vec<u8>> {
                 .collect(),
         })
         .collect();
-    Some(encode_produce_response(
+    Some(Intercept::Answer(encode_produce_response(
         header.api_version,
         header.correlation_id,
         &topics,
-    ))
+    )))
 }
 
 struct Shared {
@@ -262,6 +305,8 @@ struct Shared {
     kafka: bool,
     fault: Mutex<Option<ProduceFault>>,
     injected: AtomicU64,
+    /// Requests held by a holding fault (whole frames), oldest first.
+    held: Mutex<Vec<Vec<u8>>>,
     /// Bit `v` set once a Produce request of version `v` (< 64) was seen.
     produce_versions: AtomicU64,
 }
@@ -269,6 +314,11 @@ struct Shared {
 impl Shared {
     fn fault(&self) -> Option<ProduceFault> {
         self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn held(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
+        // A poisoned lock only means a panic elsewhere; the list stays whole.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -320,6 +370,7 @@ impl ThrottlingProxy {
             kafka,
             fault: Mutex::new(None),
             injected: AtomicU64::new(0),
+            held: Mutex::new(Vec::new()),
             produce_versions: AtomicU64::new(0),
         });
         runtime.spawn(accept_loop(listener, target, Arc::clone(&shared)));
@@ -400,6 +451,50 @@ impl ThrottlingProxy {
     /// Produce requests answered by the proxy so far.
     pub fn faults_injected(&self) -> u64 {
         self.shared.injected.load(Ordering::Relaxed)
+    }
+
+    /// Produce requests held (by a [`ProduceFault::hold`]) and not released yet.
+    pub fn held_requests(&self) -> usize {
+        self.shared.held().len()
+    }
+
+    /// Sends every held request to the broker, oldest first, each unchanged on
+    /// one new connection, and returns the broker's answers (per topic and
+    /// partition, with its error codes). Blocks until answered (at most
+    /// `timeout` per request); needs no runtime.
+    pub fn release_held(&self, timeout: Duration) -> Result<Vec<Vec<TopicResponse>>> {
+        let held = std::mem::take(&mut *self.shared.held());
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut broker = std::net::TcpStream::connect_timeout(&self.target, timeout)
+            .with_context(|| format!("releasing held requests: connecting to {}", self.target))?;
+        broker.set_read_timeout(Some(timeout))?;
+        broker.set_write_timeout(Some(timeout))?;
+        let mut answers = Vec::with_capacity(held.len());
+        for frame in held {
+            use std::io::{Read as _, Write as _};
+            let header = request_header(&frame[4..])?;
+            broker
+                .write_all(&frame)
+                .context("releasing a held request")?;
+            let mut size = [0u8; 4];
+            broker
+                .read_exact(&mut size)
+                .context("reading the answer to a released request")?;
+            let mut answer = vec![0u8; usize::try_from(i32::from_be_bytes(size))?];
+            broker
+                .read_exact(&mut answer)
+                .context("reading the answer to a released request")?;
+            let (correlation_id, topics) = parse_produce_response(header.api_version, &answer)?;
+            anyhow::ensure!(
+                correlation_id == header.correlation_id,
+                "the broker answered correlation id {correlation_id}, not {}",
+                header.correlation_id
+            );
+            answers.push(topics);
+        }
+        Ok(answers)
     }
 
     /// The Produce versions clients used through this (Kafka-mode) proxy.
@@ -562,15 +657,22 @@ async fn kafka_requests(
                     .fetch_or(1 << header.api_version, Ordering::Relaxed);
             }
         }
-        let injected = shared
+        match shared
             .fault()
-            .and_then(|fault| injected_answer(&fault, &frame[4..]));
-        if let Some(answer) = injected {
-            shared.injected.fetch_add(1, Ordering::Relaxed);
-            if answers.send(Answer::Proxy(answer)).is_err() {
-                break;
+            .and_then(|fault| intercept(&fault, &frame[4..]))
+        {
+            Some(Intercept::Answer(answer)) => {
+                shared.injected.fetch_add(1, Ordering::Relaxed);
+                if answers.send(Answer::Proxy(answer)).is_err() {
+                    break;
+                }
+                continue;
             }
-            continue;
+            Some(Intercept::Hold) => {
+                shared.held().push(frame);
+                continue;
+            }
+            None => {}
         }
         // A Produce with acks=0 gets no answer from the broker.
         let answered = match crate::kafka_protocol::parse_produce_request(&frame[4..]) {
@@ -1015,7 +1117,71 @@ mod tests {
         // Other API keys are never answered.
         let mut fetch = produce(7, 1, "orders", b"POISON")[4..].to_vec();
         fetch[1] = 1;
-        assert_eq!(injected_answer(&fault, &fetch), None);
+        assert_eq!(intercept(&fault, &fetch), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_request_reaches_the_broker_only_when_released() {
+        use crate::kafka_protocol::parse_produce_response;
+        let version = 9i16;
+        let (addr, mut seen) = produce_server(Duration::from_millis(50)).await;
+        let proxy = ThrottlingProxy::start_kafka(addr).unwrap();
+        proxy.set_produce_fault(Some(ProduceFault::hold("orders").marker(b"LATE")));
+        let mut conn = TcpStream::connect(("127.0.0.1", proxy.port()))
+            .await
+            .unwrap();
+        conn.write_all(&produce(version, 1, "orders", b"first"))
+            .await
+            .unwrap();
+        conn.write_all(&produce(version, 2, "orders", b"a LATE b"))
+            .await
+            .unwrap();
+        conn.write_all(&produce(version, 3, "orders", b"third"))
+            .await
+            .unwrap();
+        // The held request gets no answer; the ones around it are answered in order.
+        let mut answered = Vec::new();
+        for _ in 0..2 {
+            let mut size = [0u8; 4];
+            conn.read_exact(&mut size).await.unwrap();
+            let mut frame = vec![0u8; i32::from_be_bytes(size) as usize];
+            conn.read_exact(&mut frame).await.unwrap();
+            answered.push(parse_produce_response(version, &frame).unwrap().0);
+        }
+        assert_eq!(answered, [1, 3]);
+        let mut size = [0u8; 4];
+        let more =
+            tokio::time::timeout(Duration::from_millis(300), conn.read_exact(&mut size)).await;
+        assert!(more.is_err(), "the held request was answered: {more:?}");
+        assert_eq!(seen.recv().await, Some(1));
+        assert_eq!(
+            seen.recv().await,
+            Some(3),
+            "the held request is not forwarded"
+        );
+        assert_eq!(proxy.held_requests(), 1);
+        assert_eq!(proxy.faults_injected(), 0);
+
+        // The client gives up on it; the held request outlives its connection.
+        drop(conn);
+        proxy.set_produce_fault(None);
+        let answers =
+            tokio::task::block_in_place(|| proxy.release_held(Duration::from_secs(5))).unwrap();
+        assert_eq!(seen.recv().await, Some(2), "released to the broker");
+        assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0][0].name, "orders");
+        assert_eq!(answers[0][0].partitions[0].error_code, 0);
+        assert_eq!(proxy.held_requests(), 0);
+        // Released once only.
+        let again =
+            tokio::task::block_in_place(|| proxy.release_held(Duration::from_secs(5))).unwrap();
+        assert!(again.is_empty());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), seen.recv())
+                .await
+                .is_err(),
+            "released twice"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

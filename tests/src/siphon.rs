@@ -59,6 +59,23 @@ pub fn siphon_bin() -> Result<PathBuf> {
     )
 }
 
+/// `VmRSS` and `VmHWM` (current and peak resident memory) of process `pid`,
+/// in bytes, from `/proc/PID/status`.
+pub fn process_memory(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
+        Ok(kb * 1024)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 /// A `siphon run` child process with its config file and log.
 pub struct SiphonProcess {
     dir: Option<tempfile::TempDir>,
@@ -225,6 +242,13 @@ impl SiphonProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The process's current and peak resident memory (`VmRSS`, `VmHWM` from
+    /// `/proc/PID/status`), in bytes.
+    pub fn memory(&self) -> Result<(u64, u64)> {
+        let pid = self.pid().context("siphon is not running")?;
+        process_memory(pid)
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Child>> {

@@ -6,6 +6,7 @@
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{event, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL};
 use siphon_tests::proxy::ProxiedBroker;
+use siphon_tests::siphon::process_memory as memory_of;
 use siphon_tests::{wait_until, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -21,22 +22,6 @@ const WINDOW_BYTES: u64 = 8 * 1024 * 1024;
 /// allocator's slack. Before the read-ahead was bounded by bytes, the whole 100 MB backlog was
 /// read ahead (VmHWM 132 MB).
 const FIXED_OVERHEAD_BYTES: u64 = 48 * 1024 * 1024;
-
-/// `VmRSS` and `VmHWM` of a process, in bytes.
-fn memory_of(pid: u32) -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("reading /proc/{pid}/status"))?;
-    let field = |name: &str| -> Result<u64> {
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
-        Ok(kb * 1024)
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_rows_behind_a_stopped_broker_stay_within_the_byte_window() -> Result<()> {

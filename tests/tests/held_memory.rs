@@ -1,0 +1,133 @@
+//! Memory stays bounded by bytes while large records are held through producer replacements.
+//!
+//! The Kafka-mode fault proxy answers every Produce of the outbox topic with
+//! `PRODUCER_FENCED` for a while: each batch fails the producer, so the session fences, purges,
+//! replaces the producer (backing off) and sends the same records again, over and over, with a
+//! full window of 512 KB records taken back from the failed producers and held meanwhile. The
+//! peak RSS of the siphon process must stay within a few in-flight windows (see
+//! [`WINDOWS_HELD`]) plus the read-ahead and the fixed overhead of `read_ahead.rs`, far below the
+//! backlog, and once the broker takes the records every event arrives exactly once.
+
+use anyhow::{Context, Result};
+use siphon_tests::outbox::{event, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL};
+use siphon_tests::proxy::{ProduceFault, ProxiedBroker};
+use siphon_tests::{wait_until, Postgres, SiphonProcess};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// Rows of 512 KB each: 100 MB of backlog.
+const ROWS: i64 = 200;
+const ROW_BYTES: i64 = 512 * 1024;
+/// The in-flight window (`pipeline.max_in_flight_bytes`).
+const WINDOW_BYTES: u64 = 8 * 1024 * 1024;
+/// What the process may hold beyond the windows below, as in `read_ahead.rs`: code, runtime
+/// and client buffers, the rows read ahead of the window (at most one more window plus 6 rows)
+/// and the allocator's slack.
+const FIXED_OVERHEAD_BYTES: u64 = 48 * 1024 * 1024;
+/// Windows of record bytes the process may hold at once through replacements: the records in
+/// the producer (librdkafka's copy), the copies taken back from a failed producer, and the
+/// freed copies the C library's allocator keeps in the arenas of the current and the retired
+/// producer's delivery threads (one arena per thread; measured: 53 MB of peak RSS here with a
+/// fixed mmap threshold, 55 MB with one arena, 70-74 MB with the defaults), and one window of
+/// margin for run-to-run variation. The backlog is 12.5 windows: without the byte window the
+/// peak was 148 MB.
+const WINDOWS_HELD: u64 = 5;
+/// `PRODUCER_FENCED`: fails the producer's batch and, with gap-less idempotence, the producer.
+const PRODUCER_FENCED: i16 = 90;
+/// Replacements to sit through before the broker takes records again.
+const REPLACEMENTS: usize = 4;
+/// The log line Siphon writes each time it replaces its producer.
+const REBUILD_LINE: &str = "Kafka producer failed; replacing it";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_records_held_through_producer_replacements_stay_within_the_byte_window() -> Result<()>
+{
+    let pg = Postgres::start()?;
+    let broker = ProxiedBroker::start_kafka_aware()?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config_at(
+        &pg,
+        &broker.bootstrap(),
+        "heldmem",
+        "\"message.timeout.ms\" = \"120000\"",
+        &format!("max_in_flight_bytes = {WINDOW_BYTES}"),
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "heldmem").await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let (rss_before, _) = siphon.memory()?;
+
+    broker.proxy().set_produce_fault(Some(ProduceFault::new(
+        "outbox.event.Order",
+        PRODUCER_FENCED,
+    )));
+    for txn in 0..20i64 {
+        client
+            .execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+                 SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
+                        'Order', 'order-' || (g % 17), 'Event', \
+                        jsonb_build_object('seq', g, 'data', repeat('x', $3::int)) \
+                 FROM generate_series($1::bigint, $2::bigint) g",
+                &[&(txn * 10 + 1), &(txn * 10 + 10), &(ROW_BYTES as i32)],
+            )
+            .await?;
+    }
+    // The refused window is taken back and sent again on each new producer.
+    let start = Instant::now();
+    let mut rss_peak_sampled = 0;
+    while siphon.log().matches(REBUILD_LINE).count() < REPLACEMENTS {
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(40),
+            "fewer than {REPLACEMENTS} producer replacements; log:\n{}",
+            siphon.log()
+        );
+        anyhow::ensure!(
+            siphon.is_running(),
+            "siphon stopped; log:\n{}",
+            siphon.log()
+        );
+        rss_peak_sampled = rss_peak_sampled.max(siphon.memory()?.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let replacements = siphon.log().matches(REBUILD_LINE).count();
+    let refused = broker.proxy().faults_injected();
+    let (_, peak_while_refused) = siphon.memory()?;
+
+    broker.proxy().set_produce_fault(None);
+    let expected: BTreeSet<String> = (1..=ROWS as u64).map(|s| event(s, true).id).collect();
+    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let (_, peak) = siphon.memory()?;
+
+    let bound = WINDOWS_HELD * WINDOW_BYTES + FIXED_OVERHEAD_BYTES;
+    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "{ROWS} rows of {} KB, {refused} Produce requests refused, {replacements} producer \
+         replacements in {:.1} s: VmRSS before {:.1} MB, VmHWM {:.1} MB while refused, {:.1} MB \
+         at the end; bound {:.0} MB ({WINDOWS_HELD} x {:.0} MB window + {:.0} MB fixed)",
+        ROW_BYTES / 1024,
+        start.elapsed().as_secs_f64(),
+        mb(rss_before),
+        mb(peak_while_refused.max(rss_peak_sampled)),
+        mb(peak),
+        mb(bound),
+        mb(WINDOW_BYTES),
+        mb(FIXED_OVERHEAD_BYTES)
+    );
+    assert!(
+        peak <= bound,
+        "peak RSS {:.1} MB exceeds {WINDOWS_HELD} windows plus the fixed overhead ({:.0} MB)",
+        mb(peak),
+        mb(bound)
+    );
+    assert!(siphon.is_running(), "{}", siphon.log());
+    Ok(())
+}
