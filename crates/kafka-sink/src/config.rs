@@ -6,6 +6,7 @@
 
 use crate::SinkError;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Settings of the Kafka producer and topic creation.
 #[derive(Debug, Clone)]
@@ -46,16 +47,12 @@ impl Default for TopicCreation {
 const DEFAULTS: &[(&str, &str)] = &[
     // Same partition for the same key as the Java client.
     ("partitioner", "murmur2_random"),
-    // A record not acknowledged in time fails its delivery; the pipeline then rebuilds the
-    // producer and resends from the acknowledged position, so a wedged producer cannot stall
-    // delivery forever. Nothing is lost either way.
-    ("message.timeout.ms", "300000"),
     ("linger.ms", "5"),
     ("socket.keepalive.enable", "true"),
 ];
 
 /// Properties a user may not override: they carry the no-loss and ordering promises.
-/// `enable.gapless.guarantee`: a record that fails (timed out, refused) fails the producer
+/// `enable.gapless.guarantee`: a record that fails (refused; timeouts are the session's) fails the producer
 /// instead of leaving a gap that later records of its partition would be written after; the
 /// session then resends everything unacknowledged in order on a new producer.
 const REQUIRED: &[(&str, &str)] = &[
@@ -64,7 +61,39 @@ const REQUIRED: &[(&str, &str)] = &[
     ("enable.gapless.guarantee", "true"),
 ];
 
+/// The delivery deadline when `kafka.properties` sets none (librdkafka's own default).
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_millis(300_000);
+
+/// `message.timeout.ms` and its alias: the user's value becomes the session's delivery deadline,
+/// and librdkafka itself is told never to time a record out.
+const TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delivery.timeout.ms"];
+
 impl SinkConfig {
+    /// How long a record may wait for its acknowledgement before the session gives up on the
+    /// producer (`kafka.properties."message.timeout.ms"`, default 300 s; `0`: no deadline).
+    ///
+    /// librdkafka's own timeout is not used for this: a record that times out there makes the
+    /// idempotent producer bump its epoch and go on with the records queued after it, which a
+    /// broker then writes before the timed-out record is sent again (`enable.gapless.guarantee`
+    /// does not cover timeouts). The session enforces the deadline itself by purging the
+    /// producer, which drops everything queued after the late record, and resends in order.
+    pub fn delivery_timeout(&self) -> Result<Option<Duration>, SinkError> {
+        let Some((key, value)) = self
+            .properties
+            .iter()
+            .rev()
+            .find(|(k, _)| TIMEOUT_KEYS.contains(&k.as_str()))
+        else {
+            return Ok(Some(DEFAULT_DELIVERY_TIMEOUT));
+        };
+        let ms: u64 = value.trim().parse().map_err(|_| {
+            SinkError::Config(format!(
+                "kafka.properties.\"{key}\" = \"{value}\" is not a number of milliseconds"
+            ))
+        })?;
+        Ok((ms > 0).then(|| Duration::from_millis(ms)))
+    }
+
     /// The full librdkafka configuration: defaults, then user properties, then required ones.
     pub fn client_properties(&self) -> Result<BTreeMap<String, String>, SinkError> {
         let mut props: BTreeMap<String, String> = DEFAULTS
@@ -90,6 +119,10 @@ impl SinkConfig {
         for (key, value) in REQUIRED {
             props.insert((*key).to_owned(), (*value).to_owned());
         }
+        // Never timed out by librdkafka (0 is infinite): see `delivery_timeout`.
+        self.delivery_timeout()?;
+        props.remove("delivery.timeout.ms");
+        props.insert("message.timeout.ms".into(), "0".into());
         props.insert("bootstrap.servers".into(), self.bootstrap_servers.clone());
         Ok(props)
     }
@@ -109,6 +142,42 @@ mod tests {
             topic_creation: TopicCreation::default(),
             discard: false,
         }
+    }
+
+    #[test]
+    fn the_delivery_deadline_is_the_sessions_and_librdkafka_never_times_out() {
+        let default = config(&[]);
+        assert_eq!(
+            default.delivery_timeout().unwrap(),
+            Some(DEFAULT_DELIVERY_TIMEOUT)
+        );
+        assert_eq!(
+            default.client_properties().unwrap()["message.timeout.ms"],
+            "0"
+        );
+        let set = config(&[("message.timeout.ms", "10000")]);
+        assert_eq!(
+            set.delivery_timeout().unwrap(),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(set.client_properties().unwrap()["message.timeout.ms"], "0");
+        let alias = config(&[("delivery.timeout.ms", "2500")]);
+        assert_eq!(
+            alias.delivery_timeout().unwrap(),
+            Some(Duration::from_millis(2500))
+        );
+        let props = alias.client_properties().unwrap();
+        assert!(!props.contains_key("delivery.timeout.ms"));
+        assert_eq!(props["message.timeout.ms"], "0");
+        assert_eq!(
+            config(&[("message.timeout.ms", "0")])
+                .delivery_timeout()
+                .unwrap(),
+            None
+        );
+        assert!(config(&[("message.timeout.ms", "soon")])
+            .client_properties()
+            .is_err());
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //!   something is wrong that retrying will not cure.
 //!
 //! librdkafka itself retries the broker codes it considers retriable (not leader, not enough
-//! replicas, storage error, timeouts ...) until `message.timeout.ms`, so those reach Siphon as
-//! `MessageTimedOut`; every other broker code fails the records of the batch it answered
+//! replicas, storage error, timeouts ...) for as long as the record waits (librdkafka's own
+//! `message.timeout.ms` is off; the session's delivery deadline purges the producer, and the
+//! purged records reach Siphon as `PurgeQueue`/`PurgeInflight`); every other broker code fails the records of the batch it answered
 //! (`rd_kafka_handle_Produce_error`, `rd_kafka_err_action` in librdkafka's
 //! `rdkafka_request.c`). A broker refuses a whole batch: one refused record takes the innocent
 //! records sharing its batch with it (unless the broker names the record, Produce v8+

@@ -209,6 +209,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         discard: config.kafka.sink == SinkKind::Discard,
     };
     sink.client_properties()?;
+    let delivery_timeout = sink.delivery_timeout()?;
     let on_error = match config.pipeline.on_error {
         OnError::Fail => ErrorPolicy::Fail,
         OnError::DeadLetter => ErrorPolicy::DeadLetter(DeadLetters::new(
@@ -230,6 +231,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         max_in_flight_records: config.pipeline.max_in_flight_records,
         max_in_flight_bytes: config.pipeline.max_in_flight_bytes,
         shutdown_timeout: Duration::from_secs(config.pipeline.shutdown_timeout_secs),
+        delivery_timeout,
     })
 }
 

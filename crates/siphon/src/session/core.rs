@@ -141,6 +141,10 @@ pub struct CoreSettings<'a> {
     pub max_in_flight_records: usize,
     pub max_in_flight_bytes: usize,
     pub shutdown_timeout: Duration,
+    /// How long a record may wait for its acknowledgement before the producer is given up:
+    /// purged (nothing queued after the late record is sent by it), replaced, and everything
+    /// unacknowledged sent again in order. `None`: no deadline.
+    pub delivery_timeout: Option<Duration>,
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -247,6 +251,9 @@ pub struct SessionCore<'a> {
     /// The refused record being sent alone, and why it was refused.
     probing: Option<(Seq, RecordFault)>,
     pacer: Pacer,
+    /// When the current producer was put in place (`None`: the session's first producer); a
+    /// record sent again is timed from here, not from its first hand-over.
+    producer_since: Option<Instant>,
     stopping: Option<Stopping>,
     finished: bool,
     actions: VecDeque<Action>,
@@ -271,6 +278,7 @@ impl<'a> SessionCore<'a> {
             held: BTreeMap::new(),
             probing: None,
             pacer: Pacer::new(),
+            producer_since: None,
             stopping: None,
             finished: false,
             actions: VecDeque::new(),
@@ -292,10 +300,21 @@ impl<'a> SessionCore<'a> {
     pub fn next_timeout(&self) -> Option<Instant> {
         let rebuild = self.fence.filter(|f| f.replace).and(self.pacer.not_before);
         let stop = self.stopping.as_ref().map(|s| s.deadline);
-        match (rebuild, stop) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [rebuild, stop, self.delivery_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// When the oldest record with the producer is overdue, if a deadline applies now.
+    fn delivery_deadline(&self) -> Option<Instant> {
+        let timeout = self.settings.delivery_timeout?;
+        if self.fence.is_some() || self.stopping.is_some() || self.with_producer == 0 {
+            return None;
         }
+        let oldest = self.ledger.oldest_sent()?;
+        let since = self.producer_since.map_or(oldest, |p| p.max(oldest));
+        Some(since + timeout)
     }
 
     /// The next action, in order.
@@ -359,6 +378,16 @@ impl<'a> SessionCore<'a> {
         if let Err(e) = outcome {
             self.stop(now, Err(e));
         }
+        if self
+            .delivery_deadline()
+            .is_some_and(|deadline| now.instant >= deadline)
+        {
+            Event::DeliveryOverdue {
+                unacked: self.with_producer,
+            }
+            .emit(&self.metrics);
+            self.raise_fence(true);
+        }
         self.advance(now);
         self.metrics
             .set_in_flight(self.ledger.records(), self.ledger.bytes());
@@ -420,6 +449,7 @@ impl<'a> SessionCore<'a> {
             }
             .emit(&self.metrics);
             self.actions.push_back(Action::ReplaceProducer);
+            self.producer_since = Some(now.instant);
             fence.replace = false;
             self.fence = Some(fence);
         }

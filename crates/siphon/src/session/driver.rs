@@ -131,6 +131,7 @@ pub async fn run_session(
             max_in_flight_records: settings.max_in_flight_records,
             max_in_flight_bytes: settings.max_in_flight_bytes,
             shutdown_timeout: settings.shutdown_timeout,
+            delivery_timeout: settings.delivery_timeout,
         },
         Arc::clone(metrics),
         start,

@@ -91,6 +91,9 @@ pub struct PipelineSettings {
     pub max_in_flight_records: usize,
     pub max_in_flight_bytes: usize,
     pub shutdown_timeout: Duration,
+    /// A record unacknowledged this long gives up its producer (see
+    /// [`siphon_kafka_sink::SinkConfig::delivery_timeout`]).
+    pub delivery_timeout: Option<Duration>,
     /// A stream silent this long while the server has newer WAL is reconnected.
     pub stall_timeout: Duration,
 }

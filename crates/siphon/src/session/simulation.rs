@@ -403,6 +403,9 @@ fn session_core<'a>(
             max_in_flight_records: WINDOW,
             max_in_flight_bytes: usize::MAX,
             shutdown_timeout,
+            // Short enough that stuck reports (the model's time jumps up to 2 s a step) overrun
+            // it now and then: a purge and replacement forced by the session itself.
+            delivery_timeout: Some(Duration::from_secs(5)),
         },
         metrics,
         start,

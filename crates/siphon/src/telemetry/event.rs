@@ -56,6 +56,8 @@ pub enum Event<'a> {
         topic: &'a str,
         error: &'a dyn Display,
     },
+    /// A record waited longer than the delivery timeout: the producer is purged and replaced.
+    DeliveryOverdue { unacked: usize },
     /// The producer is replaced; its undelivered records are sent again in their order.
     ProducerReplaced { resend: usize },
     /// A session ended by a transient error; the next one starts after `delay`.
@@ -121,6 +123,13 @@ impl Event<'_> {
             Event::RecordNotTaken { topic, error } => {
                 metrics.producer_error(ProducerErrorKind::Transient);
                 warn!(%topic, %error, "Kafka did not take a record; it is sent again after a pause");
+            }
+            Event::DeliveryOverdue { unacked } => {
+                metrics.producer_error(ProducerErrorKind::Transient);
+                warn!(
+                    unacked,
+                    "a record was not acknowledged within kafka.properties.\"message.timeout.ms\"; purging the producer (nothing queued after it is sent) to replace it"
+                );
             }
             Event::ProducerReplaced { resend } => {
                 metrics.producer_rebuilt();
