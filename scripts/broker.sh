@@ -17,6 +17,7 @@
 #                         sqlite://tansu.db inside DATADIR).
 #   SIPHON_TANSU_BIN      use this binary instead of the cached one.
 #   SIPHON_CACHE_DIR      cache root used by scripts/install-deps.sh.
+#   SIPHON_TANSU_LOG      Tansu's log level (RUST_LOG syntax; default warn).
 #
 # The memory engine keeps nothing across restarts and auto-creates unknown
 # topics (4 partitions); the durable engine keeps data but does not
@@ -94,7 +95,8 @@ start() {
     local url=tcp://127.0.0.1:$port
     (
         cd "$datadir"
-        exec setsid "$bin" broker \
+        # Tansu reads RUST_LOG as well; a verbose level slows every request.
+        RUST_LOG=${SIPHON_TANSU_LOG:-warn} exec setsid "$bin" broker \
             --listener-url "$url" \
             --advertised-listener-url "$url" \
             --storage-engine "$engine" \

@@ -213,6 +213,12 @@ impl Broker {
             .env_remove("LISTENER_URL")
             .env_remove("ADVERTISED_LISTENER_URL")
             .env_remove("STORAGE_ENGINE")
+            // Tansu reads RUST_LOG too: a level meant for Siphon (the bench exports `info`)
+            // makes it log every request, which slows its produce path a hundredfold.
+            .env(
+                "RUST_LOG",
+                std::env::var("SIPHON_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("duplicating the log handle")?)
             .stderr(log)
