@@ -147,10 +147,12 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
     db.batch_execute("SELECT pg_reload_conf()").await?;
     let broker = Broker::start()?;
 
+    // The standby first: before the failover Siphon must pass over it (read-only) to the
+    // primary; after it, the same first host is the new primary.
     let hosts = format!(
         "postgres://siphon:siphon@127.0.0.1:{},127.0.0.1:{}/siphon?target_session_attrs=read-write&connect_timeout=2",
-        primary.port(),
-        standby.port()
+        standby.port(),
+        primary.port()
     );
     let config = siphon_config(&primary, &broker, SLOT, "")
         .replace(

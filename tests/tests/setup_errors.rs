@@ -42,6 +42,46 @@ fn expect_definite_error(pg: &Postgres, broker: &Broker) -> Result<String> {
     Ok(log)
 }
 
+/// `source.failover = true`: refused with the fix before PostgreSQL 17; from 17 an existing slot
+/// made without failover is switched to a failover slot before streaming, and the missing
+/// `synchronized_standby_slots` is warned about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_switches_an_existing_slot_or_names_the_version_it_needs() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+        .await?;
+    let config = config(&pg, &broker).replace("[source]\n", "[source]\nfailover = true\n");
+    let siphon = SiphonProcess::start(&config)?;
+    if pg.major_version().await? < 17 {
+        let status = siphon.wait_exit(Duration::from_secs(60))?;
+        let log = siphon.log();
+        assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+        assert!(
+            log.contains("needs failover slots") && log.contains("set source.failover = false"),
+            "{log}"
+        );
+        return Ok(());
+    }
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    let failover: bool = client
+        .query_one(
+            "SELECT failover FROM pg_replication_slots WHERE slot_name = 's'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let log = siphon.log();
+    assert!(failover, "{log}");
+    assert!(log.contains("replication slot is now a failover slot"), "{log}");
+    assert!(log.contains("synchronized_standby_slots is empty"), "{log}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_outbox_table_is_named() -> Result<()> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);
