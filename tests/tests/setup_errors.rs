@@ -77,7 +77,10 @@ async fn failover_switches_an_existing_slot_or_names_the_version_it_needs() -> R
         .get(0);
     let log = siphon.log();
     assert!(failover, "{log}");
-    assert!(log.contains("replication slot is now a failover slot"), "{log}");
+    assert!(
+        log.contains("replication slot is now a failover slot"),
+        "{log}"
+    );
     assert!(log.contains("synchronized_standby_slots is empty"), "{log}");
     Ok(())
 }
