@@ -13,6 +13,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 siphon
 COPY --from=build /src/target/release/siphon /usr/local/bin/siphon
+# Fewer glibc malloc arenas: records freed on the Kafka client's threads stay in per-thread
+# arenas otherwise (docs/operations.md, "Flow control and memory").
+ENV MALLOC_ARENA_MAX=2
 USER siphon
 ENTRYPOINT ["/usr/local/bin/siphon"]
 CMD ["run", "--config", "/etc/siphon/siphon.toml"]
