@@ -103,6 +103,25 @@ pub async fn insert_transaction(client: &mut Client, events: &[Event], commit: b
     Ok(())
 }
 
+/// Commits `transactions` transactions of 10 `Order` rows each whose payload carries
+/// `row_bytes` bytes (ids 1 ..= 10 x `transactions`, 17 aggregates). The payload compresses in
+/// the table (TOAST), but pgoutput sends each row whole: a large-record workload.
+pub async fn insert_large_rows(client: &Client, transactions: i64, row_bytes: i32) -> Result<()> {
+    for txn in 0..transactions {
+        client
+            .execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+                 SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
+                        'Order', 'order-' || (g % 17), 'Event', \
+                        jsonb_build_object('seq', g, 'data', repeat('x', $3::int)) \
+                 FROM generate_series($1::bigint, $2::bigint) g",
+                &[&(txn * 10 + 1), &(txn * 10 + 10), &row_bytes],
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// The slot's `confirmed_flush_lsn` as a number, if the slot exists.
 pub async fn slot_confirmed_lsn(client: &Client, slot: &str) -> Result<Option<u64>> {
     let row = client

@@ -9,7 +9,9 @@
 //! backlog, and once the broker takes the records every event arrives exactly once.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::{event, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL};
+use siphon_tests::outbox::{
+    event, insert_large_rows, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL,
+};
 use siphon_tests::proxy::{ProduceFault, ProxiedBroker};
 use siphon_tests::{wait_until, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
@@ -67,18 +69,7 @@ async fn large_records_held_through_producer_replacements_stay_within_the_byte_w
         "outbox.event.Order",
         PRODUCER_FENCED,
     )));
-    for txn in 0..20i64 {
-        client
-            .execute(
-                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-                 SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
-                        'Order', 'order-' || (g % 17), 'Event', \
-                        jsonb_build_object('seq', g, 'data', repeat('x', $3::int)) \
-                 FROM generate_series($1::bigint, $2::bigint) g",
-                &[&(txn * 10 + 1), &(txn * 10 + 10), &(ROW_BYTES as i32)],
-            )
-            .await?;
-    }
+    insert_large_rows(&client, 20, ROW_BYTES as i32).await?;
     // The refused window is taken back and sent again on each new producer.
     let start = Instant::now();
     let mut rss_peak_sampled = 0;

@@ -4,9 +4,10 @@
 //! the broker answers again every event arrives.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::{event, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL};
+use siphon_tests::outbox::{
+    event, insert_large_rows, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL,
+};
 use siphon_tests::proxy::ProxiedBroker;
-use siphon_tests::siphon::process_memory as memory_of;
 use siphon_tests::{wait_until, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -44,29 +45,16 @@ async fn large_rows_behind_a_stopped_broker_stay_within_the_byte_window() -> Res
     )
     .await
     .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
-    let pid = siphon.pid().context("siphon is not running")?;
-    let (rss_before, _) = memory_of(pid)?;
+    let (rss_before, _) = siphon.memory()?;
 
     broker.proxy().pause();
-    // 200 rows of 512 KB in 20 transactions; the payload compresses in the table (TOAST), but
-    // pgoutput sends each row whole.
-    for txn in 0..20i64 {
-        client
-            .execute(
-                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-                 SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
-                        'Order', 'order-' || (g % 17), 'Event', \
-                        jsonb_build_object('seq', g, 'data', repeat('x', $3::int)) \
-                 FROM generate_series($1::bigint, $2::bigint) g",
-                &[&(txn * 10 + 1), &(txn * 10 + 10), &(ROW_BYTES as i32)],
-            )
-            .await?;
-    }
+    // 200 rows of 512 KB in 20 transactions.
+    insert_large_rows(&client, 20, ROW_BYTES as i32).await?;
     // Long enough for the stream to read whatever it would read ahead.
     let mut peak = 0;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        peak = peak.max(memory_of(pid)?.1);
+        peak = peak.max(siphon.memory()?.1);
     }
     let bound = WINDOW_BYTES + FIXED_OVERHEAD_BYTES;
     let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
