@@ -313,6 +313,15 @@ pub async fn wait_for_all(
     .await
 }
 
+/// The ids of `records` that are not in `expected`, in record order.
+pub fn phantom_ids(records: &[ConsumedRecord], expected: &BTreeSet<String>) -> Vec<String> {
+    records
+        .iter()
+        .map(record_id)
+        .filter(|id| !expected.contains(id))
+        .collect()
+}
+
 /// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of the broker at
 /// `bootstrap`, then checks that
 /// each arrived exactly once and that nothing else arrived.

@@ -13,7 +13,7 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, event, read_event_records, record_id, siphon_config,
+    check_first_deliveries_in_order, event, phantom_ids, read_event_records, siphon_config,
     slot_active, wait_for_all, OUTBOX_DDL,
 };
 use siphon_tests::{siphon_bin, wait_until, Broker, Postgres, SiphonProcess};
@@ -252,11 +252,7 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
     let records = wait_for_all(&broker.bootstrap(), &expected, Duration::from_secs(120))
         .await
         .with_context(|| siphon.log())?;
-    let phantom: Vec<String> = records
-        .iter()
-        .map(record_id)
-        .filter(|id| !expected.contains(id))
-        .collect();
+    let phantom = phantom_ids(&records, &expected);
     assert!(
         phantom.is_empty(),
         "events of transactions the new primary does not have reached Kafka: {phantom:?}\n(commits lost with the old primary: {lost_with_old_primary:?})"

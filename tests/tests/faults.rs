@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, event, insert_transaction, record_id, siphon_config,
+    check_first_deliveries_in_order, event, insert_transaction, phantom_ids, siphon_config,
     slot_active, slot_retained_wal, wait_for_all, Event, OUTBOX_DDL,
 };
 use siphon_tests::{wait_for, wait_until, Broker, Postgres, SiphonProcess};
@@ -21,11 +21,7 @@ async fn check_delivery(
     let records = wait_for_all(&broker.bootstrap(), &expected, Duration::from_secs(180))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
-    let phantom: Vec<String> = records
-        .iter()
-        .map(record_id)
-        .filter(|id| !expected.contains(id))
-        .collect();
+    let phantom = phantom_ids(&records, &expected);
     assert!(
         phantom.is_empty(),
         "events that were never committed: {phantom:?}"
