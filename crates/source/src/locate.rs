@@ -47,14 +47,6 @@ impl fmt::Display for ServerIdentity {
 pub async fn locate(url: &str) -> Result<Located, SourceError> {
     let parsed = parse_url(url)?;
     let endpoints = crate::ConnectionParams::from_url(url)?.endpoints;
-    if let [endpoint] = endpoints.as_slice() {
-        let client = open(&parsed, endpoint).await?;
-        check_target(&client, parsed.target, endpoint).await?;
-        return Ok(Located {
-            client,
-            endpoint: endpoint.clone(),
-        });
-    }
     let mut refusals = Vec::new();
     let mut all_definite = true;
     for endpoint in &endpoints {
@@ -74,6 +66,8 @@ pub async fn locate(url: &str) -> Result<Located, SourceError> {
                     endpoint: endpoint.clone(),
                 });
             }
+            // One host: its error as it is, consequence unchanged.
+            Err(e) if endpoints.len() == 1 => return Err(e),
             Err(e) => {
                 debug!(host = %endpoint, error = %e, "host of source.url not used");
                 all_definite &= matches!(e, SourceError::Definite(_) | SourceError::Config(_));
