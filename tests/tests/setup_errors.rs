@@ -219,6 +219,46 @@ async fn an_outbox_table_taken_out_of_the_publication_stops_siphon_naming_the_fi
     Ok(())
 }
 
+/// The slot disappears between two sessions of one process (dropped, or a failover to a standby
+/// without a synchronized copy): creating it anew would start after the events committed
+/// meanwhile and lose them silently, so Siphon stops and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_lost_between_sessions_is_not_created_again_silently() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    // Cut the replication connection and drop the slot before Siphon reconnects (its backoff).
+    client
+        .batch_execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'",
+        )
+        .await?;
+    wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || async {
+            Ok(client
+                .batch_execute("SELECT pg_drop_replication_slot('s')")
+                .await
+                .is_ok())
+        },
+    )
+    .await?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    let log = siphon.log();
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+    assert!(
+        log.contains("no longer exists on this server although Siphon streamed from it"),
+        "{log}"
+    );
+    assert_eq!(log.matches("created replication slot").count(), 1, "{log}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalidated_slot_is_a_definite_error_naming_the_fix() -> Result<()> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);

@@ -41,6 +41,6 @@ pub use assembly::{RowChange, SourceEvent};
 pub use config::{redact_url, ConnectionParams, Endpoint, SourceConfig, TableName, TargetSession};
 pub use error::SourceError;
 pub use locate::ServerIdentity;
-pub use setup::{prepare, SlotState};
+pub use setup::{prepare, MissingSlot, SlotState};
 pub use stream::ReplicationStream;
 pub use tls::{RootCerts, SslMode, TlsSettings};

@@ -22,6 +22,17 @@ use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 use tracing::{info, warn};
 
+/// What [`prepare`] does when the slot does not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingSlot {
+    /// Create it at the server's current position (the first session of a process).
+    Create,
+    /// Stop with a definite error: this process streamed from the slot before, so it was dropped
+    /// or the server is a promoted standby without a synchronized copy; a new slot would start
+    /// after the events committed meanwhile and lose them without a word.
+    Refuse,
+}
+
 /// What the slot looked like when streaming was about to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotState {
@@ -43,7 +54,10 @@ pub struct SlotState {
 /// Connects over SQL to the host of `source.url` that fits its `target_session_attrs`, checks
 /// `wal_level`, the tables, the publication and the slot, creating the last two when they are
 /// missing.
-pub async fn prepare(config: &SourceConfig) -> Result<SlotState, SourceError> {
+pub async fn prepare(
+    config: &SourceConfig,
+    missing: MissingSlot,
+) -> Result<SlotState, SourceError> {
     let params = crate::ConnectionParams::from_url(&config.url)?;
     let Located { client, endpoint } = locate(&config.url).await?;
     check_wal_level(&client).await?;
@@ -60,6 +74,7 @@ pub async fn prepare(config: &SourceConfig) -> Result<SlotState, SourceError> {
             user: Some(&params.user),
             failover: config.failover,
             version,
+            missing,
         },
     )
     .await?;
@@ -374,6 +389,7 @@ struct SlotRequest<'a> {
     /// Create it as a failover slot (PostgreSQL 17+, checked before).
     failover: bool,
     version: i32,
+    missing: MissingSlot,
 }
 
 /// The slot as found (or created).
@@ -389,6 +405,11 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     let user = request.user;
     let row = match read_slot(client, slot, request.version).await? {
         Some(row) => row,
+        None if request.missing == MissingSlot::Refuse => {
+            return Err(SourceError::Definite(format!(
+                "replication slot \"{slot}\" no longer exists on this server although Siphon streamed from it: it was dropped, or the server is a promoted standby that had no synchronized copy of it (source.failover = true with sync_replication_slots = on on the standby keeps one); events committed since then were not captured and cannot be read from this server; restart Siphon to create the slot anew from the current position"
+            )));
+        }
         None => {
             let sql = if request.failover {
                 // (slot_name, plugin, temporary, twophase, failover)

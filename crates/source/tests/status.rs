@@ -121,7 +121,9 @@ async fn reads_a_real_slot_and_publication() {
         application_name: "siphon-status-test".into(),
         failover: false,
     };
-    let slot = siphon_source::prepare(&config).await.unwrap();
+    let slot = siphon_source::prepare(&config, siphon_source::MissingSlot::Refuse)
+        .await
+        .unwrap();
     assert_eq!(slot.confirmed_flush_lsn, created);
     assert!(!slot.created && !slot.enable_failover);
     let stream =

@@ -19,6 +19,7 @@ use futures::FutureExt as _;
 use pgoutput::Lsn;
 use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink};
 use siphon_source::queries::Catalog;
+use siphon_source::MissingSlot;
 use siphon_source::ReplicationStream;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -74,7 +75,13 @@ async fn connect(
     metrics: &Arc<Metrics>,
     carry: &Carry,
 ) -> Result<Connections, PipelineError> {
-    let slot = siphon_source::prepare(&settings.source).await?;
+    // A slot this process streamed from is never created again behind its back.
+    let missing = if carry.slot_seen {
+        MissingSlot::Refuse
+    } else {
+        MissingSlot::Create
+    };
+    let slot = siphon_source::prepare(&settings.source, missing).await?;
     let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
     let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
@@ -116,6 +123,7 @@ pub async fn run_session(
         }
         connections = connect(settings, metrics, carry) => connections?,
     };
+    carry.slot_seen = true;
     let core = SessionCore::new(
         CoreSettings {
             router: &settings.router,

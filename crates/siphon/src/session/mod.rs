@@ -110,6 +110,8 @@ pub struct Carry {
     /// Stalls declared without progress: each doubles the silence the next one needs, across
     /// the reconnects they cause.
     pub stall: siphon_source::stall::Escalation,
+    /// A session of this process found (or made) the slot: a later one must not create it anew.
+    pub slot_seen: bool,
 }
 
 impl Carry {
