@@ -99,7 +99,7 @@ impl SourceError {
     }
 
     /// Classifies an error from the replication connection.
-    pub(crate) fn from_replication(slot: &str, err: pgwire_replication::PgWireError) -> Self {
+    pub(crate) fn from_replication(slot: &str, err: crate::wire::WireError) -> Self {
         Self::from_replication_as(slot, None, err)
     }
 
@@ -108,28 +108,49 @@ impl SourceError {
     pub(crate) fn from_replication_as(
         slot: &str,
         user: Option<&str>,
-        err: pgwire_replication::PgWireError,
+        err: crate::wire::WireError,
     ) -> Self {
-        use pgwire_replication::PgWireError as E;
+        use crate::wire::{ProtocolViolation, WireError as E};
+        const LOGIN_FIX: &str = "check the user and password in source.url and that pg_hba.conf allows a replication connection for that user";
         match &err {
-            E::Auth(m) => SourceError::Definite(format!(
-                "PostgreSQL refused the replication login: {m}; check the user and password in source.url and that pg_hba.conf allows a replication connection for that user"
-            )),
-            E::Tls(m) if m.contains("does not support TLS") => SourceError::Definite(format!(
-                "TLS to PostgreSQL failed on the replication connection: {m}: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network"
-            )),
-            E::Tls(m) if m.contains("certificate") || m.contains("Certificate") => {
-                SourceError::Definite(format!(
-                    "TLS to PostgreSQL failed on the replication connection: certificate problem: {m}; {}",
-                    certificate_hint(m)
-                ))
+            // Class 28: invalid authorization.
+            E::Server(server) if server.code.starts_with("28") => {
+                if server.message.contains("client certificate") {
+                    SourceError::Definite(format!(
+                        "PostgreSQL refused the replication login: {server}: pg_hba.conf wants a client certificate for this user: set sslcert and sslkey in source.url"
+                    ))
+                } else if server.message.contains("no encryption") {
+                    SourceError::Definite(format!(
+                        "PostgreSQL refused the replication login: {server}: the server accepts only TLS connections from here: set sslmode=verify-full and sslrootcert=/path/to/ca.pem in source.url"
+                    ))
+                } else {
+                    SourceError::Definite(format!(
+                        "PostgreSQL refused the replication login: {server}; {LOGIN_FIX}"
+                    ))
+                }
             }
-            E::Tls(m) => SourceError::Definite(format!(
-                "TLS to PostgreSQL failed on the replication connection: {m}"
+            E::UnsupportedAuthentication(_) | E::Scram(_) => SourceError::Definite(format!(
+                "PostgreSQL refused the replication login: {err}; {LOGIN_FIX}"
             )),
-            E::MessageTooLarge { .. } => SourceError::Definite(format!("{err}")),
-            E::Server(m) => classify_server_message(slot, user, m),
-            _ => SourceError::Transient(err.to_string()),
+            E::TlsUnsupported => SourceError::Definite(
+                "TLS to PostgreSQL failed on the replication connection: the server does not support TLS: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network".into(),
+            ),
+            E::Tls(io) => match crate::tls::rustls_error(io) {
+                Some(problem) if crate::tls::is_certificate_problem(problem) => {
+                    SourceError::Definite(format!(
+                        "TLS to PostgreSQL failed on the replication connection: certificate problem: {problem}; {}",
+                        certificate_hint(&problem.to_string())
+                    ))
+                }
+                _ => SourceError::Definite(format!(
+                    "TLS to PostgreSQL failed on the replication connection: {io}"
+                )),
+            },
+            E::Protocol(ProtocolViolation::TooLarge { .. }) => {
+                SourceError::Definite(err.to_string())
+            }
+            E::Server(server) => classify_server_message(slot, user, &server.to_string()),
+            _ => SourceError::Transient(error_chain(&err)),
         }
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! - [`setup`] checks the server and creates (or validates) the slot and the publication over an
 //!   ordinary SQL connection (tokio-postgres).
-//! - [`stream`] runs `START_REPLICATION` over pgwire-replication, decodes pgoutput with the
-//!   [`pgoutput`] crate and hands out [`SourceEvent`]s.
+//! - [`stream`] runs `START_REPLICATION` over [`wire`] (Siphon's own replication client on
+//!   postgres-protocol's messages), decodes pgoutput with the [`pgoutput`] crate and hands out
+//!   [`SourceEvent`]s.
 //! - [`assembly`] is the sans-IO state machine in between: it keeps the relation cache and checks
 //!   transaction framing (Begin .. Commit), so it is tested without a server.
 //! - [`catalog`] answers the pipeline's catalog questions while streaming (is this relation a
@@ -30,12 +31,12 @@ pub mod error;
 pub mod failover;
 pub mod locate;
 pub mod queries;
-pub mod read_ahead;
 pub mod setup;
 pub mod stall;
 pub mod status;
 pub mod stream;
 pub mod tls;
+pub mod wire;
 
 pub use assembly::{RowChange, SourceEvent};
 pub use config::{redact_url, ConnectionParams, Endpoint, SourceConfig, TableName, TargetSession};

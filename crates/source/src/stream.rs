@@ -2,18 +2,16 @@
 //!
 //! # Invariants
 //! - [`ReplicationStream::confirm`] is monotonic; the server is only told positions passed to it.
-//! - [`ReplicationStream::next`] is cancel-safe: its only await point is the receive from the
-//!   network reader's channel, so it can sit in a `select!`.
-//! - Read-ahead is bounded by bytes and by events ([`crate::read_ahead`]):
-//!   `SourceConfig::read_ahead_bytes` and `SourceConfig::buffer_events`, plus a few messages
-//!   inside pgwire-replication.
+//! - [`ReplicationStream::next`] and [`ReplicationStream::read_ahead`] are cancel-safe (see
+//!   [`crate::wire`]), so they can sit in a `select!`.
+//! - Read-ahead is bounded by bytes: `SourceConfig::read_ahead_bytes` of messages read and not
+//!   yet decoded (one larger message is read alone).
 
 use crate::assembly::{Assembler, SourceEvent};
-use crate::read_ahead::{ReadAhead, LIBRARY_BUFFER_EVENTS};
 use crate::stall::{Escalation, SharedEscalation, StallWatch, Verdict};
+use crate::wire::{Login, Received, Session, WireError, WireStream};
 use crate::{ConnectionParams, SlotState, SourceConfig, SourceError, TargetSession};
 use pgoutput::Lsn;
-use pgwire_replication::{Lsn as WireLsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
@@ -21,7 +19,7 @@ use tracing::{debug, info};
 
 /// A running logical replication stream.
 pub struct ReplicationStream {
-    client: ReadAhead,
+    wire: WireStream,
     last_message: Instant,
     assembler: Assembler,
     slot: String,
@@ -77,41 +75,39 @@ impl ReplicationStream {
     ) -> Result<Self, SourceError> {
         let params = ConnectionParams::from_url(&config.url)?;
         let endpoint = &slot.endpoint;
-        let tls = params.tls.replication_config(&endpoint.host);
         let sslmode = params.tls.mode;
-        let user = params.user.clone();
-        let wire = ReplicationConfig::new(
-            endpoint.address(),
-            params.user,
-            params.password,
-            params.database,
-            config.slot.clone(),
-            config.publication.clone(),
-        )
-        .with_port(endpoint.port)
-        .with_tls(tls)
-        .with_start_lsn(WireLsn::from_u64(start_lsn.0))
-        .with_ack_lsn(WireLsn::from_u64(start_lsn.0))
-        .with_status_interval(config.status_interval)
-        .with_wakeup_interval(config.idle_wakeup_interval)
-        .with_buffer_size(LIBRARY_BUFFER_EVENTS)
-        .with_application_name(config.application_name.clone());
-        let failed = |e| SourceError::from_replication_as(&config.slot, Some(&user), e);
-        let mut client = ReplicationClient::connect_gated(wire)
-            .await
-            .map_err(failed)?;
-        before_start(&mut client, config, slot, params.target)
+        let login = Login {
+            host: &endpoint.host,
+            hostaddr: endpoint.hostaddr,
+            port: endpoint.port,
+            user: &params.user,
+            password: &params.password,
+            database: &params.database,
+            application_name: &config.application_name,
+            tls: params.tls.replication_tls(&endpoint.host)?,
+            timeout: CONNECT_TIMEOUT,
+        };
+        let failed = |e| SourceError::from_replication_as(&config.slot, Some(&params.user), e);
+        let mut session = Session::connect(login).await.map_err(failed)?;
+        before_start(&mut session, config, slot, params.target)
             .await
             .map_err(|e| match e {
                 BeforeStart::Wire(e) => failed(e),
                 BeforeStart::Source(e) => e,
             })?;
-        client.start().await.map_err(failed)?;
-        client.wait_started().await.map_err(failed)?;
+        let wire = session
+            .start_replication(
+                &start_command(config, start_lsn),
+                start_lsn.0,
+                config.read_ahead_bytes,
+                config.status_interval,
+            )
+            .await
+            .map_err(failed)?;
         info!(slot = %config.slot, from = %start_lsn, host = %endpoint, %sslmode, "streaming");
         let escalation = Arc::new(std::sync::Mutex::new(escalation));
         Ok(ReplicationStream {
-            client: ReadAhead::spawn(client, config.read_ahead_bytes, config.buffer_events),
+            wire,
             last_message: Instant::now(),
             assembler: Assembler::new(),
             slot: config.slot.clone(),
@@ -126,58 +122,44 @@ impl ReplicationStream {
         })
     }
 
-    /// The next event. `Ok(None)` when the stream ended after [`ReplicationStream::stop`].
-    pub async fn next(&mut self) -> Result<Option<SourceEvent>, SourceError> {
+    /// The next event. Cancel-safe.
+    pub async fn next(&mut self) -> Result<SourceEvent, SourceError> {
         loop {
-            let event = self
-                .client
-                .recv()
+            let received = self
+                .wire
+                .next()
                 .await
-                .ok_or_else(|| SourceError::Transient("the replication reader stopped".into()))?
                 .map_err(|e| SourceError::from_replication(&self.slot, e))?;
-            let Some(event) = event else { return Ok(None) };
             self.last_message = Instant::now();
-            let produced = match event {
-                ReplicationEvent::Begin {
-                    final_lsn,
-                    xid,
-                    commit_time_micros,
-                } => Some(self.assembler.begin(
-                    xid,
-                    Lsn(final_lsn.as_u64()),
-                    commit_time_micros,
-                )?),
-                ReplicationEvent::Commit {
-                    lsn,
-                    end_lsn,
-                    commit_time_micros,
-                } => Some(self.assembler.commit(
-                    Lsn(lsn.as_u64()),
-                    Lsn(end_lsn.as_u64()),
-                    commit_time_micros,
-                )?),
-                ReplicationEvent::XLogData {
-                    data, wal_start, ..
-                } => self.assembler.data(&data, Lsn(wal_start.as_u64()))?,
-                ReplicationEvent::KeepAlive { wal_end, .. } => {
-                    self.assembler.keepalive(Lsn(wal_end.as_u64()))
+            let produced = match received {
+                Received::Data { wal_start, data } => self.assembler.data(&data, Lsn(wal_start))?,
+                Received::KeepAlive { wal_end } => self.assembler.keepalive(Lsn(wal_end)),
+                Received::End => {
+                    return Err(SourceError::Transient(
+                        "the server ended the replication stream".into(),
+                    ))
                 }
-                ReplicationEvent::Message {
-                    transactional,
-                    lsn,
-                    prefix,
-                    content,
-                } => Some(self.assembler.message(
-                    transactional,
-                    Lsn(lsn.as_u64()),
-                    &prefix,
-                    content,
-                )?),
-                ReplicationEvent::StoppedAt { .. } => None,
             };
             if let Some(event) = produced {
-                return Ok(Some(event));
+                return Ok(event);
             }
+        }
+    }
+
+    /// What to await while the pipeline takes no events: reads ahead within the budget and
+    /// keeps the status updates going. Returns only on an error. Cancel-safe.
+    pub async fn read_ahead(&mut self) -> SourceError {
+        let error = self.wire.read_ahead().await;
+        SourceError::from_replication(&self.slot, error)
+    }
+
+    /// [`ReplicationStream::next`] when `take`, [`ReplicationStream::read_ahead`] otherwise: one
+    /// future for a `select!` branch. Cancel-safe.
+    pub async fn next_or_read_ahead(&mut self, take: bool) -> Result<SourceEvent, SourceError> {
+        if take {
+            self.next().await
+        } else {
+            Err(self.read_ahead().await)
         }
     }
 
@@ -185,7 +167,7 @@ impl ReplicationStream {
     pub fn confirm(&mut self, lsn: Lsn) {
         if lsn > self.confirmed {
             self.confirmed = lsn;
-            self.client.update_applied_lsn(lsn.0);
+            self.wire.raise_applied(lsn.0);
         }
     }
 
@@ -196,7 +178,7 @@ impl ReplicationStream {
 
     /// The position last reported to the server in a status update.
     pub fn reported(&self) -> Lsn {
-        Lsn(self.client.metrics().last_applied_lsn().as_u64())
+        Lsn(self.wire.reported())
     }
 
     /// How long since the last message of any kind (keepalives included) was read.
@@ -221,71 +203,79 @@ impl ReplicationStream {
 
     /// The server's WAL end as last seen on the stream.
     pub fn server_wal_end(&self) -> Lsn {
-        Lsn(self.client.metrics().last_wal_end().as_u64())
+        Lsn(self.wire.server_wal_end())
     }
 
-    /// Waits (up to `timeout`) until the confirmed position has been reported to the server, then
-    /// ends the stream cleanly.
+    /// Reports the confirmed position at once and ends the stream cleanly (waiting up to
+    /// `timeout` for the server); returns the position reported.
     pub async fn finish(self, timeout: Duration) -> Result<Lsn, SourceError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while self.reported() < self.confirmed && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let reported = self.reported();
         let slot = self.slot;
-        self.client
-            .shutdown()
+        self.wire
+            .finish(timeout)
             .await
-            .map_err(|e| SourceError::from_replication(&slot, e))?;
-        Ok(reported)
+            .map(Lsn)
+            .map_err(|e| SourceError::from_replication(&slot, e))
     }
+}
+
+/// How long opening the replication session (TCP, TLS, authentication) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `START_REPLICATION` for the slot and publication of `config`, from `start_lsn`.
+fn start_command(config: &SourceConfig, start_lsn: Lsn) -> String {
+    // publication_names is a list of identifiers inside a string literal.
+    let publication = crate::config::quote_ident(&config.publication).replace('\'', "''");
+    format!(
+        "START_REPLICATION SLOT {} LOGICAL {start_lsn} (proto_version '1', publication_names '{publication}', messages 'true')",
+        crate::config::quote_ident(&config.slot)
+    )
 }
 
 /// Why the checks before `START_REPLICATION` failed.
 enum BeforeStart {
-    Wire(pgwire_replication::PgWireError),
+    Wire(WireError),
     Source(SourceError),
 }
 
-impl From<pgwire_replication::PgWireError> for BeforeStart {
-    fn from(e: pgwire_replication::PgWireError) -> Self {
+impl From<WireError> for BeforeStart {
+    fn from(e: WireError) -> Self {
         BeforeStart::Wire(e)
     }
 }
 
-/// The first column of the first row of a simple-query answer, as text.
-fn first_value(rows: &[pgwire_replication::QueryRow]) -> Option<String> {
+/// The column `column` of the first row of a simple-query answer.
+fn first_row_value(rows: &[crate::wire::QueryRow], column: usize) -> Option<&str> {
     rows.first()
-        .and_then(|row| row.first())
-        .and_then(|value| value.as_ref())
-        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+        .and_then(|row| row.get(column))
+        .and_then(|value| value.as_deref())
 }
 
 /// The replication session's checks before it starts: the host still fits the target session,
 /// it is still the server `prepare` checked, and the slot becomes a failover slot if asked.
 async fn before_start(
-    client: &mut ReplicationClient,
+    session: &mut Session,
     config: &SourceConfig,
     slot: &SlotState,
     target: TargetSession,
 ) -> Result<(), BeforeStart> {
     let endpoint = &slot.endpoint;
     if target != TargetSession::Any {
-        let rows = client
+        let rows = session
             .simple_query("SELECT pg_is_in_recovery()::text")
             .await?;
-        if first_value(&rows).as_deref() != Some("false") {
+        if first_row_value(&rows, 0) != Some("false") {
             return Err(BeforeStart::Source(SourceError::Transient(format!(
                 "{endpoint} became a standby before streaming started; looking for the primary again"
             ))));
         }
     }
     if let Some(expected) = &slot.identity {
-        let seen = client.identify_system().await?;
-        if seen.system_id != expected.system_id || seen.timeline != expected.timeline {
+        let rows = session.simple_query("IDENTIFY_SYSTEM").await?;
+        let system_id = first_row_value(&rows, 0).unwrap_or_default();
+        let timeline = first_row_value(&rows, 1).unwrap_or_default();
+        if system_id != expected.system_id || timeline != expected.timeline.to_string() {
             return Err(BeforeStart::Source(SourceError::Transient(format!(
-                "{endpoint} is no longer the server that was checked ({expected}; now system {} timeline {}): a failover happened; checking again",
-                seen.system_id, seen.timeline
+                "{endpoint} is no longer the server that was checked ({expected}; now system {system_id} timeline {timeline}): a failover happened; checking again"
             ))));
         }
     }
@@ -294,7 +284,7 @@ async fn before_start(
             "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
             crate::config::quote_ident(&config.slot)
         );
-        client.simple_query(&command).await?;
+        session.simple_query(&command).await?;
         info!(slot = %config.slot, "replication slot is now a failover slot");
     }
     Ok(())

@@ -2,11 +2,11 @@
 //! in `source.url`.
 //!
 //! Both connections use rustls (with the *ring* provider): the SQL one through
-//! `tokio-postgres-rustls`, the replication one through pgwire-replication's own rustls support.
+//! `tokio-postgres-rustls`, the replication one through `tokio-rustls` ([`crate::wire`]).
 //!
 //! # Invariants
 //! - Both connections get the same guarantees from the same settings: [`TlsSettings::sql_connector`]
-//!   and [`TlsSettings::replication_config`] are derived from one [`TlsSettings`].
+//!   and [`TlsSettings::replication_tls`] are built by one function from one [`TlsSettings`].
 //! - `verify-full` checks the certificate chain against `sslrootcert` and that the certificate
 //!   names the host of the URL (a DNS name or an IP address); `verify-ca` (and `require` with an
 //!   `sslrootcert`) checks the chain only; `prefer` and `require` without `sslrootcert` encrypt
@@ -206,6 +206,35 @@ impl TlsSettings {
 
     /// The connector for the ordinary SQL connection (tokio-postgres).
     pub fn sql_connector(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, SourceError> {
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(
+            self.client_config()?,
+        ))
+    }
+
+    /// The TLS set-up of the replication connection to `host`: `None` for `sslmode=disable`.
+    pub(crate) fn replication_tls(
+        &self,
+        host: &str,
+    ) -> Result<Option<crate::wire::Tls>, SourceError> {
+        if self.mode == SslMode::Disable {
+            return Ok(None);
+        }
+        // The name the certificate must carry is the URL's host; an IP address is checked
+        // against the certificate's IP address entries.
+        let server_name = ServerName::try_from(host.to_owned()).map_err(|e| {
+            SourceError::Config(format!(
+                "source.url: the host {host:?} cannot be used as a TLS server name: {e}"
+            ))
+        })?;
+        Ok(Some(crate::wire::Tls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(self.client_config()?)),
+            server_name,
+            required: self.mode != SslMode::Prefer,
+        }))
+    }
+
+    /// The rustls configuration both connections use.
+    fn client_config(&self) -> Result<ClientConfig, SourceError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -241,33 +270,7 @@ impl TlsSettings {
                 })?,
             _ => builder.with_no_client_auth(),
         };
-        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
-    }
-
-    /// The TLS configuration of the replication connection (pgwire-replication) to `host`.
-    pub fn replication_config(&self, host: &str) -> pgwire_replication::TlsConfig {
-        use pgwire_replication::TlsConfig;
-        let ca = match &self.root_certs {
-            RootCerts::File(path) => Some(path.clone()),
-            // No file: pgwire-replication uses the Mozilla root set.
-            RootCerts::System | RootCerts::None => None,
-        };
-        let mut tls = match self.mode {
-            SslMode::Disable => TlsConfig::disabled(),
-            SslMode::Prefer => TlsConfig {
-                mode: pgwire_replication::SslMode::Prefer,
-                ..TlsConfig::disabled()
-            },
-            SslMode::Require if !self.verifies_chain() => TlsConfig::require(),
-            SslMode::Require | SslMode::VerifyCa => TlsConfig::verify_ca(ca),
-            // The name the certificate must carry is the URL's host; an IP address is checked
-            // against the certificate's IP address entries.
-            SslMode::VerifyFull => TlsConfig::verify_full(ca).with_sni_hostname(host),
-        };
-        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
-            tls = tls.with_client_cert(cert.clone(), key.clone());
-        }
-        tls
+        Ok(config)
     }
 
     fn root_store(&self) -> Result<RootCertStore, SourceError> {
@@ -475,8 +478,10 @@ mod tests {
         let tls = TlsSettings::from_params(&[]).unwrap();
         assert_eq!(tls, TlsSettings::default());
         assert!(!tls.verifies_chain());
-        let wire = tls.replication_config("db");
-        assert_eq!(wire.mode, pgwire_replication::SslMode::Prefer);
+        let wire = tls.replication_tls("db").unwrap().unwrap();
+        assert!(!wire.required, "prefer falls back to a plain session");
+        let disabled = TlsSettings::from_params(&params(&[("sslmode", "disable")])).unwrap();
+        assert!(disabled.replication_tls("db").unwrap().is_none());
     }
 
     #[test]
@@ -493,30 +498,22 @@ mod tests {
         ]))
         .unwrap();
         assert!(full.verifies_chain() && full.verifies_host_name());
-        let wire = full.replication_config("127.0.0.1");
-        assert_eq!(wire.mode, pgwire_replication::SslMode::VerifyFull);
-        assert_eq!(wire.ca_pem_path, Some(PathBuf::from("/ca.pem")));
-        assert_eq!(wire.sni_hostname.as_deref(), Some("127.0.0.1"));
+        // The replication connection reads the same root certificate file.
+        let err = full.replication_tls("127.0.0.1").err().unwrap().to_string();
+        assert!(err.contains("sslrootcert /ca.pem"), "{err}");
     }
 
     #[test]
     fn require_with_a_root_certificate_verifies_the_chain_as_libpq_does() {
         let plain = TlsSettings::from_params(&params(&[("sslmode", "require")])).unwrap();
         assert!(!plain.verifies_chain());
-        assert_eq!(
-            plain.replication_config("h").mode,
-            pgwire_replication::SslMode::Require
-        );
+        assert!(plain.replication_tls("h").unwrap().unwrap().required);
         let with_ca = TlsSettings::from_params(&params(&[
             ("sslmode", "require"),
             ("sslrootcert", "/ca.pem"),
         ]))
         .unwrap();
         assert!(with_ca.verifies_chain() && !with_ca.verifies_host_name());
-        assert_eq!(
-            with_ca.replication_config("h").mode,
-            pgwire_replication::SslMode::VerifyCa
-        );
     }
 
     #[test]
@@ -555,15 +552,13 @@ mod tests {
     #[test]
     fn client_certificates_reach_the_replication_connection() {
         let tls = TlsSettings::from_params(&params(&[
-            ("sslmode", "verify-full"),
-            ("sslrootcert", "/ca.pem"),
-            ("sslcert", "/c.pem"),
-            ("sslkey", "/k.pem"),
+            ("sslmode", "require"),
+            ("sslcert", "/nonexistent/c.pem"),
+            ("sslkey", "/nonexistent/k.pem"),
         ]))
         .unwrap();
-        let wire = tls.replication_config("db.example");
-        assert!(wire.is_mtls());
-        assert_eq!(wire.client_key_pem_path, Some(PathBuf::from("/k.pem")));
+        let err = tls.replication_tls("db.example").err().unwrap().to_string();
+        assert!(err.contains("/nonexistent/c.pem"), "{err}");
     }
 
     #[test]

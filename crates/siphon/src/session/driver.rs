@@ -237,7 +237,9 @@ impl Driver<'_> {
                     self.on_tick();
                     None
                 }
-                event = self.stream.next(), if self.core.can_read() => {
+                // While the pipeline takes no events this only reads ahead within the budget (so
+                // the server keeps decoding) and keeps the status updates going.
+                event = self.stream.next_or_read_ahead(self.core.can_read()) => {
                     self.core.handle(Now::read(), source_input(event));
                     // Take what is already buffered without a trip through `select!`.
                     for _ in 1..SOURCE_BATCH {
@@ -405,12 +407,9 @@ impl Driver<'_> {
 }
 
 /// A result of the replication stream as the core's input.
-fn source_input(
-    event: Result<Option<siphon_source::SourceEvent>, siphon_source::SourceError>,
-) -> Input {
+fn source_input(event: Result<siphon_source::SourceEvent, siphon_source::SourceError>) -> Input {
     match event {
-        Ok(Some(event)) => Input::Source(event),
-        Ok(None) => Input::SourceFailed(PipelineError::StreamEnded),
+        Ok(event) => Input::Source(event),
         Err(e) => Input::SourceFailed(e.into()),
     }
 }

@@ -1,0 +1,299 @@
+//! Opening the replication session: TCP, the `sslmode` negotiation, the startup message,
+//! authentication (cleartext, MD5, SCRAM-SHA-256), simple queries, and `START_REPLICATION`.
+//!
+//! # Invariants
+//! - Opening the session (connect, TLS, authentication) is bounded by the login's timeout.
+//! - With `sslmode` `require`, `verify-ca` or `verify-full` nothing but the SSL request is sent
+//!   unencrypted; with `prefer` a server that answers "no" gets a plain session.
+//! - Bytes the server sent after `CopyBothResponse` stay in the buffer handed to the stream.
+
+use super::error::{AuthMethod, ProtocolViolation, WireError};
+use super::frames::{self, Message};
+use super::socket::Socket;
+use super::stream::WireStream;
+use bytes::BytesMut;
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::frontend;
+use rustls::pki_types::ServerName;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::warn;
+
+/// One row of a simple query's answer: each column as text, `None` for NULL.
+pub type QueryRow = Vec<Option<String>>;
+
+/// TLS as the session uses it.
+pub struct Tls {
+    pub connector: tokio_rustls::TlsConnector,
+    pub server_name: ServerName<'static>,
+    /// Whether a server without TLS is refused (`require` and stricter) or used in plain.
+    pub required: bool,
+}
+
+/// Where and as whom to log in.
+pub struct Login<'a> {
+    /// The host name (for messages and, without `hostaddr`, to resolve).
+    pub host: &'a str,
+    pub hostaddr: Option<std::net::IpAddr>,
+    pub port: u16,
+    pub user: &'a str,
+    pub password: &'a str,
+    pub database: &'a str,
+    pub application_name: &'a str,
+    /// `None` for `sslmode=disable`.
+    pub tls: Option<Tls>,
+    /// The longest opening the session may take.
+    pub timeout: Duration,
+}
+
+impl Login<'_> {
+    fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+/// An authenticated replication session, before streaming.
+pub struct Session {
+    socket: Socket,
+    inbuf: BytesMut,
+    out: BytesMut,
+}
+
+impl Session {
+    /// Connects, negotiates TLS and logs in.
+    pub async fn connect(login: Login<'_>) -> Result<Self, WireError> {
+        let timeout = login.timeout;
+        match tokio::time::timeout(timeout, Self::open(&login)).await {
+            Ok(opened) => opened,
+            Err(_) => Err(WireError::ConnectTimeout {
+                address: login.address(),
+                seconds: timeout.as_secs(),
+            }),
+        }
+    }
+
+    async fn open(login: &Login<'_>) -> Result<Self, WireError> {
+        let connected = match login.hostaddr {
+            Some(ip) => TcpStream::connect((ip, login.port)).await,
+            None => TcpStream::connect((login.host, login.port)).await,
+        };
+        let tcp = connected.map_err(|source| WireError::Connect {
+            address: login.address(),
+            source,
+        })?;
+        tcp.set_nodelay(true)?;
+        let socket = negotiate_tls(tcp, login.tls.as_ref()).await?;
+        let mut session = Session {
+            socket,
+            inbuf: BytesMut::with_capacity(8192),
+            out: BytesMut::with_capacity(256),
+        };
+        session.log_in(login).await?;
+        Ok(session)
+    }
+
+    async fn log_in(&mut self, login: &Login<'_>) -> Result<(), WireError> {
+        let params = [
+            ("user", login.user),
+            ("database", login.database),
+            ("replication", "database"),
+            ("client_encoding", "UTF8"),
+            ("application_name", login.application_name),
+        ];
+        frontend::startup_message(params, &mut self.out)?;
+        self.flush().await?;
+        let mut scram = None;
+        loop {
+            let message = self.read_message().await?;
+            match message.tag {
+                b'R' => self.authenticate(&message, login, &mut scram).await?,
+                b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
+                b'N' => log_notice(&message),
+                // ParameterStatus, BackendKeyData, NegotiateProtocolVersion.
+                b'S' | b'K' | b'v' => {}
+                b'Z' => return Ok(()),
+                tag => return Err(unexpected(tag, "while logging in")),
+            }
+        }
+    }
+
+    /// Answers one authentication request.
+    async fn authenticate(
+        &mut self,
+        message: &Message,
+        login: &Login<'_>,
+        scram: &mut Option<ScramSha256>,
+    ) -> Result<(), WireError> {
+        let body = &message.body[..];
+        let truncated = || ProtocolViolation::Truncated {
+            what: "authentication request",
+        };
+        let code = body.get(..4).ok_or_else(truncated)?;
+        let code = i32::from_be_bytes([code[0], code[1], code[2], code[3]]);
+        let rest = &body[4..];
+        match code {
+            0 => return Ok(()),
+            3 => frontend::password_message(login.password.as_bytes(), &mut self.out)?,
+            5 => {
+                let salt = rest.get(..4).ok_or_else(truncated)?;
+                let hash = md5_hash(
+                    login.user.as_bytes(),
+                    login.password.as_bytes(),
+                    [salt[0], salt[1], salt[2], salt[3]],
+                );
+                frontend::password_message(hash.as_bytes(), &mut self.out)?;
+            }
+            10 => {
+                let mechanisms: Vec<String> = rest
+                    .split(|&b| b == 0)
+                    .take_while(|name| !name.is_empty())
+                    .map(|name| String::from_utf8_lossy(name).into_owned())
+                    .collect();
+                if !mechanisms.iter().any(|m| m == SCRAM_SHA_256) {
+                    return Err(WireError::UnsupportedAuthentication(
+                        AuthMethod::SaslMechanisms(mechanisms),
+                    ));
+                }
+                // Without channel binding: always valid, also when the server offers the
+                // -PLUS variant over TLS.
+                let client =
+                    ScramSha256::new(login.password.as_bytes(), ChannelBinding::unsupported());
+                frontend::sasl_initial_response(SCRAM_SHA_256, client.message(), &mut self.out)?;
+                *scram = Some(client);
+            }
+            11 => {
+                let client = scram.as_mut().ok_or(unexpected(b'R', "SASL continue"))?;
+                client.update(rest).map_err(WireError::Scram)?;
+                frontend::sasl_response(client.message(), &mut self.out)?;
+            }
+            12 => {
+                let client = scram.as_mut().ok_or(unexpected(b'R', "SASL final"))?;
+                client.finish(rest).map_err(WireError::Scram)?;
+                return Ok(());
+            }
+            other => {
+                return Err(WireError::UnsupportedAuthentication(AuthMethod::Code(
+                    other,
+                )))
+            }
+        }
+        self.flush().await
+    }
+
+    /// Runs one simple query (SQL or a replication command) and returns its rows.
+    pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<QueryRow>, WireError> {
+        frontend::query(sql, &mut self.out)?;
+        self.flush().await?;
+        let mut rows = Vec::new();
+        let mut failed = None;
+        loop {
+            let message = self.read_message().await?;
+            match message.tag {
+                b'D' => rows.push(frames::data_row(&message.body)?),
+                b'E' => failed = Some(frames::server_error(&message.body)),
+                b'N' => log_notice(&message),
+                // RowDescription, CommandComplete, EmptyQueryResponse, ParameterStatus.
+                b'T' | b'C' | b'I' | b'S' => {}
+                b'Z' => {
+                    return match failed {
+                        Some(error) => Err(WireError::Server(error)),
+                        None => Ok(rows),
+                    }
+                }
+                tag => return Err(unexpected(tag, "answering a query")),
+            }
+        }
+    }
+
+    /// Sends `START_REPLICATION` (the whole command, `sql`) and, once the server accepted it,
+    /// hands the session to a [`WireStream`] reporting `start_lsn` until told otherwise.
+    pub async fn start_replication(
+        mut self,
+        sql: &str,
+        start_lsn: u64,
+        read_ahead_bytes: usize,
+        status_interval: Duration,
+    ) -> Result<WireStream, WireError> {
+        frontend::query(sql, &mut self.out)?;
+        self.flush().await?;
+        loop {
+            let message = self.read_message().await?;
+            match message.tag {
+                b'W' => break,
+                b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
+                b'N' => log_notice(&message),
+                b'S' | b'K' => {}
+                tag => return Err(unexpected(tag, "starting replication")),
+            }
+        }
+        Ok(WireStream::new(
+            self.socket,
+            self.inbuf,
+            start_lsn,
+            read_ahead_bytes,
+            status_interval,
+        ))
+    }
+
+    async fn read_message(&mut self) -> Result<Message, WireError> {
+        loop {
+            if let Some(message) = frames::split(&mut self.inbuf)? {
+                return Ok(message);
+            }
+            let missing = frames::missing(&self.inbuf)?;
+            self.inbuf.reserve(missing.max(8192));
+            if self.socket.read_buf(&mut self.inbuf).await? == 0 {
+                return Err(WireError::Closed);
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), WireError> {
+        self.socket.write_all(&self.out).await?;
+        self.out.clear();
+        self.socket.flush().await?;
+        Ok(())
+    }
+}
+
+/// Asks for TLS when `tls` is given and starts it if the server agrees.
+async fn negotiate_tls(mut tcp: TcpStream, tls: Option<&Tls>) -> Result<Socket, WireError> {
+    let Some(tls) = tls else {
+        return Ok(Socket::Plain(tcp));
+    };
+    let mut request = BytesMut::with_capacity(8);
+    frontend::ssl_request(&mut request);
+    tcp.write_all(&request).await?;
+    let mut answer = [0u8; 1];
+    if tcp.read(&mut answer).await? == 0 {
+        return Err(WireError::Closed);
+    }
+    match answer[0] {
+        b'S' => {
+            let stream = tls
+                .connector
+                .connect(tls.server_name.clone(), tcp)
+                .await
+                .map_err(WireError::Tls)?;
+            Ok(Socket::Tls(Box::new(stream)))
+        }
+        b'N' if !tls.required => Ok(Socket::Plain(tcp)),
+        b'N' => Err(WireError::TlsUnsupported),
+        other => Err(unexpected(other, "answering the SSL request")),
+    }
+}
+
+fn unexpected(tag: u8, during: &'static str) -> WireError {
+    WireError::Protocol(ProtocolViolation::Unexpected {
+        tag: char::from(tag),
+        during,
+    })
+}
+
+/// Logs a `NoticeResponse` (PostgreSQL 18 warns this way about a missing publication).
+pub(super) fn log_notice(message: &Message) {
+    let notice = frames::server_error(&message.body);
+    warn!(severity = %notice.severity, code = %notice.code, "PostgreSQL: {}", notice.message);
+}

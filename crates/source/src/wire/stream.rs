@@ -1,0 +1,256 @@
+//! The CopyBoth stream of a started replication session, read in the caller's task.
+//!
+//! # Invariants
+//! - Cancel-safe: [`WireStream::next`] and [`WireStream::read_ahead`] keep everything they read
+//!   in `inbuf` and everything still to be written in `out`; dropping their futures loses
+//!   nothing.
+//! - `inbuf` holds at most the read-ahead budget plus one read's worth, or one whole message
+//!   larger than that.
+//! - `reported` is the position of the last status update fully written to the socket.
+
+use super::error::{ProtocolViolation, WireError};
+use super::frames::{self, CopyData};
+use super::session::log_notice;
+use super::socket::Socket;
+use bytes::{Buf, Bytes, BytesMut};
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::AsyncWrite;
+use tokio::time::{Instant, Sleep};
+
+/// How much room a read gets at least: reads fill what is free of this, so a busy stream is
+/// read in few system calls.
+const READ_CHUNK: usize = 128 * 1024;
+
+/// What the server sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// One pgoutput message, sent from WAL position `wal_start`.
+    Data { wal_start: u64, data: Bytes },
+    /// A keepalive: the server's WAL end.
+    KeepAlive { wal_end: u64 },
+    /// The server ended the stream (after [`WireStream::finish`] asked it to).
+    End,
+}
+
+/// A started logical replication stream.
+pub struct WireStream {
+    socket: Socket,
+    inbuf: BytesMut,
+    /// Bytes to write: status updates, CopyDone.
+    out: BytesMut,
+    /// Whether written bytes may still sit in the TLS layer.
+    unflushed: bool,
+    /// The position to report.
+    applied: u64,
+    /// The position of the last status update appended to `out`.
+    queued: u64,
+    reported: u64,
+    server_wal_end: u64,
+    budget: usize,
+    status_interval: Duration,
+    /// When the next periodic status update is due.
+    status_timer: Pin<Box<Sleep>>,
+}
+
+impl WireStream {
+    pub(super) fn new(
+        socket: Socket,
+        inbuf: BytesMut,
+        start_lsn: u64,
+        read_ahead_bytes: usize,
+        status_interval: Duration,
+    ) -> Self {
+        let mut stream = WireStream {
+            socket,
+            inbuf,
+            out: BytesMut::with_capacity(256),
+            unflushed: false,
+            applied: start_lsn,
+            queued: start_lsn,
+            reported: 0,
+            server_wal_end: 0,
+            budget: read_ahead_bytes.max(1),
+            status_interval,
+            status_timer: Box::pin(tokio::time::sleep(status_interval)),
+        };
+        // The first status update goes out at once (as the server's own clients do).
+        stream.queue_status(false);
+        stream
+    }
+
+    /// Raises the position the next status updates report (lower positions are ignored).
+    pub fn raise_applied(&mut self, lsn: u64) {
+        self.applied = self.applied.max(lsn);
+    }
+
+    /// The position of the last status update written to the socket.
+    pub fn reported(&self) -> u64 {
+        self.reported
+    }
+
+    /// The server's WAL end, as last seen in any message.
+    pub fn server_wal_end(&self) -> u64 {
+        self.server_wal_end
+    }
+
+    /// The next message of the stream. Cancel-safe.
+    pub async fn next(&mut self) -> Result<Received, WireError> {
+        loop {
+            if let Some(received) = self.take_buffered()? {
+                return Ok(received);
+            }
+            poll_fn(|cx| self.poll_io(cx, true)).await?;
+        }
+    }
+
+    /// Reads ahead into the buffer, up to the read-ahead budget, and keeps the status updates
+    /// going, without handing anything out: what the caller awaits while it cannot take
+    /// messages. Returns only on an error. Cancel-safe.
+    pub async fn read_ahead(&mut self) -> WireError {
+        poll_fn(|cx| loop {
+            let room = self.inbuf.len() < self.budget;
+            match self.poll_io(cx, room) {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(error)) => return Poll::Ready(error),
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// Reports `applied` at once, ends the stream (CopyDone) and waits, up to `timeout`, for
+    /// the server to end its side. Returns the position reported.
+    pub async fn finish(mut self, timeout: Duration) -> Result<u64, WireError> {
+        self.queue_status(false);
+        postgres_protocol::message::frontend::copy_done(&mut self.out);
+        let ending = async {
+            loop {
+                match self.next().await? {
+                    Received::End => break,
+                    Received::Data { .. } | Received::KeepAlive { .. } => {}
+                }
+            }
+            // Flush whatever is left (the server may end before it read our CopyDone).
+            poll_fn(|cx| self.poll_flush_out(cx)).await?;
+            Ok::<_, WireError>(())
+        };
+        match tokio::time::timeout(timeout, ending).await {
+            Ok(ended) => ended?,
+            Err(_) => tracing::debug!("the server did not end the replication stream in time"),
+        }
+        let mut terminate = BytesMut::with_capacity(5);
+        postgres_protocol::message::frontend::terminate(&mut terminate);
+        self.out.extend_from_slice(&terminate);
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            poll_fn(|cx| self.poll_flush_out(cx)),
+        )
+        .await;
+        Ok(self.reported)
+    }
+
+    /// The next message already in the buffer, if a whole one is there.
+    fn take_buffered(&mut self) -> Result<Option<Received>, WireError> {
+        while let Some(message) = frames::split(&mut self.inbuf)? {
+            match message.tag {
+                b'd' => {
+                    return Ok(Some(match frames::copy_data(message.body)? {
+                        CopyData::XLogData {
+                            wal_start,
+                            wal_end,
+                            data,
+                        } => {
+                            self.server_wal_end = self.server_wal_end.max(wal_end);
+                            Received::Data { wal_start, data }
+                        }
+                        CopyData::KeepAlive {
+                            wal_end,
+                            reply_requested,
+                        } => {
+                            self.server_wal_end = self.server_wal_end.max(wal_end);
+                            if reply_requested {
+                                self.queue_status(false);
+                            }
+                            Received::KeepAlive { wal_end }
+                        }
+                    }))
+                }
+                b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
+                b'N' => log_notice(&message),
+                // CopyDone, then CommandComplete and ReadyForQuery: the server ended the stream.
+                b'c' | b'C' | b'Z' => return Ok(Some(Received::End)),
+                tag => {
+                    return Err(WireError::Protocol(ProtocolViolation::Unexpected {
+                        tag: char::from(tag),
+                        during: "in the replication stream",
+                    }))
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Appends a status update reporting `applied` and restarts the status interval.
+    fn queue_status(&mut self, reply_requested: bool) {
+        let now_micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        frames::status_update(&mut self.out, self.applied, now_micros, reply_requested);
+        self.queued = self.applied;
+        let next = Instant::now() + self.status_interval;
+        self.status_timer.as_mut().reset(next);
+    }
+
+    /// Drives the socket once: a due status update is queued, pending bytes are written, and
+    /// (with `read`) what the socket has is appended to `inbuf`. Ready when something was read.
+    fn poll_io(&mut self, cx: &mut Context<'_>, read: bool) -> Poll<Result<(), WireError>> {
+        if self.status_timer.as_mut().poll(cx).is_ready() {
+            self.queue_status(false);
+            // Register the restarted timer's wake-up.
+            let _ = self.status_timer.as_mut().poll(cx);
+        }
+        if let Poll::Ready(Err(error)) = self.poll_flush_out(cx) {
+            return Poll::Ready(Err(error));
+        }
+        if !read {
+            return Poll::Pending;
+        }
+        let missing = frames::missing(&self.inbuf)?;
+        if self.inbuf.capacity() - self.inbuf.len() < missing.max(READ_CHUNK / 4) {
+            self.inbuf.reserve(missing.max(READ_CHUNK));
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(&mut self.socket), cx, &mut self.inbuf) {
+            Poll::Ready(Ok(0)) => Poll::Ready(Err(WireError::Closed)),
+            Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Writes what is queued; Ready once all of it reached the socket.
+    fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WireError>> {
+        while !self.out.is_empty() {
+            match Pin::new(&mut self.socket).poll_write(cx, &self.out) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(WireError::Closed)),
+                Poll::Ready(Ok(written)) => {
+                    self.out.advance(written);
+                    self.unflushed = true;
+                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if self.unflushed {
+            match Pin::new(&mut self.socket).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.reported = self.queued;
+        Poll::Ready(Ok(()))
+    }
+}
