@@ -1,5 +1,6 @@
 //! Real faults: `kill -9` of Siphon, a PostgreSQL restart, a busy database with a quiet outbox,
-//! and a server that does not take writes. Every committed event arrives, repeats carry the same id, nothing else arrives.
+//! and a server that does not take writes. Every committed event arrives, repeats carry the same
+//! id, nothing else arrives.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{

@@ -18,7 +18,8 @@
 //!   still exists at the second (an oid is not reused while the row lives). When none does, the
 //!   table may have been unpublished in between, and [`change`] reports it: a change from one
 //!   set of rows to a disjoint one within one look's interval is taken for a gap, since the two
-//!   looks cannot tell it from one.
+//!   looks cannot tell it from one (`ALTER PUBLICATION ... SET TABLE` changing an outbox
+//!   table's row filter or column list replaces its row in one transaction: reported too).
 //! - Rows of other tables never count: adding or removing another table changes nothing here.
 //! - Without outbox tables (a logical-message outbox) nothing is reported: PostgreSQL sends
 //!   logical messages whatever the publication holds.
