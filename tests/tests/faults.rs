@@ -1,5 +1,6 @@
-//! Real faults: `kill -9` of Siphon, a PostgreSQL restart, and a busy database with a quiet
-//! outbox. Every committed event arrives, repeats carry the same id, nothing else arrives.
+//! Real faults: `kill -9` of Siphon, a PostgreSQL restart, a busy database with a quiet outbox,
+//! and a server that does not take writes. Every committed event arrives, repeats carry the same
+//! id, nothing else arrives.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
@@ -199,5 +200,124 @@ async fn a_second_instance_waits_as_a_standby_and_takes_over() -> Result<()> {
     let committed: Vec<Event> = first.into_iter().chain(second).collect();
     check_delivery(&broker, &committed, &standby).await?;
     assert!(standby.is_running());
+    Ok(())
+}
+
+/// `line` without its terminal colour codes.
+fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut in_code = false;
+    for c in line.chars() {
+        match (in_code, c) {
+            (false, '\u{1b}') => in_code = true,
+            (false, c) => plain.push(c),
+            (true, 'm') => in_code = false,
+            (true, _) => {}
+        }
+    }
+    plain
+}
+
+/// When each line of Siphon's log that contains `needle` was written, in seconds of the day
+/// (colour codes ignored; the tests run for minutes, so a day boundary is unwrapped).
+fn log_times(log: &str, needle: &str) -> Result<Vec<f64>> {
+    let mut times = Vec::new();
+    for line in log.lines().filter(|l| l.contains(needle)) {
+        // `2026-12-01T04:06:41.522904Z` first, once colour codes (ESC [ ... m) are left out.
+        let plain = without_colours(line);
+        let clock = plain
+            .split_ascii_whitespace()
+            .next()
+            .filter(|stamp| stamp.len() == 27 && stamp.ends_with('Z'))
+            .and_then(|stamp| stamp.get(11..26))
+            .with_context(|| format!("no timestamp in {line:?}"))?;
+        let parts: Vec<f64> = clock
+            .split(':')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("no timestamp in {line:?}"))?;
+        let [h, m, s] = parts[..] else {
+            anyhow::bail!("no timestamp in {line:?}");
+        };
+        let mut seconds = h * 3600.0 + m * 60.0 + s;
+        if times.last().is_some_and(|last| seconds < *last) {
+            seconds += 86_400.0;
+        }
+        times.push(seconds);
+    }
+    Ok(times)
+}
+
+/// The only host of `source.url` is read-only (`default_transaction_read_only = on`) and the URL
+/// wants a read-write one: Siphon waits, retrying with a backoff that grows, and names the
+/// reason each time; once the host takes writes it streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_host_is_retried_with_a_growing_backoff_until_it_takes_writes() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    // This session stays writable to write the outbox and to turn the setting off again.
+    // (ALTER SYSTEM runs alone: not in the implicit transaction of several statements.)
+    for sql in [
+        "SET default_transaction_read_only = off",
+        OUTBOX_DDL,
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        client.batch_execute(sql).await?;
+    }
+    let config = siphon_config(&pg, &broker, "ro", "")
+        .replace(
+            &pg.url(),
+            &format!("{}?target_session_attrs=read-write", pg.url()),
+        )
+        .replace("max_backoff_secs = 2", "max_backoff_secs = 30");
+    let siphon = SiphonProcess::start(&config)?;
+    let retry = "pipeline interrupted; reconnecting";
+    // Five attempts: the delays 0.5, 1, 2 and 4 s (each up to 50% longer) lie between them.
+    wait_until(
+        Duration::from_secs(40),
+        Duration::from_millis(200),
+        || async { Ok(siphon.log().matches(retry).count() >= 5) },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let log = siphon.log();
+    for line in log.lines().filter(|l| l.contains(retry)) {
+        assert!(
+            line.contains("is not read-write") && line.contains("default_transaction_read_only"),
+            "the reason is named on every attempt: {line}"
+        );
+    }
+    let times = log_times(&log, retry)?;
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    // Each delay is at least twice the one before minus its jitter (at most 50%), so every gap
+    // is longer than the one before even with the time an attempt takes.
+    assert!(
+        gaps.windows(2).all(|g| g[1] > g[0]),
+        "the gaps between attempts grow: {gaps:?}\n{log}"
+    );
+    assert!(
+        gaps[0] >= 0.4 && gaps[3] >= 3.5,
+        "the backoff starts at 0.5 s and doubles: {gaps:?}\n{log}"
+    );
+    assert!(siphon.is_running(), "{log}");
+    assert!(
+        !log.contains("streaming"),
+        "nothing streamed from a read-only host: {log}"
+    );
+
+    client
+        .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
+        .await?;
+    client.batch_execute("SELECT pg_reload_conf()").await?;
+    // The next attempt comes after a delay of 8 s (up to 12 s), or the one after that.
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    let events = [event(1, true)];
+    insert_transaction(&mut client, &events, true).await?;
+    check_delivery(&broker, &events, &siphon).await?;
+    assert!(siphon.is_running(), "{}", siphon.log());
     Ok(())
 }

@@ -206,8 +206,12 @@ fn classify_server_message(slot: &str, user: Option<&str>, message: &str) -> Sou
         ));
     }
     if message.contains("publication") && message.contains("does not exist") {
+        // Before PostgreSQL 18 the server decodes each change with the publications as they
+        // were when it was written, and stops at a change written while one was missing: a
+        // publication created again since does not get the slot past those changes.
         return SourceError::Definite(format!(
-            "the publication was dropped: restart Siphon to create it again, or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>: {message}"
+            "the publication did not exist when changes the slot still has to decode were written (it was dropped; PostgreSQL before 18 stops there): {message}. If it is still missing, restart Siphon, which creates it (or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>). If it exists again, it was dropped and created again: the events committed while it was missing were not published, cannot be read from this slot and were not sent to Kafka, and the slot cannot get past them; move it on with {} (this skips every event not yet sent, so re-send the events committed since the publication was dropped from the application) and restart Siphon",
+            crate::membership::advance_slot_hint(slot)
         ));
     }
     if message.contains("can no longer get changes from replication slot")
@@ -250,6 +254,19 @@ mod tests {
             "FATAL: terminating connection due to administrator command"
         )
         .is_transient());
+        let dropped = classify_server_message(
+            "s",
+            None,
+            "publication \"p\" does not exist (SQLSTATE 42704)",
+        );
+        assert!(!dropped.is_transient());
+        for fix in [
+            "CREATE PUBLICATION",
+            "SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())",
+            "re-send",
+        ] {
+            assert!(dropped.to_string().contains(fix), "{dropped}");
+        }
         for missing in [
             "FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501)",
             "FATAL: permission denied to start WAL sender (SQLSTATE 42501)",

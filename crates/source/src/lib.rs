@@ -15,6 +15,8 @@
 //! - [`locate`] finds the host of `source.url` to use (several hosts with
 //!   `target_session_attrs=read-write` find the primary after a failover) and tells servers
 //!   apart; [`failover`] checks what failover slots need from the primary.
+//! - [`membership`] records which catalog rows publish the outbox tables, so a publication
+//!   dropped and created again (or a table taken out and added back) between two looks is seen.
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
 //!   `sslkey`) into the TLS set-up of both connections.
 //!
@@ -30,6 +32,7 @@ pub mod config;
 pub mod error;
 pub mod failover;
 pub mod locate;
+pub mod membership;
 pub mod queries;
 pub mod setup;
 pub mod stall;
@@ -42,6 +45,7 @@ pub use assembly::{RowChange, SourceEvent};
 pub use config::{redact_url, ConnectionParams, Endpoint, SourceConfig, TableName, TargetSession};
 pub use error::SourceError;
 pub use locate::ServerIdentity;
+pub use membership::Membership;
 pub use setup::{prepare, MissingSlot, SlotState};
 pub use stream::ReplicationStream;
 pub use tls::{RootCerts, SslMode, TlsSettings};

@@ -54,8 +54,9 @@ impl Catalog {
         &self,
         publication: &str,
         tables: &[crate::TableName],
-    ) -> Result<(), SourceError> {
-        crate::setup::verify_publication(&self.client, publication, tables).await
+        remembered: &crate::Membership,
+    ) -> Result<crate::Membership, SourceError> {
+        crate::setup::verify_publication(&self.client, publication, tables, remembered).await
     }
 
     /// WAL the slot retains (see [`crate::status::retained_wal_bytes`]).

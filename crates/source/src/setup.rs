@@ -11,6 +11,10 @@
 //! - Losing the race to create the publication or the slot to another process (42710
 //!   duplicate_object, or 23505 on the catalog's name index) is not an error: what the other
 //!   created is checked and used; a slot still being created is waited for like a busy one.
+//! - While streaming, the publication is not only checked by name: a look that finds another
+//!   publication, or an outbox table published only through catalog rows that the previous
+//!   look did not see, is a definite error (see [`crate::membership`]), because the events of
+//!   the gap were not published.
 
 use crate::config::{quote_ident, quote_literal, Endpoint};
 use crate::failover;
@@ -45,6 +49,9 @@ pub struct SlotState {
     /// Which server that is (`None` when it does not say): positions carried over from a
     /// session on another server (before a failover) must not be used to skip WAL.
     pub identity: Option<ServerIdentity>,
+    /// Which catalog rows publish the outbox tables now: a later look that finds other ones
+    /// (the publication created again, a table added back) means events went unpublished.
+    pub publication: crate::Membership,
     /// The slot exists without failover while `source.failover` is on: the replication
     /// connection turns failover on before it starts (`ALTER_REPLICATION_SLOT` is a replication
     /// command).
@@ -78,6 +85,8 @@ pub async fn prepare(
         },
     )
     .await?;
+    let publication =
+        read_membership(&client, &config.publication, &config.tables, version).await?;
     if config.failover {
         let standby_slots = failover::standby_slots(&client).await?;
         if let Some(problem) = standby_slots.problem() {
@@ -88,6 +97,7 @@ pub async fn prepare(
         confirmed_flush_lsn: slot.confirmed_flush_lsn,
         created: slot.created,
         enable_failover: config.failover && !slot.failover,
+        publication,
         identity: crate::locate::identity(&client).await,
         endpoint,
     })
@@ -253,23 +263,51 @@ async fn ensure_publication(
 }
 
 /// Checks, while streaming, that the publication still exists and still publishes every outbox
-/// table's INSERTs. Neither loss is reported by the stream itself: from PostgreSQL 18 a missing
+/// table's INSERTs, and that it is still the publication (and the membership) of `remembered`,
+/// the previous look; returns this look's membership, for the next one.
+///
+/// None of these losses is reported by the stream itself: from PostgreSQL 18 a missing
 /// publication is skipped with a warning the replication protocol does not surface, and a table
-/// removed from a publication silently stops its changes on every version.
+/// removed from a publication silently stops its changes on every version. A publication
+/// dropped and created again, or a table taken out and added back, between two looks leaves
+/// the events of the gap unpublished while every look by name finds all well: the catalog rows'
+/// identities tell (see [`crate::membership`]).
 pub async fn verify_publication(
     client: &Client,
     publication: &str,
     tables: &[TableName],
-) -> Result<(), SourceError> {
+    remembered: &crate::Membership,
+) -> Result<crate::Membership, SourceError> {
     let version = server_version_num(client).await?;
     let Some(flags) = publication_flags(client, publication, version).await? else {
-        return Err(SourceError::Definite(format!(
-            "publication \"{publication}\" was dropped while streaming: PostgreSQL publishes nothing for it while it is missing, so events committed until it exists again are not captured; create it again (restart Siphon, which creates it, or CREATE PUBLICATION {} FOR TABLE <outbox tables> WITH (publish = 'insert, update'))",
-            quote_ident(publication)
-        )));
+        return Err(missing_publication(publication));
     };
     let partitioned = check_tables(client, tables).await?;
-    publication_check(client, publication, flags, tables, &partitioned).await
+    publication_check(client, publication, flags, tables, &partitioned).await?;
+    let now = read_membership(client, publication, tables, version).await?;
+    match crate::membership::change(remembered, &now) {
+        Some(change) => Err(change.into_error(publication)),
+        None => Ok(now),
+    }
+}
+
+/// The membership of the outbox tables in `publication`; a definite error when it is missing.
+async fn read_membership(
+    client: &Client,
+    publication: &str,
+    tables: &[TableName],
+    version: i32,
+) -> Result<crate::Membership, SourceError> {
+    crate::membership::read(client, publication, tables, version)
+        .await?
+        .ok_or_else(|| missing_publication(publication))
+}
+
+fn missing_publication(publication: &str) -> SourceError {
+    SourceError::Definite(format!(
+        "publication \"{publication}\" was dropped while streaming: PostgreSQL publishes nothing for it while it is missing, so events committed until it exists again are not captured; create it again (restart Siphon, which creates it, or CREATE PUBLICATION {} FOR TABLE <outbox tables> WITH (publish = 'insert, update'))",
+        quote_ident(publication)
+    ))
 }
 
 async fn publication_check(

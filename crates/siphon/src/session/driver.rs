@@ -12,17 +12,18 @@
 //!   the core's order).
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
-use super::{Carry, PipelineSettings};
+use super::{Carry, PipelineSettings, SeenPublication};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use futures::FutureExt as _;
 use pgoutput::Lsn;
 use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink};
 use siphon_source::queries::Catalog;
+use siphon_source::Membership;
 use siphon_source::MissingSlot;
 use siphon_source::ReplicationStream;
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -62,6 +63,8 @@ async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>
 struct Connections {
     /// The server streamed from, as `prepare` identified it.
     server: Option<siphon_source::ServerIdentity>,
+    /// The publication membership as last seen (see [`Driver::publication`]).
+    publication: Arc<Mutex<Membership>>,
     start: Lsn,
     sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
@@ -73,7 +76,7 @@ struct Connections {
 async fn connect(
     settings: &PipelineSettings,
     metrics: &Arc<Metrics>,
-    carry: &Carry,
+    carry: &mut Carry,
 ) -> Result<Connections, PipelineError> {
     // A slot this process streamed from is never created again behind its back.
     let missing = if carry.slot_seen {
@@ -82,12 +85,20 @@ async fn connect(
         MissingSlot::Create
     };
     let slot = siphon_source::prepare(&settings.source, missing).await?;
+    // The publication may have been created again (or an outbox table added back) while
+    // reconnecting: the events of the gap were not published.
+    let publication = SeenPublication::new(slot.identity.as_ref(), slot.publication.clone());
+    if let Some(seen) = &carry.publication {
+        seen.check(&settings.source.publication, &publication)?;
+    }
+    carry.publication = Some(publication);
     let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
     let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
     let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
     let stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
     Ok(Connections {
+        publication: Arc::new(Mutex::new(slot.publication)),
         server: slot.identity,
         start,
         sink,
@@ -110,6 +121,7 @@ pub async fn run_session(
     // Connecting can hang on an unreachable server: a shutdown request ends it.
     let Connections {
         server,
+        publication,
         start,
         sink,
         deliveries,
@@ -153,6 +165,7 @@ pub async fn run_session(
         deliveries,
         stream,
         sql,
+        publication,
         inputs_tx,
         inputs,
         status_probe: None,
@@ -163,6 +176,10 @@ pub async fn run_session(
     let outcome = driver.run(shutdown).await;
     metrics.health().set_streaming(false);
     carry.acked_through = driver.core.watermark();
+    carry.publication = Some(SeenPublication::new(
+        server.as_ref(),
+        lock(&driver.publication).clone(),
+    ));
     carry.server = server;
     carry.stall = driver.stream.stall_escalation();
     metrics.set_oldest_unacked_since(None);
@@ -195,6 +212,9 @@ struct Driver<'a> {
     deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
     stream: ReplicationStream,
     sql: Arc<Catalog>,
+    /// The publication membership as the last publication check saw it; the next check compares
+    /// with it (only one check runs at a time).
+    publication: Arc<Mutex<Membership>>,
     /// Results of the tasks run beside the loop.
     inputs_tx: mpsc::UnboundedSender<Input>,
     inputs: mpsc::UnboundedReceiver<Input>,
@@ -368,6 +388,7 @@ impl Driver<'_> {
         let slot = self.settings.source.slot.clone();
         let publication = self.settings.source.publication.clone();
         let tables = self.settings.source.tables.clone();
+        let membership = Arc::clone(&self.publication);
         let metrics = Arc::clone(&self.metrics);
         let inputs = self.inputs_tx.clone();
         self.status_probe = Some(tokio::spawn(async move {
@@ -380,15 +401,21 @@ impl Driver<'_> {
                 ),
             }
             // A dropped publication, or an outbox table taken out of it, silences the stream
-            // without an error on the stream itself: stop, naming the fix.
-            if let Ok(Err(e)) =
-                tokio::time::timeout(TICK_INTERVAL, sql.verify_publication(&publication, &tables))
-                    .await
+            // without an error on the stream itself, and so does one created again (or a table
+            // added back) since the last check: stop, naming the loss and the fix.
+            let remembered = lock(&membership).clone();
+            match tokio::time::timeout(
+                TICK_INTERVAL,
+                sql.verify_publication(&publication, &tables, &remembered),
+            )
+            .await
             {
-                if !e.is_transient() {
+                Ok(Ok(now)) => *lock(&membership) = now,
+                Ok(Err(e)) if !e.is_transient() => {
                     let _ = inputs.send(Input::SourceFailed(e.into()));
                     return;
                 }
+                Ok(Err(_)) | Err(_) => {}
             }
             let Some(check) = stall_check else { return };
             // Bounded by the check itself: a server that does not answer it is a stall.
@@ -404,6 +431,12 @@ impl Driver<'_> {
             }
         }));
     }
+}
+
+/// The remembered publication membership. A check that panicked while holding the lock left
+/// either the old look or the new one, both complete values: the poison is ignored.
+fn lock(membership: &Mutex<Membership>) -> MutexGuard<'_, Membership> {
+    membership.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A result of the replication stream as the core's input.

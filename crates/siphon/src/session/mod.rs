@@ -112,6 +112,48 @@ pub struct Carry {
     pub stall: siphon_source::stall::Escalation,
     /// A session of this process found (or made) the slot: a later one must not create it anew.
     pub slot_seen: bool,
+    /// The publication membership the last session saw: the next one must find the same
+    /// publication publishing the outbox tables through rows that were there then.
+    pub publication: Option<SeenPublication>,
+}
+
+/// Which catalog rows published the outbox tables at a session's last look, and on which
+/// cluster (catalog oids are only comparable within one).
+#[derive(Debug, Clone)]
+pub struct SeenPublication {
+    /// The cluster's system identifier (`None`: the server did not tell).
+    pub system_id: Option<String>,
+    pub membership: siphon_source::Membership,
+}
+
+impl SeenPublication {
+    /// The membership seen on the server of identity `server`.
+    pub fn new(
+        server: Option<&siphon_source::ServerIdentity>,
+        membership: siphon_source::Membership,
+    ) -> Self {
+        SeenPublication {
+            system_id: server.map(|s| s.system_id.clone()),
+            membership,
+        }
+    }
+
+    /// Whether `now`, seen by a new session, shows that the publication was created again or
+    /// an outbox table added back since this look (a definite error naming the loss); a
+    /// membership seen on another cluster is not compared.
+    pub fn check(
+        &self,
+        publication: &str,
+        now: &SeenPublication,
+    ) -> Result<(), siphon_source::SourceError> {
+        if self.system_id != now.system_id {
+            return Ok(());
+        }
+        match siphon_source::membership::change(&self.membership, &now.membership) {
+            Some(change) => Err(change.into_error(publication)),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Carry {
@@ -177,5 +219,36 @@ mod carry_tests {
             Carry::default().resume_from(Lsn(300), Some(&server(1))),
             Lsn(300)
         );
+    }
+
+    fn seen(system_id: &str, publication: u32) -> SeenPublication {
+        let table = TableName::parse("outbox").expect("valid name");
+        SeenPublication {
+            system_id: Some(system_id.into()),
+            membership: siphon_source::Membership {
+                publication,
+                tables: [(
+                    table,
+                    [siphon_source::membership::Publisher::Table(publication + 1)].into(),
+                )]
+                .into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_publication_seen_before_is_compared_only_on_the_same_cluster() {
+        let before = seen("1", 10);
+        assert!(before.check("p", &seen("1", 10)).is_ok());
+        let err = before
+            .check("p", &seen("1", 20))
+            .expect_err("created again on the same cluster");
+        assert!(!err.is_transient());
+        assert!(
+            err.to_string().contains("dropped and created again"),
+            "{err}"
+        );
+        // Another cluster's catalog oids say nothing about this one's.
+        assert!(before.check("p", &seen("2", 20)).is_ok());
     }
 }
