@@ -283,7 +283,18 @@ pub async fn verify_publication(
         return Err(missing_publication(publication));
     };
     let partitioned = check_tables(client, tables).await?;
-    publication_check(client, publication, flags, tables, &partitioned).await?;
+    if let Err(problem) = publication_check(client, publication, flags, tables, &partitioned).await
+    {
+        // The queries do not share a snapshot: a publication dropped between them looks like
+        // one without the tables. Say what happened, not the ALTER that cannot work.
+        if publication_flags(client, publication, version)
+            .await?
+            .is_none()
+        {
+            return Err(missing_publication(publication));
+        }
+        return Err(problem);
+    }
     let now = read_membership(client, publication, tables, version).await?;
     match crate::membership::change(remembered, &now) {
         Some(change) => Err(change.into_error(publication)),
