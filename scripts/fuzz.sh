@@ -36,7 +36,7 @@
 set -euo pipefail
 
 CARGO_FUZZ_VERSION=0.13.2
-ALL_TARGETS=(pgoutput_decode router_route)
+ALL_TARGETS=(pgoutput_decode router_route replication_wire)
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -144,6 +144,8 @@ libfuzzer_flags=(
 failed=()
 for t in "${targets[@]}"; do
     corpus=$work/corpus/$t
+    # Targets without captured fixtures start from an empty seed directory.
+    mkdir -p "$work/seeds/$t"
     artifacts=$work/artifacts/$t
     logfile=$work/logs/$t.log
     mkdir -p "$corpus" "$artifacts" "$(dirname "$logfile")"

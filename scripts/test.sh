@@ -17,7 +17,8 @@
 #      it got that server). Step 4 runs it against Debian's PostgreSQL (15). Left out on 18: the
 #      TLS tests (the wheel's server is built without OpenSSL) and the chaos soak (broker faults;
 #      PostgreSQL crashes and restarts are covered on both by faults.rs). SIPHON_PG18=0 skips it.
-#   6. scripts/fuzz.sh: a short coverage-guided fuzzing pass over the pgoutput decoder and
+#   6. scripts/fuzz.sh: a short coverage-guided fuzzing pass over the pgoutput decoder, the
+#      replication protocol framing and
 #      the outbox router (SIPHON_FUZZ_SECONDS per target, default 20; 0 skips it; the first
 #      run also installs cargo-fuzz into the cache, a minute or two)
 # Exits non-zero if any step fails. The full test output is also written to

@@ -191,7 +191,6 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         tables,
         status_interval: Duration::from_millis(config.source.status_interval_ms.max(10)),
         idle_wakeup_interval: Duration::from_secs(10),
-        buffer_events: 4096,
         // Read-ahead of the replication stream: at most one more in-flight window of bytes.
         read_ahead_bytes: config.pipeline.max_in_flight_bytes,
         application_name: config.source.application_name.clone(),

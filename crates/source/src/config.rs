@@ -24,10 +24,9 @@ pub struct SourceConfig {
     pub tables: Vec<TableName>,
     /// How often the confirmed position is reported to the server at most.
     pub status_interval: Duration,
-    /// How long the stream may stay silent before a status update is sent anyway.
+    /// How long a silent stream is expected to stay silent at most: the stall watch looks at a
+    /// stream silent for twice this plus a status interval.
     pub idle_wakeup_interval: Duration,
-    /// Most events read ahead of the pipeline (see [`crate::read_ahead`]).
-    pub buffer_events: usize,
     /// Most bytes of events read ahead of the pipeline (one larger event passes alone).
     pub read_ahead_bytes: usize,
     /// `application_name` of the replication connection.

@@ -112,8 +112,8 @@ impl ReplicationStream {
             assembler: Assembler::new(),
             slot: config.slot.clone(),
             confirmed: start_lsn,
-            // Status updates go out at least every idle wakeup (and within a status interval of
-            // a new position); twice that without one reaching the server is not chance.
+            // A stream silent for twice the idle wakeup interval plus a status interval is
+            // worth asking the server about (see `crate::stall`).
             stall: Arc::new(Mutex::new(StallWatch::new(
                 2 * config.idle_wakeup_interval + config.status_interval,
                 Arc::clone(&escalation),

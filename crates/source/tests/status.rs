@@ -116,7 +116,6 @@ async fn reads_a_real_slot_and_publication() {
         tables: vec![TableName::parse("outbox").unwrap()],
         status_interval: Duration::from_millis(100),
         idle_wakeup_interval: Duration::from_secs(1),
-        buffer_events: 64,
         read_ahead_bytes: 1 << 20,
         application_name: "siphon-status-test".into(),
         failover: false,

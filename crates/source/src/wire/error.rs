@@ -1,6 +1,7 @@
 //! Errors of the replication connection, typed so the source can sort them by consequence
 //! (see [`crate::SourceError::from_replication`]).
 
+pub use pgoutput::wire::{ProtocolViolation, ServerError};
 use std::fmt;
 
 /// What went wrong on the replication connection.
@@ -60,54 +61,5 @@ impl fmt::Display for AuthMethod {
             AuthMethod::Code(code) => write!(f, "authentication request {code}"),
             AuthMethod::SaslMechanisms(names) => write!(f, "SASL {}", names.join(", ")),
         }
-    }
-}
-
-/// A message that breaks the protocol.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolViolation {
-    /// A message length below the length field's own four bytes.
-    #[error("message of type {tag:?} with length {length}")]
-    BadLength { tag: char, length: u32 },
-    /// A message longer than Siphon accepts.
-    #[error("message of type {tag:?} is {length} bytes, more than the {limit} accepted")]
-    TooLarge {
-        tag: char,
-        length: usize,
-        limit: usize,
-    },
-    /// A message too short for its fields.
-    #[error("truncated {what}")]
-    Truncated { what: &'static str },
-    /// A message type that does not belong at this point.
-    #[error("unexpected message of type {tag:?} {during}")]
-    Unexpected { tag: char, during: &'static str },
-}
-
-/// An `ErrorResponse` (or `NoticeResponse`): the fields Siphon reads.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServerError {
-    /// `ERROR`, `FATAL`, `PANIC` (not localized), or for a notice `WARNING`, `NOTICE`, ...
-    pub severity: String,
-    /// The SQLSTATE.
-    pub code: String,
-    pub message: String,
-    pub detail: Option<String>,
-    pub hint: Option<String>,
-}
-
-impl fmt::Display for ServerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.severity, self.message)?;
-        if let Some(detail) = &self.detail {
-            write!(f, " ({detail})")?;
-        }
-        if let Some(hint) = &self.hint {
-            write!(f, " hint: {hint}")?;
-        }
-        if !self.code.is_empty() {
-            write!(f, " (SQLSTATE {})", self.code)?;
-        }
-        Ok(())
     }
 }

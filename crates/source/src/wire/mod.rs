@@ -9,8 +9,8 @@
 //! status updates are written from the same task, and nothing else (no reader task, no channel)
 //! stands between the socket and the pipeline.
 //!
-//! [`frames`] (message framing, CopyData payloads, status updates, error fields) is pure and
-//! tested without a server.
+//! The bytes of the protocol (message framing, CopyData payloads, status updates, error fields)
+//! are [`pgoutput::wire`]'s: pure, tested without a server and fuzzed; this module does the IO.
 //!
 //! # Invariants
 //! - Every future of [`WireStream`] is cancel-safe: what was read or is still to be written
@@ -23,7 +23,6 @@
 //!   or not the pipeline reads, and at once when the server asks for a reply.
 
 pub mod error;
-pub mod frames;
 mod session;
 mod socket;
 mod stream;

@@ -8,10 +8,10 @@
 //! - Bytes the server sent after `CopyBothResponse` stay in the buffer handed to the stream.
 
 use super::error::{AuthMethod, ProtocolViolation, WireError};
-use super::frames::{self, Message};
 use super::socket::Socket;
 use super::stream::WireStream;
 use bytes::BytesMut;
+use pgoutput::wire::{self as frames, BackendMessage as Message};
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
 use postgres_protocol::message::frontend;

@@ -9,10 +9,10 @@
 //! - `reported` is the position of the last status update fully written to the socket.
 
 use super::error::{ProtocolViolation, WireError};
-use super::frames::{self, CopyData};
 use super::session::log_notice;
 use super::socket::Socket;
 use bytes::{Buf, Bytes, BytesMut};
+use pgoutput::wire::{self as frames, CopyData};
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -1,14 +1,15 @@
-//! The messages of the replication session, as bytes: cutting backend messages out of the
-//! receive buffer, the CopyData payloads of a logical stream, status updates, and the fields
-//! of error and notice responses. Pure: no IO.
+//! The streaming replication protocol that carries pgoutput, as bytes: cutting backend messages
+//! out of a receive buffer, the CopyData payloads of a logical stream (`XLogData`, keepalives),
+//! standby status updates, and the fields of error, notice and data-row messages. Sans-IO like
+//! the rest of the crate: the caller reads and writes the socket.
 //!
 //! # Invariants
 //! - [`split`] takes a message off the buffer only when all of it is there; what remains is
-//!   the start of the next one.
+//!   the start of the next one. No function here panics, whatever the input.
 //! - A message's body shares the receive buffer's memory (no copy).
 
-use super::error::{ProtocolViolation, ServerError};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use std::fmt;
 
 /// The largest message accepted: PostgreSQL's own limit for one field is 1 GiB.
 pub const MAX_MESSAGE: usize = (1 << 30) + 4096;
@@ -18,13 +19,15 @@ const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// One backend message: its type byte and its body (without the length field).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
+pub struct BackendMessage {
+    /// The type byte.
     pub tag: u8,
+    /// The body, sharing the receive buffer's memory.
     pub body: Bytes,
 }
 
 /// Cuts the next whole message off the front of `buf`; `Ok(None)` while it is incomplete.
-pub fn split(buf: &mut BytesMut) -> Result<Option<Message>, ProtocolViolation> {
+pub fn split(buf: &mut BytesMut) -> Result<Option<BackendMessage>, ProtocolViolation> {
     let Some(total) = whole_length(buf)? else {
         return Ok(None);
     };
@@ -34,7 +37,7 @@ pub fn split(buf: &mut BytesMut) -> Result<Option<Message>, ProtocolViolation> {
     let tag = buf[0];
     let mut whole = buf.split_to(total);
     whole.advance(5);
-    Ok(Some(Message {
+    Ok(Some(BackendMessage {
         tag,
         body: whole.freeze(),
     }))
@@ -75,12 +78,20 @@ fn whole_length(buf: &BytesMut) -> Result<Option<usize>, ProtocolViolation> {
 pub enum CopyData {
     /// `XLogData`: one pgoutput message sent from WAL position `wal_start`.
     XLogData {
+        /// Where the message starts in the WAL.
         wal_start: u64,
+        /// The server's WAL end when it sent the message.
         wal_end: u64,
+        /// The pgoutput message.
         data: Bytes,
     },
     /// `Primary keepalive message`.
-    KeepAlive { wal_end: u64, reply_requested: bool },
+    KeepAlive {
+        /// The server's WAL end.
+        wal_end: u64,
+        /// Whether the server asks for a status update at once.
+        reply_requested: bool,
+    },
 }
 
 /// Reads the payload of a CopyData message from the server.
@@ -187,6 +198,74 @@ fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     let (head, tail) = rest.split_at(n);
     *rest = tail;
     Some(head)
+}
+
+/// A message that breaks the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolViolation {
+    /// A message length below the length field's own four bytes.
+    #[error("message of type {tag:?} with length {length}")]
+    BadLength {
+        /// The message's type byte.
+        tag: char,
+        /// Its length field.
+        length: u32,
+    },
+    /// A message longer than accepted.
+    #[error("message of type {tag:?} is {length} bytes, more than the {limit} accepted")]
+    TooLarge {
+        /// The message's type byte.
+        tag: char,
+        /// Its whole length.
+        length: usize,
+        /// The most accepted ([`MAX_MESSAGE`]).
+        limit: usize,
+    },
+    /// A message too short for its fields.
+    #[error("truncated {what}")]
+    Truncated {
+        /// Which message.
+        what: &'static str,
+    },
+    /// A message type that does not belong at this point.
+    #[error("unexpected message of type {tag:?} {during}")]
+    Unexpected {
+        /// The message's type byte.
+        tag: char,
+        /// Where it came.
+        during: &'static str,
+    },
+}
+
+/// An `ErrorResponse` (or `NoticeResponse`): the fields Siphon reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerError {
+    /// `ERROR`, `FATAL`, `PANIC` (not localized), or for a notice `WARNING`, `NOTICE`, ...
+    pub severity: String,
+    /// The SQLSTATE.
+    pub code: String,
+    /// The primary message.
+    pub message: String,
+    /// The detail, if any.
+    pub detail: Option<String>,
+    /// The hint, if any.
+    pub hint: Option<String>,
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.severity, self.message)?;
+        if let Some(detail) = &self.detail {
+            write!(f, " ({detail})")?;
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, " hint: {hint}")?;
+        }
+        if !self.code.is_empty() {
+            write!(f, " (SQLSTATE {})", self.code)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
