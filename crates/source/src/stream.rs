@@ -127,7 +127,7 @@ impl ReplicationStream {
         loop {
             let received = self
                 .wire
-                .next()
+                .next(self.assembler.in_transaction())
                 .await
                 .map_err(|e| SourceError::from_replication(&self.slot, e))?;
             self.last_message = Instant::now();

@@ -24,6 +24,13 @@ use tokio::time::{Instant, Sleep};
 /// read in few system calls.
 const READ_CHUNK: usize = 128 * 1024;
 
+/// Inside a transaction, a read that brought less than this...
+const SMALL_READ: usize = 16 * 1024;
+
+/// ...makes the next read wait this long, so the rest of the transaction is read in a few large
+/// reads instead of one system call (and one wake-up) per message or two.
+const READ_HOLD: Duration = Duration::from_millis(1);
+
 /// What the server sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
@@ -53,6 +60,9 @@ pub struct WireStream {
     status_interval: Duration,
     /// When the next periodic status update is due.
     status_timer: Pin<Box<Sleep>>,
+    /// When a held read may go ahead (see [`READ_HOLD`]); `holding` says whether it is set.
+    hold_timer: Pin<Box<Sleep>>,
+    holding: bool,
 }
 
 impl WireStream {
@@ -75,6 +85,8 @@ impl WireStream {
             budget: read_ahead_bytes.max(1),
             status_interval,
             status_timer: Box::pin(tokio::time::sleep(status_interval)),
+            hold_timer: Box::pin(tokio::time::sleep(READ_HOLD)),
+            holding: false,
         };
         // The first status update goes out at once (as the server's own clients do).
         stream.queue_status(false);
@@ -96,13 +108,18 @@ impl WireStream {
         self.server_wal_end
     }
 
-    /// The next message of the stream. Cancel-safe.
-    pub async fn next(&mut self) -> Result<Received, WireError> {
+    /// The next message of the stream. `in_transaction`: more of a transaction is on its way,
+    /// so a small read may be followed by a short wait (at most [`READ_HOLD`]) for more bytes
+    /// to arrive. Cancel-safe.
+    pub async fn next(&mut self, in_transaction: bool) -> Result<Received, WireError> {
         loop {
             if let Some(received) = self.take_buffered()? {
                 return Ok(received);
             }
-            poll_fn(|cx| self.poll_io(cx, true)).await?;
+            if !in_transaction {
+                self.holding = false;
+            }
+            poll_fn(|cx| self.poll_io(cx, Read::Coalesced)).await?;
         }
     }
 
@@ -111,8 +128,12 @@ impl WireStream {
     /// messages. Returns only on an error. Cancel-safe.
     pub async fn read_ahead(&mut self) -> WireError {
         poll_fn(|cx| loop {
-            let room = self.inbuf.len() < self.budget;
-            match self.poll_io(cx, room) {
+            let read = if self.inbuf.len() < self.budget {
+                Read::Now
+            } else {
+                Read::No
+            };
+            match self.poll_io(cx, read) {
                 Poll::Ready(Ok(())) => continue,
                 Poll::Ready(Err(error)) => return Poll::Ready(error),
                 Poll::Pending => return Poll::Pending,
@@ -128,7 +149,7 @@ impl WireStream {
         postgres_protocol::message::frontend::copy_done(&mut self.out);
         let ending = async {
             loop {
-                match self.next().await? {
+                match self.next(false).await? {
                     Received::End => break,
                     Received::Data { .. } | Received::KeepAlive { .. } => {}
                 }
@@ -205,8 +226,9 @@ impl WireStream {
     }
 
     /// Drives the socket once: a due status update is queued, pending bytes are written, and
-    /// (with `read`) what the socket has is appended to `inbuf`. Ready when something was read.
-    fn poll_io(&mut self, cx: &mut Context<'_>, read: bool) -> Poll<Result<(), WireError>> {
+    /// (unless `read` says no) what the socket has is appended to `inbuf`. Ready when something
+    /// was read.
+    fn poll_io(&mut self, cx: &mut Context<'_>, read: Read) -> Poll<Result<(), WireError>> {
         if self.status_timer.as_mut().poll(cx).is_ready() {
             self.queue_status(false);
             // Register the restarted timer's wake-up.
@@ -215,8 +237,15 @@ impl WireStream {
         if let Poll::Ready(Err(error)) = self.poll_flush_out(cx) {
             return Poll::Ready(Err(error));
         }
-        if !read {
-            return Poll::Pending;
+        match read {
+            Read::No => return Poll::Pending,
+            Read::Coalesced if self.holding => {
+                if self.hold_timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.holding = false;
+            }
+            Read::Coalesced | Read::Now => {}
         }
         let missing = frames::missing(&self.inbuf)?;
         if self.inbuf.capacity() - self.inbuf.len() < missing.max(READ_CHUNK / 4) {
@@ -224,7 +253,13 @@ impl WireStream {
         }
         match tokio_util::io::poll_read_buf(Pin::new(&mut self.socket), cx, &mut self.inbuf) {
             Poll::Ready(Ok(0)) => Poll::Ready(Err(WireError::Closed)),
-            Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
+            Poll::Ready(Ok(bytes)) => {
+                if read == Read::Coalesced && bytes < SMALL_READ {
+                    self.holding = true;
+                    self.hold_timer.as_mut().reset(Instant::now() + READ_HOLD);
+                }
+                Poll::Ready(Ok(()))
+            }
             Poll::Ready(Err(error)) => Poll::Ready(Err(error.into())),
             Poll::Pending => Poll::Pending,
         }
@@ -253,4 +288,15 @@ impl WireStream {
         self.reported = self.queued;
         Poll::Ready(Ok(()))
     }
+}
+
+/// Whether [`WireStream::poll_io`] reads the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Not now (the read-ahead budget is full).
+    No,
+    /// Whatever the socket has.
+    Now,
+    /// Whatever the socket has, unless a small read inside a transaction asked to hold.
+    Coalesced,
 }
