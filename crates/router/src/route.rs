@@ -577,7 +577,7 @@ impl EventRouter {
             // that ignores the schema can write it.
             return match (encoding, schema) {
                 (Encoding::String, _) => Ok(Some(Bytes::copy_from_slice(text.as_bytes()))),
-                (Encoding::Json, None) => Ok(Some(Bytes::from(crate::json::json_string(text)))),
+                (Encoding::Json, None) => Ok(Some(crate::json::json_string_bytes(text))),
                 (Encoding::JsonSchemas, None) => {
                     let mut out = Vec::new();
                     write_envelope(&mut out, &Value::Str(text.to_owned()), None);
