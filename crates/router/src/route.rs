@@ -848,7 +848,8 @@ pub(crate) fn cell<'r>(
             table: table(),
             column: name(),
         }),
-        Some(Column::Text(raw)) => match std::str::from_utf8(raw) {
+        // SIMD validation: the payload is the longest text of a row.
+        Some(Column::Text(raw)) => match simdutf8::basic::from_utf8(raw) {
             Ok(text) => Ok(Some((raw, text))),
             Err(_) => Err(RouteError::InvalidUtf8 {
                 table: table(),
