@@ -76,6 +76,7 @@ mod route;
 mod schema_cache;
 mod timestamp;
 mod topic;
+mod topic_cache;
 mod trace;
 
 pub use binding::{ColumnRole, TableBinding};
