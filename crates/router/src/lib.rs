@@ -74,6 +74,7 @@ mod position;
 mod protobuf;
 mod route;
 mod schema_cache;
+mod text;
 mod timestamp;
 mod topic;
 mod topic_cache;

@@ -855,10 +855,9 @@ pub(crate) fn cell<'r>(
             table: table(),
             column: name(),
         }),
-        // SIMD validation: the payload is the longest text of a row.
-        Some(Column::Text(raw)) => match simdutf8::basic::from_utf8(raw) {
-            Ok(text) => Ok(Some((raw, text))),
-            Err(_) => Err(RouteError::InvalidUtf8 {
+        Some(Column::Text(raw)) => match crate::text::utf8(raw) {
+            Some(text) => Ok(Some((raw, text))),
+            None => Err(RouteError::InvalidUtf8 {
                 table: table(),
                 column: name(),
             }),
