@@ -803,6 +803,7 @@ impl<'a> SessionCore<'a> {
                 Ok(())
             }
             Err(failure) => {
+                let failure = *failure;
                 Event::DeliveryFailed {
                     topic: &failure.record.topic,
                     error: &failure.error,
