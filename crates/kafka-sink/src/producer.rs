@@ -43,7 +43,9 @@ pub struct Delivery {
     pub token: usize,
     /// Which producer (see [`KafkaSink::generation`]) reported it.
     pub generation: u64,
-    pub result: Result<Delivered, DeliveryFailure>,
+    /// A failure is boxed: it carries a copy of the record, and a report that moves through
+    /// the channel per record stays small.
+    pub result: Result<Delivered, Box<DeliveryFailure>>,
 }
 
 /// A record that was not delivered, with a copy of it (taken only on failure) so that it can
@@ -147,10 +149,10 @@ impl ProducerContext for DeliveryContext {
             Err((error, message)) => Delivery {
                 token,
                 generation: self.generation,
-                result: Err(DeliveryFailure {
+                result: Err(Box::new(DeliveryFailure {
                     error: DeliveryError::from_kafka(message.topic(), error),
                     record: copy_record(message),
-                }),
+                })),
             },
         };
         // The receiver is gone only when the pipeline is shutting down.

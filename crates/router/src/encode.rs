@@ -23,7 +23,7 @@
 //! - Text and integer values in the String encoding share the input buffer (no copy).
 
 use crate::javanum::{java_double, java_float, FloatText};
-use crate::json::{json_string, write_json_string};
+use crate::json::{json_string_bytes, write_json_string};
 use crate::route::JavaNumbers;
 use bytes::Bytes;
 use pgoutput::Oid;
@@ -150,7 +150,7 @@ pub struct BadValue;
 /// `raw` is the column's bytes and `text` the same bytes as `str`.
 pub fn to_json(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadValue> {
     match kind {
-        ValueKind::Text => Ok(Bytes::from(json_string(text))),
+        ValueKind::Text => Ok(json_string_bytes(text)),
         ValueKind::Integer => check_integer(text).map(|()| raw.clone()),
         ValueKind::Boolean => boolean(text),
         ValueKind::Float32 => float32(text).map(json_number),

@@ -74,8 +74,10 @@ mod position;
 mod protobuf;
 mod route;
 mod schema_cache;
+mod text;
 mod timestamp;
 mod topic;
+mod topic_cache;
 mod trace;
 
 pub use binding::{ColumnRole, TableBinding};

@@ -35,6 +35,7 @@ use crate::position::SourcePosition;
 use crate::schema_cache::{CacheKey, EnvelopeSchemas};
 use crate::timestamp::{record_timestamp_ms, TimestampError};
 use crate::topic::check_topic_name;
+use crate::topic_cache::TopicCache;
 use bytes::Bytes;
 use pgoutput::{Column, Relation, TupleData};
 use std::sync::Arc;
@@ -205,6 +206,8 @@ pub struct EventRouter {
     extensions: Extensions,
     /// Envelope schema names as Debezium caches them; shared by clones.
     envelope_schemas: EnvelopeSchemas,
+    /// The topic of each routing value seen; shared by clones.
+    topics: TopicCache,
 }
 
 impl EventRouter {
@@ -218,6 +221,7 @@ impl EventRouter {
             context_headers: Vec::new(),
             extensions: Extensions::default(),
             envelope_schemas: EnvelopeSchemas::default(),
+            topics: TopicCache::default(),
         }
     }
 
@@ -394,16 +398,19 @@ impl EventRouter {
         let (routed_value, topic) = {
             let column = &binding.route_by;
             let (_, value) = required(binding, column, row)?;
-            let topic = self.options.topic_router().route(value);
-            if let Err(reason) = check_topic_name(&topic) {
-                return Err(RouteError::InvalidTopic {
-                    table: binding.table().to_owned(),
-                    column: column.name.to_string(),
-                    value: shown(value),
-                    topic: shown(&topic),
-                    reason,
-                });
-            }
+            let topic = self.topics.topic(value, |value| {
+                let topic = self.options.topic_router().route(value);
+                match check_topic_name(&topic) {
+                    Ok(()) => Ok(topic),
+                    Err(reason) => Err(RouteError::InvalidTopic {
+                        table: binding.table().to_owned(),
+                        column: column.name.to_string(),
+                        value: shown(value),
+                        topic: shown(&topic),
+                        reason,
+                    }),
+                }
+            })?;
             (value, topic)
         };
 
@@ -577,7 +584,7 @@ impl EventRouter {
             // that ignores the schema can write it.
             return match (encoding, schema) {
                 (Encoding::String, _) => Ok(Some(Bytes::copy_from_slice(text.as_bytes()))),
-                (Encoding::Json, None) => Ok(Some(Bytes::from(crate::json::json_string(text)))),
+                (Encoding::Json, None) => Ok(Some(crate::json::json_string_bytes(text))),
                 (Encoding::JsonSchemas, None) => {
                     let mut out = Vec::new();
                     write_envelope(&mut out, &Value::Str(text.to_owned()), None);
@@ -848,9 +855,9 @@ pub(crate) fn cell<'r>(
             table: table(),
             column: name(),
         }),
-        Some(Column::Text(raw)) => match std::str::from_utf8(raw) {
-            Ok(text) => Ok(Some((raw, text))),
-            Err(_) => Err(RouteError::InvalidUtf8 {
+        Some(Column::Text(raw)) => match crate::text::utf8(raw) {
+            Some(text) => Ok(Some((raw, text))),
+            None => Err(RouteError::InvalidUtf8 {
                 table: table(),
                 column: name(),
             }),

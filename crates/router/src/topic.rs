@@ -24,6 +24,15 @@ pub const MAX_TOPIC_LEN: usize = 249;
 /// The characters Java's `.` does not match (without the DOTALL flag).
 const JAVA_LINE_TERMINATORS: [char; 5] = ['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}'];
 
+/// Whether `text` holds one of [`JAVA_LINE_TERMINATORS`].
+fn has_java_line_terminator(text: &str) -> bool {
+    // Their UTF-8 starts with 0x0A, 0x0D, 0xC2 (U+0085) or 0xE2 (U+2028, U+2029): a byte scan
+    // rules most values out without decoding characters.
+    text.bytes()
+        .any(|b| matches!(b, b'\n' | b'\r' | 0xC2 | 0xE2))
+        && text.contains(JAVA_LINE_TERMINATORS)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Literal(String),
@@ -151,7 +160,7 @@ impl TopicTemplate {
     /// Like `RegexRouter`, a value containing a line terminator (which `.` does not match in
     /// Java) is not substituted: the topic is then the value itself.
     pub fn render(&self, routed_value: &str) -> String {
-        if routed_value.contains(JAVA_LINE_TERMINATORS) {
+        if has_java_line_terminator(routed_value) {
             return routed_value.to_owned();
         }
         self.render_with(|_| Some(routed_value))
@@ -483,6 +492,25 @@ mod tests {
         assert!(java_matches(r"a\++", "a++"));
         assert!(java_matches("[*+]+", "*+"));
         assert!(java_matches("(?:a)+", "aa"));
+    }
+
+    #[test]
+    fn line_terminators_are_found_among_look_alikes() {
+        for terminator in JAVA_LINE_TERMINATORS {
+            assert!(has_java_line_terminator(&format!("Order{terminator}")));
+            assert!(has_java_line_terminator(&format!("{terminator}é")));
+        }
+        // Same lead bytes, other characters: U+0080, U+00E9, U+2027, U+202A, U+20AC.
+        for other in [
+            "Order",
+            "",
+            "\u{80}",
+            "é\u{a0}",
+            "\u{2027}\u{202a}€",
+            "\t\u{b}\u{c}",
+        ] {
+            assert!(!has_java_line_terminator(other), "{other:?}");
+        }
     }
 
     #[test]

@@ -217,17 +217,21 @@ struct Stopping {
     result: Result<(), PipelineError>,
 }
 
-/// The counters of `topic` from `cache`, taken from `metrics` the first time.
-fn cached_topic<'c>(
-    cache: &'c mut FxHashMap<String, TopicMetrics>,
+/// Counts with the counters of `topic` from `cache`, taken from `metrics` the first time
+/// (one lookup when cached).
+fn count_topic(
+    cache: &mut FxHashMap<String, TopicMetrics>,
     metrics: &Metrics,
     topic: &str,
-) -> &'c TopicMetrics {
-    if !cache.contains_key(topic) {
-        cache.insert(topic.to_owned(), metrics.topic(topic));
+    count: impl FnOnce(&TopicMetrics),
+) {
+    if let Some(counters) = cache.get(topic) {
+        count(counters);
+        return;
     }
-    // Present: inserted just above if it was missing.
-    &cache[topic]
+    let counters = metrics.topic(topic);
+    count(&counters);
+    cache.insert(topic.to_owned(), counters);
 }
 
 /// The session state machine.
@@ -259,6 +263,9 @@ pub struct SessionCore<'a> {
     actions: VecDeque<Action>,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
     topics: FxHashMap<String, TopicMetrics>,
+    /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
+    /// the gauge is set only when it changes.
+    oldest_reported: Option<Option<Instant>>,
 }
 
 impl<'a> SessionCore<'a> {
@@ -283,6 +290,7 @@ impl<'a> SessionCore<'a> {
             finished: false,
             actions: VecDeque::new(),
             topics: FxHashMap::default(),
+            oldest_reported: None,
         }
     }
 
@@ -391,8 +399,11 @@ impl<'a> SessionCore<'a> {
         self.advance(now);
         self.metrics
             .set_in_flight(self.ledger.records(), self.ledger.bytes());
-        self.metrics
-            .set_oldest_unacked_since(self.ledger.oldest_sent());
+        let oldest = self.ledger.oldest_sent();
+        if self.oldest_reported != Some(oldest) {
+            self.metrics.set_oldest_unacked_since(oldest);
+            self.oldest_reported = Some(oldest);
+        }
     }
 
     fn stop(&mut self, now: Now, result: Result<(), PipelineError>) {
@@ -729,11 +740,6 @@ impl<'a> SessionCore<'a> {
         }
     }
 
-    /// The counters of `topic`, from the session's cache.
-    fn topic_metrics(&mut self, topic: &str) -> &TopicMetrics {
-        cached_topic(&mut self.topics, &self.metrics, topic)
-    }
-
     /// Hands a newly routed record of `txn` to the producer: [`SessionCore::send_new`] with
     /// the record also counted as routed, its topic's counters looked up once.
     fn send_routed(
@@ -742,11 +748,14 @@ impl<'a> SessionCore<'a> {
         txn: TxnId,
         record: RoutedRecord,
     ) -> Result<(), PipelineError> {
-        let counters = cached_topic(&mut self.topics, &self.metrics, &record.topic);
-        counters.routed();
-        let seq = self.ledger.add(txn, record_bytes(&record), now.instant)?;
-        counters.produced();
-        self.hand_over(seq, record);
+        let added = self.ledger.add(txn, record_bytes(&record), now.instant);
+        count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
+            counters.routed();
+            if added.is_ok() {
+                counters.produced();
+            }
+        });
+        self.hand_over(added?, record);
         Ok(())
     }
 
@@ -758,7 +767,9 @@ impl<'a> SessionCore<'a> {
         record: RoutedRecord,
     ) -> Result<(), PipelineError> {
         let seq = self.ledger.add(txn, record_bytes(&record), now.instant)?;
-        self.topic_metrics(&record.topic).produced();
+        count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
+            counters.produced()
+        });
         self.hand_over(seq, record);
         Ok(())
     }
@@ -792,6 +803,7 @@ impl<'a> SessionCore<'a> {
                 Ok(())
             }
             Err(failure) => {
+                let failure = *failure;
                 Event::DeliveryFailed {
                     topic: &failure.record.topic,
                     error: &failure.error,

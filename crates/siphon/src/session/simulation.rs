@@ -155,10 +155,10 @@ impl Broker {
                     partition: p as i32,
                     offset: 0,
                 }),
-                Err(code) => Err(DeliveryFailure {
+                Err(code) => Err(Box::new(DeliveryFailure {
                     error: DeliveryError::from_code(&q.record.topic, code),
                     record: q.record,
-                }),
+                })),
             },
         });
     }
