@@ -677,3 +677,63 @@ async fn a_role_that_does_not_own_the_outbox_is_told_to_have_the_publication_cre
     assert!(log.contains("must be owner"), "{log}");
     Ok(())
 }
+
+/// The password methods besides SCRAM: `md5` (a role whose password is stored as MD5) and
+/// `password` (cleartext), on both connections; a wrong password is a definite error naming
+/// the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn md5_and_cleartext_password_logins_stream() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut db = pg.connect().await?;
+    prepare_outbox(&db).await?;
+    db.batch_execute(&format!(
+        "SET password_encryption = 'md5'; \
+         CREATE ROLE siphon_md5 SUPERUSER LOGIN REPLICATION PASSWORD '{PASSWORD}'; \
+         SET password_encryption = 'scram-sha-256'; \
+         CREATE ROLE siphon_plain SUPERUSER LOGIN REPLICATION PASSWORD '{PASSWORD}'"
+    ))
+    .await?;
+    let hba = std::fs::read_to_string(pg.hba_path())?;
+    std::fs::write(
+        pg.hba_path(),
+        format!(
+            "host all siphon_md5 127.0.0.1/32 md5\nhost all siphon_plain 127.0.0.1/32 password\n{hba}"
+        ),
+    )?;
+    pg.reload()?;
+
+    let mut expected = BTreeSet::new();
+    for (seq, user) in [(1u64, "siphon_md5"), (2, "siphon_plain")] {
+        let wrong = url(&pg, user, Some("not-the-password"), "127.0.0.1", "");
+        let log = expect_definite_error(&config_with_url(&pg, &broker, user, &wrong))?;
+        assert!(log.contains("password authentication failed"), "{log}");
+        assert!(log.contains("check the user and password"), "{log}");
+
+        let right = url(&pg, user, Some(PASSWORD), "127.0.0.1", "");
+        let siphon = SiphonProcess::start(&config_with_url(&pg, &broker, user, &right))?;
+        siphon
+            .wait_for_log("streaming", Duration::from_secs(60))
+            .await?;
+        let events = [event(seq, true)];
+        insert_transaction(&mut db, &events, true).await?;
+        expected.insert(events[0].id.clone());
+        wait_for_events(&broker, &expected)
+            .await
+            .with_context(|| format!("{user}; siphon log:\n{}", siphon.log()))?;
+        let methods: Vec<String> = db
+            .query(
+                "SELECT DISTINCT backend_type FROM pg_stat_activity WHERE usename = $1",
+                &[&user],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert!(
+            methods.iter().any(|kind| kind == "walsender"),
+            "{user}: no replication connection logged in: {methods:?}"
+        );
+    }
+    Ok(())
+}

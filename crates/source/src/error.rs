@@ -83,6 +83,13 @@ impl SourceError {
                     tls.mode
                 ));
             }
+            if db.code().code().starts_with("28") {
+                return SourceError::Definite(format!(
+                    "connecting to PostgreSQL: {} (SQLSTATE {}): check the user and password in source.url and that pg_hba.conf allows this user to connect from here",
+                    db.message(),
+                    db.code().code()
+                ));
+            }
         }
         SourceError::from_sql("connecting to PostgreSQL", err)
     }

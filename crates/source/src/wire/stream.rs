@@ -300,3 +300,154 @@ enum Read {
     /// Whatever the socket has, unless a small read inside a transaction asked to hold.
     Coalesced,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A stream over a loopback connection, and the server's end of it.
+    async fn connected(budget: usize, status_interval: Duration) -> (WireStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (client, server) = tokio::join!(TcpStream::connect(address), listener.accept());
+        let stream = WireStream::new(
+            Socket::Plain(client.unwrap()),
+            BytesMut::new(),
+            0x10,
+            budget,
+            status_interval,
+        );
+        (stream, server.unwrap().0)
+    }
+
+    /// An XLogData message carrying `payload`, as the server sends it.
+    fn xlogdata(wal_start: u64, payload: &[u8]) -> Vec<u8> {
+        let mut body = vec![b'w'];
+        body.extend(wal_start.to_be_bytes());
+        body.extend((wal_start + 100).to_be_bytes());
+        body.extend(0i64.to_be_bytes());
+        body.extend(payload);
+        let mut message = vec![b'd'];
+        message.extend((body.len() as u32 + 4).to_be_bytes());
+        message.extend(body);
+        message
+    }
+
+    #[tokio::test]
+    async fn messages_come_out_whole_and_in_order_however_the_bytes_arrive() {
+        let (mut stream, mut server) = connected(1 << 20, Duration::from_secs(60)).await;
+        let mut wire = Vec::new();
+        for i in 0..50u64 {
+            wire.extend(xlogdata(i, &vec![i as u8; (i * 37 % 500) as usize]));
+        }
+        let feeder = tokio::spawn(async move {
+            for piece in wire.chunks(7) {
+                server.write_all(piece).await.unwrap();
+                server.flush().await.unwrap();
+            }
+            server
+        });
+        for i in 0..50u64 {
+            match stream.next(false).await.unwrap() {
+                Received::Data { wal_start, data } => {
+                    assert_eq!(wal_start, i);
+                    assert_eq!(&data[..], &vec![i as u8; (i * 37 % 500) as usize][..]);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(stream.server_wal_end(), 49 + 100);
+        drop(feeder.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_small_read_inside_a_transaction_holds_the_next_read_and_outside_does_not() {
+        let (mut stream, mut server) = connected(1 << 20, Duration::from_secs(60)).await;
+        server.write_all(&xlogdata(1, b"B")).await.unwrap();
+        assert!(matches!(
+            stream.next(true).await.unwrap(),
+            Received::Data { .. }
+        ));
+        assert!(
+            stream.holding,
+            "a small read inside a transaction holds the next one"
+        );
+        let held_since = Instant::now();
+        server.write_all(&xlogdata(2, b"I")).await.unwrap();
+        assert!(matches!(
+            stream.next(true).await.unwrap(),
+            Received::Data { wal_start: 2, .. }
+        ));
+        assert!(
+            held_since.elapsed() >= READ_HOLD,
+            "the read waited for the hold"
+        );
+        // Outside a transaction the hold is dropped: the next message is read as it comes.
+        assert!(stream.holding);
+        server.write_all(&xlogdata(3, b"C")).await.unwrap();
+        assert!(matches!(
+            stream.next(false).await.unwrap(),
+            Received::Data { wal_start: 3, .. }
+        ));
+        let mut big = Vec::new();
+        while big.len() < SMALL_READ * 2 {
+            big.extend(xlogdata(4, &[7; 1000]));
+        }
+        server.write_all(&big).await.unwrap();
+        // Let all of it arrive, so one read takes more than SMALL_READ: no hold after it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stream.holding = false;
+        assert!(matches!(
+            stream.next(true).await.unwrap(),
+            Received::Data { .. }
+        ));
+        assert!(!stream.holding, "a large read does not hold the next one");
+    }
+
+    #[tokio::test]
+    async fn reading_ahead_stops_at_the_budget_and_status_updates_keep_going() {
+        let budget = 64 * 1024;
+        let (mut stream, server) = connected(budget, Duration::from_millis(20)).await;
+        stream.raise_applied(0x99);
+        let mut wire = Vec::new();
+        while wire.len() < budget * 8 {
+            wire.extend(xlogdata(5, &[1; 2000]));
+        }
+        let total = wire.len();
+        let writer = tokio::spawn(async move {
+            let (mut reader, mut writer) = server.into_split();
+            let sent = tokio::spawn(async move {
+                // The client stops reading, so not all of it can be written.
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(500), writer.write_all(&wire)).await;
+                writer
+            });
+            // Status updates arrive while the client reads nothing.
+            let mut updates = 0;
+            let mut buf = vec![0u8; 39];
+            while updates < 5 {
+                reader.read_exact(&mut buf).await.unwrap();
+                assert_eq!(&buf[..6], &[b'd', 0, 0, 0, 38, b'r']);
+                updates += 1;
+            }
+            (
+                sent.await.unwrap(),
+                updates,
+                u64::from_be_bytes(buf[6..14].try_into().unwrap()),
+            )
+        });
+        let _ = tokio::time::timeout(Duration::from_millis(600), stream.read_ahead()).await;
+        let (_writer, updates, reported) = writer.await.unwrap();
+        assert_eq!((updates, reported), (5, 0x99));
+        assert!(
+            stream.inbuf.len() < budget + READ_CHUNK,
+            "read {} bytes ahead with a budget of {budget}",
+            stream.inbuf.len()
+        );
+        assert!(stream.inbuf.len() >= budget, "read ahead up to the budget");
+        assert!(stream.inbuf.len() < total);
+        assert_eq!(stream.reported(), 0x99);
+    }
+}
