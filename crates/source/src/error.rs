@@ -177,6 +177,15 @@ pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// The command that moves slot `slot` past WAL it cannot decode, to the server's current
+/// position (shown in errors).
+fn advance_slot_hint(slot: &str) -> String {
+    format!(
+        "SELECT pg_replication_slot_advance({}, pg_current_wal_lsn())",
+        crate::config::quote_literal(slot)
+    )
+}
+
 /// What to check for a certificate problem, from the text of the TLS error.
 fn certificate_hint(problem: &str) -> &'static str {
     let text = problem.to_lowercase();
@@ -218,7 +227,7 @@ fn classify_server_message(slot: &str, user: Option<&str>, message: &str) -> Sou
         // publication created again since does not get the slot past those changes.
         return SourceError::Definite(format!(
             "the publication did not exist when changes the slot still has to decode were written (it was dropped; PostgreSQL before 18 stops there): {message}. If it is still missing, restart Siphon, which creates it (or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>). If it exists again, it was dropped and created again: the events committed while it was missing were not published, cannot be read from this slot and were not sent to Kafka, and the slot cannot get past them; move it on with {} (this skips every event not yet sent, so re-send the events committed since the publication was dropped from the application) and restart Siphon",
-            crate::membership::advance_slot_hint(slot)
+            advance_slot_hint(slot)
         ));
     }
     if message.contains("can no longer get changes from replication slot")

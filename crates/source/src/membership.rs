@@ -24,7 +24,6 @@
 //! - Without outbox tables (a logical-message outbox) nothing is reported: PostgreSQL sends
 //!   logical messages whatever the publication holds.
 
-use crate::config::quote_literal;
 use crate::{SourceError, TableName};
 use pgoutput::Oid;
 use std::collections::{BTreeMap, BTreeSet};
@@ -182,15 +181,6 @@ fn membership_sql(version: i32) -> String {
 
 fn quoted_names(tables: &[TableName]) -> Vec<String> {
     tables.iter().map(TableName::quoted).collect()
-}
-
-/// The command that moves slot `slot` past WAL it cannot decode, to the server's current
-/// position (shown in errors).
-pub fn advance_slot_hint(slot: &str) -> String {
-    format!(
-        "SELECT pg_replication_slot_advance({}, pg_current_wal_lsn())",
-        quote_literal(slot)
-    )
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! - Bytes the server sent after `CopyBothResponse` stay in the buffer handed to the stream.
 
 use super::error::{AuthMethod, ProtocolViolation, WireError};
+use super::log_notice;
 use super::socket::Socket;
 use super::stream::WireStream;
 use bytes::BytesMut;
@@ -19,7 +20,6 @@ use rustls::pki_types::ServerName;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tracing::warn;
 
 /// One row of a simple query's answer: each column as text, `None` for NULL.
 pub type QueryRow = Vec<Option<String>>;
@@ -290,10 +290,4 @@ fn unexpected(tag: u8, during: &'static str) -> WireError {
         tag: char::from(tag),
         during,
     })
-}
-
-/// Logs a `NoticeResponse` (PostgreSQL 18 warns this way about a missing publication).
-pub(super) fn log_notice(message: &Message) {
-    let notice = frames::server_error(&message.body);
-    warn!(severity = %notice.severity, code = %notice.code, "PostgreSQL: {}", notice.message);
 }

@@ -9,7 +9,7 @@
 //! - `reported` is the position of the last status update fully written to the socket.
 
 use super::error::{ProtocolViolation, WireError};
-use super::session::log_notice;
+use super::log_notice;
 use super::socket::Socket;
 use bytes::{Buf, Bytes, BytesMut};
 use pgoutput::wire::{self as frames, CopyData};
