@@ -2,17 +2,23 @@
 //!
 //! # Invariants
 //! - Cancel-safe: [`WireStream::next`] and [`WireStream::read_ahead`] keep everything they read
-//!   in `inbuf` and everything still to be written in `out`; dropping their futures loses
-//!   nothing.
-//! - `inbuf` holds at most the read-ahead budget plus one read's worth, or one whole message
-//!   larger than that.
+//!   in `inbuf` and `ahead` and everything still to be written in `out`; dropping their futures
+//!   loses nothing.
+//! - Messages are handed out in the order the server sent them: those read ahead (`ahead`)
+//!   before what is still in `inbuf`.
+//! - Reading ahead stops once `ahead` and `inbuf` hold the byte budget or
+//!   [`MAX_AHEAD_MESSAGES`]: read ahead are at most the budget plus one read's worth (or one
+//!   larger message). `inbuf` itself stays within one read's worth plus one message, so the
+//!   receive buffer never grows (and is never copied) with the read-ahead; a message read ahead
+//!   keeps only the chunk it was read into.
 //! - `reported` is the position of the last status update fully written to the socket.
 
 use super::error::{ProtocolViolation, WireError};
 use super::log_notice;
 use super::socket::Socket;
 use bytes::{Buf, Bytes, BytesMut};
-use pgoutput::wire::{self as frames, CopyData};
+use pgoutput::wire::{self as frames, BackendMessage, CopyData};
+use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -31,6 +37,10 @@ const SMALL_READ: usize = 16 * 1024;
 /// reads instead of one system call (and one wake-up) per message or two.
 const READ_HOLD: Duration = Duration::from_millis(1);
 
+/// Most messages read ahead: small messages cost little in bytes, but a deeper read-ahead
+/// than this would only keep the server from being held back.
+pub const MAX_AHEAD_MESSAGES: usize = 4096;
+
 /// What the server sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
@@ -46,6 +56,10 @@ pub enum Received {
 pub struct WireStream {
     socket: Socket,
     inbuf: BytesMut,
+    /// Whole messages read ahead while the caller took none, oldest first.
+    ahead: VecDeque<BackendMessage>,
+    /// The bytes of the messages in `ahead`.
+    ahead_bytes: usize,
     /// Bytes to write: status updates, CopyDone.
     out: BytesMut,
     /// Whether written bytes may still sit in the TLS layer.
@@ -76,6 +90,8 @@ impl WireStream {
         let mut stream = WireStream {
             socket,
             inbuf,
+            ahead: VecDeque::new(),
+            ahead_bytes: 0,
             out: BytesMut::with_capacity(256),
             unflushed: false,
             applied: start_lsn,
@@ -128,11 +144,20 @@ impl WireStream {
     /// messages. Returns only on an error. Cancel-safe.
     pub async fn read_ahead(&mut self) -> WireError {
         poll_fn(|cx| loop {
-            let read = if self.inbuf.len() < self.budget {
-                Read::Now
-            } else {
-                Read::No
-            };
+            // Whole messages leave the receive buffer at once, so it stays one chunk.
+            loop {
+                match frames::split(&mut self.inbuf) {
+                    Ok(Some(message)) => {
+                        self.ahead_bytes += message.body.len() + 5;
+                        self.ahead.push_back(message);
+                    }
+                    Ok(None) => break,
+                    Err(violation) => return Poll::Ready(violation.into()),
+                }
+            }
+            let room = self.ahead_bytes + self.inbuf.len() < self.budget
+                && self.ahead.len() < MAX_AHEAD_MESSAGES;
+            let read = if room { Read::Now } else { Read::No };
             match self.poll_io(cx, read) {
                 Poll::Ready(Ok(())) => continue,
                 Poll::Ready(Err(error)) => return Poll::Ready(error),
@@ -175,7 +200,7 @@ impl WireStream {
 
     /// The next message already in the buffer, if a whole one is there.
     fn take_buffered(&mut self) -> Result<Option<Received>, WireError> {
-        while let Some(message) = frames::split(&mut self.inbuf)? {
+        while let Some(message) = self.next_message()? {
             match message.tag {
                 b'd' => {
                     return Ok(Some(match frames::copy_data(message.body)? {
@@ -212,6 +237,15 @@ impl WireStream {
             }
         }
         Ok(None)
+    }
+
+    /// The oldest whole message: one read ahead, or the next in the receive buffer.
+    fn next_message(&mut self) -> Result<Option<BackendMessage>, ProtocolViolation> {
+        if let Some(message) = self.ahead.pop_front() {
+            self.ahead_bytes -= message.body.len() + 5;
+            return Ok(Some(message));
+        }
+        frames::split(&mut self.inbuf)
     }
 
     /// Appends a status update reporting `applied` and restarts the status interval.
@@ -418,10 +452,9 @@ mod tests {
         let total = wire.len();
         let writer = tokio::spawn(async move {
             let (mut reader, mut writer) = server.into_split();
+            // The client reads only up to its budget, so this completes once it reads on.
             let sent = tokio::spawn(async move {
-                // The client stops reading, so not all of it can be written.
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(500), writer.write_all(&wire)).await;
+                writer.write_all(&wire).await.unwrap();
                 writer
             });
             // Status updates arrive while the client reads nothing.
@@ -433,21 +466,37 @@ mod tests {
                 updates += 1;
             }
             (
-                sent.await.unwrap(),
+                sent,
                 updates,
                 u64::from_be_bytes(buf[6..14].try_into().unwrap()),
             )
         });
         let _ = tokio::time::timeout(Duration::from_millis(600), stream.read_ahead()).await;
-        let (_writer, updates, reported) = writer.await.unwrap();
+        let (sent, updates, reported) = writer.await.unwrap();
         assert_eq!((updates, reported), (5, 0x99));
+        let read_ahead = stream.ahead_bytes + stream.inbuf.len();
         assert!(
-            stream.inbuf.len() < budget + READ_CHUNK,
-            "read {} bytes ahead with a budget of {budget}",
+            read_ahead < budget + READ_CHUNK,
+            "read {read_ahead} bytes ahead with a budget of {budget}"
+        );
+        assert!(read_ahead >= budget, "read ahead up to the budget");
+        assert!(read_ahead < total);
+        assert!(
+            stream.inbuf.len() < READ_CHUNK + 2100,
+            "the receive buffer grew to {} bytes",
             stream.inbuf.len()
         );
-        assert!(stream.inbuf.len() >= budget, "read ahead up to the budget");
-        assert!(stream.inbuf.len() < total);
+        // What was read ahead comes out first, in order, then the rest.
+        let expected_messages = total / xlogdata(5, &[1; 2000]).len();
+        let mut seen = 0;
+        while seen < expected_messages {
+            match tokio::time::timeout(Duration::from_secs(5), stream.next(false)).await {
+                Ok(Ok(Received::Data { wal_start: 5, data })) => assert_eq!(data.len(), 2000),
+                other => panic!("message {seen}: {other:?}"),
+            }
+            seen += 1;
+        }
+        drop(sent.await.unwrap());
         assert_eq!(stream.reported(), 0x99);
     }
 }
