@@ -3,12 +3,12 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    current_insert_lsn, event, insert_transaction, siphon_config, slot_active, slot_confirmed_lsn,
-    wait_for_slot_past, Event, OUTBOX_DDL,
+    current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at, slot_active,
+    slot_confirmed_lsn, wait_for_slot_past, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
     create_topic, read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
-    SiphonProcess,
+    SiphonProcess, Storage,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -280,6 +280,184 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
         .await
         .context("the slot did not move on after delivery")?;
     Ok(())
+}
+
+/// A broker outage longer than the delivery deadline, with a window smaller than what is
+/// committed meanwhile: the deadline replaces the producer while the broker is away, and once the
+/// broker is back every event still arrives, the slot never confirmed past one undelivered.
+///
+/// `before` numbers the events delivered before the outage, `outage` those committed during it
+/// (see [`event`] for their topics).
+async fn outage_past_the_delivery_deadline(
+    storage: Storage,
+    slot: &str,
+    before: &[u64],
+    outage: &[u64],
+) -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start_with(storage)?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config_at(
+        &pg,
+        &broker.bootstrap(),
+        slot,
+        "\"message.timeout.ms\" = \"10000\"",
+        "max_in_flight_records = 5",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, slot).await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    for &seq in before {
+        insert_transaction(&mut client, &[event(seq, true)], true).await?;
+    }
+    let topics = if before.iter().any(|s| s % 3 == 0) {
+        &TOPICS[..]
+    } else {
+        &TOPICS[..1]
+    };
+    wait_for_records(&broker, topics, before.len(), Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+
+    // The broker goes away; more transactions than the window are committed meanwhile. Each
+    // event's transaction ends at or before the position recorded after it.
+    broker.kill()?;
+    let mut ends: Vec<(String, u64)> = Vec::new();
+    for &seq in outage {
+        insert_transaction(&mut client, &[event(seq, true)], true).await?;
+        ends.push((event(seq, true).id, current_insert_lsn(&client).await?));
+    }
+    let first_undelivered = ends[0].1;
+    // The delivery deadline fires while the broker is away and the producer is replaced.
+    siphon
+        .wait_for_log(REPLACED_LINE, Duration::from_secs(40))
+        .await
+        .with_context(|| format!("no producer replacement; siphon log:\n{}", siphon.log()))?;
+    let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
+    assert!(
+        confirmed < first_undelivered,
+        "slot confirmed {confirmed:X} past an undelivered transaction ending at {first_undelivered:X}"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    broker.start_again()?;
+    if storage == Storage::Memory {
+        // This build starts empty: the topics written before are created again as they were.
+        for topic in topics {
+            create_topic(&broker.bootstrap(), topic, 3).await?;
+        }
+    }
+    let back = std::time::Instant::now();
+    // The events delivered before the outage: the memory build forgot them, the durable one
+    // keeps them; a repeat is allowed.
+    let mut expected: BTreeSet<String> = outage.iter().map(|&s| event(s, true).id).collect();
+    if storage == Storage::Durable {
+        expected.extend(before.iter().map(|&s| event(s, true).id));
+    }
+    let ids = wait_for(Duration::from_secs(60), Duration::from_secs(1), || async {
+        // The slot is read first: whatever it confirmed was acknowledged before the read below.
+        let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
+        let records = read_all(&broker, &TOPICS).await?;
+        let ids: BTreeSet<String> = records
+            .iter()
+            .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+            .collect();
+        for (id, end) in &ends {
+            assert!(
+                *end > confirmed || ids.contains(id),
+                "slot confirmed {confirmed:X} past event {id} (ending at {end:X}) which is not in the topic"
+            );
+        }
+        Ok(expected.is_subset(&ids).then_some(ids))
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "not every event arrived within 60 s of the broker's return; siphon log:\n{}",
+            siphon.log()
+        )
+    })?;
+    let mut allowed = expected.clone();
+    allowed.extend(before.iter().map(|&s| event(s, true).id));
+    assert!(
+        ids.is_subset(&allowed),
+        "unexpected events: {:?}",
+        ids.difference(&allowed).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "every event arrived {:?} after the broker's return",
+        back.elapsed()
+    );
+    let end = current_insert_lsn(&client).await?;
+    wait_for_slot_past(&client, slot, end, Duration::from_secs(30))
+        .await
+        .context("the slot did not move on after delivery")?;
+    Ok(())
+}
+
+/// The log line Siphon writes each time it replaces its producer.
+const REPLACED_LINE: &str = "Kafka producer failed; replacing it";
+
+/// 26 events of one topic, which Siphon created before the outage.
+fn known_topic_events() -> Vec<u64> {
+    (1..=26).map(|n| n * 3 + 1).collect()
+}
+
+/// 26 events of two topics, one of them new to Siphon during the outage.
+fn new_topic_events() -> Vec<u64> {
+    (2..=27).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_replaced_during_an_outage_delivers_once_the_broker_is_back() -> Result<()> {
+    outage_past_the_delivery_deadline(
+        Storage::Durable,
+        "replaced_durable",
+        &[1],
+        &known_topic_events(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_replaced_during_an_outage_delivers_once_an_empty_broker_is_back() -> Result<()>
+{
+    outage_past_the_delivery_deadline(
+        Storage::Memory,
+        "replaced_memory",
+        &[1],
+        &known_topic_events(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_new_during_an_outage_holds_up_nothing_and_is_created_once_the_broker_is_back(
+) -> Result<()> {
+    outage_past_the_delivery_deadline(
+        Storage::Durable,
+        "new_topic_durable",
+        &[1],
+        &new_topic_events(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_new_during_an_outage_is_created_once_an_empty_broker_is_back() -> Result<()> {
+    outage_past_the_delivery_deadline(
+        Storage::Memory,
+        "new_topic_memory",
+        &[1],
+        &new_topic_events(),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -402,9 +402,32 @@ impl KafkaSink {
         }
     }
 
+    /// The creation of `topic` if it is new to this sink (see [`TopicCreator::creation`]): a
+    /// future to run beside the caller's loop, after which [`KafkaSink::topic_created`] is
+    /// called. `None`: [`KafkaSink::send`] can take records for `topic` without creating it.
+    pub fn topic_creation(
+        &self,
+        topic: &str,
+    ) -> Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static> {
+        match &self.backend {
+            Backend::Kafka { topics, .. } => topics.creation(topic),
+            Backend::Discard { .. } => None,
+        }
+    }
+
+    /// Remembers `topic` as present: its [`KafkaSink::topic_creation`] succeeded.
+    pub fn topic_created(&mut self, topic: &str) {
+        if let Backend::Kafka { topics, .. } = &mut self.backend {
+            topics.remember(topic);
+        }
+    }
+
     /// Enqueues `record`; its [`Delivery`] carries `token`.
     ///
     /// Creates the topic first if it is new to this sink. Waits while librdkafka's queue is full.
+    /// (While the brokers are unreachable creating it waits up to
+    /// [`crate::topics::CREATE_TIMEOUT`]; a caller that must not wait that long runs
+    /// [`KafkaSink::topic_creation`] first.)
     pub async fn send(&mut self, token: usize, record: &RoutedRecord) -> Result<(), SinkError> {
         let (producer, unreported, topics) = match &mut self.backend {
             Backend::Kafka {
