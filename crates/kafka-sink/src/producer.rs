@@ -46,6 +46,23 @@ pub struct Delivery {
     pub result: Result<Delivered, DeliveryFailure>,
 }
 
+impl Delivery {
+    /// The report of a record that was never handed to a producer (it waited for its topic to
+    /// be created), given back as a purge of `generation` gives back the records it queued:
+    /// failed with `PurgeQueue`, to be sent again on the replacement.
+    pub fn purged(token: usize, generation: u64, record: RoutedRecord) -> Self {
+        let error = KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue);
+        Delivery {
+            token,
+            generation,
+            result: Err(DeliveryFailure {
+                error: DeliveryError::from_kafka(&record.topic, &error),
+                record,
+            }),
+        }
+    }
+}
+
 /// A record that was not delivered, with a copy of it (taken only on failure) so that it can
 /// be dead-lettered.
 #[derive(Debug, Clone)]

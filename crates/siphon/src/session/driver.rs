@@ -14,8 +14,10 @@
 //!   hold up neither delivery reports, nor the delivery deadline, nor shutdown, nor the status
 //!   updates that keep the replication connection alive.
 //! - Records waiting for a topic count as handed to the producer: a purge hands them back as
-//!   not taken ([`Input::SendRefused`]), like the producer's own queue, and stops their
-//!   topic's creation; so a replacement never leaves one behind.
+//!   purged, like the producer's own queue, and stops their topic's creation; so a replacement
+//!   never leaves one behind. A creation that failed for now hands back the record it was for
+//!   as not taken ([`Input::SendRefused`], which fails the producer) and the records after it
+//!   as purged; one refused for good refuses each record of its topic, as at enqueue.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
 use super::{Carry, PipelineSettings, SeenPublication};
@@ -23,7 +25,7 @@ use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use futures::FutureExt as _;
 use pgoutput::Lsn;
-use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink, SinkError};
+use siphon_kafka_sink::{BrokerProbe, Delivery, DeliveryObserver, KafkaSink, SinkError};
 use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
 use siphon_source::Membership;
@@ -70,7 +72,6 @@ async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>
 struct Creation {
     /// Tells its result from a stopped creation's.
     id: u64,
-    topic: String,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -119,7 +120,6 @@ impl Waiting {
         debug!(%topic, "creating a topic; records for it and after it wait");
         self.creating = Some(Creation {
             id,
-            topic: topic.clone(),
             task: tokio::spawn(async move {
                 let result = creation.await;
                 // The receiver is gone only when the session ended.
@@ -411,8 +411,9 @@ impl Driver<'_> {
         }
     }
 
-    /// A topic creation finished: the records waiting for it are sent (or, if it failed,
-    /// handed back to the core as not taken), in order, up to the next one whose topic is new.
+    /// A topic creation finished: the records waiting for it are sent in order, up to the next
+    /// one whose topic is new; if it failed they go back to the core (see the module's
+    /// invariants).
     async fn on_created(&mut self, id: u64, topic: &str, result: Result<(), SinkError>) {
         if self.waiting.creating.as_ref().map(|c| c.id) != Some(id) {
             // A creation stopped by a purge: its records were handed back already.
@@ -426,18 +427,44 @@ impl Driver<'_> {
             }
             Err(error) => Some(error),
         };
-        while let Some((token, record)) = self.waiting.sends.pop_front() {
-            if let Some(error) = failed.as_ref().filter(|_| record.topic == topic) {
-                self.core.handle(
-                    Now::read(),
-                    Input::SendRefused {
-                        token,
-                        record,
-                        error: error.clone(),
-                    },
-                );
-                continue;
+        match failed {
+            Some(error) if error.is_transient() => {
+                // The first waiting record is the one the creation was for: the producer is
+                // failed with it, and the records after it come back as purged.
+                if let Some((token, record)) = self.waiting.sends.pop_front() {
+                    self.core.handle(
+                        Now::read(),
+                        Input::SendRefused {
+                            token,
+                            record,
+                            error,
+                        },
+                    );
+                }
+                self.hand_back_waiting();
+                return;
             }
+            Some(error) => {
+                // Refused for good: each record of the topic is refused as at enqueue; the
+                // others go on.
+                let (refused, others) = std::mem::take(&mut self.waiting.sends)
+                    .into_iter()
+                    .partition::<VecDeque<_>, _>(|(_, record)| record.topic == topic);
+                self.waiting.sends = others;
+                for (token, record) in refused {
+                    self.core.handle(
+                        Now::read(),
+                        Input::SendRefused {
+                            token,
+                            record,
+                            error: error.clone(),
+                        },
+                    );
+                }
+            }
+            None => {}
+        }
+        while let Some((token, record)) = self.waiting.sends.pop_front() {
             if let Some(creation) = self.sink.topic_creation(&record.topic) {
                 self.waiting.start(&record.topic, creation);
                 self.waiting.sends.push_front((token, record));
@@ -447,24 +474,23 @@ impl Driver<'_> {
         }
     }
 
-    /// The producer is purged: the records waiting for a topic are handed back with it, as not
-    /// taken, and the creation stops (the replacement's records start it again).
+    /// The producer is purged (or a topic creation failed): the records waiting for a topic
+    /// are handed back as purged, and the creation stops (the replacement's records start it
+    /// again).
     fn hand_back_waiting(&mut self) {
-        let Some(creation) = self.waiting.creating.take() else {
+        self.waiting.creating = None;
+        if self.waiting.sends.is_empty() {
             return;
-        };
-        let topic = &creation.topic;
+        }
+        warn!(
+            records = self.waiting.sends.len(),
+            "records waiting for a topic to be created are sent again on the replacement producer"
+        );
+        let generation = self.sink.generation();
         for (token, record) in std::mem::take(&mut self.waiting.sends) {
-            let error = SinkError::Transient(format!(
-                "the record waited for topic {topic} to be created when the producer was purged"
-            ));
             self.core.handle(
                 Now::read(),
-                Input::SendRefused {
-                    token,
-                    record,
-                    error,
-                },
+                Input::Delivery(Delivery::purged(token, generation, record)),
             );
         }
     }
