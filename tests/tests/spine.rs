@@ -294,6 +294,22 @@ async fn outage_past_the_delivery_deadline(
     before: &[u64],
     outage: &[u64],
 ) -> Result<()> {
+    outage_with_deadline(storage, slot, before, outage, None).await?;
+    Ok(())
+}
+
+/// Like [`outage_past_the_delivery_deadline`]; with `long: Some((deadline, bound))` the
+/// delivery deadline is `deadline`, the broker comes back 14 s into the outage (before the
+/// deadline), and every event must arrive within `bound` of its return. Returns Siphon's log.
+async fn outage_with_deadline(
+    storage: Storage,
+    slot: &str,
+    before: &[u64],
+    outage: &[u64],
+    long: Option<(Duration, Duration)>,
+) -> Result<String> {
+    let timeout_ms = long.map_or(10_000, |(d, _)| d.as_millis());
+    let bound = long.map_or(Duration::from_secs(60), |(_, b)| b);
     let pg = Postgres::start()?;
     let broker = Broker::start_with(storage)?;
     let mut client = pg.connect().await?;
@@ -302,7 +318,7 @@ async fn outage_past_the_delivery_deadline(
         &pg,
         &broker.bootstrap(),
         slot,
-        "\"message.timeout.ms\" = \"10000\"",
+        &format!("\"message.timeout.ms\" = \"{timeout_ms}\""),
         "max_in_flight_records = 5",
     );
     let siphon = SiphonProcess::start(&config)?;
@@ -334,17 +350,21 @@ async fn outage_past_the_delivery_deadline(
         ends.push((event(seq, true).id, current_insert_lsn(&client).await?));
     }
     let first_undelivered = ends[0].1;
-    // The delivery deadline fires while the broker is away and the producer is replaced.
-    siphon
-        .wait_for_log(REPLACED_LINE, Duration::from_secs(40))
-        .await
-        .with_context(|| format!("no producer replacement; siphon log:\n{}", siphon.log()))?;
+    if long.is_none() {
+        // The delivery deadline fires while the broker is away and the producer is replaced.
+        siphon
+            .wait_for_log(REPLACED_LINE, Duration::from_secs(40))
+            .await
+            .with_context(|| format!("no producer replacement; siphon log:\n{}", siphon.log()))?;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    } else {
+        tokio::time::sleep(Duration::from_secs(14)).await;
+    }
     let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
     assert!(
         confirmed < first_undelivered,
         "slot confirmed {confirmed:X} past an undelivered transaction ending at {first_undelivered:X}"
     );
-    tokio::time::sleep(Duration::from_secs(4)).await;
 
     broker.start_again()?;
     if storage == Storage::Memory {
@@ -360,7 +380,7 @@ async fn outage_past_the_delivery_deadline(
     if storage == Storage::Durable {
         expected.extend(before.iter().map(|&s| event(s, true).id));
     }
-    let ids = wait_for(Duration::from_secs(60), Duration::from_secs(1), || async {
+    let ids = wait_for(bound, Duration::from_secs(1), || async {
         // The slot is read first: whatever it confirmed was acknowledged before the read below.
         let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
         let records = read_all(&broker, &TOPICS).await?;
@@ -379,7 +399,7 @@ async fn outage_past_the_delivery_deadline(
     .await
     .with_context(|| {
         format!(
-            "not every event arrived within 60 s of the broker's return; siphon log:\n{}",
+            "not every event arrived within {bound:?} of the broker's return; siphon log:\n{}",
             siphon.log()
         )
     })?;
@@ -398,7 +418,7 @@ async fn outage_past_the_delivery_deadline(
     wait_for_slot_past(&client, slot, end, Duration::from_secs(30))
         .await
         .context("the slot did not move on after delivery")?;
-    Ok(())
+    Ok(siphon.log())
 }
 
 /// The log line Siphon writes each time it replaces its producer.
@@ -489,4 +509,44 @@ async fn the_discard_sink_acknowledges_without_sending() -> Result<()> {
         .iter()
         .all(|t| !t.starts_with("outbox.")));
     Ok(())
+}
+
+/// The delivery deadline of [`an_outage_shorter_than_the_delivery_deadline`].
+const LONG_DEADLINE: Duration = Duration::from_secs(40);
+
+/// An outage shorter than the delivery deadline (the broker is back after 14 s, the deadline
+/// is 40 s): the durable broker keeps the producer's id and sequence numbers (as Kafka does), so
+/// everything arrives well before the deadline, without replacing the producer. The in-memory
+/// broker forgets them: the producer's records are written only once the deadline replaced the
+/// producer (Siphon never waits for them without a deadline), then every event arrives.
+async fn an_outage_shorter_than_the_delivery_deadline(storage: Storage, slot: &str) -> Result<()> {
+    let bound = match storage {
+        Storage::Durable => LONG_DEADLINE - Duration::from_secs(20),
+        Storage::Memory => LONG_DEADLINE + Duration::from_secs(20),
+    };
+    let log = outage_with_deadline(
+        storage,
+        slot,
+        &[1],
+        &known_topic_events(),
+        Some((LONG_DEADLINE, bound)),
+    )
+    .await?;
+    let replaced = log.contains(REPLACED_LINE);
+    match storage {
+        Storage::Durable => assert!(!replaced, "the producer was replaced; log:\n{log}"),
+        Storage::Memory => assert!(replaced, "the producer was not replaced; log:\n{log}"),
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_shorter_than_the_delivery_deadline_needs_no_replacement() -> Result<()> {
+    an_outage_shorter_than_the_delivery_deadline(Storage::Durable, "short_durable").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_forgot_the_producer_is_written_to_once_the_deadline_replaced_it(
+) -> Result<()> {
+    an_outage_shorter_than_the_delivery_deadline(Storage::Memory, "short_memory").await
 }
