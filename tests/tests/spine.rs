@@ -550,3 +550,42 @@ async fn a_broker_that_forgot_the_producer_is_written_to_once_the_deadline_repla
 ) -> Result<()> {
     an_outage_shorter_than_the_delivery_deadline(Storage::Memory, "short_memory").await
 }
+
+/// A record waits for its topic to be created while the brokers are gone: the creation runs
+/// beside the session loop, so SIGTERM stops Siphon within its shutdown timeout (not once the
+/// creation gave up), and the slot is not confirmed past the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_topic_waits_to_be_created_stops_within_the_shutdown_timeout() -> Result<()>
+{
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config(&pg, &broker, "creating", "")
+        .replace("shutdown_timeout_secs = 20", "shutdown_timeout_secs = 3");
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, "creating").await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    broker.kill()?;
+    insert_transaction(&mut client, &[event(1, true)], true).await?;
+    let end = current_insert_lsn(&client).await?;
+    // Read and waiting for its topic by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = std::time::Instant::now();
+    siphon.terminate()?;
+    siphon
+        .wait_exit(Duration::from_secs(15))
+        .context("siphon did not stop within its shutdown timeout")?;
+    eprintln!("stopped {:?} after SIGTERM", asked.elapsed());
+    let confirmed = slot_confirmed_lsn(&client, "creating").await?.unwrap_or(0);
+    assert!(
+        confirmed < end,
+        "slot confirmed {confirmed:X} past the undelivered transaction ending at {end:X}"
+    );
+    Ok(())
+}
