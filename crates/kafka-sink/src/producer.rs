@@ -610,6 +610,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_record_never_handed_to_the_producer_comes_back_as_purged() {
+        let delivery = Delivery::purged(7, 3, record(1));
+        assert_eq!((delivery.token, delivery.generation), (7, 3));
+        let failure = delivery.result.expect_err("purged");
+        assert_eq!(failure.error.consequence(), Consequence::ProducerFailed);
+        assert_eq!(failure.record.key, record(1).key);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_known_topic_needs_no_creation_and_a_new_one_does() {
+        let (mut sink, _deliveries) = unreachable_sink();
+        // Creation is disabled in `unreachable_sink`: nothing to create, ever.
+        assert!(sink.topic_creation("t").is_none());
+        let config = SinkConfig {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            properties: Default::default(),
+            topic_creation: TopicCreation::default(),
+            discard: false,
+        };
+        let (mut creating, _deliveries) = KafkaSink::new(&config, None).expect("a producer");
+        assert!(creating.topic_creation("t").is_some());
+        creating.topic_created("t");
+        assert!(creating.topic_creation("t").is_none());
+        assert!(creating.topic_creation("u").is_some());
+        sink.topic_created("t");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_retired_producer_at_a_time_and_its_last_report_is_known() {
         let (mut sink, mut deliveries) = unreachable_sink();
