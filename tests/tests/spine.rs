@@ -3,12 +3,12 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    current_insert_lsn, event, insert_transaction, siphon_config, slot_active, slot_confirmed_lsn,
-    wait_for_slot_past, Event, OUTBOX_DDL,
+    current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at, slot_active,
+    slot_confirmed_lsn, wait_for_slot_past, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
     create_topic, read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
-    SiphonProcess,
+    SiphonProcess, Storage,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -282,6 +282,204 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     Ok(())
 }
 
+/// A broker outage longer than the delivery deadline, with a window smaller than what is
+/// committed meanwhile: the deadline replaces the producer while the broker is away, and once the
+/// broker is back every event still arrives, the slot never confirmed past one undelivered.
+///
+/// `before` numbers the events delivered before the outage, `outage` those committed during it
+/// (see [`event`] for their topics).
+async fn outage_past_the_delivery_deadline(
+    storage: Storage,
+    slot: &str,
+    before: &[u64],
+    outage: &[u64],
+) -> Result<()> {
+    outage_with_deadline(storage, slot, before, outage, None).await?;
+    Ok(())
+}
+
+/// Like [`outage_past_the_delivery_deadline`]; with `long: Some((deadline, bound))` the
+/// delivery deadline is `deadline`, the broker comes back 14 s into the outage (before the
+/// deadline), and every event must arrive within `bound` of its return. Returns Siphon's log.
+async fn outage_with_deadline(
+    storage: Storage,
+    slot: &str,
+    before: &[u64],
+    outage: &[u64],
+    long: Option<(Duration, Duration)>,
+) -> Result<String> {
+    let timeout_ms = long.map_or(10_000, |(d, _)| d.as_millis());
+    let bound = long.map_or(Duration::from_secs(60), |(_, b)| b);
+    let pg = Postgres::start()?;
+    let broker = Broker::start_with(storage)?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config_at(
+        &pg,
+        &broker.bootstrap(),
+        slot,
+        &format!("\"message.timeout.ms\" = \"{timeout_ms}\""),
+        "max_in_flight_records = 5",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, slot).await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    for &seq in before {
+        insert_transaction(&mut client, &[event(seq, true)], true).await?;
+    }
+    let topics = if before.iter().any(|s| s % 3 == 0) {
+        &TOPICS[..]
+    } else {
+        &TOPICS[..1]
+    };
+    wait_for_records(&broker, topics, before.len(), Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+
+    // The broker goes away; more transactions than the window are committed meanwhile. Each
+    // event's transaction ends at or before the position recorded after it.
+    broker.kill()?;
+    let mut ends: Vec<(String, u64)> = Vec::new();
+    for &seq in outage {
+        insert_transaction(&mut client, &[event(seq, true)], true).await?;
+        ends.push((event(seq, true).id, current_insert_lsn(&client).await?));
+    }
+    let first_undelivered = ends[0].1;
+    if long.is_none() {
+        // The delivery deadline fires while the broker is away and the producer is replaced.
+        siphon
+            .wait_for_log(REPLACED_LINE, Duration::from_secs(40))
+            .await
+            .with_context(|| format!("no producer replacement; siphon log:\n{}", siphon.log()))?;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    } else {
+        tokio::time::sleep(Duration::from_secs(14)).await;
+    }
+    let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
+    assert!(
+        confirmed < first_undelivered,
+        "slot confirmed {confirmed:X} past an undelivered transaction ending at {first_undelivered:X}"
+    );
+
+    broker.start_again()?;
+    if storage == Storage::Memory {
+        // This build starts empty: the topics written before are created again as they were.
+        for topic in topics {
+            create_topic(&broker.bootstrap(), topic, 3).await?;
+        }
+    }
+    let back = std::time::Instant::now();
+    // The events delivered before the outage: the memory build forgot them, the durable one
+    // keeps them; a repeat is allowed.
+    let mut expected: BTreeSet<String> = outage.iter().map(|&s| event(s, true).id).collect();
+    if storage == Storage::Durable {
+        expected.extend(before.iter().map(|&s| event(s, true).id));
+    }
+    let ids = wait_for(bound, Duration::from_secs(1), || async {
+        // The slot is read first: whatever it confirmed was acknowledged before the read below.
+        let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
+        let records = read_all(&broker, &TOPICS).await?;
+        let ids: BTreeSet<String> = records
+            .iter()
+            .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+            .collect();
+        for (id, end) in &ends {
+            assert!(
+                *end > confirmed || ids.contains(id),
+                "slot confirmed {confirmed:X} past event {id} (ending at {end:X}) which is not in the topic"
+            );
+        }
+        Ok(expected.is_subset(&ids).then_some(ids))
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "not every event arrived within {bound:?} of the broker's return; siphon log:\n{}",
+            siphon.log()
+        )
+    })?;
+    let mut allowed = expected.clone();
+    allowed.extend(before.iter().map(|&s| event(s, true).id));
+    assert!(
+        ids.is_subset(&allowed),
+        "unexpected events: {:?}",
+        ids.difference(&allowed).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "every event arrived {:?} after the broker's return",
+        back.elapsed()
+    );
+    let end = current_insert_lsn(&client).await?;
+    wait_for_slot_past(&client, slot, end, Duration::from_secs(30))
+        .await
+        .context("the slot did not move on after delivery")?;
+    Ok(siphon.log())
+}
+
+/// The log line Siphon writes each time it replaces its producer.
+const REPLACED_LINE: &str = "Kafka producer failed; replacing it";
+
+/// 26 events of one topic, which Siphon created before the outage.
+fn known_topic_events() -> Vec<u64> {
+    (1..=26).map(|n| n * 3 + 1).collect()
+}
+
+/// 26 events of two topics, one of them new to Siphon during the outage.
+fn new_topic_events() -> Vec<u64> {
+    (2..=27).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_replaced_during_an_outage_delivers_once_the_broker_is_back() -> Result<()> {
+    outage_past_the_delivery_deadline(
+        Storage::Durable,
+        "replaced_durable",
+        &[1],
+        &known_topic_events(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_replaced_during_an_outage_delivers_once_an_empty_broker_is_back() -> Result<()>
+{
+    outage_past_the_delivery_deadline(
+        Storage::Memory,
+        "replaced_memory",
+        &[1],
+        &known_topic_events(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_new_during_an_outage_holds_up_nothing_and_is_created_once_the_broker_is_back(
+) -> Result<()> {
+    outage_past_the_delivery_deadline(
+        Storage::Durable,
+        "new_topic_durable",
+        &[1],
+        &new_topic_events(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_new_during_an_outage_is_created_once_an_empty_broker_is_back() -> Result<()> {
+    outage_past_the_delivery_deadline(
+        Storage::Memory,
+        "new_topic_memory",
+        &[1],
+        &new_topic_events(),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_discard_sink_acknowledges_without_sending() -> Result<()> {
     let pg = Postgres::start()?;
@@ -310,5 +508,84 @@ async fn the_discard_sink_acknowledges_without_sending() -> Result<()> {
     assert!(siphon_tests::list_topics(&broker.bootstrap())?
         .iter()
         .all(|t| !t.starts_with("outbox.")));
+    Ok(())
+}
+
+/// The delivery deadline of [`an_outage_shorter_than_the_delivery_deadline`].
+const LONG_DEADLINE: Duration = Duration::from_secs(40);
+
+/// An outage shorter than the delivery deadline (the broker is back after 14 s, the deadline
+/// is 40 s): the durable broker keeps the producer's id and sequence numbers (as Kafka does), so
+/// everything arrives well before the deadline, without replacing the producer. The in-memory
+/// broker forgets them: the producer's records are written only once the deadline replaced the
+/// producer (Siphon never waits for them without a deadline), then every event arrives.
+async fn an_outage_shorter_than_the_delivery_deadline(storage: Storage, slot: &str) -> Result<()> {
+    let bound = match storage {
+        Storage::Durable => LONG_DEADLINE - Duration::from_secs(20),
+        Storage::Memory => LONG_DEADLINE + Duration::from_secs(20),
+    };
+    let log = outage_with_deadline(
+        storage,
+        slot,
+        &[1],
+        &known_topic_events(),
+        Some((LONG_DEADLINE, bound)),
+    )
+    .await?;
+    let replaced = log.contains(REPLACED_LINE);
+    match storage {
+        Storage::Durable => assert!(!replaced, "the producer was replaced; log:\n{log}"),
+        Storage::Memory => assert!(replaced, "the producer was not replaced; log:\n{log}"),
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_shorter_than_the_delivery_deadline_needs_no_replacement() -> Result<()> {
+    an_outage_shorter_than_the_delivery_deadline(Storage::Durable, "short_durable").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_forgot_the_producer_is_written_to_once_the_deadline_replaced_it(
+) -> Result<()> {
+    an_outage_shorter_than_the_delivery_deadline(Storage::Memory, "short_memory").await
+}
+
+/// A record waits for its topic to be created while the brokers are gone: the creation runs
+/// beside the session loop, so SIGTERM stops Siphon within its shutdown timeout (not once the
+/// creation gave up), and the slot is not confirmed past the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_topic_waits_to_be_created_stops_within_the_shutdown_timeout() -> Result<()>
+{
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config(&pg, &broker, "creating", "")
+        .replace("shutdown_timeout_secs = 20", "shutdown_timeout_secs = 3");
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, "creating").await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    broker.kill()?;
+    insert_transaction(&mut client, &[event(1, true)], true).await?;
+    let end = current_insert_lsn(&client).await?;
+    // Read and waiting for its topic by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = std::time::Instant::now();
+    siphon.terminate()?;
+    siphon
+        .wait_exit(Duration::from_secs(15))
+        .context("siphon did not stop within its shutdown timeout")?;
+    eprintln!("stopped {:?} after SIGTERM", asked.elapsed());
+    let confirmed = slot_confirmed_lsn(&client, "creating").await?.unwrap_or(0);
+    assert!(
+        confirmed < end,
+        "slot confirmed {confirmed:X} past the undelivered transaction ending at {end:X}"
+    );
     Ok(())
 }

@@ -34,7 +34,7 @@
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 /// Errors creating the producer, creating topics or enqueueing records.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
     /// The configuration is rejected; the message names the property.
     #[error("{0}")]

@@ -48,6 +48,23 @@ pub struct Delivery {
     pub result: Result<Delivered, Box<DeliveryFailure>>,
 }
 
+impl Delivery {
+    /// The report of a record that was never handed to a producer (it waited for its topic to
+    /// be created), given back as a purge of `generation` gives back the records it queued:
+    /// failed with `PurgeQueue`, to be sent again on the replacement.
+    pub fn purged(token: usize, generation: u64, record: RoutedRecord) -> Self {
+        let error = KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue);
+        Delivery {
+            token,
+            generation,
+            result: Err(DeliveryFailure {
+                error: DeliveryError::from_kafka(&record.topic, &error),
+                record,
+            }),
+        }
+    }
+}
+
 /// A record that was not delivered, with a copy of it (taken only on failure) so that it can
 /// be dead-lettered.
 #[derive(Debug, Clone)]
@@ -404,9 +421,32 @@ impl KafkaSink {
         }
     }
 
+    /// The creation of `topic` if it is new to this sink (see [`TopicCreator::creation`]): a
+    /// future to run beside the caller's loop, after which [`KafkaSink::topic_created`] is
+    /// called. `None`: [`KafkaSink::send`] can take records for `topic` without creating it.
+    pub fn topic_creation(
+        &self,
+        topic: &str,
+    ) -> Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static> {
+        match &self.backend {
+            Backend::Kafka { topics, .. } => topics.creation(topic),
+            Backend::Discard { .. } => None,
+        }
+    }
+
+    /// Remembers `topic` as present: its [`KafkaSink::topic_creation`] succeeded.
+    pub fn topic_created(&mut self, topic: &str) {
+        if let Backend::Kafka { topics, .. } = &mut self.backend {
+            topics.remember(topic);
+        }
+    }
+
     /// Enqueues `record`; its [`Delivery`] carries `token`.
     ///
     /// Creates the topic first if it is new to this sink. Waits while librdkafka's queue is full.
+    /// (While the brokers are unreachable creating it waits up to
+    /// [`crate::topics::CREATE_TIMEOUT`]; a caller that must not wait that long runs
+    /// [`KafkaSink::topic_creation`] first.)
     pub async fn send(&mut self, token: usize, record: &RoutedRecord) -> Result<(), SinkError> {
         let (producer, unreported, topics) = match &mut self.backend {
             Backend::Kafka {
@@ -570,6 +610,34 @@ mod tests {
             timestamp_ms: None,
             partition: None,
         }
+    }
+
+    #[test]
+    fn a_record_never_handed_to_the_producer_comes_back_as_purged() {
+        let delivery = Delivery::purged(7, 3, record(1));
+        assert_eq!((delivery.token, delivery.generation), (7, 3));
+        let failure = delivery.result.expect_err("purged");
+        assert_eq!(failure.error.consequence(), Consequence::ProducerFailed);
+        assert_eq!(failure.record.key, record(1).key);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_known_topic_needs_no_creation_and_a_new_one_does() {
+        let (mut sink, _deliveries) = unreachable_sink();
+        // Creation is disabled in `unreachable_sink`: nothing to create, ever.
+        assert!(sink.topic_creation("t").is_none());
+        let config = SinkConfig {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            properties: Default::default(),
+            topic_creation: TopicCreation::default(),
+            discard: false,
+        };
+        let (mut creating, _deliveries) = KafkaSink::new(&config, None).expect("a producer");
+        assert!(creating.topic_creation("t").is_some());
+        creating.topic_created("t");
+        assert!(creating.topic_creation("t").is_none());
+        assert!(creating.topic_creation("u").is_some());
+        sink.topic_created("t");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

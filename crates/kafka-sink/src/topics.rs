@@ -3,6 +3,8 @@
 //! # Invariants
 //! - A topic is created at most once per sink; "already exists" counts as success.
 //! - A topic is only remembered as present after the broker confirmed it.
+//! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
+//!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
 use crate::{SinkError, TopicCreation};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -11,12 +13,18 @@ use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
 use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
 
+/// How long one topic creation may take (the request, and the broker's operation) before it
+/// fails as [`SinkError::Transient`].
+pub const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Creates topics the first time a record is sent to them.
 pub struct TopicCreator {
-    admin: Option<AdminClient<DefaultClientContext>>,
+    /// Shared with the creations running beside the caller ([`TopicCreator::creation`]).
+    admin: Option<Arc<AdminClient<DefaultClientContext>>>,
     settings: TopicCreation,
     known: FxHashSet<String>,
 }
@@ -61,9 +69,9 @@ impl TopicCreator {
             for (key, value) in properties.iter().filter(|(k, _)| !is_producer_only(k)) {
                 config.set(key, value);
             }
-            Some(config.create().map_err(|e| {
+            Some(Arc::new(config.create().map_err(|e| {
                 SinkError::Config(format!("invalid Kafka admin configuration: {e}"))
-            })?)
+            })?))
         } else {
             None
         };
@@ -74,45 +82,81 @@ impl TopicCreator {
         })
     }
 
+    /// Whether `topic` is known to exist (created, or found present, by this sink).
+    pub fn knows(&self, topic: &str) -> bool {
+        self.known.contains(topic)
+    }
+
+    /// Remembers `topic` as present (after a [`TopicCreator::creation`] of it succeeded).
+    pub fn remember(&mut self, topic: &str) {
+        self.known.insert(topic.to_owned());
+    }
+
+    /// The creation of `topic` as a future that borrows nothing from the creator, to be run
+    /// beside the caller's loop; `None` when there is nothing to do (the topic is known, or
+    /// creation is disabled). On success the caller [`TopicCreator::remember`]s the topic.
+    ///
+    /// The request is bounded by [`CREATE_TIMEOUT`]: with the brokers unreachable it fails
+    /// with [`SinkError::Transient`] once that passed.
+    pub fn creation(
+        &self,
+        topic: &str,
+    ) -> Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static> {
+        if self.known.contains(topic) {
+            return None;
+        }
+        let admin = Arc::clone(self.admin.as_ref()?);
+        let settings = self.settings.clone();
+        let topic = topic.to_owned();
+        Some(async move { create(&admin, &settings, &topic).await })
+    }
+
     /// Makes sure `topic` exists (creating it if needed).
     pub async fn ensure(&mut self, topic: &str) -> Result<(), SinkError> {
-        if self.known.contains(topic) {
-            return Ok(());
+        if let Some(creation) = self.creation(topic) {
+            creation.await?;
         }
-        let Some(admin) = &self.admin else {
-            self.known.insert(topic.to_owned());
-            return Ok(());
-        };
-        let new_topic = NewTopic::new(
-            topic,
-            self.settings.partitions,
-            TopicReplication::Fixed(self.settings.replication_factor),
-        );
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let results = admin
-            .create_topics([&new_topic], &options)
-            .await
-            .map_err(|e| SinkError::Transient(format!("creating topic {topic}: {e}")))?;
-        for result in results {
-            match result {
-                Ok(name) => info!(topic = %name, partitions = self.settings.partitions, replication_factor = self.settings.replication_factor, "created topic"),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((name, code @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed))) => {
-                    return Err(SinkError::Definite(format!(
-                        "the broker refused to create topic {name} ({code}): create it yourself, grant CREATE to Siphon's principal, or set kafka.topic_creation.enabled = false"
-                    )))
-                }
-                Err((name, code @ (RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::InvalidPartitions | RDKafkaErrorCode::InvalidReplicationFactor | RDKafkaErrorCode::InvalidConfig))) => {
-                    return Err(SinkError::Definite(format!(
-                        "the broker refused to create topic {name} ({code}): check kafka.topic_creation (partitions, replication_factor) and the topic name"
-                    )))
-                }
-                Err((name, code)) => {
-                    return Err(SinkError::Transient(format!("creating topic {name}: {code}")))
-                }
-            }
-        }
-        self.known.insert(topic.to_owned());
+        self.remember(topic);
         Ok(())
     }
+}
+
+/// Creates `topic` with `settings`; "already exists" is success.
+async fn create(
+    admin: &AdminClient<DefaultClientContext>,
+    settings: &TopicCreation,
+    topic: &str,
+) -> Result<(), SinkError> {
+    let new_topic = NewTopic::new(
+        topic,
+        settings.partitions,
+        TopicReplication::Fixed(settings.replication_factor),
+    );
+    let options = AdminOptions::new()
+        .request_timeout(Some(CREATE_TIMEOUT))
+        .operation_timeout(Some(CREATE_TIMEOUT));
+    let results = admin
+        .create_topics([&new_topic], &options)
+        .await
+        .map_err(|e| SinkError::Transient(format!("creating topic {topic}: {e}")))?;
+    for result in results {
+        match result {
+            Ok(name) => info!(topic = %name, partitions = settings.partitions, replication_factor = settings.replication_factor, "created topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed))) => {
+                return Err(SinkError::Definite(format!(
+                    "the broker refused to create topic {name} ({code}): create it yourself, grant CREATE to Siphon's principal, or set kafka.topic_creation.enabled = false"
+                )))
+            }
+            Err((name, code @ (RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::InvalidPartitions | RDKafkaErrorCode::InvalidReplicationFactor | RDKafkaErrorCode::InvalidConfig))) => {
+                return Err(SinkError::Definite(format!(
+                    "the broker refused to create topic {name} ({code}): check kafka.topic_creation (partitions, replication_factor) and the topic name"
+                )))
+            }
+            Err((name, code)) => {
+                return Err(SinkError::Transient(format!("creating topic {name}: {code}")))
+            }
+        }
+    }
+    Ok(())
 }

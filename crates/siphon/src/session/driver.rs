@@ -9,7 +9,15 @@
 //!   status probe run as spawned tasks with a timeout, and their results come back as inputs;
 //!   so a black-holed SQL connection cannot freeze delivery handling or shutdown.
 //! - Every action is executed in the order the core queued it (records reach the producer in
-//!   the core's order).
+//!   the core's order). A record for a topic new to the producer waits, with every record sent
+//!   after it, while the topic is created beside the loop ([`Waiting`]); so unreachable brokers
+//!   hold up neither delivery reports, nor the delivery deadline, nor shutdown, nor the status
+//!   updates that keep the replication connection alive.
+//! - Records waiting for a topic count as handed to the producer: a purge hands them back as
+//!   purged, like the producer's own queue, and stops their topic's creation; so a replacement
+//!   never leaves one behind. A creation that failed for now hands back the record it was for
+//!   as not taken ([`Input::SendRefused`], which fails the producer) and the records after it
+//!   as purged; one refused for good refuses each record of its topic, as at enqueue.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
 use super::{Carry, PipelineSettings, SeenPublication};
@@ -17,12 +25,13 @@ use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use futures::FutureExt as _;
 use pgoutput::Lsn;
-use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink};
+use siphon_kafka_sink::{BrokerProbe, Delivery, DeliveryObserver, KafkaSink, SinkError};
+use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
 use siphon_source::Membership;
 use siphon_source::MissingSlot;
 use siphon_source::ReplicationStream;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -56,6 +65,67 @@ async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>
             _ => {}
         }
         reachable = Some(now);
+    }
+}
+
+/// A topic being created beside the loop; dropping it stops the creation.
+struct Creation {
+    /// Tells its result from a stopped creation's.
+    id: u64,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Creation {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The outcome of a topic creation run beside the loop: its id, the topic, the result.
+type Created = (u64, String, Result<(), SinkError>);
+
+/// Records the core sent that wait for a topic to be created, in the core's order: the first
+/// one's topic is being created, and everything after it waits too (so records reach the
+/// producer in the order they were sent).
+struct Waiting {
+    sends: VecDeque<(usize, RoutedRecord)>,
+    creating: Option<Creation>,
+    next_id: u64,
+    created_tx: mpsc::UnboundedSender<Created>,
+    created: mpsc::UnboundedReceiver<Created>,
+}
+
+impl Waiting {
+    fn new() -> Self {
+        let (created_tx, created) = mpsc::unbounded_channel();
+        Waiting {
+            sends: VecDeque::new(),
+            creating: None,
+            next_id: 0,
+            created_tx,
+            created,
+        }
+    }
+
+    /// Runs `creation` of `topic` beside the loop; its result arrives on `created`.
+    fn start(
+        &mut self,
+        topic: &str,
+        creation: impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static,
+    ) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let topic = topic.to_owned();
+        let created = self.created_tx.clone();
+        debug!(%topic, "creating a topic; records for it and after it wait");
+        self.creating = Some(Creation {
+            id,
+            task: tokio::spawn(async move {
+                let result = creation.await;
+                // The receiver is gone only when the session ended.
+                let _ = created.send((id, topic, result));
+            }),
+        });
     }
 }
 
@@ -169,6 +239,7 @@ pub async fn run_session(
         inputs_tx,
         inputs,
         status_probe: None,
+        waiting: Waiting::new(),
         core,
     };
     metrics.health().set_streaming(true);
@@ -222,6 +293,8 @@ struct Driver<'a> {
     probe: tokio::task::JoinHandle<()>,
     /// The periodic status probe, while it runs.
     status_probe: Option<tokio::task::JoinHandle<()>>,
+    /// Records waiting for their topic to be created.
+    waiting: Waiting,
     core: SessionCore<'a>,
 }
 
@@ -241,6 +314,10 @@ impl Driver<'_> {
                     if changed.is_err() || *shutdown.borrow() { Some(Input::Shutdown) } else { None }
                 }
                 Some(input) = self.inputs.recv() => Some(input),
+                Some((id, topic, result)) = self.waiting.created.recv() => {
+                    self.on_created(id, &topic, result).await;
+                    None
+                }
                 Some(delivery) = self.deliveries.recv() => {
                     let now = Now::read();
                     self.core.handle(now, Input::Delivery(delivery));
@@ -289,20 +366,23 @@ impl Driver<'_> {
         while let Some(action) = self.core.poll_action() {
             match action {
                 Action::Send { token, record } => {
-                    if let Err(error) = self.sink.send(token, &record).await {
-                        self.core.handle(
-                            Now::read(),
-                            Input::SendRefused {
-                                token,
-                                record,
-                                error,
-                            },
-                        );
+                    if self.waiting.sends.is_empty() {
+                        match self.sink.topic_creation(&record.topic) {
+                            None => {
+                                self.send_now(token, record).await;
+                                continue;
+                            }
+                            Some(creation) => self.waiting.start(&record.topic, creation),
+                        }
                     }
+                    self.waiting.sends.push_back((token, record));
                 }
                 Action::Confirm(lsn) => self.stream.confirm(lsn),
                 Action::Lookup(lookup) => self.spawn_lookup(lookup),
-                Action::PurgeProducer => self.sink.purge(),
+                Action::PurgeProducer => {
+                    self.sink.purge();
+                    self.hand_back_waiting();
+                }
                 Action::ReplaceProducer => match self.sink.rebuild() {
                     Ok(_) => {
                         self.probe.abort();
@@ -315,6 +395,104 @@ impl Driver<'_> {
             }
         }
         None
+    }
+
+    /// Hands `record` to the producer; a record it does not take goes back to the core.
+    async fn send_now(&mut self, token: usize, record: RoutedRecord) {
+        if let Err(error) = self.sink.send(token, &record).await {
+            self.core.handle(
+                Now::read(),
+                Input::SendRefused {
+                    token,
+                    record,
+                    error,
+                },
+            );
+        }
+    }
+
+    /// A topic creation finished: the records waiting for it are sent in order, up to the next
+    /// one whose topic is new; if it failed they go back to the core (see the module's
+    /// invariants).
+    async fn on_created(&mut self, id: u64, topic: &str, result: Result<(), SinkError>) {
+        if self.waiting.creating.as_ref().map(|c| c.id) != Some(id) {
+            // A creation stopped by a purge: its records were handed back already.
+            return;
+        }
+        self.waiting.creating = None;
+        let failed = match result {
+            Ok(()) => {
+                self.sink.topic_created(topic);
+                None
+            }
+            Err(error) => Some(error),
+        };
+        match failed {
+            Some(error) if error.is_transient() => {
+                // The first waiting record is the one the creation was for: the producer is
+                // failed with it, and the records after it come back as purged.
+                if let Some((token, record)) = self.waiting.sends.pop_front() {
+                    self.core.handle(
+                        Now::read(),
+                        Input::SendRefused {
+                            token,
+                            record,
+                            error,
+                        },
+                    );
+                }
+                self.hand_back_waiting();
+                return;
+            }
+            Some(error) => {
+                // Refused for good: each record of the topic is refused as at enqueue; the
+                // others go on.
+                let (refused, others) = std::mem::take(&mut self.waiting.sends)
+                    .into_iter()
+                    .partition::<VecDeque<_>, _>(|(_, record)| record.topic == topic);
+                self.waiting.sends = others;
+                for (token, record) in refused {
+                    self.core.handle(
+                        Now::read(),
+                        Input::SendRefused {
+                            token,
+                            record,
+                            error: error.clone(),
+                        },
+                    );
+                }
+            }
+            None => {}
+        }
+        while let Some((token, record)) = self.waiting.sends.pop_front() {
+            if let Some(creation) = self.sink.topic_creation(&record.topic) {
+                self.waiting.start(&record.topic, creation);
+                self.waiting.sends.push_front((token, record));
+                return;
+            }
+            self.send_now(token, record).await;
+        }
+    }
+
+    /// The producer is purged (or a topic creation failed): the records waiting for a topic
+    /// are handed back as purged, and the creation stops (the replacement's records start it
+    /// again).
+    fn hand_back_waiting(&mut self) {
+        self.waiting.creating = None;
+        if self.waiting.sends.is_empty() {
+            return;
+        }
+        warn!(
+            records = self.waiting.sends.len(),
+            "records waiting for a topic to be created are sent again on the replacement producer"
+        );
+        let generation = self.sink.generation();
+        for (token, record) in std::mem::take(&mut self.waiting.sends) {
+            self.core.handle(
+                Now::read(),
+                Input::Delivery(Delivery::purged(token, generation, record)),
+            );
+        }
     }
 
     fn spawn_lookup(&self, lookup: Lookup) {
