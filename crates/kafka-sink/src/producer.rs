@@ -57,10 +57,10 @@ impl Delivery {
         Delivery {
             token,
             generation,
-            result: Err(DeliveryFailure {
+            result: Err(Box::new(DeliveryFailure {
                 error: DeliveryError::from_kafka(&record.topic, &error),
                 record,
-            }),
+            })),
         }
     }
 }
