@@ -34,8 +34,13 @@ const READ_CHUNK: usize = 128 * 1024;
 const SMALL_READ: usize = 16 * 1024;
 
 /// ...makes the next read wait this long, so the rest of the transaction is read in a few large
-/// reads instead of one system call (and one wake-up) per message or two.
+/// reads instead of one system call (and one wake-up) per message or two. While a read is held
+/// the socket's receive low-water mark is raised to [`HOLD_LOW_WATER`], so the kernel does not
+/// wake the process for every message that arrives meanwhile.
 const READ_HOLD: Duration = Duration::from_millis(1);
+
+/// The receive low-water mark while a read is held.
+const HOLD_LOW_WATER: usize = 64 * 1024;
 
 /// Most messages read ahead: small messages cost little in bytes, but a deeper read-ahead
 /// than this would only keep the server from being held back.
@@ -133,7 +138,7 @@ impl WireStream {
                 return Ok(received);
             }
             if !in_transaction {
-                self.holding = false;
+                self.end_hold();
             }
             poll_fn(|cx| self.poll_io(cx, Read::Coalesced)).await?;
         }
@@ -143,6 +148,7 @@ impl WireStream {
     /// going, without handing anything out: what the caller awaits while it cannot take
     /// messages. Returns only on an error. Cancel-safe.
     pub async fn read_ahead(&mut self) -> WireError {
+        self.end_hold();
         poll_fn(|cx| loop {
             // Whole messages leave the receive buffer at once, so it stays one chunk.
             loop {
@@ -239,6 +245,24 @@ impl WireStream {
         Ok(None)
     }
 
+    /// Holds the next read for [`READ_HOLD`], with the low-water mark raised meanwhile.
+    fn start_hold(&mut self) {
+        self.holding = true;
+        self.hold_timer.as_mut().reset(Instant::now() + READ_HOLD);
+        if let Err(error) = self.socket.set_receive_low_water(HOLD_LOW_WATER) {
+            tracing::debug!(%error, "could not raise the receive low-water mark");
+        }
+    }
+
+    /// Ends a held read: the socket is reported readable at the first byte again.
+    fn end_hold(&mut self) {
+        if std::mem::take(&mut self.holding) {
+            if let Err(error) = self.socket.set_receive_low_water(1) {
+                tracing::debug!(%error, "could not reset the receive low-water mark");
+            }
+        }
+    }
+
     /// The oldest whole message: one read ahead, or the next in the receive buffer.
     fn next_message(&mut self) -> Result<Option<BackendMessage>, ProtocolViolation> {
         if let Some(message) = self.ahead.pop_front() {
@@ -277,7 +301,7 @@ impl WireStream {
                 if self.hold_timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                self.holding = false;
+                self.end_hold();
             }
             Read::Coalesced | Read::Now => {}
         }
@@ -289,8 +313,7 @@ impl WireStream {
             Poll::Ready(Ok(0)) => Poll::Ready(Err(WireError::Closed)),
             Poll::Ready(Ok(bytes)) => {
                 if read == Read::Coalesced && bytes < SMALL_READ {
-                    self.holding = true;
-                    self.hold_timer.as_mut().reset(Instant::now() + READ_HOLD);
+                    self.start_hold();
                 }
                 Poll::Ready(Ok(()))
             }
@@ -421,8 +444,11 @@ mod tests {
         // Outside a transaction the hold is dropped: the next message is read as it comes.
         assert!(stream.holding);
         server.write_all(&xlogdata(3, b"C")).await.unwrap();
+        // (The low-water mark of the hold is reset: a few bytes wake the reader again.)
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.next(false)).await;
         assert!(matches!(
-            stream.next(false).await.unwrap(),
+            read.expect("a small message outside a transaction is read at once")
+                .unwrap(),
             Received::Data { wal_start: 3, .. }
         ));
         let mut big = Vec::new();
@@ -432,7 +458,7 @@ mod tests {
         server.write_all(&big).await.unwrap();
         // Let all of it arrive, so one read takes more than SMALL_READ: no hold after it.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        stream.holding = false;
+        stream.end_hold();
         assert!(matches!(
             stream.next(true).await.unwrap(),
             Received::Data { .. }
