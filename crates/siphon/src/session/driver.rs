@@ -397,17 +397,22 @@ impl Driver<'_> {
         None
     }
 
+    /// A record the producer did not take (or could not be given) goes back to the core.
+    fn refused(&mut self, token: usize, record: RoutedRecord, error: SinkError) {
+        self.core.handle(
+            Now::read(),
+            Input::SendRefused {
+                token,
+                record,
+                error,
+            },
+        );
+    }
+
     /// Hands `record` to the producer; a record it does not take goes back to the core.
     async fn send_now(&mut self, token: usize, record: RoutedRecord) {
         if let Err(error) = self.sink.send(token, &record).await {
-            self.core.handle(
-                Now::read(),
-                Input::SendRefused {
-                    token,
-                    record,
-                    error,
-                },
-            );
+            self.refused(token, record, error);
         }
     }
 
@@ -432,14 +437,7 @@ impl Driver<'_> {
                 // The first waiting record is the one the creation was for: the producer is
                 // failed with it, and the records after it come back as purged.
                 if let Some((token, record)) = self.waiting.sends.pop_front() {
-                    self.core.handle(
-                        Now::read(),
-                        Input::SendRefused {
-                            token,
-                            record,
-                            error,
-                        },
-                    );
+                    self.refused(token, record, error);
                 }
                 self.hand_back_waiting();
                 return;
@@ -452,14 +450,7 @@ impl Driver<'_> {
                     .partition::<VecDeque<_>, _>(|(_, record)| record.topic == topic);
                 self.waiting.sends = others;
                 for (token, record) in refused {
-                    self.core.handle(
-                        Now::read(),
-                        Input::SendRefused {
-                            token,
-                            record,
-                            error: error.clone(),
-                        },
-                    );
+                    self.refused(token, record, error.clone());
                 }
             }
             None => {}
