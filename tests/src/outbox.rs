@@ -4,9 +4,10 @@
 //! # Invariants
 //! - [`event`] is a pure function of its arguments, so a test can recompute what it wrote.
 
-use crate::{Broker, ConsumedRecord, Postgres};
-use anyhow::Result;
+use crate::{Broker, ConsumedRecord, Postgres, SiphonProcess};
+use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 use tokio_postgres::Client;
 
 /// The outbox table users create (Debezium's outbox shape).
@@ -133,6 +134,20 @@ pub async fn slot_confirmed_lsn(client: &Client, slot: &str) -> Result<Option<u6
     Ok(row
         .and_then(|r| r.get::<_, Option<i64>>(0))
         .map(|v| v as u64))
+}
+
+/// Starts Siphon with `config` and waits (up to 60 s) until it streams from `slot`; the error
+/// carries Siphon's log.
+pub async fn start_streaming(client: &Client, config: &str, slot: &str) -> Result<SiphonProcess> {
+    let siphon = SiphonProcess::start(config)?;
+    crate::wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(client, slot).await },
+    )
+    .await
+    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    Ok(siphon)
 }
 
 /// Whether a walsender is streaming from the slot. A slot is also `active` while an ordinary
@@ -265,7 +280,7 @@ pub async fn wait_for_slot_past(
     client: &Client,
     slot: &str,
     lsn: u64,
-    timeout: std::time::Duration,
+    timeout: Duration,
 ) -> Result<()> {
     crate::wait_until(timeout, std::time::Duration::from_millis(200), || async {
         Ok(slot_confirmed_lsn(client, slot).await?.unwrap_or(0) >= lsn)
@@ -297,7 +312,7 @@ pub fn record_id(record: &ConsumedRecord) -> String {
 pub async fn wait_for_all(
     bootstrap: &str,
     expected: &BTreeSet<String>,
-    timeout: std::time::Duration,
+    timeout: Duration,
 ) -> Result<Vec<ConsumedRecord>> {
     crate::wait_for(timeout, std::time::Duration::from_millis(500), || async {
         let records = read_event_records(bootstrap).await?;
@@ -328,7 +343,7 @@ pub fn phantom_ids(records: &[ConsumedRecord], expected: &BTreeSet<String>) -> V
 pub async fn wait_for_each_once(
     bootstrap: &str,
     expected: &BTreeSet<String>,
-    timeout: std::time::Duration,
+    timeout: Duration,
 ) -> Result<Vec<ConsumedRecord>> {
     let records = wait_for_all(bootstrap, expected, timeout).await?;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();

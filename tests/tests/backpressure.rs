@@ -10,7 +10,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use siphon_tests::outbox::{
     current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at as config_for,
-    slot_active, slot_confirmed_lsn, wait_for_slot_past, OUTBOX_DDL,
+    slot_confirmed_lsn, start_streaming, wait_for_slot_past, OUTBOX_DDL,
 };
 use siphon_tests::proxy::{advertised_ports, Direction, ProxiedBroker};
 use siphon_tests::{
@@ -308,14 +308,7 @@ async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Re
     client.batch_execute(OUTBOX_DDL).await?;
     // siphon_config sets message.timeout.ms = 10000: records may time out during the outage and
     // the producer be rebuilt; that must not cost the PostgreSQL connection.
-    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, SLOT, ""))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, SLOT).await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon = start_streaming(&client, &siphon_config(&pg, &broker, SLOT, ""), SLOT).await?;
 
     // One order delivered first: the topic exists and the producer is connected.
     insert_transaction(&mut client, &[event(1, true)], true).await?;
@@ -432,20 +425,18 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     // A long message timeout: the slow phase must fill the window, not time records out.
-    let siphon = SiphonProcess::start(&config_for(
-        &pg,
-        &broker.bootstrap(),
+    let siphon = start_streaming(
+        &client,
+        &config_for(
+            &pg,
+            &broker.bootstrap(),
+            SLOT,
+            "\"message.timeout.ms\" = \"300000\"",
+            "max_in_flight_records = 50",
+        ),
         SLOT,
-        "\"message.timeout.ms\" = \"300000\"",
-        "max_in_flight_records = 50",
-    ))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, SLOT).await },
     )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    .await?;
     let metrics_at = metrics_address(&siphon).context("no metrics address in the log")?;
 
     // One event delivered unthrottled: the topic exists and the producer is connected.

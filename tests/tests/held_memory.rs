@@ -10,10 +10,10 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    event, insert_large_rows, siphon_config_at, slot_active, wait_for_each_once, OUTBOX_DDL,
+    event, insert_large_rows, siphon_config_at, start_streaming, wait_for_each_once, OUTBOX_DDL,
 };
 use siphon_tests::proxy::{ProduceFault, ProxiedBroker};
-use siphon_tests::{wait_until, Postgres, SiphonProcess};
+use siphon_tests::Postgres;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -55,14 +55,7 @@ async fn large_records_held_through_producer_replacements_stay_within_the_byte_w
         "\"message.timeout.ms\" = \"120000\"",
         &format!("max_in_flight_bytes = {WINDOW_BYTES}"),
     );
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, "heldmem").await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon = start_streaming(&client, &config, "heldmem").await?;
     let (rss_before, _) = siphon.memory()?;
 
     broker.proxy().set_produce_fault(Some(ProduceFault::new(

@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    event, siphon_config, slot_active, slot_confirmed_lsn, wait_for_each_once, Event,
+    self, event, siphon_config, slot_active, slot_confirmed_lsn, wait_for_each_once, Event,
 };
 use siphon_tests::{wait_until, Broker, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
@@ -60,15 +60,7 @@ async fn insert_spread(client: &mut Client, events: &[Event], months: &[u32]) ->
 
 async fn start_streaming(pg: &Postgres, broker: &Broker, slot: &str) -> Result<SiphonProcess> {
     let client = pg.connect().await?;
-    let siphon = SiphonProcess::start(&siphon_config(pg, broker, slot, ""))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, slot).await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
-    Ok(siphon)
+    outbox::start_streaming(&client, &siphon_config(pg, broker, slot, ""), slot).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

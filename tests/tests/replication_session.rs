@@ -4,9 +4,11 @@
 //! the walsender.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::{event, insert_transaction, siphon_config_at, slot_active, OUTBOX_DDL};
+use siphon_tests::outbox::{
+    event, insert_transaction, siphon_config_at, start_streaming, OUTBOX_DDL,
+};
 use siphon_tests::proxy::{ProduceFault, ProxiedBroker};
-use siphon_tests::{read_topic_async, wait_for, wait_until, Postgres, SiphonProcess};
+use siphon_tests::{read_topic_async, wait_for, Postgres};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio_postgres::Client;
@@ -56,14 +58,7 @@ async fn a_paused_pipeline_keeps_its_replication_session_alive() -> Result<()> {
         // below are all read.
         "max_in_flight_records = 5\nmax_in_flight_bytes = 2048",
     );
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { slot_active(&client, "paused").await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon = start_streaming(&client, &config, "paused").await?;
     insert_transaction(&mut client, &[event(1, true)], true).await?;
     let first = BTreeSet::from([event(1, true).id]);
     wait_for(

@@ -177,16 +177,22 @@ async fn an_outbox_table_without_a_configured_column_is_named_and_the_row_is_not
     Ok(())
 }
 
-/// Streams, runs `sql` on the database, and returns Siphon's log after it exited with the
-/// definite-error status.
-async fn definite_exit_after(sql: &str) -> Result<String> {
+/// Fresh services with the tables of `ddl`, and Siphon streaming from them.
+async fn streaming(ddl: &str) -> Result<(Postgres, Broker, tokio_postgres::Client, SiphonProcess)> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);
     let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
+    client.batch_execute(ddl).await?;
     let siphon = SiphonProcess::start(&config(&pg, &broker))?;
     siphon
         .wait_for_log("streaming", Duration::from_secs(60))
         .await?;
+    Ok((pg, broker, client, siphon))
+}
+
+/// Streams, runs `sql` on the database, and returns Siphon's log after it exited with the
+/// definite-error status.
+async fn definite_exit_after(sql: &str) -> Result<String> {
+    let (_pg, _broker, client, siphon) = streaming(OUTBOX).await?;
     client.batch_execute(sql).await?;
     let status = siphon.wait_exit(Duration::from_secs(60))?;
     let log = siphon.log();
@@ -224,13 +230,7 @@ async fn an_outbox_table_taken_out_of_the_publication_stops_siphon_naming_the_fi
 /// meanwhile and lose them silently, so Siphon stops and says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_lost_between_sessions_is_not_created_again_silently() -> Result<()> {
-    let (pg, broker) = (Postgres::start()?, Broker::start()?);
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
-    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
-    siphon
-        .wait_for_log("streaming", Duration::from_secs(60))
-        .await?;
+    let (_pg, _broker, client, siphon) = streaming(OUTBOX).await?;
     // Cut the replication connection and drop the slot before Siphon reconnects (its backoff).
     client
         .batch_execute(
@@ -321,13 +321,7 @@ struct PublicationGap {
 /// Streams while a writer commits an outbox row every 20 ms, runs `remove`, and `restore` 300 ms
 /// later (well within one publication check), so that every check sees a healthy publication.
 async fn publication_gap(remove: &str, restore: &str) -> Result<PublicationGap> {
-    let (pg, broker) = (Postgres::start()?, Broker::start()?);
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
-    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
-    siphon
-        .wait_for_log("streaming", Duration::from_secs(60))
-        .await?;
+    let (pg, broker, client, siphon) = streaming(OUTBOX).await?;
     let writer = pg.connect().await?;
     let writing = tokio::spawn(async move {
         let started = std::time::Instant::now();
@@ -439,13 +433,7 @@ async fn an_outbox_table_removed_and_added_back_between_two_checks_stops_siphon(
 /// the next session must not take the new publication for the one it streamed with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publication_created_again_while_reconnecting_stops_siphon() -> Result<()> {
-    let (pg, broker) = (Postgres::start()?, Broker::start()?);
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
-    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
-    siphon
-        .wait_for_log("streaming", Duration::from_secs(60))
-        .await?;
+    let (pg, _broker, client, siphon) = streaming(OUTBOX).await?;
     // Cut the replication connection; the gap fits in the first backoff (at least 500 ms).
     client
         .batch_execute(&format!(
@@ -471,17 +459,10 @@ async fn a_publication_created_again_while_reconnecting_stops_siphon() -> Result
 /// Siphon goes on streaming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_tables_added_to_and_removed_from_the_publication_do_not_stop_siphon() -> Result<()> {
-    let (pg, broker) = (Postgres::start()?, Broker::start()?);
-    let client = pg.connect().await?;
-    client
-        .batch_execute(&format!(
-            "{OUTBOX}; CREATE TABLE other (id int PRIMARY KEY); CREATE TABLE third (id int PRIMARY KEY)"
-        ))
-        .await?;
-    let siphon = SiphonProcess::start(&config(&pg, &broker))?;
-    siphon
-        .wait_for_log("streaming", Duration::from_secs(60))
-        .await?;
+    let (_pg, broker, client, siphon) = streaming(&format!(
+        "{OUTBOX}; CREATE TABLE other (id int PRIMARY KEY); CREATE TABLE third (id int PRIMARY KEY)"
+    ))
+    .await?;
     client
         .batch_execute("ALTER PUBLICATION p ADD TABLE other, third")
         .await?;

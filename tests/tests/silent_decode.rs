@@ -6,7 +6,8 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    event, insert_transaction, siphon_config, slot_active, wait_for_each_once, Event, OUTBOX_DDL,
+    event, insert_transaction, siphon_config, slot_active, start_streaming, wait_for_each_once,
+    Event, OUTBOX_DDL,
 };
 use siphon_tests::proxy::ThrottlingProxy;
 use siphon_tests::{siphon_bin, wait_until, Broker, Postgres, SiphonProcess};
@@ -129,14 +130,7 @@ async fn a_connection_that_carries_nothing_is_still_a_stall() -> Result<()> {
             "status_interval_ms = 200\nstall_timeout_secs = 2\n",
         )
         .replace(&format!("127.0.0.1:{}", pg.port()), &proxy.address());
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, "cut").await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon = start_streaming(&client, &config, "cut").await?;
 
     proxy.pause();
     let first: Vec<Event> = (1..=10).map(|s| event(s, true)).collect();

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
     current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at, slot_active,
-    slot_confirmed_lsn, wait_for_slot_past, Event, OUTBOX_DDL,
+    slot_confirmed_lsn, start_streaming, wait_for_slot_past, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
     create_topic, read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
@@ -66,14 +66,8 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
-    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "spine", ""))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { slot_active(&client, "spine").await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon =
+        start_streaming(&client, &siphon_config(&pg, &broker, "spine", ""), "spine").await?;
 
     // 100 committed transactions of 100 events, with 10 rolled-back ones in between.
     let mut committed = Vec::new();
@@ -215,14 +209,12 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
-    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "outage", ""))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { slot_active(&client, "outage").await },
+    let siphon = start_streaming(
+        &client,
+        &siphon_config(&pg, &broker, "outage", ""),
+        "outage",
     )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    .await?;
 
     // One delivered transaction first.
     insert_transaction(&mut client, &[event(1, true)], true).await?;
@@ -321,14 +313,7 @@ async fn outage_with_deadline(
         &format!("\"message.timeout.ms\" = \"{timeout_ms}\""),
         "max_in_flight_records = 5",
     );
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { slot_active(&client, slot).await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon = start_streaming(&client, &config, slot).await?;
     for &seq in before {
         insert_transaction(&mut client, &[event(seq, true)], true).await?;
     }
@@ -563,14 +548,7 @@ async fn sigterm_while_a_topic_waits_to_be_created_stops_within_the_shutdown_tim
     client.batch_execute(OUTBOX_DDL).await?;
     let config = siphon_config(&pg, &broker, "creating", "")
         .replace("shutdown_timeout_secs = 20", "shutdown_timeout_secs = 3");
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { slot_active(&client, "creating").await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon = start_streaming(&client, &config, "creating").await?;
     broker.kill()?;
     insert_transaction(&mut client, &[event(1, true)], true).await?;
     let end = current_insert_lsn(&client).await?;

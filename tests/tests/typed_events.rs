@@ -5,11 +5,9 @@
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use siphon_tests::outbox::{siphon_config, slot_active};
+use siphon_tests::outbox::{siphon_config, start_streaming};
 use siphon_tests::python::{decode_records, python};
-use siphon_tests::{
-    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
-};
+use siphon_tests::{read_topic_async, wait_for, Broker, ConsumedRecord, Postgres, SiphonProcess};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -154,14 +152,7 @@ async fn run(slot: &str, extra: &str) -> Result<Run> {
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(DDL).await?;
-    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, slot, extra))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { slot_active(&client, slot).await },
-    )
-    .await
-    .with_context(|| format!("siphon did not start streaming; log:\n{}", siphon.log()))?;
+    let siphon = start_streaming(&client, &siphon_config(&pg, &broker, slot, extra), slot).await?;
     let rows = rows();
     let xids = insert(&mut client, &rows).await?;
     let bootstrap = broker.bootstrap();
