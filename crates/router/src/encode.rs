@@ -20,7 +20,9 @@
 //!
 //! # Invariants
 //! - JSON output is one valid JSON value.
-//! - Text and integer values in the String encoding share the input buffer (no copy).
+//! - Every value owns its bytes, never a slice of the column: a column is a slice of the buffer
+//!   the row was received into, and a record waits for its acknowledgement far longer than the
+//!   rest of that buffer is needed.
 
 use crate::javanum::{java_double, java_float, FloatText};
 use crate::json::{json_string_bytes, write_json_string};
@@ -151,7 +153,7 @@ pub struct BadValue;
 pub fn to_json(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadValue> {
     match kind {
         ValueKind::Text => Ok(json_string_bytes(text)),
-        ValueKind::Integer => check_integer(text).map(|()| raw.clone()),
+        ValueKind::Integer => check_integer(text).map(|()| Bytes::copy_from_slice(raw)),
         ValueKind::Boolean => boolean(text),
         ValueKind::Float32 => float32(text).map(json_number),
         ValueKind::Float64 => float64(text).map(json_number),
@@ -228,8 +230,8 @@ pub fn decode_bytea(text: &str) -> Result<Bytes, BadValue> {
 /// what `SimpleHeaderConverter` writes for a header.
 pub fn to_string(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadValue> {
     match kind {
-        ValueKind::Text => Ok(raw.clone()),
-        ValueKind::Integer => check_integer(text).map(|()| raw.clone()),
+        ValueKind::Text => Ok(Bytes::copy_from_slice(raw)),
+        ValueKind::Integer => check_integer(text).map(|()| Bytes::copy_from_slice(raw)),
         ValueKind::Boolean => boolean(text),
         ValueKind::Float32 => float32(text).map(|f| Bytes::from(f.text)),
         ValueKind::Float64 => float64(text).map(|f| Bytes::from(f.text)),
@@ -315,10 +317,19 @@ mod tests {
     }
 
     #[test]
-    fn text_string_shares_the_input() {
+    fn string_values_own_their_bytes() {
         let raw = Bytes::from_static(b"order-1");
-        let out = to_string(ValueKind::Text, &raw, "order-1");
-        assert_eq!(out.as_ref().map(|b| b.as_ptr()), Ok(raw.as_ptr()));
+        let out = to_string(ValueKind::Text, &raw, "order-1").unwrap();
+        assert_eq!(out, raw);
+        assert_ne!(out.as_ptr(), raw.as_ptr());
+        let raw = Bytes::from_static(b"4711");
+        for out in [
+            to_string(ValueKind::Integer, &raw, "4711").unwrap(),
+            to_json(ValueKind::Integer, &raw, "4711").unwrap(),
+        ] {
+            assert_eq!(out, raw);
+            assert_ne!(out.as_ptr(), raw.as_ptr());
+        }
     }
 
     #[test]

@@ -22,6 +22,8 @@
 //! - [`EventRouter::route`] never panics; a row it cannot route is a [`RouteError`], never a
 //!   silently dropped record.
 //! - Routing reads nothing but its arguments: the same inputs give the same output.
+//! - A record owns its bytes: no key, value or header shares memory with the row (see
+//!   [`crate::encode`]).
 
 use crate::binding::{bind, BoundColumn, TableBinding};
 use crate::connect::{java_text, write_envelope, write_json, Schema, SchemaType, Value};

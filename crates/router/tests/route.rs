@@ -267,8 +267,8 @@ fn string_encoding_passes_text_through_unchanged() {
     assert_eq!(rec.key, b(b"order-1"));
     let value = rec.value.unwrap_or_default();
     assert_eq!(value, payload);
-    // Zero copy: the value shares the row's buffer.
-    assert_eq!(value.as_ptr(), payload.as_ptr());
+    // A copy: the record outlives the buffer the row was received into.
+    assert_ne!(value.as_ptr(), payload.as_ptr());
 }
 
 #[test]
@@ -702,5 +702,66 @@ proptest! {
         let value = rec.value.unwrap_or_default();
         let back: String = serde_json::from_slice(&value).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(back, payload);
+    }
+}
+
+/// A row whose columns are slices of one buffer, as rows read from the replication stream are
+/// slices of the buffer they were received into; the buffer for the range check.
+fn row_in_one_buffer(texts: &[&str]) -> (TupleData, Bytes) {
+    let buffer = Bytes::from(texts.concat().into_bytes());
+    let mut at = 0;
+    let columns = texts
+        .iter()
+        .map(|text| {
+            let column = Column::Text(buffer.slice(at..at + text.len()));
+            at += text.len();
+            column
+        })
+        .collect();
+    (TupleData { columns }, buffer)
+}
+
+/// Whether `bytes` lies inside `buffer`'s memory.
+fn shares_memory(bytes: &Bytes, buffer: &Bytes) -> bool {
+    let start = buffer.as_ptr() as usize;
+    let at = bytes.as_ptr() as usize;
+    !bytes.is_empty() && at >= start && at < start + buffer.len()
+}
+
+proptest! {
+    /// A routed record owns its bytes: a key, value or header that kept a slice of the row would
+    /// keep the whole receive buffer alive for as long as the record waits for its
+    /// acknowledgement, outside the byte window that bounds memory.
+    #[test]
+    fn records_never_share_memory_with_the_row(
+        json_key in any::<bool>(),
+        json_value in any::<bool>(),
+        integer_key in any::<bool>(),
+        headers in any::<bool>(),
+    ) {
+        let encoding = |json| if json { Encoding::Json } else { Encoding::String };
+        let placements = [("table.fields.additional.placement", "type:header:eventType,aggregateid:header:aggregate,aggregatetype:envelope:kind")];
+        let r = router(
+            if headers { &placements } else { &[] },
+            Format { key: encoding(json_key), value: encoding(json_value), ..Format::default() },
+        );
+        let rel = relation(&[
+            ("id", UUID),
+            ("aggregatetype", VARCHAR),
+            ("aggregateid", if integer_key { INT8 } else { VARCHAR }),
+            ("type", VARCHAR),
+            ("payload", TEXT),
+        ]);
+        let binding = bound(&r, &rel);
+        let (tuple, buffer) = row_in_one_buffer(&[EVENT_ID, "Order", "4711", "OrderCreated", "plain text payload"]);
+        let rec = record(&r, &binding, &tuple);
+        for bytes in [&rec.key, &rec.value].into_iter().flatten() {
+            prop_assert!(!shares_memory(bytes, &buffer), "{rec:?}");
+        }
+        for header in &rec.headers {
+            if let Some(value) = &header.value {
+                prop_assert!(!shares_memory(value, &buffer), "header {}: {rec:?}", header.name);
+            }
+        }
     }
 }

@@ -10,6 +10,8 @@
 //!   confirm once everything before it is delivered.
 //! - Framing errors (a change outside a transaction, a Begin inside one) are errors, never
 //!   skipped.
+//! - What is kept for the whole session (relations) owns its bytes: it never keeps the buffer
+//!   its message was received into alive.
 
 use crate::SourceError;
 use bytes::Bytes;
@@ -176,6 +178,15 @@ impl Assembler {
 
     /// One pgoutput payload, which the server sent from WAL position `lsn`.
     pub fn data(&mut self, payload: &Bytes, lsn: Lsn) -> Result<Option<SourceEvent>, SourceError> {
+        // Relations (and types) are decoded from their own copy: decoded from the payload, the
+        // cached names would keep the whole receive buffer alive, one per table.
+        let owned;
+        let payload = if matches!(payload.first(), Some(b'R' | b'Y')) {
+            owned = Bytes::copy_from_slice(payload);
+            &owned
+        } else {
+            payload
+        };
         let message = self
             .decoder
             .decode(payload)
@@ -265,6 +276,36 @@ mod tests {
         b.extend((value.len() as u32).to_be_bytes());
         b.extend(value);
         Bytes::from(b)
+    }
+
+    /// A cached relation read from a large receive buffer keeps none of it: its names are
+    /// copies, so the buffer is freed once the messages read from it are done with.
+    #[test]
+    fn a_cached_relation_does_not_share_the_receive_buffer() {
+        let message = relation_message(42);
+        let mut received = vec![0u8; 64 * 1024];
+        received[1000..1000 + message.len()].copy_from_slice(&message);
+        let received = Bytes::from(received);
+        let payload = received.slice(1000..1000 + message.len());
+        let mut a = Assembler::new();
+        a.begin(7, Lsn(100), 1).unwrap();
+        let Some(SourceEvent::Relation(relation)) = a.data(&payload, Lsn(1)).unwrap() else {
+            panic!("a relation");
+        };
+        let range = received.as_ptr() as usize..received.as_ptr() as usize + received.len();
+        let names = [
+            &relation.namespace,
+            &relation.name,
+            &relation.columns[0].name,
+        ];
+        for name in names {
+            let at = name.as_bytes().as_ptr() as usize;
+            assert!(
+                !range.contains(&at),
+                "{name:?} is a slice of the receive buffer"
+            );
+        }
+        assert_eq!(relation.name, "outbox");
     }
 
     #[test]
