@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod producer;
 pub mod topics;
+mod wakeup;
 
 pub use config::{SinkConfig, TopicCreation};
 pub use error::{Consequence, DeliveryError, ProducerFailure, Refusal, SinkError};

@@ -11,22 +11,26 @@
 //! - A producer's unreported count is raised before a record is handed to librdkafka and
 //!   lowered after that record's [`Delivery`] is on the channel: at zero, every report of the
 //!   producer is in the channel.
+//! - Reports reach the channel only while the caller serves them
+//!   ([`KafkaSink::reports_ready`], then [`KafkaSink::serve_reports`]): there is no polling
+//!   thread. [`KafkaSink::send`] serves them itself while librdkafka's queue is full.
 
 use crate::topics::TopicCreator;
+use crate::wakeup::ReportWakeup;
 use crate::{DeliveryError, SinkConfig, SinkError};
 use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer,
+    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
 };
 use rdkafka::ClientContext;
 use siphon_router::{Header, RoutedRecord};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 /// Where a delivered record landed.
@@ -85,41 +89,23 @@ pub struct DeliveryContext {
 #[derive(Default)]
 struct Unreported {
     count: AtomicUsize,
-    /// Woken when `count` drops to zero.
-    none_left: Notify,
 }
 
 impl Unreported {
     fn add(&self) {
-        self.count.fetch_add(1, Ordering::SeqCst);
+        self.count.fetch_add(1, Ordering::Relaxed);
     }
 
     fn remove(&self) {
-        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.none_left.notify_waiters();
-        }
+        self.count.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn get(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    /// Returns once the count is zero.
-    async fn all_reported(&self) {
-        loop {
-            let notified = self.none_left.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so a drop to zero in between is not missed.
-            notified.as_mut().enable();
-            if self.get() == 0 {
-                return;
-            }
-            notified.await;
-        }
+        self.count.load(Ordering::Relaxed)
     }
 }
 
-/// Told about every delivered record, on librdkafka's thread: keep it cheap.
+/// Told about every delivered record, while reports are served: keep it cheap.
 pub trait DeliveryObserver: Send + Sync + 'static {
     /// A record was acknowledged by the broker.
     fn delivered(&self, topic: &str);
@@ -178,26 +164,45 @@ impl ProducerContext for DeliveryContext {
     }
 }
 
-/// A producer whose delivery reports go to `deliveries`, tagged with `generation`.
-fn create_producer(
-    properties: &std::collections::BTreeMap<String, String>,
-    deliveries: &mpsc::UnboundedSender<Delivery>,
-    observer: &Option<Arc<dyn DeliveryObserver>>,
-    generation: u64,
-    unreported: &Arc<Unreported>,
-) -> Result<ThreadedProducer<DeliveryContext>, SinkError> {
-    let mut client_config = ClientConfig::new();
-    for (key, value) in properties {
-        client_config.set(key, value);
-    }
-    client_config
-        .create_with_context(DeliveryContext {
-            deliveries: deliveries.clone(),
-            observer: observer.clone(),
-            generation,
-            unreported: Arc::clone(unreported),
+/// One librdkafka producer, its report wake-up and its unreported count.
+struct Client {
+    // Declared first, dropped first: wake-ups are disabled before the producer may go.
+    wakeup: ReportWakeup<DeliveryContext>,
+    producer: Arc<BaseProducer<DeliveryContext>>,
+    unreported: Arc<Unreported>,
+}
+
+impl Client {
+    /// A producer whose delivery reports go to `deliveries`, tagged with `generation`.
+    fn create(
+        properties: &std::collections::BTreeMap<String, String>,
+        deliveries: &mpsc::UnboundedSender<Delivery>,
+        observer: &Option<Arc<dyn DeliveryObserver>>,
+        generation: u64,
+    ) -> Result<Self, SinkError> {
+        let mut client_config = ClientConfig::new();
+        for (key, value) in properties {
+            client_config.set(key, value);
+        }
+        let unreported = Arc::new(Unreported::default());
+        let producer: BaseProducer<DeliveryContext> = client_config
+            .create_with_context(DeliveryContext {
+                deliveries: deliveries.clone(),
+                observer: observer.clone(),
+                generation,
+                unreported: Arc::clone(&unreported),
+            })
+            .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))?;
+        let producer = Arc::new(producer);
+        let wakeup = ReportWakeup::new(Arc::clone(&producer)).map_err(|e| {
+            SinkError::Transient(format!("waiting for Kafka delivery reports: {e}"))
+        })?;
+        Ok(Client {
+            wakeup,
+            producer,
+            unreported,
         })
-        .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))
+    }
 }
 
 /// Copies a failed message back into a record.
@@ -252,10 +257,9 @@ pub struct KafkaSink {
 
 /// A producer replaced by [`KafkaSink::rebuild`], purged, with reports still to come.
 struct Retired {
-    // Dropping it (which waits for librdkafka's threads) only once everything is reported.
-    _producer: Arc<ThreadedProducer<DeliveryContext>>,
+    // Dropped (which waits for librdkafka's threads) only once everything is reported.
+    client: Client,
     generation: u64,
-    unreported: Arc<Unreported>,
 }
 
 /// A retired producer's progress (see [`KafkaSink::retired`]).
@@ -279,8 +283,7 @@ pub struct Rebuilt {
 
 enum Backend {
     Kafka {
-        producer: Arc<ThreadedProducer<DeliveryContext>>,
-        unreported: Arc<Unreported>,
+        client: Client,
         topics: TopicCreator,
     },
     Discard {
@@ -301,16 +304,8 @@ impl KafkaSink {
             }
         } else {
             let properties = config.client_properties()?;
-            let unreported = Arc::new(Unreported::default());
             Backend::Kafka {
-                producer: Arc::new(create_producer(
-                    &properties,
-                    &tx,
-                    &observer,
-                    0,
-                    &unreported,
-                )?),
-                unreported,
+                client: Client::create(&properties, &tx, &observer, 0)?,
                 topics: TopicCreator::new(&properties, config.topic_creation.clone())?,
             }
         };
@@ -341,19 +336,14 @@ impl KafkaSink {
     /// [`KafkaSink::retired_reported`] first. A retired producer that has reported everything
     /// is let go here.
     pub fn rebuild(&mut self) -> Result<Rebuilt, SinkError> {
-        let Backend::Kafka {
-            producer,
-            unreported,
-            ..
-        } = &mut self.backend
-        else {
+        let Backend::Kafka { client, .. } = &mut self.backend else {
             return Ok(Rebuilt {
                 generation: self.generation,
                 retired_unreported: 0,
             });
         };
         if let Some(retired) = &self.retired {
-            let left = retired.unreported.get();
+            let left = retired.client.unreported.get();
             if left > 0 {
                 return Err(SinkError::RetiredStillReporting {
                     generation: retired.generation,
@@ -363,22 +353,14 @@ impl KafkaSink {
         }
         let properties = self.config.client_properties()?;
         let generation = self.generation + 1;
-        let fresh_unreported = Arc::new(Unreported::default());
-        let fresh = Arc::new(create_producer(
-            &properties,
-            &self.deliveries,
-            &self.observer,
-            generation,
-            &fresh_unreported,
-        )?);
-        let old = std::mem::replace(producer, fresh);
-        let old_unreported = std::mem::replace(unreported, fresh_unreported);
-        old.purge(PurgeConfig::default().queue().inflight());
-        let retired_unreported = old_unreported.get();
+        let fresh = Client::create(&properties, &self.deliveries, &self.observer, generation)?;
+        let old = std::mem::replace(client, fresh);
+        old.producer
+            .purge(PurgeConfig::default().queue().inflight());
+        let retired_unreported = old.unreported.get();
         self.retired = Some(Retired {
-            _producer: old,
+            client: old,
             generation: self.generation,
-            unreported: old_unreported,
         });
         self.generation = generation;
         Ok(Rebuilt {
@@ -390,8 +372,36 @@ impl KafkaSink {
     /// Purges the current producer: its queued and in-flight records come back as failed
     /// [`Delivery`]s (each with its record), so that they can be sent again on a replacement.
     pub fn purge(&self) {
-        if let Backend::Kafka { producer, .. } = &self.backend {
-            producer.purge(PurgeConfig::default().queue().inflight());
+        if let Backend::Kafka { client, .. } = &self.backend {
+            client
+                .producer
+                .purge(PurgeConfig::default().queue().inflight());
+        }
+    }
+
+    /// Returns once the current or the retired producer may have delivery reports to serve
+    /// ([`KafkaSink::serve_reports`]); never for a discarding sink, whose reports are on the
+    /// channel at once. Cancel-safe.
+    pub async fn reports_ready(&self) {
+        let Backend::Kafka { client, .. } = &self.backend else {
+            return std::future::pending().await;
+        };
+        match &self.retired {
+            Some(retired) => tokio::select! {
+                () = client.wakeup.ready() => {}
+                () = retired.client.wakeup.ready() => {}
+            },
+            None => client.wakeup.ready().await,
+        }
+    }
+
+    /// Puts every delivery report the current and the retired producer have on the channel.
+    pub fn serve_reports(&self) {
+        if let Backend::Kafka { client, .. } = &self.backend {
+            client.wakeup.serve();
+        }
+        if let Some(retired) = &self.retired {
+            retired.client.wakeup.serve();
         }
     }
 
@@ -401,16 +411,20 @@ impl KafkaSink {
             .as_ref()
             .map(|r| RetiredStatus {
                 generation: r.generation,
-                unreported: r.unreported.get(),
+                unreported: r.client.unreported.get(),
             })
             .filter(|status| status.unreported > 0)
     }
 
-    /// Returns once the retired producer (if any) has put every report on the channel.
-    /// Cancel-safe.
+    /// Serves reports until the retired producer (if any) has put every report on the
+    /// channel. Cancel-safe.
     pub async fn retired_reported(&self) {
-        if let Some(retired) = &self.retired {
-            retired.unreported.all_reported().await;
+        loop {
+            self.serve_reports();
+            if self.retired().is_none() {
+                return;
+            }
+            self.reports_ready().await;
         }
     }
 
@@ -448,12 +462,8 @@ impl KafkaSink {
     /// [`crate::topics::CREATE_TIMEOUT`]; a caller that must not wait that long runs
     /// [`KafkaSink::topic_creation`] first.)
     pub async fn send(&mut self, token: usize, record: &RoutedRecord) -> Result<(), SinkError> {
-        let (producer, unreported, topics) = match &mut self.backend {
-            Backend::Kafka {
-                producer,
-                unreported,
-                topics,
-            } => (producer, unreported, topics),
+        let (client, topics) = match &mut self.backend {
+            Backend::Kafka { client, topics } => (&*client, topics),
             Backend::Discard { deliveries } => {
                 let delivery = Delivery {
                     token,
@@ -493,16 +503,18 @@ impl KafkaSink {
         }
         loop {
             // Counted before librdkafka can report it; uncounted when it is not taken.
-            unreported.add();
-            let outcome = producer.send(base);
+            client.unreported.add();
+            let outcome = client.producer.send(base);
             if outcome.is_err() {
-                unreported.remove();
+                client.unreported.remove();
             }
             match outcome {
                 Ok(()) => return Ok(()),
-                // The queue is full: the record comes back and is offered again shortly.
+                // The queue is full: the reports served free it (a record leaves it once its
+                // report is served), and the record comes back to be offered again shortly.
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     base = returned;
+                    client.wakeup.serve();
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err((
@@ -531,7 +543,7 @@ impl KafkaSink {
     /// Records enqueued but not yet reported.
     pub fn in_flight(&self) -> i32 {
         match &self.backend {
-            Backend::Kafka { producer, .. } => producer.in_flight_count(),
+            Backend::Kafka { client, .. } => client.producer.in_flight_count(),
             Backend::Discard { .. } => 0,
         }
     }
@@ -540,7 +552,7 @@ impl KafkaSink {
     pub fn prober(&self) -> BrokerProbe {
         BrokerProbe {
             producer: match &self.backend {
-                Backend::Kafka { producer, .. } => Some(Arc::clone(producer)),
+                Backend::Kafka { client, .. } => Some(Arc::clone(&client.producer)),
                 Backend::Discard { .. } => None,
             },
         }
@@ -549,7 +561,8 @@ impl KafkaSink {
     /// The producer's fatal error, if it has one (it must then be rebuilt).
     pub fn fatal_error(&self) -> Option<String> {
         match &self.backend {
-            Backend::Kafka { producer, .. } => producer
+            Backend::Kafka { client, .. } => client
+                .producer
                 .client()
                 .fatal_error()
                 .map(|(code, reason)| format!("{code}: {reason}")),
@@ -561,7 +574,7 @@ impl KafkaSink {
 /// Asks the brokers for metadata, to tell whether they answer.
 #[derive(Clone)]
 pub struct BrokerProbe {
-    producer: Option<Arc<ThreadedProducer<DeliveryContext>>>,
+    producer: Option<Arc<BaseProducer<DeliveryContext>>>,
 }
 
 impl BrokerProbe {
@@ -640,6 +653,47 @@ mod tests {
         sink.topic_created("t");
     }
 
+    /// Serves reports until `count` are on the channel; each wait is for a wake-up.
+    async fn serve_until(
+        sink: &KafkaSink,
+        deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
+        count: usize,
+    ) -> Vec<Delivery> {
+        let mut got = Vec::new();
+        loop {
+            sink.serve_reports();
+            while let Ok(delivery) = deliveries.try_recv() {
+                got.push(delivery);
+            }
+            if got.len() >= count {
+                return got;
+            }
+            tokio::time::timeout(Duration::from_secs(10), sink.reports_ready())
+                .await
+                .expect("the producer's queue wakes the task");
+        }
+    }
+
+    /// Without a polling thread, reports reach the channel only when served, and the queue
+    /// wakes the waiting task again after each time it was served empty.
+    #[tokio::test(flavor = "current_thread")]
+    async fn reports_wake_the_task_every_time_and_arrive_when_served() {
+        let (mut sink, mut deliveries) = unreachable_sink();
+        for round in 0..3 {
+            for n in 0..100 {
+                sink.send(round * 100 + n, &record(n)).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(deliveries.try_recv().is_err(), "nothing reported unserved");
+            sink.purge();
+            let got = serve_until(&sink, &mut deliveries, 100).await;
+            let tokens: Vec<usize> = got.iter().map(|d| d.token).collect();
+            let expected: Vec<usize> = (round * 100..round * 100 + 100).collect();
+            assert_eq!(tokens, expected, "one report per record, in order");
+            assert!(got.iter().all(|d| d.result.is_err()), "purged");
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_retired_producer_at_a_time_and_its_last_report_is_known() {
         let (mut sink, mut deliveries) = unreachable_sink();
@@ -650,8 +704,7 @@ mod tests {
         let rebuilt = sink.rebuild().unwrap();
         assert_eq!(rebuilt.generation, 1);
         assert_eq!(sink.generation(), 1);
-        // Purged records are reported on librdkafka's thread, one by one: 20,000 of them take
-        // longer than asking again at once.
+        // Purged records are reported only while reports are served: nothing served them yet.
         match sink.rebuild() {
             Err(SinkError::RetiredStillReporting {
                 generation: 0,

@@ -18,6 +18,8 @@
 //!   never leaves one behind. A creation that failed for now hands back the record it was for
 //!   as not taken ([`Input::SendRefused`], which fails the producer) and the records after it
 //!   as purged; one refused for good refuses each record of its topic, as at enqueue.
+//! - Delivery reports are served by this loop when librdkafka's queue wakes it
+//!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
 use super::{Carry, PipelineSettings, SeenPublication};
@@ -316,6 +318,12 @@ impl Driver<'_> {
                 Some(input) = self.inputs.recv() => Some(input),
                 Some((id, topic, result)) = self.waiting.created.recv() => {
                     self.on_created(id, &topic, result).await;
+                    None
+                }
+                // librdkafka has reports: served here, they are on the channel for the branch
+                // below.
+                () = self.sink.reports_ready() => {
+                    self.sink.serve_reports();
                     None
                 }
                 Some(delivery) = self.deliveries.recv() => {
