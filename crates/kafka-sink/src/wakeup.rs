@@ -14,8 +14,9 @@
 //! - No report waits unseen: librdkafka writes once per served period (serving resets its
 //!   flag), and only when the queue goes from empty to non-empty; the descriptor starts
 //!   readable (for what was queued before wake-ups were enabled) and [`ReportWakeup::serve`]
-//!   serves until the queue is empty, so a report queued after it writes the descriptor again; [`ReportWakeup::ready`] reads the descriptor before
-//!   its caller serves, so a write after that read is seen by the next wait.
+//!   serves until the queue is empty, so a report queued after it writes the descriptor
+//!   again; [`ReportWakeup::ready`] reads the descriptor before its caller serves, so a write
+//!   after that read is seen by the next wait.
 //! - The only `unsafe` is librdkafka's queue calls on a handle owned here and the `eventfd`
 //!   calls on a descriptor owned here.
 #![allow(unsafe_code)]
@@ -102,7 +103,7 @@ impl<C: ProducerContext + 'static> ReportWakeup<C> {
             libc::write(
                 self.eventfd.get_ref().as_raw_fd(),
                 counter.as_ptr().cast(),
-                8,
+                counter.len(),
             )
         };
     }
