@@ -10,9 +10,10 @@
 //!   so a black-holed SQL connection cannot freeze delivery handling or shutdown.
 //! - Every action is executed in the order the core queued it (records reach the producer in
 //!   the core's order). A record for a topic new to the producer waits, with every record sent
-//!   after it, while the topic is created beside the loop ([`Waiting`]); so unreachable brokers
-//!   hold up neither delivery reports, nor the delivery deadline, nor shutdown, nor the status
-//!   updates that keep the replication connection alive.
+//!   after it, while the topic is created beside the loop (the [`TopicGate`] decides, the
+//!   driver carries out its [`Step`]s); so unreachable brokers hold up neither delivery
+//!   reports, nor the delivery deadline, nor shutdown, nor the status updates that keep the
+//!   replication connection alive.
 //! - Records waiting for a topic count as handed to the producer: a purge hands them back as
 //!   purged, like the producer's own queue, and stops their topic's creation; so a replacement
 //!   never leaves one behind. A creation that failed for now hands back the record it was for
@@ -22,6 +23,7 @@
 //!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
+use super::topic_gate::{Step, TopicGate};
 use super::{Carry, PipelineSettings, SeenPublication};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
@@ -33,7 +35,7 @@ use siphon_source::queries::Catalog;
 use siphon_source::Membership;
 use siphon_source::MissingSlot;
 use siphon_source::ReplicationStream;
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -86,13 +88,11 @@ impl Drop for Creation {
 /// The outcome of a topic creation run beside the loop: its id, the topic, the result.
 type Created = (u64, String, Result<(), SinkError>);
 
-/// Records the core sent that wait for a topic to be created, in the core's order: the first
-/// one's topic is being created, and everything after it waits too (so records reach the
-/// producer in the order they were sent).
+/// Records the core sent that wait for a topic to be created ([`TopicGate`] decides), and the
+/// creation they wait for, run beside the loop.
 struct Waiting {
-    sends: VecDeque<(usize, RoutedRecord)>,
-    creating: Option<Creation>,
-    next_id: u64,
+    gate: TopicGate,
+    creation: Option<Creation>,
     created_tx: mpsc::UnboundedSender<Created>,
     created: mpsc::UnboundedReceiver<Created>,
 }
@@ -101,29 +101,30 @@ impl Waiting {
     fn new() -> Self {
         let (created_tx, created) = mpsc::unbounded_channel();
         Waiting {
-            sends: VecDeque::new(),
-            creating: None,
-            next_id: 0,
+            gate: TopicGate::default(),
+            creation: None,
             created_tx,
             created,
         }
     }
 
-    /// Runs `creation` of `topic` beside the loop; its result arrives on `created`.
+    /// Runs `creation` of `topic` beside the loop; its result arrives on `created` with `id`.
+    /// Without a creation (the topic is known after all) the result is success, at once.
     fn start(
         &mut self,
-        topic: &str,
-        creation: impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static,
+        id: u64,
+        topic: String,
+        creation: Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static>,
     ) {
-        self.next_id += 1;
-        let id = self.next_id;
-        let topic = topic.to_owned();
         let created = self.created_tx.clone();
         debug!(%topic, "creating a topic; records for it and after it wait");
-        self.creating = Some(Creation {
+        self.creation = Some(Creation {
             id,
             task: tokio::spawn(async move {
-                let result = creation.await;
+                let result = match creation {
+                    Some(creation) => creation.await,
+                    None => Ok(()),
+                };
                 // The receiver is gone only when the session ended.
                 let _ = created.send((id, topic, result));
             }),
@@ -374,22 +375,19 @@ impl Driver<'_> {
         while let Some(action) = self.core.poll_action() {
             match action {
                 Action::Send { token, record } => {
-                    if self.waiting.sends.is_empty() {
-                        match self.sink.topic_creation(&record.topic) {
-                            None => {
-                                self.send_now(token, record).await;
-                                continue;
-                            }
-                            Some(creation) => self.waiting.start(&record.topic, creation),
-                        }
+                    let sink = &self.sink;
+                    let is_new = |topic: &str| sink.topic_creation(topic).is_some();
+                    match self.waiting.gate.offer(token, record, is_new) {
+                        // The common case, without a trip through a vector.
+                        Some(Step::Send { token, record }) => self.send_now(token, record).await,
+                        step => self.carry_out(step.into_iter().collect()).await,
                     }
-                    self.waiting.sends.push_back((token, record));
                 }
                 Action::Confirm(lsn) => self.stream.confirm(lsn),
                 Action::Lookup(lookup) => self.spawn_lookup(lookup),
                 Action::PurgeProducer => {
                     self.sink.purge();
-                    self.hand_back_waiting();
+                    self.hand_back_waiting().await;
                 }
                 Action::ReplaceProducer => match self.sink.rebuild() {
                     Ok(_) => {
@@ -428,68 +426,58 @@ impl Driver<'_> {
     /// one whose topic is new; if it failed they go back to the core (see the module's
     /// invariants).
     async fn on_created(&mut self, id: u64, topic: &str, result: Result<(), SinkError>) {
-        if self.waiting.creating.as_ref().map(|c| c.id) != Some(id) {
-            // A creation stopped by a purge: its records were handed back already.
-            return;
+        // The producer is told of a created topic only for the running creation, before the
+        // gate asks which topics are new. A stopped creation's outcome changes nothing: its
+        // records were handed back, and sent again they start a creation of their own.
+        if result.is_ok() && self.waiting.gate.creating() == Some(id) {
+            self.sink.topic_created(topic);
         }
-        self.waiting.creating = None;
-        let failed = match result {
-            Ok(()) => {
-                self.sink.topic_created(topic);
-                None
-            }
-            Err(error) => Some(error),
-        };
-        match failed {
-            Some(error) if error.is_transient() => {
-                // The first waiting record is the one the creation was for: the producer is
-                // failed with it, and the records after it come back as purged.
-                if let Some((token, record)) = self.waiting.sends.pop_front() {
-                    self.refused(token, record, error);
-                }
-                self.hand_back_waiting();
-                return;
-            }
-            Some(error) => {
-                // Refused for good: each record of the topic is refused as at enqueue; the
-                // others go on.
-                let (refused, others) = std::mem::take(&mut self.waiting.sends)
-                    .into_iter()
-                    .partition::<VecDeque<_>, _>(|(_, record)| record.topic == topic);
-                self.waiting.sends = others;
-                for (token, record) in refused {
-                    self.refused(token, record, error.clone());
-                }
-            }
-            None => {}
-        }
-        while let Some((token, record)) = self.waiting.sends.pop_front() {
-            if let Some(creation) = self.sink.topic_creation(&record.topic) {
-                self.waiting.start(&record.topic, creation);
-                self.waiting.sends.push_front((token, record));
-                return;
-            }
-            self.send_now(token, record).await;
-        }
+        let sink = &self.sink;
+        let is_new = |topic: &str| sink.topic_creation(topic).is_some();
+        let steps = self.waiting.gate.created(id, result, is_new);
+        self.carry_out(steps).await;
     }
 
-    /// The producer is purged (or a topic creation failed): the records waiting for a topic
-    /// are handed back as purged, and the creation stops (the replacement's records start it
-    /// again).
-    fn hand_back_waiting(&mut self) {
-        self.waiting.creating = None;
-        if self.waiting.sends.is_empty() {
-            return;
+    /// The producer is purged: the records waiting for a topic are handed back as purged, and
+    /// the creation stops (the replacement's records start it again).
+    async fn hand_back_waiting(&mut self) {
+        let steps = self.waiting.gate.purge();
+        self.carry_out(steps).await;
+    }
+
+    /// Carries out what the topic gate decided, in order; a creation it no longer waits for
+    /// is stopped.
+    async fn carry_out(&mut self, steps: Vec<Step>) {
+        let mut handed_back = 0;
+        for step in steps {
+            match step {
+                Step::Send { token, record } => self.send_now(token, record).await,
+                Step::Create { id, topic } => {
+                    let creation = self.sink.topic_creation(&topic);
+                    self.waiting.start(id, topic, creation);
+                }
+                Step::Refuse {
+                    token,
+                    record,
+                    error,
+                } => self.refused(token, record, error),
+                Step::HandBack { token, record } => {
+                    handed_back += 1;
+                    let generation = self.sink.generation();
+                    self.core.handle(
+                        Now::read(),
+                        Input::Delivery(Delivery::purged(token, generation, record)),
+                    );
+                }
+            }
         }
-        warn!(
-            records = self.waiting.sends.len(),
-            "records waiting for a topic to be created are sent again on the replacement producer"
-        );
-        let generation = self.sink.generation();
-        for (token, record) in std::mem::take(&mut self.waiting.sends) {
-            self.core.handle(
-                Now::read(),
-                Input::Delivery(Delivery::purged(token, generation, record)),
+        if self.waiting.creation.as_ref().map(|c| c.id) != self.waiting.gate.creating() {
+            self.waiting.creation = None;
+        }
+        if handed_back > 0 {
+            warn!(
+                records = handed_back,
+                "records waiting for a topic to be created are sent again on the replacement producer"
             );
         }
     }

@@ -5,6 +5,8 @@
 //! - [`driver`]: the thin async loop that does the IO the core asks for.
 //! - [`ledger`]: the one per-transaction, per-record book behind the watermark, the window and
 //!   the latency metrics.
+//! - `topic_gate`: the pure queue of records waiting for their topic to be created, whose
+//!   steps the driver carries out.
 //!
 //! # Invariants
 //! - The only position ever confirmed to PostgreSQL is the ledger's watermark.
@@ -17,6 +19,7 @@ pub mod ledger;
 pub mod message;
 #[cfg(test)]
 mod simulation;
+mod topic_gate;
 
 use crate::dead_letter::DeadLetters;
 use pgoutput::Lsn;
