@@ -113,10 +113,11 @@ impl TopicCreator {
 
     /// Makes sure `topic` exists (creating it if needed).
     pub async fn ensure(&mut self, topic: &str) -> Result<(), SinkError> {
+        // Known topics (every record but a topic's first) take no allocation here.
         if let Some(creation) = self.creation(topic) {
             creation.await?;
+            self.remember(topic);
         }
-        self.remember(topic);
         Ok(())
     }
 }
