@@ -21,7 +21,16 @@ use std::time::{Duration, Instant, SystemTime};
 const HISTOGRAM: &str = "siphon_commit_to_ack_seconds";
 /// Sequence numbers of warm-up events start here (never reached by measured events).
 const WARMUP_BASE: u64 = 900_000_000_000;
-const WARMUP_EVENTS: u64 = 10;
+/// Warm-up events per topic.
+const WARMUP_PER_TOPIC: u64 = 2;
+/// Seconds of writes that go to one topic before the writers move on to the next.
+///
+/// Tansu's memory engine lists every batch a partition holds on every fetch, so one topic
+/// written for the whole phase costs the broker more CPU with each second (the end-to-end
+/// consumer fetches every few milliseconds): the measure would grow with the phase's length,
+/// not with the pipeline. Each slice of the writes goes to a topic of its own, created during
+/// the warm-up, and the consumer lets go of a topic once it has all of that slice's records.
+const SECS_PER_TOPIC: u64 = 5;
 
 pub struct Plan {
     pub secs: u64,
@@ -65,53 +74,64 @@ pub async fn run(
     plan: &Plan,
 ) -> Result<Latency> {
     let nonce = workload::run_nonce();
-    let aggregatetype = format!("Latency-{nonce}");
-    let topic = format!("outbox.event.{aggregatetype}");
-    // The backlog left the table full of dead rows that every `DELETE FROM` would scan;
-    // start from an empty table (no slot exists at this point to stream the TRUNCATE).
+    let slices = plan.secs.div_ceil(SECS_PER_TOPIC).max(1);
+    let aggregatetype = |slice: u64| format!("Latency-{nonce}-{slice}");
+    let topics: Vec<String> = (0..slices)
+        .map(|slice| format!("outbox.event.{}", aggregatetype(slice)))
+        .collect();
+    // Start from an empty table, without the backlog's million dead rows (no slot exists at
+    // this point to stream the TRUNCATE).
     db.batch_execute(&format!("TRUNCATE {}", workload::TABLE))
         .await
         .context("emptying the outbox table")?;
     workload::create_slot(db, slot).await?;
     let siphon = drain::start_siphon(svc, slot, "kafka")?;
 
-    // Warm-up: creates the topic and proves the pipeline is streaming and caught up.
-    let agg_sql = format!("'{aggregatetype}'");
+    // Warm-up: creates every topic and proves the pipeline is streaming and caught up.
+    let warm_up_sql = format!("'Latency-{nonce}-' || (n % {slices})");
     db.batch_execute(&workload::transaction_sql(
         &nonce,
-        &agg_sql,
+        &warm_up_sql,
         WARMUP_BASE,
-        WARMUP_EVENTS,
+        WARMUP_PER_TOPIC * slices,
     ))
     .await
     .context("warm-up transaction")?;
     let (_, lsn) = workload::current_lsn(db).await?;
     drain::wait_confirmed(db, &siphon, slot, lsn, Duration::from_secs(120)).await?;
-    let partitions = wait_for_topic(&svc.bootstrap, &topic).await?;
+    let mut partitions = Vec::new();
+    for topic in &topics {
+        partitions.push((topic.clone(), wait_for_topic(&svc.bootstrap, topic).await?));
+    }
 
     let txns = plan.secs * plan.rate / plan.txn_events;
     let expected = txns * plan.txn_events;
+    // Transaction `txn` writes to the topic of its slice of the phase.
+    let txns_per_slice = (SECS_PER_TOPIC * plan.rate / plan.txn_events).max(1);
+    let txn_events = plan.txn_events;
+    let slice_of_seq = move |seq: u64| seq / txn_events / txns_per_slice;
+    let slice_sizes: Vec<u64> = (0..slices)
+        .map(|slice| {
+            let first = slice * txns_per_slice;
+            let last = ((slice + 1) * txns_per_slice).min(txns);
+            last.saturating_sub(first) * plan.txn_events
+        })
+        .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let ready = Arc::new(AtomicBool::new(false));
     let consumer = {
-        let (bootstrap, topic, nonce, stop, ready) = (
+        let (bootstrap, nonce, stop, ready) = (
             svc.bootstrap.clone(),
-            topic.clone(),
             nonce.clone(),
             stop.clone(),
             ready.clone(),
         );
-        std::thread::spawn(move || {
-            consume(
-                &bootstrap,
-                &topic,
-                &partitions,
-                &nonce,
-                expected,
-                &stop,
-                &ready,
-            )
-        })
+        let slices = Slices {
+            partitions,
+            sizes: slice_sizes,
+            of_seq: Box::new(slice_of_seq),
+        };
+        std::thread::spawn(move || consume(&bootstrap, &slices, &nonce, &stop, &ready))
     };
     // The consumer is ready (connected, fetching) once it has read the warm-up records.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -126,6 +146,7 @@ pub async fn run(
     let before = promhist::scrape(&siphon.metrics).await?;
 
     let started = Instant::now();
+    let agg_sql = |txn: u64| format!("'{}'", aggregatetype(txn / txns_per_slice));
     let commits = write(svc, plan, txns, &nonce, &agg_sql).await;
     let write_secs = started.elapsed().as_secs_f64();
     let probe = probe.and_then(|p| {
@@ -249,7 +270,7 @@ async fn write(
     plan: &Plan,
     txns: u64,
     nonce: &str,
-    agg_sql: &str,
+    agg_sql: &dyn Fn(u64) -> String,
 ) -> Result<HashMap<u64, SystemTime>> {
     let txn_per_sec = plan.rate as f64 / plan.txn_events as f64;
     let period = Duration::from_secs_f64(plan.writers as f64 / txn_per_sec);
@@ -258,23 +279,21 @@ async fn write(
     for w in 0..plan.writers {
         let client = svc.connect().await?;
         let first_tick = start + period.mul_f64(w as f64 / plan.writers as f64);
-        let (nonce, agg_sql, txn_events, writers) = (
-            nonce.to_owned(),
-            agg_sql.to_owned(),
-            plan.txn_events,
-            plan.writers,
-        );
+        // Each writer's transactions and the SQL of their aggregate type, worked out here.
+        let mine: Vec<(u64, String)> = (w..txns)
+            .step_by(plan.writers as usize)
+            .map(|txn| (txn, agg_sql(txn)))
+            .collect();
+        let (nonce, txn_events) = (nonce.to_owned(), plan.txn_events);
         tasks.push(tokio::spawn(async move {
             let mut timer = tokio::time::interval_at(first_tick, period);
             timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             let mut commits = Vec::new();
-            let mut txn = w;
-            while txn < txns {
+            for (txn, agg_sql) in mine {
                 timer.tick().await;
                 let sql = workload::transaction_sql(&nonce, &agg_sql, txn * txn_events, txn_events);
                 client.batch_execute(&sql).await?;
                 commits.push((txn, SystemTime::now()));
-                txn += writers;
             }
             anyhow::Ok(commits)
         }));
@@ -286,13 +305,14 @@ async fn write(
     Ok(all)
 }
 
-/// Waits until the topic exists with partitions; returns their ids.
+/// Waits until the topic exists with partitions and its warm-up records; returns the
+/// partitions' ids.
 async fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let records =
             siphon_tests::read_topic_async(bootstrap, topic, Duration::from_secs(20)).await?;
-        if records.len() as u64 >= WARMUP_EVENTS {
+        if records.len() as u64 >= WARMUP_PER_TOPIC {
             let mut parts: Vec<i32> = records.iter().map(|r| r.partition).collect();
             let all = partitions(bootstrap, topic)?;
             parts.extend(all);
@@ -320,19 +340,30 @@ fn partitions(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
         .collect())
 }
 
-/// Reads every partition from its beginning (Tansu's "latest" offsets are unreliable; the
-/// topic is fresh, holding only the warm-up records) and notes when each measured event
-/// arrives, until `expected` arrived or `stop` is set. Sets `ready` once it has read the
-/// warm-up records.
+/// The phase's topics, one per slice of the writes.
+struct Slices {
+    /// Each slice's topic and its partitions.
+    partitions: Vec<(String, Vec<i32>)>,
+    /// Measured events per slice.
+    sizes: Vec<u64>,
+    /// The slice an event's sequence number belongs to.
+    of_seq: Box<dyn Fn(u64) -> u64 + Send>,
+}
+
+/// Reads every partition of every slice's topic from its beginning (Tansu's "latest" offsets
+/// are unreliable; the topics are fresh, holding only the warm-up records) and notes when each
+/// measured event arrives, until all arrived or `stop` is set. A slice's topic is let go once
+/// all its events arrived. Sets `ready` once it has read the warm-up records.
 fn consume(
     bootstrap: &str,
-    topic: &str,
-    partitions: &[i32],
+    slices: &Slices,
     nonce: &str,
-    expected: u64,
     stop: &AtomicBool,
     ready: &AtomicBool,
 ) -> Result<Vec<(u64, SystemTime)>> {
+    let expected: u64 = slices.sizes.iter().sum();
+    let warm_up_events = WARMUP_PER_TOPIC * slices.partitions.len() as u64;
+    let mut missing = slices.sizes.clone();
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("siphon-bench-{nonce}"))
@@ -343,9 +374,20 @@ fn consume(
         .set("fetch.error.backoff.ms", "5")
         .create()
         .context("creating the latency consumer")?;
+    let topic_partitions = |slice: usize| -> Result<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        if let Some((topic, partitions)) = slices.partitions.get(slice) {
+            for &p in partitions {
+                tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+            }
+        }
+        Ok(tpl)
+    };
     let mut tpl = TopicPartitionList::new();
-    for &p in partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    for slice in 0..slices.partitions.len() {
+        for element in topic_partitions(slice)?.elements() {
+            tpl.add_partition_offset(element.topic(), element.partition(), element.offset())?;
+        }
     }
     consumer.assign(&tpl)?;
     let mut seen: HashMap<u64, SystemTime> = HashMap::new();
@@ -363,11 +405,20 @@ fn consume(
             .and_then(|id| workload::seq_of(nonce, id));
         match seq {
             Some(seq) if seq < WARMUP_BASE => {
-                seen.entry(seq).or_insert(now);
+                if seen.insert(seq, now).is_some() {
+                    continue;
+                }
+                let slice = (slices.of_seq)(seq) as usize;
+                if let Some(left) = missing.get_mut(slice) {
+                    *left = left.saturating_sub(1);
+                    if *left == 0 {
+                        consumer.incremental_unassign(&topic_partitions(slice)?)?;
+                    }
+                }
             }
             Some(_) => {
                 warm_up += 1;
-                if warm_up >= WARMUP_EVENTS {
+                if warm_up >= warm_up_events {
                     ready.store(true, Ordering::Relaxed);
                 }
             }

@@ -108,11 +108,21 @@ pub fn run_nonce() -> String {
 }
 
 /// One transaction, as one simple-query string: insert events `first..first+count` (routed
-/// by `aggregatetype_sql`, an SQL expression of `n`), then delete every outbox row, commit.
+/// by `aggregatetype_sql`, an SQL expression of `n`), then delete those rows by their ids, as
+/// an application deletes the outbox rows it just wrote, commit.
+///
+/// The delete is an index range scan over the transaction's own ids (ids of one run sort by
+/// sequence number: the last 12 hex digits are the decimal digits). A `DELETE FROM outbox` of
+/// every row would instead scan every dead row left by earlier transactions until a vacuum:
+/// each second of a 5,000 events/s load then costs the database more than the one before
+/// (1.7 s of a backend per second's writes after 300,000 events), and that growing load, not
+/// the pipeline, would set the latency measured.
 ///
 /// Each payload is a ~300-byte JSON order document built from `n`.
 pub fn transaction_sql(nonce: &str, aggregatetype_sql: &str, first: u64, count: u64) -> String {
     let last = first + count.saturating_sub(1);
+    let first_id = event_id(nonce, first);
+    let last_id = event_id(nonce, last);
     format!(
         "BEGIN;
          INSERT INTO {TABLE} (id, aggregatetype, aggregateid, type, payload)
@@ -133,9 +143,14 @@ pub fn transaction_sql(nonce: &str, aggregatetype_sql: &str, first: u64, count: 
                     'shipping', jsonb_build_object('street', 'Main Street ' || (n % 500),
                                                    'city', 'Springfield', 'zip', lpad((n % 99999)::text, 5, '0')))
            FROM generate_series({first}::bigint, {last}::bigint) AS n;
-         DELETE FROM {TABLE};
+         DELETE FROM {TABLE} WHERE id BETWEEN '{first_id}' AND '{last_id}';
          COMMIT;"
     )
+}
+
+/// The id of event `seq` written with `nonce` (the SQL of [`transaction_sql`] builds the same).
+pub fn event_id(nonce: &str, seq: u64) -> String {
+    format!("{nonce}-0000-4000-8000-{seq:012}")
 }
 
 /// The sequence number of an event id written with `nonce`, if it is one.
@@ -159,5 +174,8 @@ mod tests {
             None
         );
         assert_eq!(run_nonce().len(), 8);
+        assert_eq!(seq_of("0a1b2c3d", &event_id("0a1b2c3d", 1234)), Some(1234));
+        // Ids sort by sequence number, so a transaction's ids are one range.
+        assert!(event_id("0a1b2c3d", 999) < event_id("0a1b2c3d", 1000));
     }
 }
