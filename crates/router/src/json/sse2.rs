@@ -1,18 +1,24 @@
 //! [`super::write_json_string`] 32 and 16 bytes at a time with SSE2, which every x86_64
-//! processor has.
+//! processor has, and SSSE3's byte shuffle where the processor has it (checked at run time).
 //!
 //! Each block of the input is compared with the bytes that need an escape in a few vector
 //! instructions per 16 bytes, giving a bit mask of them. In the common case, where the only
 //! such bytes are `"` and `\` (JSON text), each is written as a backslash followed by the
-//! byte itself, which starts the next clean run: per escape, one whole-block store of the run
-//! and a one-byte store of the backslash, without looking at the block again. Blocks with
+//! byte itself. A block with up to two of them is written run by run: per escape, one
+//! whole-block store of the run and a one-byte store of the backslash, the escaped byte
+//! starting the next run. A block with more (JSON documents: a quote every few bytes) is
+//! spread eight bytes at a time: one shuffle, looked up by the group's eight mask bits, moves
+//! each byte to its place in the output and leaves a gap before each escaped one, which a
+//! backslash fills; one 16-byte store per group. Blocks with
 //! other escapes (control characters, characters above U+FFFF) take a general path. Output
 //! goes straight into the spare capacity of the output vector; its length is set once at the
 //! end.
 //!
 //! # Invariants
-//! - The output is byte for byte [`super::write_by_words`]'s (the property tests in the parent
-//!   module compare both with a byte-at-a-time reference).
+//! - The output is byte for byte [`super::write_by_words`]'s, with or without the shuffles (the
+//!   tests in the parent module compare all three writers with a byte-at-a-time reference).
+//! - The shuffles run only where SSSE3 was detected: [`write_escaped_spreading`] is the only
+//!   caller that sets `SPREAD`.
 //! - Every store into the output is within its capacity: each `put` method of [`Spare`]
 //!   checks the room for its whole stores first and grows the vector when short.
 //! - The output's length is only set over bytes that were stored.
@@ -25,9 +31,50 @@
 
 use super::{supplementary_escape, ESCAPES, HEX, SUPPLEMENTARY, UNICODE};
 use std::arch::x86_64::{
-    _mm_add_epi8, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
-    _mm_set1_epi8,
+    _mm_add_epi8, _mm_cmpeq_epi8, _mm_loadl_epi64, _mm_loadu_si128, _mm_min_epu8,
+    _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8, _mm_shuffle_epi8, _mm_storeu_si128,
 };
+
+/// How one group of eight bytes is spread, for one mask of its flagged bytes (a row of
+/// [`SPREAD`], aligned so that each of its two vectors is one aligned load).
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Spread {
+    /// For each output byte, the group's byte it takes, or 0x80 (a zero) for a backslash.
+    shuffle: [u8; 16],
+    /// A backslash where `shuffle` has a zero, zeros elsewhere.
+    backslashes: [u8; 16],
+    /// The output's length: 8 and a byte per flagged byte.
+    len: u8,
+}
+
+/// [`Spread`] for every mask of eight flagged bytes (bit `i`: byte `i` needs a backslash).
+static SPREAD: [Spread; 256] = spreads();
+
+const fn spreads() -> [Spread; 256] {
+    let empty = Spread {
+        shuffle: [0x80; 16],
+        backslashes: [0; 16],
+        len: 0,
+    };
+    let mut table = [empty; 256];
+    let mut mask = 0;
+    while mask < 256 {
+        let (mut lane, mut at) = (0, 0);
+        while lane < 8 {
+            if mask >> lane & 1 == 1 {
+                table[mask].backslashes[at] = b'\\';
+                at += 1;
+            }
+            table[mask].shuffle[at] = lane as u8;
+            at += 1;
+            lane += 1;
+        }
+        table[mask].len = at as u8;
+        mask += 1;
+    }
+    table
+}
 
 /// The widest block: two SSE2 registers. A block buffer holds two of them, so that a window
 /// of a block's width starting anywhere in the block stays in the buffer.
@@ -35,6 +82,31 @@ const WIDE: usize = 32;
 
 /// Appends `text`, escaped, to `out` (the quotes are the caller's).
 pub(super) fn write_escaped(out: &mut Vec<u8>, text: &str) {
+    if std::arch::is_x86_feature_detected!("ssse3") {
+        // SAFETY: the processor has SSSE3, just checked (the check reads a cached flag).
+        unsafe { write_escaped_spreading(out, text) }
+    } else {
+        write_escaped_with::<false>(out, text);
+    }
+}
+
+/// [`write_escaped`] without the SSSE3 spreading, whatever the processor has (for the tests,
+/// which compare both writers).
+#[cfg(test)]
+pub(super) fn write_escaped_sse2(out: &mut Vec<u8>, text: &str) {
+    write_escaped_with::<false>(out, text);
+}
+
+/// [`write_escaped_with`] compiled with SSSE3, so that blocks dense in quotes are spread
+/// with byte shuffles ([`Spare::put_backslashed_spread`]).
+#[target_feature(enable = "ssse3")]
+fn write_escaped_spreading(out: &mut Vec<u8>, text: &str) {
+    write_escaped_with::<true>(out, text);
+}
+
+/// The writer; `SPREAD` only where SSSE3 is available (from [`write_escaped_spreading`]).
+#[inline(always)]
+fn write_escaped_with<const SPREAD: bool>(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
     let mut out = Spare::new(out);
     // The current block at the front; the bytes after it are only read past the end of a
@@ -45,18 +117,18 @@ pub(super) fn write_escaped(out: &mut Vec<u8>, text: &str) {
     let (mut start, mut from) = (0, 0);
     while let Some(whole) = bytes[start..].first_chunk::<WIDE>() {
         block[..WIDE].copy_from_slice(whole);
-        from = write_block::<WIDE>(&mut out, text, &block, start, WIDE, from);
+        from = write_block::<WIDE, SPREAD>(&mut out, text, &block, start, WIDE, from);
         start += WIDE;
     }
     if let Some(half) = bytes[start..].first_chunk::<16>() {
         block[..16].copy_from_slice(half);
-        from = write_block::<16>(&mut out, text, &block, start, 16, from);
+        from = write_block::<16, SPREAD>(&mut out, text, &block, start, 16, from);
         start += 16;
     }
     let rest = &bytes[start..];
     if !rest.is_empty() {
         block[..rest.len()].copy_from_slice(rest);
-        write_block::<16>(&mut out, text, &block, start, rest.len(), from);
+        write_block::<16, SPREAD>(&mut out, text, &block, start, rest.len(), from);
     }
     out.finish();
 }
@@ -66,7 +138,7 @@ pub(super) fn write_escaped(out: &mut Vec<u8>, text: &str) {
 /// first byte not written (the block's end, or past it after a 4-byte character that
 /// crosses it).
 #[inline(always)]
-fn write_block<const W: usize>(
+fn write_block<const W: usize, const SPREAD: bool>(
     out: &mut Spare<'_>,
     text: &str,
     block: &[u8; 2 * WIDE],
@@ -79,8 +151,16 @@ fn write_block<const W: usize>(
     let flagged = masks.any & low_bits(taken);
     if from == start && flagged & !masks.quote_or_backslash == 0 {
         // The common case (JSON text has many quotes, rarely a control character): each
-        // escape is a backslash before the byte.
-        out.put_backslashed::<W>(block, flagged, taken);
+        // escape is a backslash before the byte. Up to two of them are written one by one,
+        // more by spreading the block with shuffles.
+        let beyond_two = flagged & flagged.wrapping_sub(1);
+        if SPREAD && beyond_two & beyond_two.wrapping_sub(1) != 0 {
+            // SAFETY: `SPREAD` is only set by `write_escaped_spreading`, which runs only where
+            // the processor has SSSE3.
+            unsafe { out.put_backslashed_spread::<W>(block, flagged, taken) };
+        } else {
+            out.put_backslashed::<W>(block, flagged, taken);
+        }
         start + taken
     } else {
         write_block_escapes::<W>(out, text, block, start, taken, from, flagged)
@@ -292,6 +372,56 @@ impl<'a> Spare<'a> {
             std::ptr::copy_nonoverlapping(window::<W>(block, from).as_ptr(), base.add(len), W)
         };
         self.len = len + (end - from);
+    }
+
+    /// [`Spare::put_backslashed`] eight bytes at a time: each group of eight is spread by one
+    /// byte shuffle into up to 16 bytes with a gap before each flagged byte, the gaps filled
+    /// with backslashes, and stored whole; the position advances by the group's length.
+    /// About a dozen instructions per eight bytes, however many escapes they hold.
+    #[target_feature(enable = "ssse3")]
+    #[inline]
+    fn put_backslashed_spread<const W: usize>(
+        &mut self,
+        block: &[u8; 2 * WIDE],
+        flagged: u32,
+        end: usize,
+    ) {
+        let end = end.min(W);
+        let flagged = flagged & low_bits(end);
+        // What is kept is the `end` bytes and a backslash per bit; the store of the last
+        // group starts within it and writes 16 bytes.
+        if self.out.capacity() - self.len < 2 * end + 16 {
+            let room = end + flagged.count_ones() as usize + 16;
+            if self.out.capacity() - self.len < room {
+                self.grow(room);
+            }
+        }
+        let base = self.out.as_mut_ptr();
+        let mut len = self.len;
+        let groups = end.div_ceil(8);
+        for group in 0..groups {
+            let lanes = ((flagged >> (8 * group)) & 0xFF) as usize;
+            let spread = &SPREAD[lanes];
+            let bytes: &[u8; 8] = block[8 * group..]
+                .first_chunk::<8>()
+                .expect("8 * group + 8 <= W <= 2 * WIDE");
+            // SAFETY: the loads read the 8 bytes of `bytes` and the 16 of each table row; the
+            // bytes kept before this group are at most two per byte of the block before it, so
+            // the 16-byte store ends within the room checked above.
+            unsafe {
+                let group_bytes = _mm_loadl_epi64(bytes.as_ptr().cast());
+                let shuffled =
+                    _mm_shuffle_epi8(group_bytes, _mm_loadu_si128(spread.shuffle.as_ptr().cast()));
+                let filled = _mm_or_si128(
+                    shuffled,
+                    _mm_loadu_si128(spread.backslashes.as_ptr().cast()),
+                );
+                _mm_storeu_si128(base.add(len).cast(), filled);
+            }
+            len += usize::from(spread.len);
+        }
+        // The last group's bytes past `end` were stored after its kept ones, not kept.
+        self.len = len - (8 * groups - end);
     }
 
     #[cold]
