@@ -271,10 +271,13 @@ pub struct SessionCore<'a> {
 impl<'a> SessionCore<'a> {
     /// A session resuming at `start` (everything before it is delivered).
     pub fn new(settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
+        // Twice the window: only a record whose report is later than a window's worth of
+        // records after it leaves the ledger's constant-time span.
+        let span = 2 * settings.max_in_flight_records.max(1);
         SessionCore {
             settings,
             metrics,
-            ledger: Ledger::new(start),
+            ledger: Ledger::with_span(start, span),
             bindings: FxHashMap::default(),
             messages: MessageRows::default(),
             awaiting_lookup: false,

@@ -4,7 +4,8 @@
 //! Records are numbered in the order they were first handed to the producer (their [`Seq`]);
 //! transactions in commit order (their [`TxnId`]). The ledger folds acknowledgements into the
 //! watermark, the one position that may be confirmed to PostgreSQL, and holds what the in-flight
-//! window and the latency metrics need (bytes, commit time, first hand-over time).
+//! window and the latency metrics need (bytes, commit time, first hand-over time). Records are
+//! kept in an [`InFlightRecords`]: constant time for the many acknowledged about in order.
 //!
 //! # Invariants
 //! - The watermark is the end LSN of a committed transaction such that it and every earlier
@@ -19,9 +20,15 @@
 //! - A record abandoned (not delivered before the session ends) keeps its transaction pending
 //!   for the rest of the session: the watermark never passes it.
 
+use super::in_flight::InFlightRecords;
 use pgoutput::Lsn;
 use std::collections::BTreeMap;
 use std::time::Instant;
+
+/// The span of record numbers the ledgers of the tests find in constant time: small, so that
+/// they also take records out of the span.
+#[cfg(test)]
+const TEST_SPAN: usize = 4;
 
 /// A transaction within one ledger (commit order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -91,8 +98,7 @@ pub struct Ledger {
     txns: BTreeMap<TxnId, Txn>,
     open: Option<TxnId>,
     next_txn: u64,
-    records: BTreeMap<Seq, InFlight>,
-    next_seq: u64,
+    records: InFlightRecords,
     bytes: usize,
     /// Records abandoned this session (their transactions stay pending).
     abandoned: u64,
@@ -100,14 +106,22 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// An empty ledger whose watermark starts at `start` (the slot's confirmed position).
+    /// An empty ledger for the tests, whose watermark starts at `start`.
+    #[cfg(test)]
     pub fn new(start: Lsn) -> Self {
+        Self::with_span(start, TEST_SPAN)
+    }
+
+    /// An empty ledger whose watermark starts at `start` (the slot's confirmed position),
+    /// finding the records of the last `span` numbers handed over in
+    /// constant time (older ones still in flight in logarithmic time): a few times the
+    /// in-flight window keeps nearly every record in that span.
+    pub fn with_span(start: Lsn, span: usize) -> Self {
         Ledger {
             txns: BTreeMap::new(),
             open: None,
             next_txn: 0,
-            records: BTreeMap::new(),
-            next_seq: 0,
+            records: InFlightRecords::new(span),
             bytes: 0,
             abandoned: 0,
             watermark: start,
@@ -142,12 +156,12 @@ impl Ledger {
     /// When the oldest record in flight was first handed over (records are numbered in the
     /// order they were first handed over, and a record sent again keeps its number).
     pub fn oldest_sent(&self) -> Option<Instant> {
-        self.records.first_key_value().map(|(_, r)| r.first_sent)
+        self.records.first().map(|r| r.first_sent)
     }
 
     /// The record `seq`, if in flight.
     pub fn get(&self, seq: Seq) -> Option<&InFlight> {
-        self.records.get(&seq)
+        self.records.get(seq)
     }
 
     /// The commit LSN of a pending transaction.
@@ -183,16 +197,11 @@ impl Ledger {
             .get_mut(&txn)
             .ok_or(LedgerError::UnknownTransaction(txn))?;
         entry.unacked += 1;
-        let seq = Seq(self.next_seq);
-        self.next_seq += 1;
-        self.records.insert(
-            seq,
-            InFlight {
-                txn,
-                bytes,
-                first_sent: now,
-            },
-        );
+        let seq = self.records.push(InFlight {
+            txn,
+            bytes,
+            first_sent: now,
+        });
         self.bytes += bytes;
         Ok(seq)
     }
@@ -213,7 +222,7 @@ impl Ledger {
     pub fn settle(&mut self, seq: Seq) -> Result<Settled, LedgerError> {
         let record = self
             .records
-            .remove(&seq)
+            .remove(seq)
             .ok_or(LedgerError::UnknownRecord(seq))?;
         self.bytes -= record.bytes;
         let txn = self
@@ -234,7 +243,7 @@ impl Ledger {
     pub fn abandon(&mut self, seq: Seq) -> Result<InFlight, LedgerError> {
         let record = self
             .records
-            .remove(&seq)
+            .remove(seq)
             .ok_or(LedgerError::UnknownRecord(seq))?;
         self.bytes -= record.bytes;
         self.abandoned += 1;

@@ -15,6 +15,7 @@
 
 pub mod core;
 pub mod driver;
+mod in_flight;
 pub mod ledger;
 pub mod message;
 #[cfg(test)]
