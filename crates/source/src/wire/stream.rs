@@ -41,6 +41,11 @@ const READ_HOLD: Duration = Duration::from_millis(1);
 
 /// The receive low-water mark while a read is held.
 const HOLD_LOW_WATER: usize = 64 * 1024;
+/// A position that moved is reported this long after the previous status update at the latest
+/// (or at once, when that was longer ago), not only at the next status interval: the slot
+/// advances, and the server can recycle WAL, soon after the records are acknowledged, while
+/// status updates stay at most this frequent.
+const PROMPT_STATUS: Duration = Duration::from_millis(100);
 
 /// Most messages read ahead: small messages cost little in bytes, but a deeper read-ahead
 /// than this would only keep the server from being held back.
@@ -77,8 +82,11 @@ pub struct WireStream {
     server_wal_end: u64,
     budget: usize,
     status_interval: Duration,
-    /// When the next periodic status update is due.
+    /// When the next status update is due: the status interval after the last one, or
+    /// sooner when the position moved (see [`PROMPT_STATUS`]).
     status_timer: Pin<Box<Sleep>>,
+    /// When the last status update was queued.
+    last_status: Instant,
     /// When a held read may go ahead (see [`READ_HOLD`]); `holding` says whether it is set.
     hold_timer: Pin<Box<Sleep>>,
     holding: bool,
@@ -106,6 +114,7 @@ impl WireStream {
             budget: read_ahead_bytes.max(1),
             status_interval,
             status_timer: Box::pin(tokio::time::sleep(status_interval)),
+            last_status: Instant::now(),
             hold_timer: Box::pin(tokio::time::sleep(READ_HOLD)),
             holding: false,
         };
@@ -114,9 +123,18 @@ impl WireStream {
         stream
     }
 
-    /// Raises the position the next status updates report (lower positions are ignored).
+    /// Raises the position the next status updates report (lower positions are ignored); a
+    /// raised one is reported within [`PROMPT_STATUS`] of the last status update.
     pub fn raise_applied(&mut self, lsn: u64) {
-        self.applied = self.applied.max(lsn);
+        if lsn <= self.applied {
+            return;
+        }
+        self.applied = lsn;
+        let prompt = self.last_status + PROMPT_STATUS;
+        if prompt < self.status_timer.deadline() {
+            // The next poll of the stream registers the earlier wake-up.
+            self.status_timer.as_mut().reset(prompt.max(Instant::now()));
+        }
     }
 
     /// The position of the last status update written to the socket.
@@ -279,7 +297,8 @@ impl WireStream {
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         frames::status_update(&mut self.out, self.applied, now_micros, reply_requested);
         self.queued = self.applied;
-        let next = Instant::now() + self.status_interval;
+        self.last_status = Instant::now();
+        let next = self.last_status + self.status_interval;
         self.status_timer.as_mut().reset(next);
     }
 
@@ -464,6 +483,44 @@ mod tests {
             Received::Data { .. }
         ));
         assert!(!stream.holding, "a large read does not hold the next one");
+    }
+
+    /// Reads status updates from the server's end until one reports `lsn`; returns how many.
+    async fn updates_until(server: &mut TcpStream, lsn: u64) -> usize {
+        let mut buf = [0u8; 39];
+        for updates in 1.. {
+            server.read_exact(&mut buf).await.unwrap();
+            assert_eq!(&buf[..6], &[b'd', 0, 0, 0, 38, b'r']);
+            if u64::from_be_bytes(buf[6..14].try_into().unwrap()) == lsn {
+                return updates;
+            }
+        }
+        unreachable!()
+    }
+
+    #[tokio::test]
+    async fn a_moved_position_is_reported_promptly_and_updates_stay_spaced() {
+        let (mut stream, mut server) = connected(1 << 20, Duration::from_secs(60)).await;
+        let started = Instant::now();
+        for lsn in 0x20..0x40 {
+            stream.raise_applied(lsn);
+        }
+        let mut reader = tokio::spawn(async move {
+            // The first status update goes out at once, the raised position after the gap.
+            let first = updates_until(&mut server, 0x10).await;
+            let raised = updates_until(&mut server, 0x3F).await;
+            (first, raised, started.elapsed())
+        });
+        let (first, raised, after) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::select! {
+                done = &mut reader => done.unwrap(),
+                received = stream.next(false) => panic!("the server sent nothing: {received:?}"),
+            }
+        })
+        .await
+        .expect("the raised position is reported long before the 60 s status interval");
+        assert_eq!((first, raised), (1, 1), "one update for all the raises");
+        assert!(after >= PROMPT_STATUS / 2, "reported after {after:?}");
     }
 
     #[tokio::test]
