@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod error;
+mod produce;
 pub mod producer;
 pub mod topics;
 mod wakeup;

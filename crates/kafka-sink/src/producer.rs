@@ -15,16 +15,15 @@
 //!   ([`KafkaSink::reports_ready`], then [`KafkaSink::serve_reports`]): there is no polling
 //!   thread. [`KafkaSink::send`] serves them itself while librdkafka's queue is full.
 
+use crate::produce::{Outgoing, TopicHandles};
 use crate::topics::TopicCreator;
 use crate::wakeup::ReportWakeup;
 use crate::{DeliveryError, SinkConfig, SinkError};
 use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{
-    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
-};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
 use siphon_router::{Header, RoutedRecord};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -164,10 +163,12 @@ impl ProducerContext for DeliveryContext {
     }
 }
 
-/// One librdkafka producer, its report wake-up and its unreported count.
+/// One librdkafka producer, its report wake-up, its topic handles and its unreported count.
 struct Client {
     // Declared first, dropped first: wake-ups are disabled before the producer may go.
     wakeup: ReportWakeup<DeliveryContext>,
+    // Holds a reference to the producer of its own: the handles go before the producer can.
+    handles: TopicHandles<DeliveryContext>,
     producer: Arc<BaseProducer<DeliveryContext>>,
     unreported: Arc<Unreported>,
 }
@@ -199,6 +200,7 @@ impl Client {
         })?;
         Ok(Client {
             wakeup,
+            handles: TopicHandles::new(Arc::clone(&producer)),
             producer,
             unreported,
         })
@@ -463,7 +465,7 @@ impl KafkaSink {
     /// [`KafkaSink::topic_creation`] first.)
     pub async fn send(&mut self, token: usize, record: &RoutedRecord) -> Result<(), SinkError> {
         let (client, topics) = match &mut self.backend {
-            Backend::Kafka { client, topics } => (&*client, topics),
+            Backend::Kafka { client, topics } => (client, topics),
             Backend::Discard { deliveries } => {
                 let delivery = Delivery {
                     token,
@@ -480,40 +482,21 @@ impl KafkaSink {
         };
         let topic: &str = record.topic.as_ref();
         topics.ensure(topic).await?;
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-        for header in &record.headers {
-            headers = headers.insert(KafkaHeader {
-                key: header.name.as_ref(),
-                value: header.value.as_deref(),
-            });
-        }
-        let mut base: BaseRecord<'_, [u8], [u8], usize> =
-            BaseRecord::with_opaque_to(topic, token).headers(headers);
-        if let Some(key) = &record.key {
-            base = base.key(&key[..]);
-        }
-        if let Some(value) = &record.value {
-            base = base.payload(&value[..]);
-        }
-        if let Some(ts) = record.timestamp_ms {
-            base = base.timestamp(ts);
-        }
-        if let Some(partition) = record.partition {
-            base = base.partition(partition);
-        }
+        let mut outgoing = Outgoing::new(record, token);
         loop {
             // Counted before librdkafka can report it; uncounted when it is not taken.
             client.unreported.add();
-            let outcome = client.producer.send(base);
+            let outcome = client.handles.produce(outgoing);
             if outcome.is_err() {
                 client.unreported.remove();
             }
             match outcome {
                 Ok(()) => return Ok(()),
                 // The queue is full: the reports served free it (a record leaves it once its
-                // report is served), and the record comes back to be offered again shortly.
+                // report is served), and the record comes back, with its headers, to be offered
+                // again shortly.
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                    base = returned;
+                    outgoing = returned;
                     client.wakeup.serve();
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -692,6 +675,110 @@ mod tests {
             assert_eq!(tokens, expected, "one report per record, in order");
             assert!(got.iter().all(|d| d.result.is_err()), "purged");
         }
+    }
+
+    /// What a real broker holds of each record sent is exactly the record: key, value and
+    /// headers byte for byte (a null header value, a repeated name and the order kept), its
+    /// timestamp and the partition it named; a record without any of them is a tombstone with
+    /// a null key, no headers and the time of sending, on a second topic with its own handle.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_broker_holds_exactly_the_records_sent() {
+        use siphon_tests::{create_topic, read_topic_async, Broker};
+        let broker = tokio::task::spawn_blocking(Broker::start)
+            .await
+            .unwrap()
+            .expect("a broker");
+        let bootstrap = broker.bootstrap();
+        create_topic(&bootstrap, "exact", 3).await.expect("topic");
+        let config = SinkConfig {
+            bootstrap_servers: bootstrap.clone(),
+            properties: Default::default(),
+            topic_creation: TopicCreation {
+                enabled: false,
+                ..TopicCreation::default()
+            },
+            discard: false,
+        };
+        let (mut sink, mut deliveries) = KafkaSink::new(&config, None).expect("a producer");
+        let header = |name: &str, value: Option<&'static [u8]>| Header {
+            name: Arc::from(name),
+            value: value.map(Bytes::from_static),
+        };
+        let exact = RoutedRecord {
+            topic: "exact".into(),
+            key: Some(Bytes::from_static(b"key\0\xff")),
+            value: Some(Bytes::from_static(b"{\"v\":\"\0\xfe\"}")),
+            headers: vec![
+                header("id", Some(b"\x01\x02")),
+                header("none", None),
+                header("id", Some(b"")),
+            ],
+            timestamp_ms: Some(1_600_000_000_123),
+            partition: Some(2),
+        };
+        let plain = RoutedRecord {
+            topic: "plain".into(),
+            key: None,
+            value: None,
+            headers: vec![],
+            timestamp_ms: None,
+            partition: None,
+        };
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        for (token, record) in [(10, &exact), (11, &plain), (12, &exact)] {
+            sink.send(token, record).await.expect("enqueued");
+        }
+        let Backend::Kafka { client, .. } = &sink.backend else {
+            unreachable!("a producer")
+        };
+        assert_eq!(client.handles.len(), 2, "one handle per topic");
+        let mut got = serve_until(&sink, &mut deliveries, 3).await;
+        got.sort_by_key(|d| d.token);
+        let landed: Vec<(usize, i32)> = got
+            .iter()
+            .map(|d| (d.token, d.result.as_ref().expect("delivered").partition))
+            .collect();
+        assert_eq!(landed[0], (10, 2));
+        assert_eq!(landed[2], (12, 2));
+        assert_eq!(landed[1].0, 11);
+
+        let read = read_topic_async(&bootstrap, "exact", Duration::from_secs(30))
+            .await
+            .expect("read back");
+        assert_eq!(read.len(), 2);
+        for consumed in &read {
+            assert_eq!(consumed.partition, 2);
+            assert_eq!(consumed.key.as_deref(), Some(&b"key\0\xff"[..]));
+            assert_eq!(consumed.value.as_deref(), Some(&b"{\"v\":\"\0\xfe\"}"[..]));
+            let headers: Vec<(&str, Option<&[u8]>)> = consumed
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_deref()))
+                .collect();
+            assert_eq!(
+                headers,
+                vec![
+                    ("id", Some(&b"\x01\x02"[..])),
+                    ("none", None),
+                    ("id", Some(&b""[..]))
+                ]
+            );
+            assert_eq!(consumed.timestamp, Some(1_600_000_000_123));
+        }
+        let read = read_topic_async(&bootstrap, "plain", Duration::from_secs(30))
+            .await
+            .expect("read back");
+        assert_eq!(read.len(), 1);
+        assert_eq!((read[0].key.as_ref(), read[0].value.as_ref()), (None, None));
+        assert!(read[0].headers.is_empty());
+        let stamped = read[0].timestamp.expect("a timestamp");
+        assert!(
+            stamped >= before && stamped < before + 60_000,
+            "the time of sending"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
