@@ -203,6 +203,37 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
     Ok(())
 }
 
+/// An acknowledged transaction reaches the slot's `confirmed_flush_lsn` within a fraction of a
+/// second, not at the next status interval (here 30 s, half of `wal_sender_timeout`, so the
+/// server's own requests for a reply do not come sooner either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_transaction_reaches_the_slot_long_before_the_status_interval() -> Result<()>
+{
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = siphon_config(&pg, &broker, "prompt", "")
+        .replace("status_interval_ms = 200", "status_interval_ms = 30000");
+    assert!(config.contains("status_interval_ms = 30000"));
+    let siphon = start_streaming(&client, &config, "prompt").await?;
+    for round in 0..3u64 {
+        let events: Vec<Event> = (0..10).map(|i| event(round * 10 + i + 1, true)).collect();
+        insert_transaction(&mut client, &events, true).await?;
+        let end = current_insert_lsn(&client).await?;
+        let committed = std::time::Instant::now();
+        wait_for_slot_past(&client, "prompt", end, Duration::from_secs(5))
+            .await
+            .with_context(|| format!("round {round}; siphon log:\n{}", siphon.log()))?;
+        assert!(
+            committed.elapsed() < Duration::from_secs(5),
+            "round {round}: confirmed after {:?}",
+            committed.elapsed()
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     let pg = Postgres::start()?;
