@@ -207,6 +207,9 @@ pub struct ConnectionParams {
     pub database: String,
     /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`: used by both connections.
     pub tls: TlsSettings,
+    /// `connect_timeout` (seconds; absent, or 0 and below, for none): the SQL connection's, and
+    /// the bound on opening the replication connection (its default otherwise).
+    pub connect_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for ConnectionParams {
@@ -247,6 +250,7 @@ impl ConnectionParams {
             password,
             database,
             tls: parsed.tls,
+            connect_timeout: config.get_connect_timeout().copied(),
         })
     }
 }
@@ -729,6 +733,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("read-write"), "{err}");
+    }
+
+    #[test]
+    fn connect_timeout_is_read_for_both_connections() {
+        let timeout = |url: &str| ConnectionParams::from_url(url).unwrap().connect_timeout;
+        assert_eq!(
+            timeout("postgres://u@db/app?connect_timeout=7"),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            timeout("host=db user=u connect_timeout=4"),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(timeout("postgres://u@db/app"), None);
+        // As in libpq, 0 waits without a limit of its own: the replication login keeps its default.
+        assert_eq!(timeout("postgres://u@db/app?connect_timeout=0"), None);
     }
 
     #[test]

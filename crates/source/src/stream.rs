@@ -85,7 +85,7 @@ impl ReplicationStream {
             database: &params.database,
             application_name: &config.application_name,
             tls: params.tls.replication_tls(&endpoint.host)?,
-            timeout: CONNECT_TIMEOUT,
+            timeout: params.connect_timeout.unwrap_or(CONNECT_TIMEOUT),
         };
         let failed = |e| SourceError::from_replication_as(&config.slot, Some(&params.user), e);
         let mut session = Session::connect(login).await.map_err(failed)?;
@@ -218,7 +218,8 @@ impl ReplicationStream {
     }
 }
 
-/// How long opening the replication session (TCP, TLS, authentication) may take.
+/// How long opening the replication session (TCP, TLS, authentication) may take when the URL
+/// sets no `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `START_REPLICATION` for the slot and publication of `config`, from `start_lsn`.

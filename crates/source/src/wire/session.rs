@@ -291,3 +291,40 @@ fn unexpected(tag: u8, during: &'static str) -> WireError {
         during,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[tokio::test]
+    async fn a_server_that_accepts_and_never_answers_fails_the_login_at_its_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accepts the connection and reads the startup message, answers nothing.
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            while socket.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        });
+        let started = Instant::now();
+        let login = Login {
+            host: "127.0.0.1",
+            hostaddr: None,
+            port,
+            user: "u",
+            password: "p",
+            database: "d",
+            application_name: "siphon",
+            tls: None,
+            timeout: Duration::from_secs(1),
+        };
+        let error = Session::connect(login).await.err().expect("no session");
+        assert!(
+            matches!(error, WireError::ConnectTimeout { seconds: 1, .. }),
+            "{error}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        server.abort();
+    }
+}
