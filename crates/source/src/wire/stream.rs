@@ -509,10 +509,12 @@ mod tests {
             // The first status update goes out at once, the raised position after the gap.
             let first = updates_until(&mut server, 0x10).await;
             let raised = updates_until(&mut server, 0x3F).await;
-            (first, raised, started.elapsed())
+            // The server's end is handed back, not dropped: the stream must not see it close.
+            (first, raised, started.elapsed(), server)
         });
-        let (first, raised, after) = tokio::time::timeout(Duration::from_secs(5), async {
+        let (first, raised, after, _server) = tokio::time::timeout(Duration::from_secs(5), async {
             tokio::select! {
+                biased;
                 done = &mut reader => done.unwrap(),
                 received = stream.next(false) => panic!("the server sent nothing: {received:?}"),
             }
