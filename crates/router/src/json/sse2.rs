@@ -340,15 +340,8 @@ impl<'a> Spare<'a> {
     ) {
         let end = end.min(W);
         let mut flagged = flagged & low_bits(end);
-        // What is kept is at most the `end` bytes and a backslash per bit; the last store
-        // writes `W` bytes past it. The bits are counted only when the quick bound (a
-        // backslash per byte) does not fit: near the end of the output's reserve.
-        if self.out.capacity() - self.len < 2 * end + W {
-            let room = end + flagged.count_ones() as usize + W;
-            if self.out.capacity() - self.len < room {
-                self.grow(room);
-            }
-        }
+        // The last store writes `W` bytes past what is kept.
+        self.reserve_backslashed(end, flagged, W);
         let base = self.out.as_mut_ptr();
         let mut len = self.len;
         let mut from = 0;
@@ -388,14 +381,8 @@ impl<'a> Spare<'a> {
     ) {
         let end = end.min(W);
         let flagged = flagged & low_bits(end);
-        // What is kept is the `end` bytes and a backslash per bit; the store of the last
-        // group starts within it and writes 16 bytes.
-        if self.out.capacity() - self.len < 2 * end + 16 {
-            let room = end + flagged.count_ones() as usize + 16;
-            if self.out.capacity() - self.len < room {
-                self.grow(room);
-            }
-        }
+        // The store of the last group starts within what is kept and writes 16 bytes.
+        self.reserve_backslashed(end, flagged, 16);
         let base = self.out.as_mut_ptr();
         let mut len = self.len;
         let groups = end.div_ceil(8);
@@ -422,6 +409,19 @@ impl<'a> Spare<'a> {
         }
         // The last group's bytes past `end` were stored after its kept ones, not kept.
         self.len = len - (8 * groups - end);
+    }
+
+    /// Makes room for `end` bytes with a backslash before each of the `flagged` ones, and
+    /// `tail` bytes more for stores past what is kept. The bits are counted only when the
+    /// quick bound (a backslash per byte) does not fit: near the end of the output's reserve.
+    #[inline(always)]
+    fn reserve_backslashed(&mut self, end: usize, flagged: u32, tail: usize) {
+        if self.out.capacity() - self.len < 2 * end + tail {
+            let room = end + flagged.count_ones() as usize + tail;
+            if self.out.capacity() - self.len < room {
+                self.grow(room);
+            }
+        }
     }
 
     #[cold]
