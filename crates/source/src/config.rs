@@ -747,7 +747,8 @@ mod tests {
             Some(Duration::from_secs(4))
         );
         assert_eq!(timeout("postgres://u@db/app"), None);
-        // As in libpq, 0 waits without a limit of its own: the replication login keeps its default.
+        // 0 sets no limit (tokio-postgres, like libpq); the replication login then keeps its
+        // own 30 s bound rather than waiting forever.
         assert_eq!(timeout("postgres://u@db/app?connect_timeout=0"), None);
     }
 
