@@ -325,10 +325,7 @@ mod tests {
     /// A producer whose brokers never answer (nothing listens on the port), so records stay
     /// queued until purged; its queue holds `capacity` records.
     fn queued_producer(capacity: usize) -> Arc<BaseProducer<Reports>> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = siphon_tests::free_port();
         let producer: BaseProducer<Reports> = ClientConfig::new()
             .set("bootstrap.servers", format!("127.0.0.1:{port}"))
             .set("queue.buffering.max.messages", capacity.to_string())

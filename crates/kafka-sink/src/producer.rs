@@ -581,10 +581,7 @@ mod tests {
 
     /// A sink whose brokers never answer (nothing listens on the port), so records stay queued.
     fn unreachable_sink() -> (KafkaSink, mpsc::UnboundedReceiver<Delivery>) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = siphon_tests::free_port();
         let config = SinkConfig {
             bootstrap_servers: format!("127.0.0.1:{port}"),
             properties: Default::default(),
