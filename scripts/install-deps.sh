@@ -12,7 +12,14 @@
 #   * The Python environment the end-to-end tests decode records with
 #     (protobuf, grpcio-tools, cloudevents from PyPI), by scripts/python-env.sh,
 #     under the same cache root; python3-venv when venv cannot bootstrap pip.
-#   * The Tansu Kafka-protocol broker, into a cache outside the repository,
+#   * Apache Kafka 4.4.0 (the broker of every end-to-end test, the demo and the benchmark):
+#     its jars from Maven Central through scripts/install-kafka.sh, into
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/kafka-<version>/libs
+#     ~10 s and ~45 MB. Needs Java 17+ and Maven (Debian's default-jdk-headless and maven
+#     when missing).
+#
+#   * The Tansu Kafka-protocol broker (one smoke test shows Siphon works with a broker other
+#     than Apache Kafka), into a cache outside the repository,
 #     keyed by version and variant:
 #       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/tansu-<version>-<variant>/bin/tansu
 #     Variants:
@@ -139,6 +146,9 @@ if [[ " $TANSU_VARIANTS " == *" memory "* ]] &&
     command -v python3 >/dev/null 2>&1 || missing+=(python3)
     have_pip || missing+=(python3-pip)
 fi
+# The Kafka broker runs on Java 17+ and is fetched with Maven.
+command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
 # The decoder environment of the end-to-end tests needs venv with pip.
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
@@ -230,6 +240,8 @@ if command -v python3 >/dev/null 2>&1; then
         die "scripts/python-env.sh could not build the decoder environment"
     log "python decoders:   $decoder"
 fi
+kafka_libs=$(run_quiet_out "install-kafka" "$(dirname "$0")/install-kafka.sh")
+log "apache kafka jars: $kafka_libs"
 if [[ $PG18 == 1 ]]; then
     pg18_bin=$(run_quiet_out "install-postgres" "$(dirname "$0")/install-postgres.sh")
     log "postgresql 18 bin: $pg18_bin"

@@ -1,258 +1,222 @@
-//! A Tansu Kafka-protocol broker per test, spawned directly from the binary
-//! that `scripts/install-deps.sh` caches.
+//! The Apache Kafka a test writes to: a namespace on the broker the whole test run shares, or
+//! a node of its own for a test that kills or restarts its broker.
 //!
-//! Tansu runs with the in-memory storage engine: it auto-creates unknown
-//! topics (4 partitions) and keeps nothing across a restart. Its
-//! ListOffsets("latest") answers are wrong, and transactions and consumer
-//! groups are unreliable, so read topics back with
-//! [`read_topic`](crate::read_topic), which assigns partitions explicitly and
-//! reads to partition EOF.
+//! A JVM start costs seconds of CPU, so tests share one single-node Kafka
+//! ([`crate::kafka::KafkaNode`]): the one at `$SIPHON_KAFKA_BOOTSTRAP` (started once for the
+//! whole test command by `scripts/test.sh`), else one started on first use in each test
+//! process. Each [`Broker::start`] hands out a fresh topic namespace on it, and a test names
+//! every topic through [`Broker::topic`], so tests never see each other's records.
+//! [`crate::outbox::siphon_config`] routes Siphon's records into the namespace.
 //!
 //! # Invariants
 //!
-//! - The broker listens and advertises `127.0.0.1:PORT`; the port is fixed
-//!   for the life of the handle, so [`Broker::bootstrap`] stays valid across
-//!   [`Broker::kill`] / [`Broker::start_again`].
-//! - A started broker has answered a metadata request through rdkafka, not
-//!   just accepted a TCP connection.
-//! - It is only ever stopped with SIGKILL (SIGTERM can leave Tansu answering
-//!   errors), and dropping the handle kills it and removes its directory.
+//! - Namespaces are unique across processes and calls (`t<pid>-<n>.`), so two tests never
+//!   write or read the same topic on the shared broker.
+//! - A shared broker is never killed or restarted by a test: [`Broker::kill`] and
+//!   [`Broker::start_again`] refuse unless the broker is the test's own.
+//! - The broker a test process starts for itself lives until the process exits: it is
+//!   started from a thread that never ends, with `PR_SET_PDEATHSIG`, so the kernel kills the
+//!   JVM when the process is gone, however it ends. Its directory is removed by the next test
+//!   process that finds it stale.
+//! - A started broker has answered a metadata request through rdkafka.
 
-use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::ClientConfig;
 
-/// Version of Tansu that `scripts/install-deps.sh` installs.
-pub const TANSU_VERSION: &str = "0.6.0";
+use crate::kafka::KafkaNode;
 
-/// How long [`Broker::start`] waits for the broker to answer metadata.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Which Tansu build and storage engine a broker uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Storage {
-    /// `memory://`: fast, auto-creates topics, keeps nothing across a restart.
-    Memory,
-    /// `sqlite://` (the cargo-installed build): keeps its data across `kill -9`, does not
-    /// auto-create topics; reading a long partition from offset 0 is slow.
-    Durable,
+/// The shared broker of this process: its bootstrap address and log, or why it cannot start.
+struct Shared {
+    bootstrap: String,
+    log: Option<PathBuf>,
 }
 
-impl Storage {
-    fn variant(self) -> &'static str {
-        match self {
-            Storage::Memory => "memory",
-            Storage::Durable => "durable",
-        }
+fn shared() -> Result<&'static Shared> {
+    static SHARED: OnceLock<std::result::Result<Shared, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| start_shared().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("the shared Kafka broker is not available: {e}"))
+}
+
+fn start_shared() -> Result<Shared> {
+    if let Some(bootstrap) = std::env::var("SIPHON_KAFKA_BOOTSTRAP")
+        .ok()
+        .filter(|b| !b.trim().is_empty())
+    {
+        broker_metadata(&bootstrap, Duration::from_secs(10))
+            .with_context(|| format!("SIPHON_KAFKA_BOOTSTRAP={bootstrap} does not answer"))?;
+        let log = std::env::var_os("SIPHON_KAFKA_LOG").map(PathBuf::from);
+        return Ok(Shared { bootstrap, log });
     }
-
-    fn engine(self) -> &'static str {
-        match self {
-            Storage::Memory => "memory://tansu/",
-            // Relative to the broker's working directory.
-            Storage::Durable => "sqlite://tansu.db",
-        }
-    }
-}
-
-/// Path of the Tansu binary: `$SIPHON_TANSU_BIN`, else the memory-engine
-/// build in `${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}`.
-pub fn tansu_bin() -> Result<PathBuf> {
-    tansu_bin_for(Storage::Memory)
-}
-
-/// Path of the Tansu build for `storage` (`$SIPHON_TANSU_BIN` applies to the memory build).
-pub fn tansu_bin_for(storage: Storage) -> Result<PathBuf> {
-    let path = match std::env::var_os("SIPHON_TANSU_BIN") {
-        Some(p) if !p.is_empty() && storage == Storage::Memory => PathBuf::from(p),
-        _ => {
-            let cache = match std::env::var_os("SIPHON_CACHE_DIR") {
-                Some(p) if !p.is_empty() => PathBuf::from(p),
-                _ => {
-                    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-                    PathBuf::from(home).join(".cache/siphon")
+    remove_stale_shared_dirs();
+    // The node is started, and then kept, by a thread that never ends: PR_SET_PDEATHSIG fires
+    // when the thread that spawned the JVM ends, which is then the process's exit.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("shared-kafka".into())
+        .spawn(move || {
+            let started = KafkaNode::start_single_for_process(&[]);
+            match started {
+                Ok(node) => {
+                    let _ = tx.send(Ok(Shared {
+                        bootstrap: node.bootstrap(),
+                        log: Some(node.log_path()),
+                    }));
+                    // Kept alive (never dropped) for the life of the process.
+                    loop {
+                        std::thread::park();
+                    }
                 }
-            };
-            cache
-                .join(format!("tansu-{TANSU_VERSION}-{}", storage.variant()))
-                .join("bin/tansu")
-        }
-    };
-    if !path.is_file() {
-        bail!(
-            "Tansu broker binary not found at {}; run scripts/install-deps.sh \
-             (SIPHON_TANSU_VARIANTS=\"memory durable\" for the durable build, or set SIPHON_TANSU_BIN)",
-            path.display()
-        );
-    }
-    Ok(path)
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        })
+        .context("spawning the shared Kafka thread")?;
+    rx.recv()
+        .context("the shared Kafka thread ended without an answer")?
 }
 
-/// A Tansu broker process on 127.0.0.1.
+/// Removes the directories of shared brokers whose test process is gone.
+fn remove_stale_shared_dirs() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(crate::kafka::SHARED_DIR_PREFIX))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// A fresh topic namespace: `t<pid>-<n>.`.
+fn new_namespace() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}-{}.",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The Kafka a test writes to (see the module docs).
 pub struct Broker {
-    dir: Option<tempfile::TempDir>,
-    dir_path: PathBuf,
-    bin: PathBuf,
-    storage: Storage,
-    port: u16,
-    child: Mutex<Option<Child>>,
+    bootstrap: String,
+    namespace: String,
+    own: Option<KafkaNode>,
+    shared_log: Option<PathBuf>,
 }
 
 impl Broker {
-    /// Spawns a broker on a free port and waits (up to 30 s) until it answers
-    /// a metadata request.
+    /// A fresh namespace on the shared broker (started first if this process has none).
     pub fn start() -> Result<Broker> {
-        Broker::start_with(Storage::Memory)
+        let shared = shared()?;
+        Ok(Broker {
+            bootstrap: shared.bootstrap.clone(),
+            namespace: new_namespace(),
+            own: None,
+            shared_log: shared.log.clone(),
+        })
     }
 
-    /// Like [`Broker::start`] with the given storage engine.
-    pub fn start_with(storage: Storage) -> Result<Broker> {
-        let bin = tansu_bin_for(storage)?;
-        let dir = crate::short_tempdir("siphon-kafka-")?;
-        let broker = Broker {
-            dir_path: dir.path().to_path_buf(),
-            dir: Some(dir),
-            bin,
-            storage,
-            port: crate::free_port(),
-            child: Mutex::new(None),
-        };
-        broker.spawn()?;
-        Ok(broker)
+    /// A single-node Kafka of the test's own (for tests that kill or restart their broker),
+    /// with Kafka's settings for one node and `extra` on top. Topic names are not namespaced.
+    pub fn start_own(extra: &[(&str, &str)]) -> Result<Broker> {
+        let node = KafkaNode::start_single(extra)?;
+        Ok(Broker {
+            bootstrap: node.bootstrap(),
+            namespace: String::new(),
+            own: Some(node),
+            shared_log: None,
+        })
     }
 
     /// `127.0.0.1:PORT`, for `bootstrap.servers`.
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.bootstrap.clone()
     }
 
     /// The TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
-        self.port
+        self.bootstrap
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_default()
     }
 
-    /// The broker's stdout/stderr log (appended to across restarts).
+    /// The prefix of every topic this test uses (empty on a broker of its own).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The name topic `name` has for this test: `name` in the test's namespace.
+    pub fn topic(&self, name: &str) -> String {
+        format!("{}{name}", self.namespace)
+    }
+
+    /// The broker's log (the shared broker's, when known).
     pub fn log_path(&self) -> PathBuf {
-        self.dir_path.join("tansu.log")
+        match (&self.own, &self.shared_log) {
+            (Some(node), _) => node.log_path(),
+            (None, Some(log)) => log.clone(),
+            (None, None) => PathBuf::from("(the shared broker's log is not known)"),
+        }
     }
 
-    /// The broker's working directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir_path
+    /// The test's own node; an error on the shared broker.
+    pub fn own_node(&self) -> Result<&KafkaNode> {
+        self.own.as_ref().context(
+            "this test shares its broker with others; start it with Broker::start_own to kill \
+             or restart it",
+        )
     }
 
-    /// SIGKILLs the broker and waits for it to exit. A no-op if it is not
-    /// running.
+    /// SIGKILLs the test's own broker and waits for it to exit.
     pub fn kill(&self) -> Result<()> {
-        let mut guard = self.lock();
-        if let Some(mut child) = guard.take() {
-            // `Child::kill` sends SIGKILL; it fails only if the process has
-            // already been reaped, which `wait` below reports.
-            let _ = child.kill();
-            child.wait().context("waiting for the killed broker")?;
-        }
-        Ok(())
+        self.own_node()?.kill9()
     }
 
-    /// Starts a new broker process on the same port, after [`Broker::kill`].
-    /// With the memory engine the new broker starts empty: every topic and
-    /// record from before is gone.
+    /// Starts the test's own broker again on the same port and data, after
+    /// [`Broker::kill`]; Kafka keeps every topic and record across it.
     pub fn start_again(&self) -> Result<()> {
-        if self.is_running() {
-            bail!("broker on {} is still running", self.bootstrap());
+        let node = self.own_node()?;
+        if node.is_running() {
+            bail!("broker on {} is still running", self.bootstrap);
         }
-        self.spawn()
+        node.start_again(1)
     }
 
-    /// Whether the broker process is alive.
+    /// Whether the broker is alive (the shared one: whether it answers metadata).
     pub fn is_running(&self) -> bool {
-        let mut guard = self.lock();
-        match guard.as_mut().map(|c| c.try_wait()) {
-            Some(Ok(None)) => true,
-            Some(_) => {
-                *guard = None;
-                false
-            }
-            None => false,
+        match &self.own {
+            Some(node) => node.is_running(),
+            None => self.check_metadata(Duration::from_secs(5)).is_ok(),
         }
     }
 
     /// One metadata request through rdkafka: Ok if the broker answered within
     /// `timeout` and listed itself.
     pub fn check_metadata(&self, timeout: Duration) -> Result<()> {
-        metadata_ok(&self.bootstrap(), timeout)
+        broker_metadata(&self.bootstrap, timeout).map(|_| ())
     }
-
-    fn lock(&self) -> MutexGuard<'_, Option<Child>> {
-        // A poisoned lock means a panic while holding it; the Option<Child>
-        // is still consistent.
-        self.child.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn spawn(&self) -> Result<()> {
-        let log_path = self.log_path();
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("opening {}", log_path.display()))?;
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let child = Command::new(&self.bin)
-            .arg("broker")
-            .args(["--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
-            .args(["--storage-engine", self.storage.engine()])
-            .current_dir(&self.dir_path)
-            // Tansu also reads these from the environment; make the flags win.
-            .env_remove("LISTENER_URL")
-            .env_remove("ADVERTISED_LISTENER_URL")
-            .env_remove("STORAGE_ENGINE")
-            // Tansu reads RUST_LOG too: a level meant for Siphon (the bench exports `info`)
-            // makes it log every request, which slows its produce path a hundredfold.
-            .env(
-                "RUST_LOG",
-                std::env::var("SIPHON_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("duplicating the log handle")?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("spawning {}", self.bin.display()))?;
-        *self.lock() = Some(child);
-
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut last_err = anyhow!("no metadata request made");
-        while Instant::now() < deadline {
-            if !self.is_running() {
-                bail!(
-                    "tansu exited during startup; last lines of {}:\n{}",
-                    log_path.display(),
-                    crate::tail_file(&log_path, 20)
-                );
-            }
-            match metadata_ok(&self.bootstrap(), Duration::from_secs(2)) {
-                Ok(()) => return Ok(()),
-                Err(e) => last_err = e,
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.kill();
-        Err(last_err.context(format!(
-            "tansu on {} did not answer metadata within {READY_TIMEOUT:?} (log: {})",
-            self.bootstrap(),
-            log_path.display()
-        )))
-    }
-}
-
-fn metadata_ok(bootstrap: &str, timeout: Duration) -> Result<()> {
-    broker_metadata(bootstrap, timeout).map(|_| ())
 }
 
 /// One metadata request to `bootstrap` that must list at least one broker.
@@ -271,15 +235,4 @@ pub fn broker_metadata(bootstrap: &str, timeout: Duration) -> Result<rdkafka::me
         bail!("metadata from {bootstrap} lists no brokers");
     }
     Ok(md)
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Err(e) = self.kill() {
-            eprintln!("broker on {}: {e:#}", self.bootstrap());
-        }
-        if let Some(dir) = self.dir.take() {
-            crate::finish_dir(dir, "tansu broker", &self.log_path(), false);
-        }
-    }
 }

@@ -1,6 +1,7 @@
 //! Just enough of the Kafka wire protocol to answer Produce requests with a chosen error:
 //! request framing and headers, Produce requests (v3..=v12, flexible from v9), and Produce
-//! responses of the same versions.
+//! responses of the same versions; and to point clients at a proxy: the broker ports in
+//! Metadata and FindCoordinator responses.
 //!
 //! Produce v3 is the first version carrying record batches (message format v2), which every
 //! client the tests use speaks; librdkafka sends at most v10, one partition per request, and
@@ -443,8 +444,207 @@ pub fn parse_produce_response(version: i16, frame: &[u8]) -> Result<(i32, Vec<To
     Ok((correlation_id, topics))
 }
 
+/// The Metadata API key.
+pub const METADATA: i16 = 3;
+/// The FindCoordinator API key.
+pub const FIND_COORDINATOR: i16 = 10;
+
+/// The offsets, in a response `body` (after the 4-byte size), of the broker ports a Metadata
+/// (v0-v13) or FindCoordinator (v0-v6) response names; empty for any other API.
+pub fn broker_port_offsets(api_key: i16, api_version: i16, body: &[u8]) -> Result<Vec<usize>> {
+    let mut r = Reader::new(body);
+    let mut offsets = Vec::new();
+    match api_key {
+        METADATA => {
+            let flexible = api_version >= 9;
+            r.i32()?; // correlation id
+            if flexible {
+                r.tagged_fields()?;
+            }
+            if api_version >= 3 {
+                r.i32()?; // throttle time
+            }
+            for _ in 0..r.array_len(flexible)? {
+                r.i32()?; // node id
+                r.string(flexible)?;
+                offsets.push(r.at);
+                r.i32()?;
+                if api_version >= 1 {
+                    r.nullable_string(flexible)?; // rack
+                }
+                if flexible {
+                    r.tagged_fields()?;
+                }
+            }
+        }
+        FIND_COORDINATOR => {
+            let flexible = api_version >= 3;
+            r.i32()?; // correlation id
+            if flexible {
+                r.tagged_fields()?;
+            }
+            if api_version >= 1 {
+                r.i32()?; // throttle time
+            }
+            if api_version >= 4 {
+                for _ in 0..r.array_len(flexible)? {
+                    r.string(flexible)?; // key
+                    r.i32()?; // node id
+                    r.string(flexible)?;
+                    offsets.push(r.at);
+                    r.i32()?;
+                    r.i16()?; // error code
+                    r.nullable_string(flexible)?;
+                    if flexible {
+                        r.tagged_fields()?;
+                    }
+                }
+            } else {
+                r.i16()?; // error code
+                if api_version >= 1 {
+                    r.nullable_string(flexible)?;
+                }
+                r.i32()?; // node id
+                r.string(flexible)?;
+                offsets.push(r.at);
+                r.i32()?;
+            }
+        }
+        _ => {}
+    }
+    Ok(offsets)
+}
+
+/// Rewrites, in place, every broker port `from` that a Metadata or FindCoordinator response
+/// `frame` (size prefix included) names into `to`; returns how many were rewritten. Ports are
+/// fixed-width, so the frame keeps its length.
+pub fn rewrite_broker_ports(
+    api_key: i16,
+    api_version: i16,
+    frame: &mut [u8],
+    from: u16,
+    to: u16,
+) -> Result<usize> {
+    ensure!(frame.len() >= 4, "frame shorter than its size prefix");
+    let offsets = broker_port_offsets(api_key, api_version, &frame[4..])?;
+    let mut rewritten = 0;
+    for at in offsets {
+        let field = &mut frame[4 + at..4 + at + 4];
+        if i32::from_be_bytes([field[0], field[1], field[2], field[3]]) == i32::from(from) {
+            field.copy_from_slice(&i32::from(to).to_be_bytes());
+            rewritten += 1;
+        }
+    }
+    Ok(rewritten)
+}
+
 #[cfg(test)]
 mod tests {
+
+    /// A Metadata response of `version` listing brokers (id, host, port), as Kafka writes it.
+    fn metadata_response(version: i16, brokers: &[(i32, &str, i32)]) -> Vec<u8> {
+        let flexible = version >= 9;
+        let mut w = Writer::default();
+        w.i32(7); // correlation id
+        if flexible {
+            w.empty_tagged_fields();
+        }
+        if version >= 3 {
+            w.i32(0);
+        }
+        w.array_len(brokers.len(), flexible);
+        for (id, host, port) in brokers {
+            w.i32(*id);
+            w.nullable_string(Some(host), flexible);
+            w.i32(*port);
+            if version >= 1 {
+                w.nullable_string(Some("rack-a"), flexible);
+            }
+            if flexible {
+                // One tagged field, so skipping them is exercised.
+                w.uvarint(1);
+                w.uvarint(3);
+                w.uvarint(2);
+                w.out.extend_from_slice(&[9, 9]);
+            }
+        }
+        w.i32(1); // cluster id etc. follow; nothing after the brokers is read
+        w.framed()
+    }
+
+    #[test]
+    fn metadata_ports_are_rewritten_in_every_version() {
+        for version in 0..=13 {
+            let mut frame =
+                metadata_response(version, &[(1, "127.0.0.1", 9092), (2, "127.0.0.1", 9093)]);
+            let before = frame.len();
+            let n = rewrite_broker_ports(METADATA, version, &mut frame, 9093, 4000).unwrap();
+            assert_eq!(n, 1, "v{version}");
+            assert_eq!(frame.len(), before);
+            assert_eq!(
+                frame,
+                metadata_response(version, &[(1, "127.0.0.1", 9092), (2, "127.0.0.1", 4000)]),
+                "v{version}"
+            );
+        }
+    }
+
+    #[test]
+    fn find_coordinator_ports_are_rewritten() {
+        for version in [0i16, 2, 3, 4, 6] {
+            let flexible = version >= 3;
+            let build = |port: i32| {
+                let mut w = Writer::default();
+                w.i32(1);
+                if flexible {
+                    w.empty_tagged_fields();
+                }
+                if version >= 1 {
+                    w.i32(0);
+                }
+                if version >= 4 {
+                    w.array_len(1, flexible);
+                    w.nullable_string(Some("txn"), flexible);
+                    w.i32(3);
+                    w.nullable_string(Some("127.0.0.1"), flexible);
+                    w.i32(port);
+                    w.i16(0);
+                    w.nullable_string(None, flexible);
+                    if flexible {
+                        w.empty_tagged_fields();
+                    }
+                } else {
+                    w.i16(0);
+                    if version >= 1 {
+                        w.nullable_string(None, flexible);
+                    }
+                    w.i32(3);
+                    w.nullable_string(Some("127.0.0.1"), flexible);
+                    w.i32(port);
+                }
+                if flexible {
+                    w.empty_tagged_fields();
+                }
+                w.framed()
+            };
+            let mut frame = build(9092);
+            assert_eq!(
+                rewrite_broker_ports(FIND_COORDINATOR, version, &mut frame, 9092, 5000).unwrap(),
+                1
+            );
+            assert_eq!(frame, build(5000), "v{version}");
+        }
+    }
+
+    #[test]
+    fn a_truncated_metadata_response_is_an_error_not_a_panic() {
+        let frame = metadata_response(12, &[(1, "127.0.0.1", 9092)]);
+        for cut in 4..frame.len() - 4 {
+            let mut short = frame[..cut].to_vec();
+            let _ = rewrite_broker_ports(METADATA, 12, &mut short, 9092, 1);
+        }
+    }
+
     use super::*;
 
     fn request(version: i16) -> ProduceRequest {

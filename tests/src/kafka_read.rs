@@ -92,18 +92,29 @@ fn consumer(bootstrap: &str) -> Result<BaseConsumer> {
 pub fn read_topic(bootstrap: &str, topic: &str, timeout: Duration) -> Result<Vec<ConsumedRecord>> {
     let deadline = Instant::now() + timeout;
     let consumer = consumer(bootstrap)?;
-    let md = consumer
-        .fetch_metadata(Some(topic), METADATA_TIMEOUT.min(timeout))
-        .with_context(|| format!("metadata for topic {topic:?} from {bootstrap}"))?;
-    let Some(md_topic) = md.topics().iter().find(|t| t.name() == topic) else {
-        return Ok(Vec::new());
+    // A topic just created (or a partition whose leader just moved) has no leader for a
+    // moment: ask again until it has one or the time is up.
+    let partitions: Vec<i32> = loop {
+        let md = consumer
+            .fetch_metadata(Some(topic), METADATA_TIMEOUT.min(timeout))
+            .with_context(|| format!("metadata for topic {topic:?} from {bootstrap}"))?;
+        let Some(md_topic) = md.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(Vec::new());
+        };
+        let leaderless = match md_topic.error().map(RDKafkaErrorCode::from) {
+            None => md_topic.partitions().iter().any(|p| p.leader() < 0),
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Vec::new()),
+            Some(RDKafkaErrorCode::LeaderNotAvailable) => true,
+            Some(code) => bail!("metadata for topic {topic:?} from {bootstrap}: {code}"),
+        };
+        if !leaderless {
+            break md_topic.partitions().iter().map(|p| p.id()).collect();
+        }
+        if Instant::now() >= deadline {
+            bail!("topic {topic:?} on {bootstrap} has partitions without a leader after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
     };
-    match md_topic.error().map(RDKafkaErrorCode::from) {
-        None => {}
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Vec::new()),
-        Some(code) => bail!("metadata for topic {topic:?} from {bootstrap}: {code}"),
-    }
-    let partitions: Vec<i32> = md_topic.partitions().iter().map(|p| p.id()).collect();
     if partitions.is_empty() {
         return Ok(Vec::new());
     }
@@ -185,16 +196,27 @@ pub fn list_topics(bootstrap: &str) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Creates `topic` with `partitions` partitions (replication factor 1), as a broker that keeps
-/// its topics across a restart would still have it. "Already exists" is success.
+/// Creates `topic` with `partitions` partitions (replication factor 1). "Already exists" is
+/// success.
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
+    create_topic_replicated(bootstrap, topic, partitions, 1).await
+}
+
+/// Creates `topic` with `partitions` partitions, each on `replicas` brokers, and waits until
+/// the broker reports it. "Already exists" is success.
+pub async fn create_topic_replicated(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    replicas: i32,
+) -> Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
         .context("creating an admin client")?;
-    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(replicas));
     for result in admin
         .create_topics([&new_topic], &AdminOptions::new())
         .await?
@@ -204,5 +226,7 @@ pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Resu
             Err((name, code)) => anyhow::bail!("creating topic {name}: {code}"),
         }
     }
+    // Reading it back waits until every partition has a leader.
+    read_topic_async(bootstrap, topic, Duration::from_secs(30)).await?;
     Ok(())
 }

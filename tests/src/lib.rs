@@ -1,8 +1,9 @@
 //! Harness for Siphon's end-to-end tests: real PostgreSQL clusters, real
-//! Kafka-protocol brokers (Tansu) and the real `siphon` binary, each started
-//! per test and stopped when its handle is dropped.
+//! Apache Kafka (a single node shared by the tests, a node of a test's own, or a
+//! three-node cluster) and the real `siphon` binary, each stopped when its
+//! handle is dropped.
 //!
-//! Setup: `scripts/install-deps.sh` installs PostgreSQL and Tansu;
+//! Setup: `scripts/install-deps.sh` installs PostgreSQL and Kafka;
 //! `cargo build -p siphon` builds the binary. `scripts/test.sh` does both and
 //! then runs every test.
 //!
@@ -15,14 +16,16 @@
 //! let db = pg.connect().await?;
 //! db.batch_execute("CREATE TABLE outbox (id bigint PRIMARY KEY)").await?;
 //! let broker = Broker::start()?;
-//! let records = read_topic(&broker.bootstrap(), "orders", Duration::from_secs(10))?;
+//! let records = read_topic(&broker.bootstrap(), &broker.topic("orders"), Duration::from_secs(10))?;
 //! # let _ = records; Ok(()) }
 //! ```
 //!
 //! # Invariants
 //!
 //! - Every service binds 127.0.0.1 only, on a port from [`free_port`], with
-//!   its own fresh temporary directory: tests may run in parallel.
+//!   its own fresh temporary directory: tests may run in parallel. Tests that
+//!   share a Kafka broker use topics in namespaces of their own
+//!   ([`Broker::topic`]).
 //! - Every handle stops what it started when dropped (PostgreSQL: immediate
 //!   shutdown; processes: SIGKILL) and removes its directory, unless the
 //!   thread is panicking or `SIPHON_KEEP_TEST_DIRS` is set, in which case the
@@ -36,6 +39,7 @@
 pub mod broker;
 pub mod corpus;
 pub mod differential;
+pub mod kafka;
 pub mod kafka_protocol;
 pub mod kafka_read;
 pub mod oracle;
@@ -47,10 +51,12 @@ pub mod proxy;
 pub mod python;
 pub mod rng;
 pub mod siphon;
+pub mod tansu;
 pub mod wait;
 
-pub use broker::{tansu_bin, tansu_bin_for, Broker, Storage};
-pub use kafka_read::{create_topic, list_topics, read_topic, read_topic_async, ConsumedRecord};
+pub use broker::Broker;
+pub use kafka::{KafkaCluster, KafkaNode};
+pub use kafka_read::{create_topic, create_topic_replicated, list_topics, read_topic, read_topic_async, ConsumedRecord};
 pub use ports::free_port;
 pub use postgres::Postgres;
 pub use siphon::{siphon_bin, SiphonProcess};
@@ -62,6 +68,17 @@ use std::path::{Path, PathBuf};
 pub fn workspace_root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
+}
+
+/// The cache of installed test dependencies: `$SIPHON_CACHE_DIR`, else `$HOME/.cache/siphon`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("SIPHON_CACHE_DIR") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(".cache/siphon")
+        }
+    }
 }
 
 /// Whether temporary directories should be kept after a handle is dropped.

@@ -3,8 +3,10 @@
 //!
 //! # Invariants
 //! - [`event`] is a pure function of its arguments, so a test can recompute what it wrote.
+//! - [`siphon_config`] routes every record into the test's topic namespace
+//!   ([`KafkaTarget::topic`]), and the helpers that read records back read the same names.
 
-use crate::{Broker, ConsumedRecord, Postgres, SiphonProcess};
+use crate::{Broker, ConsumedRecord, KafkaCluster, Postgres, SiphonProcess};
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -188,32 +190,115 @@ pub async fn current_insert_lsn(client: &Client) -> Result<u64> {
     Ok(row.get::<_, i64>(0) as u64)
 }
 
+/// A Kafka a test writes to and reads from: where to connect, and what its topics are named.
+pub trait KafkaTarget {
+    /// `bootstrap.servers`.
+    fn bootstrap(&self) -> String;
+    /// The name topic `name` has for this test (see [`Broker::topic`]).
+    fn topic(&self, name: &str) -> String;
+    /// The prefix [`KafkaTarget::topic`] adds.
+    fn namespace(&self) -> String {
+        self.topic("")
+    }
+}
+
+impl KafkaTarget for Broker {
+    fn bootstrap(&self) -> String {
+        Broker::bootstrap(self)
+    }
+    fn topic(&self, name: &str) -> String {
+        Broker::topic(self, name)
+    }
+}
+
+impl KafkaTarget for crate::proxy::ProxiedBroker {
+    fn bootstrap(&self) -> String {
+        crate::proxy::ProxiedBroker::bootstrap(self)
+    }
+    fn topic(&self, name: &str) -> String {
+        crate::proxy::ProxiedBroker::topic(self, name)
+    }
+}
+
+/// A cluster of a test's own: topic names as they are.
+impl KafkaTarget for KafkaCluster {
+    fn bootstrap(&self) -> String {
+        KafkaCluster::bootstrap(self)
+    }
+    fn topic(&self, name: &str) -> String {
+        name.to_owned()
+    }
+}
+
+/// A namespace reached at another address (through a proxy of the test's, say).
+pub struct Via {
+    pub bootstrap: String,
+    pub namespace: String,
+}
+
+impl Via {
+    /// `target`'s topics, reached at `bootstrap`.
+    pub fn new(target: &impl KafkaTarget, bootstrap: &str) -> Via {
+        Via {
+            bootstrap: bootstrap.to_owned(),
+            namespace: target.namespace(),
+        }
+    }
+}
+
+impl KafkaTarget for Via {
+    fn bootstrap(&self) -> String {
+        self.bootstrap.clone()
+    }
+    fn topic(&self, name: &str) -> String {
+        format!("{}{name}", self.namespace)
+    }
+}
+
 /// A Siphon configuration for the scratch services: slot `slot`, publication `<slot>_pub`,
 /// topics created with 3 partitions, a short status interval, a 10 s delivery timeout, a
-/// 500-record window, and `extra` TOML appended (in the `[pipeline]` section unless it opens
-/// another).
-pub fn siphon_config(pg: &Postgres, broker: &Broker, slot: &str, extra: &str) -> String {
+/// 500-record window, records routed into the test's topic namespace
+/// (`outbox.event.<aggregatetype>` there), and `extra` TOML appended (in the `[pipeline]`
+/// section unless it opens another; a test that opens `[router]` itself sets
+/// `route.topic.replacement` there, with [`route_replacement`]).
+pub fn siphon_config(pg: &Postgres, broker: &impl KafkaTarget, slot: &str, extra: &str) -> String {
     siphon_config_at(
         pg,
-        &broker.bootstrap(),
+        broker,
         slot,
         "\"message.timeout.ms\" = \"10000\"",
         &format!("max_in_flight_records = 500\n{extra}"),
     )
 }
 
-/// Like [`siphon_config`] for a broker known by its bootstrap address, with `kafka_properties`
-/// as the whole `[kafka.properties]` section and `pipeline` appended to the `[pipeline]`
-/// section.
+/// The default `route.topic.replacement` in `broker`'s namespace, as a TOML line.
+pub fn route_replacement(broker: &impl KafkaTarget) -> String {
+    format!(
+        "\"route.topic.replacement\" = \"{}outbox.event.${{routedByValue}}\"",
+        broker.namespace()
+    )
+}
+
+/// Like [`siphon_config`], with `kafka_properties` as the whole `[kafka.properties]` section
+/// and `pipeline` appended to the `[pipeline]` section.
 pub fn siphon_config_at(
     pg: &Postgres,
-    bootstrap: &str,
+    broker: &impl KafkaTarget,
     slot: &str,
     kafka_properties: &str,
     pipeline: &str,
 ) -> String {
+    let bootstrap = broker.bootstrap();
+    // The router section only when the namespace needs one, and only if the test does not
+    // open its own.
+    let router = if broker.namespace().is_empty() || pipeline.contains("[router]") {
+        String::new()
+    } else {
+        format!("[router]\n{}\n", route_replacement(broker))
+    };
     format!(
         r#"
+{router}
 [source]
 url = "{url}"
 slot = "{slot}"
@@ -288,15 +373,21 @@ pub async fn wait_for_slot_past(
     .await
 }
 
-/// The topics the records of [`event`]s go to.
+/// The topics the records of [`event`]s go to (in a test's namespace: [`KafkaTarget::topic`]).
 pub const EVENT_TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
 
-/// Every record in [`EVENT_TOPICS`] of the broker at `bootstrap`.
-pub async fn read_event_records(bootstrap: &str) -> Result<Vec<ConsumedRecord>> {
+/// Every record in [`EVENT_TOPICS`] of `broker`.
+pub async fn read_event_records(broker: &impl KafkaTarget) -> Result<Vec<ConsumedRecord>> {
     let mut all = Vec::new();
+    let bootstrap = broker.bootstrap();
     for topic in EVENT_TOPICS {
         all.extend(
-            crate::read_topic_async(bootstrap, topic, std::time::Duration::from_secs(60)).await?,
+            crate::read_topic_async(
+                &bootstrap,
+                &broker.topic(topic),
+                std::time::Duration::from_secs(60),
+            )
+            .await?,
         );
     }
     Ok(all)
@@ -307,15 +398,15 @@ pub fn record_id(record: &ConsumedRecord) -> String {
     String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned()
 }
 
-/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of the broker at
-/// `bootstrap`; returns every record there (repeats and others included).
+/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of `broker`;
+/// returns every record there (repeats and others included).
 pub async fn wait_for_all(
-    bootstrap: &str,
+    broker: &impl KafkaTarget,
     expected: &BTreeSet<String>,
     timeout: Duration,
 ) -> Result<Vec<ConsumedRecord>> {
     crate::wait_for(timeout, std::time::Duration::from_millis(500), || async {
-        let records = read_event_records(bootstrap).await?;
+        let records = read_event_records(broker).await?;
         let ids: BTreeSet<String> = records.iter().map(record_id).collect();
         let missing = expected.difference(&ids).count();
         anyhow::ensure!(
@@ -337,15 +428,14 @@ pub fn phantom_ids(records: &[ConsumedRecord], expected: &BTreeSet<String>) -> V
         .collect()
 }
 
-/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of the broker at
-/// `bootstrap`, then checks that
-/// each arrived exactly once and that nothing else arrived.
+/// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of `broker`,
+/// then checks that each arrived exactly once and that nothing else arrived.
 pub async fn wait_for_each_once(
-    bootstrap: &str,
+    broker: &impl KafkaTarget,
     expected: &BTreeSet<String>,
     timeout: Duration,
 ) -> Result<Vec<ConsumedRecord>> {
-    let records = wait_for_all(bootstrap, expected, timeout).await?;
+    let records = wait_for_all(broker, expected, timeout).await?;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for r in &records {
         *counts.entry(record_id(r)).or_default() += 1;

@@ -9,9 +9,11 @@
 //! network or broker would.
 //!
 //! Kafka clients learn broker addresses from metadata and connect to those,
-//! not to the bootstrap address. [`ProxiedBroker`] therefore starts Tansu
-//! listening on one port and advertising the proxy's port: after bootstrap,
-//! every connection still goes through the proxy.
+//! not to the bootstrap address. [`ProxiedBroker`] therefore puts a Kafka-mode
+//! proxy in front of the shared Kafka broker that rewrites the broker's port
+//! into its own in every Metadata and FindCoordinator answer: after bootstrap,
+//! every connection of the test's clients still goes through the proxy, while
+//! other tests reach the broker directly.
 //!
 //! A proxy started with [`ThrottlingProxy::start_kafka`] also understands the
 //! Kafka protocol's framing: while a [`ProduceFault`] is set, it answers the
@@ -47,10 +49,8 @@
 //!   runtime from its caller. Dropping it closes the listener and every
 //!   connection.
 
-use std::fs::OpenOptions;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -62,7 +62,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::kafka_protocol::{
     encode_produce_response, parse_produce_request, parse_produce_response, request_header,
-    PartitionResponse, TopicResponse, PRODUCE,
+    rewrite_broker_ports, PartitionResponse, TopicResponse, PRODUCE,
 };
 
 /// Bytes read from a socket at once.
@@ -309,6 +309,9 @@ struct Shared {
     held: Mutex<Vec<Vec<u8>>>,
     /// Bit `v` set once a Produce request of version `v` (< 64) was seen.
     produce_versions: AtomicU64,
+    /// In Kafka mode, (the broker's port, the proxy's port): the broker port that Metadata
+    /// and FindCoordinator answers name is replaced with the proxy's.
+    advertise: Option<(u16, u16)>,
 }
 
 impl Shared {
@@ -341,16 +344,28 @@ impl ThrottlingProxy {
     /// needs to listen on `target` yet: a connection that cannot reach it is
     /// closed.
     pub fn start_on(port: u16, target: SocketAddr) -> Result<ThrottlingProxy> {
-        Self::start_mode(port, target, false)
+        Self::start_mode(port, target, false, false)
     }
 
     /// Starts a Kafka-mode proxy on a free port of 127.0.0.1, forwarding to
     /// the broker at `target`: see [`ThrottlingProxy::set_produce_fault`].
     pub fn start_kafka(target: SocketAddr) -> Result<ThrottlingProxy> {
-        Self::start_mode(crate::free_port(), target, true)
+        Self::start_mode(crate::free_port(), target, true, false)
     }
 
-    fn start_mode(port: u16, target: SocketAddr, kafka: bool) -> Result<ThrottlingProxy> {
+    /// Like [`ThrottlingProxy::start_kafka`], also advertising itself: every Metadata and
+    /// FindCoordinator answer naming the target's port names the proxy's port instead, so a
+    /// client that bootstraps through the proxy keeps every connection on it.
+    pub fn start_kafka_advertised(target: SocketAddr) -> Result<ThrottlingProxy> {
+        Self::start_mode(crate::free_port(), target, true, true)
+    }
+
+    fn start_mode(
+        port: u16,
+        target: SocketAddr,
+        kafka: bool,
+        advertised: bool,
+    ) -> Result<ThrottlingProxy> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("throttling-proxy")
@@ -372,6 +387,7 @@ impl ThrottlingProxy {
             injected: AtomicU64::new(0),
             held: Mutex::new(Vec::new()),
             produce_versions: AtomicU64::new(0),
+            advertise: advertised.then_some((target.port(), port)),
         });
         runtime.spawn(accept_loop(listener, target, Arc::clone(&shared)));
         Ok(ThrottlingProxy {
@@ -583,8 +599,8 @@ async fn pump(
 
 /// Who answers one request of a Kafka-mode connection.
 enum Answer {
-    /// The broker: its next response frame.
-    Broker,
+    /// The broker: its next response frame, answering a request of this API key and version.
+    Broker(i16, i16),
     /// The proxy, with these bytes.
     Proxy(Vec<u8>),
 }
@@ -679,7 +695,8 @@ async fn kafka_requests(
             Ok(produce) => produce.acks != 0,
             Err(_) => true,
         };
-        if answered && answers.send(Answer::Broker).is_err() {
+        let api = request_header(&frame[4..]).map_or((-1, -1), |h| (h.api_key, h.api_version));
+        if answered && answers.send(Answer::Broker(api.0, api.1)).is_err() {
             break;
         }
         if !write_limited(&mut to, &frame, shared, Direction::ToServer, &mut paused).await {
@@ -699,8 +716,20 @@ async fn kafka_responses(
     while let Some(answer) = answers.recv().await {
         let frame = match answer {
             Answer::Proxy(frame) => frame,
-            Answer::Broker => match read_frame(&mut from).await {
-                Some(frame) => frame,
+            Answer::Broker(api_key, api_version) => match read_frame(&mut from).await {
+                Some(mut frame) => {
+                    if let Some((broker_port, proxy_port)) = shared.advertise {
+                        // An answer the parser cannot read is passed on as it is.
+                        let _ = rewrite_broker_ports(
+                            api_key,
+                            api_version,
+                            &mut frame,
+                            broker_port,
+                            proxy_port,
+                        );
+                    }
+                    frame
+                }
                 None => break,
             },
         };
@@ -715,97 +744,47 @@ async fn kafka_responses(
 /// through the proxy.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A Tansu broker (memory engine) that listens on a private port and
-/// advertises the port of a [`ThrottlingProxy`] in front of it, so Kafka
-/// clients reach it only through the proxy.
+/// A namespace on the shared Kafka broker (see [`crate::Broker`]) that the test's clients
+/// reach only through a Kafka-mode [`ThrottlingProxy`] advertising itself: a slow, stalled or
+/// faulty broker for this test alone.
 pub struct ProxiedBroker {
     proxy: ThrottlingProxy,
-    broker_port: u16,
-    dir: Option<tempfile::TempDir>,
-    dir_path: PathBuf,
-    child: Mutex<Option<Child>>,
+    broker: crate::Broker,
 }
 
 impl ProxiedBroker {
-    /// Starts the proxy and the broker, and waits (up to 30 s) until the
-    /// broker answers a metadata request through the proxy, listing itself at
-    /// the proxy's address.
+    /// Starts the proxy in front of the shared broker, and waits (up to 30 s) until a
+    /// metadata request through the proxy lists the broker at the proxy's address.
     pub fn start() -> Result<ProxiedBroker> {
-        Self::start_mode(false)
-    }
-
-    /// Like [`ProxiedBroker::start`], with a Kafka-mode proxy: see
-    /// [`ThrottlingProxy::set_produce_fault`].
-    pub fn start_kafka_aware() -> Result<ProxiedBroker> {
-        Self::start_mode(true)
-    }
-
-    fn start_mode(kafka: bool) -> Result<ProxiedBroker> {
-        let bin = crate::tansu_bin()?;
-        let dir = crate::short_tempdir("siphon-kafka-proxied-")?;
-        let broker_port = crate::free_port();
-        let proxy = ThrottlingProxy::start_mode(
-            crate::free_port(),
-            SocketAddr::from((Ipv4Addr::LOCALHOST, broker_port)),
-            kafka,
-        )?;
-        let broker = ProxiedBroker {
-            proxy,
-            broker_port,
-            dir_path: dir.path().to_path_buf(),
-            dir: Some(dir),
-            child: Mutex::new(None),
-        };
-        let log_path = broker.log_path();
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("opening {}", log_path.display()))?;
-        let child = Command::new(&bin)
-            .arg("broker")
-            .args(["--listener-url", &format!("tcp://127.0.0.1:{broker_port}")])
-            .args([
-                "--advertised-listener-url",
-                &format!("tcp://127.0.0.1:{}", broker.proxy.port()),
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .current_dir(&broker.dir_path)
-            .env_remove("LISTENER_URL")
-            .env_remove("ADVERTISED_LISTENER_URL")
-            .env_remove("STORAGE_ENGINE")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("duplicating the log handle")?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("spawning {}", bin.display()))?;
-        *broker.lock() = Some(child);
-
+        let broker = crate::Broker::start()?;
+        let proxy = ThrottlingProxy::start_kafka_advertised(SocketAddr::from((
+            Ipv4Addr::LOCALHOST,
+            broker.port(),
+        )))?;
+        let proxied = ProxiedBroker { proxy, broker };
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last_err = anyhow!("no metadata request made");
         while Instant::now() < deadline {
-            if !broker.is_running() {
-                bail!(
-                    "tansu exited during startup; last lines of {}:\n{}",
-                    log_path.display(),
-                    crate::tail_file(&log_path, 20)
-                );
-            }
-            match advertised_ports(&broker.bootstrap(), Duration::from_secs(2)) {
-                Ok(ports) if ports == [broker.proxy.port()] => return Ok(broker),
+            match advertised_ports(&proxied.bootstrap(), Duration::from_secs(2)) {
+                Ok(ports) if ports == [proxied.proxy.port()] => return Ok(proxied),
                 Ok(ports) => bail!(
-                    "the broker advertises ports {ports:?}, not the proxy's {}",
-                    broker.proxy.port()
+                    "through the proxy the broker is listed at ports {ports:?}, not the proxy's {}",
+                    proxied.proxy.port()
                 ),
                 Err(e) => last_err = e,
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         Err(last_err.context(format!(
-            "tansu behind the proxy {} did not answer metadata within {READY_TIMEOUT:?} (log: {})",
-            broker.bootstrap(),
-            log_path.display()
+            "the broker behind the proxy {} did not answer metadata within {READY_TIMEOUT:?}",
+            proxied.bootstrap(),
         )))
+    }
+
+    /// The same as [`ProxiedBroker::start`]: the proxy always understands Kafka's framing
+    /// (see [`ThrottlingProxy::set_produce_fault`]).
+    pub fn start_kafka_aware() -> Result<ProxiedBroker> {
+        Self::start()
     }
 
     /// The proxy's `127.0.0.1:PORT`, for `bootstrap.servers`.
@@ -813,41 +792,34 @@ impl ProxiedBroker {
         self.proxy.address()
     }
 
+    /// The name topic `name` has for this test (see [`crate::Broker::topic`]).
+    pub fn topic(&self, name: &str) -> String {
+        self.broker.topic(name)
+    }
+
+    /// The namespace on the shared broker (see [`crate::Broker`]).
+    pub fn broker(&self) -> &crate::Broker {
+        &self.broker
+    }
+
     /// The proxy in front of the broker.
     pub fn proxy(&self) -> &ThrottlingProxy {
         &self.proxy
     }
 
-    /// The port the broker itself listens on (clients never need it).
+    /// The port the broker itself listens on (the test's clients never use it).
     pub fn broker_port(&self) -> u16 {
-        self.broker_port
+        self.broker.port()
     }
 
-    /// The broker's stdout/stderr log.
+    /// The broker's log.
     pub fn log_path(&self) -> PathBuf {
-        self.dir_path.join("tansu.log")
+        self.broker.log_path()
     }
 
-    /// Whether the broker process is alive.
+    /// Whether the broker answers metadata (directly, not through the proxy).
     pub fn is_running(&self) -> bool {
-        let mut guard = self.lock();
-        matches!(guard.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Option<Child>> {
-        self.child.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Drop for ProxiedBroker {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.lock().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Some(dir) = self.dir.take() {
-            crate::finish_dir(dir, "tansu broker (proxied)", &self.log_path(), false);
-        }
+        self.broker.is_running()
     }
 }
 

@@ -1,5 +1,6 @@
 //! Proves the harness itself against the real services: PostgreSQL through
-//! scripts/postgres.sh, the Tansu broker, and child-process handling.
+//! scripts/postgres.sh, Apache Kafka (the shared broker with its namespaces, a node of a
+//! test's own, the three-node cluster, the advertising proxy), and child-process handling.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,7 +9,10 @@ use anyhow::Result;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
-use siphon_tests::{list_topics, read_topic, wait_until, Broker, Postgres, SiphonProcess};
+use siphon_tests::proxy::ProxiedBroker;
+use siphon_tests::{
+    list_topics, read_topic, wait_until, Broker, KafkaCluster, Postgres, SiphonProcess,
+};
 
 /// The test command runs the end-to-end suite once per PostgreSQL major it supports, naming the
 /// major in `SIPHON_PG_EXPECT_MAJOR`: a run that silently fell back to another server fails here.
@@ -127,7 +131,7 @@ fn producer(bootstrap: &str) -> Result<FutureProducer> {
 async fn broker_round_trip_with_keys_and_headers() -> Result<()> {
     let broker = Broker::start()?;
     let bootstrap = broker.bootstrap();
-    let topic = "harness.roundtrip";
+    let topic = &broker.topic("harness.roundtrip");
     let producer = producer(&bootstrap)?;
 
     let mut sent = BTreeMap::new();
@@ -159,7 +163,7 @@ async fn broker_round_trip_with_keys_and_headers() -> Result<()> {
     let records = read_topic(&bootstrap, topic, Duration::from_secs(30))?;
     assert_eq!(records.len(), 10, "{records:#?}");
     for r in &records {
-        assert_eq!(r.topic, topic);
+        assert_eq!(&r.topic, topic);
         let key = r.key_str().expect("every record has a key");
         let (value, i) = sent.remove(&key).expect("each key exactly once");
         assert_eq!(r.value_str().as_deref(), Some(value.as_str()));
@@ -181,6 +185,11 @@ async fn broker_round_trip_with_keys_and_headers() -> Result<()> {
     assert_eq!(sorted, records);
 
     assert!(list_topics(&bootstrap)?.iter().any(|t| t == topic));
+    // Another test's namespace on the same broker does not see the topic.
+    let other = Broker::start()?;
+    assert_eq!(other.bootstrap(), bootstrap);
+    assert_ne!(other.topic("harness.roundtrip"), *topic);
+    assert!(read_topic(&bootstrap, &other.topic("harness.roundtrip"), Duration::from_secs(10))?.is_empty());
     // Reading is repeatable and does not consume anything.
     assert_eq!(
         read_topic(&bootstrap, topic, Duration::from_secs(30))?,
@@ -194,7 +203,7 @@ fn reading_a_missing_topic_yields_nothing() -> Result<()> {
     let broker = Broker::start()?;
     let records = read_topic(
         &broker.bootstrap(),
-        "harness.never-written",
+        &broker.topic("harness.never-written"),
         Duration::from_secs(10),
     )?;
     assert!(records.is_empty(), "{records:#?}");
@@ -203,9 +212,21 @@ fn reading_a_missing_topic_yields_nothing() -> Result<()> {
 
 #[tokio::test]
 async fn broker_kill_and_start_again() -> Result<()> {
-    let broker = Broker::start()?;
+    // The shared broker refuses to be killed.
+    assert!(Broker::start()?.kill().is_err());
+
+    let broker = Broker::start_own(&[])?;
     let bootstrap = broker.bootstrap();
     broker.check_metadata(Duration::from_secs(5))?;
+    let first = producer(&bootstrap)?;
+    first
+        .send(
+            FutureRecord::to("harness.before-kill").key("k").payload("v"),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|(e, _)| e)?;
+    drop(first);
 
     broker.kill()?;
     assert!(!broker.is_running());
@@ -216,7 +237,11 @@ async fn broker_kill_and_start_again() -> Result<()> {
     assert_eq!(broker.bootstrap(), bootstrap);
     broker.check_metadata(Duration::from_secs(5))?;
 
-    // The restarted broker accepts writes again.
+    // Kafka keeps what it acknowledged across kill -9, and accepts writes again.
+    assert_eq!(
+        read_topic(&bootstrap, "harness.before-kill", Duration::from_secs(30))?.len(),
+        1
+    );
     let producer = producer(&bootstrap)?;
     producer
         .send(
@@ -229,6 +254,78 @@ async fn broker_kill_and_start_again() -> Result<()> {
         .map_err(|(e, _)| e)?;
     let records = read_topic(&bootstrap, "harness.after-restart", Duration::from_secs(30))?;
     assert_eq!(records.len(), 1);
+    Ok(())
+}
+
+/// The three-node cluster: every node lists all three, a topic is replicated three times, a
+/// killed partition leader is replaced by another node and rejoins after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_of_three_survives_its_leader_killed() -> Result<()> {
+    let cluster = KafkaCluster::start(&[])?;
+    let bootstrap = cluster.bootstrap();
+    siphon_tests::create_topic_replicated(&bootstrap, "harness.replicated", 1, 3).await?;
+    let producer = producer(&bootstrap)?;
+    let send = |value: &'static str| {
+        producer.send(
+            FutureRecord::to("harness.replicated").key("k").payload(value),
+            Duration::from_secs(60),
+        )
+    };
+    send("one").await.map_err(|(e, _)| e)?;
+    let md = cluster.metadata()?;
+    assert_eq!(md.brokers().len(), 3);
+    let topic = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == "harness.replicated")
+        .expect("topic listed");
+    assert_eq!(topic.partitions()[0].replicas().len(), 3);
+    let leader = cluster.leader_of("harness.replicated", 0)?;
+    cluster.node(u32::try_from(leader)?)?.kill9()?;
+    wait_until(Duration::from_secs(60), Duration::from_millis(200), || async {
+        Ok(cluster
+            .leader_of("harness.replicated", 0)
+            .is_ok_and(|l| l != leader))
+    })
+    .await?;
+    send("two").await.map_err(|(e, _)| e)?;
+    cluster.restart(u32::try_from(leader)?)?;
+    let values: Vec<String> = read_topic(&bootstrap, "harness.replicated", Duration::from_secs(30))?
+        .iter()
+        .filter_map(|r| r.value_str())
+        .collect();
+    assert_eq!(values, ["one", "two"]);
+    Ok(())
+}
+
+/// A proxied namespace: clients that bootstrap through the proxy are told the broker is at
+/// the proxy's port, and a paused proxy holds their writes back while the broker is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxied_broker_keeps_clients_on_the_proxy() -> Result<()> {
+    let broker = ProxiedBroker::start()?;
+    let ports = siphon_tests::proxy::advertised_ports(&broker.bootstrap(), Duration::from_secs(10))?;
+    assert_eq!(ports, [broker.proxy().port()]);
+    let topic = broker.topic("harness.proxied");
+    let producer = producer(&broker.bootstrap())?;
+    producer
+        .send(FutureRecord::to(&topic).key("k").payload("v"), Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| e)?;
+    let connections = broker.proxy().connections();
+    assert!(connections >= 1);
+    broker.proxy().pause();
+    let paused_send = producer.send(
+        FutureRecord::to(&topic).key("k").payload("w"),
+        Duration::from_secs(30),
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(3), paused_send).await;
+    assert!(outcome.is_err(), "a write went past the paused proxy");
+    broker.proxy().resume();
+    // Read directly from the broker: both the first write and the held one arrive.
+    wait_until(Duration::from_secs(30), Duration::from_millis(200), || async {
+        Ok(read_topic(&broker.broker().bootstrap(), &topic, Duration::from_secs(10))?.len() == 2)
+    })
+    .await?;
     Ok(())
 }
 

@@ -1,0 +1,625 @@
+//! Apache Kafka for the end-to-end tests: KRaft nodes started from the jars that
+//! `scripts/install-kafka.sh` caches, on their own or as a three-node cluster.
+//!
+//! A [`KafkaNode`] is one JVM in combined mode (`process.roles=broker,controller`), formatted
+//! with `kafka.tools.StorageTool` and started with `kafka.Kafka`. A [`KafkaCluster`] is three of
+//! them voting in one static controller quorum, with replication factor 3,
+//! `min.insync.replicas=2`, no unclean leader election and short session timeouts, so a killed
+//! node is noticed in seconds.
+//!
+//! # Invariants
+//!
+//! - Every listener binds 127.0.0.1 on a port from [`free_port`](crate::free_port) (below
+//!   32768 on Linux's default ephemeral range); a node keeps its ports and its data directory
+//!   for the life of its handle, so [`KafkaNode::kill9`] then [`KafkaNode::start_again`] brings
+//!   back the same broker with its data.
+//! - A node is ready only once a metadata round trip through it lists every broker expected
+//!   (never after a sleep); a node that exits while starting fails with its log's tail.
+//! - Every JVM carries `-Dsiphon.test.kafka=<dir>`, so a test command can find and kill what a
+//!   crashed test process left behind.
+//! - Dropping a handle SIGKILLs its JVMs and removes their directories, unless the thread is
+//!   panicking or `SIPHON_KEEP_TEST_DIRS` is set (the log's tail is printed then).
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context as _, Result};
+
+/// The Apache Kafka version `scripts/install-kafka.sh` installs.
+pub const KAFKA_VERSION: &str = "4.4.0";
+
+/// Directory prefix (under `/tmp`) of the broker a test process starts for itself; the pid
+/// follows.
+pub(crate) const SHARED_DIR_PREFIX: &str = "siphon-kafka-shared-";
+
+/// How long a node or cluster may take to answer metadata after its JVMs start.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Directory of the Kafka jars: `$SIPHON_KAFKA_LIBS`, else
+/// `${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/kafka-<version>/libs`.
+pub fn kafka_libs() -> Result<PathBuf> {
+    let path = match std::env::var_os("SIPHON_KAFKA_LIBS") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => crate::cache_dir()
+            .join(format!("kafka-{KAFKA_VERSION}"))
+            .join("libs"),
+    };
+    let broker_jar = path.join(format!("kafka_2.13-{KAFKA_VERSION}.jar"));
+    if !broker_jar.is_file() {
+        bail!(
+            "Apache Kafka {KAFKA_VERSION} not found ({} is missing); run scripts/install-kafka.sh \
+             (or scripts/install-deps.sh), or set SIPHON_KAFKA_LIBS",
+            broker_jar.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The logging configuration the nodes run with (`scripts/kafka/log4j2.yaml`).
+fn log4j_config() -> PathBuf {
+    crate::workspace_root().join("scripts/kafka/log4j2.yaml")
+}
+
+/// The `java` that runs the broker: `$SIPHON_KAFKA_JAVA`, else `java` on the `PATH`.
+fn java() -> PathBuf {
+    std::env::var_os("SIPHON_KAFKA_JAVA")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from("java"), PathBuf::from)
+}
+
+/// JVM options of a test node: a small heap, and the client compiler only, which starts a
+/// broker in about half the CPU time (`$SIPHON_KAFKA_JVM_OPTS` replaces them).
+fn jvm_options() -> Vec<String> {
+    match std::env::var("SIPHON_KAFKA_JVM_OPTS") {
+        Ok(opts) if !opts.trim().is_empty() => {
+            opts.split_whitespace().map(str::to_owned).collect()
+        }
+        _ => [
+            "-Xms128m",
+            "-Xmx768m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    }
+}
+
+/// Where a node listens and how it takes part in its quorum.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// `node.id`, from 1.
+    pub id: u32,
+    /// The client (PLAINTEXT) listener's port.
+    pub port: u16,
+    /// The controller listener's port.
+    pub controller_port: u16,
+    /// The port the node advertises to clients (its own port unless a proxy sits in front).
+    pub advertised_port: u16,
+    /// `controller.quorum.voters`: `id@127.0.0.1:port` of every voter.
+    pub voters: String,
+    /// Extra `server.properties` lines.
+    pub extra: Vec<(String, String)>,
+}
+
+/// Broker settings shared by every test node: Kafka's defaults except where a test needs a
+/// quicker answer (no initial rebalance delay, few internal partitions).
+const COMMON_SETTINGS: &[(&str, &str)] = &[
+    ("process.roles", "broker,controller"),
+    ("controller.listener.names", "CONTROLLER"),
+    (
+        "listener.security.protocol.map",
+        "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    ),
+    ("inter.broker.listener.name", "PLAINTEXT"),
+    ("group.initial.rebalance.delay.ms", "0"),
+    ("offsets.topic.num.partitions", "5"),
+    ("transaction.state.log.num.partitions", "5"),
+    // Topics are created by Siphon (3 partitions in the tests' configuration) or by a test;
+    // one auto-created by a metadata request gets Kafka's default of one partition.
+    ("num.partitions", "1"),
+    ("auto.create.topics.enable", "true"),
+    ("log.segment.bytes", "16777216"),
+];
+
+/// Settings of a single node: every internal topic at replication factor 1.
+pub const SINGLE_NODE_SETTINGS: &[(&str, &str)] = &[
+    ("offsets.topic.replication.factor", "1"),
+    ("transaction.state.log.replication.factor", "1"),
+    ("transaction.state.log.min.isr", "1"),
+    ("share.coordinator.state.topic.replication.factor", "1"),
+    ("share.coordinator.state.topic.min.isr", "1"),
+];
+
+/// Settings of the three-node cluster: replication factor 3, two replicas in sync for a write,
+/// never an out-of-sync leader, and a dead node noticed within seconds.
+pub const CLUSTER_SETTINGS: &[(&str, &str)] = &[
+    ("default.replication.factor", "3"),
+    ("min.insync.replicas", "2"),
+    ("unclean.leader.election.enable", "false"),
+    ("offsets.topic.replication.factor", "3"),
+    ("transaction.state.log.replication.factor", "3"),
+    ("transaction.state.log.min.isr", "2"),
+    ("share.coordinator.state.topic.replication.factor", "3"),
+    ("share.coordinator.state.topic.min.isr", "2"),
+    ("broker.session.timeout.ms", "3000"),
+    ("broker.heartbeat.interval.ms", "500"),
+    ("replica.lag.time.max.ms", "4000"),
+    ("controller.quorum.election.timeout.ms", "1000"),
+    ("controller.quorum.fetch.timeout.ms", "2000"),
+];
+
+impl NodeSpec {
+    fn server_properties(&self, data_dir: &Path) -> String {
+        let mut lines = vec![
+            format!("node.id={}", self.id),
+            format!("controller.quorum.voters={}", self.voters),
+            format!(
+                "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                self.port, self.controller_port
+            ),
+            format!(
+                "advertised.listeners=PLAINTEXT://127.0.0.1:{}",
+                self.advertised_port
+            ),
+            format!("log.dirs={}", data_dir.display()),
+        ];
+        for (k, v) in COMMON_SETTINGS {
+            lines.push(format!("{k}={v}"));
+        }
+        for (k, v) in &self.extra {
+            lines.push(format!("{k}={v}"));
+        }
+        lines.join("\n") + "\n"
+    }
+}
+
+/// One Kafka JVM in combined mode.
+pub struct KafkaNode {
+    spec: NodeSpec,
+    dir: Option<tempfile::TempDir>,
+    dir_path: PathBuf,
+    libs: PathBuf,
+    child: Mutex<Option<Child>>,
+    /// Whether the JVM gets `PR_SET_PDEATHSIG`: killed when the thread that spawned it ends.
+    die_with_thread: bool,
+}
+
+impl KafkaNode {
+    /// A single node on free ports, its own quorum of one, with `extra` settings on top of
+    /// [`SINGLE_NODE_SETTINGS`]; waits until it answers metadata.
+    pub fn start_single(extra: &[(&str, &str)]) -> Result<KafkaNode> {
+        let node = Self::prepare_single(None, extra, None)?;
+        node.format(&new_cluster_id(&node.libs)?)?;
+        node.spawn()?;
+        node.wait_ready(1)?;
+        Ok(node)
+    }
+
+    /// Like [`KafkaNode::start_single`], advertising `advertised_port` (a proxy's) instead of
+    /// its own port; readiness is then checked on its own port directly.
+    pub fn start_single_advertising(
+        advertised_port: u16,
+        extra: &[(&str, &str)],
+    ) -> Result<KafkaNode> {
+        let node = Self::prepare_single(Some(advertised_port), extra, None)?;
+        node.format(&new_cluster_id(&node.libs)?)?;
+        node.spawn()?;
+        node.wait_ready(1)?;
+        Ok(node)
+    }
+
+    /// Like [`KafkaNode::start_single`], for a node that lives as long as the test process: the
+    /// JVM is killed by the kernel when the calling thread ends (`PR_SET_PDEATHSIG`), and its
+    /// directory is named after the process (see [`crate::broker`]). The handle must never be
+    /// dropped while the process runs.
+    pub(crate) fn start_single_for_process(extra: &[(&str, &str)]) -> Result<KafkaNode> {
+        let prefix = format!("{SHARED_DIR_PREFIX}{}-", std::process::id());
+        let mut node = Self::prepare_single(None, extra, Some(&prefix))?;
+        node.die_with_thread = true;
+        node.format(&new_cluster_id(&node.libs)?)?;
+        node.spawn()?;
+        node.wait_ready(1)?;
+        Ok(node)
+    }
+
+    fn prepare_single(
+        advertised: Option<u16>,
+        extra: &[(&str, &str)],
+        dir_prefix: Option<&str>,
+    ) -> Result<KafkaNode> {
+        let port = crate::free_port();
+        let controller_port = crate::free_port();
+        let mut settings: Vec<(String, String)> = SINGLE_NODE_SETTINGS
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        settings.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        KafkaNode::new_in(
+            NodeSpec {
+                id: 1,
+                port,
+                controller_port,
+                advertised_port: advertised.unwrap_or(port),
+                voters: format!("1@127.0.0.1:{controller_port}"),
+                extra: settings,
+            },
+            dir_prefix,
+        )
+    }
+
+    /// A node for `spec`, with a fresh directory; not formatted, not started.
+    pub fn new(spec: NodeSpec) -> Result<KafkaNode> {
+        Self::new_in(spec, None)
+    }
+
+    fn new_in(spec: NodeSpec, dir_prefix: Option<&str>) -> Result<KafkaNode> {
+        let libs = kafka_libs()?;
+        let dir = match dir_prefix {
+            Some(prefix) => crate::short_tempdir(prefix)?,
+            None => crate::short_tempdir(&format!("siphon-kafka{}-", spec.id))?,
+        };
+        let node = KafkaNode {
+            spec,
+            dir_path: dir.path().to_path_buf(),
+            dir: Some(dir),
+            libs,
+            child: Mutex::new(None),
+            die_with_thread: false,
+        };
+        std::fs::write(
+            node.properties_path(),
+            node.spec.server_properties(&node.data_dir()),
+        )
+        .context("writing server.properties")?;
+        Ok(node)
+    }
+
+    /// `node.id`.
+    pub fn id(&self) -> u32 {
+        self.spec.id
+    }
+
+    /// The client listener's port.
+    pub fn port(&self) -> u16 {
+        self.spec.port
+    }
+
+    /// `127.0.0.1:PORT` of the client listener, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.spec.port)
+    }
+
+    /// The node's stdout/stderr log (appended to across restarts).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir_path.join("kafka.log")
+    }
+
+    /// The node's directory (configuration, data, log).
+    pub fn dir(&self) -> &Path {
+        &self.dir_path
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir_path.join("data")
+    }
+
+    fn properties_path(&self) -> PathBuf {
+        self.dir_path.join("server.properties")
+    }
+
+    fn java_command(&self, main_class: &str) -> Command {
+        let mut cmd = Command::new(java());
+        cmd.args(jvm_options())
+            .arg(format!("-Dsiphon.test.kafka={}", self.dir_path.display()))
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                log4j_config().display()
+            ))
+            .arg("-cp")
+            .arg(format!("{}/*", self.libs.display()))
+            .arg(main_class)
+            .current_dir(&self.dir_path)
+            .env_remove("KAFKA_HEAP_OPTS")
+            .env_remove("KAFKA_OPTS")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Formats the data directory for cluster `cluster_id` (`kafka.tools.StorageTool format`).
+    pub fn format(&self, cluster_id: &str) -> Result<()> {
+        let output = self
+            .java_command("kafka.tools.StorageTool")
+            .args(["format", "--ignore-formatted", "-t", cluster_id, "-c"])
+            .arg(self.properties_path())
+            .output()
+            .context("running kafka.tools.StorageTool format")?;
+        ensure!(
+            output.status.success(),
+            "formatting Kafka node {} failed ({}):\n{}{}",
+            self.spec.id,
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    /// Starts the JVM (`kafka.Kafka server.properties`) without waiting for it.
+    pub fn spawn(&self) -> Result<()> {
+        if self.is_running() {
+            bail!("Kafka node {} is still running", self.spec.id);
+        }
+        let log_path = self.log_path();
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let mut command = self.java_command("kafka.Kafka");
+        command
+            .arg(self.properties_path())
+            .stdout(log.try_clone().context("duplicating the log handle")?)
+            .stderr(log);
+        if self.die_with_thread {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: prctl(2) is async-signal-safe, and nothing else runs in the child
+            // between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("spawning {} for Kafka", java().display()))?;
+        *self.lock() = Some(child);
+        Ok(())
+    }
+
+    /// Waits until a metadata request to this node lists `brokers` brokers.
+    pub fn wait_ready(&self, brokers: usize) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last_err = anyhow!("no metadata request made");
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                bail!(
+                    "Kafka node {} exited while starting; last lines of {}:\n{}",
+                    self.spec.id,
+                    self.log_path().display(),
+                    crate::tail_file(&self.log_path(), 30)
+                );
+            }
+            match crate::broker::broker_metadata(&self.bootstrap(), Duration::from_secs(2)) {
+                Ok(md) if md.brokers().len() >= brokers => return Ok(()),
+                Ok(md) => last_err = anyhow!("{} of {brokers} brokers listed", md.brokers().len()),
+                Err(e) => last_err = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(last_err.context(format!(
+            "Kafka node {} on {} not ready within {READY_TIMEOUT:?} (log: {})",
+            self.spec.id,
+            self.bootstrap(),
+            self.log_path().display()
+        )))
+    }
+
+    /// SIGKILLs the JVM and waits for it to exit; a no-op if it is not running.
+    pub fn kill9(&self) -> Result<()> {
+        if let Some(mut child) = self.lock().take() {
+            // Fails only if the process was reaped already, which `wait` reports.
+            let _ = child.kill();
+            child.wait().context("waiting for the killed Kafka node")?;
+        }
+        Ok(())
+    }
+
+    /// Stops the JVM with SIGTERM (a controlled shutdown: leadership moves first) and waits
+    /// up to `timeout` for it, then SIGKILLs it.
+    pub fn stop(&self, timeout: Duration) -> Result<()> {
+        let mut guard = self.lock();
+        let Some(child) = guard.as_mut() else {
+            return Ok(());
+        };
+        let pid = libc::pid_t::try_from(child.id()).context("pid out of range")?;
+        // SAFETY: kill(2) on the pid of a child this handle owns and has not reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if child.try_wait()?.is_some() {
+                guard.take();
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        drop(guard);
+        self.kill9()
+    }
+
+    /// Starts the node again on the same ports and data, after [`KafkaNode::kill9`] or
+    /// [`KafkaNode::stop`], and waits until it answers metadata listing `brokers` brokers.
+    pub fn start_again(&self, brokers: usize) -> Result<()> {
+        self.spawn()?;
+        self.wait_ready(brokers)
+    }
+
+    /// Whether the JVM is alive.
+    pub fn is_running(&self) -> bool {
+        let mut guard = self.lock();
+        match guard.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => true,
+            Some(_) => {
+                *guard = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The JVM's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().as_ref().map(Child::id)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Child>> {
+        // A poisoned lock means a panic while holding it; the Option<Child> is still whole.
+        self.child.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for KafkaNode {
+    fn drop(&mut self) {
+        if let Err(e) = self.kill9() {
+            eprintln!("Kafka node {}: {e:#}", self.spec.id);
+        }
+        if let Some(dir) = self.dir.take() {
+            crate::finish_dir(dir, &format!("kafka node {}", self.spec.id), &self.log_path(), false);
+        }
+    }
+}
+
+/// A new cluster id from `kafka.tools.StorageTool random-uuid`.
+fn new_cluster_id(libs: &Path) -> Result<String> {
+    let output = Command::new(java())
+        .args(["-cp", &format!("{}/*", libs.display())])
+        .args(["kafka.tools.StorageTool", "random-uuid"])
+        .stdin(Stdio::null())
+        .output()
+        .context("running kafka.tools.StorageTool random-uuid")?;
+    let id = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    ensure!(
+        output.status.success() && id.len() == 22,
+        "kafka.tools.StorageTool random-uuid failed ({}): {id}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(id)
+}
+
+/// Three Kafka nodes in one KRaft quorum, every one a broker and a controller.
+pub struct KafkaCluster {
+    nodes: Vec<KafkaNode>,
+}
+
+impl KafkaCluster {
+    /// Formats and starts three nodes with [`CLUSTER_SETTINGS`] (and `extra` on top) and
+    /// waits until every node answers metadata listing all three.
+    pub fn start(extra: &[(&str, &str)]) -> Result<KafkaCluster> {
+        const NODES: u32 = 3;
+        let ports: Vec<(u16, u16)> = (0..NODES)
+            .map(|_| (crate::free_port(), crate::free_port()))
+            .collect();
+        let voters = ports
+            .iter()
+            .zip(1..)
+            .map(|((_, controller), id)| format!("{id}@127.0.0.1:{controller}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut settings: Vec<(String, String)> = CLUSTER_SETTINGS
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        settings.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let nodes = ports
+            .iter()
+            .zip(1..)
+            .map(|(&(port, controller_port), id)| {
+                KafkaNode::new(NodeSpec {
+                    id,
+                    port,
+                    controller_port,
+                    advertised_port: port,
+                    voters: voters.clone(),
+                    extra: settings.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let cluster_id = new_cluster_id(&nodes[0].libs)?;
+        std::thread::scope(|s| {
+            let formats: Vec<_> = nodes
+                .iter()
+                .map(|n| s.spawn(|| n.format(&cluster_id)))
+                .collect();
+            formats
+                .into_iter()
+                .map(|h| h.join().map_err(|_| anyhow!("formatting panicked"))?)
+                .collect::<Result<Vec<()>>>()
+        })?;
+        for node in &nodes {
+            node.spawn()?;
+        }
+        let cluster = KafkaCluster { nodes };
+        for node in &cluster.nodes {
+            node.wait_ready(cluster.nodes.len())?;
+        }
+        Ok(cluster)
+    }
+
+    /// Every node's client address, comma-separated, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        self.nodes
+            .iter()
+            .map(KafkaNode::bootstrap)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The nodes, by position (node id = position + 1).
+    pub fn nodes(&self) -> &[KafkaNode] {
+        &self.nodes
+    }
+
+    /// The node with `node.id` `id`.
+    pub fn node(&self, id: u32) -> Result<&KafkaNode> {
+        self.nodes
+            .iter()
+            .find(|n| n.id() == id)
+            .with_context(|| format!("no Kafka node {id}"))
+    }
+
+    /// The node id leading `topic`'s `partition`, by a metadata request to any running node.
+    pub fn leader_of(&self, topic: &str, partition: i32) -> Result<i32> {
+        let md = self.metadata()?;
+        let t = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .with_context(|| format!("topic {topic} not in metadata"))?;
+        let p = t
+            .partitions()
+            .iter()
+            .find(|p| p.id() == partition)
+            .with_context(|| format!("{topic}/{partition} not in metadata"))?;
+        ensure!(p.leader() >= 0, "{topic}/{partition} has no leader");
+        Ok(p.leader())
+    }
+
+    /// One metadata answer from the first running node that gives one.
+    pub fn metadata(&self) -> Result<rdkafka::metadata::Metadata> {
+        let mut last = anyhow!("no Kafka node is running");
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            match crate::broker::broker_metadata(&node.bootstrap(), Duration::from_secs(5)) {
+                Ok(md) => return Ok(md),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Restarts node `id` after it was killed or stopped, and waits until it answers
+    /// metadata listing all three brokers.
+    pub fn restart(&self, id: u32) -> Result<()> {
+        let n = self.nodes.len();
+        self.node(id)?.start_again(n)
+    }
+}
