@@ -293,9 +293,9 @@ fn fix(code: RDKafkaErrorCode) -> &'static str {
             "the broker rejected the record's content (a record validation such as compaction needing a key, or a corrupt batch): check the topic's cleanup.policy and the record"
         }
         C::InvalidTopic | C::UnknownTopic => {
-            "check route.topic.replacement and the topic name rules, or create the topic"
+            "check route.topic.replacement and the topic name rules, or create the topic (if it was deleted while Siphon wrote to it, start Siphon again: what was not acknowledged is sent again)"
         }
-        C::UnknownPartition => "the record names a partition the topic does not have: add partitions or check the partition column",
+        C::UnknownPartition => "the topic does not have the partition the record went to: it was deleted while Siphon wrote to it (and created again with fewer partitions), or the partition column names one it does not have. Nothing unacknowledged was confirmed: start Siphon again to send it to the topic as it is now, or add partitions, or check the partition column",
         C::BadCompression | C::UnsupportedCompressionType => {
             "check kafka.properties.\"compression.type\" against what the broker supports"
         }

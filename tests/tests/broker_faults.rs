@@ -1,0 +1,532 @@
+//! Broker faults on a real three-node Apache Kafka cluster (KRaft, replication factor 3,
+//! `min.insync.replicas=2`, no unclean leader election): a partition leader killed with
+//! `kill -9`, two of three brokers down, a rolling restart, the cluster frozen past the delivery
+//! deadline, a topic deleted and a topic given more partitions while Siphon writes.
+//!
+//! Each scenario runs against the same cluster (a JVM start costs seconds; the scenarios run one
+//! after another so that one's faults never land in another's timing), with a PostgreSQL, a slot
+//! and a topic namespace of its own, and a writer committing outbox transactions of 1 to 5 events
+//! throughout. Every scenario then checks the promises from outside: every committed event is in
+//! Kafka, nothing else is, the first delivery of each event comes in commit order per key, and
+//! the slot passes the end of the WAL. A scenario leaves every node running for the next.
+
+use anyhow::{ensure, Context as _, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
+use siphon_tests::outbox::{
+    check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, phantom_ids,
+    record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal, start_streaming,
+    wait_for_all, wait_for_slot_past, Event, KafkaTarget, Via, OUTBOX_DDL,
+};
+use siphon_tests::partition::partition_for_key;
+use siphon_tests::{wait_until, ConsumedRecord, KafkaCluster, Postgres, SiphonProcess};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The delivery deadline of every scenario (`kafka.properties."message.timeout.ms"`).
+const DEADLINE_MS: u64 = 10_000;
+
+/// One scenario's services: its PostgreSQL, its slot, its namespace on the cluster, Siphon.
+struct Scenario {
+    // Dropped first: Siphon stops before its database does.
+    siphon: SiphonProcess,
+    pg: Postgres,
+    slot: String,
+    target: Via,
+}
+
+impl Scenario {
+    async fn start(cluster: &KafkaCluster, name: &str, properties: &str) -> Result<Self> {
+        let pg = Postgres::start()?;
+        let client = pg.connect().await?;
+        client.batch_execute(OUTBOX_DDL).await?;
+        let target = Via {
+            bootstrap: cluster.bootstrap(),
+            namespace: format!("{name}."),
+        };
+        let kafka_properties = format!("\"message.timeout.ms\" = \"{DEADLINE_MS}\"\n{properties}");
+        // Topics as a production cluster has them: three replicas.
+        let config = siphon_config_at(
+            &pg,
+            &target,
+            name,
+            &kafka_properties,
+            "max_in_flight_records = 500",
+        )
+        .replace("replication_factor = 1", "replication_factor = 3");
+        let siphon = start_streaming(&client, &config, name).await?;
+        Ok(Scenario {
+            siphon,
+            pg,
+            slot: name.to_owned(),
+            target,
+        })
+    }
+
+    fn topic(&self, name: &str) -> String {
+        self.target.topic(name)
+    }
+
+    /// Waits until every event in `committed` is in Kafka, then checks that nothing else is,
+    /// that first deliveries are in commit order per key, and that the slot passes the end of
+    /// the WAL. Returns every record read.
+    async fn check_delivered(&self, committed: &[Event]) -> Result<Vec<ConsumedRecord>> {
+        let expected: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
+        let records = wait_for_all(&self.target, &expected, Duration::from_secs(180))
+            .await
+            .with_context(|| format!("siphon log:\n{}", self.siphon.log()))?;
+        let phantom = phantom_ids(&records, &expected);
+        ensure!(phantom.is_empty(), "events never committed: {phantom:?}");
+        check_first_deliveries_in_order(&records)
+            .with_context(|| format!("siphon log:\n{}", self.siphon.log()))?;
+        let client = self.pg.connect().await?;
+        let end = current_insert_lsn(&client).await?;
+        wait_for_slot_past(&client, &self.slot, end, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("the slot did not pass {end}; log:\n{}", self.siphon.log()))?;
+        eprintln!(
+            "{}: {} events committed, {} records read ({} repeats)",
+            self.slot,
+            expected.len(),
+            records.len(),
+            records.len() - expected.len()
+        );
+        Ok(records)
+    }
+
+    /// How often the log says the producer was replaced.
+    fn producer_replacements(&self) -> usize {
+        self.siphon
+            .log()
+            .matches("Kafka producer failed; replacing it")
+            .count()
+    }
+}
+
+/// A writer committing transactions of 1 to 5 events (numbered from `first_seq`) every 20 ms
+/// until `stop` is set; returns what it committed, in commit order.
+async fn start_writer(
+    pg: &Postgres,
+    first_seq: u64,
+    stop: Arc<AtomicBool>,
+) -> Result<tokio::task::JoinHandle<Result<Vec<Event>>>> {
+    start_writer_counting(pg, first_seq, stop, Arc::new(AtomicU64::new(0))).await
+}
+
+/// [`start_writer`], keeping the number of the last event committed in `last_seq`.
+async fn start_writer_counting(
+    pg: &Postgres,
+    first_seq: u64,
+    stop: Arc<AtomicBool>,
+    last_seq: Arc<AtomicU64>,
+) -> Result<tokio::task::JoinHandle<Result<Vec<Event>>>> {
+    let mut client = pg.connect().await?;
+    Ok(tokio::spawn(async move {
+        let mut committed = Vec::new();
+        let mut seq = first_seq;
+        let mut txn = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let size = 1 + txn % 5;
+            let events: Vec<Event> = (0..size).map(|i| event(seq + i, true)).collect();
+            insert_transaction(&mut client, &events, true).await?;
+            seq += size;
+            last_seq.store(seq - 1, Ordering::Relaxed);
+            txn += 1;
+            committed.extend(events);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(committed)
+    }))
+}
+
+/// Starts every node that is not running and waits until each lists all three.
+fn all_nodes_up(cluster: &KafkaCluster) -> Result<()> {
+    for node in cluster.nodes() {
+        if !node.is_running() {
+            node.spawn()?;
+        }
+    }
+    for node in cluster.nodes() {
+        node.wait_ready(cluster.nodes().len())?;
+    }
+    Ok(())
+}
+
+/// Sends `signal` to node `id`'s JVM.
+fn signal_node(cluster: &KafkaCluster, id: u32, signal: libc::c_int) -> Result<()> {
+    let pid = cluster
+        .node(id)?
+        .pid()
+        .with_context(|| format!("Kafka node {id} is not running"))?;
+    let pid = libc::pid_t::try_from(pid)?;
+    // SAFETY: kill(2) on the pid of a child the cluster handle owns and has not reaped.
+    let rc = unsafe { libc::kill(pid, signal) };
+    ensure!(rc == 0, "kill({pid}, {signal}) failed");
+    Ok(())
+}
+
+/// Waits until every partition of `topics` has all its replicas in sync again.
+async fn wait_fully_replicated(cluster: &KafkaCluster, topics: &[String]) -> Result<()> {
+    wait_until(
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            let md = cluster.metadata()?;
+            for name in topics {
+                let Some(topic) = md.topics().iter().find(|t| t.name() == name) else {
+                    continue;
+                };
+                for p in topic.partitions() {
+                    ensure!(
+                        p.isr().len() == p.replicas().len() && p.leader() >= 0,
+                        "{name}/{}: isr {:?} of {:?}",
+                        p.id(),
+                        p.isr(),
+                        p.replicas()
+                    );
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await
+}
+
+/// 1. The leader of the busiest partition is killed with `kill -9` mid-stream and restarted.
+async fn leader_killed_mid_stream(cluster: &KafkaCluster) -> Result<()> {
+    let s = Scenario::start(cluster, "leaderkill", "").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let topic = s.topic("outbox.event.Order");
+    let leader = cluster.leader_of(&topic, 0)?;
+    let leader_id = u32::try_from(leader)?;
+    cluster.node(leader_id)?.kill9()?;
+    // Another replica takes over while the writer goes on.
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(cluster.leader_of(&topic, 0).is_ok_and(|l| l != leader)) },
+    )
+    .await
+    .context("no new leader was elected")?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    cluster.restart(leader_id)?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    s.check_delivered(&committed).await?;
+    Ok(())
+}
+
+/// 2. Two of three brokers down for 30 s (`NOT_ENOUGH_REPLICAS`, and the controller quorum
+/// lost) while events are committed: the slot does not move past them, WAL is retained, no
+/// tight retry loop, and everything arrives after recovery.
+async fn two_of_three_down(cluster: &KafkaCluster) -> Result<()> {
+    let s = Scenario::start(cluster, "quorumlost", "").await?;
+    let client = s.pg.connect().await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let down = [2u32, 3];
+    for id in down {
+        cluster.node(id)?.kill9()?;
+    }
+    let outage_start_lsn = current_insert_lsn(&client).await?;
+    let log_lines_before = s.siphon.log().lines().count();
+    let replacements_before = s.producer_replacements();
+    let outage = Instant::now();
+    let mut highest_confirmed = 0;
+    while outage.elapsed() < Duration::from_secs(30) {
+        let confirmed = slot_confirmed_lsn(&client, &s.slot).await?.unwrap_or(0);
+        highest_confirmed = highest_confirmed.max(confirmed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let retained = slot_retained_wal(&client, &s.slot).await?.unwrap_or(0);
+    let written = current_insert_lsn(&client).await? - outage_start_lsn;
+    let log_lines = s.siphon.log().lines().count() - log_lines_before;
+    let replacements = s.producer_replacements() - replacements_before;
+    all_nodes_up(cluster)?;
+    eprintln!(
+        "two of three brokers down for 30 s: {written} bytes of WAL written, {retained} bytes \
+         retained by the slot, {replacements} producer replacements, {log_lines} log lines"
+    );
+    ensure!(
+        highest_confirmed <= outage_start_lsn,
+        "the slot was confirmed at {highest_confirmed}, past {outage_start_lsn} where the \
+         unacknowledged events begin; log:\n{}",
+        s.siphon.log()
+    );
+    ensure!(
+        retained >= written,
+        "the slot retains {retained} bytes, less than the {written} written during the outage"
+    );
+    // The deadline (10 s) paces replacements, with backoff: at most one per deadline.
+    let bound = 30_000 / DEADLINE_MS as usize + 1;
+    ensure!(
+        replacements <= bound,
+        "{replacements} producer replacements in 30 s (at most {bound}); log:\n{}",
+        s.siphon.log()
+    );
+    ensure!(
+        log_lines <= 60,
+        "{log_lines} log lines in 30 s: a retry loop?\n{}",
+        s.siphon.log()
+    );
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    s.check_delivered(&committed).await?;
+    Ok(())
+}
+
+/// 3. Every broker restarted in turn (controlled shutdown, restart, replicas back in sync)
+/// while streaming.
+async fn rolling_restart(cluster: &KafkaCluster) -> Result<()> {
+    let s = Scenario::start(cluster, "rolling", "").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let topics = vec![
+        s.topic("outbox.event.Order"),
+        s.topic("outbox.event.Customer"),
+    ];
+    for node in cluster.nodes() {
+        node.stop(Duration::from_secs(60))?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        cluster.restart(node.id())?;
+        wait_fully_replicated(cluster, &topics).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    s.check_delivered(&committed).await?;
+    Ok(())
+}
+
+/// 4. The delivery-deadline path on a real broker: every node frozen (SIGSTOP, as in a paused
+/// virtual machine or a stop-the-world pause) for twice the deadline, so the records in flight are
+/// overdue inside the producer while their requests sit unanswered in the brokers' sockets. The
+/// session purges and replaces the producer and, once the nodes resume, sends again in order;
+/// the brokers then also write the requests the old producer had sent (repeats with the same
+/// ids), and the first delivery of every event stays in commit order.
+///
+/// (Freezing only a partition's leader does not reach the deadline on a real cluster: the
+/// controller fences the silent node within its session timeout, the producer learns the new
+/// leader from metadata and sends the records there, in order, well before the deadline.)
+async fn cluster_frozen_past_the_deadline(cluster: &KafkaCluster) -> Result<()> {
+    let s = Scenario::start(cluster, "frozen", "").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for node in cluster.nodes() {
+        signal_node(cluster, node.id(), libc::SIGSTOP)?;
+    }
+    tokio::time::sleep(Duration::from_millis(2 * DEADLINE_MS)).await;
+    for node in cluster.nodes() {
+        signal_node(cluster, node.id(), libc::SIGCONT)?;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    s.check_delivered(&committed).await?;
+    ensure!(
+        s.siphon.log().contains("purging the producer"),
+        "the delivery deadline never fired, so this scenario proved nothing; log:\n{}",
+        s.siphon.log()
+    );
+    // Nodes may have fenced each other while frozen; all back in sync before the next scenario.
+    wait_fully_replicated(
+        cluster,
+        &[
+            s.topic("outbox.event.Order"),
+            s.topic("outbox.event.Customer"),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// 5a. A topic deleted while Siphon writes to it. The broker creates it again on the next
+/// metadata request (`auto.create.topics.enable`, Kafka's default) with its default partition
+/// count, so the records in flight name a partition the topic no longer has. Siphon stops with
+/// exit status 2 naming the deletion, without confirming anything unacknowledged (Debezium's
+/// task fails too, after `delivery.timeout.ms`); started again, it sends every event the topic
+/// lacks. What the deleted topic held is gone with it; every event committed after the deletion,
+/// and every event of the other topic, arrives.
+async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
+    let s = Scenario::start(cluster, "deleted", "").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let last_seq = Arc::new(AtomicU64::new(0));
+    let writer = start_writer_counting(&s.pg, 1, Arc::clone(&stop), Arc::clone(&last_seq)).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let topic = s.topic("outbox.event.Customer");
+    let admin = admin(cluster)?;
+    for result in admin
+        .delete_topics(&[topic.as_str()], &AdminOptions::new())
+        .await?
+    {
+        result.map_err(|(name, code)| anyhow::anyhow!("deleting {name}: {code}"))?;
+    }
+    let committed_before_deletion = last_seq.load(Ordering::Relaxed);
+    let status = s
+        .siphon
+        .wait_exit(Duration::from_secs(60))
+        .with_context(|| {
+            format!(
+                "Siphon went on after the deletion; log:\n{}",
+                s.siphon.log()
+            )
+        })?;
+    let log = s.siphon.log();
+    ensure!(
+        status.code() == Some(2),
+        "exit status {status:?}; log:\n{log}"
+    );
+    ensure!(
+        log.contains("deleted while Siphon wrote to it"),
+        "the error does not name the deletion; log:\n{log}"
+    );
+    s.siphon.start_again()?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    let expected: BTreeSet<String> = committed
+        .iter()
+        .filter(|e| e.aggregatetype == "Order" || e.seq > committed_before_deletion)
+        .map(|e| e.id.clone())
+        .collect();
+    let records = wait_for_all(&s.target, &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| format!("siphon log:\n{}", s.siphon.log()))?;
+    let all: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
+    let phantom = phantom_ids(&records, &all);
+    ensure!(phantom.is_empty(), "events never committed: {phantom:?}");
+    check_first_deliveries_in_order(&records)?;
+    let client = s.pg.connect().await?;
+    let end = current_insert_lsn(&client).await?;
+    wait_for_slot_past(&client, &s.slot, end, Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+/// 5b. A topic whose partition count is raised (3 to 6) while Siphon writes: no event is lost,
+/// and once the producer's metadata shows the new count (`topic.metadata.refresh.interval.ms`,
+/// set to 1 s here; 5 minutes by default, like the Java client's `metadata.max.age.ms`), each key
+/// goes to murmur2(key) mod 6, as the Java client (and so Debezium) places it. Each key moves
+/// once: every record on its old partition comes before every record on its new one.
+async fn partitions_raised_while_writing(cluster: &KafkaCluster) -> Result<()> {
+    let s = Scenario::start(
+        cluster,
+        "repartitioned",
+        "\"topic.metadata.refresh.interval.ms\" = \"1000\"",
+    )
+    .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let topic = s.topic("outbox.event.Order");
+    let admin = admin(cluster)?;
+    for result in admin
+        .create_partitions(&[NewPartitions::new(&topic, 6)], &AdminOptions::new())
+        .await?
+    {
+        result.map_err(|(name, code)| anyhow::anyhow!("adding partitions to {name}: {code}"))?;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    let expected: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
+    let records = wait_for_all(&s.target, &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| format!("siphon log:\n{}", s.siphon.log()))?;
+    ensure!(phantom_ids(&records, &expected).is_empty());
+    let mut by_key: BTreeMap<Vec<u8>, Vec<(u64, i32)>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.topic == topic) {
+        let (Some(key), Some(seq)) = (r.key.clone(), record_seq(r)) else {
+            continue;
+        };
+        by_key.entry(key).or_default().push((seq, r.partition));
+    }
+    let mut moved = 0;
+    for (key, mut placed) in by_key {
+        placed.sort_unstable();
+        placed.dedup_by_key(|p| p.0);
+        let (old, new) = (partition_for_key(&key, 3), partition_for_key(&key, 6));
+        for (seq, partition) in &placed {
+            ensure!(
+                *partition == old || *partition == new,
+                "key {} seq {seq} on partition {partition}, neither murmur2 mod 3 ({old}) nor mod 6 ({new})",
+                String::from_utf8_lossy(&key)
+            );
+        }
+        // One switch from the old placement to the new one, never back.
+        let switches = placed.windows(2).filter(|w| w[0].1 != w[1].1).count();
+        ensure!(
+            switches <= 1 && placed.last().is_some_and(|p| p.1 == new),
+            "key {}: placements by seq {placed:?} (old {old}, new {new})",
+            String::from_utf8_lossy(&key)
+        );
+        moved += usize::from(old != new);
+    }
+    ensure!(
+        moved > 0,
+        "no key changed partition: the test proved nothing"
+    );
+    let client = s.pg.connect().await?;
+    let end = current_insert_lsn(&client).await?;
+    wait_for_slot_past(&client, &s.slot, end, Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+fn admin(cluster: &KafkaCluster) -> Result<AdminClient<DefaultClientContext>> {
+    ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap())
+        .create()
+        .context("creating an admin client")
+}
+
+/// Runs every scenario on one cluster, one after another, and reports each; fails if any did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_faults_on_a_three_node_cluster() -> Result<()> {
+    let cluster = KafkaCluster::start(&[])?;
+    let mut failures = Vec::new();
+    // SIPHON_FAULT_SCENARIOS="name,name" runs only those (when working on one).
+    let only = std::env::var("SIPHON_FAULT_SCENARIOS").unwrap_or_default();
+    macro_rules! scenario {
+        ($name:ident) => {{
+            if !only.is_empty() && !only.split(',').any(|n| n.trim() == stringify!($name)) {
+                eprintln!("not run (SIPHON_FAULT_SCENARIOS): {}", stringify!($name));
+            } else {
+                let started = Instant::now();
+                let outcome = match all_nodes_up(&cluster) {
+                    Ok(()) => $name(&cluster).await,
+                    Err(e) => Err(e),
+                };
+                match outcome {
+                    Ok(()) => eprintln!("PASS {} ({:?})", stringify!($name), started.elapsed()),
+                    Err(e) => {
+                        eprintln!(
+                            "FAIL {} ({:?}): {e:#}",
+                            stringify!($name),
+                            started.elapsed()
+                        );
+                        failures.push(stringify!($name));
+                    }
+                }
+            }
+        }};
+    }
+    scenario!(leader_killed_mid_stream);
+    scenario!(two_of_three_down);
+    scenario!(rolling_restart);
+    scenario!(cluster_frozen_past_the_deadline);
+    scenario!(topic_deleted_while_writing);
+    scenario!(partitions_raised_while_writing);
+    ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
+    Ok(())
+}
