@@ -444,17 +444,99 @@ pub fn parse_produce_response(version: i16, frame: &[u8]) -> Result<(i32, Vec<To
     Ok((correlation_id, topics))
 }
 
+/// The Fetch API key.
+pub const FETCH: i16 = 1;
 /// The Metadata API key.
 pub const METADATA: i16 = 3;
 /// The FindCoordinator API key.
 pub const FIND_COORDINATOR: i16 = 10;
 
+/// The offsets of the ports in a `NodeEndpoints` tagged field (KIP-951: the brokers a Produce
+/// or Fetch answer names as new leaders), read from the top-level tagged fields at `r`.
+fn node_endpoint_port_offsets(r: &mut Reader<'_>, offsets: &mut Vec<usize>) -> Result<()> {
+    for _ in 0..r.uvarint()? {
+        let tag = r.uvarint()?;
+        let size = usize::try_from(r.uvarint()?)?;
+        let end = r.at + size;
+        if tag == 0 {
+            for _ in 0..r.array_len(true)? {
+                r.i32()?; // node id
+                r.string(true)?;
+                offsets.push(r.at);
+                r.i32()?;
+                r.nullable_string(true)?; // rack
+                r.tagged_fields()?;
+            }
+            ensure!(r.at == end, "NodeEndpoints field of {size} bytes misread");
+        } else {
+            r.take(size)?;
+        }
+    }
+    Ok(())
+}
+
 /// The offsets, in a response `body` (after the 4-byte size), of the broker ports a Metadata
-/// (v0-v13) or FindCoordinator (v0-v6) response names; empty for any other API.
+/// (v0-v13), FindCoordinator (v0-v6), Produce (v10-v12) or Fetch (v16-v17) response names;
+/// empty for any other API or version.
 pub fn broker_port_offsets(api_key: i16, api_version: i16, body: &[u8]) -> Result<Vec<usize>> {
     let mut r = Reader::new(body);
     let mut offsets = Vec::new();
     match api_key {
+        PRODUCE if (10..=12).contains(&api_version) => {
+            r.i32()?; // correlation id
+            r.tagged_fields()?;
+            for _ in 0..r.array_len(true)? {
+                r.string(true)?;
+                for _ in 0..r.array_len(true)? {
+                    r.i32()?; // partition
+                    r.i16()?; // error code
+                    r.i64()?; // base offset
+                    r.i64()?; // log append time
+                    r.i64()?; // log start offset
+                    for _ in 0..r.array_len(true)? {
+                        r.i32()?;
+                        r.nullable_string(true)?;
+                        r.tagged_fields()?;
+                    }
+                    r.nullable_string(true)?; // error message
+                    r.tagged_fields()?;
+                }
+                r.tagged_fields()?;
+            }
+            r.i32()?; // throttle time
+            node_endpoint_port_offsets(&mut r, &mut offsets)?;
+        }
+        FETCH if (16..=17).contains(&api_version) => {
+            r.i32()?; // correlation id
+            r.tagged_fields()?;
+            r.i32()?; // throttle time
+            r.i16()?; // error code
+            r.i32()?; // session id
+            for _ in 0..r.array_len(true)? {
+                r.take(16)?; // topic id
+                for _ in 0..r.array_len(true)? {
+                    r.i32()?; // partition
+                    r.i16()?; // error code
+                    r.i64()?; // high watermark
+                    r.i64()?; // last stable offset
+                    r.i64()?; // log start offset
+                    if let Some(n) = r.length(true, true)? {
+                        for _ in 0..n {
+                            r.i64()?;
+                            r.i64()?;
+                            r.tagged_fields()?;
+                        }
+                    }
+                    r.i32()?; // preferred read replica
+                    if let Some(n) = r.length(true, true)? {
+                        r.take(n)?; // records
+                    }
+                    r.tagged_fields()?;
+                }
+                r.tagged_fields()?;
+            }
+            node_endpoint_port_offsets(&mut r, &mut offsets)?;
+        }
         METADATA => {
             let flexible = api_version >= 9;
             r.i32()?; // correlation id
@@ -515,8 +597,8 @@ pub fn broker_port_offsets(api_key: i16, api_version: i16, body: &[u8]) -> Resul
     Ok(offsets)
 }
 
-/// Rewrites, in place, every broker port `from` that a Metadata or FindCoordinator response
-/// `frame` (size prefix included) names into `to`; returns how many were rewritten. Ports are
+/// Rewrites, in place, every broker port `from` that a Metadata, FindCoordinator, Produce or
+/// Fetch response `frame` (size prefix included) names into `to`; returns how many were rewritten. Ports are
 /// fixed-width, so the frame keeps its length.
 pub fn rewrite_broker_ports(
     api_key: i16,
@@ -634,6 +716,87 @@ mod tests {
             );
             assert_eq!(frame, build(5000), "v{version}");
         }
+    }
+
+    /// A flexible response ending in a NodeEndpoints tagged field naming `port`, after `body`.
+    fn with_node_endpoints(body: Writer, port: i32) -> Vec<u8> {
+        let mut inner = Writer::default();
+        inner.array_len(1, true);
+        inner.i32(1);
+        inner.nullable_string(Some("127.0.0.1"), true);
+        inner.i32(port);
+        inner.nullable_string(None, true);
+        inner.empty_tagged_fields();
+        let mut w = body;
+        w.uvarint(2); // two tagged fields: an unknown one, then NodeEndpoints
+        w.uvarint(5);
+        w.uvarint(1);
+        w.out.push(0);
+        w.uvarint(0);
+        w.uvarint(inner.out.len() as u64);
+        w.out.extend(inner.out);
+        w.framed()
+    }
+
+    #[test]
+    fn produce_node_endpoints_are_rewritten() {
+        let build = |port: i32| {
+            let mut w = Writer::default();
+            w.i32(9);
+            w.empty_tagged_fields();
+            w.array_len(1, true);
+            w.nullable_string(Some("orders"), true);
+            w.array_len(1, true);
+            w.i32(0);
+            w.i16(6);
+            w.i64(-1);
+            w.i64(-1);
+            w.i64(-1);
+            w.array_len(0, true);
+            w.nullable_string(None, true);
+            w.empty_tagged_fields();
+            w.empty_tagged_fields();
+            w.i32(0);
+            with_node_endpoints(w, port)
+        };
+        let mut frame = build(9092);
+        assert_eq!(
+            rewrite_broker_ports(PRODUCE, 10, &mut frame, 9092, 7000).unwrap(),
+            1
+        );
+        assert_eq!(frame, build(7000));
+    }
+
+    #[test]
+    fn fetch_node_endpoints_are_rewritten() {
+        let build = |port: i32| {
+            let mut w = Writer::default();
+            w.i32(9);
+            w.empty_tagged_fields();
+            w.i32(0);
+            w.i16(0);
+            w.i32(0);
+            w.array_len(1, true);
+            w.out.extend([7u8; 16]);
+            w.array_len(1, true);
+            w.i32(0);
+            w.i16(6);
+            w.i64(10);
+            w.i64(10);
+            w.i64(0);
+            w.array_len(0, true);
+            w.i32(-1);
+            w.bytes(b"records", true);
+            w.empty_tagged_fields();
+            w.empty_tagged_fields();
+            with_node_endpoints(w, port)
+        };
+        let mut frame = build(9092);
+        assert_eq!(
+            rewrite_broker_ports(FETCH, 16, &mut frame, 9092, 7000).unwrap(),
+            1
+        );
+        assert_eq!(frame, build(7000));
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! Kafka clients learn broker addresses from metadata and connect to those,
 //! not to the bootstrap address. [`ProxiedBroker`] therefore puts a Kafka-mode
 //! proxy in front of the shared Kafka broker that rewrites the broker's port
-//! into its own in every Metadata and FindCoordinator answer: after bootstrap,
+//! into its own in every Metadata and FindCoordinator answer, and in the new
+//! leaders that Produce and Fetch answers name (KIP-951): after bootstrap,
 //! every connection of the test's clients still goes through the proxy, while
 //! other tests reach the broker directly.
 //!
@@ -353,8 +354,9 @@ impl ThrottlingProxy {
         Self::start_mode(crate::free_port(), target, true, false)
     }
 
-    /// Like [`ThrottlingProxy::start_kafka`], also advertising itself: every Metadata and
-    /// FindCoordinator answer naming the target's port names the proxy's port instead, so a
+    /// Like [`ThrottlingProxy::start_kafka`], also advertising itself: every Metadata,
+    /// FindCoordinator, Produce or Fetch answer naming the target's port names the proxy's port
+    /// instead, so a
     /// client that bootstraps through the proxy keeps every connection on it.
     pub fn start_kafka_advertised(target: SocketAddr) -> Result<ThrottlingProxy> {
         Self::start_mode(crate::free_port(), target, true, true)

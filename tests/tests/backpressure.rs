@@ -27,6 +27,15 @@ const WAL_SENDER_TIMEOUT: Duration = Duration::from_secs(4);
 /// The topic of every event written here (aggregate type `Order`).
 const ORDERS: &str = "outbox.event.Order";
 
+/// Creates `topic` (3 partitions, as Siphon would) directly on the broker behind `broker`'s
+/// proxy, and waits until every partition has a leader. Siphon's first Produce then finds the
+/// partitions ready: the broker's answer to a Produce that reaches a partition before its
+/// leader is ready names the broker's own address, which would take the producer past the
+/// proxy (and its throttle).
+async fn create_topic_behind_proxy(broker: &ProxiedBroker, topic: &str) -> Result<()> {
+    create_topic(&broker.broker().bootstrap(), topic, 3).await
+}
+
 /// Sets `wal_sender_timeout` to [`WAL_SENDER_TIMEOUT`] and waits until new sessions see it.
 async fn short_wal_sender_timeout(pg: &Postgres) -> Result<()> {
     let client = pg.connect().await?;
@@ -248,7 +257,8 @@ async fn clients_reach_the_proxied_broker_only_through_the_proxy() -> Result<()>
         [proxy.port()],
         "the broker advertises the proxy"
     );
-    create_topic(&broker.bootstrap(), "through.proxy", 1).await?;
+    let topic = broker.topic("through.proxy");
+    create_topic(&broker.bootstrap(), &topic, 1).await?;
     let before = proxy.forwarded(Direction::ToServer);
     {
         use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -258,7 +268,7 @@ async fn clients_reach_the_proxied_broker_only_through_the_proxy() -> Result<()>
         let payload = vec![b'p'; 50_000];
         producer
             .send(
-                FutureRecord::<str, [u8]>::to("through.proxy")
+                FutureRecord::<str, [u8]>::to(&topic)
                     .key("k")
                     .payload(&payload),
                 Duration::from_secs(10),
@@ -270,12 +280,7 @@ async fn clients_reach_the_proxied_broker_only_through_the_proxy() -> Result<()>
         proxy.forwarded(Direction::ToServer) - before >= 50_000,
         "the record went through the proxy"
     );
-    let records = read_topic_async(
-        &broker.bootstrap(),
-        "through.proxy",
-        Duration::from_secs(30),
-    )
-    .await?;
+    let records = read_topic_async(&broker.bootstrap(), &topic, Duration::from_secs(30)).await?;
     assert_eq!(records.len(), 1);
 
     // Paused, the proxy cuts clients off the broker: there is no way around it.
@@ -290,11 +295,11 @@ async fn clients_reach_the_proxied_broker_only_through_the_proxy() -> Result<()>
     Ok(())
 }
 
-/// The broker is killed for 11 s (almost three times `wal_sender_timeout`) while the
-/// application commits 5 orders. The commits return at once, the replication connection stays
-/// (same walsender PID throughout, no reconnect caused by PostgreSQL), and once the broker is
-/// back (empty: its topic is created again, as a real broker would have kept it) every order
-/// arrives within 60 s.
+/// The broker (a Kafka node of the test's own) is killed (SIGKILL) for 11 s (almost three times
+/// `wal_sender_timeout`) while the application commits 5 orders. The commits return at once,
+/// the replication connection stays (same walsender PID throughout, no reconnect caused by
+/// PostgreSQL), and once the broker is back (with its data: the topic and the order delivered
+/// before the outage) every order arrives within 60 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Result<()> {
     const SLOT: &str = "outage11";
@@ -303,7 +308,8 @@ async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Re
     const COMMIT_BOUND: Duration = Duration::from_secs(2);
     let pg = Postgres::start()?;
     short_wal_sender_timeout(&pg).await?;
-    let broker = Broker::start()?;
+    let broker = Broker::start_own(&[])?;
+    let orders = broker.topic(ORDERS);
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     // siphon_config sets message.timeout.ms = 10000: records may time out during the outage and
@@ -313,7 +319,13 @@ async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Re
     // One order delivered first: the topic exists and the producer is connected.
     insert_transaction(&mut client, &[event(1, true)], true).await?;
     let first: BTreeSet<String> = [event(1, true).id].into();
-    wait_for_ids(&broker.bootstrap(), ORDERS, &first, Duration::from_secs(60)).await?;
+    wait_for_ids(
+        &broker.bootstrap(),
+        &orders,
+        &first,
+        Duration::from_secs(60),
+    )
+    .await?;
     let before = walsender(&client, SLOT)
         .await?
         .context("no walsender streaming")?;
@@ -354,8 +366,7 @@ async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Re
 
     broker.start_again()?;
     let back = Instant::now();
-    create_topic(&broker.bootstrap(), ORDERS, 3).await?;
-    let records = wait_for_ids(&broker.bootstrap(), ORDERS, &expected, DELIVERY_BOUND)
+    let records = wait_for_ids(&broker.bootstrap(), &orders, &expected, DELIVERY_BOUND)
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let delivered_after = back.elapsed();
@@ -422,14 +433,16 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
     let pg = Postgres::start()?;
     short_wal_sender_timeout(&pg).await?;
     let broker = ProxiedBroker::start()?;
+    let orders = broker.topic(ORDERS);
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
+    create_topic_behind_proxy(&broker, &orders).await?;
     // A long message timeout: the slow phase must fill the window, not time records out.
     let siphon = start_streaming(
         &client,
         &config_for(
             &pg,
-            &broker.bootstrap(),
+            &broker,
             SLOT,
             "\"message.timeout.ms\" = \"300000\"",
             "max_in_flight_records = 50",
@@ -443,7 +456,7 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
     commit_generated(&mut client, 1, 1).await?;
     wait_for_ids(
         &broker.bootstrap(),
-        ORDERS,
+        &orders,
         &generated_ids(1, 1),
         Duration::from_secs(60),
     )
@@ -508,7 +521,7 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
     let drain_start = Instant::now();
     let records = wait_for_ids(
         &broker.bootstrap(),
-        ORDERS,
+        &orders,
         &expected,
         Duration::from_secs(180),
     )
@@ -620,13 +633,14 @@ async fn memory_stays_bounded_by_the_window_while_a_large_backlog_drains() -> Re
     let write_time = written.elapsed();
 
     let broker = ProxiedBroker::start()?;
+    create_topic_behind_proxy(&broker, &broker.topic(ORDERS)).await?;
     broker
         .proxy()
         .set_rate(Direction::ToServer, Some(BROKER_RATE));
     // The default window; a long message timeout, so a slow broker is only slow.
     let siphon = SiphonProcess::start(&config_for(
         &pg,
-        &broker.bootstrap(),
+        &broker,
         SLOT,
         "\"message.timeout.ms\" = \"300000\"",
         "",

@@ -39,10 +39,11 @@ async fn a_black_holed_database_connection_does_not_freeze_shutdown() -> Result<
         || async {
             let mut delivered = 0;
             for topic in ["outbox.event.Order", "outbox.event.Customer"] {
-                delivered += read_topic_async(&bootstrap, topic, Duration::from_secs(10))
-                    .await
-                    .unwrap_or_default()
-                    .len();
+                delivered +=
+                    read_topic_async(&bootstrap, &broker.topic(topic), Duration::from_secs(10))
+                        .await
+                        .unwrap_or_default()
+                        .len();
             }
             Ok((delivered >= 5).then_some(()))
         },

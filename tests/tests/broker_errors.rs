@@ -1,5 +1,5 @@
 //! A broker that refuses records for good (POLICY_VIOLATION, INVALID_TIMESTAMP ...), played by
-//! the Kafka-mode fault proxy in front of a real Tansu broker: Siphon stops naming the record's
+//! the Kafka-mode fault proxy in front of the Kafka broker: Siphon stops naming the record's
 //! topic, the code and a fix, or dead-letters the refused record, and never retries it in a
 //! tight loop of producer rebuilds.
 
@@ -12,7 +12,7 @@ use siphon_tests::outbox::{
 };
 use siphon_tests::proxy::{ProduceFault, ProxiedBroker};
 use siphon_tests::{
-    read_topic_async, wait_for, wait_until, ConsumedRecord, Postgres, SiphonProcess,
+    create_topic, read_topic_async, wait_for, wait_until, ConsumedRecord, Postgres, SiphonProcess,
 };
 use std::time::Duration;
 
@@ -20,6 +20,10 @@ const POLICY_VIOLATION: i16 = 44;
 const INVALID_TIMESTAMP: i16 = 32;
 /// Marks the one record the broker refuses.
 const POISON: &str = "POISON-7f3a";
+/// The topics, in each test's namespace (`broker.topic(..)`).
+const ORDERS: &str = "outbox.event.Order";
+const CUSTOMERS: &str = "outbox.event.Customer";
+const DEAD_LETTERS: &str = "outbox.dlq";
 /// The log line Siphon writes each time it replaces its producer.
 const REBUILD_LINE: &str = "Kafka producer failed; replacing it";
 
@@ -36,7 +40,7 @@ fn ids(records: &[ConsumedRecord]) -> Vec<String> {
 fn config(pg: &Postgres, broker: &ProxiedBroker, slot: &str, pipeline: &str) -> String {
     siphon_config_at(
         pg,
-        &broker.bootstrap(),
+        broker,
         slot,
         "\"message.timeout.ms\" = \"10000\"",
         pipeline,
@@ -51,6 +55,12 @@ async fn start(
 ) -> Result<(tokio_postgres::Client, SiphonProcess)> {
     let client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
+    // Every topic Siphon writes exists, with a leader, before its first Produce: the broker's
+    // answer to a Produce that reaches a partition before its leader is ready names the
+    // broker's own address, which would take the producer past the fault proxy.
+    for topic in [ORDERS, CUSTOMERS, DEAD_LETTERS] {
+        create_topic(&broker.broker().bootstrap(), &broker.topic(topic), 3).await?;
+    }
     let siphon = SiphonProcess::start(&config(pg, broker, slot, pipeline))?;
     wait_until(
         Duration::from_secs(60),
@@ -95,13 +105,18 @@ async fn write_batch(client: &tokio_postgres::Client, first: u32, poison: bool) 
 }
 
 /// The proxy itself, seen by librdkafka: the chosen topic's produce fails with the chosen code,
-/// another topic's succeeds.
+/// another topic's succeeds, and the same producer goes on writing after the refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_refuses_one_topic_with_the_chosen_code() -> Result<()> {
     let broker = ProxiedBroker::start_kafka_aware()?;
+    let (fine_topic, refused_topic) = (broker.topic("fine"), broker.topic("refused"));
+    // Created (with a leader) directly on the broker first: see `start`.
+    for topic in [&fine_topic, &refused_topic] {
+        create_topic(&broker.broker().bootstrap(), topic, 1).await?;
+    }
     broker
         .proxy()
-        .set_produce_fault(Some(ProduceFault::new("refused", POLICY_VIOLATION)));
+        .set_produce_fault(Some(ProduceFault::new(&refused_topic, POLICY_VIOLATION)));
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
         .set("enable.idempotence", "true")
@@ -109,14 +124,14 @@ async fn the_fault_proxy_refuses_one_topic_with_the_chosen_code() -> Result<()> 
         .create()?;
     let fine = producer
         .send(
-            FutureRecord::<str, str>::to("fine").payload("ok"),
+            FutureRecord::<str, str>::to(&fine_topic).payload("ok"),
             Duration::from_secs(10),
         )
         .await;
     assert!(fine.is_ok(), "{fine:?}");
     let refused = producer
         .send(
-            FutureRecord::<str, str>::to("refused").payload("no"),
+            FutureRecord::<str, str>::to(&refused_topic).payload("no"),
             Duration::from_secs(10),
         )
         .await;
@@ -128,7 +143,7 @@ async fn the_fault_proxy_refuses_one_topic_with_the_chosen_code() -> Result<()> 
     }
     assert!(broker.proxy().faults_injected() >= 1);
     let versions = broker.proxy().produce_versions();
-    eprintln!("Produce versions used against Tansu: {versions:?}");
+    eprintln!("Produce versions used against Kafka: {versions:?}");
     assert!(
         !versions.is_empty()
             && versions
@@ -136,20 +151,28 @@ async fn the_fault_proxy_refuses_one_topic_with_the_chosen_code() -> Result<()> 
                 .all(|v| siphon_tests::kafka_protocol::PRODUCE_VERSIONS.contains(v)),
         "{versions:?}"
     );
-    // After a refused batch librdkafka bumps the idempotent producer's epoch (KIP-360); Tansu
-    // answers that with PRODUCER_FENCED, so this producer is done: a new one works.
-    let fresh: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("enable.idempotence", "true")
-        .set("message.timeout.ms", "10000")
-        .create()?;
-    let again = fresh
+    // After a refused batch librdkafka bumps the idempotent producer's epoch (KIP-360), which
+    // Kafka accepts: the same producer writes on, and the broker holds what it accepted and
+    // nothing of the refused topic.
+    let again = producer
         .send(
-            FutureRecord::<str, str>::to("fine").payload("ok again"),
+            FutureRecord::<str, str>::to(&fine_topic).payload("ok again"),
             Duration::from_secs(10),
         )
         .await;
     assert!(again.is_ok(), "{again:?}");
+    let direct = broker.broker().bootstrap();
+    let written: Vec<String> = read_topic_async(&direct, &fine_topic, Duration::from_secs(20))
+        .await?
+        .iter()
+        .filter_map(ConsumedRecord::value_str)
+        .collect();
+    assert_eq!(written, ["ok", "ok again"]);
+    let refused = read_topic_async(&direct, &refused_topic, Duration::from_secs(10)).await?;
+    assert!(
+        refused.is_empty(),
+        "the refused record reached the broker: {refused:?}"
+    );
     Ok(())
 }
 
@@ -160,7 +183,7 @@ async fn a_refused_record_stops_siphon(code: i16, code_name: &str, fix_word: &st
     let broker = ProxiedBroker::start_kafka_aware()?;
     broker
         .proxy()
-        .set_produce_fault(Some(ProduceFault::new("outbox.event.Order", code)));
+        .set_produce_fault(Some(ProduceFault::new(&broker.topic(ORDERS), code)));
     let slot = format!("refused{code}");
     let (client, siphon) = start(&pg, &broker, &slot, "").await?;
     write_batch(&client, 1, false).await?;
@@ -170,7 +193,10 @@ async fn a_refused_record_stops_siphon(code: i16, code_name: &str, fix_word: &st
         .with_context(|| format!("siphon kept running; log:\n{}", siphon.log()))?;
     let log = siphon.log();
     assert_eq!(status.code(), Some(2), "{log}");
-    assert!(log.contains("outbox.event.Order"), "names the topic: {log}");
+    assert!(
+        log.contains(&broker.topic(ORDERS)),
+        "names the topic: {log}"
+    );
     assert!(log.contains(code_name), "names the code: {log}");
     assert!(log.contains(&format!("code {code}")), "{log}");
     assert!(log.contains(fix_word), "names a fix: {log}");
@@ -207,10 +233,13 @@ async fn poison_run(slot: &str) -> Result<PoisonRun> {
     let pg = Postgres::start()?;
     let broker = ProxiedBroker::start_kafka_aware()?;
     broker.proxy().set_produce_fault(Some(
-        ProduceFault::new("outbox.event.Order", POLICY_VIOLATION).marker(POISON.as_bytes()),
+        ProduceFault::new(&broker.topic(ORDERS), POLICY_VIOLATION).marker(POISON.as_bytes()),
     ));
-    let pipeline = "on_error = \"dead-letter\"\ndead_letter_topic = \"outbox.dlq\"";
-    let (client, siphon) = start(&pg, &broker, slot, pipeline).await?;
+    let pipeline = format!(
+        "on_error = \"dead-letter\"\ndead_letter_topic = \"{}\"",
+        broker.topic(DEAD_LETTERS)
+    );
+    let (client, siphon) = start(&pg, &broker, slot, &pipeline).await?;
     write_batch(&client, 1, true).await?;
     let poisoned = current_insert_lsn(&client).await?;
     wait_for_slot_past(&client, slot, poisoned, Duration::from_secs(60))
@@ -240,7 +269,12 @@ async fn a_refused_record_is_dead_lettered_and_the_slot_moves_on() -> Result<()>
         Duration::from_secs(30),
         Duration::from_millis(300),
         || async {
-            let r = read_topic_async(&bootstrap, "outbox.dlq", Duration::from_secs(20)).await?;
+            let r = read_topic_async(
+                &bootstrap,
+                &run.broker.topic(DEAD_LETTERS),
+                Duration::from_secs(20),
+            )
+            .await?;
             Ok((!r.is_empty()).then_some(r))
         },
     )
@@ -257,7 +291,7 @@ async fn a_refused_record_is_dead_lettered_and_the_slot_moves_on() -> Result<()>
         })?;
     assert_eq!(
         header(poison, "siphon.original.topic"),
-        "outbox.event.Order"
+        run.broker.topic(ORDERS)
     );
     assert_eq!(header(poison, "siphon.error.stage"), "produce");
     let message = header(poison, "siphon.error.message");
@@ -268,8 +302,12 @@ async fn a_refused_record_is_dead_lettered_and_the_slot_moves_on() -> Result<()>
     assert!(poison.value_str().unwrap_or_default().contains(POISON));
     assert!(!header(poison, "siphon.source.commit.lsn").is_empty());
 
-    let customers =
-        read_topic_async(&bootstrap, "outbox.event.Customer", Duration::from_secs(20)).await?;
+    let customers = read_topic_async(
+        &bootstrap,
+        &run.broker.topic(CUSTOMERS),
+        Duration::from_secs(20),
+    )
+    .await?;
     // The refusal fails the producer (gap-less idempotence): a record of the other topic still
     // in flight then is purged with it and sent again by the replacement, a repeat with its id
     // (docs/reliability.md, "after a Kafka-side failure"). Its events all arrive, and none
@@ -284,12 +322,16 @@ async fn a_refused_record_is_dead_lettered_and_the_slot_moves_on() -> Result<()>
     );
     assert!(
         dead.iter()
-            .all(|r| header(r, "siphon.original.topic") != "outbox.event.Customer"),
+            .all(|r| header(r, "siphon.original.topic") != run.broker.topic(CUSTOMERS)),
         "no record of the other topic is dead-lettered: {:?}",
         ids(&dead)
     );
-    let orders =
-        read_topic_async(&bootstrap, "outbox.event.Order", Duration::from_secs(20)).await?;
+    let orders = read_topic_async(
+        &bootstrap,
+        &run.broker.topic(ORDERS),
+        Duration::from_secs(20),
+    )
+    .await?;
     for clean in [id(11), id(12), id(13)] {
         assert!(
             ids(&orders).contains(&clean),
@@ -317,14 +359,23 @@ async fn only_the_guilty_record_of_a_refused_batch_is_dead_lettered() -> Result<
     let run = poison_run("guilty").await?;
     let bootstrap = run.broker.bootstrap();
     let log = run.siphon.log();
-    let dead = read_topic_async(&bootstrap, "outbox.dlq", Duration::from_secs(20)).await?;
+    let dead = read_topic_async(
+        &bootstrap,
+        &run.broker.topic(DEAD_LETTERS),
+        Duration::from_secs(20),
+    )
+    .await?;
     assert_eq!(
         ids(&dead),
         [id(2)],
         "only the poisoned record is dead-lettered\n{log}"
     );
-    let orders =
-        read_topic_async(&bootstrap, "outbox.event.Order", Duration::from_secs(20)).await?;
+    let orders = read_topic_async(
+        &bootstrap,
+        &run.broker.topic(ORDERS),
+        Duration::from_secs(20),
+    )
+    .await?;
     let order_ids = ids(&orders);
     for innocent in [id(1), id(3)] {
         assert!(

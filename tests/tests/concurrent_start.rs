@@ -117,7 +117,7 @@ async fn two_instances_started_together_end_up_streaming_and_standing_by() -> Re
             .collect();
         insert_transaction(&mut client, &events, true).await?;
         expected.extend(events.iter().map(|e| e.id.clone()));
-        wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(60))
+        wait_for_each_once(&broker, &expected, Duration::from_secs(60))
             .await
             .with_context(logs)?;
         // A moment for a late loser to fail, then both must still be up.

@@ -36,8 +36,9 @@ async fn poison_rows_and_records_are_dead_lettered_and_the_pipeline_goes_on() ->
     let (pg, broker) = (Postgres::start()?, Broker::start()?);
     let client = pg.connect().await?;
     client.batch_execute(LENIENT_OUTBOX).await?;
-    let extra = "on_error = \"dead-letter\"\ndead_letter_topic = \"outbox.dlq\"";
-    let config = siphon_config(&pg, &broker, "dlq", extra).replace(
+    let dead_letter_topic = broker.topic("outbox.dlq");
+    let extra = format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\"");
+    let config = siphon_config(&pg, &broker, "dlq", &extra).replace(
         "\"message.timeout.ms\" = \"10000\"",
         "\"message.timeout.ms\" = \"10000\"\n\"message.max.bytes\" = \"20000\"",
     );
@@ -55,8 +56,12 @@ async fn poison_rows_and_records_are_dead_lettered_and_the_pipeline_goes_on() ->
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            let r = read_topic_async(&broker.bootstrap(), "outbox.dlq", Duration::from_secs(20))
-                .await?;
+            let r = read_topic_async(
+                &broker.bootstrap(),
+                &dead_letter_topic,
+                Duration::from_secs(20),
+            )
+            .await?;
             Ok((r.len() >= 2).then_some(r))
         },
     )
@@ -65,7 +70,7 @@ async fn poison_rows_and_records_are_dead_lettered_and_the_pipeline_goes_on() ->
     assert_eq!(dead.len(), 2);
     let routed = read_topic_async(
         &broker.bootstrap(),
-        "outbox.event.Order",
+        &broker.topic("outbox.event.Order"),
         Duration::from_secs(20),
     )
     .await?;
@@ -95,7 +100,7 @@ async fn poison_rows_and_records_are_dead_lettered_and_the_pipeline_goes_on() ->
         .context("produce-stage dead letter")?;
     assert_eq!(
         header(refused, "siphon.original.topic"),
-        "outbox.event.Order"
+        broker.topic("outbox.event.Order")
     );
     assert_eq!(
         header(refused, "id"),

@@ -21,8 +21,10 @@ async fn a_poison_row_with_many_large_columns_is_dead_lettered_under_the_limit()
             "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload jsonb{extra_columns})"
         ))
         .await?;
-    let pipeline = "on_error = \"dead-letter\"\ndead_letter_topic = \"outbox.dlq\"";
-    let config = siphon_config(&pg, &broker, "wide", pipeline).replace(
+    let dead_letter_topic = broker.topic("outbox.dlq");
+    let pipeline =
+        format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\"");
+    let config = siphon_config(&pg, &broker, "wide", &pipeline).replace(
         "\"message.timeout.ms\" = \"10000\"",
         &format!(
             "\"message.timeout.ms\" = \"10000\"\n\"message.max.bytes\" = \"{MESSAGE_MAX_BYTES}\""
@@ -49,7 +51,12 @@ async fn a_poison_row_with_many_large_columns_is_dead_lettered_under_the_limit()
     wait_for_slot_past(&client, "wide", end, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
-    let dead = read_topic_async(&broker.bootstrap(), "outbox.dlq", Duration::from_secs(20)).await?;
+    let dead = read_topic_async(
+        &broker.bootstrap(),
+        &dead_letter_topic,
+        Duration::from_secs(20),
+    )
+    .await?;
     assert_eq!(dead.len(), 1, "{}", siphon.log());
     let record = &dead[0];
     let size = record.key.as_ref().map_or(0, Vec::len)

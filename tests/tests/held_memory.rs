@@ -50,7 +50,7 @@ async fn large_records_held_through_producer_replacements_stay_within_the_byte_w
     client.batch_execute(OUTBOX_DDL).await?;
     let config = siphon_config_at(
         &pg,
-        &broker.bootstrap(),
+        &broker,
         "heldmem",
         "\"message.timeout.ms\" = \"120000\"",
         &format!("max_in_flight_bytes = {WINDOW_BYTES}"),
@@ -59,7 +59,7 @@ async fn large_records_held_through_producer_replacements_stay_within_the_byte_w
     let (rss_before, _) = siphon.memory()?;
 
     broker.proxy().set_produce_fault(Some(ProduceFault::new(
-        "outbox.event.Order",
+        &broker.topic("outbox.event.Order"),
         PRODUCER_FENCED,
     )));
     insert_large_rows(&client, 20, ROW_BYTES as i32).await?;
@@ -86,7 +86,7 @@ async fn large_records_held_through_producer_replacements_stay_within_the_byte_w
 
     broker.proxy().set_produce_fault(None);
     let expected: BTreeSet<String> = (1..=ROWS as u64).map(|s| event(s, true).id).collect();
-    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(120))
+    wait_for_each_once(&broker, &expected, Duration::from_secs(120))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let (_, peak) = siphon.memory()?;

@@ -15,14 +15,15 @@ use siphon_tests::outbox::{
     OUTBOX_DDL,
 };
 use siphon_tests::proxy::{ProduceFault, ProxiedBroker};
-use siphon_tests::SiphonProcess;
+use siphon_tests::{create_topic, SiphonProcess};
 use siphon_tests::{read_topic_async, wait_for, wait_until, ConsumedRecord, Postgres};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const TOPIC: &str = "outbox.event.Order";
+/// The topic of every event (in the test's namespace: `broker.topic(ORDERS)`).
+const ORDERS: &str = "outbox.event.Order";
 /// The event whose batch the proxy holds.
 const MARKER: &str = "LATE-WRITE-5c1e";
 /// The sequence number of the marked event.
@@ -71,8 +72,8 @@ async fn stream_events(
     Ok(())
 }
 
-async fn read_orders(bootstrap: &str) -> Result<Vec<ConsumedRecord>> {
-    read_topic_async(bootstrap, TOPIC, Duration::from_secs(30)).await
+async fn read_orders(bootstrap: &str, topic: &str) -> Result<Vec<ConsumedRecord>> {
+    read_topic_async(bootstrap, topic, Duration::from_secs(30)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,14 +84,13 @@ async fn a_request_of_a_replaced_producer_written_late_keeps_first_deliveries_in
     let client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let slot = "late";
+    let topic = broker.topic(ORDERS);
     // A short delivery timeout: the held request's records time out after 3 s.
-    let config = siphon_config_at(
-        &pg,
-        &broker.bootstrap(),
-        slot,
-        "\"message.timeout.ms\" = \"3000\"",
-        "",
-    );
+    let config = siphon_config_at(&pg, &broker, slot, "\"message.timeout.ms\" = \"3000\"", "");
+    // The topic exists, with a leader, before Siphon's first Produce: the broker's answer to a
+    // Produce that reaches a partition before its leader is ready names the broker's own
+    // address, which would take the producer past the proxy.
+    create_topic(&broker.broker().bootstrap(), &topic, 3).await?;
     let siphon = SiphonProcess::start(&config)?;
     wait_until(
         Duration::from_secs(60),
@@ -102,7 +102,7 @@ async fn a_request_of_a_replaced_producer_written_late_keeps_first_deliveries_in
 
     broker
         .proxy()
-        .set_produce_fault(Some(ProduceFault::hold(TOPIC).marker(MARKER.as_bytes())));
+        .set_produce_fault(Some(ProduceFault::hold(&topic).marker(MARKER.as_bytes())));
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
     let writer = tokio::spawn(stream_events(
@@ -132,7 +132,7 @@ async fn a_request_of_a_replaced_producer_written_late_keeps_first_deliveries_in
         Duration::from_secs(30),
         Duration::from_millis(200),
         || async {
-            let records = read_orders(&bootstrap).await?;
+            let records = read_orders(&bootstrap, &topic).await?;
             let seqs: BTreeSet<u64> = records.iter().filter_map(record_seq).collect();
             // 30 events written after the hold are in.
             Ok((held_at + 1..=held_at + 30)
@@ -151,7 +151,7 @@ async fn a_request_of_a_replaced_producer_written_late_keeps_first_deliveries_in
         .flatten()
         .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
         .collect();
-    eprintln!("{newer} records in {TOPIC} before the late write; broker answered {codes:?}");
+    eprintln!("{newer} records in {topic} before the late write; broker answered {codes:?}");
 
     // A little more streaming after the late write, then stop and wait for everything.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -163,7 +163,7 @@ async fn a_request_of_a_replaced_producer_written_late_keeps_first_deliveries_in
         Duration::from_secs(30),
         Duration::from_millis(300),
         || async {
-            let records = read_orders(&bootstrap).await?;
+            let records = read_orders(&bootstrap, &topic).await?;
             let ids: BTreeSet<String> = records.iter().map(record_id).collect();
             Ok(expected.is_subset(&ids).then_some(records))
         },
