@@ -81,6 +81,18 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
+/// A test's prerequisite (a JDK, python3, a PostgreSQL version) is missing: under CI
+/// (`CI` set and not `false`/`0`) that is the test's failure, so a run that lacks it cannot pass
+/// by skipping; elsewhere the test says why and stops, passing.
+pub fn prerequisite_missing(test: &str, why: &str) -> anyhow::Result<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    if ci {
+        anyhow::bail!("{test} cannot run: {why} (under CI a missing prerequisite fails the test)");
+    }
+    eprintln!("not run: {test}: {why}");
+    Ok(())
+}
+
 /// Whether temporary directories should be kept after a handle is dropped.
 fn keep_dirs() -> bool {
     std::env::var_os("SIPHON_KEEP_TEST_DIRS").is_some_and(|v| !v.is_empty() && v != "0")

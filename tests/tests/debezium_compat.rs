@@ -12,12 +12,15 @@ use siphon_tests::{
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// Waits until topic `topic` of the test's namespace holds at least `expected` records, and
+/// returns them.
 async fn records(
     broker: &Broker,
     topic: &str,
     expected: usize,
     siphon: &SiphonProcess,
 ) -> Result<Vec<ConsumedRecord>> {
+    let topic = &broker.topic(topic);
     wait_for(
         Duration::from_secs(90),
         Duration::from_millis(300),
@@ -51,13 +54,16 @@ async fn router_options_reach_the_broker_byte_for_byte() -> Result<()> {
                                   type varchar(255) NOT NULL, payload jsonb, created_at timestamp(6) NOT NULL, tenant text)",
         )
         .await?;
-    let extra = r#"
+    let extra = format!(
+        r#"
 [router]
 "table.fields.additional.placement" = "type:header:eventType,tenant:header"
 "table.field.event.timestamp" = "created_at"
-"route.topic.replacement" = "${routedByValue}.events"
-"#;
-    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "opts", extra))?;
+"route.topic.replacement" = "{}"
+"#,
+        broker.topic("${routedByValue}.events")
+    );
+    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "opts", &extra))?;
     wait_until(
         Duration::from_secs(60),
         Duration::from_millis(100),
@@ -208,7 +214,7 @@ async fn taking_over_a_debezium_slot_delivers_the_backlog_once() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let got_again = read_topic_async(
         &broker.bootstrap(),
-        "outbox.event.Order",
+        &broker.topic("outbox.event.Order"),
         Duration::from_secs(30),
     )
     .await?;
@@ -230,6 +236,8 @@ async fn taking_over_a_debezium_slot_delivers_the_backlog_once() -> Result<()> {
 
 /// A realistic Debezium connector configuration, converted by `siphon import-debezium`, runs
 /// as it is (with the connection details a connector file cannot carry given by environment).
+/// Its router names topics `${routedByValue}.events`: the row's aggregate type carries the
+/// test's topic namespace, so the record lands in the namespace unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_imported_debezium_configuration_runs() -> Result<()> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);
@@ -280,12 +288,13 @@ async fn an_imported_debezium_configuration_runs() -> Result<()> {
     .await
     .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     client
-        .batch_execute(
+        .batch_execute(&format!(
             r#"BEGIN;
-               INSERT INTO outbox VALUES ('44444444-4444-4444-8444-444444444444', 'Order', 'order-1', 'OrderCreated', '{"total": 12.5, "lines": [{"sku": "A"}]}');
+               INSERT INTO outbox VALUES ('44444444-4444-4444-8444-444444444444', '{}', 'order-1', 'OrderCreated', '{{"total": 12.5, "lines": [{{"sku": "A"}}]}}');
                DELETE FROM outbox;
                COMMIT;"#,
-        )
+            broker.topic("Order")
+        ))
         .await?;
     let got = records(&broker, "Order.events", 1, &siphon).await?;
     let r = &got[0];
@@ -316,7 +325,8 @@ async fn an_imported_debezium_configuration_runs() -> Result<()> {
 }
 
 /// Topic regex with a named group, a value envelope, an explicit partition column and
-/// tombstones for empty payloads, together.
+/// tombstones for empty payloads, together. The aggregate types carry the test's topic
+/// namespace, so both the regex's topic and an unmatched value's own name land in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regex_routing_envelope_partition_and_tombstones() -> Result<()> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);
@@ -342,14 +352,16 @@ async fn regex_routing_envelope_partition_and_tombstones() -> Result<()> {
     )
     .await?;
     client
-        .batch_execute(
+        .batch_execute(&format!(
             r#"BEGIN;
-               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555551', 'OrderAggregate', 'order-1', 'Created', '{"a": 1}', 2);
-               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555552', 'OrderAggregate', 'order-2', 'Deleted', NULL, 1);
-               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555553', 'Other', 'x', 'T', '{}', 0);
+               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555551', '{order}', 'order-1', 'Created', '{{"a": 1}}', 2);
+               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555552', '{order}', 'order-2', 'Deleted', NULL, 1);
+               INSERT INTO outbox VALUES ('55555555-5555-4555-8555-555555555553', '{other}', 'x', 'T', '{{}}', 0);
                DELETE FROM outbox;
                COMMIT;"#,
-        )
+            order = broker.topic("OrderAggregate"),
+            other = broker.topic("Other"),
+        ))
         .await?;
     let orders = records(&broker, "Order.events", 2, &siphon).await?;
     let by_key: BTreeMap<String, &ConsumedRecord> =

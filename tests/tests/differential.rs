@@ -195,11 +195,10 @@ async fn siphon_writes_what_debezium_writes() -> Result<()> {
     let count = env_number("SIPHON_DIFFERENTIAL_ROWS").map_or(SMALL_CORPUS, |n| n as usize);
     let rows = corpus::generate(seed, count, true);
     let Some(report) = differential::run(&rows, &variants()).await? else {
-        eprintln!(
-            "SKIPPED siphon_writes_what_debezium_writes: no JDK found (java and javac on PATH \
-             or in JAVA_HOME); scripts/install-deps.sh installs one"
+        return siphon_tests::prerequisite_missing(
+            "siphon_writes_what_debezium_writes",
+            "no JDK found (java and javac on PATH or in JAVA_HOME); scripts/install-deps.sh installs one",
         );
-        return Ok(());
     };
     let summary = report.summary(3);
     eprintln!("differential (seed {seed}): {summary}");

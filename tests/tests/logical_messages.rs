@@ -61,14 +61,14 @@ async fn wait_for_ids(
     siphon: &SiphonProcess,
 ) -> Result<Vec<ConsumedRecord>> {
     let bootstrap = broker.bootstrap();
+    let topic = broker.topic("outbox.event.Order");
     wait_for(
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            let records =
-                read_topic_async(&bootstrap, "outbox.event.Order", Duration::from_secs(10))
-                    .await
-                    .unwrap_or_default();
+            let records = read_topic_async(&bootstrap, &topic, Duration::from_secs(10))
+                .await
+                .unwrap_or_default();
             Ok((records.len() >= count).then_some(records))
         },
     )
@@ -101,7 +101,7 @@ async fn messages_and_rows_arrive_once_in_commit_order_and_rolled_back_ones_neve
     tokio::time::sleep(Duration::from_secs(2)).await;
     let records = read_topic_async(
         &broker.bootstrap(),
-        "outbox.event.Order",
+        &broker.topic("outbox.event.Order"),
         Duration::from_secs(10),
     )
     .await?;

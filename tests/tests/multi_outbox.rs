@@ -41,7 +41,10 @@ async fn two_outboxes_with_their_own_columns_and_routing_interleaved_in_one_tran
         )
         .replace(
             "[kafka]\n",
-            "[router.tables.\"billing.outbox\"]\n\"table.field.event.id\" = \"event_id\"\n\"table.field.event.key\" = \"invoice_id\"\n\"table.field.event.payload\" = \"body\"\n\"route.by.field\" = \"kind\"\n\"route.topic.replacement\" = \"billing.${routedByValue}\"\n\n[kafka]\n",
+            &format!(
+                "[router.tables.\"billing.outbox\"]\n\"table.field.event.id\" = \"event_id\"\n\"table.field.event.key\" = \"invoice_id\"\n\"table.field.event.payload\" = \"body\"\n\"route.by.field\" = \"kind\"\n\"route.topic.replacement\" = \"{}\"\n\n[kafka]\n",
+                broker.topic("billing.${routedByValue}")
+            ),
         );
     let siphon = SiphonProcess::start(&config)?;
     wait_until(
@@ -70,7 +73,8 @@ async fn two_outboxes_with_their_own_columns_and_routing_interleaved_in_one_tran
     let bootstrap = broker.bootstrap();
     let read = |topic: &'static str| {
         let bootstrap = bootstrap.clone();
-        async move { read_topic_async(&bootstrap, topic, Duration::from_secs(10)).await }
+        let topic = broker.topic(topic);
+        async move { read_topic_async(&bootstrap, &topic, Duration::from_secs(10)).await }
     };
     let (orders, invoices) = wait_for(
         Duration::from_secs(60),

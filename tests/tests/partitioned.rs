@@ -99,7 +99,7 @@ async fn events_in_every_partition_arrive_once_while_partitions_come_and_go() ->
     written.extend(events);
 
     let expected: BTreeSet<String> = written.iter().map(|e| e.id.clone()).collect();
-    let records = wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(60))
+    let records = wait_for_each_once(&broker, &expected, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     assert_eq!(records.len(), 210);
@@ -164,7 +164,7 @@ async fn a_publication_switched_to_partition_names_while_streaming_stops_and_los
     let first: Vec<Event> = (1..=10).map(|s| event(s, true)).collect();
     insert_spread(&mut client, &first, &[1, 2]).await?;
     let expected: BTreeSet<String> = first.iter().map(|e| e.id.clone()).collect();
-    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(60))
+    wait_for_each_once(&broker, &expected, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
 
@@ -206,7 +206,7 @@ async fn a_publication_switched_to_partition_names_while_streaming_stops_and_los
         .chain(&third)
         .map(|e| e.id.clone())
         .collect();
-    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(60))
+    wait_for_each_once(&broker, &expected, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     assert!(siphon.is_running());

@@ -17,7 +17,7 @@ use tokio_postgres::Client;
 async fn order_ids(broker: &ProxiedBroker) -> Result<BTreeSet<String>> {
     let records = read_topic_async(
         &broker.bootstrap(),
-        "outbox.event.Order",
+        &broker.topic("outbox.event.Order"),
         Duration::from_secs(60),
     )
     .await?;
@@ -51,7 +51,7 @@ async fn a_paused_pipeline_keeps_its_replication_session_alive() -> Result<()> {
     client.batch_execute("SELECT pg_reload_conf()").await?;
     let config = siphon_config_at(
         &pg,
-        &broker.bootstrap(),
+        &broker,
         "paused",
         "\"message.timeout.ms\" = \"120000\"",
         // A window of 5 records and a read-ahead of 2 KiB: both fill long before the events
@@ -70,9 +70,9 @@ async fn a_paused_pipeline_keeps_its_replication_session_alive() -> Result<()> {
 
     // The broker stops answering (its Produce requests are held) and more events than the
     // window holds are committed: the pipeline stops taking events from the stream.
-    broker
-        .proxy()
-        .set_produce_fault(Some(ProduceFault::hold("outbox.event.Order")));
+    broker.proxy().set_produce_fault(Some(ProduceFault::hold(
+        &broker.topic("outbox.event.Order"),
+    )));
     // Sequence numbers that are not multiples of 3 are `Order` events.
     let seqs: Vec<u64> = (2u64..=40).filter(|s| s % 3 != 0).collect();
     for &seq in &seqs {

@@ -194,7 +194,12 @@ async fn wait_for_events(broker: &Broker, ids: &BTreeSet<String>) -> Result<Vec<
             let mut all = Vec::new();
             for topic in TOPICS {
                 all.extend(
-                    read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(10)).await?,
+                    read_topic_async(
+                        &broker.bootstrap(),
+                        &broker.topic(topic),
+                        Duration::from_secs(10),
+                    )
+                    .await?,
                 );
             }
             let got: BTreeSet<String> = all

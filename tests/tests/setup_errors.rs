@@ -2,14 +2,20 @@
 //! retrying forever or skipping data.
 
 use anyhow::{Context, Result};
+use siphon_tests::outbox::route_replacement;
 use siphon_tests::{wait_until, Broker, Postgres, SiphonProcess};
 use std::time::Duration;
 
 const EXIT_DEFINITE: i32 = 2;
 
+/// A minimal configuration: Siphon's defaults, with records routed into the test's topic
+/// namespace.
 fn config(pg: &Postgres, broker: &Broker) -> String {
     format!(
         r#"
+[router]
+{}
+
 [source]
 url = "{}"
 slot = "s"
@@ -22,6 +28,7 @@ bootstrap_servers = "{}"
 [metrics]
 listen = "127.0.0.1:0"
 "#,
+        route_replacement(broker),
         pg.url(),
         broker.bootstrap()
     )
@@ -371,7 +378,7 @@ async fn follow_the_fix_and_stream_again(gap: &PublicationGap) -> Result<()> {
         || async {
             let records = siphon_tests::read_topic_async(
                 &gap.broker.bootstrap(),
-                "outbox.event.Order",
+                &gap.broker.topic("outbox.event.Order"),
                 Duration::from_secs(30),
             )
             .await?;
@@ -482,7 +489,7 @@ async fn other_tables_added_to_and_removed_from_the_publication_do_not_stop_siph
         || async {
             let records = siphon_tests::read_topic_async(
                 &broker.bootstrap(),
-                "outbox.event.Order",
+                &broker.topic("outbox.event.Order"),
                 Duration::from_secs(30),
             )
             .await?;

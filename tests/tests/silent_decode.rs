@@ -59,7 +59,7 @@ async fn a_long_decode_of_another_table_is_not_taken_for_a_stall() -> Result<()>
     let before: Vec<Event> = (1..=10).map(|s| event(s, true)).collect();
     insert_transaction(&mut client, &before, true).await?;
     let mut expected: BTreeSet<String> = before.iter().map(|e| e.id.clone()).collect();
-    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(60))
+    wait_for_each_once(&broker, &expected, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
 
@@ -70,7 +70,7 @@ async fn a_long_decode_of_another_table_is_not_taken_for_a_stall() -> Result<()>
     let after: Vec<Event> = (11..=30).map(|s| event(s, true)).collect();
     insert_transaction(&mut client, &after, true).await?;
     expected.extend(after.iter().map(|e| e.id.clone()));
-    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(90))
+    wait_for_each_once(&broker, &expected, Duration::from_secs(90))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let delivered_in = started.elapsed();
@@ -84,7 +84,7 @@ async fn a_long_decode_of_another_table_is_not_taken_for_a_stall() -> Result<()>
     expected.extend(later.iter().map(|e| e.id.clone()));
     let restarted = Instant::now();
     siphon.start_again()?;
-    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(90))
+    wait_for_each_once(&broker, &expected, Duration::from_secs(90))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let caught_up_in = restarted.elapsed();
@@ -142,7 +142,7 @@ async fn a_connection_that_carries_nothing_is_still_a_stall() -> Result<()> {
     let later: Vec<Event> = (11..=20).map(|s| event(s, true)).collect();
     insert_transaction(&mut client, &later, true).await?;
     let expected: BTreeSet<String> = first.iter().chain(&later).map(|e| e.id.clone()).collect();
-    wait_for_each_once(&broker.bootstrap(), &expected, Duration::from_secs(90))
+    wait_for_each_once(&broker, &expected, Duration::from_secs(90))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let log = siphon.log();

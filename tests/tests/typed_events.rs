@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use siphon_tests::outbox::{siphon_config, start_streaming};
+use siphon_tests::outbox::{route_replacement, siphon_config, start_streaming};
 use siphon_tests::python::{decode_records, python};
 use siphon_tests::{read_topic_async, wait_for, Broker, ConsumedRecord, Postgres, SiphonProcess};
 use std::collections::BTreeMap;
@@ -147,20 +147,25 @@ struct Run {
 }
 
 /// Starts the services, Siphon with `extra` configuration, writes the rows and reads them back.
+/// A `[router]` section in `extra` gets the test's topic namespace (`route.topic.replacement`).
 async fn run(slot: &str, extra: &str) -> Result<Run> {
     let pg = Postgres::start()?;
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(DDL).await?;
-    let siphon = start_streaming(&client, &siphon_config(&pg, &broker, slot, extra), slot).await?;
+    let extra = extra.replace(
+        "[router]\n",
+        &format!("[router]\n{}\n", route_replacement(&broker)),
+    );
+    let siphon = start_streaming(&client, &siphon_config(&pg, &broker, slot, &extra), slot).await?;
     let rows = rows();
     let xids = insert(&mut client, &rows).await?;
-    let bootstrap = broker.bootstrap();
+    let (bootstrap, topic) = (broker.bootstrap(), broker.topic(TOPIC));
     let records = wait_for(
         Duration::from_secs(90),
         Duration::from_millis(500),
         || async {
-            let records = read_topic_async(&bootstrap, TOPIC, Duration::from_secs(30)).await?;
+            let records = read_topic_async(&bootstrap, &topic, Duration::from_secs(30)).await?;
             Ok((records.len() >= rows.len()).then_some(records))
         },
     )
