@@ -1,4 +1,4 @@
-//! A throttling TCP proxy on 127.0.0.1, and a Tansu broker that clients can
+//! A throttling TCP proxy on 127.0.0.1, and a Kafka broker that clients can
 //! only reach through one: a slow or stalled broker on demand.
 //!
 //! [`ThrottlingProxy`] forwards every connection it accepts to one target
