@@ -70,6 +70,16 @@ pub enum RouteError {
         /// What the column is for, e.g. "the aggregate id".
         holds: &'static str,
     },
+    /// A configured column is in the table, but PostgreSQL leaves it out of the replication
+    /// stream (a generated column the publication does not publish): `cause` says why and
+    /// what to change, for the server's version.
+    #[error("column \"{column}\" of table {table} (the column named by {option}) is not in the replication stream: it is {cause}")]
+    UnpublishedColumn {
+        table: String,
+        column: String,
+        option: &'static str,
+        cause: String,
+    },
     /// A configured column has a type the router cannot encode as Debezium does.
     #[error("column \"{column}\" of table {table} (the column named by {option}) has type {type_name} (oid {type_oid}), which the outbox router does not support; use a column of type text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, real or double precision")]
     UnsupportedColumnType {

@@ -147,6 +147,7 @@ mod tests {
                 failover: None,
                 synced: None,
             }),
+            being_created: None,
             publication_name: "siphon_outbox".into(),
             publication: Some(PublicationInfo {
                 all_tables: false,

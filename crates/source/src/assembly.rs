@@ -6,10 +6,19 @@
 //! # Invariants
 //! - A [`SourceEvent::Change`] is only produced inside an open transaction, and always carries
 //!   the relation it refers to.
+//! - The relation cache holds only what the pipeline still needs: a relation stays from its
+//!   `Relation` message until the pipeline says it does not need it ([`Assembler::forget`]:
+//!   not an outbox table, nor a partition of one). So the cache is bounded by the outbox tables
+//!   and their partitions, not by every table a `FOR ALL TABLES` publication ever describes.
+//!   pgoutput describes a relation before its first change in a session (and again after its
+//!   definition changes), so a change of a relation not in the cache is one of a forgotten
+//!   relation: a [`SourceEvent::OtherTableChange`], never a row of an outbox table.
 //! - [`SourceEvent::Idle`] is only produced outside a transaction: its `wal_end` is then safe to
 //!   confirm once everything before it is delivered.
 //! - Framing errors (a change outside a transaction, a Begin inside one) are errors, never
-//!   skipped.
+//!   skipped. A message Siphon cannot use (two-phase, streaming, unknown or undecodable) is a
+//!   definite error naming what to change ([`crate::unhandled`]): it would come again after a
+//!   reconnect.
 //! - What is kept for the whole session (relations) owns its bytes: it never keeps the buffer
 //!   its message was received into alive.
 
@@ -47,6 +56,9 @@ pub enum SourceEvent {
         change: RowChange,
         lsn: Lsn,
     },
+    /// A row of a relation whose description is not kept ([`Assembler::forget`]: not an outbox
+    /// table) changed at `lsn`.
+    OtherTableChange { relation_id: Oid, lsn: Lsn },
     /// The transaction ends; `end_lsn` is the position to confirm once it is delivered.
     Commit {
         commit_lsn: Lsn,
@@ -75,9 +87,12 @@ struct OpenTransaction {
 #[derive(Debug)]
 pub struct Assembler {
     decoder: Decoder,
-    /// Keyed by OID with an integer hasher: one lookup per row change.
+    /// Keyed by OID with an integer hasher: one lookup per row change. Only the relations the
+    /// pipeline has not forgotten (see the module's invariants).
     relations: FxHashMap<Oid, Arc<Relation>>,
     open: Option<OpenTransaction>,
+    /// The slot streamed from, named in errors (`None` in tests).
+    slot: Option<String>,
 }
 
 impl Default for Assembler {
@@ -96,12 +111,33 @@ impl Assembler {
             }),
             relations: FxHashMap::default(),
             open: None,
+            slot: None,
+        }
+    }
+
+    /// A fresh assembler for a session streaming from slot `slot` (named in its errors).
+    pub fn for_slot(slot: &str) -> Self {
+        Assembler {
+            slot: Some(slot.to_owned()),
+            ..Self::new()
         }
     }
 
     /// Whether a transaction is open.
     pub fn in_transaction(&self) -> bool {
         self.open.is_some()
+    }
+
+    /// The pipeline does not need relation `relation` (not an outbox table): its description is
+    /// dropped, and its changes come as [`SourceEvent::OtherTableChange`] until pgoutput
+    /// describes it again.
+    pub fn forget(&mut self, relation: Oid) {
+        self.relations.remove(&relation);
+    }
+
+    /// How many relation descriptions are kept.
+    pub fn cached_relations(&self) -> usize {
+        self.relations.len()
     }
 
     /// A transaction starts.
@@ -190,7 +226,7 @@ impl Assembler {
         let message = self
             .decoder
             .decode(payload)
-            .map_err(|e| SourceError::Protocol(format!("undecodable pgoutput message: {e}")))?;
+            .map_err(|e| crate::unhandled::error(self.slot.as_deref(), payload, lsn, Some(&e)))?;
         match message {
             Message::Begin(b) => self.begin(b.xid, b.final_lsn, b.commit_timestamp).map(Some),
             Message::Commit(c) => self
@@ -220,9 +256,13 @@ impl Assembler {
                 .map(Some),
             // Types, origins and truncates carry no outbox rows.
             Message::Type(_) | Message::Origin(_) | Message::Truncate(_) => Ok(None),
-            other => Err(SourceError::Protocol(format!(
-                "unexpected pgoutput message for protocol version 1: {other:?}"
-            ))),
+            // Streaming and two-phase messages: the decoder refuses them for protocol 1.
+            _ => Err(crate::unhandled::error(
+                self.slot.as_deref(),
+                payload,
+                lsn,
+                None,
+            )),
         }
     }
 
@@ -237,15 +277,13 @@ impl Assembler {
                 "row change of relation {relation_id} outside a transaction"
             )));
         }
-        let relation = self.relations.get(&relation_id).ok_or_else(|| {
-            SourceError::Protocol(format!(
-                "row change of relation {relation_id} before its Relation message"
-            ))
-        })?;
-        Ok(Some(SourceEvent::Change {
-            relation: Arc::clone(relation),
-            change,
-            lsn,
+        Ok(Some(match self.relations.get(&relation_id) {
+            Some(relation) => SourceEvent::Change {
+                relation: Arc::clone(relation),
+                change,
+                lsn,
+            },
+            None => SourceEvent::OtherTableChange { relation_id, lsn },
         }))
     }
 }
@@ -351,6 +389,53 @@ mod tests {
         );
     }
 
+    /// A `FOR ALL TABLES` publication describes every table written: 10,000 tables, each
+    /// described and written once, leave only the outbox table's description behind once the
+    /// pipeline forgets the others; their rows come as other tables' changes, the outbox's
+    /// with its description.
+    #[test]
+    fn the_relation_cache_keeps_only_what_is_not_forgotten() {
+        const OUTBOX: u32 = 16_384;
+        let mut a = Assembler::new();
+        a.data(&relation_message(OUTBOX), Lsn(1)).unwrap();
+        for id in 20_000..30_000u32 {
+            a.begin(id, Lsn(u64::from(id) * 10), 0).unwrap();
+            let Some(SourceEvent::Relation(relation)) =
+                a.data(&relation_message(id), Lsn(1)).unwrap()
+            else {
+                panic!("a relation");
+            };
+            assert!(matches!(
+                a.data(&insert_message(id, b"x"), Lsn(2)).unwrap(),
+                Some(SourceEvent::Change { .. })
+            ));
+            // The pipeline found it is no outbox table.
+            a.forget(relation.id);
+            assert_eq!(
+                a.data(&insert_message(id, b"y"), Lsn(3)).unwrap(),
+                Some(SourceEvent::OtherTableChange {
+                    relation_id: id,
+                    lsn: Lsn(3)
+                })
+            );
+            assert!(matches!(
+                a.data(&insert_message(OUTBOX, b"e"), Lsn(4)).unwrap(),
+                Some(SourceEvent::Change { relation, .. }) if relation.id == OUTBOX
+            ));
+            a.commit(Lsn(u64::from(id) * 10), Lsn(u64::from(id) * 10 + 8), 0)
+                .unwrap();
+            assert!(a.cached_relations() <= 2, "{}", a.cached_relations());
+        }
+        assert_eq!(a.cached_relations(), 1, "the outbox table's description");
+        // Described again (its definition changed), a forgotten table is kept again.
+        a.begin(1, Lsn(5), 0).unwrap();
+        a.data(&relation_message(20_000), Lsn(1)).unwrap();
+        assert!(matches!(
+            a.data(&insert_message(20_000, b"x"), Lsn(2)).unwrap(),
+            Some(SourceEvent::Change { .. })
+        ));
+    }
+
     #[test]
     fn framing_errors_are_reported() {
         let mut a = Assembler::new();
@@ -365,9 +450,13 @@ mod tests {
         );
         a.begin(1, Lsn(10), 0).unwrap();
         assert!(a.begin(2, Lsn(20), 0).is_err());
-        assert!(
-            a.data(&insert_message(99, b"x"), Lsn(1)).is_err(),
-            "unknown relation"
+        assert_eq!(
+            a.data(&insert_message(99, b"x"), Lsn(1)).unwrap(),
+            Some(SourceEvent::OtherTableChange {
+                relation_id: 99,
+                lsn: Lsn(1)
+            }),
+            "a relation not kept"
         );
         assert!(
             a.commit(Lsn(11), Lsn(12), 0).is_err(),

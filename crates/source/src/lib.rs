@@ -17,6 +17,14 @@
 //!   apart; [`failover`] checks what failover slots need from the primary.
 //! - [`membership`] records which catalog rows publish the outbox tables, so a publication
 //!   dropped and created again (or a table taken out and added back) between two looks is seen.
+//! - [`slot_wait`] says which transactions a slot being created waits for, while it waits.
+//! - [`generated`] says why a generated outbox column is not in the stream, and the fix for the
+//!   server's version.
+//! - [`two_phase`] refuses a slot that decodes prepared transactions at `PREPARE TRANSACTION`,
+//!   naming the fix; `unhandled` turns any pgoutput message Siphon cannot use into a definite
+//!   error naming what to change.
+//! - [`encoding`] turns text in the database encoding (logical message contents, which
+//!   PostgreSQL does not convert) into UTF-8.
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
 //!   `sslkey`) into the TLS set-up of both connections.
 //!
@@ -29,23 +37,30 @@
 pub mod assembly;
 pub mod catalog;
 pub mod config;
+pub mod encoding;
 pub mod error;
 pub mod failover;
+pub mod generated;
 pub mod locate;
 pub mod membership;
 pub mod queries;
 pub mod setup;
+pub mod slot_wait;
 pub mod stall;
 pub mod status;
 pub mod stream;
 pub mod tls;
+pub mod two_phase;
+mod unhandled;
 pub mod wire;
 
 pub use assembly::{RowChange, SourceEvent};
 pub use config::{redact_url, ConnectionParams, Endpoint, SourceConfig, TableName, TargetSession};
+pub use encoding::DatabaseEncoding;
 pub use error::SourceError;
 pub use locate::ServerIdentity;
 pub use membership::Membership;
-pub use setup::{prepare, MissingSlot, SlotState};
+pub use setup::{prepare, prepare_with, MissingSlot, SlotState};
+pub use slot_wait::SetupWait;
 pub use stream::ReplicationStream;
 pub use tls::{RootCerts, SslMode, TlsSettings};

@@ -7,7 +7,7 @@
 
 use crate::SourceError;
 use pgoutput::Oid;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use tokio_postgres::Client;
 
 /// The session's SQL connection, for the queries below. Cheap to share (`Arc`): queries run
@@ -24,9 +24,17 @@ impl Catalog {
         })
     }
 
-    /// See [`not_null_columns`].
-    pub async fn not_null_columns(&self, relation_id: Oid) -> Result<HashSet<String>, SourceError> {
-        not_null_columns(&self.client, relation_id).await
+    /// What the catalog says about the columns of outbox table `relation` (as the stream
+    /// describes it) that the router needs to know: see [`OutboxColumns`].
+    pub async fn outbox_columns(
+        &self,
+        relation: &pgoutput::Relation,
+        publication: &str,
+    ) -> Result<OutboxColumns, SourceError> {
+        Ok(OutboxColumns {
+            not_null: not_null_columns(&self.client, relation.id).await?,
+            unpublished: crate::generated::unpublished(&self.client, relation, publication).await?,
+        })
     }
 
     /// Runs a stall check of the replication stream (see [`crate::stream::StallCheck`]).
@@ -65,6 +73,17 @@ impl Catalog {
             .await
             .map_err(|e| SourceError::Transient(e.to_string()))
     }
+}
+
+/// What the catalog says about an outbox table's columns, beyond the stream's description.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutboxColumns {
+    /// The columns declared NOT NULL.
+    pub not_null: HashSet<String>,
+    /// Columns of the table that the stream leaves out (generated columns the publication does
+    /// not publish, columns the rows being read did not have), each with why and the fix (see
+    /// [`crate::generated::cause`]).
+    pub unpublished: HashMap<String, String>,
 }
 
 /// The columns of table `relation_id` declared NOT NULL.

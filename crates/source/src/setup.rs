@@ -8,6 +8,10 @@
 //! - Every failure names what to change (a setting, a grant, a command to run).
 //! - A publication that would name a partitioned outbox table's changes by its partitions
 //!   (`publish_via_partition_root` off) is refused: those changes could not be routed.
+//! - Creating the slot waits for the transactions running at that moment; while it waits, the
+//!   backends it waits for are logged every few seconds (see [`crate::slot_wait`]).
+//! - A slot that decodes two-phase transactions is refused with the fix (see
+//!   [`crate::two_phase`]); Siphon creates its own slots without two-phase decoding.
 //! - Losing the race to create the publication or the slot to another process (42710
 //!   duplicate_object, or 23505 on the catalog's name index) is not an error: what the other
 //!   created is checked and used; a slot still being created is waited for like a busy one.
@@ -65,6 +69,16 @@ pub async fn prepare(
     config: &SourceConfig,
     missing: MissingSlot,
 ) -> Result<SlotState, SourceError> {
+    prepare_with(config, missing, &crate::SetupWait::default()).await
+}
+
+/// [`prepare`], telling `wait` what creating the slot waits for while it waits (see
+/// [`crate::slot_wait`]).
+pub async fn prepare_with(
+    config: &SourceConfig,
+    missing: MissingSlot,
+    wait: &crate::SetupWait,
+) -> Result<SlotState, SourceError> {
     let params = crate::ConnectionParams::from_url(&config.url)?;
     let Located { client, endpoint } = locate(&config.url).await?;
     check_wal_level(&client).await?;
@@ -82,6 +96,11 @@ pub async fn prepare(
             failover: config.failover,
             version,
             missing,
+            watch: crate::slot_wait::Watch {
+                url: &config.url,
+                endpoint: &endpoint,
+                wait,
+            },
         },
     )
     .await?;
@@ -218,8 +237,12 @@ async fn ensure_publication(
             // Only INSERTs become events (UPDATEs are published to warn about them): DELETEs
             // of outbox rows would cross the wire for nothing. Partitions must be published
             // under their root's name: pgoutput would otherwise name each change by its
-            // partition, which is not an outbox table.
-            let with = if version >= PUBLISH_VIA_ROOT_VERSION {
+            // partition, which is not an outbox table. From PostgreSQL 18 stored generated
+            // columns can be published: an outbox column computed by the table then reaches
+            // the router (see `crate::generated`).
+            let with = if version >= crate::generated::PUBLISH_GENERATED_VERSION {
+                " WITH (publish = 'insert, update', publish_via_partition_root = true, publish_generated_columns = stored)"
+            } else if version >= PUBLISH_VIA_ROOT_VERSION {
                 " WITH (publish = 'insert, update', publish_via_partition_root = true)"
             } else {
                 " WITH (publish = 'insert, update')"
@@ -419,10 +442,15 @@ async fn read_slot(
     } else {
         "false"
     };
+    let two_phase = if version >= crate::two_phase::SLOT_TWO_PHASE_COLUMN_VERSION {
+        "two_phase"
+    } else {
+        "false"
+    };
     client
         .query_opt(
             &format!(
-                "SELECT plugin, slot_type, database, confirmed_flush_lsn, wal_status, {failover} \
+                "SELECT plugin, slot_type, database, confirmed_flush_lsn, wal_status, {failover}, {two_phase} \
                  FROM pg_replication_slots WHERE slot_name = $1"
             ),
             &[&slot],
@@ -439,6 +467,8 @@ struct SlotRequest<'a> {
     failover: bool,
     version: i32,
     missing: MissingSlot,
+    /// Where to say what creating the slot waits for.
+    watch: crate::slot_wait::Watch<'a>,
 }
 
 /// The slot as found (or created).
@@ -472,7 +502,14 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
                     quote_literal(slot)
                 )
             };
-            match client.query_one(&sql, &[]).await {
+            // Creation waits for the transactions running now to end: say which while it does.
+            let creator: i32 = client
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await
+                .map_err(|e| SourceError::from_sql("reading the backend's pid", e))?
+                .get(0);
+            let creation = client.query_one(&sql, &[]);
+            match crate::slot_wait::while_waiting(creation, &request.watch, slot, creator).await {
                 Ok(created) => {
                     let position = lsn(created.get(0));
                     info!(slot, lsn = %position, failover = request.failover, "created replication slot");
@@ -513,6 +550,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     let confirmed: Option<PgLsn> = row.get(3);
     let wal_status: Option<String> = row.get(4);
     let failover: bool = row.get(5);
+    let two_phase: bool = row.get(6);
     // While another process is still creating the slot, its plugin name is empty and it has no
     // confirmed position yet: wait for it like a standby rather than judge a half-made slot.
     if slot_type == "logical" && (plugin.as_deref() == Some("") || confirmed.is_none()) {
@@ -541,6 +579,9 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
         return Err(SourceError::Definite(format!(
             "replication slot \"{slot}\" was invalidated (its WAL was removed, see max_slot_wal_keep_size): drop it with SELECT pg_drop_replication_slot('{slot}') and restart Siphon; events in the lost WAL cannot be recovered"
         )));
+    }
+    if two_phase && request.version >= crate::two_phase::PGOUTPUT_TWO_PHASE_VERSION {
+        return Err(crate::two_phase::refusal(slot, Some(request.version)));
     }
     Ok(FoundSlot {
         confirmed_flush_lsn: confirmed.map_or(Lsn::ZERO, lsn),

@@ -108,6 +108,9 @@ pub struct SlotStatus {
     pub slot_name: String,
     /// The slot, if it exists.
     pub slot: Option<SlotInfo>,
+    /// While the slot is being created: what its creation waits for (see
+    /// [`crate::slot_wait`]).
+    pub being_created: Option<String>,
     /// The publication's name.
     pub publication_name: String,
     /// The publication, if it exists.
@@ -200,6 +203,22 @@ pub async fn status_with(
         failover: row.get(11),
         synced: row.get(12),
     });
+    // A logical slot without a confirmed position that a backend holds is still being created:
+    // say which transactions that backend waits for.
+    let being_created = match &slot_info {
+        Some(s) if s.slot_type == "logical" && s.confirmed_flush_lsn.is_none() => {
+            match s.active_pid {
+                Some(creator) => {
+                    let blockers = crate::slot_wait::blockers(client, creator)
+                        .await
+                        .map_err(|e| StatusError::Query(e.to_string()))?;
+                    Some(crate::slot_wait::summary(slot, None, &blockers))
+                }
+                None => None,
+            }
+        }
+        _ => None,
+    };
     let (synchronized_standby_slots, standby_slots_problem) = if failover_slots {
         let standby = crate::failover::standby_slots(client)
             .await
@@ -245,6 +264,7 @@ pub async fn status_with(
         current_wal_lsn: lsn(current).unwrap_or(Lsn::ZERO),
         slot_name: slot.to_owned(),
         slot: slot_info,
+        being_created,
         publication_name: publication.to_owned(),
         publication: publication_info,
     })
@@ -277,6 +297,8 @@ impl SlotStatus {
             None => reasons.push(format!(
                 "replication slot \"{slot}\" does not exist: `siphon run` creates it (events written before that are not captured)"
             )),
+            // Still being created: what it waits for is the one problem to fix.
+            Some(_) if self.being_created.is_some() => reasons.extend(self.being_created.clone()),
             Some(s) => {
                 if s.slot_type != "logical" || s.plugin.as_deref() != Some("pgoutput") {
                     reasons.push(format!(

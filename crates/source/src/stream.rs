@@ -10,7 +10,9 @@
 use crate::assembly::{Assembler, SourceEvent};
 use crate::stall::{Escalation, SharedEscalation, StallWatch, Verdict};
 use crate::wire::{Login, Received, Session, WireError, WireStream};
-use crate::{ConnectionParams, SlotState, SourceConfig, SourceError, TargetSession};
+use crate::{
+    ConnectionParams, DatabaseEncoding, SlotState, SourceConfig, SourceError, TargetSession,
+};
 use pgoutput::Lsn;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +28,8 @@ pub struct ReplicationStream {
     confirmed: Lsn,
     stall: Arc<Mutex<StallWatch>>,
     escalation: SharedEscalation,
+    /// The database encoding (logical message contents are text in it).
+    encoding: DatabaseEncoding,
 }
 
 /// One stall check of the stream, to run beside the session loop (see [`crate::stall`]): it
@@ -95,6 +99,9 @@ impl ReplicationStream {
                 BeforeStart::Wire(e) => failed(e),
                 BeforeStart::Source(e) => e,
             })?;
+        // Reported by every server at login; UTF8 (content must then be UTF-8) if not.
+        let encoding =
+            DatabaseEncoding::from_server_encoding(session.server_encoding().unwrap_or("UTF8"));
         let wire = session
             .start_replication(
                 &start_command(config, start_lsn),
@@ -109,7 +116,7 @@ impl ReplicationStream {
         Ok(ReplicationStream {
             wire,
             last_message: Instant::now(),
-            assembler: Assembler::new(),
+            assembler: Assembler::for_slot(&config.slot),
             slot: config.slot.clone(),
             confirmed: start_lsn,
             // A stream silent for twice the idle wakeup interval plus a status interval is
@@ -119,7 +126,15 @@ impl ReplicationStream {
                 Arc::clone(&escalation),
             ))),
             escalation,
+            encoding,
         })
+    }
+
+    /// The database encoding, as the server reported it (`server_encoding`): PostgreSQL
+    /// converts rows and names to UTF-8 for the stream, but logical message contents are text
+    /// in this encoding.
+    pub fn database_encoding(&self) -> &DatabaseEncoding {
+        &self.encoding
     }
 
     /// The next event. Cancel-safe.
@@ -144,6 +159,13 @@ impl ReplicationStream {
                 return Ok(event);
             }
         }
+    }
+
+    /// The pipeline does not need relation `relation` (not an outbox table): its description
+    /// is dropped, and its row changes come as [`SourceEvent::OtherTableChange`] until pgoutput
+    /// describes it again (see [`crate::assembly`]).
+    pub fn forget_relation(&mut self, relation: pgoutput::Oid) {
+        self.assembler.forget(relation);
     }
 
     /// What to await while the pipeline takes no events: reads ahead within the budget and

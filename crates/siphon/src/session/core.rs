@@ -38,7 +38,8 @@ use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_router::{
     Change, EventRouter, RouteError, Routed, RoutedRecord, SourcePosition, TableBinding,
 };
-use siphon_source::{RowChange, SourceError, SourceEvent, TableName};
+use siphon_source::queries::OutboxColumns;
+use siphon_source::{DatabaseEncoding, RowChange, SourceError, SourceEvent, TableName};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -66,7 +67,8 @@ impl Now {
 /// A catalog lookup the core needs answered before it reads on.
 #[derive(Debug, Clone)]
 pub enum Lookup {
-    /// The NOT NULL columns of an outbox table (for `json-schemas` optional fields).
+    /// The NOT NULL columns of an outbox table (for `json-schemas` optional fields), and the
+    /// generated columns the stream leaves out (named in a binding error instead of "missing").
     NotNullColumns(Arc<Relation>),
     /// Whether a relation that is not an outbox table is a partition of one (its changes are
     /// then the outbox table's, never "another table's").
@@ -78,7 +80,7 @@ pub enum Lookup {
 pub enum Answer {
     NotNullColumns {
         relation: Arc<Relation>,
-        columns: Result<HashSet<String>, SourceError>,
+        columns: Result<OutboxColumns, SourceError>,
     },
     /// `Some`: the relation renamed to the outbox table it is a partition of.
     OutboxRelation {
@@ -121,6 +123,9 @@ pub enum Action {
     Confirm(Lsn),
     /// Answer with [`Input::Answer`].
     Lookup(Lookup),
+    /// The source need not keep this relation's description: not an outbox table (its rows
+    /// come as [`SourceEvent::OtherTableChange`] from then on).
+    ForgetRelation(Oid),
     /// Purge the current producer: its queued and in-flight records come back as failed
     /// reports.
     PurgeProducer,
@@ -135,6 +140,8 @@ pub struct CoreSettings<'a> {
     pub router: &'a Routers,
     /// Prefixes of logical messages that carry outbox events.
     pub message_prefixes: &'a HashSet<String>,
+    /// The database encoding, which logical message contents are text in.
+    pub database_encoding: DatabaseEncoding,
     pub non_transactional: NonTransactionalPolicy,
     pub on_error: &'a ErrorPolicy,
     pub tables: HashSet<TableName>,
@@ -274,12 +281,13 @@ impl<'a> SessionCore<'a> {
         // Twice the window: only a record whose report is later than a window's worth of
         // records after it leaves the ledger's constant-time span.
         let span = 2 * settings.max_in_flight_records.max(1);
+        let messages = MessageRows::new(settings.database_encoding.clone());
         SessionCore {
             settings,
             metrics,
             ledger: Ledger::with_span(start, span),
             bindings: FxHashMap::default(),
-            messages: MessageRows::default(),
+            messages,
             awaiting_lookup: false,
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
@@ -513,6 +521,9 @@ impl<'a> SessionCore<'a> {
                 change,
                 lsn,
             } => self.on_change(now, &relation, change, lsn)?,
+            SourceEvent::OtherTableChange { relation_id, lsn } => {
+                self.on_other_table_change(relation_id, lsn)?
+            }
             SourceEvent::Commit { end_lsn, .. } => {
                 self.metrics.transaction();
                 self.txn = None;
@@ -558,13 +569,13 @@ impl<'a> SessionCore<'a> {
         match answer {
             Answer::NotNullColumns { relation, columns } => {
                 self.awaiting_lookup = false;
-                let not_null = columns?;
+                let columns = columns?;
                 let table = TableName {
                     schema: relation.namespace.to_string(),
                     name: relation.name.to_string(),
                 };
                 let router = self.settings.router.for_table(&table);
-                let binding = self.bind(router, &relation, &|column| not_null.contains(column))?;
+                let binding = self.bind(router, &relation, &columns)?;
                 self.bindings.insert(relation.id, binding);
             }
             Answer::OutboxRelation { relation, outbox } => match outbox? {
@@ -577,6 +588,9 @@ impl<'a> SessionCore<'a> {
                     self.awaiting_lookup = false;
                     debug!(table = %format_args!("{}.{}", relation.namespace, relation.name), "table is published but not an outbox table; its changes are ignored");
                     self.bindings.remove(&relation.id);
+                    // Nothing is kept for it: a publication `FOR ALL TABLES` describes every
+                    // table ever written, staging tables created and dropped by the thousand.
+                    self.actions.push_back(Action::ForgetRelation(relation.id));
                 }
             },
         }
@@ -584,14 +598,39 @@ impl<'a> SessionCore<'a> {
     }
 
     /// Binds `relation` with `router`: a binding, or (dead letters configured) why its rows
-    /// cannot be routed.
+    /// cannot be routed. A configured column the stream leaves out (a generated column) is named
+    /// as such, with the catalog's cause, not as missing.
     fn bind(
         &self,
         router: &'a EventRouter,
         relation: &Relation,
-        not_null: &dyn Fn(&str) -> bool,
+        columns: &OutboxColumns,
     ) -> Result<Binding<'a>, PipelineError> {
-        match router.bind_with_not_null(relation, not_null) {
+        let bound = router
+            .bind_with_not_null(relation, &|column| columns.not_null.contains(column))
+            .map_err(|e| match e {
+                RouteError::MissingColumn {
+                    table,
+                    column,
+                    option,
+                    holds,
+                } => match columns.unpublished.get(&column) {
+                    Some(cause) => RouteError::UnpublishedColumn {
+                        cause: cause.clone(),
+                        table,
+                        column,
+                        option,
+                    },
+                    None => RouteError::MissingColumn {
+                        table,
+                        column,
+                        option,
+                        holds,
+                    },
+                },
+                e => e,
+            });
+        match bound {
             Ok(binding) => Ok(Binding::Bound {
                 binding: Box::new(binding),
                 router,
@@ -637,7 +676,7 @@ impl<'a> SessionCore<'a> {
             Ok((relation, row, new)) => {
                 if new {
                     let router = self.settings.router.default_router();
-                    let binding = self.bind(router, &relation, &|_| false)?;
+                    let binding = self.bind(router, &relation, &OutboxColumns::default())?;
                     self.bindings.insert(relation.id, binding);
                 }
                 (relation, row)
@@ -670,6 +709,22 @@ impl<'a> SessionCore<'a> {
             }
         };
         self.on_change(now, &relation, RowChange::Insert(row), lsn)
+    }
+
+    /// A row of a relation the source does not keep: another table's, skipped by rule. One
+    /// with a binding would be an outbox row without its description: the session reconnects,
+    /// and the new one is described its tables again.
+    fn on_other_table_change(&mut self, relation_id: Oid, lsn: Lsn) -> Result<(), PipelineError> {
+        self.metrics.event_read();
+        self.txn.ok_or(LedgerError::NoOpenTransaction)?;
+        if self.bindings.contains_key(&relation_id) {
+            return Err(SourceError::Protocol(format!(
+                "row change of outbox relation {relation_id} at {lsn} without its description"
+            ))
+            .into());
+        }
+        Event::OtherTableRow.emit(&self.metrics);
+        Ok(())
     }
 
     fn on_change(

@@ -157,7 +157,9 @@ async fn connect(
     } else {
         MissingSlot::Create
     };
-    let slot = siphon_source::prepare(&settings.source, missing).await?;
+    let slot =
+        siphon_source::prepare_with(&settings.source, missing, metrics.health().setup_wait())
+            .await?;
     // The publication may have been created again (or an outbox table added back) while
     // reconnecting: the events of the gap were not published.
     let publication = SeenPublication::new(slot.identity.as_ref(), slot.publication.clone());
@@ -209,10 +211,18 @@ pub async fn run_session(
         connections = connect(settings, metrics, carry) => connections?,
     };
     carry.slot_seen = true;
+    let database_encoding = stream.database_encoding().clone();
+    if !settings.message_prefixes.is_empty() && !database_encoding.is_supported() {
+        warn!(
+            encoding = database_encoding.name(),
+            "Siphon cannot convert the database encoding to UTF-8: a logical message with non-ASCII content stops Siphon (or goes to the dead-letter topic); write such events to an outbox table, or move to a UTF8 database"
+        );
+    }
     let core = SessionCore::new(
         CoreSettings {
             router: &settings.router,
             message_prefixes: &settings.message_prefixes,
+            database_encoding,
             non_transactional: settings.non_transactional,
             on_error: &settings.on_error,
             tables: settings
@@ -385,6 +395,7 @@ impl Driver<'_> {
                 }
                 Action::Confirm(lsn) => self.stream.confirm(lsn),
                 Action::Lookup(lookup) => self.spawn_lookup(lookup),
+                Action::ForgetRelation(relation) => self.stream.forget_relation(relation),
                 Action::PurgeProducer => {
                     self.sink.purge();
                     self.hand_back_waiting().await;
@@ -496,10 +507,12 @@ impl Driver<'_> {
             };
             let input = match lookup {
                 Lookup::NotNullColumns(relation) => {
-                    let columns =
-                        tokio::time::timeout(SQL_TIMEOUT, sql.not_null_columns(relation.id))
-                            .await
-                            .unwrap_or_else(|_| Err(timed_out()));
+                    let columns = tokio::time::timeout(
+                        SQL_TIMEOUT,
+                        sql.outbox_columns(&relation, &publication),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()));
                     Input::Answer(Answer::NotNullColumns { relation, columns })
                 }
                 Lookup::OutboxRelation(relation) => {

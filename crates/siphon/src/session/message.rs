@@ -15,10 +15,16 @@
 //!   binding is made once per shape, not once per message; relation ids never repeat within a
 //!   session and are far above the OIDs PostgreSQL hands out first.
 //! - Content that is not a JSON object is a [`MessageError`] naming the prefix and the fix.
+//! - Content is text in the database encoding (PostgreSQL converts rows to the stream's UTF-8,
+//!   not message contents): it is read through [`DatabaseEncoding`], and content that does not
+//!   convert is a [`MessageError`] naming the encoding and the fix, never read with replacement
+//!   characters.
 
 use bytes::Bytes;
 use pgoutput::{Column, Oid, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
 use serde_json::value::RawValue;
+use siphon_source::encoding::EncodingError;
+use siphon_source::DatabaseEncoding;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -36,8 +42,30 @@ pub const MESSAGE_SCHEMA: &str = "pg_logical_emit_message";
 pub enum MessageError {
     #[error("logical message with prefix {prefix:?} is not a JSON object ({reason}): write the outbox fields as one JSON object, e.g. pg_logical_emit_message(true, '{prefix}', json_build_object('id', ..., 'aggregatetype', ..., 'aggregateid', ..., 'type', ..., 'payload', ...)::text)")]
     NotAnObject { prefix: String, reason: String },
-    #[error("logical message with prefix {prefix:?} is not UTF-8")]
-    NotUtf8 { prefix: String },
+    /// Bytes that are not text in the database encoding (content passed as `bytea`).
+    #[error("logical message with prefix {prefix:?} cannot be read: {error}: emit the content as text, e.g. pg_logical_emit_message(true, '{prefix}', json_build_object(...)::text), which PostgreSQL holds in the database encoding")]
+    NotInDatabaseEncoding {
+        prefix: String,
+        error: EncodingError,
+    },
+    /// Non-ASCII text in a database encoding Siphon cannot convert.
+    #[error("logical message with prefix {prefix:?} cannot be read: {error}: write these events to an outbox table instead (PostgreSQL converts rows to UTF-8 for Siphon), or move to a database in UTF8")]
+    UnsupportedEncoding {
+        prefix: String,
+        error: EncodingError,
+    },
+}
+
+impl MessageError {
+    fn encoding(prefix: &str, error: EncodingError) -> Self {
+        let prefix = prefix.to_owned();
+        match error {
+            EncodingError::Invalid { .. } => MessageError::NotInDatabaseEncoding { prefix, error },
+            EncodingError::Unsupported { .. } => {
+                MessageError::UnsupportedEncoding { prefix, error }
+            }
+        }
+    }
 }
 
 /// A prefix and its members' names and column types.
@@ -48,29 +76,39 @@ type Shape = (String, Vec<(String, Oid)>);
 pub struct MessageRows {
     shapes: HashMap<Shape, Arc<Relation>>,
     next_id: Oid,
+    /// What the contents are text in.
+    encoding: DatabaseEncoding,
 }
 
 impl Default for MessageRows {
+    /// Contents in UTF-8.
     fn default() -> Self {
-        MessageRows {
-            shapes: HashMap::new(),
-            next_id: Oid::MAX,
-        }
+        MessageRows::new(DatabaseEncoding::default())
     }
 }
 
 impl MessageRows {
+    /// Rows of contents that are text in `encoding` (the database encoding).
+    pub fn new(encoding: DatabaseEncoding) -> Self {
+        MessageRows {
+            shapes: HashMap::new(),
+            next_id: Oid::MAX,
+            encoding,
+        }
+    }
+
     /// The row for `content`, and its relation (new: not seen before in this session).
     pub fn row(
         &mut self,
         prefix: &str,
         content: &[u8],
     ) -> Result<(Arc<Relation>, TupleData, bool), MessageError> {
-        let text = std::str::from_utf8(content).map_err(|_| MessageError::NotUtf8 {
-            prefix: prefix.to_owned(),
-        })?;
+        let text = self
+            .encoding
+            .decode(content)
+            .map_err(|error| MessageError::encoding(prefix, error))?;
         let members: BTreeMap<String, Box<RawValue>> =
-            serde_json::from_str(text).map_err(|e| MessageError::NotAnObject {
+            serde_json::from_str(&text).map_err(|e| MessageError::NotAnObject {
                 prefix: prefix.to_owned(),
                 reason: e.to_string(),
             })?;
@@ -115,7 +153,8 @@ impl MessageRows {
 
 impl MessageRows {
     /// A message whose content cannot be read as an object, as a one-column row (`content`,
-    /// its bytes as text, invalid UTF-8 replaced), for its dead letter.
+    /// its text, what does not convert from the database encoding replaced), for its dead
+    /// letter.
     pub fn unreadable(&self, prefix: &str, content: &[u8]) -> (Relation, TupleData) {
         let relation = Relation {
             xid: None,
@@ -131,7 +170,7 @@ impl MessageRows {
                 type_modifier: -1,
             }],
         };
-        let text = String::from_utf8_lossy(content).into_owned();
+        let text = self.encoding.decode_lossy(content).into_owned();
         let row = TupleData {
             columns: vec![Column::Text(Bytes::from(text))],
         };
@@ -225,11 +264,54 @@ mod tests {
             let err = rows.row("outbox", content).unwrap_err();
             assert!(err.to_string().contains("json_build_object"), "{err}");
         }
+        let err = rows.row("outbox", &[0xff, 0xfe]).unwrap_err();
+        assert!(
+            matches!(err, MessageError::NotInDatabaseEncoding { .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("not valid text in the database encoding UTF8"),
+            "{text}"
+        );
+        assert!(text.contains("::text"), "{text}");
+    }
+
+    #[test]
+    fn content_is_read_in_the_database_encoding() {
+        let mut rows = MessageRows::new(DatabaseEncoding::from_server_encoding("LATIN1"));
+        let (relation, row, _) = rows
+            .row(
+                "outbox",
+                b"{\"id\":\"caf\xe9\",\"payload\":{\"n\":\"\xfc\x85\"}}",
+            )
+            .unwrap();
+        let by_name: HashMap<&str, &Column> = relation
+            .columns
+            .iter()
+            .zip(&row.columns)
+            .map(|(c, v)| (c.name.as_str(), v))
+            .collect();
+        assert_eq!(text(by_name["id"]), Some("café"));
+        assert_eq!(text(by_name["payload"]), Some("{\"n\":\"ü\u{85}\"}"));
+
+        let mut rows = MessageRows::new(DatabaseEncoding::from_server_encoding("EUC_TW"));
+        assert!(
+            rows.row("outbox", b"{\"id\":\"1\"}").is_ok(),
+            "ASCII converts"
+        );
+        let err = rows.row("outbox", b"{\"id\":\"\xc4\xa1\"}").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("EUC_TW") && text.contains("outbox table"),
+            "{text}"
+        );
+        let (_, row) = rows.unreadable("outbox", b"{\"id\":\"\xc4\xa1\"}");
         assert_eq!(
-            rows.row("outbox", &[0xff, 0xfe]).unwrap_err(),
-            MessageError::NotUtf8 {
-                prefix: "outbox".into()
-            }
+            row.columns,
+            vec![Column::Text(Bytes::from_static(
+                "{\"id\":\"\u{FFFD}\u{FFFD}\"}".as_bytes()
+            ))]
         );
     }
 }

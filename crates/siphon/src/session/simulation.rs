@@ -392,6 +392,7 @@ fn session_core<'a>(
         CoreSettings {
             router,
             message_prefixes: prefixes,
+            database_encoding: Default::default(),
             non_transactional: NonTransactionalPolicy::Error,
             on_error,
             tables: [TableName {
@@ -496,6 +497,7 @@ fn run_seed(
                         w.check_confirm(lsn).map_err(|e| (e, w.trace.clone()))?;
                     }
                     Action::Lookup(lookup) => lookups.push_back(lookup),
+                    Action::ForgetRelation(_) => {}
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
                         w.broker.fail_all(RDKafkaErrorCode::PurgeInflight);
@@ -591,7 +593,7 @@ fn run_seed(
                 let answer = match lookups.pop_front() {
                     Some(Lookup::NotNullColumns(relation)) => Some(Answer::NotNullColumns {
                         relation,
-                        columns: Ok(HashSet::new()),
+                        columns: Ok(Default::default()),
                     }),
                     Some(Lookup::OutboxRelation(relation)) => Some(Answer::OutboxRelation {
                         relation,
@@ -756,7 +758,7 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
         now,
         Input::Answer(Answer::NotNullColumns {
             relation: Arc::clone(&relation),
-            columns: Ok(HashSet::new()),
+            columns: Ok(Default::default()),
         }),
     );
     for event in [
@@ -816,4 +818,122 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
         "the stop does not wait for a record the producer never took"
     );
     assert_eq!(core.watermark(), Lsn(0));
+}
+
+/// A table that is not an outbox table is looked up once, then forgotten by the source: the
+/// core asks for it, skips its later rows by relation id (counted as another table's), and
+/// confirms past them; a row of the outbox table without its description reconnects.
+#[test]
+fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
+    let router = Routers::new(
+        EventRouter::new(
+            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
+            Format::default(),
+        ),
+        HashMap::new(),
+    );
+    let prefixes = HashSet::new();
+    let metrics = Arc::new(Metrics::new());
+    let mut core = session_core(
+        &router,
+        &prefixes,
+        &ErrorPolicy::Fail,
+        Duration::from_secs(30),
+        Arc::clone(&metrics),
+        Lsn(0),
+    );
+    let now = Now {
+        instant: Instant::now(),
+        wall: SystemTime::now(),
+    };
+    let staging = Arc::new(Relation {
+        id: 20_000,
+        name: Text::from_static("stage_1"),
+        ..(*relation()).clone()
+    });
+    core.handle(
+        now,
+        Input::Source(SourceEvent::Relation(Arc::clone(&staging))),
+    );
+    let Some(Action::Lookup(Lookup::OutboxRelation(looked_up))) = core.poll_action() else {
+        panic!("asks whether the table is a partition of an outbox table");
+    };
+    assert!(!core.can_read(), "reads on only once it knows");
+    core.handle(
+        now,
+        Input::Answer(Answer::OutboxRelation {
+            relation: looked_up,
+            outbox: Ok(None),
+        }),
+    );
+    assert!(matches!(
+        core.poll_action(),
+        Some(Action::ForgetRelation(20_000))
+    ));
+    assert!(core.can_read());
+    for event in [
+        SourceEvent::Begin {
+            xid: 1,
+            final_lsn: Lsn(100),
+            commit_time_us: 0,
+        },
+        SourceEvent::OtherTableChange {
+            relation_id: 20_000,
+            lsn: Lsn(90),
+        },
+        SourceEvent::Commit {
+            commit_lsn: Lsn(100),
+            end_lsn: Lsn(110),
+            commit_time_us: 0,
+        },
+    ] {
+        core.handle(now, Input::Source(event));
+    }
+    assert!(matches!(
+        core.poll_action(),
+        Some(Action::Confirm(Lsn(110)))
+    ));
+    assert!(
+        metrics
+            .encode()
+            .contains("siphon_rows_skipped_total{reason=\"other_table\"} 1"),
+        "{}",
+        metrics.encode()
+    );
+
+    // The outbox table is bound; a row of it the source no longer describes is no skip.
+    core.handle(now, Input::Source(SourceEvent::Relation(relation())));
+    let Some(Action::Lookup(Lookup::NotNullColumns(outbox))) = core.poll_action() else {
+        panic!("a lookup of the outbox table's columns");
+    };
+    core.handle(
+        now,
+        Input::Answer(Answer::NotNullColumns {
+            relation: outbox,
+            columns: Ok(Default::default()),
+        }),
+    );
+    for event in [
+        SourceEvent::Begin {
+            xid: 2,
+            final_lsn: Lsn(200),
+            commit_time_us: 0,
+        },
+        SourceEvent::OtherTableChange {
+            relation_id: relation().id,
+            lsn: Lsn(190),
+        },
+    ] {
+        core.handle(now, Input::Source(event));
+    }
+    core.handle(now, Input::Shutdown);
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    let Some(Err(error)) = finished else {
+        panic!("the session ends with an error: {finished:?}");
+    };
+    assert!(error.is_transient(), "{error}");
+    assert_eq!(core.watermark(), Lsn(110));
 }

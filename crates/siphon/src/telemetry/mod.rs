@@ -41,6 +41,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct Health {
     streaming: AtomicBool,
     broker_reachable: AtomicBool,
+    /// What setting up the slot waits for, while it waits (why it is not streaming yet).
+    setup: siphon_source::SetupWait,
 }
 
 impl Health {
@@ -59,6 +61,11 @@ impl Health {
         self.broker_reachable.store(reachable, Ordering::Relaxed);
     }
 
+    /// Where setting up the slot says what it waits for (see [`siphon_source::slot_wait`]).
+    pub fn setup_wait(&self) -> &siphon_source::SetupWait {
+        &self.setup
+    }
+
     /// See [`Health::set_streaming`].
     pub fn is_streaming(&self) -> bool {
         self.streaming.load(Ordering::Relaxed)
@@ -70,13 +77,17 @@ impl Health {
     }
 
     /// `Ok` when ready to serve traffic (streaming and the broker reachable), else one line
-    /// saying why not.
-    pub fn readiness(&self) -> Result<(), &'static str> {
+    /// saying why not (with what setting up the slot waits for, while it waits).
+    pub fn readiness(&self) -> Result<(), String> {
+        let not_streaming = || match self.setup.get() {
+            Some(why) => format!("not streaming from PostgreSQL: {why}"),
+            None => "not streaming from PostgreSQL".to_owned(),
+        };
         match (self.is_streaming(), self.is_broker_reachable()) {
             (true, true) => Ok(()),
-            (false, true) => Err("not streaming from PostgreSQL"),
-            (true, false) => Err("Kafka broker not reachable"),
-            (false, false) => Err("not streaming from PostgreSQL; Kafka broker not reachable"),
+            (false, true) => Err(not_streaming()),
+            (true, false) => Err("Kafka broker not reachable".to_owned()),
+            (false, false) => Err(format!("{}; Kafka broker not reachable", not_streaming())),
         }
     }
 }
@@ -88,15 +99,16 @@ mod tests {
     #[test]
     fn readiness_needs_both_flags() {
         let h = Health::new();
+        let reason = |h: &Health| h.readiness().err();
         assert_eq!(
-            h.readiness(),
-            Err("not streaming from PostgreSQL; Kafka broker not reachable")
+            reason(&h).as_deref(),
+            Some("not streaming from PostgreSQL; Kafka broker not reachable")
         );
         h.set_streaming(true);
-        assert_eq!(h.readiness(), Err("Kafka broker not reachable"));
+        assert_eq!(reason(&h).as_deref(), Some("Kafka broker not reachable"));
         h.set_broker_reachable(true);
         assert_eq!(h.readiness(), Ok(()));
         h.set_streaming(false);
-        assert_eq!(h.readiness(), Err("not streaming from PostgreSQL"));
+        assert_eq!(reason(&h).as_deref(), Some("not streaming from PostgreSQL"));
     }
 }

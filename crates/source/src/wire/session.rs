@@ -59,6 +59,8 @@ pub struct Session {
     socket: Socket,
     inbuf: BytesMut,
     out: BytesMut,
+    /// The database encoding, as the server reported it at login (`server_encoding`).
+    server_encoding: Option<String>,
 }
 
 impl Session {
@@ -89,6 +91,7 @@ impl Session {
             socket,
             inbuf: BytesMut::with_capacity(8192),
             out: BytesMut::with_capacity(256),
+            server_encoding: None,
         };
         session.log_in(login).await?;
         Ok(session)
@@ -111,8 +114,13 @@ impl Session {
                 b'R' => self.authenticate(&message, login, &mut scram).await?,
                 b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
                 b'N' => log_notice(&message),
-                // ParameterStatus, BackendKeyData, NegotiateProtocolVersion.
-                b'S' | b'K' | b'v' => {}
+                b'S' => {
+                    if let Some(("server_encoding", value)) = parameter_status(&message.body) {
+                        self.server_encoding = Some(value.to_owned());
+                    }
+                }
+                // BackendKeyData, NegotiateProtocolVersion.
+                b'K' | b'v' => {}
                 b'Z' => return Ok(()),
                 tag => return Err(unexpected(tag, "while logging in")),
             }
@@ -237,6 +245,11 @@ impl Session {
         ))
     }
 
+    /// The database encoding the server reported at login (`server_encoding`), if it did.
+    pub fn server_encoding(&self) -> Option<&str> {
+        self.server_encoding.as_deref()
+    }
+
     async fn read_message(&mut self) -> Result<Message, WireError> {
         loop {
             if let Some(message) = frames::split(&mut self.inbuf)? {
@@ -285,6 +298,14 @@ async fn negotiate_tls(mut tcp: TcpStream, tls: Option<&Tls>) -> Result<Socket, 
     }
 }
 
+/// A ParameterStatus message's parameter name and value.
+fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
+    let mut parts = body.split(|&b| b == 0);
+    let name = std::str::from_utf8(parts.next()?).ok()?;
+    let value = std::str::from_utf8(parts.next()?).ok()?;
+    Some((name, value))
+}
+
 fn unexpected(tag: u8, during: &'static str) -> WireError {
     WireError::Protocol(ProtocolViolation::Unexpected {
         tag: char::from(tag),
@@ -296,6 +317,15 @@ fn unexpected(tag: u8, during: &'static str) -> WireError {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn a_parameter_status_gives_its_name_and_value() {
+        assert_eq!(
+            parameter_status(b"server_encoding\0LATIN1\0"),
+            Some(("server_encoding", "LATIN1"))
+        );
+        assert_eq!(parameter_status(b"truncated"), None);
+    }
 
     #[tokio::test]
     async fn a_server_that_accepts_and_never_answers_fails_the_login_at_its_timeout() {
