@@ -186,6 +186,11 @@ pub struct ProduceFault {
     pub marker: Option<Vec<u8>>,
     /// What the proxy does with a matching request.
     pub action: FaultAction,
+    /// The fault is cleared after the first request it matched.
+    pub once: bool,
+    /// How long the proxy's answer waits before it is sent (answers still go back in request
+    /// order, so later requests are forwarded meanwhile and their answers wait behind it).
+    pub answer_delay: Option<Duration>,
 }
 
 /// What a Kafka-mode proxy does with a Produce request its fault matches.
@@ -205,6 +210,8 @@ impl ProduceFault {
             partition: None,
             marker: None,
             action: FaultAction::Answer(error_code),
+            once: false,
+            answer_delay: None,
         }
     }
 
@@ -216,6 +223,8 @@ impl ProduceFault {
             partition: None,
             marker: None,
             action: FaultAction::Hold,
+            once: false,
+            answer_delay: None,
         }
     }
 
@@ -228,6 +237,18 @@ impl ProduceFault {
     /// Only batches containing `marker`.
     pub fn marker(mut self, marker: &[u8]) -> Self {
         self.marker = Some(marker.to_vec());
+        self
+    }
+
+    /// Only the first matching request; the fault is cleared then.
+    pub fn once(mut self) -> Self {
+        self.once = true;
+        self
+    }
+
+    /// The proxy's answer is sent `delay` after the request (see [`ProduceFault::answer_delay`]).
+    pub fn answer_after(mut self, delay: Duration) -> Self {
+        self.answer_delay = Some(delay);
         self
     }
 
@@ -603,8 +624,8 @@ async fn pump(
 enum Answer {
     /// The broker: its next response frame, answering a request of this API key and version.
     Broker(i16, i16),
-    /// The proxy, with these bytes.
-    Proxy(Vec<u8>),
+    /// The proxy, with these bytes, after this delay.
+    Proxy(Vec<u8>, Option<Duration>),
 }
 
 /// Forwards a Kafka connection frame by frame, answering the Produce requests
@@ -675,13 +696,23 @@ async fn kafka_requests(
                     .fetch_or(1 << header.api_version, Ordering::Relaxed);
             }
         }
-        match shared
-            .fault()
-            .and_then(|fault| intercept(&fault, &frame[4..]))
-        {
+        let fault = shared.fault();
+        let intercepted = fault
+            .as_ref()
+            .and_then(|fault| intercept(fault, &frame[4..]));
+        if let (Some(fault), Some(_)) = (&fault, &intercepted) {
+            if fault.once {
+                let mut current = shared.fault.lock().unwrap_or_else(|e| e.into_inner());
+                if current.as_ref() == Some(fault) {
+                    *current = None;
+                }
+            }
+        }
+        match intercepted {
             Some(Intercept::Answer(answer)) => {
                 shared.injected.fetch_add(1, Ordering::Relaxed);
-                if answers.send(Answer::Proxy(answer)).is_err() {
+                let delay = fault.and_then(|f| f.answer_delay);
+                if answers.send(Answer::Proxy(answer, delay)).is_err() {
                     break;
                 }
                 continue;
@@ -717,7 +748,12 @@ async fn kafka_responses(
     let mut paused = shared.paused.subscribe();
     while let Some(answer) = answers.recv().await {
         let frame = match answer {
-            Answer::Proxy(frame) => frame,
+            Answer::Proxy(frame, delay) => {
+                if let Some(delay) = delay {
+                    tokio::time::sleep(delay).await;
+                }
+                frame
+            }
             Answer::Broker(api_key, api_version) => match read_frame(&mut from).await {
                 Some(mut frame) => {
                     if let Some((broker_port, proxy_port)) = shared.advertise {

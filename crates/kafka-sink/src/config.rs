@@ -55,10 +55,16 @@ const DEFAULTS: &[(&str, &str)] = &[
 /// `enable.gapless.guarantee`: a record that fails (refused; timeouts are the session's) fails the producer
 /// instead of leaving a gap that later records of its partition would be written after; the
 /// session then resends everything unacknowledged in order on a new producer.
+/// `max.in.flight.requests.per.connection = 1`: a broker accepts any first sequence number from a
+/// producer it does not know on a partition, so with a second request in flight behind a first one
+/// answered `NOT_LEADER_OR_FOLLOWER` (a new topic, a leader change), the broker may write the
+/// second alone, and librdkafka then reports the first one's records delivered ("implicitly
+/// acked"): lost. One request at a time sends a failed one again before anything after it.
 const REQUIRED: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),
     ("acks", "all"),
     ("enable.gapless.guarantee", "true"),
+    ("max.in.flight.requests.per.connection", "1"),
 ];
 
 /// The delivery deadline when `kafka.properties` sets none (librdkafka's own default).
@@ -101,8 +107,14 @@ impl SinkConfig {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         for (key, value) in &self.properties {
-            if let Some((_, required)) = REQUIRED.iter().find(|(k, _)| k == key) {
-                let acceptable = value == required || (key == "acks" && (value == "-1"));
+            // librdkafka's aliases of required properties are the same property.
+            let canonical = match key.as_str() {
+                "max.in.flight" => "max.in.flight.requests.per.connection",
+                "request.required.acks" => "acks",
+                other => other,
+            };
+            if let Some((_, required)) = REQUIRED.iter().find(|(k, _)| *k == canonical) {
+                let acceptable = value == required || (canonical == "acks" && (value == "-1"));
                 if !acceptable {
                     return Err(SinkError::Config(format!(
                         "kafka.properties.\"{key}\" = \"{value}\" would allow lost or reordered records; Siphon always uses {key}={required}: remove the property"
@@ -201,5 +213,16 @@ mod tests {
             .client_properties()
             .is_err());
         assert!(config(&[("acks", "-1")]).client_properties().is_ok());
+        // One request in flight per connection, under either of librdkafka's names.
+        assert_eq!(
+            config(&[]).client_properties().unwrap()["max.in.flight.requests.per.connection"],
+            "1"
+        );
+        for key in ["max.in.flight.requests.per.connection", "max.in.flight"] {
+            assert!(config(&[(key, "5")]).client_properties().is_err(), "{key}");
+        }
+        assert!(config(&[("request.required.acks", "1")])
+            .client_properties()
+            .is_err());
     }
 }
