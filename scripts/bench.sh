@@ -5,7 +5,8 @@
 #   N                 outbox events in the backlog (default 1000000)
 #   --latency-secs S  seconds of steady load in the latency phase (default 60; 0 skips it)
 #   --pg-url URL      use this PostgreSQL instead of a scratch cluster
-#   --bootstrap H:P   use this Kafka instead of a Tansu broker
+#   --bootstrap H:P   use this Kafka instead of a single Apache Kafka node of the bench's own
+#   --broker-name S   what the tables call a --bootstrap broker (e.g. its version)
 #   --json PATH       also write the JSON result there
 #   --contention      also drain under a CPU hog of two busy threads and compare
 #   --no-debezium     skip the Debezium row
@@ -15,12 +16,20 @@
 # broker, with Siphon's discard sink and with Debezium's embedded engine (skipped, with the
 # reason in the table, when Java or the Debezium jars are missing), optionally again under a
 # CPU hog (--contention), then measures commit->ack latency at a steady 5,000 events/s next to
-# the broker's own produce latency (a probe producer). It prints a table and writes
-# target/bench/result.json. See docs/performance.md for what each figure means.
+# the broker's own produce latency (a probe producer). It prints a table, naming the broker and
+# its version, and writes target/bench/result.json. See docs/performance.md for what each
+# figure means.
 #
-# Needs what scripts/install-deps.sh installs (PostgreSQL, the Tansu broker, the Debezium jars
-# and Java runtime, the build dependencies); it runs that script first. It stops everything it
-# starts.
+# The broker is Apache Kafka 4.4.0, one KRaft node (the test harness's single-node settings)
+# whose JVM runs with the options of Kafka's own start scripts: a 1 GiB heap, G1, full JIT
+# (SIPHON_BENCH_KAFKA_JVM_OPTS replaces them), warmed up by 200,000 records from a producer
+# before anything is measured. It keeps every record for the whole run. Its CPU time per drain
+# and its peak RSS are read from /proc by its pid (for --bootstrap: the process listening on
+# the first address's port, when that is this host's loopback).
+#
+# Needs what scripts/install-deps.sh installs (PostgreSQL, Apache Kafka's jars and Java, the
+# Debezium jars and Java runtime, the build dependencies); it runs that script first. It stops
+# everything it starts.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

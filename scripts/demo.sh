@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The demo, end to end on this machine: starts a scratch PostgreSQL and a Kafka-protocol broker
-# on 127.0.0.1, runs Siphon, commits a few orders through an outbox (INSERT then DELETE in the
-# same transaction), prints what reached Kafka, and stops everything it started.
+# The demo, end to end on this machine: starts a scratch PostgreSQL and a single-node Apache Kafka
+# (KRaft, through scripts/broker.sh) on 127.0.0.1, runs Siphon, commits a few orders through an
+# outbox (INSERT then DELETE in the same transaction), prints what reached Kafka, and stops
+# everything it started.
 #
 # Usage: scripts/demo.sh
 set -euo pipefail
@@ -15,6 +16,23 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
+# A free port below the ephemeral range, as scripts/broker.sh requires for Kafka.
+free_low_port() {
+    python3 -c '
+import random, socket
+while True:
+    port = random.randint(20000, 32767)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break'
+}
+
 say "installing what is missing"
 scripts/install-deps.sh
 
@@ -24,7 +42,7 @@ cargo build --quiet -p siphon -p siphon-tests --bins
 work=$(mktemp -d /tmp/siphon-demo-XXXXXX)
 chmod 755 "$work" # the PostgreSQL OS user must reach its data directory
 pg_port=$(free_port)
-kafka_port=$(free_port)
+kafka_port=$(free_low_port)
 siphon_pid=""
 
 cleanup() {
@@ -38,9 +56,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "starting PostgreSQL on 127.0.0.1:$pg_port and the broker on 127.0.0.1:$kafka_port"
+say "starting PostgreSQL on 127.0.0.1:$pg_port and Apache Kafka on 127.0.0.1:$kafka_port"
 scripts/postgres.sh start "$work/pg" "$pg_port" >/dev/null
-scripts/broker.sh start "$work/kafka" "$kafka_port" >/dev/null
+# Formats a KRaft node and waits until it answers a Metadata request (a JVM start: seconds).
+scripts/broker.sh start "$work/kafka" "$kafka_port"
 url="postgres://siphon:siphon@127.0.0.1:$pg_port/siphon"
 psql -q "$url" -f examples/sql/outbox.sql
 
@@ -58,7 +77,9 @@ replication_factor = 1
 TOML
 
 say "starting siphon (log: $work/siphon.log)"
-target/debug/siphon run --config "$work/siphon.toml" >"$work/siphon.log" 2>&1 &
+# Siphon reads SIPHON_KAFKA_<KEY> variables as [kafka] settings: broker.sh's are not Siphon's.
+env -u SIPHON_KAFKA_HEAP -u SIPHON_KAFKA_LIBS -u SIPHON_KAFKA_JAVA -u SIPHON_KAFKA_LOG_LEVEL \
+    target/debug/siphon run --config "$work/siphon.toml" >"$work/siphon.log" 2>&1 &
 siphon_pid=$!
 for _ in $(seq 100); do
     active=$(psql -qtA "$url" -c "SELECT active FROM pg_replication_slots WHERE slot_name = 'siphon'")

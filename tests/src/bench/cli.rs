@@ -40,9 +40,17 @@ pub struct Args {
     #[arg(long)]
     pub pg_url: Option<String>,
 
-    /// Use this Kafka bootstrap list instead of starting a Tansu broker.
+    /// Use this Kafka bootstrap list instead of starting an Apache Kafka node of the bench's own.
+    /// Its broker's CPU time and memory are reported when its first address is this host's
+    /// loopback (the process listening on that port).
     #[arg(long)]
     pub bootstrap: Option<String>,
+
+    /// What the result tables call the broker, e.g. "Apache Kafka 3.9.1, 3 nodes" for a
+    /// --bootstrap one (default: "Apache Kafka <version> ..." for the bench's own node, the
+    /// bootstrap list for another).
+    #[arg(long)]
+    pub broker_name: Option<String>,
 
     /// The pg_recvlogical binary (default: the newest /usr/lib/postgresql/*/bin/pg_recvlogical).
     #[arg(long)]
@@ -108,6 +116,15 @@ mod tests {
         assert!(a.contention);
         let a = parse(&["--no-debezium"])?;
         assert!(a.no_debezium && !a.contention);
+        assert!(a.bootstrap.is_none() && a.broker_name.is_none());
+        let a = parse(&[
+            "--bootstrap",
+            "127.0.0.1:9092",
+            "--broker-name",
+            "Kafka 3.9",
+        ])?;
+        assert_eq!(a.bootstrap.as_deref(), Some("127.0.0.1:9092"));
+        assert_eq!(a.broker_name.as_deref(), Some("Kafka 3.9"));
         assert!(parse(&["--contention=yes"]).is_err());
         Ok(())
     }

@@ -22,7 +22,7 @@ pub struct Drain {
     pub records_produced: Option<f64>,
     /// CPU seconds of the walsender(s) serving the slot (when the server runs on this host).
     pub walsender_cpu: Option<f64>,
-    /// CPU seconds of the broker during the drain (a broker process found on this host).
+    /// CPU seconds of the broker during the drain (when its process on this host is known).
     pub broker_cpu: Option<f64>,
     /// What ended the timing.
     pub end: DrainEnd,
@@ -72,7 +72,8 @@ impl CpuWatch {
             }
             (!per_pid.is_empty()).then(|| per_pid.values().sum())
         });
-        let broker = procstat::find_process(&["tansu", &format!("tcp://{}", svc.bootstrap)])
+        let broker = svc
+            .broker_pid
             .and_then(|pid| Some((pid, procstat::cpu_secs(pid)?)));
         Ok(CpuWatch { stop, task, broker })
     }

@@ -21,16 +21,8 @@ use std::time::{Duration, Instant, SystemTime};
 const HISTOGRAM: &str = "siphon_commit_to_ack_seconds";
 /// Sequence numbers of warm-up events start here (never reached by measured events).
 const WARMUP_BASE: u64 = 900_000_000_000;
-/// Warm-up events per topic.
-const WARMUP_PER_TOPIC: u64 = 2;
-/// Seconds of writes that go to one topic before the writers move on to the next.
-///
-/// Tansu's memory engine lists every batch a partition holds on every fetch, so one topic
-/// written for the whole phase costs the broker more CPU with each second (the end-to-end
-/// consumer fetches every few milliseconds): the measure would grow with the phase's length,
-/// not with the pipeline. Each slice of the writes goes to a topic of its own, created during
-/// the warm-up, and the consumer lets go of a topic once it has all of that slice's records.
-const SECS_PER_TOPIC: u64 = 5;
+/// Warm-up events (each with a key of its own, so they spread over the topic's partitions).
+const WARMUP_EVENTS: u64 = 20;
 
 pub struct Plan {
     pub secs: u64,
@@ -66,7 +58,7 @@ pub struct Latency {
 }
 
 /// Runs the phase on fresh slot `slot`: starts Siphon (kafka sink), warms up, writes at the
-/// planned rate for the planned time, collects both measures, stops Siphon.
+/// planned rate for the planned time to one fresh topic, collects both measures, stops Siphon.
 pub async fn run(
     svc: &Services,
     db: &tokio_postgres::Client,
@@ -74,11 +66,8 @@ pub async fn run(
     plan: &Plan,
 ) -> Result<Latency> {
     let nonce = workload::run_nonce();
-    let slices = plan.secs.div_ceil(SECS_PER_TOPIC).max(1);
-    let aggregatetype = |slice: u64| format!("Latency-{nonce}-{slice}");
-    let topics: Vec<String> = (0..slices)
-        .map(|slice| format!("outbox.event.{}", aggregatetype(slice)))
-        .collect();
+    let aggregatetype = format!("Latency-{nonce}");
+    let topic = format!("outbox.event.{aggregatetype}");
     // Start from an empty table, without the backlog's million dead rows (no slot exists at
     // this point to stream the TRUNCATE).
     db.batch_execute(&format!("TRUNCATE {}", workload::TABLE))
@@ -87,51 +76,43 @@ pub async fn run(
     workload::create_slot(db, slot).await?;
     let siphon = drain::start_siphon(svc, slot, "kafka")?;
 
-    // Warm-up: creates every topic and proves the pipeline is streaming and caught up.
-    let warm_up_sql = format!("'Latency-{nonce}-' || (n % {slices})");
+    // Warm-up: creates the topic (Siphon's topic creation) and proves the pipeline is
+    // streaming and caught up.
+    let aggregatetype_sql = format!("'{aggregatetype}'");
     db.batch_execute(&workload::transaction_sql(
         &nonce,
-        &warm_up_sql,
+        &aggregatetype_sql,
         WARMUP_BASE,
-        WARMUP_PER_TOPIC * slices,
+        WARMUP_EVENTS,
     ))
     .await
     .context("warm-up transaction")?;
     let (_, lsn) = workload::current_lsn(db).await?;
     drain::wait_confirmed(db, &siphon, slot, lsn, Duration::from_secs(120)).await?;
-    let mut partitions = Vec::new();
-    for topic in &topics {
-        partitions.push((topic.clone(), wait_for_topic(&svc.bootstrap, topic).await?));
-    }
+    let partitions = wait_for_topic(&svc.bootstrap, &topic).await?;
 
     let txns = plan.secs * plan.rate / plan.txn_events;
     let expected = txns * plan.txn_events;
-    // Transaction `txn` writes to the topic of its slice of the phase.
-    let txns_per_slice = (SECS_PER_TOPIC * plan.rate / plan.txn_events).max(1);
-    let txn_events = plan.txn_events;
-    let slice_of_seq = move |seq: u64| seq / txn_events / txns_per_slice;
-    let slice_sizes: Vec<u64> = (0..slices)
-        .map(|slice| {
-            let first = slice * txns_per_slice;
-            let last = ((slice + 1) * txns_per_slice).min(txns);
-            last.saturating_sub(first) * plan.txn_events
-        })
-        .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let ready = Arc::new(AtomicBool::new(false));
     let consumer = {
-        let (bootstrap, nonce, stop, ready) = (
+        let (bootstrap, topic, nonce, stop, ready) = (
             svc.bootstrap.clone(),
+            topic.clone(),
             nonce.clone(),
             stop.clone(),
             ready.clone(),
         );
-        let slices = Slices {
-            partitions,
-            sizes: slice_sizes,
-            of_seq: Box::new(slice_of_seq),
-        };
-        std::thread::spawn(move || consume(&bootstrap, &slices, &nonce, &stop, &ready))
+        std::thread::spawn(move || {
+            consume(
+                &bootstrap,
+                (&topic, &partitions),
+                expected,
+                &nonce,
+                &stop,
+                &ready,
+            )
+        })
     };
     // The consumer is ready (connected, fetching) once it has read the warm-up records.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -146,8 +127,7 @@ pub async fn run(
     let before = promhist::scrape(&siphon.metrics).await?;
 
     let started = Instant::now();
-    let agg_sql = |txn: u64| format!("'{}'", aggregatetype(txn / txns_per_slice));
-    let commits = write(svc, plan, txns, &nonce, &agg_sql).await;
+    let commits = write(svc, plan, txns, &nonce, &aggregatetype_sql).await;
     let write_secs = started.elapsed().as_secs_f64();
     let probe = probe.and_then(|p| {
         tokio::task::block_in_place(|| p.finish()).map_err(|e| format!("the probe failed: {e:#}"))
@@ -263,14 +243,14 @@ pub fn exact_quantiles(sorted: &[f64]) -> Option<Quantiles> {
 }
 
 /// `plan.writers` connections, each paced by its own interval timer (offset so that the
-/// transactions are evenly spread), write `txns` transactions; returns each transaction's
-/// COMMIT-returned time by transaction number.
+/// transactions are evenly spread), write `txns` transactions of aggregate type `agg_sql` (an
+/// SQL expression); returns each transaction's COMMIT-returned time by transaction number.
 async fn write(
     svc: &Services,
     plan: &Plan,
     txns: u64,
     nonce: &str,
-    agg_sql: &dyn Fn(u64) -> String,
+    agg_sql: &str,
 ) -> Result<HashMap<u64, SystemTime>> {
     let txn_per_sec = plan.rate as f64 / plan.txn_events as f64;
     let period = Duration::from_secs_f64(plan.writers as f64 / txn_per_sec);
@@ -279,17 +259,13 @@ async fn write(
     for w in 0..plan.writers {
         let client = svc.connect().await?;
         let first_tick = start + period.mul_f64(w as f64 / plan.writers as f64);
-        // Each writer's transactions and the SQL of their aggregate type, worked out here.
-        let mine: Vec<(u64, String)> = (w..txns)
-            .step_by(plan.writers as usize)
-            .map(|txn| (txn, agg_sql(txn)))
-            .collect();
-        let (nonce, txn_events) = (nonce.to_owned(), plan.txn_events);
+        let mine: Vec<u64> = (w..txns).step_by(plan.writers as usize).collect();
+        let (nonce, agg_sql, txn_events) = (nonce.to_owned(), agg_sql.to_owned(), plan.txn_events);
         tasks.push(tokio::spawn(async move {
             let mut timer = tokio::time::interval_at(first_tick, period);
             timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             let mut commits = Vec::new();
-            for (txn, agg_sql) in mine {
+            for txn in mine {
                 timer.tick().await;
                 let sql = workload::transaction_sql(&nonce, &agg_sql, txn * txn_events, txn_events);
                 client.batch_execute(&sql).await?;
@@ -312,7 +288,7 @@ async fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
     loop {
         let records =
             siphon_tests::read_topic_async(bootstrap, topic, Duration::from_secs(20)).await?;
-        if records.len() as u64 >= WARMUP_PER_TOPIC {
+        if records.len() as u64 >= WARMUP_EVENTS {
             let mut parts: Vec<i32> = records.iter().map(|r| r.partition).collect();
             let all = partitions(bootstrap, topic)?;
             parts.extend(all);
@@ -340,30 +316,18 @@ fn partitions(bootstrap: &str, topic: &str) -> Result<Vec<i32>> {
         .collect())
 }
 
-/// The phase's topics, one per slice of the writes.
-struct Slices {
-    /// Each slice's topic and its partitions.
-    partitions: Vec<(String, Vec<i32>)>,
-    /// Measured events per slice.
-    sizes: Vec<u64>,
-    /// The slice an event's sequence number belongs to.
-    of_seq: Box<dyn Fn(u64) -> u64 + Send>,
-}
-
-/// Reads every partition of every slice's topic from its beginning (Tansu's "latest" offsets
-/// are unreliable; the topics are fresh, holding only the warm-up records) and notes when each
-/// measured event arrives, until all arrived or `stop` is set. A slice's topic is let go once
-/// all its events arrived. Sets `ready` once it has read the warm-up records.
+/// Reads every partition of the phase's topic from its beginning (the topic is fresh: it holds
+/// the warm-up records, then the measured ones) and notes when each measured event arrives,
+/// until all `expected` arrived or `stop` is set. Sets `ready` once it has read the warm-up
+/// records.
 fn consume(
     bootstrap: &str,
-    slices: &Slices,
+    (topic, partitions): (&str, &[i32]),
+    expected: u64,
     nonce: &str,
     stop: &AtomicBool,
     ready: &AtomicBool,
 ) -> Result<Vec<(u64, SystemTime)>> {
-    let expected: u64 = slices.sizes.iter().sum();
-    let warm_up_events = WARMUP_PER_TOPIC * slices.partitions.len() as u64;
-    let mut missing = slices.sizes.clone();
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("siphon-bench-{nonce}"))
@@ -374,20 +338,9 @@ fn consume(
         .set("fetch.error.backoff.ms", "5")
         .create()
         .context("creating the latency consumer")?;
-    let topic_partitions = |slice: usize| -> Result<TopicPartitionList> {
-        let mut tpl = TopicPartitionList::new();
-        if let Some((topic, partitions)) = slices.partitions.get(slice) {
-            for &p in partitions {
-                tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-            }
-        }
-        Ok(tpl)
-    };
     let mut tpl = TopicPartitionList::new();
-    for slice in 0..slices.partitions.len() {
-        for element in topic_partitions(slice)?.elements() {
-            tpl.add_partition_offset(element.topic(), element.partition(), element.offset())?;
-        }
+    for &p in partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
     let mut seen: HashMap<u64, SystemTime> = HashMap::new();
@@ -405,20 +358,11 @@ fn consume(
             .and_then(|id| workload::seq_of(nonce, id));
         match seq {
             Some(seq) if seq < WARMUP_BASE => {
-                if seen.insert(seq, now).is_some() {
-                    continue;
-                }
-                let slice = (slices.of_seq)(seq) as usize;
-                if let Some(left) = missing.get_mut(slice) {
-                    *left = left.saturating_sub(1);
-                    if *left == 0 {
-                        consumer.incremental_unassign(&topic_partitions(slice)?)?;
-                    }
-                }
+                seen.entry(seq).or_insert(now);
             }
             Some(_) => {
                 warm_up += 1;
-                if warm_up >= warm_up_events {
+                if warm_up >= WARMUP_EVENTS {
                     ready.store(true, Ordering::Relaxed);
                 }
             }

@@ -47,15 +47,42 @@ fn voluntary_switches(pid: u32) -> u64 {
         .sum()
 }
 
-/// The pid of the process whose command line contains every one of `needles`, if any.
-pub fn find_process(needles: &[&str]) -> Option<u32> {
+/// The pid of the process listening on TCP port `port` (any local address, IPv4 or IPv6), if
+/// this host has one and its file descriptors can be read.
+pub fn listener_pid(port: u16) -> Option<u32> {
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|text| listening_inodes(&text, port))
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
     let entries = std::fs::read_dir("/proc").ok()?;
     entries.filter_map(|e| e.ok()).find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let raw = std::fs::read(e.path().join("cmdline")).ok()?;
-        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        needles.iter().all(|n| cmdline.contains(n)).then_some(pid)
+        let fds = std::fs::read_dir(e.path().join("fd")).ok()?;
+        fds.filter_map(|fd| fd.ok())
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|link| wanted.iter().any(|w| link.as_os_str() == w.as_str()))
+            .then_some(pid)
     })
+}
+
+/// Socket inodes of the LISTEN entries (state `0A`) on `port` in a /proc/net/tcp{,6} table.
+fn listening_inodes(table: &str, port: u16) -> Vec<String> {
+    let port_hex = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+            (local.ends_with(&port_hex) && *state == "0A" && *inode != "0")
+                .then(|| (*inode).to_owned())
+        })
+        .collect()
 }
 
 /// CPU seconds a process has used so far, if it can be read.
@@ -118,5 +145,21 @@ mod tests {
         assert_eq!(peak_rss(status).ok(), Some(2048 * 1024));
         let stat = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 4 0 1 2 3";
         assert_eq!(cpu_ticks(stat).ok(), Some((250, 50)));
+    }
+
+    #[test]
+    fn finds_the_listening_socket_of_a_port() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:4A9C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0 100 0 0 10 0
+   1: 0100007F:4A9C 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0 20 4 30 10 -1
+   2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0 100 0 0 10 0
+";
+        // 0x4A9C = 19100: the listener, not the established connection on the same port.
+        assert_eq!(listening_inodes(table, 19100), ["111"]);
+        assert_eq!(listening_inodes(table, 8080), ["333"]);
+        assert!(listening_inodes(table, 8081).is_empty());
+        let own = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a listener");
+        let port = own.local_addr().expect("local address").port();
+        assert_eq!(listener_pid(port), Some(std::process::id()));
     }
 }

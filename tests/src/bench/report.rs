@@ -12,7 +12,18 @@ pub struct Backlog {
     pub write_secs: f64,
 }
 
+/// The broker the run wrote to.
+pub struct BrokerInfo {
+    /// What the tables call it (name and version).
+    pub name: String,
+    /// Its peak resident set size (`VmHWM`) at the end of the run, when its process is known.
+    pub peak_rss_bytes: Option<u64>,
+    /// Records written to it before the drains to warm its JIT up (the bench's own broker).
+    pub warm_up_records: Option<u64>,
+}
+
 pub struct Results {
+    pub broker: BrokerInfo,
     pub backlog: Backlog,
     pub recvlogical: Drain,
     pub kafka: Drain,
@@ -242,8 +253,15 @@ impl Results {
     /// The human-readable report.
     pub fn table(&self) -> String {
         let b = &self.backlog;
-        let mut out = format!(
-            "backlog: {} events in {} transactions, {:.0} MB of WAL (written in {:.1} s)\n\n",
+        let mut out = format!("broker: {}", self.broker.name);
+        if let Some(n) = self.broker.warm_up_records {
+            out += &format!(", warmed up with {n} records");
+        }
+        if let Some(rss) = self.broker.peak_rss_bytes {
+            out += &format!(", peak RSS {:.0} MB", rss as f64 / MIB);
+        }
+        out += &format!(
+            "\nbacklog: {} events in {} transactions, {:.0} MB of WAL (written in {:.1} s)\n\n",
             b.events,
             b.transactions,
             b.wal_bytes as f64 / MIB,
@@ -441,6 +459,11 @@ impl Results {
             .map(|t| json!({"name": t.name, "goal": t.goal, "value": t.value, "pass": t.pass}))
             .collect();
         json!({
+            "broker": {
+                "name": self.broker.name,
+                "peak_rss_mb": self.broker.peak_rss_bytes.map(|b| b as f64 / MIB),
+                "warm_up_records": self.broker.warm_up_records,
+            },
             "backlog": {
                 "events": b.events,
                 "transactions": b.transactions,
@@ -532,6 +555,11 @@ mod tests {
 
     fn results(debezium: Result<Drain, String>, contention: Option<Contention>) -> Results {
         Results {
+            broker: BrokerInfo {
+                name: "Apache Kafka 4.4.0 (test)".into(),
+                peak_rss_bytes: Some(512 * 1024 * 1024),
+                warm_up_records: None,
+            },
             backlog: Backlog {
                 events: 1000,
                 transactions: 1,
@@ -580,6 +608,11 @@ mod tests {
     fn a_skipped_debezium_row_says_why() {
         let r = results(Err("skipped: no JDK".into()), None);
         let table = r.table();
+        assert!(
+            table.starts_with("broker: Apache Kafka 4.4.0 (test), peak RSS 512 MB\n"),
+            "{table}"
+        );
+        assert_eq!(r.json()["broker"]["name"], "Apache Kafka 4.4.0 (test)");
         assert!(
             table.contains("debezium          skipped: no JDK"),
             "{table}"

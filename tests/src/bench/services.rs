@@ -1,24 +1,66 @@
-//! The PostgreSQL server and Kafka broker the benchmark runs against: given by URL, or started
-//! through the test harness (and stopped when [`Services`] is dropped).
+//! The PostgreSQL server and Kafka broker the benchmark runs against: given by URL and
+//! bootstrap list, or started here (and stopped when [`Services`] is dropped).
+//!
+//! The broker started here is an Apache Kafka node of the bench's own (one KRaft node in
+//! combined mode with the test harness's single-node settings, [`Broker::start_own`]), whose JVM
+//! runs with [`KAFKA_JVM_OPTS`], the options of Kafka's own start scripts, instead of the
+//! harness's quick-start ones: the broker is measured as it runs in production.
 
+use super::procstat;
 use anyhow::{bail, Context as _, Result};
+use siphon_tests::kafka::KAFKA_VERSION;
 use siphon_tests::{Broker, Postgres};
 use std::path::PathBuf;
+
+/// JVM options of the broker the bench starts (`$SIPHON_BENCH_KAFKA_JVM_OPTS` replaces them):
+/// those `bin/kafka-server-start.sh` and `bin/kafka-run-class.sh` give a broker, a 1 GiB heap,
+/// G1 and the full JIT (the harness's test nodes stop at the client compiler).
+pub const KAFKA_JVM_OPTS: &str = "-Xms1g -Xmx1g -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+     -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true";
+
+/// The test harness's own `SIPHON_KAFKA_*` variables (none of them a Siphon setting), read
+/// when the bench's broker starts.
+pub const HARNESS_KAFKA_VARS: &[&str] = &[
+    "SIPHON_KAFKA_BOOTSTRAP",
+    "SIPHON_KAFKA_LOG",
+    "SIPHON_KAFKA_LIBS",
+    "SIPHON_KAFKA_JAVA",
+    "SIPHON_KAFKA_JVM_OPTS",
+];
+
+/// The JVM options the bench's own broker gets.
+pub fn kafka_jvm_opts() -> String {
+    std::env::var("SIPHON_BENCH_KAFKA_JVM_OPTS")
+        .ok()
+        .filter(|o| !o.trim().is_empty())
+        .unwrap_or_else(|| KAFKA_JVM_OPTS.to_owned())
+}
 
 pub struct Services {
     /// Kept only to be stopped on drop.
     _pg: Option<Postgres>,
-    broker: Option<Broker>,
+    /// Kept only to be stopped on drop.
+    _broker: Option<Broker>,
     pub pg_url: String,
     pub bootstrap: String,
     pub recvlogical: PathBuf,
+    /// What the result tables call the broker.
+    pub broker_name: String,
+    /// The broker's process on this host, when known: its CPU time and memory are reported.
+    pub broker_pid: Option<u32>,
 }
 
 impl Services {
-    /// Starts what was not given. Blocks while the services start.
+    /// Starts what was not given. Blocks while the services start. A broker given with
+    /// `bootstrap` is called `broker_name` in the tables; its process is the one listening on
+    /// the first address's port, when that address is this host's loopback.
+    ///
+    /// The bench's own broker gets the JVM options of `SIPHON_KAFKA_JVM_OPTS`, which the
+    /// bench's `main` sets to [`kafka_jvm_opts`].
     pub fn start(
         pg_url: Option<String>,
         bootstrap: Option<String>,
+        broker_name: Option<String>,
         recvlogical: Option<PathBuf>,
     ) -> Result<Services> {
         let recvlogical = match recvlogical {
@@ -33,32 +75,53 @@ impl Services {
                 (Some(pg), url)
             }
         };
-        let (broker, bootstrap) = match bootstrap {
-            Some(b) => (None, b),
+        let (broker, bootstrap, broker_name, broker_pid) = match bootstrap {
+            Some(b) => {
+                let name = broker_name.unwrap_or_else(|| format!("Kafka at {b} (--bootstrap)"));
+                let pid = loopback_port(&b).and_then(procstat::listener_pid);
+                (None, b, name, pid)
+            }
             None => {
-                let broker = Broker::start().context("starting a Tansu broker")?;
+                let broker = Broker::start_own(&[]).context("starting Apache Kafka")?;
+                let pid = broker.own_node()?.pid();
+                let name = broker_name.unwrap_or_else(|| {
+                    format!(
+                        "Apache Kafka {KAFKA_VERSION} (one KRaft node of the bench's own; JVM {})",
+                        kafka_jvm_opts()
+                    )
+                });
                 let b = broker.bootstrap();
-                (Some(broker), b)
+                (Some(broker), b, name, pid)
             }
         };
         Ok(Services {
             _pg: pg,
-            broker,
+            _broker: broker,
             pg_url,
             bootstrap,
             recvlogical,
+            broker_name,
+            broker_pid,
         })
     }
 
-    /// Restarts the broker this run started, which (memory engine) comes back empty. Returns
-    /// false for a broker given with `--bootstrap`, which is left alone. Blocks.
-    pub fn restart_broker(&self) -> Result<bool> {
-        let Some(broker) = &self.broker else {
-            return Ok(false);
-        };
-        broker.kill()?;
-        broker.start_again()?;
-        Ok(true)
+    /// Whether the broker is the bench's own (not given with `--bootstrap`).
+    pub fn owns_broker(&self) -> bool {
+        self._broker.is_some()
+    }
+
+    /// Warms the bench's own broker up before anything is measured: a JVM runs interpreted
+    /// code until its JIT has compiled the hot paths, which a broker in production has long
+    /// done. Creates [`WARM_UP_TOPIC`] (three partitions, as Siphon's topics in the bench) and
+    /// writes [`WARM_UP_RECORDS`] records of the backlog's size to it with Siphon's producer
+    /// settings. Returns the seconds it took. Blocks its worker thread while it writes.
+    pub async fn warm_up_broker(&self) -> Result<f64> {
+        let started = std::time::Instant::now();
+        siphon_tests::create_topic(&self.bootstrap, WARM_UP_TOPIC, 3)
+            .await
+            .with_context(|| format!("creating {WARM_UP_TOPIC}"))?;
+        tokio::task::block_in_place(|| produce_warm_up(&self.bootstrap))?;
+        Ok(started.elapsed().as_secs_f64())
     }
 
     /// Connects to the database; the connection runs on a spawned task.
@@ -71,6 +134,70 @@ impl Services {
         });
         Ok(client)
     }
+}
+
+/// The topic [`Services::warm_up_broker`] writes to.
+pub const WARM_UP_TOPIC: &str = "siphon-bench-warm-up";
+/// Records [`Services::warm_up_broker`] writes.
+pub const WARM_UP_RECORDS: u64 = 200_000;
+
+/// Writes the warm-up records: ~300-byte values with an `id` header and 1,000 keys, sent with
+/// the producer settings Siphon's promises rest on (idempotent, `acks=all`, `linger.ms=5`,
+/// the Java client's partitioner), then waits until every one was acknowledged.
+fn produce_warm_up(bootstrap: &str) -> Result<()> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    use rdkafka::ClientConfig;
+    use std::time::Duration;
+
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("partitioner", "murmur2_random")
+        .create()
+        .context("creating the warm-up producer")?;
+    let value = format!("{{\"warmUp\": true, \"padding\": \"{}\"}}", "x".repeat(260));
+    for n in 0..WARM_UP_RECORDS {
+        let key = format!("agg-{}", n % 1000);
+        let id = n.to_string();
+        loop {
+            let record = BaseRecord::to(WARM_UP_TOPIC)
+                .key(&key)
+                .payload(&value)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "id",
+                    value: Some(&id),
+                }));
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((e, _))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(e).context("sending a warm-up record"),
+            }
+        }
+        if n % 1000 == 0 {
+            producer.poll(Duration::ZERO);
+        }
+    }
+    producer
+        .flush(Duration::from_secs(120))
+        .context("the warm-up records were not all acknowledged within 120 s")
+}
+
+/// The port of a bootstrap list's first address if that address is this host's loopback.
+fn loopback_port(bootstrap: &str) -> Option<u16> {
+    let first = bootstrap.split(',').next()?.trim();
+    let (host, port) = first.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    matches!(host, "127.0.0.1" | "localhost" | "::1")
+        .then(|| port.parse().ok())
+        .flatten()
 }
 
 /// `$SIPHON_PG_BIN/pg_recvlogical`, else the newest `/usr/lib/postgresql/*/bin/pg_recvlogical`.
@@ -95,5 +222,19 @@ fn find_recvlogical() -> Result<PathBuf> {
     match found.pop() {
         Some((_, p)) => Ok(p),
         None => bail!("no /usr/lib/postgresql/*/bin/pg_recvlogical; pass --pg-recvlogical"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_loopback_bootstrap_names_a_local_port() {
+        assert_eq!(loopback_port("127.0.0.1:9092"), Some(9092));
+        assert_eq!(loopback_port("localhost:19092,other:9092"), Some(19092));
+        assert_eq!(loopback_port("[::1]:9093"), Some(9093));
+        assert_eq!(loopback_port("kafka:9092"), None);
+        assert_eq!(loopback_port("127.0.0.1"), None);
     }
 }

@@ -7,8 +7,12 @@
 //! with `--contention`, three more slots drained like A, B and C while a CPU hog runs. Then it
 //! measures commit-to-ack latency under a steady load on a fresh slot, next to a probe
 //! producer's own produce latency. It prints one table and writes it as JSON to
-//! target/bench/result.json. It starts PostgreSQL and a Tansu broker through the test harness
-//! unless `--pg-url` / `--bootstrap` name existing ones, and stops everything it started.
+//! target/bench/result.json. It starts PostgreSQL and an Apache Kafka node (KRaft, with the JVM
+//! options of Kafka's own start scripts) through the test harness unless `--pg-url` /
+//! `--bootstrap` name existing ones, and stops everything it started. Its own broker is warmed
+//! up (its JIT compiles the hot paths) by a producer before anything is measured, and keeps
+//! every record for the whole run: the contended drains and the latency phase write to it after
+//! the backlog's drains.
 
 #[path = "../bench/backlog.rs"]
 mod backlog;
@@ -42,6 +46,33 @@ use std::time::Duration;
 
 fn main() {
     let args = cli::Args::parse();
+    if let Err(e) = args.validate() {
+        eprintln!("bench: ERROR: {e:#}");
+        std::process::exit(2);
+    }
+    // The services start before the Tokio runtime, while this is the only thread: the
+    // environment changes below are then safe.
+    //
+    // The harness starts the bench's broker with SIPHON_KAFKA_JVM_OPTS.
+    std::env::set_var("SIPHON_KAFKA_JVM_OPTS", services::kafka_jvm_opts());
+    let svc = services::Services::start(
+        args.pg_url.clone(),
+        args.bootstrap.clone(),
+        args.broker_name.clone(),
+        args.pg_recvlogical.clone(),
+    );
+    // Siphon reads every SIPHON_KAFKA_<KEY> variable as its `[kafka] <key>` setting, so the
+    // harness's own variables must not reach the Siphon processes the bench starts.
+    for var in services::HARNESS_KAFKA_VARS {
+        std::env::remove_var(var);
+    }
+    let svc = match svc {
+        Ok(svc) => svc,
+        Err(e) => {
+            eprintln!("bench: ERROR: starting services: {e:#}");
+            std::process::exit(1);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -54,39 +85,42 @@ fn main() {
     };
     let outcome = runtime.block_on(async {
         tokio::select! {
-            r = run(&args) => r,
+            r = run(&args, &svc) => r,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         }
     });
-    // Dropping the runtime drops every task; the services were dropped inside `run` or with
-    // the interrupted future, which stops what was started.
+    // Dropping the runtime drops every task (and the Siphon processes they started), then
+    // dropping the services stops what was started for the run.
     drop(runtime);
+    drop(svc);
     if let Err(e) = outcome {
         eprintln!("bench: ERROR: {e:#}");
         std::process::exit(1);
     }
 }
 
-async fn run(args: &cli::Args) -> Result<()> {
-    args.validate()?;
-    let svc = {
-        let (pg, bootstrap, recv) = (
-            args.pg_url.clone(),
-            args.bootstrap.clone(),
-            args.pg_recvlogical.clone(),
-        );
-        tokio::task::spawn_blocking(move || services::Services::start(pg, bootstrap, recv))
-            .await
-            .context("starting services")??
-    };
+async fn run(args: &cli::Args, svc: &services::Services) -> Result<()> {
     eprintln!(
-        "bench: PostgreSQL {}, broker {}, siphon {}",
+        "bench: PostgreSQL {}, broker {} at {}{}, siphon {}",
         svc.pg_url,
+        svc.broker_name,
         svc.bootstrap,
+        svc.broker_pid.map_or(
+            " (process not found: no broker CPU figures)".to_owned(),
+            |pid| format!(" (pid {pid})")
+        ),
         siphon_tests::siphon_bin()?.display()
     );
+    if svc.owns_broker() {
+        let secs = svc.warm_up_broker().await?;
+        eprintln!(
+            "bench: warmed the broker up: {} records to {} in {secs:.1} s",
+            services::WARM_UP_RECORDS,
+            services::WARM_UP_TOPIC
+        );
+    }
     let db = svc.connect().await?;
-    let outcome = measure(args, &svc, &db).await;
+    let outcome = measure(args, svc, &db).await;
     // Leave an external server as it was; a scratch one is stopped with `svc`.
     if let Err(e) = workload::drop_objects(&db).await {
         eprintln!("bench: cleanup: {e:#}");
@@ -193,9 +227,6 @@ async fn measure(
     };
 
     let contention = if args.contention {
-        if tokio::task::block_in_place(|| svc.restart_broker())? {
-            eprintln!("bench: restarted the broker (empty) for the contended drains");
-        }
         eprintln!("bench: starting a CPU hog of {} busy threads", hog::THREADS);
         let hog = hog::CpuHog::start(hog::THREADS)?;
         // On an error below, `hog` is dropped with the future, which stops its threads.
@@ -230,11 +261,6 @@ async fn measure(
             "bench: latency: {} events/s for {} s ...",
             args.latency_rate, args.latency_secs
         );
-        // Tansu's memory engine slows down as it holds more records; the latency phase gets
-        // an empty broker when this run started it.
-        if tokio::task::block_in_place(|| svc.restart_broker())? {
-            eprintln!("bench: restarted the broker (empty) for the latency phase");
-        }
         let plan = latency::Plan {
             secs: args.latency_secs,
             rate: args.latency_rate,
@@ -243,7 +269,16 @@ async fn measure(
         };
         Some(latency::run(svc, db, &slot_lat, &plan).await?)
     };
+    let broker = report::BrokerInfo {
+        name: svc.broker_name.clone(),
+        warm_up_records: svc.owns_broker().then_some(services::WARM_UP_RECORDS),
+        peak_rss_bytes: svc
+            .broker_pid
+            .and_then(|pid| procstat::sample(pid).ok())
+            .map(|u| u.peak_rss_bytes),
+    };
     Ok(report::Results {
+        broker,
         backlog,
         recvlogical,
         kafka,
