@@ -623,3 +623,37 @@ impl KafkaCluster {
         self.node(id)?.start_again(n)
     }
 }
+
+impl KafkaNode {
+    /// The cluster id the node's data directory was formatted with (its `meta.properties`).
+    pub fn cluster_id(&self) -> Result<String> {
+        let path = self.data_dir().join("meta.properties");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix("cluster.id="))
+            .map(|id| id.trim().to_owned())
+            .with_context(|| format!("no cluster.id in {}", path.display()))
+    }
+
+    /// Empties the data directory of a node that is not running and formats it again with the
+    /// same cluster id and node id, as a broker whose disks were replaced: started again
+    /// ([`KafkaNode::start_again`]) it has no topics, no records and no producer state.
+    pub fn wipe_data(&self) -> Result<()> {
+        ensure!(
+            !self.is_running(),
+            "Kafka node {} is running; kill or stop it before wiping its data",
+            self.spec.id
+        );
+        let cluster_id = self.cluster_id()?;
+        let data = self.data_dir();
+        std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
+        self.format(&cluster_id)?;
+        ensure!(
+            self.cluster_id()? == cluster_id,
+            "Kafka node {} was formatted with another cluster id",
+            self.spec.id
+        );
+        Ok(())
+    }
+}

@@ -25,7 +25,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 /// Version of Tansu that `scripts/install-deps.sh` installs.
 pub const TANSU_VERSION: &str = "0.6.0";
 
-/// How long [`Broker::start`] waits for the broker to answer metadata.
+/// How long [`TansuBroker::start`] waits for the broker to answer metadata.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Path of the Tansu binary: `$SIPHON_TANSU_BIN`, else the memory-engine build in

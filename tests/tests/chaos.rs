@@ -3,13 +3,12 @@
 //! consumer reads every topic: every committed event is there, nothing rolled back is, and the
 //! first delivery of each event is in commit order per aggregate.
 //!
-//! The broker uses Tansu's durable (sqlite) storage, so its data survives its restarts.
+//! The broker is a Kafka node of the test's own, killed with `kill -9` and started again on its
+//! data, which it keeps across the kill.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{check_first_deliveries_in_order, record_seq, slot_active};
-use siphon_tests::{
-    read_topic_async, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess, Storage,
-};
+use siphon_tests::{read_topic_async, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -109,7 +108,12 @@ async fn read_everything(broker: &Broker) -> Result<Vec<ConsumedRecord>> {
     let mut all = Vec::new();
     for t in 0..AGGREGATE_TYPES {
         all.extend(
-            read_topic_async(&broker.bootstrap(), &topic(t), Duration::from_secs(120)).await?,
+            read_topic_async(
+                &broker.bootstrap(),
+                &broker.topic(&topic(t)),
+                Duration::from_secs(120),
+            )
+            .await?,
         );
     }
     Ok(all)
@@ -118,7 +122,7 @@ async fn read_everything(broker: &Broker) -> Result<Vec<ConsumedRecord>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_thousand_events_through_kill_9_broker_and_postgres_restarts() -> Result<()> {
     let pg = Arc::new(Postgres::start()?);
-    let broker = Broker::start_with(Storage::Durable)?;
+    let broker = Broker::start_own(&[])?;
     let client = pg.connect().await?;
     client
         .batch_execute(

@@ -203,7 +203,7 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
     wait_until(
         Duration::from_secs(60),
         Duration::from_millis(200),
-        || async { Ok(read_event_records(&broker.bootstrap()).await?.len() >= 50) },
+        || async { Ok(read_event_records(&broker).await?.len() >= 50) },
     )
     .await
     .with_context(|| siphon.log())?;
@@ -249,7 +249,7 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
         kept.iter().any(|txn| *txn >= first_after_crash),
         "the writer never committed on the new primary"
     );
-    let records = wait_for_all(&broker.bootstrap(), &expected, Duration::from_secs(120))
+    let records = wait_for_all(&broker, &expected, Duration::from_secs(120))
         .await
         .with_context(|| siphon.log())?;
     let phantom = phantom_ids(&records, &expected);

@@ -19,7 +19,7 @@ async fn check_delivery(
     siphon: &SiphonProcess,
 ) -> Result<usize> {
     let expected: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
-    let records = wait_for_all(&broker.bootstrap(), &expected, Duration::from_secs(180))
+    let records = wait_for_all(broker, &expected, Duration::from_secs(180))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     let phantom = phantom_ids(&records, &expected);

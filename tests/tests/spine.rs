@@ -1,5 +1,9 @@
-//! End to end against a real PostgreSQL and a real Kafka-protocol broker: outbox rows in, the
-//! exact records out, the slot confirmed only after the broker acknowledged them.
+//! End to end against a real PostgreSQL and a real Kafka: outbox rows in, the exact records
+//! out, the slot confirmed only after the broker acknowledged them.
+//!
+//! The tests that kill the broker run a Kafka node of their own. Kafka keeps its data across
+//! `kill -9`; a broker that comes back empty is one whose data directory was wiped and
+//! formatted again with the same cluster and node id (disks replaced) before it starts again.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
@@ -7,8 +11,7 @@ use siphon_tests::outbox::{
     slot_confirmed_lsn, start_streaming, wait_for_slot_past, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
-    create_topic, read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
-    SiphonProcess, Storage,
+    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -32,10 +35,18 @@ fn json_string(text: &str) -> Vec<u8> {
     siphon_router::json_string(text)
 }
 
+/// Every record of `topics` (names in the test's namespace).
 async fn read_all(broker: &Broker, topics: &[&str]) -> Result<Vec<ConsumedRecord>> {
     let mut all = Vec::new();
     for topic in topics {
-        all.extend(read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(60)).await?);
+        all.extend(
+            read_topic_async(
+                &broker.bootstrap(),
+                &broker.topic(topic),
+                Duration::from_secs(60),
+            )
+            .await?,
+        );
     }
     Ok(all)
 }
@@ -114,7 +125,7 @@ async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() 
         assert!(seen.insert(id.clone()), "event {id} delivered twice");
         assert_eq!(
             record.topic,
-            format!("outbox.event.{}", event.aggregatetype)
+            broker.topic(&format!("outbox.event.{}", event.aggregatetype))
         );
         assert_eq!(
             record.key.as_deref(),
@@ -237,7 +248,7 @@ async fn an_acknowledged_transaction_reaches_the_slot_long_before_the_status_int
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     let pg = Postgres::start()?;
-    let broker = Broker::start()?;
+    let broker = Broker::start_own(&[])?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let siphon = start_streaming(
@@ -267,11 +278,8 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
         );
     }
 
-    // The broker returns empty (in-memory storage): every undelivered event still arrives.
+    // The broker returns with its data: every undelivered event still arrives.
     broker.start_again()?;
-    // A real broker keeps its topics across a restart; this one starts empty, so the topic is
-    // created again as it was (otherwise the producer waits for it to appear).
-    create_topic(&broker.bootstrap(), "outbox.event.Order", 3).await?;
     let expected: BTreeSet<String> = [2u64, 10, 13, 16, 19]
         .iter()
         .map(|&s| event(s, true).id)
@@ -305,6 +313,16 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     Ok(())
 }
 
+/// How a killed broker comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Comeback {
+    /// With its data: Kafka keeps every topic, record and producer state across `kill -9`.
+    WithItsData,
+    /// With empty disks ([`siphon_tests::KafkaNode::wipe_data`]): no topic, no record, no
+    /// producer state.
+    Empty,
+}
+
 /// A broker outage longer than the delivery deadline, with a window smaller than what is
 /// committed meanwhile: the deadline replaces the producer while the broker is away, and once the
 /// broker is back every event still arrives, the slot never confirmed past one undelivered.
@@ -312,20 +330,21 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
 /// `before` numbers the events delivered before the outage, `outage` those committed during it
 /// (see [`event`] for their topics).
 async fn outage_past_the_delivery_deadline(
-    storage: Storage,
+    comeback: Comeback,
     slot: &str,
     before: &[u64],
     outage: &[u64],
 ) -> Result<()> {
-    outage_with_deadline(storage, slot, before, outage, None).await?;
+    outage_with_deadline(comeback, slot, before, outage, None).await?;
     Ok(())
 }
 
 /// Like [`outage_past_the_delivery_deadline`]; with `long: Some((deadline, bound))` the
-/// delivery deadline is `deadline`, the broker comes back 14 s into the outage (before the
-/// deadline), and every event must arrive within `bound` of its return. Returns Siphon's log.
+/// delivery deadline is `deadline`, the broker is started again 14 s into the outage (before
+/// the deadline), and every event must arrive within `bound` of its return. Returns Siphon's
+/// log.
 async fn outage_with_deadline(
-    storage: Storage,
+    comeback: Comeback,
     slot: &str,
     before: &[u64],
     outage: &[u64],
@@ -334,12 +353,16 @@ async fn outage_with_deadline(
     let timeout_ms = long.map_or(10_000, |(d, _)| d.as_millis());
     let bound = long.map_or(Duration::from_secs(60), |(_, b)| b);
     let pg = Postgres::start()?;
-    let broker = Broker::start_with(storage)?;
+    // A topic the broker creates itself (auto.create.topics.enable, on a producer's metadata
+    // request) gets the partitions Siphon created it with: so does one an empty broker creates
+    // again (with Kafka's default of one, records already given a partition it no longer has
+    // would be refused, and Siphon stops).
+    let broker = Broker::start_own(&[("num.partitions", "3")])?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let config = siphon_config_at(
         &pg,
-        &broker.bootstrap(),
+        &broker,
         slot,
         &format!("\"message.timeout.ms\" = \"{timeout_ms}\""),
         "max_in_flight_records = 5",
@@ -360,6 +383,10 @@ async fn outage_with_deadline(
     // The broker goes away; more transactions than the window are committed meanwhile. Each
     // event's transaction ends at or before the position recorded after it.
     broker.kill()?;
+    if comeback == Comeback::Empty {
+        // Its disks are replaced while it is down.
+        broker.own_node()?.wipe_data()?;
+    }
     let mut ends: Vec<(String, u64)> = Vec::new();
     for &seq in outage {
         insert_transaction(&mut client, &[event(seq, true)], true).await?;
@@ -382,18 +409,14 @@ async fn outage_with_deadline(
         "slot confirmed {confirmed:X} past an undelivered transaction ending at {first_undelivered:X}"
     );
 
+    // An empty broker has lost the topics written before: the producer's first metadata
+    // request has the broker create them again, as they were.
     broker.start_again()?;
-    if storage == Storage::Memory {
-        // This build starts empty: the topics written before are created again as they were.
-        for topic in topics {
-            create_topic(&broker.bootstrap(), topic, 3).await?;
-        }
-    }
     let back = std::time::Instant::now();
-    // The events delivered before the outage: the memory build forgot them, the durable one
+    // The events delivered before the outage: an empty broker lost them, one with its data
     // keeps them; a repeat is allowed.
     let mut expected: BTreeSet<String> = outage.iter().map(|&s| event(s, true).id).collect();
-    if storage == Storage::Durable {
+    if comeback == Comeback::WithItsData {
         expected.extend(before.iter().map(|&s| event(s, true).id));
     }
     let ids = wait_for(bound, Duration::from_secs(1), || async {
@@ -453,8 +476,8 @@ fn new_topic_events() -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_replaced_during_an_outage_delivers_once_the_broker_is_back() -> Result<()> {
     outage_past_the_delivery_deadline(
-        Storage::Durable,
-        "replaced_durable",
+        Comeback::WithItsData,
+        "replaced_kept",
         &[1],
         &known_topic_events(),
     )
@@ -465,8 +488,8 @@ async fn a_producer_replaced_during_an_outage_delivers_once_the_broker_is_back()
 async fn a_producer_replaced_during_an_outage_delivers_once_an_empty_broker_is_back() -> Result<()>
 {
     outage_past_the_delivery_deadline(
-        Storage::Memory,
-        "replaced_memory",
+        Comeback::Empty,
+        "replaced_empty",
         &[1],
         &known_topic_events(),
     )
@@ -477,8 +500,8 @@ async fn a_producer_replaced_during_an_outage_delivers_once_an_empty_broker_is_b
 async fn a_topic_new_during_an_outage_holds_up_nothing_and_is_created_once_the_broker_is_back(
 ) -> Result<()> {
     outage_past_the_delivery_deadline(
-        Storage::Durable,
-        "new_topic_durable",
+        Comeback::WithItsData,
+        "new_topic_kept",
         &[1],
         &new_topic_events(),
     )
@@ -488,8 +511,8 @@ async fn a_topic_new_during_an_outage_holds_up_nothing_and_is_created_once_the_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_new_during_an_outage_is_created_once_an_empty_broker_is_back() -> Result<()> {
     outage_past_the_delivery_deadline(
-        Storage::Memory,
-        "new_topic_memory",
+        Comeback::Empty,
+        "new_topic_empty",
         &[1],
         &new_topic_events(),
     )
@@ -521,50 +544,50 @@ async fn the_discard_sink_acknowledges_without_sending() -> Result<()> {
         siphon.log().contains("discard"),
         "the mode is announced in the log"
     );
+    let outbox_topics = broker.topic("outbox.");
     assert!(siphon_tests::list_topics(&broker.bootstrap())?
         .iter()
-        .all(|t| !t.starts_with("outbox.")));
+        .all(|t| !t.starts_with(&outbox_topics)));
     Ok(())
 }
 
 /// The delivery deadline of [`an_outage_shorter_than_the_delivery_deadline`].
 const LONG_DEADLINE: Duration = Duration::from_secs(40);
 
-/// An outage shorter than the delivery deadline (the broker is back after 14 s, the deadline
-/// is 40 s): the durable broker keeps the producer's id and sequence numbers (as Kafka does), so
-/// everything arrives well before the deadline, without replacing the producer. The in-memory
-/// broker forgets them: the producer's records are written only once the deadline replaced the
-/// producer (Siphon never waits for them without a deadline), then every event arrives.
-async fn an_outage_shorter_than_the_delivery_deadline(storage: Storage, slot: &str) -> Result<()> {
-    let bound = match storage {
-        Storage::Durable => LONG_DEADLINE - Duration::from_secs(20),
-        Storage::Memory => LONG_DEADLINE + Duration::from_secs(20),
-    };
+/// An outage shorter than the delivery deadline (the broker is started again 14 s into it, the
+/// deadline is 40 s): everything arrives well before the deadline, without replacing the
+/// producer, whether the broker comes back with its data (it kept the producer's id and
+/// sequence numbers) or empty. An empty broker has forgotten the producer, but Kafka takes the
+/// sequence numbers of a producer it has no state for as they come (the state of a producer
+/// whose records were all deleted is gone the same way), so the records the producer had queued
+/// are written as soon as it reconnects; the topic it writes to is created again by the broker.
+async fn an_outage_shorter_than_the_delivery_deadline(
+    comeback: Comeback,
+    slot: &str,
+) -> Result<()> {
     let log = outage_with_deadline(
-        storage,
+        comeback,
         slot,
         &[1],
         &known_topic_events(),
-        Some((LONG_DEADLINE, bound)),
+        Some((LONG_DEADLINE, LONG_DEADLINE - Duration::from_secs(20))),
     )
     .await?;
-    let replaced = log.contains(REPLACED_LINE);
-    match storage {
-        Storage::Durable => assert!(!replaced, "the producer was replaced; log:\n{log}"),
-        Storage::Memory => assert!(replaced, "the producer was not replaced; log:\n{log}"),
-    }
+    assert!(
+        !log.contains(REPLACED_LINE),
+        "the producer was replaced; log:\n{log}"
+    );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_shorter_than_the_delivery_deadline_needs_no_replacement() -> Result<()> {
-    an_outage_shorter_than_the_delivery_deadline(Storage::Durable, "short_durable").await
+    an_outage_shorter_than_the_delivery_deadline(Comeback::WithItsData, "short_kept").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_that_forgot_the_producer_is_written_to_once_the_deadline_replaced_it(
-) -> Result<()> {
-    an_outage_shorter_than_the_delivery_deadline(Storage::Memory, "short_memory").await
+async fn a_broker_that_forgot_the_producer_is_written_to_without_a_replacement() -> Result<()> {
+    an_outage_shorter_than_the_delivery_deadline(Comeback::Empty, "short_empty").await
 }
 
 /// A record waits for its topic to be created while the brokers are gone: the creation runs
@@ -574,7 +597,7 @@ async fn a_broker_that_forgot_the_producer_is_written_to_once_the_deadline_repla
 async fn sigterm_while_a_topic_waits_to_be_created_stops_within_the_shutdown_timeout() -> Result<()>
 {
     let pg = Postgres::start()?;
-    let broker = Broker::start()?;
+    let broker = Broker::start_own(&[])?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let config = siphon_config(&pg, &broker, "creating", "")

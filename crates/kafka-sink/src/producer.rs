@@ -678,6 +678,7 @@ mod tests {
     /// headers byte for byte (a null header value, a repeated name and the order kept), its
     /// timestamp and the partition it named; a record without any of them is a tombstone with
     /// a null key, no headers and the time of sending, on a second topic with its own handle.
+    /// (Both topics are in this test's namespace on the test run's shared Kafka.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_broker_holds_exactly_the_records_sent() {
         use siphon_tests::{create_topic, read_topic_async, Broker};
@@ -686,7 +687,10 @@ mod tests {
             .unwrap()
             .expect("a broker");
         let bootstrap = broker.bootstrap();
-        create_topic(&bootstrap, "exact", 3).await.expect("topic");
+        let (exact_topic, plain_topic) = (broker.topic("exact"), broker.topic("plain"));
+        create_topic(&bootstrap, &exact_topic, 3)
+            .await
+            .expect("topic");
         let config = SinkConfig {
             bootstrap_servers: bootstrap.clone(),
             properties: Default::default(),
@@ -702,7 +706,7 @@ mod tests {
             value: value.map(Bytes::from_static),
         };
         let exact = RoutedRecord {
-            topic: "exact".into(),
+            topic: exact_topic.clone(),
             key: Some(Bytes::from_static(b"key\0\xff")),
             value: Some(Bytes::from_static(b"{\"v\":\"\0\xfe\"}")),
             headers: vec![
@@ -714,7 +718,7 @@ mod tests {
             partition: Some(2),
         };
         let plain = RoutedRecord {
-            topic: "plain".into(),
+            topic: plain_topic.clone(),
             key: None,
             value: None,
             headers: vec![],
@@ -742,7 +746,7 @@ mod tests {
         assert_eq!(landed[2], (12, 2));
         assert_eq!(landed[1].0, 11);
 
-        let read = read_topic_async(&bootstrap, "exact", Duration::from_secs(30))
+        let read = read_topic_async(&bootstrap, &exact_topic, Duration::from_secs(30))
             .await
             .expect("read back");
         assert_eq!(read.len(), 2);
@@ -765,7 +769,7 @@ mod tests {
             );
             assert_eq!(consumed.timestamp, Some(1_600_000_000_123));
         }
-        let read = read_topic_async(&bootstrap, "plain", Duration::from_secs(30))
+        let read = read_topic_async(&bootstrap, &plain_topic, Duration::from_secs(30))
             .await
             .expect("read back");
         assert_eq!(read.len(), 1);
