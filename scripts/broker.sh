@@ -41,17 +41,16 @@
 # while it is down.
 #
 # Environment:
-#   SIPHON_KAFKA_HEAP       heap options of each JVM (default -Xmx1g; the other JVM options are
+#   SIPHON_BROKER_HEAP       heap options of each JVM (default -Xmx1g; the other JVM options are
 #                           those of Kafka's bin/kafka-run-class.sh: G1, full JIT)
-#   SIPHON_KAFKA_LIBS       the Kafka jar directory (default
+#   SIPHON_BROKER_LIBS       the Kafka jar directory (default
 #                           ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/kafka-4.4.0/libs, which
 #                           scripts/install-kafka.sh fills)
-#   SIPHON_KAFKA_JAVA       the java binary (default: java on the PATH)
-#   SIPHON_KAFKA_LOG_LEVEL  the broker's root log level (default INFO)
+#   SIPHON_BROKER_JAVA       the java binary (default: java on the PATH)
+#   SIPHON_BROKER_LOG_LEVEL  the broker's root log level (default INFO)
 #   SIPHON_BROKER_READY_TIMEOUT  seconds start may wait for the Metadata answer (default 120)
 #   SIPHON_BROKER_STOP_TIMEOUT   seconds stop waits after SIGTERM before SIGKILL (default 120)
-# Siphon reads every SIPHON_KAFKA_<KEY> variable as its [kafka] <key> setting and refuses
-# unknown keys: do not export the SIPHON_KAFKA_* variables above where Siphon runs.
+# (Named SIPHON_BROKER_*: Siphon reads SIPHON_KAFKA_<KEY> as its own [kafka] settings.)
 # Needs python3 (the Metadata request).
 set -euo pipefail
 
@@ -132,15 +131,15 @@ datadir=$(cd "$2" 2>/dev/null && pwd -P) || {
 }
 
 cache_dir=${SIPHON_CACHE_DIR:-${HOME:-/root}/.cache/siphon}
-libs=${SIPHON_KAFKA_LIBS:-$cache_dir/kafka-$KAFKA_VERSION/libs}
-java=${SIPHON_KAFKA_JAVA:-java}
-read -r -a heap <<<"${SIPHON_KAFKA_HEAP:--Xmx1g}"
+libs=${SIPHON_BROKER_LIBS:-$cache_dir/kafka-$KAFKA_VERSION/libs}
+java=${SIPHON_BROKER_JAVA:-java}
+read -r -a heap <<<"${SIPHON_BROKER_HEAP:--Xmx1g}"
 ready_timeout=${SIPHON_BROKER_READY_TIMEOUT:-120}
 [[ $ready_timeout =~ ^[0-9]+$ ]] || die "SIPHON_BROKER_READY_TIMEOUT must be a number of seconds"
 
 need_kafka() {
     [[ -f $libs/kafka_2.13-$KAFKA_VERSION.jar ]] ||
-        die "Apache Kafka $KAFKA_VERSION not found in $libs; run scripts/install-kafka.sh (or set SIPHON_KAFKA_LIBS)"
+        die "Apache Kafka $KAFKA_VERSION not found in $libs; run scripts/install-kafka.sh (or set SIPHON_BROKER_LIBS)"
     command -v "$java" >/dev/null 2>&1 || die "'$java' not found: Kafka needs a Java 17+ runtime"
     command -v python3 >/dev/null 2>&1 || die "python3 not found (it makes the Metadata request)"
 }

@@ -77,9 +77,7 @@ replication_factor = 1
 TOML
 
 say "starting siphon (log: $work/siphon.log)"
-# Siphon reads SIPHON_KAFKA_<KEY> variables as [kafka] settings: broker.sh's are not Siphon's.
-env -u SIPHON_KAFKA_HEAP -u SIPHON_KAFKA_LIBS -u SIPHON_KAFKA_JAVA -u SIPHON_KAFKA_LOG_LEVEL \
-    target/debug/siphon run --config "$work/siphon.toml" >"$work/siphon.log" 2>&1 &
+target/debug/siphon run --config "$work/siphon.toml" >"$work/siphon.log" 2>&1 &
 siphon_pid=$!
 for _ in $(seq 100); do
     active=$(psql -qtA "$url" -c "SELECT active FROM pg_replication_slots WHERE slot_name = 'siphon'")

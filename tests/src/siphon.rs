@@ -15,8 +15,8 @@
 //!   it. When the thread is panicking, the directory is kept and the log's
 //!   path and tail are printed.
 //! - `RUST_LOG` is inherited from the test's environment, defaulting to
-//!   `info`; the harness's own `SIPHON_KAFKA_*` variables ([`HARNESS_VARIABLES`])
-//!   are not passed on.
+//!   `info`. The harness's own variables are named `SIPHON_BROKER_*`, never
+//!   `SIPHON_KAFKA_*`, which Siphon reads as its `[kafka]` settings.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -25,18 +25,6 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-
-/// Environment variables of the harness and the test command that Siphon must not see: named
-/// `SIPHON_KAFKA_*` like Siphon's own `kafka` settings, they would be read as configuration.
-pub const HARNESS_VARIABLES: &[&str] = &[
-    "SIPHON_KAFKA_BOOTSTRAP",
-    "SIPHON_KAFKA_LOG",
-    "SIPHON_KAFKA_LOG_LEVEL",
-    "SIPHON_KAFKA_LIBS",
-    "SIPHON_KAFKA_JAVA",
-    "SIPHON_KAFKA_JVM_OPTS",
-    "SIPHON_KAFKA_HEAP",
-];
 
 /// Path of the `siphon` binary (see the module docs for the lookup order).
 pub fn siphon_bin() -> Result<PathBuf> {
@@ -294,11 +282,6 @@ impl SiphonProcess {
             .stderr(log);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
-        }
-        // The harness's own variables share Siphon's prefix: Siphon would read
-        // SIPHON_KAFKA_BOOTSTRAP as the unknown key `kafka.bootstrap`.
-        for name in HARNESS_VARIABLES {
-            cmd.env_remove(name);
         }
         for (k, v) in &self.env {
             cmd.env(k, v);

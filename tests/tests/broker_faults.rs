@@ -195,7 +195,7 @@ async fn wait_fully_replicated(cluster: &KafkaCluster, topics: &[String]) -> Res
     .await
 }
 
-/// 1. The leader of the busiest partition is killed with `kill -9` mid-stream and restarted.
+/// Scenario 1: The leader of the busiest partition is killed with `kill -9` mid-stream and restarted.
 async fn leader_killed_mid_stream(cluster: &KafkaCluster) -> Result<()> {
     let s = Scenario::start(cluster, "leaderkill", "").await?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -222,7 +222,7 @@ async fn leader_killed_mid_stream(cluster: &KafkaCluster) -> Result<()> {
     Ok(())
 }
 
-/// 2. Two of three brokers down for 30 s (`NOT_ENOUGH_REPLICAS`, and the controller quorum
+/// Scenario 2: Two of three brokers down for 30 s (`NOT_ENOUGH_REPLICAS`, and the controller quorum
 /// lost) while events are committed: the slot does not move past them, WAL is retained, no
 /// tight retry loop, and everything arrives after recovery.
 async fn two_of_three_down(cluster: &KafkaCluster) -> Result<()> {
@@ -285,7 +285,7 @@ async fn two_of_three_down(cluster: &KafkaCluster) -> Result<()> {
     Ok(())
 }
 
-/// 3. Every broker restarted in turn (controlled shutdown, restart, replicas back in sync)
+/// Scenario 3: Every broker restarted in turn (controlled shutdown, restart, replicas back in sync)
 /// while streaming.
 async fn rolling_restart(cluster: &KafkaCluster) -> Result<()> {
     let s = Scenario::start(cluster, "rolling", "").await?;
@@ -309,7 +309,7 @@ async fn rolling_restart(cluster: &KafkaCluster) -> Result<()> {
     Ok(())
 }
 
-/// 4. The delivery-deadline path on a real broker: every node frozen (SIGSTOP, as in a paused
+/// Scenario 4: The delivery-deadline path on a real broker: every node frozen (SIGSTOP, as in a paused
 /// virtual machine or a stop-the-world pause) for twice the deadline, so the records in flight are
 /// overdue inside the producer while their requests sit unanswered in the brokers' sockets. The
 /// session purges and replaces the producer and, once the nodes resume, sends again in order;
@@ -352,7 +352,7 @@ async fn cluster_frozen_past_the_deadline(cluster: &KafkaCluster) -> Result<()> 
     Ok(())
 }
 
-/// 5a. A topic deleted while Siphon writes to it. The broker creates it again on the next
+/// Scenario 5a: A topic deleted while Siphon writes to it. The broker creates it again on the next
 /// metadata request (`auto.create.topics.enable`, Kafka's default) with its default partition
 /// count, so the records in flight name a partition the topic no longer has. Siphon stops with
 /// exit status 2 naming the deletion, without confirming anything unacknowledged (Debezium's
@@ -414,7 +414,7 @@ async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
     Ok(())
 }
 
-/// 5b. A topic whose partition count is raised (3 to 6) while Siphon writes: no event is lost,
+/// Scenario 5b: A topic whose partition count is raised (3 to 6) while Siphon writes: no event is lost,
 /// and once the producer's metadata shows the new count (`topic.metadata.refresh.interval.ms`,
 /// set to 1 s here; 5 minutes by default, like the Java client's `metadata.max.age.ms`), each key
 /// goes to murmur2(key) mod 6, as the Java client (and so Debezium) places it. Each key moves

@@ -18,15 +18,6 @@ use std::path::PathBuf;
 pub const KAFKA_JVM_OPTS: &str = "-Xms1g -Xmx1g -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
      -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true";
 
-/// The test harness's own `SIPHON_KAFKA_*` variables (none of them a Siphon setting), read
-/// when the bench's broker starts.
-pub const HARNESS_KAFKA_VARS: &[&str] = &[
-    "SIPHON_KAFKA_BOOTSTRAP",
-    "SIPHON_KAFKA_LOG",
-    "SIPHON_KAFKA_LIBS",
-    "SIPHON_KAFKA_JAVA",
-    "SIPHON_KAFKA_JVM_OPTS",
-];
 
 /// The JVM options the bench's own broker gets.
 pub fn kafka_jvm_opts() -> String {
@@ -55,7 +46,7 @@ impl Services {
     /// `bootstrap` is called `broker_name` in the tables; its process is the one listening on
     /// the first address's port, when that address is this host's loopback.
     ///
-    /// The bench's own broker gets the JVM options of `SIPHON_KAFKA_JVM_OPTS`, which the
+    /// The bench's own broker gets the JVM options of `SIPHON_BROKER_JVM_OPTS`, which the
     /// bench's `main` sets to [`kafka_jvm_opts`].
     pub fn start(
         pg_url: Option<String>,

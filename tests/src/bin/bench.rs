@@ -53,19 +53,14 @@ fn main() {
     // The services start before the Tokio runtime, while this is the only thread: the
     // environment changes below are then safe.
     //
-    // The harness starts the bench's broker with SIPHON_KAFKA_JVM_OPTS.
-    std::env::set_var("SIPHON_KAFKA_JVM_OPTS", services::kafka_jvm_opts());
+    // The harness starts the bench's broker with SIPHON_BROKER_JVM_OPTS.
+    std::env::set_var("SIPHON_BROKER_JVM_OPTS", services::kafka_jvm_opts());
     let svc = services::Services::start(
         args.pg_url.clone(),
         args.bootstrap.clone(),
         args.broker_name.clone(),
         args.pg_recvlogical.clone(),
     );
-    // Siphon reads every SIPHON_KAFKA_<KEY> variable as its `[kafka] <key>` setting, so the
-    // harness's own variables must not reach the Siphon processes the bench starts.
-    for var in services::HARNESS_KAFKA_VARS {
-        std::env::remove_var(var);
-    }
     let svc = match svc {
         Ok(svc) => svc,
         Err(e) => {
