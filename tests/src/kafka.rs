@@ -74,9 +74,7 @@ fn java() -> PathBuf {
 /// broker in about half the CPU time (`$SIPHON_BROKER_JVM_OPTS` replaces them).
 fn jvm_options() -> Vec<String> {
     match std::env::var("SIPHON_BROKER_JVM_OPTS") {
-        Ok(opts) if !opts.trim().is_empty() => {
-            opts.split_whitespace().map(str::to_owned).collect()
-        }
+        Ok(opts) if !opts.trim().is_empty() => opts.split_whitespace().map(str::to_owned).collect(),
         _ => [
             "-Xms128m",
             "-Xmx768m",
@@ -238,7 +236,11 @@ impl KafkaNode {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        settings.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        settings.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         KafkaNode::new_in(
             NodeSpec {
                 id: 1,
@@ -483,7 +485,12 @@ impl Drop for KafkaNode {
             eprintln!("Kafka node {}: {e:#}", self.spec.id);
         }
         if let Some(dir) = self.dir.take() {
-            crate::finish_dir(dir, &format!("kafka node {}", self.spec.id), &self.log_path(), false);
+            crate::finish_dir(
+                dir,
+                &format!("kafka node {}", self.spec.id),
+                &self.log_path(),
+                false,
+            );
         }
     }
 }
@@ -529,7 +536,11 @@ impl KafkaCluster {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        settings.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        settings.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         let nodes = ports
             .iter()
             .zip(1..)

@@ -111,7 +111,9 @@ pub fn read_topic(bootstrap: &str, topic: &str, timeout: Duration) -> Result<Vec
             break md_topic.partitions().iter().map(|p| p.id()).collect();
         }
         if Instant::now() >= deadline {
-            bail!("topic {topic:?} on {bootstrap} has partitions without a leader after {timeout:?}");
+            bail!(
+                "topic {topic:?} on {bootstrap} has partitions without a leader after {timeout:?}"
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     };

@@ -56,7 +56,10 @@ pub mod wait;
 
 pub use broker::Broker;
 pub use kafka::{KafkaCluster, KafkaNode};
-pub use kafka_read::{create_topic, create_topic_replicated, list_topics, read_topic, read_topic_async, ConsumedRecord};
+pub use kafka_read::{
+    create_topic, create_topic_replicated, list_topics, read_topic, read_topic_async,
+    ConsumedRecord,
+};
 pub use ports::free_port;
 pub use postgres::Postgres;
 pub use siphon::{siphon_bin, SiphonProcess};

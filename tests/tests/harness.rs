@@ -189,7 +189,12 @@ async fn broker_round_trip_with_keys_and_headers() -> Result<()> {
     let other = Broker::start()?;
     assert_eq!(other.bootstrap(), bootstrap);
     assert_ne!(other.topic("harness.roundtrip"), *topic);
-    assert!(read_topic(&bootstrap, &other.topic("harness.roundtrip"), Duration::from_secs(10))?.is_empty());
+    assert!(read_topic(
+        &bootstrap,
+        &other.topic("harness.roundtrip"),
+        Duration::from_secs(10)
+    )?
+    .is_empty());
     // Reading is repeatable and does not consume anything.
     assert_eq!(
         read_topic(&bootstrap, topic, Duration::from_secs(30))?,
@@ -221,7 +226,9 @@ async fn broker_kill_and_start_again() -> Result<()> {
     let first = producer(&bootstrap)?;
     first
         .send(
-            FutureRecord::to("harness.before-kill").key("k").payload("v"),
+            FutureRecord::to("harness.before-kill")
+                .key("k")
+                .payload("v"),
             Duration::from_secs(30),
         )
         .await
@@ -267,7 +274,9 @@ async fn cluster_of_three_survives_its_leader_killed() -> Result<()> {
     let producer = producer(&bootstrap)?;
     let send = |value: &'static str| {
         producer.send(
-            FutureRecord::to("harness.replicated").key("k").payload(value),
+            FutureRecord::to("harness.replicated")
+                .key("k")
+                .payload(value),
             Duration::from_secs(60),
         )
     };
@@ -282,18 +291,23 @@ async fn cluster_of_three_survives_its_leader_killed() -> Result<()> {
     assert_eq!(topic.partitions()[0].replicas().len(), 3);
     let leader = cluster.leader_of("harness.replicated", 0)?;
     cluster.node(u32::try_from(leader)?)?.kill9()?;
-    wait_until(Duration::from_secs(60), Duration::from_millis(200), || async {
-        Ok(cluster
-            .leader_of("harness.replicated", 0)
-            .is_ok_and(|l| l != leader))
-    })
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            Ok(cluster
+                .leader_of("harness.replicated", 0)
+                .is_ok_and(|l| l != leader))
+        },
+    )
     .await?;
     send("two").await.map_err(|(e, _)| e)?;
     cluster.restart(u32::try_from(leader)?)?;
-    let values: Vec<String> = read_topic(&bootstrap, "harness.replicated", Duration::from_secs(30))?
-        .iter()
-        .filter_map(|r| r.value_str())
-        .collect();
+    let values: Vec<String> =
+        read_topic(&bootstrap, "harness.replicated", Duration::from_secs(30))?
+            .iter()
+            .filter_map(|r| r.value_str())
+            .collect();
     assert_eq!(values, ["one", "two"]);
     Ok(())
 }
@@ -303,12 +317,16 @@ async fn cluster_of_three_survives_its_leader_killed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxied_broker_keeps_clients_on_the_proxy() -> Result<()> {
     let broker = ProxiedBroker::start()?;
-    let ports = siphon_tests::proxy::advertised_ports(&broker.bootstrap(), Duration::from_secs(10))?;
+    let ports =
+        siphon_tests::proxy::advertised_ports(&broker.bootstrap(), Duration::from_secs(10))?;
     assert_eq!(ports, [broker.proxy().port()]);
     let topic = broker.topic("harness.proxied");
     let producer = producer(&broker.bootstrap())?;
     producer
-        .send(FutureRecord::to(&topic).key("k").payload("v"), Duration::from_secs(30))
+        .send(
+            FutureRecord::to(&topic).key("k").payload("v"),
+            Duration::from_secs(30),
+        )
         .await
         .map_err(|(e, _)| e)?;
     let connections = broker.proxy().connections();
@@ -322,9 +340,19 @@ async fn proxied_broker_keeps_clients_on_the_proxy() -> Result<()> {
     assert!(outcome.is_err(), "a write went past the paused proxy");
     broker.proxy().resume();
     // Read directly from the broker: both the first write and the held one arrive.
-    wait_until(Duration::from_secs(30), Duration::from_millis(200), || async {
-        Ok(read_topic(&broker.broker().bootstrap(), &topic, Duration::from_secs(10))?.len() == 2)
-    })
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            Ok(read_topic(
+                &broker.broker().bootstrap(),
+                &topic,
+                Duration::from_secs(10),
+            )?
+            .len()
+                == 2)
+        },
+    )
     .await?;
     Ok(())
 }

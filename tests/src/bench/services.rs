@@ -18,7 +18,6 @@ use std::path::PathBuf;
 pub const KAFKA_JVM_OPTS: &str = "-Xms1g -Xmx1g -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
      -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true";
 
-
 /// The JVM options the bench's own broker gets.
 pub fn kafka_jvm_opts() -> String {
     std::env::var("SIPHON_BENCH_KAFKA_JVM_OPTS")
