@@ -96,9 +96,26 @@ print_summary() {
 }
 
 # shellcheck disable=SC2317 # invoked indirectly through `step`
+# Tests that need PostgreSQL 17 or 18 run in the PostgreSQL 18 pass only (under CI a test
+# whose server is too old fails rather than passing by skipping).
 run_tests() {
     mkdir -p "$root/target"
-    cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$root/target/test-output.log"
+    # The script's arguments: cargo's, then after `--` the test binaries'.
+    local cargo_args=() test_args=() seen_dashes=0 arg
+    for arg in "$@"; do
+        if ((seen_dashes == 0)) && [[ $arg == -- ]]; then
+            seen_dashes=1
+        elif ((seen_dashes)); then
+            test_args+=("$arg")
+        else
+            cargo_args+=("$arg")
+        fi
+    done
+    cargo test --workspace --no-fail-fast "${cargo_args[@]}" -- "${test_args[@]}" \
+        --skip promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing \
+        --skip on_18_the_publication_siphon_creates_publishes_generated_columns \
+        2>&1 | tee "$root/target/test-output.log"
+    return "${PIPESTATUS[0]}"
 }
 
 rc=0
