@@ -156,6 +156,10 @@ impl SourceError {
             E::Protocol(ProtocolViolation::TooLarge { .. }) => {
                 SourceError::Definite(err.to_string())
             }
+            E::PublicationSkipped(notice) => SourceError::Definite(format!(
+                "PostgreSQL skipped changes the slot decoded because the publication did not exist when they were written (it was dropped, and maybe created again, while Siphon was not streaming): {notice}. The events committed while it was missing were not published, cannot be read from this slot and were not sent to Kafka. If the publication is still missing, restart Siphon, which creates it (or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>); then re-send the events committed while it was missing from the application and move the slot past them with {} (this skips every event not yet sent: re-send those too) and restart Siphon",
+                advance_slot_hint(slot)
+            )),
             E::Server(server) => classify_server_message(slot, user, &server.to_string()),
             _ => SourceError::Transient(error_chain(&err)),
         }

@@ -32,6 +32,11 @@ pub enum WireError {
     /// The server reported an error.
     #[error("{0}")]
     Server(ServerError),
+    /// A warning on the replication stream that a publication did not exist where the changes
+    /// being decoded were written (a `WARNING` with SQLSTATE 55000, PostgreSQL 18+): the server skipped
+    /// it, so those changes were not published.
+    #[error("{0}")]
+    PublicationSkipped(ServerError),
     /// Reading or writing the socket failed.
     #[error("replication connection: {0}")]
     Io(#[from] std::io::Error),

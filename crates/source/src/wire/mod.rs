@@ -31,7 +31,8 @@ pub use error::{ProtocolViolation, ServerError, WireError};
 pub use session::{Login, QueryRow, Session, Tls};
 pub use stream::{Received, WireStream};
 
-/// Logs a `NoticeResponse` (PostgreSQL 18 warns this way about a missing publication).
+/// Logs a `NoticeResponse` (PostgreSQL 18's "skipped loading publication" on the replication
+/// stream is an error instead, see [`WireError::PublicationSkipped`]).
 fn log_notice(message: &pgoutput::wire::BackendMessage) {
     let notice = pgoutput::wire::server_error(&message.body);
     tracing::warn!(severity = %notice.severity, code = %notice.code, "PostgreSQL: {}", notice.message);

@@ -23,6 +23,11 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// SQLSTATE 55000 object_not_in_prerequisite_state: a `WARNING` with it on the replication
+/// stream is PostgreSQL 18's "skipped loading publication": the publication did not exist where
+/// the changes being decoded were written, and they were skipped.
+const PUBLICATION_SKIPPED: &str = "55000";
 use tokio::io::AsyncWrite;
 use tokio::time::{Instant, Sleep};
 
@@ -249,7 +254,13 @@ impl WireStream {
                     }))
                 }
                 b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
-                b'N' => log_notice(&message),
+                b'N' => {
+                    let notice = frames::server_error(&message.body);
+                    if notice.code == PUBLICATION_SKIPPED && notice.severity == "WARNING" {
+                        return Err(WireError::PublicationSkipped(notice));
+                    }
+                    log_notice(&message);
+                }
                 // CopyDone, then CommandComplete and ReadyForQuery: the server ended the stream.
                 b'c' | b'C' | b'Z' => return Ok(Some(Received::End)),
                 tag => {
