@@ -194,7 +194,7 @@ run_tests_pg18() {
         --skip an_outage_shorter_than_the_delivery_deadline \
         --skip a_broker_that_forgot_the_producer --skip sigterm_while_a_topic_waits \
         --skip rows_of_other_tables_in_the_publication \
-        --skip broker_faults_on_a_three_node_cluster --skip another_kafka_protocol_broker \
+        --skip broker_faults_on_a_three_node_cluster --skip siphon_streams_outbox_events_to_tansu \
         2>&1 | tee -a "$root/target/test-output.log"
     return "${PIPESTATUS[0]}"
 }
