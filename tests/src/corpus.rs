@@ -12,7 +12,10 @@
 //! - numbers whose Java text differs from the shortest decimal on some JDKs, integers at and
 //!   beyond the 32- and 64-bit limits, numbers beyond the range of a double or that underflow;
 //! - payloads `table.expand.json.payload` leaves as strings: an empty member name, mixed
-//!   arrays, top-level arrays and scalars, blank text.
+//!   arrays, top-level arrays and scalars, blank text;
+//! - fixed rows at and just past the read limits of the Jackson version Debezium expands
+//!   payloads with: numbers and member names ([`read_limit_rows`]), 20 MB strings
+//!   ([`string_limit_rows`], for a table of their own).
 //!
 //! Left out on purpose: arrays of objects whose shapes do not extend one another, where
 //! Debezium's merged schema depends on the JVM run (see `docs/migrating-from-debezium.md`).
@@ -20,7 +23,8 @@
 //! # Invariants
 //! - [`generate`] is a pure function of its seed and size: the same arguments give the same
 //!   rows on every machine.
-//! - Row ids are unique (`id` is the table's primary key and pairs records across systems).
+//! - Row ids are unique (`id` is the table's primary key and pairs records across systems):
+//!   generated rows are `...-8000-<n>`, fixed rows `...-9000-<n>`.
 //! - No text holds U+0000 (PostgreSQL text cannot) and every aggregate type is a valid part of
 //!   a Kafka topic name.
 
@@ -397,17 +401,125 @@ pub fn generate(seed: u64, count: usize, lone_surrogates: bool) -> Vec<Row> {
         .collect()
 }
 
-/// Inserts `rows` in transactions of up to 50 rows.
+/// Jackson's default `StreamReadConstraints` in the version Debezium 3.6.3 ships (2.21.2):
+/// a number's digits, a member name's length and a string's length, in Java characters
+/// (UTF-16 code units, escapes decoded). The nesting limit (1000) is in [`deep`]; documents
+/// and token counts are not limited.
+pub const JACKSON_MAX_NUMBER_DIGITS: usize = 1000;
+/// See [`JACKSON_MAX_NUMBER_DIGITS`].
+pub const JACKSON_MAX_NAME_LENGTH: usize = 50_000;
+/// See [`JACKSON_MAX_NUMBER_DIGITS`].
+pub const JACKSON_MAX_STRING_LENGTH: usize = 20_000_000;
+
+/// A row of fixed columns around `payload`, numbered `n` among the fixed rows (its id never
+/// meets a generated row's).
+fn fixed_row(n: usize, payload: String) -> Row {
+    Row {
+        id: format!("00000000-0000-4000-9000-{n:012x}"),
+        aggregatetype: "Order".to_owned(),
+        aggregateid: format!("limit-{n}"),
+        event_type: "Limit".to_owned(),
+        payload: Some(payload),
+        tenant: Some("t".to_owned()),
+        created_at: "2024-05-01 12:00:00.000001".to_owned(),
+        part: Some(0),
+        ver: Some(1),
+        score: Some(0.5),
+        ratio: Some(0.25),
+    }
+}
+
+/// Payloads at and just past Jackson's number and name limits, for the corpus table (each
+/// at most 100 kB). A number's length is its digits (sign, point, `e` and exponent sign not
+/// counted) as Jackson 2.21 counts them: a number starting with `0` takes its slower reading,
+/// where an absent fraction or exponent counts -1.
+pub fn read_limit_rows() -> Vec<Row> {
+    let max = JACKSON_MAX_NUMBER_DIGITS;
+    let digits = |n: usize| "1".repeat(n);
+    let numbers = [
+        // Integers: digits, sign not counted.
+        digits(max),
+        digits(max + 1),
+        format!("-{}", digits(max)),
+        format!("-{}", digits(max + 1)),
+        // Fractions: integer and fraction digits.
+        format!("1.{}", digits(max - 1)),
+        format!("1.{}", digits(max)),
+        // Exponents: mantissa and exponent digits, the exponent's sign not counted.
+        format!("{}E-990", digits(max - 3)),
+        format!("{}E-990", digits(max - 2)),
+        // A leading zero: its absent exponent counts -1.
+        format!("0.{}", digits(max)),
+        format!("0.{}", digits(max + 1)),
+        format!("-0.{}", digits(max)),
+        format!("0.{}e-5", digits(max - 2)),
+        format!("0.{}e-5", digits(max - 1)),
+        // ... and its absent fraction.
+        format!("0e{}1", "0".repeat(max - 1)),
+        format!("0e{}1", "0".repeat(max)),
+    ];
+    let name = JACKSON_MAX_NAME_LENGTH;
+    let names = [
+        "n".repeat(name),
+        "n".repeat(name + 1),
+        // Java characters, not UTF-8 bytes: 50,000 and 50,001 UTF-16 code units.
+        "😀".repeat(name / 2),
+        format!("n{}", "😀".repeat(name / 2)),
+        // Escapes count decoded.
+        format!("\\n{}", "n".repeat(name - 1)),
+    ];
+    numbers
+        .into_iter()
+        .map(|number| format!("{{\"n\": {number}}}"))
+        .chain(names.into_iter().map(|n| format!("{{\"{n}\": 1}}")))
+        .enumerate()
+        .map(|(i, payload)| fixed_row(i + 1, payload))
+        .collect()
+}
+
+/// Payloads at and just past Jackson's string limit (20 MB each): for a table and variant
+/// of their own, since every variant reading them writes records of that size.
+pub fn string_limit_rows() -> Vec<Row> {
+    let max = JACKSON_MAX_STRING_LENGTH;
+    [
+        // At the limit in Java characters, not in UTF-8 bytes: 20,000,000 UTF-16 code units
+        // in 20,000,002 bytes.
+        format!("{}😀", "x".repeat(max - 2)),
+        "x".repeat(max + 1),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, s)| fixed_row(0x1000 + i, format!("{{\"s\": \"{s}\"}}")))
+    .collect()
+}
+
+/// Inserts `rows` into `outbox` in transactions of up to 50 rows.
 pub async fn insert(client: &mut tokio_postgres::Client, rows: &[Row]) -> anyhow::Result<()> {
+    insert_into(client, "outbox", rows, true).await
+}
+
+/// Inserts `rows` into `table` (made like `outbox`) in transactions of up to 50 rows; without
+/// `copies`, `payload_b` and `payload_bin` (the payload as `jsonb` and `bytea`) are NULL.
+pub async fn insert_into(
+    client: &mut tokio_postgres::Client,
+    table: &str,
+    rows: &[Row],
+    copies: bool,
+) -> anyhow::Result<()> {
+    let copies = if copies {
+        "try_jsonb($5), convert_to($5, 'UTF8')"
+    } else {
+        "NULL, NULL"
+    };
     for chunk in rows.chunks(50) {
         let tx = client.transaction().await?;
         let stmt = tx
-            .prepare(
-                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, created_at, \
+            .prepare(&format!(
+                "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload, tenant, created_at, \
                                      part, ver, payload_b, payload_bin, score, ratio) \
                  VALUES ($1::text::uuid, $2, $3, $4, $5::text::json, $6, $7::text::timestamp, \
-                         $8, $9, try_jsonb($5), convert_to($5, 'UTF8'), $10, $11)",
-            )
+                         $8, $9, {copies}, $10, $11)",
+            ))
             .await?;
         for r in chunk {
             tx.execute(

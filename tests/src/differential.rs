@@ -2,11 +2,13 @@
 //! through the `siphon` binary, against one PostgreSQL and one broker, compared record by
 //! record and byte for byte.
 //!
-//! Each [`Variant`] is one router option set and pair of encodings. Every variant gets two
-//! slots (one per system) created before the rows are inserted, so both read the same WAL;
-//! its topics are named `<variant>.<aggregate type>` by `route.topic.replacement`, so
-//! variants never share a topic. Siphon runs with `pipeline.on_error = "dead-letter"`, so a
-//! row it refuses shows up (on `<variant>.dead`) rather than stopping it.
+//! Each [`Suite`] is a table of rows and the variants that read it; each [`Variant`] is one
+//! router option set and pair of encodings. Every variant gets two slots (one per system)
+//! created before the rows are inserted, so both read the same WAL; its topics are named
+//! `<namespace><variant>.<aggregate type>` by `route.topic.replacement` (the namespace is the
+//! test's on the shared broker), so variants never share a topic. Siphon runs with
+//! `pipeline.on_error = "dead-letter"`, so a row it refuses shows up (on `<variant>.dead`)
+//! rather than stopping it.
 //!
 //! Records are paired by their `id` header (the row's primary key). Compared: topic,
 //! partition, key, value and headers (names, order, values), and the record timestamp when
@@ -43,6 +45,29 @@ pub fn oracle_java_version() -> u32 {
         .unwrap_or(21)
 }
 
+/// A table of rows and the variants that read it (only they: each table has a publication of
+/// its own).
+#[derive(Debug, Clone)]
+pub struct Suite<'a> {
+    /// The table, in `public`: `outbox` (made by [`corpus::TABLE_DDL`]) or another made like it.
+    pub table: &'static str,
+    pub rows: &'a [Row],
+    pub variants: Vec<Variant>,
+    /// For records larger than Kafka's default limit (1 MB): the variants' topics are created
+    /// first with `max.message.bytes` of this many bytes, and Siphon's producer takes records
+    /// this large.
+    pub max_record_bytes: Option<usize>,
+    /// Whether `payload_b` and `payload_bin` hold the payload too (as `jsonb` and `bytea`),
+    /// for variants that read them; else they are NULL.
+    pub payload_copies: bool,
+}
+
+impl Suite<'_> {
+    fn publication(&self) -> String {
+        format!("diff_{}", self.table)
+    }
+}
+
 /// One router configuration and pair of encodings.
 #[derive(Debug, Clone)]
 pub struct Variant {
@@ -55,7 +80,7 @@ pub struct Variant {
 }
 
 impl Variant {
-    fn router_options(&self) -> BTreeMap<String, String> {
+    fn router_options(&self, namespace: &str) -> BTreeMap<String, String> {
         let mut options: BTreeMap<String, String> = self
             .router
             .iter()
@@ -63,21 +88,42 @@ impl Variant {
             .collect();
         options.insert(
             "route.topic.replacement".to_owned(),
-            format!("{}.${{routedByValue}}", self.name),
+            format!("{namespace}{}.${{routedByValue}}", self.name),
         );
         options.insert("topic.prefix".to_owned(), "dbz".to_owned());
         options
     }
 
+    /// Whether the record timestamp comes from the rows. Then its topics are created first
+    /// (`<variant>.<aggregate type>` for the rows' aggregate types, and `<variant>.dead`), so
+    /// it has no `route.topic.regex`; so do variants of a suite with `max_record_bytes`.
     fn compares_timestamps(&self) -> bool {
         self.router
             .iter()
             .any(|(k, _)| *k == "table.field.event.timestamp")
     }
 
-    fn siphon_config(&self, pg: &Postgres, broker: &Broker) -> String {
+    /// The configuration of the variant's topics when Kafka's defaults do not fit (then the
+    /// topics are created first): record timestamps from the rows, which Kafka (4.0 and
+    /// later) refuses more than an hour ahead and deletes once older than the retention time;
+    /// records larger than 1 MB.
+    fn topic_configs(&self, max_record_bytes: Option<usize>) -> Vec<(&'static str, String)> {
+        let mut configs = Vec::new();
+        if self.compares_timestamps() {
+            configs.push(("message.timestamp.after.max.ms", i64::MAX.to_string()));
+            configs.push(("retention.ms", "-1".to_owned()));
+        }
+        if let Some(max) = max_record_bytes {
+            configs.push(("max.message.bytes", max.to_string()));
+            // A record batch must fit in a log segment.
+            configs.push(("segment.bytes", (2 * max).max(16 << 20).to_string()));
+        }
+        configs
+    }
+
+    fn siphon_config(&self, suite: &Suite, pg: &Postgres, broker: &Broker) -> String {
         let mut router = String::new();
-        for (k, v) in self.router_options() {
+        for (k, v) in self.router_options(broker.namespace()) {
             // JSON strings of ASCII text are TOML basic strings.
             let _ = writeln!(
                 router,
@@ -91,8 +137,8 @@ impl Variant {
 [source]
 url = "{url}"
 slot = "{name}_s"
-publication = "diff_pub"
-tables = ["public.outbox"]
+publication = "{publication}"
+tables = ["public.{table}"]
 status_interval_ms = 200
 
 [kafka]
@@ -100,6 +146,7 @@ bootstrap_servers = "{bootstrap}"
 
 [kafka.properties]
 "message.timeout.ms" = "30000"
+{max_bytes}
 
 [kafka.topic_creation]
 partitions = {PARTITIONS}
@@ -112,7 +159,7 @@ listen = "127.0.0.1:0"
 shutdown_timeout_secs = 20
 max_backoff_secs = 2
 on_error = "dead-letter"
-dead_letter_topic = "{name}.dead"
+dead_letter_topic = "{dead}"
 
 [format]
 key = "{key}"
@@ -123,6 +170,13 @@ java_version = {java_version}
 {router}"#,
             url = pg.url(),
             name = self.name,
+            publication = suite.publication(),
+            table = suite.table,
+            max_bytes = suite
+                .max_record_bytes
+                .map(|b| format!("\"message.max.bytes\" = \"{b}\""))
+                .unwrap_or_default(),
+            dead = broker.topic(&format!("{}.dead", self.name)),
             bootstrap = broker.bootstrap(),
             key = self.key.siphon_name(),
             value = self.value.siphon_name(),
@@ -354,7 +408,7 @@ fn read_variant(
     timeout: Duration,
 ) -> Result<Vec<ConsumedRecord>> {
     let deadline = Instant::now() + timeout;
-    let prefix = format!("{}.", variant.name);
+    let prefix = broker.topic(&format!("{}.", variant.name));
     loop {
         let mut all = Vec::new();
         for topic in list_topics(&broker.bootstrap())?
@@ -382,15 +436,45 @@ fn read_variant(
     }
 }
 
-/// Runs `rows` through Debezium and Siphon for each variant and compares the records.
-/// `Ok(None)` when no JDK is installed.
-pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
+/// Creates `topics` with topic configuration `configs`.
+async fn create_topics(
+    broker: &Broker,
+    topics: &[String],
+    configs: &[(&str, String)],
+) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .context("creating an admin client")?;
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|t| {
+            configs.iter().fold(
+                NewTopic::new(t, PARTITIONS, TopicReplication::Fixed(1)),
+                |topic, (k, v)| topic.set(k, v),
+            )
+        })
+        .collect();
+    for result in admin.create_topics(&new, &AdminOptions::new()).await? {
+        if let Err((name, code)) = result {
+            anyhow::bail!("creating topic {name}: {code}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs each suite's rows through Debezium and Siphon for each of its variants and compares
+/// the records. `Ok(None)` when no JDK is installed.
+pub async fn run(suites: &[Suite<'_>]) -> Result<Option<Report>> {
     let Some(oracle) = Oracle::locate()? else {
         return Ok(None);
     };
+    let variant_count: usize = suites.iter().map(|s| s.variants.len()).sum();
     let pg = Postgres::start()?;
     // Two slots and up to two WAL senders per variant.
-    let senders = 2 * variants.len() + 10;
+    let senders = 2 * variant_count + 10;
     {
         let client = pg.connect().await?;
         for setting in ["max_replication_slots", "max_wal_senders"] {
@@ -403,63 +487,111 @@ pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
     let broker = Broker::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(corpus::TABLE_DDL).await?;
-    client
-        .batch_execute("CREATE PUBLICATION diff_pub FOR TABLE outbox")
-        .await?;
-    for v in variants {
-        for suffix in ["s", "d"] {
+    for suite in suites {
+        if suite.table != "outbox" {
             client
-                .execute(
-                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[&format!("{}_{suffix}", v.name)],
-                )
+                .batch_execute(&format!(
+                    "CREATE TABLE {} (LIKE outbox INCLUDING ALL)",
+                    suite.table
+                ))
                 .await?;
         }
+        client
+            .batch_execute(&format!(
+                "CREATE PUBLICATION {} FOR TABLE {}",
+                suite.publication(),
+                suite.table
+            ))
+            .await?;
     }
-    corpus::insert(&mut client, rows).await?;
-    // Some UPDATEs and DELETEs of outbox rows: both systems skip them (the UPDATEs with a
-    // warning); Debezium's connector also sends a tombstone after each DELETE.
-    let changed = rows.len() / 20;
-    let updated: Vec<String> = rows.iter().take(changed).map(|r| r.id.clone()).collect();
-    let deleted: Vec<String> = rows
-        .iter()
-        .skip(changed)
-        .take(changed)
-        .map(|r| r.id.clone())
-        .collect();
-    client
-        .execute(
-            "UPDATE outbox SET tenant = 'updated' WHERE id = ANY($1::text[]::uuid[])",
-            &[&updated],
-        )
-        .await?;
-    client
-        .execute(
-            "DELETE FROM outbox WHERE id = ANY($1::text[]::uuid[])",
-            &[&deleted],
-        )
-        .await?;
-    let change_events = rows.len() + updated.len() + 2 * deleted.len();
+    // Slots after every publication: a slot created while others exist starts from their
+    // catalog position, which would be older than a publication created in between.
+    for suite in suites {
+        for v in &suite.variants {
+            for suffix in ["s", "d"] {
+                client
+                    .execute(
+                        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                        &[&format!("{}_{suffix}", v.name)],
+                    )
+                    .await?;
+            }
+            let configs = v.topic_configs(suite.max_record_bytes);
+            if !configs.is_empty() {
+                let aggregates: std::collections::BTreeSet<&str> = suite
+                    .rows
+                    .iter()
+                    .map(|r| r.aggregatetype.as_str())
+                    .collect();
+                let topics: Vec<String> = aggregates
+                    .into_iter()
+                    .chain(["dead"])
+                    .map(|a| broker.topic(&format!("{}.{a}", v.name)))
+                    .collect();
+                create_topics(&broker, &topics, &configs).await?;
+            }
+        }
+    }
+    let mut change_events = Vec::new();
+    for suite in suites {
+        let rows = suite.rows;
+        corpus::insert_into(&mut client, suite.table, rows, suite.payload_copies).await?;
+        // Some UPDATEs and DELETEs of outbox rows: both systems skip them (the UPDATEs with a
+        // warning); Debezium's connector also sends a tombstone after each DELETE.
+        let changed = rows.len() / 20;
+        let updated: Vec<String> = rows.iter().take(changed).map(|r| r.id.clone()).collect();
+        let deleted: Vec<String> = rows
+            .iter()
+            .skip(changed)
+            .take(changed)
+            .map(|r| r.id.clone())
+            .collect();
+        client
+            .execute(
+                &format!(
+                    "UPDATE {} SET tenant = 'updated' WHERE id = ANY($1::text[]::uuid[])",
+                    suite.table
+                ),
+                &[&updated],
+            )
+            .await?;
+        client
+            .execute(
+                &format!(
+                    "DELETE FROM {} WHERE id = ANY($1::text[]::uuid[])",
+                    suite.table
+                ),
+                &[&deleted],
+            )
+            .await?;
+        change_events.push(rows.len() + updated.len() + 2 * deleted.len());
+    }
 
-    let siphons = variants
+    let siphons = suites
         .iter()
-        .map(|v| SiphonProcess::start(&v.siphon_config(&pg, &broker)))
+        .flat_map(|suite| suite.variants.iter().map(move |v| (suite, v)))
+        .map(|(suite, v)| SiphonProcess::start(&v.siphon_config(suite, &pg, &broker)))
         .collect::<Result<Vec<_>>>()?;
 
     let work = crate::short_tempdir("siphon-diff-")?;
-    let runs: Vec<OracleRun> = variants
+    let runs: Vec<OracleRun> = suites
         .iter()
-        .map(|v| OracleRun {
-            name: v.name.to_owned(),
-            pg_port: pg.port(),
-            slot: format!("{}_d", v.name),
-            publication: "diff_pub".to_owned(),
-            table: "public.outbox".to_owned(),
-            router: v.router_options(),
-            key: v.key,
-            value: v.value,
-            expected: change_events,
-            partitions: PARTITIONS,
+        .zip(&change_events)
+        .flat_map(|(suite, &expected)| {
+            let broker = &broker;
+            let pg = &pg;
+            suite.variants.iter().map(move |v| OracleRun {
+                name: v.name.to_owned(),
+                pg_port: pg.port(),
+                slot: format!("{}_d", v.name),
+                publication: suite.publication(),
+                table: format!("public.{}", suite.table),
+                router: v.router_options(broker.namespace()),
+                key: v.key,
+                value: v.value,
+                expected,
+                partitions: PARTITIONS,
+            })
         })
         .collect();
     let work_dir = work.path().to_path_buf();
@@ -467,11 +599,15 @@ pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
         .await
         .context("oracle task")??;
 
+    let variants: Vec<(&Suite, &Variant)> = suites
+        .iter()
+        .flat_map(|suite| suite.variants.iter().map(move |v| (suite, v)))
+        .collect();
     let mut report = Report {
-        rows: rows.len(),
+        rows: suites.iter().map(|s| s.rows.len()).sum(),
         ..Report::default()
     };
-    for (variant, output) in variants.iter().zip(&outputs) {
+    for ((_, variant), output) in variants.iter().zip(&outputs) {
         if let Some(e) = &output.error {
             anyhow::bail!("Debezium run {} failed: {e}", variant.name);
         }
@@ -481,13 +617,13 @@ pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
         let readers: Vec<_> = variants
             .iter()
             .zip(&siphons)
-            .map(|(variant, siphon)| {
+            .map(|((suite, variant), siphon)| {
                 let broker = &broker;
                 scope.spawn(move || {
                     read_variant(
                         broker,
                         variant,
-                        rows.len(),
+                        suite.rows.len(),
                         siphon,
                         Duration::from_secs(120),
                     )
@@ -502,8 +638,8 @@ pub async fn run(rows: &[Row], variants: &[Variant]) -> Result<Option<Report>> {
             })
             .collect()
     });
-    for ((variant, output), records) in variants.iter().zip(&outputs).zip(read) {
-        compare(variant, rows, output, &records?, &mut report);
+    for (((suite, variant), output), records) in variants.iter().zip(&outputs).zip(read) {
+        compare(variant, suite.rows, output, &records?, &mut report);
     }
     if crate::keep_dirs() {
         eprintln!(

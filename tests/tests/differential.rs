@@ -2,6 +2,10 @@
 //! (embedded engine, PostgreSQL connector, outbox Event Router, Kafka Connect converters)
 //! and through Siphon, compared byte for byte (see `siphon_tests::differential`).
 //!
+//! The corpus holds rows at and just past the read limits of the JSON parser Debezium expands
+//! payloads with (Jackson's default `StreamReadConstraints`): numbers and member names in the
+//! corpus table, strings of 20 MB in a table of their own read by one variant.
+//!
 //! The small corpus runs with every test run. The large one runs with
 //! `SIPHON_DIFFERENTIAL_ROWS=<n>` (e.g. 5000); `SIPHON_DIFFERENTIAL_SEED` picks another
 //! corpus. `SIPHON_ORACLE_JAVA=/usr/lib/jvm/java-17-openjdk-amd64/bin/java
@@ -11,7 +15,7 @@
 
 use anyhow::Result;
 use siphon_tests::corpus;
-use siphon_tests::differential::{self, Variant};
+use siphon_tests::differential::{self, Suite, Variant};
 use siphon_tests::oracle::Converter;
 
 /// Rows in the corpus that runs by default.
@@ -193,8 +197,34 @@ fn env_number(name: &str) -> Option<u64> {
 async fn siphon_writes_what_debezium_writes() -> Result<()> {
     let seed = env_number("SIPHON_DIFFERENTIAL_SEED").unwrap_or(20_240_501);
     let count = env_number("SIPHON_DIFFERENTIAL_ROWS").map_or(SMALL_CORPUS, |n| n as usize);
-    let rows = corpus::generate(seed, count, true);
-    let Some(report) = differential::run(&rows, &variants()).await? else {
+    let mut rows = corpus::generate(seed, count, true);
+    rows.extend(corpus::read_limit_rows());
+    let large = corpus::string_limit_rows();
+    let suites = [
+        // First: the oracle runs four connectors at a time, in this order, and this one takes
+        // longest.
+        Suite {
+            table: "outbox_large",
+            rows: &large,
+            variants: vec![Variant {
+                name: "explarge",
+                key: Converter::Json,
+                value: Converter::JsonSchemas,
+                router: vec![("table.expand.json.payload", "true")],
+            }],
+            max_record_bytes: Some(32 << 20),
+            // Only `payload` is read: 20 MB less to carry per row.
+            payload_copies: false,
+        },
+        Suite {
+            table: "outbox",
+            rows: &rows,
+            variants: variants(),
+            max_record_bytes: None,
+            payload_copies: true,
+        },
+    ];
+    let Some(report) = differential::run(&suites).await? else {
         return siphon_tests::prerequisite_missing(
             "siphon_writes_what_debezium_writes",
             "no JDK found (java and javac on PATH or in JAVA_HOME); scripts/install-deps.sh installs one",

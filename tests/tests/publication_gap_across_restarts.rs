@@ -279,3 +279,29 @@ async fn an_outbox_table_added_to_the_publication_then_to_the_configuration_stre
     anyhow::ensure!(siphon.is_running(), "{}", siphon.log());
     Ok(())
 }
+
+/// The publication and the slot made by a provisioning script just before the first start,
+/// while another slot holds the database's catalog horizon back (so the new slot's
+/// `catalog_xmin` is older than the publication's transaction): no gap, Siphon streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_and_slot_made_just_before_the_first_start_stream() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('other', 'pgoutput')")
+        .await?;
+    // Something of the other slot's to keep its catalog_xmin behind.
+    client
+        .batch_execute(&insert("outbox", "unpublished"))
+        .await?;
+    client.batch_execute(CREATE_PUBLICATION).await?;
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+        .await?;
+    let siphon = SiphonProcess::start(&config(&pg, &broker, r#""public.outbox""#))?;
+    client.batch_execute(&insert("outbox", "first")).await?;
+    wait_for_key(&broker, &siphon, "first").await?;
+    anyhow::ensure!(siphon.is_running(), "{}", siphon.log());
+    Ok(())
+}

@@ -31,15 +31,42 @@
 //! element that does not fit the merged schema), Debezium has already replaced the schema and
 //! keeps the string value, which the JSON converters then refuse ([`Expansion::Broken`]).
 //!
+//! # Read limits
+//! Jackson's default `StreamReadConstraints` (version 2.21.2, which Debezium 3.6.3 ships) fail
+//! the parse, so the payload stays unchanged, past each of these limits (at the limit it
+//! parses):
+//! - [`MAX_DEPTH`] nested objects and arrays;
+//! - [`MAX_NUMBER_LENGTH`] digits in a number: integer, fraction and exponent digits (sign,
+//!   point, `e` and the exponent's sign not counted). A number starting with `0` (`0.5`,
+//!   `-0e7`) takes Jackson's slower reading, where an absent fraction or exponent counts -1,
+//!   so `0.` with 1000 fraction digits parses where `1.` with 1000 does not;
+//! - [`MAX_NAME_LENGTH`] Java characters (UTF-16 code units, escapes decoded) in a member
+//!   name, and [`MAX_STRING_LENGTH`] in a string value.
+//!
+//! Documents and token counts are not limited. One case follows Jackson only mostly: in a
+//! payload longer than 32,768 Java characters Jackson reads through a buffer of 4,000 or more
+//! characters (the size depends on what the thread parsed before), and a number that crosses
+//! its end takes the slower reading; Siphon always counts a number not starting with `0` the
+//! fast way, which differs only for a number with exactly 1001 counted digits and no
+//! fraction or no exponent.
+//!
 //! # Invariants
-//! - Never panics; containers nested deeper than [`MAX_DEPTH`] fail the parse, as Jackson's
-//!   default stream constraints do (1000 levels parse, 1001 do not).
+//! - Never panics; past any read limit the parse fails, as Jackson's does.
 
 use crate::connect::{Schema, SchemaType, Value};
 use crate::options::{JsonEmptyArrayBehavior, JsonNullBehavior};
 
 /// Jackson's default maximum nesting depth.
 pub const MAX_DEPTH: usize = 1000;
+
+/// Jackson's default maximum number length, in digits (see the module docs).
+pub const MAX_NUMBER_LENGTH: usize = 1000;
+
+/// Jackson's default maximum member name length, in UTF-16 code units.
+pub const MAX_NAME_LENGTH: usize = 50_000;
+
+/// Jackson's default maximum string value length, in UTF-16 code units.
+pub const MAX_STRING_LENGTH: usize = 20_000_000;
 
 /// A parsed JSON value, typed as Jackson's tree model types it.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,6 +200,15 @@ impl Text {
         }
     }
 
+    /// Whether the text is longer than `limit` Java characters (UTF-16 code units).
+    fn longer_than(&self, limit: usize) -> bool {
+        match self {
+            // UTF-8 takes at least one byte per UTF-16 code unit: count only when needed.
+            Text::Utf8(s) => s.len() > limit && s.encode_utf16().count() > limit,
+            Text::Utf16(units) => units.len() > limit,
+        }
+    }
+
     fn into_node(self) -> Node {
         match self {
             Text::Utf8(s) => Node::Str(s),
@@ -227,7 +263,7 @@ impl Parser<'_> {
                     if self.peek() != Some(b'"') {
                         return None;
                     }
-                    let key = match self.string()? {
+                    let key = match self.string(MAX_NAME_LENGTH)? {
                         Text::Utf8(key) => key,
                         Text::Utf16(units) => {
                             self.unpaired_surrogate_in_name = true;
@@ -276,7 +312,7 @@ impl Parser<'_> {
                     }
                 }
             }
-            b'"' => self.string().map(Text::into_node),
+            b'"' => self.string(MAX_STRING_LENGTH).map(Text::into_node),
             b't' => self.literal(b"true").map(|()| Node::Bool(true)),
             b'f' => self.literal(b"false").map(|()| Node::Bool(false)),
             b'n' => self.literal(b"null").map(|()| Node::Null),
@@ -295,12 +331,12 @@ impl Parser<'_> {
             self.pos += 1;
         }
         let int_digits = self.pos - int_start;
-        if int_digits == 0 || (int_digits > 1 && self.bytes[int_start] == b'0') {
+        let leading_zero = self.bytes.get(int_start) == Some(&b'0');
+        if int_digits == 0 || (int_digits > 1 && leading_zero) {
             return None;
         }
-        let mut is_float = false;
+        let mut frac_digits = None;
         if self.peek() == Some(b'.') {
-            is_float = true;
             self.pos += 1;
             let frac_start = self.pos;
             while self.peek().is_some_and(|b| b.is_ascii_digit()) {
@@ -309,9 +345,10 @@ impl Parser<'_> {
             if self.pos == frac_start {
                 return None;
             }
+            frac_digits = Some(self.pos - frac_start);
         }
+        let mut exp_digits = None;
         if let Some(b'e' | b'E') = self.peek() {
-            is_float = true;
             self.pos += 1;
             if let Some(b'+' | b'-') = self.peek() {
                 self.pos += 1;
@@ -323,6 +360,21 @@ impl Parser<'_> {
             if self.pos == exp_start {
                 return None;
             }
+            exp_digits = Some(self.pos - exp_start);
+        }
+        let is_float = frac_digits.is_some() || exp_digits.is_some();
+        // Jackson's count (see the module docs): an absent part counts 0 on its fast reading
+        // and -1 on the slower one, which a leading zero takes.
+        let absent = usize::from(leading_zero);
+        let length = if is_float {
+            (int_digits + frac_digits.unwrap_or(0) + exp_digits.unwrap_or(0))
+                .saturating_sub(absent * usize::from(frac_digits.is_none()))
+                .saturating_sub(absent * usize::from(exp_digits.is_none()))
+        } else {
+            int_digits
+        };
+        if length > MAX_NUMBER_LENGTH {
+            return None;
         }
         let text = std::str::from_utf8(&self.bytes[start..self.pos]).ok()?;
         if is_float {
@@ -359,7 +411,8 @@ impl Parser<'_> {
         u32::from_str_radix(digits, 16).ok()
     }
 
-    fn string(&mut self) -> Option<Text> {
+    /// A string of at most `limit` UTF-16 code units; `None` past it.
+    fn string(&mut self, limit: usize) -> Option<Text> {
         // At the opening quote.
         self.pos += 1;
         let mut out = Text::Utf8(String::new());
@@ -375,7 +428,7 @@ impl Parser<'_> {
             match self.peek()? {
                 b'"' => {
                     self.pos += 1;
-                    return Some(out);
+                    return (!out.longer_than(limit)).then_some(out);
                 }
                 b'\\' => {
                     self.pos += 1;
@@ -843,6 +896,89 @@ mod tests {
             .spawn(checks)
             .map(std::thread::JoinHandle::join);
         assert!(matches!(worker, Ok(Ok(()))));
+    }
+
+    // Jackson 2.21's StreamReadConstraints (Debezium 3.6.3), checked against Debezium by the
+    // differential test's limit rows.
+    #[test]
+    fn number_length_limit_counts_digits_as_jackson_does() {
+        let n = JsonNullBehavior::Ignore;
+        let a = JsonEmptyArrayBehavior::Ignore;
+        let parses = |number: String| {
+            !matches!(
+                expand("payload", &format!("{{\"n\": {number}}}"), n, a),
+                Expansion::Unchanged
+            )
+        };
+        let d = |k: usize| "1".repeat(k);
+        let max = MAX_NUMBER_LENGTH;
+        for (at, past) in [
+            (d(max), d(max + 1)),
+            (format!("-{}", d(max)), format!("-{}", d(max + 1))),
+            (format!("1.{}", d(max - 1)), format!("1.{}", d(max))),
+            (
+                format!("{}E-990", d(max - 3)),
+                format!("{}E-990", d(max - 2)),
+            ),
+            (format!("{}e+5", d(max - 1)), format!("{}e+5", d(max))),
+            // A leading zero: an absent exponent or fraction counts -1.
+            (format!("0.{}", d(max)), format!("0.{}", d(max + 1))),
+            (format!("-0.{}", d(max)), format!("-0.{}", d(max + 1))),
+            (
+                format!("0.{}e-5", d(max - 2)),
+                format!("0.{}e-5", d(max - 1)),
+            ),
+            (format!("0e{}", d(max)), format!("0e{}", d(max + 1))),
+        ] {
+            assert!(parses(at.clone()), "{}…", &at[..12]);
+            assert!(!parses(past.clone()), "{}…", &past[..12]);
+        }
+    }
+
+    #[test]
+    fn name_and_string_limits_count_java_characters() {
+        let n = JsonNullBehavior::Ignore;
+        let a = JsonEmptyArrayBehavior::Ignore;
+        let expanded =
+            |text: &str| matches!(expand("payload", text, n, a), Expansion::Expanded { .. });
+        let name = |s: &str| format!("{{\"{s}\": 1}}");
+        assert!(expanded(&name(&"n".repeat(MAX_NAME_LENGTH))));
+        assert!(!expanded(&name(&"n".repeat(MAX_NAME_LENGTH + 1))));
+        // 50,000 UTF-16 code units in 100,000 bytes; then one more.
+        assert!(expanded(&name(&"😀".repeat(MAX_NAME_LENGTH / 2))));
+        assert!(!expanded(&name(&format!(
+            "n{}",
+            "😀".repeat(MAX_NAME_LENGTH / 2)
+        ))));
+        // Escapes count decoded, and so do unpaired surrogates.
+        assert!(expanded(&name(&format!(
+            "\\n{}",
+            "n".repeat(MAX_NAME_LENGTH - 1)
+        ))));
+        let string = |s: &str| format!("{{\"s\": \"{s}\"}}");
+        assert!(!expanded(&string(&format!(
+            "\\ud800{}",
+            "x".repeat(MAX_STRING_LENGTH)
+        ))));
+        assert!(matches!(
+            expand(
+                "payload",
+                &string(&format!("\\ud800{}", "x".repeat(MAX_STRING_LENGTH - 1))),
+                n,
+                a
+            ),
+            Expansion::Expanded { .. }
+        ));
+        assert!(expanded(&string(&"x".repeat(MAX_STRING_LENGTH))));
+        assert!(!expanded(&string(&"x".repeat(MAX_STRING_LENGTH + 1))));
+        assert!(expanded(&string(&format!(
+            "{}😀",
+            "x".repeat(MAX_STRING_LENGTH - 2)
+        ))));
+        assert!(!expanded(&string(&format!(
+            "{}😀",
+            "x".repeat(MAX_STRING_LENGTH - 1)
+        ))));
     }
 
     #[test]

@@ -9,10 +9,12 @@
 //! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
 //! - [`telemetry`] and [`status`]: metrics, health endpoints, the slot's status.
 //! - [`import`]: converting a Debezium connector configuration.
+//! - [`alloc`]: the C library allocator's set-up for large records.
 //!
 //! # Invariants
 //! - The position confirmed to PostgreSQL is only ever the [`session::ledger::Ledger`] watermark.
 
+pub mod alloc;
 pub mod config;
 pub mod dead_letter;
 pub mod error;

@@ -8,7 +8,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use siphon::status::Render as _;
-use siphon::{config, error, import, settings, status, supervisor, telemetry};
+use siphon::{alloc, config, error, import, settings, status, supervisor, telemetry};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -123,6 +123,8 @@ fn import_debezium(path: &Path) -> anyhow::Result<ExitCode> {
 }
 
 fn run(path: &Path) -> ExitCode {
+    // Before any thread starts.
+    let allocator_tuned = alloc::tune();
     let config = match config::Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -144,6 +146,12 @@ fn run(path: &Path) -> ExitCode {
             let (stop_tx, stop_rx) = watch::channel(false);
             tokio::spawn(settings::forward_signals(stop_tx));
             info!(version = env!("CARGO_PKG_VERSION"), "siphon starting");
+            if allocator_tuned {
+                tracing::debug!(
+                    bytes = alloc::MMAP_THRESHOLD_BYTES,
+                    "allocations of this size or more are mapped on their own"
+                );
+            }
             if settings.sink.discard {
                 tracing::warn!("kafka.sink = \"discard\": records are acknowledged without being sent anywhere (for measurements only)");
             }

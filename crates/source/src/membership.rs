@@ -31,7 +31,12 @@
 //!   `catalog_xmin` ended before a confirmed position, so no gap goes unreported; the reverse
 //!   errs on the safe side: `catalog_xmin` lags the confirmed position (about 20 s measured,
 //!   longer behind an open transaction), and a table added in that window before Siphon
-//!   stopped, or added while it was stopped, is reported too. Stored state was weighed and
+//!   stopped, or added while it was stopped, is reported too. Rows made by the transaction that
+//!   created the publication never count: a publication created with its tables just before a
+//!   slot would look like a gap (a new slot's `catalog_xmin` can precede transactions that
+//!   ended before it), and a publication created again while Siphon was stopped is caught by
+//!   the stream (PostgreSQL refuses, or from 18 warns about, changes written while it was
+//!   missing). Stored state was weighed and
 //!   left out: no place belongs to the slot, survives restarts and needs neither new
 //!   privileges nor files. A publication dropped while Siphon was stopped and a start that
 //!   made the slot or the publication are left to the stream (see [`crate::wire`]).
@@ -238,7 +243,12 @@ pub async fn added_since_resume(
 /// `$1`: the publication's name; `$2`: the outbox tables' quoted names; `$3`: the slot. One row
 /// per outbox table published only by rows whose creating transaction does not precede the
 /// slot's `catalog_xmin` (`age` compares transaction ids across wraparound; a frozen row is the
-/// oldest of all).
+/// oldest of all) and added to the publication after it was created. A row made by the
+/// transaction that created the publication does not count: a publication created with its
+/// tables shortly before the slot (as a provisioning script does) would otherwise look like a
+/// gap, since a new slot's `catalog_xmin` can be older than transactions that ended before it;
+/// a publication created again after the resume position is reported by the stream instead
+/// (PostgreSQL refuses, or from 18 warns about, changes written while it was missing).
 fn added_since_resume_sql(version: i32) -> String {
     let lineage = "SELECT to_regclass(t.name)::oid \
                    UNION SELECT relid FROM pg_partition_ancestors(to_regclass(t.name))";
@@ -262,7 +272,7 @@ fn added_since_resume_sql(version: i32) -> String {
                        WHERE pr.prpubid = p.oid AND pr.prrelid IN ({lineage}){by_schema}) r ON true \
          WHERE p.pubname = $1 \
          GROUP BY t.ordinal, s.xmin_text, s.xmin_age \
-         HAVING bool_and(age(r.xmin) <= s.xmin_age) \
+         HAVING bool_and(age(r.xmin) <= s.xmin_age AND NOT (r.xmin = p.xmin)) \
          ORDER BY t.ordinal"
     )
 }
