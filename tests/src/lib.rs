@@ -39,6 +39,7 @@
 pub mod broker;
 pub mod corpus;
 pub mod differential;
+pub mod http;
 pub mod kafka;
 pub mod kafka_protocol;
 pub mod kafka_read;

@@ -10,30 +10,9 @@ use siphon_tests::outbox::{
 };
 use siphon_tests::{free_port, wait_for, Broker, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-/// One plain HTTP/1.1 GET: (status code, body).
-fn get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("no status line")?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
+use siphon_tests::http::get;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_start_behind_an_open_transaction_names_it_and_streams_once_it_ends() -> Result<()>
