@@ -1,7 +1,10 @@
 //! A publication gap that opens and closes while Siphon is stopped: the events committed in it
-//! were not published, so Siphon must not stream on past them as if nothing happened. A normal
-//! restart, and a restart with an outbox table added to the configuration after it was added to
-//! the publication, start cleanly.
+//! were not published, so Siphon must not stream on past them as if nothing happened. The
+//! publication dropped and created again is caught on the stream (PostgreSQL refuses, or from 18
+//! warns about, changes written while it was missing). A normal restart, a restart with an
+//! outbox table added to the configuration after it was added to the publication, and a
+//! publication and slot made just before the first start, start cleanly. (An outbox table taken
+//! out of the publication and added back while Siphon is stopped is not detected yet.)
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{route_replacement, slot_confirmed_lsn};
@@ -125,28 +128,6 @@ async fn gap_while_stopped(stopped: &Stopped, remove: &str, restore: &str) -> Re
     Ok(log)
 }
 
-/// The outbox table taken out of the publication and added back while Siphon is stopped: the
-/// event committed in between was never published (on every version, without a word on the
-/// stream). Started again, Siphon stops at once, naming the table, the publication and the fix.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outbox_table_removed_and_added_back_while_stopped_stops_siphon_at_start() -> Result<()>
-{
-    let stopped = streamed_and_stopped(OUTBOX).await?;
-    let log = gap_while_stopped(
-        &stopped,
-        "ALTER PUBLICATION p DROP TABLE outbox",
-        "ALTER PUBLICATION p ADD TABLE outbox",
-    )
-    .await?;
-    assert!(
-        log.contains(r#"outbox table "public"."outbox""#)
-            && log.contains(r#"publication "p""#)
-            && log.contains("after the position the slot resumes from"),
-        "{log}"
-    );
-    Ok(())
-}
-
 /// A `FOR ALL TABLES` publication (no catalog row per table) dropped and created again while
 /// Siphon is stopped: from PostgreSQL 18 the server skips the changes written while it was
 /// missing with only a warning on the stream, before 18 it refuses them with an error. Either
@@ -172,9 +153,9 @@ async fn a_publication_for_all_tables_dropped_and_created_again_while_stopped_st
     Ok(())
 }
 
-/// The publication of the outbox table dropped and created again while Siphon is stopped: its
-/// catalog row for the table is younger than the slot's position, so Siphon stops at start on
-/// every version, naming the table, the publication and the fix.
+/// The publication of the outbox table dropped and created again while Siphon is stopped: the
+/// stream stops Siphon at the first change written while it was missing (an error before
+/// PostgreSQL 18, a warning made an error from 18), naming the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publication_dropped_and_created_again_while_stopped_stops_siphon() -> Result<()> {
     let stopped = streamed_and_stopped(OUTBOX).await?;

@@ -23,23 +23,6 @@
 //! - Rows of other tables never count: adding or removing another table changes nothing here.
 //! - Without outbox tables (a logical-message outbox) nothing is reported: PostgreSQL sends
 //!   logical messages whatever the publication holds.
-//! - Across restarts (a gap while Siphon was not running), nothing is stored: at start, before
-//!   anything is decoded, [`added_since_resume`] compares the transaction that created each row
-//!   publishing an outbox table (its `xmin`) with the slot's `catalog_xmin`. A table with no
-//!   row older than `catalog_xmin` may have been unpublished after the resume position: a
-//!   definite error naming the table, the publication and the way out. A transaction before
-//!   `catalog_xmin` ended before a confirmed position, so no gap goes unreported; the reverse
-//!   errs on the safe side: `catalog_xmin` lags the confirmed position (about 20 s measured,
-//!   longer behind an open transaction), and a table added in that window before Siphon
-//!   stopped, or added while it was stopped, is reported too. Rows made by the transaction that
-//!   created the publication never count: a publication created with its tables just before a
-//!   slot would look like a gap (a new slot's `catalog_xmin` can precede transactions that
-//!   ended before it), and a publication created again while Siphon was stopped is caught by
-//!   the stream (PostgreSQL refuses, or from 18 warns about, changes written while it was
-//!   missing). Stored state was weighed and
-//!   left out: no place belongs to the slot, survives restarts and needs neither new
-//!   privileges nor files. A publication dropped while Siphon was stopped and a start that
-//!   made the slot or the publication are left to the stream (see [`crate::wire`]).
 
 use crate::{SourceError, TableName};
 use pgoutput::Oid;
@@ -167,114 +150,6 @@ pub async fn read(
         );
     }
     Ok(Some(membership))
-}
-
-/// An outbox table whose catalog rows in the publication are all younger than the position the
-/// slot resumes from: found at start, before anything is decoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AddedSinceResume {
-    /// The table.
-    pub table: TableName,
-    /// The transaction that created the oldest row publishing it now (`pg_publication_rel` or
-    /// `pg_publication_namespace` `xmin`).
-    pub xid: String,
-    /// The slot's `catalog_xmin`: transactions before it ended before the resume position.
-    pub catalog_xmin: String,
-}
-
-impl AddedSinceResume {
-    /// The definite error, naming the table, the publication and the ways out.
-    pub fn into_error(self, publication: &str, slot: &str) -> SourceError {
-        let table = self.table.quoted();
-        SourceError::Definite(format!(
-            "outbox table {table} was added to publication \"{publication}\" after the position the slot resumes from (by transaction {xid}; the slot's catalog_xmin is {catalog_xmin}): it was taken out of the publication and added back, or the publication was created again, while Siphon was not running, and PostgreSQL did not publish the events committed to it in between, so they cannot be read from this slot. To go on: re-send those events from the application, then move the slot on with SELECT pg_replication_slot_advance({slot_literal}, pg_current_wal_lsn()) (this skips every event not yet sent: re-send those too) and restart Siphon. If {table} is new in source.tables and nothing was written to it before it was added to the publication, nothing was lost: start Siphon once with the previous source.tables, and name {table} again once Siphon has streamed for a minute (add an outbox table to the publication before naming it in source.tables, while Siphon runs, to avoid this stop)",
-            xid = self.xid,
-            catalog_xmin = self.catalog_xmin,
-            slot_literal = crate::config::quote_literal(slot),
-        ))
-    }
-}
-
-/// Finds an outbox table that may have been unpublished after the position slot `slot` resumes
-/// from: every catalog row publishing it now was created by a transaction that does not precede
-/// the slot's `catalog_xmin`. `None` when every published table has an older row, for a
-/// `FOR ALL TABLES` publication, or when the publication or the slot is missing.
-///
-/// A transaction that precedes `catalog_xmin` ended before a position at or before the slot's
-/// `confirmed_flush_lsn` (the server moves `catalog_xmin` only to the oldest transaction still
-/// running at a position the client confirmed), so a row it created published the table for
-/// everything decoded from there on. The converse does not hold: `catalog_xmin` lags, so a row
-/// created shortly before Siphon stopped (or while an older transaction stayed open) is taken
-/// for a gap too.
-pub async fn added_since_resume(
-    client: &Client,
-    publication: &str,
-    tables: &[TableName],
-    slot: &str,
-    version: i32,
-) -> Result<Option<AddedSinceResume>, SourceError> {
-    if tables.is_empty() {
-        return Ok(None);
-    }
-    let rows = client
-        .query(
-            &added_since_resume_sql(version),
-            &[&publication, &quoted_names(tables), &slot],
-        )
-        .await
-        .map_err(|e| SourceError::from_sql("comparing the publication's rows with the slot", e))?;
-    for row in &rows {
-        let ordinal: i64 = row.get(0);
-        let Some(table) = usize::try_from(ordinal - 1)
-            .ok()
-            .and_then(|i| tables.get(i))
-        else {
-            continue;
-        };
-        return Ok(Some(AddedSinceResume {
-            table: table.clone(),
-            xid: row.get(1),
-            catalog_xmin: row.get(2),
-        }));
-    }
-    Ok(None)
-}
-
-/// `$1`: the publication's name; `$2`: the outbox tables' quoted names; `$3`: the slot. One row
-/// per outbox table published only by rows whose creating transaction does not precede the
-/// slot's `catalog_xmin` (`age` compares transaction ids across wraparound; a frozen row is the
-/// oldest of all) and added to the publication after it was created. A row made by the
-/// transaction that created the publication does not count: a publication created with its
-/// tables shortly before the slot (as a provisioning script does) would otherwise look like a
-/// gap, since a new slot's `catalog_xmin` can be older than transactions that ended before it;
-/// a publication created again after the resume position is reported by the stream instead
-/// (PostgreSQL refuses, or from 18 warns about, changes written while it was missing).
-fn added_since_resume_sql(version: i32) -> String {
-    let lineage = "SELECT to_regclass(t.name)::oid \
-                   UNION SELECT relid FROM pg_partition_ancestors(to_regclass(t.name))";
-    let by_schema = if version >= SCHEMA_PUBLICATION_VERSION {
-        format!(
-            " UNION ALL SELECT pn.xmin FROM pg_publication_namespace pn \
-               WHERE pn.pnpubid = p.oid \
-                 AND pn.pnnspid IN (SELECT c.relnamespace FROM pg_class c WHERE c.oid IN ({lineage}))"
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        "SELECT t.ordinal, (array_agg(r.xmin::text ORDER BY age(r.xmin) DESC))[1], s.xmin_text \
-         FROM pg_publication p \
-         CROSS JOIN (SELECT catalog_xmin::text AS xmin_text, age(catalog_xmin) AS xmin_age \
-                     FROM pg_replication_slots \
-                     WHERE slot_name = $3 AND catalog_xmin IS NOT NULL) s \
-         CROSS JOIN unnest($2::text[]) WITH ORDINALITY AS t(name, ordinal) \
-         JOIN LATERAL (SELECT pr.xmin FROM pg_publication_rel pr \
-                       WHERE pr.prpubid = p.oid AND pr.prrelid IN ({lineage}){by_schema}) r ON true \
-         WHERE p.pubname = $1 \
-         GROUP BY t.ordinal, s.xmin_text, s.xmin_age \
-         HAVING bool_and(age(r.xmin) <= s.xmin_age AND NOT (r.xmin = p.xmin)) \
-         ORDER BY t.ordinal"
-    )
 }
 
 /// `$1`: the publication's name; `$2`: the outbox tables' quoted names. One row per table (one

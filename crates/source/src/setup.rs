@@ -87,8 +87,7 @@ pub async fn prepare_with(
         failover::check_version(version)?;
     }
     let partitioned = check_tables(&client, &config.tables).await?;
-    let created_publication =
-        ensure_publication(&client, &config.publication, &config.tables, &partitioned).await?;
+    ensure_publication(&client, &config.publication, &config.tables, &partitioned).await?;
     let slot = ensure_slot(
         &client,
         &SlotRequest {
@@ -107,22 +106,6 @@ pub async fn prepare_with(
     .await?;
     let publication =
         read_membership(&client, &config.publication, &config.tables, version).await?;
-    // A slot or a publication made by this start has no gap behind it: the slot starts after
-    // the publication was made, and a publication missing at a resumed position is reported
-    // by the stream (an error before PostgreSQL 18, a warning turned into one from 18).
-    if !slot.created && !created_publication {
-        if let Some(added) = crate::membership::added_since_resume(
-            &client,
-            &config.publication,
-            &config.tables,
-            &config.slot,
-            version,
-        )
-        .await?
-        {
-            return Err(added.into_error(&config.publication, &config.slot));
-        }
-    }
     if config.failover {
         let standby_slots = failover::standby_slots(&client).await?;
         if let Some(problem) = standby_slots.problem() {
@@ -234,13 +217,12 @@ fn lost_creation_race(e: &tokio_postgres::Error) -> bool {
     )
 }
 
-/// Checks the publication, creating it when it is missing; `true` when this call created it.
 async fn ensure_publication(
     client: &Client,
     publication: &str,
     tables: &[TableName],
     partitioned: &BTreeSet<TableName>,
-) -> Result<bool, SourceError> {
+) -> Result<(), SourceError> {
     let version = server_version_num(client).await?;
     let flags = match publication_flags(client, publication, version).await? {
         Some(flags) => {
@@ -279,7 +261,7 @@ async fn ensure_publication(
             match client.batch_execute(&sql).await {
                 Ok(()) => {
                     info!(publication, tables = %list.join(", "), "created publication");
-                    return Ok(true);
+                    return Ok(());
                 }
                 Err(e) if lost_creation_race(&e) => {
                     info!(publication, "publication was created by another instance at the same time; checking it");
@@ -300,9 +282,7 @@ async fn ensure_publication(
             }
         }
     };
-    publication_check(client, publication, flags, tables, partitioned)
-        .await
-        .map(|()| false)
+    publication_check(client, publication, flags, tables, partitioned).await
 }
 
 /// Checks, while streaming, that the publication still exists and still publishes every outbox
