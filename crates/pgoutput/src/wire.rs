@@ -162,6 +162,7 @@ pub fn server_error(body: &[u8]) -> ServerError {
             b'M' => error.message = value,
             b'D' => error.detail = Some(value),
             b'H' => error.hint = Some(value),
+            b'F' => error.file = Some(value),
             _ => {}
         }
     }
@@ -250,6 +251,8 @@ pub struct ServerError {
     pub detail: Option<String>,
     /// The hint, if any.
     pub hint: Option<String>,
+    /// The server source file that raised it (`F`), e.g. `pgoutput.c`: never translated.
+    pub file: Option<String>,
 }
 
 impl fmt::Display for ServerError {

@@ -24,10 +24,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// SQLSTATE 55000 object_not_in_prerequisite_state: a `WARNING` with it on the replication
-/// stream is PostgreSQL 18's "skipped loading publication": the publication did not exist where
-/// the changes being decoded were written, and they were skipped.
+/// SQLSTATE 55000 object_not_in_prerequisite_state: a `WARNING` with it raised by the output
+/// plugin (`pgoutput.c`) on the replication stream is PostgreSQL 18's "skipped loading
+/// publication": the publication did not exist where the changes being decoded were written,
+/// and they were skipped. The walsender raises 55000 warnings of its own too (a slot in
+/// `synchronized_standby_slots` without a walsender), which are only logged.
 const PUBLICATION_SKIPPED: &str = "55000";
+/// The source file of the output plugin, as the server names it in a notice's `F` field.
+const OUTPUT_PLUGIN_FILE: &str = "pgoutput.c";
 use tokio::io::AsyncWrite;
 use tokio::time::{Instant, Sleep};
 
@@ -256,7 +260,10 @@ impl WireStream {
                 b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
                 b'N' => {
                     let notice = frames::server_error(&message.body);
-                    if notice.code == PUBLICATION_SKIPPED && notice.severity == "WARNING" {
+                    if notice.code == PUBLICATION_SKIPPED
+                        && notice.severity == "WARNING"
+                        && notice.file.as_deref() == Some(OUTPUT_PLUGIN_FILE)
+                    {
                         return Err(WireError::PublicationSkipped(notice));
                     }
                     log_notice(&message);
