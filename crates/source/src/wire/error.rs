@@ -36,7 +36,7 @@ pub enum WireError {
     /// being decoded were written (a `WARNING` with SQLSTATE 55000, PostgreSQL 18+): the server skipped
     /// it, so those changes were not published.
     #[error("{0}")]
-    PublicationSkipped(ServerError),
+    PublicationSkipped(Box<ServerError>),
     /// Reading or writing the socket failed.
     #[error("replication connection: {0}")]
     Io(#[from] std::io::Error),

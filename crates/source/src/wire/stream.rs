@@ -264,7 +264,7 @@ impl WireStream {
                         && notice.severity == "WARNING"
                         && notice.file.as_deref() == Some(OUTPUT_PLUGIN_FILE)
                     {
-                        return Err(WireError::PublicationSkipped(notice));
+                        return Err(WireError::PublicationSkipped(Box::new(notice)));
                     }
                     log_notice(&message);
                 }
