@@ -143,6 +143,23 @@ pub fn status_update(out: &mut BytesMut, lsn: u64, unix_micros: i64, reply_reque
     out.put_u8(u8::from(reply_requested));
 }
 
+/// One field of an `ErrorResponse` or `NoticeResponse` body, by its type byte (e.g. `b'F'`, the
+/// server source file that raised it, which is never translated).
+pub fn server_error_field(body: &[u8], field: u8) -> Option<String> {
+    let mut rest = body;
+    while let Some((&kind, after)) = rest.split_first() {
+        if kind == 0 {
+            return None;
+        }
+        let end = after.iter().position(|&b| b == 0).unwrap_or(after.len());
+        if kind == field {
+            return Some(String::from_utf8_lossy(&after[..end]).into_owned());
+        }
+        rest = after.get(end + 1..).unwrap_or_default();
+    }
+    None
+}
+
 /// Reads the fields of an `ErrorResponse` or `NoticeResponse` body.
 pub fn server_error(body: &[u8]) -> ServerError {
     let mut error = ServerError::default();
@@ -162,7 +179,6 @@ pub fn server_error(body: &[u8]) -> ServerError {
             b'M' => error.message = value,
             b'D' => error.detail = Some(value),
             b'H' => error.hint = Some(value),
-            b'F' => error.file = Some(value),
             _ => {}
         }
     }
@@ -251,8 +267,6 @@ pub struct ServerError {
     pub detail: Option<String>,
     /// The hint, if any.
     pub hint: Option<String>,
-    /// The server source file that raised it (`F`), e.g. `pgoutput.c`: never translated.
-    pub file: Option<String>,
 }
 
 impl fmt::Display for ServerError {
@@ -273,6 +287,19 @@ impl fmt::Display for ServerError {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn one_field_of_a_notice_is_read_by_its_type() {
+        let body = b"SWARNUNG\0VWARNING\0C55000\0Mskipped\0Fpgoutput.c\0L1\0\0";
+        assert_eq!(
+            server_error_field(body, b'F').as_deref(),
+            Some("pgoutput.c")
+        );
+        assert_eq!(server_error_field(body, b'C').as_deref(), Some("55000"));
+        assert_eq!(server_error_field(body, b'R'), None);
+        assert_eq!(server_error_field(b"Fx", b'F').as_deref(), Some("x"));
+        assert_eq!(server_error_field(b"", b'F'), None);
+    }
     use super::*;
 
     fn message(tag: u8, body: &[u8]) -> Vec<u8> {

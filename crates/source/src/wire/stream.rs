@@ -262,7 +262,8 @@ impl WireStream {
                     let notice = frames::server_error(&message.body);
                     if notice.code == PUBLICATION_SKIPPED
                         && notice.severity == "WARNING"
-                        && notice.file.as_deref() == Some(OUTPUT_PLUGIN_FILE)
+                        && frames::server_error_field(&message.body, b'F').as_deref()
+                            == Some(OUTPUT_PLUGIN_FILE)
                     {
                         return Err(WireError::PublicationSkipped(Box::new(notice)));
                     }
