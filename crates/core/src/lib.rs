@@ -1,0 +1,13 @@
+//! Siphon's core: what the session decides, with no IO.
+//!
+//! The source (PostgreSQL) and the sink (Kafka) map what happens to them into this crate's
+//! vocabulary; the binary's driver moves values between them and the state machine.
+//!
+//! # Invariants
+//! - No dependency on an async runtime, a database client, a Kafka client or a TLS stack
+//!   (`cargo tree -p siphon-core -e normal` shows only pure crates).
+//! - Time is a parameter: nothing here reads a clock.
+
+pub mod consequence;
+
+pub use consequence::Consequence;
