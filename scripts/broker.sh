@@ -7,6 +7,7 @@
 #
 # Usage: scripts/broker.sh {start|kill|stop|status} DATADIR PORT
 #        scripts/broker.sh {start-cluster|kill-cluster|stop-cluster|status-cluster} DATADIR PORT
+#        scripts/broker.sh free-port
 #
 #   start           start one node (node.id 1, its own quorum of one) with its client listener
 #                   on 127.0.0.1:PORT and its controller listener on a free port it picks
@@ -24,6 +25,7 @@
 #                   on the first start; node N lives in DATADIR/nodeN. Replication factor 3,
 #                   min.insync.replicas 2, no unclean leader election, short session timeouts.
 #                   Waits until every node answers a Metadata request listing all three.
+#   free-port       print a port in 20000-32767 that 127.0.0.1 can bind now (no DATADIR, PORT).
 #   kill-cluster, stop-cluster, status-cluster
 #                   kill, stop or check all three nodes.
 #
@@ -102,9 +104,37 @@ die() {
 usage() {
     echo "usage: $0 {start|kill|stop|status} DATADIR PORT" >&2
     echo "       $0 {start-cluster|kill-cluster|stop-cluster|status-cluster} DATADIR PORT" >&2
+    echo "       $0 free-port" >&2
     exit 2
 }
 
+# A port in 20000-32767 that 127.0.0.1 can bind now and that is none of the arguments.
+pick_port() {
+    python3 - "$@" <<'PY'
+import random, socket, sys
+taken = {int(p) for p in sys.argv[1:]}
+for _ in range(1000):
+    port = random.randint(20000, 32767)
+    if port in taken:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    sys.exit(0)
+sys.exit("no free port below 32768 on 127.0.0.1")
+PY
+}
+
+# `free-port`: print a free port below the ephemeral range (for the scripts that start a broker).
+if [[ ${1:-} == free-port && $# -eq 1 ]]; then
+    pick_port
+    exit
+fi
 [[ $# -eq 3 ]] || usage
 cmd=$1
 port=$3
@@ -171,27 +201,6 @@ port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-# A port in 20000-32767 that 127.0.0.1 can bind now and that is none of the arguments.
-pick_port() {
-    python3 - "$@" <<'PY'
-import random, socket, sys
-taken = {int(p) for p in sys.argv[1:]}
-for _ in range(1000):
-    port = random.randint(20000, 32767)
-    if port in taken:
-        continue
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(port)
-    sys.exit(0)
-sys.exit("no free port below 32768 on 127.0.0.1")
-PY
-}
 
 # The broker ids a Metadata request (v1, no topics) to 127.0.0.1:$1 lists, space-separated;
 # fails if there is no well-formed answer within 2 s.

