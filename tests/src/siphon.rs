@@ -128,6 +128,19 @@ impl SiphonProcess {
         self.spawn()
     }
 
+    /// Runs `siphon SUBCOMMAND --config <this process's config>` to its end: whether it
+    /// succeeded, and what it printed (stdout, then stderr).
+    pub fn command(&self, subcommand: &str) -> Result<(bool, String)> {
+        let output = std::process::Command::new(siphon_bin()?)
+            .args([subcommand, "--config"])
+            .arg(self.config_path())
+            .output()
+            .with_context(|| format!("running siphon {subcommand}"))?;
+        let said = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        Ok((output.status.success(), said))
+    }
+
     /// The config file passed with `--config`.
     pub fn config_path(&self) -> PathBuf {
         self.dir_path.join("siphon.toml")

@@ -1,10 +1,12 @@
 //! A publication gap that opens and closes while Siphon is stopped: the events committed in it
 //! were not published, so Siphon must not stream on past them as if nothing happened. The
 //! publication dropped and created again is caught on the stream (PostgreSQL refuses, or from 18
-//! warns about, changes written while it was missing). A normal restart, a restart with an
+//! warns about, changes written while it was missing), and before that at the start, as the
+//! next case is. A normal restart, a restart with an
 //! outbox table added to the configuration after it was added to the publication, and a
-//! publication and slot made just before the first start, start cleanly. (An outbox table taken
-//! out of the publication and added back while Siphon is stopped is not detected yet.)
+//! publication and slot made just before the first start, start cleanly. An outbox table taken
+//! out of the publication and added back while Siphon is stopped is caught at the next start:
+//! the membership the last run saw, recorded in the Kafka state topic, names other catalog rows.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{route_replacement, slot_confirmed_lsn};
@@ -128,22 +130,57 @@ async fn gap_while_stopped(stopped: &Stopped, remove: &str, restore: &str) -> Re
     Ok(log)
 }
 
+/// Runs `siphon accept-publication-change` with the configuration of `stopped`.
+fn accept(stopped: &Stopped) -> Result<()> {
+    let (accepted, said) = stopped.siphon.command("accept-publication-change")?;
+    anyhow::ensure!(accepted, "{said}");
+    anyhow::ensure!(said.contains("recorded publication p"), "{said}");
+    Ok(())
+}
+
+/// The publication dropped and created again while Siphon was stopped: the start finds another
+/// publication than the one recorded and stops, naming the gap and the command that accepts
+/// it. Accepted, the next start streams until the first change written while the publication
+/// was missing, where the server refuses (before 18) or skips it with a warning (from 18):
+/// Siphon stops there too, naming how to move the slot past it. The log of that start is
+/// returned.
+async fn recreated_publication_refused_twice(stopped: &Stopped, create: &str) -> Result<String> {
+    let major = stopped.pg.major_version().await?;
+    let log = gap_while_stopped(stopped, "DROP PUBLICATION p", create).await?;
+    assert!(
+        log.contains(r#"publication "p" was dropped and created again since Siphon last streamed from slot "s""#)
+            && log.contains("siphon accept-publication-change")
+            && log.contains("re-send"),
+        "PostgreSQL {major}: {log}"
+    );
+    accept(stopped)?;
+    let confirmed_before = slot_confirmed_lsn(&stopped.client, "s").await?.unwrap_or(0);
+    stopped.siphon.start_again()?;
+    let status = stopped.siphon.wait_exit(Duration::from_secs(60));
+    let log = stopped.siphon.log();
+    assert_eq!(status?.code(), Some(EXIT_DEFINITE), "{log}");
+    let confirmed = slot_confirmed_lsn(&stopped.client, "s").await?.unwrap_or(0);
+    assert_eq!(confirmed, confirmed_before, "the slot moved: {log}");
+    assert!(
+        log.contains("SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())")
+            && log.contains("re-send"),
+        "PostgreSQL {major}: {log}"
+    );
+    Ok(log)
+}
+
 /// A `FOR ALL TABLES` publication (no catalog row per table) dropped and created again while
-/// Siphon is stopped: from PostgreSQL 18 the server skips the changes written while it was
-/// missing with only a warning on the stream, before 18 it refuses them with an error. Either
-/// way Siphon stops with the definite status, naming the fix.
+/// Siphon is stopped: caught at the start (the recorded publication is another one), then,
+/// once accepted, on the stream: from PostgreSQL 18 the server skips the changes written while
+/// it was missing with only a warning, before 18 it refuses them with an error. Either way
+/// Siphon stops with the definite status, naming the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publication_for_all_tables_dropped_and_created_again_while_stopped_stops_siphon(
 ) -> Result<()> {
     let all_tables = "CREATE PUBLICATION p FOR ALL TABLES WITH (publish = 'insert, update', publish_via_partition_root = true)";
     let stopped = streamed_and_stopped(&format!("{OUTBOX}; {all_tables}")).await?;
     let major = stopped.pg.major_version().await?;
-    let log = gap_while_stopped(&stopped, "DROP PUBLICATION p", all_tables).await?;
-    assert!(
-        log.contains("SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())")
-            && log.contains("re-send"),
-        "PostgreSQL {major}: {log}"
-    );
+    let log = recreated_publication_refused_twice(&stopped, all_tables).await?;
     let expected = if major >= 18 {
         r#"skipped loading publication "p""#
     } else {
@@ -153,19 +190,57 @@ async fn a_publication_for_all_tables_dropped_and_created_again_while_stopped_st
     Ok(())
 }
 
-/// The publication of the outbox table dropped and created again while Siphon is stopped: the
-/// stream stops Siphon at the first change written while it was missing (an error before
-/// PostgreSQL 18, a warning made an error from 18), naming the fix.
+/// The publication of the outbox table dropped and created again while Siphon is stopped:
+/// caught at the start, then (accepted) on the stream at the first change written while it
+/// was missing (an error before PostgreSQL 18, a warning made an error from 18), naming the
+/// fix each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publication_dropped_and_created_again_while_stopped_stops_siphon() -> Result<()> {
     let stopped = streamed_and_stopped(OUTBOX).await?;
-    let major = stopped.pg.major_version().await?;
-    let log = gap_while_stopped(&stopped, "DROP PUBLICATION p", CREATE_PUBLICATION).await?;
+    recreated_publication_refused_twice(&stopped, CREATE_PUBLICATION).await?;
+    Ok(())
+}
+
+/// An outbox table taken out of the publication and added back while Siphon is stopped (on any
+/// PostgreSQL the stream says nothing: the server just did not publish the gap's events): the
+/// next start finds other catalog rows than the ones the last run recorded in the state topic,
+/// and stops with the definite status, naming the gap and `siphon accept-publication-change`.
+/// Once that command ran, Siphon streams again, from where it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_table_taken_out_and_added_back_while_stopped_stops_siphon_until_accepted(
+) -> Result<()> {
+    let stopped = streamed_and_stopped(OUTBOX).await?;
+    let log = gap_while_stopped(
+        &stopped,
+        "ALTER PUBLICATION p DROP TABLE outbox",
+        "ALTER PUBLICATION p ADD TABLE outbox",
+    )
+    .await?;
     assert!(
-        log.contains("SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())")
-            && log.contains("re-send"),
-        "PostgreSQL {major}: {log}"
+        log.contains(r#"outbox table "public"."outbox" was taken out of publication "p" and added back since Siphon last streamed from slot "s""#)
+            && log.contains("siphon accept-publication-change"),
+        "{log}"
     );
+
+    // A second start without accepting refuses the same way: the record is unchanged.
+    stopped.siphon.start_again()?;
+    let status = stopped.siphon.wait_exit(Duration::from_secs(60))?;
+    assert_eq!(
+        status.code(),
+        Some(EXIT_DEFINITE),
+        "{}",
+        stopped.siphon.log()
+    );
+
+    accept(&stopped)?;
+    stopped.siphon.start_again()?;
+    stopped
+        .client
+        .batch_execute(&insert("outbox", "after-accept"))
+        .await?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "after-gap").await?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "after-accept").await?;
+    anyhow::ensure!(stopped.siphon.is_running(), "{}", stopped.siphon.log());
     Ok(())
 }
 

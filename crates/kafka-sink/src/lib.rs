@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 mod produce;
 pub mod producer;
+pub mod state_topic;
 pub mod topics;
 mod wakeup;
 
@@ -24,3 +25,4 @@ pub use producer::{
     RetiredStatus,
 };
 pub use rdkafka::error::RDKafkaErrorCode;
+pub use state_topic::{StateOperation, StateTopic, StateTopicError};

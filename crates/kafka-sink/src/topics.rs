@@ -30,7 +30,7 @@ pub struct TopicCreator {
 }
 
 /// Properties that only make sense for a producer; the admin client rejects or ignores them.
-fn is_producer_only(key: &str) -> bool {
+pub(crate) fn is_producer_only(key: &str) -> bool {
     matches!(
         key,
         "partitioner"

@@ -135,6 +135,15 @@ pub struct KafkaSection {
     /// slot moves past records that went nowhere.
     #[serde(default)]
     pub sink: SinkKind,
+    /// A compacted topic where Siphon keeps what it must know across restarts (the
+    /// publication's membership as last seen); "" keeps nothing, and a publication gap that
+    /// opens and closes while Siphon is stopped then goes unnoticed.
+    #[serde(default = "default_state_topic")]
+    pub state_topic: String,
+}
+
+fn default_state_topic() -> String {
+    "siphon.state".into()
 }
 
 /// `kafka.sink`.

@@ -68,6 +68,10 @@ pub enum PipelineError {
     /// The server ended the replication stream.
     #[error("replication stream ended")]
     StreamEnded,
+    /// The publication's membership recorded in the state topic: unreadable, or showing a gap
+    /// that opened and closed while Siphon was stopped.
+    #[error(transparent)]
+    Recorded(#[from] crate::publication_record::RecordError),
     /// The acknowledgement ledger was used against its rules: a bug.
     #[error("internal error in acknowledgement tracking: {0}")]
     Ledger(#[from] LedgerError),
@@ -96,6 +100,9 @@ impl PipelineError {
             }
             PipelineError::Stalled(_) | PipelineError::StreamEnded => {
                 Consequence::Transient(ReconnectCause::Source)
+            }
+            PipelineError::Recorded(e) if e.consequence().is_retry() => {
+                Consequence::Transient(ReconnectCause::Sink)
             }
             PipelineError::Ledger(_) => Consequence::Bug,
             _ => Consequence::Definite,

@@ -8,7 +8,9 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use siphon::status::Render as _;
-use siphon::{alloc, config, error, import, settings, status, supervisor, telemetry};
+use siphon::{
+    alloc, config, error, import, publication_record, settings, status, supervisor, telemetry,
+};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -47,6 +49,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// After a publication gap (an outbox table taken out of the publication and added back, or
+    /// the publication created again) was dealt with: record the publication as it is now, so
+    /// that Siphon starts again. Creates nothing; the slot must exist.
+    AcceptPublicationChange {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "SIPHON_CONFIG")]
+        config: PathBuf,
+    },
     /// Convert a Debezium connector configuration (Kafka Connect JSON) into a siphon.toml,
     /// printed on stdout; what cannot be carried over is listed on stderr.
     ImportDebezium {
@@ -64,6 +74,7 @@ fn main() -> ExitCode {
         Command::Run { config } => return run(&config),
         Command::CheckConfig { config } => check_config(&config),
         Command::Status { config, json } => status(&config, json),
+        Command::AcceptPublicationChange { config } => accept_publication_change(&config),
         Command::ImportDebezium { file } => import_debezium(&file),
     };
     match outcome {
@@ -108,6 +119,37 @@ fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    })
+}
+
+fn accept_publication_change(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = config::Config::load(path)?;
+    let settings = settings::build(&config)?;
+    let Some(state) = &settings.state_topic else {
+        anyhow::bail!("kafka.state_topic is \"\": Siphon keeps no record of the publication, so there is nothing to accept");
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let slot =
+            siphon_source::prepare(&settings.source, siphon_source::MissingSlot::Refuse).await?;
+        publication_record::accept(
+            state,
+            slot.identity.as_ref().map(|s| s.system_id.as_str()),
+            &settings.source.slot,
+            &settings.source.publication,
+            &slot.publication,
+        )
+        .await?;
+        println!(
+            "recorded publication {} as it is now for slot {} (in Kafka topic {}); Siphon starts from it",
+            settings.source.publication,
+            settings.source.slot,
+            state.topic()
+        );
+        anyhow::Ok(ExitCode::SUCCESS)
     })
 }
 

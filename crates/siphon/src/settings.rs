@@ -10,7 +10,7 @@ use crate::config::{
 use crate::dead_letter::DeadLetters;
 use crate::session::{ErrorPolicy, NonTransactionalPolicy, PipelineSettings, Routers};
 use anyhow::Context;
-use siphon_kafka_sink::{SinkConfig, TopicCreation};
+use siphon_kafka_sink::{SinkConfig, StateTopic, TopicCreation};
 use siphon_router::{
     default_cloudevents_source, CloudEventsMode, CloudEventsOptions, Encoding, EventExtensions,
     EventRouter, Format, JavaNumbers, RouterContext, RouterOptions, TraceOptions,
@@ -227,6 +227,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
             producer_max_bytes(&sink)?,
         )),
     };
+    let state_topic = state_topic(config, &sink)?;
     Ok(PipelineSettings {
         source,
         sink,
@@ -242,7 +243,21 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         max_in_flight_bytes: config.pipeline.max_in_flight_bytes,
         shutdown_timeout: Duration::from_secs(config.pipeline.shutdown_timeout_secs),
         delivery_timeout,
+        state_topic,
     })
+}
+
+/// The state topic (`kafka.state_topic`): none when it is set to "" or records are discarded.
+pub fn state_topic(config: &Config, sink: &SinkConfig) -> anyhow::Result<Option<StateTopic>> {
+    let topic = config.kafka.state_topic.trim();
+    if topic.is_empty() || sink.discard {
+        return Ok(None);
+    }
+    Ok(Some(StateTopic::new(
+        topic,
+        &sink.client_properties()?,
+        sink.topic_creation.clone(),
+    )))
 }
 
 /// The producer's `message.max.bytes` (librdkafka's default when unset).

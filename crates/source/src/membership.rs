@@ -82,7 +82,7 @@ impl Change {
             ),
         };
         SourceError::Definite(format!(
-            "{what}: PostgreSQL did not publish the events committed in between, so they cannot be read from this slot and were not sent to Kafka; re-send them from the application if consumers need them (the outbox rows committed around that time), then restart Siphon, which continues with the publication as it is now{restart}"
+            "{what}: PostgreSQL did not publish the events committed in between, so they cannot be read from this slot and were not sent to Kafka; re-send them from the application if consumers need them (the outbox rows committed around that time), then run `siphon accept-publication-change --config <this file>` and start Siphon again, which continues with the publication as it is now{restart}"
         ))
     }
 }

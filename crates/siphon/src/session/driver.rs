@@ -166,6 +166,17 @@ async fn connect(
     if let Some(seen) = &carry.publication {
         seen.check(&settings.source.publication, &publication)?;
     }
+    // ... or while Siphon was stopped: the membership the last run saw is in the state topic.
+    if let Some(state) = &settings.state_topic {
+        crate::publication_record::check_and_record(
+            state,
+            publication.system_id.as_deref(),
+            &settings.source.slot,
+            &settings.source.publication,
+            &publication.membership,
+        )
+        .await?;
+    }
     carry.publication = Some(publication);
     let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;

@@ -100,6 +100,8 @@ pub struct PipelineSettings {
     pub delivery_timeout: Option<Duration>,
     /// A stream silent this long while the server has newer WAL is reconnected.
     pub stall_timeout: Duration,
+    /// Where the publication's membership is kept across restarts (`None`: not kept).
+    pub state_topic: Option<siphon_kafka_sink::StateTopic>,
 }
 
 /// State carried from one session to the next.

@@ -1,0 +1,355 @@
+//! A compacted topic where Siphon keeps what it must know across restarts: one record per key,
+//! the last one wins (Kafka's log compaction keeps it).
+//!
+//! # Invariants
+//! - [`StateTopic::read`] returns the value of the last record with the key among every record
+//!   written before the call began (it reads each partition up to the high watermark it found
+//!   first); a record without a value (a tombstone) reads as `None`.
+//! - [`StateTopic::write`] returns only after the broker acknowledged the record (idempotent,
+//!   `acks=all`), so a later [`StateTopic::read`] sees it.
+//! - The topic is created compacted, with one partition, the first time a record is written to
+//!   it (when topic creation is on); "already exists" is success.
+//! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
+//! - Errors carry the librdkafka code and the operation; none is classified by its text.
+
+use crate::topics::is_producer_only;
+use crate::TopicCreation;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use siphon_core::Consequence;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// How long one read or write of the state topic may take.
+pub const STATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What was being done with the state topic when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateOperation {
+    /// Building a client from the configured properties.
+    Configure,
+    /// Creating the topic.
+    Create,
+    /// Reading the topic's partitions and their records.
+    Read,
+    /// Writing a record.
+    Write,
+}
+
+impl fmt::Display for StateOperation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StateOperation::Configure => "configuring a client for",
+            StateOperation::Create => "creating",
+            StateOperation::Read => "reading",
+            StateOperation::Write => "writing to",
+        })
+    }
+}
+
+/// A failure to read or write the state topic.
+#[derive(Debug, thiserror::Error)]
+pub enum StateTopicError {
+    /// Kafka (or librdkafka) answered with an error code.
+    #[error("{operation} Kafka topic {topic:?}, where Siphon keeps its state across restarts: {code}{}", hint(*code))]
+    Kafka {
+        topic: String,
+        operation: StateOperation,
+        code: RDKafkaErrorCode,
+    },
+    /// No answer within [`STATE_TIMEOUT`].
+    #[error("{operation} Kafka topic {topic:?}, where Siphon keeps its state across restarts, took more than {}s", STATE_TIMEOUT.as_secs())]
+    TimedOut {
+        topic: String,
+        operation: StateOperation,
+    },
+    /// The topic is missing and Siphon may not create it.
+    #[error("Kafka topic {topic:?}, where Siphon keeps its state across restarts, does not exist and kafka.topic_creation.enabled is false: create it (cleanup.policy=compact, one partition), or name another one with kafka.state_topic")]
+    Missing { topic: String },
+}
+
+fn hint(code: RDKafkaErrorCode) -> &'static str {
+    match code {
+        RDKafkaErrorCode::TopicAuthorizationFailed
+        | RDKafkaErrorCode::ClusterAuthorizationFailed
+        | RDKafkaErrorCode::GroupAuthorizationFailed => {
+            ": grant Siphon's principal READ, WRITE and DESCRIBE on it (and CREATE, or create it yourself with cleanup.policy=compact), or name another one with kafka.state_topic"
+        }
+        RDKafkaErrorCode::InvalidConfig
+        | RDKafkaErrorCode::InvalidReplicationFactor
+        | RDKafkaErrorCode::PolicyViolation => {
+            ": check kafka.topic_creation.replication_factor, or create the topic yourself (cleanup.policy=compact, one partition)"
+        }
+        _ => "",
+    }
+}
+
+impl StateTopicError {
+    /// What the failure means: a refusal only the operator can lift is [`Consequence::Fix`];
+    /// anything else may pass (a broker restarting, a leader moving).
+    pub fn consequence(&self) -> Consequence {
+        match self {
+            StateTopicError::Missing { .. } => Consequence::Fix,
+            StateTopicError::TimedOut { .. } => Consequence::Retry,
+            StateTopicError::Kafka { code, .. } => match code {
+                RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::InvalidConfig
+                | RDKafkaErrorCode::InvalidReplicationFactor
+                | RDKafkaErrorCode::PolicyViolation
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::InvalidArgument => Consequence::Fix,
+                _ => Consequence::Retry,
+            },
+        }
+    }
+}
+
+/// The state topic of one Siphon configuration.
+#[derive(Debug, Clone)]
+pub struct StateTopic {
+    topic: String,
+    /// Connection properties (bootstrap servers, security), without producer-only ones.
+    connection: BTreeMap<String, String>,
+    /// The producer's properties (idempotent, `acks=all`).
+    producer: BTreeMap<String, String>,
+    creation: TopicCreation,
+}
+
+impl StateTopic {
+    /// The state topic `topic`, reached with the sink's client properties
+    /// ([`crate::SinkConfig::client_properties`]).
+    pub fn new(
+        topic: &str,
+        client_properties: &BTreeMap<String, String>,
+        creation: TopicCreation,
+    ) -> Self {
+        let connection = client_properties
+            .iter()
+            .filter(|(k, _)| !is_producer_only(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut producer = client_properties.clone();
+        // A state record is written alone and waited for: a bounded wait, no batching.
+        producer.insert(
+            "message.timeout.ms".into(),
+            STATE_TIMEOUT.as_millis().to_string(),
+        );
+        producer.insert("linger.ms".into(), "0".into());
+        StateTopic {
+            topic: topic.to_owned(),
+            connection,
+            producer,
+            creation,
+        }
+    }
+
+    /// The topic's name.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The value of the last record with `key` (see the module's invariants); `None` when there
+    /// is none, or the topic does not exist yet.
+    pub async fn read(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateTopicError> {
+        let this = self.clone();
+        let key = key.to_vec();
+        tokio::task::spawn_blocking(move || this.read_blocking(&key))
+            .await
+            .unwrap_or_else(|_| Err(self.failed(StateOperation::Read, RDKafkaErrorCode::Fail)))
+    }
+
+    /// Writes `value` under `key` and waits for the broker's acknowledgement, creating the topic
+    /// first when it is missing.
+    pub async fn write(&self, key: &[u8], value: &[u8]) -> Result<(), StateTopicError> {
+        if self.creation.enabled {
+            self.ensure().await?;
+        } else {
+            // A broker's auto-creation would make a topic that is not compacted.
+            let this = self.clone();
+            let exists = tokio::task::spawn_blocking(move || this.exists_blocking())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(self.failed(StateOperation::Read, RDKafkaErrorCode::Fail))
+                })?;
+            if !exists {
+                return Err(StateTopicError::Missing {
+                    topic: self.topic.clone(),
+                });
+            }
+        }
+        let producer: FutureProducer = self.client(&self.producer, StateOperation::Write)?;
+        let record = FutureRecord::to(&self.topic).key(key).payload(value);
+        let sent = tokio::time::timeout(STATE_TIMEOUT, producer.send(record, STATE_TIMEOUT))
+            .await
+            .map_err(|_| self.timed_out(StateOperation::Write))?;
+        match sent {
+            Ok(_) => Ok(()),
+            Err((error, _)) => Err(self.kafka(StateOperation::Write, &error)),
+        }
+    }
+
+    /// Creates the topic, compacted with one partition, unless it exists.
+    async fn ensure(&self) -> Result<(), StateTopicError> {
+        let admin: AdminClient<DefaultClientContext> =
+            self.client(&self.connection, StateOperation::Create)?;
+        let topic = NewTopic::new(
+            &self.topic,
+            1,
+            TopicReplication::Fixed(self.creation.replication_factor),
+        )
+        .set("cleanup.policy", "compact");
+        let options = AdminOptions::new()
+            .request_timeout(Some(STATE_TIMEOUT))
+            .operation_timeout(Some(STATE_TIMEOUT));
+        let results = admin
+            .create_topics([&topic], &options)
+            .await
+            .map_err(|e| self.kafka(StateOperation::Create, &e))?;
+        for result in results {
+            match result {
+                Ok(_) => {
+                    tracing::info!(topic = %self.topic, "created the state topic (compacted, one partition)")
+                }
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(self.failed(StateOperation::Create, code)),
+            }
+        }
+        Ok(())
+    }
+
+    /// A consumer of assigned partitions only: it never joins its group nor commits, and its
+    /// metadata requests never create the topic.
+    fn consumer(&self) -> Result<BaseConsumer, StateTopicError> {
+        let mut properties = self.connection.clone();
+        properties.insert("enable.auto.commit".into(), "false".into());
+        properties.insert("enable.partition.eof".into(), "false".into());
+        properties.insert("allow.auto.create.topics".into(), "false".into());
+        properties.insert("group.id".into(), "siphon-state-reader".into());
+        self.client(&properties, StateOperation::Read)
+    }
+
+    /// The topic's partitions, `None` when it does not exist.
+    fn partitions(
+        &self,
+        consumer: &BaseConsumer,
+        timeout: Duration,
+    ) -> Result<Option<Vec<i32>>, StateTopicError> {
+        let metadata = consumer
+            .fetch_metadata(Some(&self.topic), timeout)
+            .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+        let Some(topic) = metadata.topics().iter().find(|t| t.name() == self.topic) else {
+            return Ok(None);
+        };
+        match topic.error().map(RDKafkaErrorCode::from) {
+            None => Ok(Some(topic.partitions().iter().map(|p| p.id()).collect())),
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Ok(None),
+            Some(code) => Err(self.failed(StateOperation::Read, code)),
+        }
+    }
+
+    fn exists_blocking(&self) -> Result<bool, StateTopicError> {
+        let consumer = self.consumer()?;
+        Ok(self.partitions(&consumer, STATE_TIMEOUT)?.is_some())
+    }
+
+    fn read_blocking(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateTopicError> {
+        let deadline = Instant::now() + STATE_TIMEOUT;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let consumer = self.consumer()?;
+        let Some(partitions) = self.partitions(&consumer, left())? else {
+            return Ok(None);
+        };
+        // Each partition up to its high watermark as it is now.
+        let mut ends = BTreeMap::new();
+        let mut assignment = TopicPartitionList::new();
+        for partition in partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(&self.topic, partition, left())
+                .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+            if high > low {
+                ends.insert(partition, high);
+                assignment
+                    .add_partition_offset(&self.topic, partition, Offset::Offset(low))
+                    .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+            }
+        }
+        if ends.is_empty() {
+            return Ok(None);
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+        // Within a partition the last record wins; the key lands in one partition.
+        let mut value = None;
+        while !ends.is_empty() {
+            if left().is_zero() {
+                return Err(self.timed_out(StateOperation::Read));
+            }
+            let Some(polled) = consumer.poll(left().min(Duration::from_millis(500))) else {
+                continue;
+            };
+            let message = polled.map_err(|e| self.kafka(StateOperation::Read, &e))?;
+            if message.key() == Some(key) {
+                value = message.payload().map(<[u8]>::to_vec);
+            }
+            if ends
+                .get(&message.partition())
+                .is_some_and(|end| message.offset() + 1 >= *end)
+            {
+                ends.remove(&message.partition());
+            }
+        }
+        Ok(value)
+    }
+
+    fn client<C: rdkafka::config::FromClientConfig>(
+        &self,
+        properties: &BTreeMap<String, String>,
+        operation: StateOperation,
+    ) -> Result<C, StateTopicError> {
+        let mut config = ClientConfig::new();
+        for (key, value) in properties {
+            config.set(key, value);
+        }
+        // Only properties librdkafka refuses fail here.
+        config
+            .create()
+            .map_err(|_| self.failed(operation, RDKafkaErrorCode::InvalidArgument))
+    }
+
+    fn kafka(&self, operation: StateOperation, error: &KafkaError) -> StateTopicError {
+        self.failed(
+            operation,
+            error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+        )
+    }
+
+    fn failed(&self, operation: StateOperation, code: RDKafkaErrorCode) -> StateTopicError {
+        if code == RDKafkaErrorCode::OperationTimedOut || code == RDKafkaErrorCode::MessageTimedOut
+        {
+            return self.timed_out(operation);
+        }
+        StateTopicError::Kafka {
+            topic: self.topic.clone(),
+            operation,
+            code,
+        }
+    }
+
+    fn timed_out(&self, operation: StateOperation) -> StateTopicError {
+        StateTopicError::TimedOut {
+            topic: self.topic.clone(),
+            operation,
+        }
+    }
+}
