@@ -25,9 +25,11 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
+use rustc_hash::FxHashMap;
 use siphon_router::{Header, RoutedRecord};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -88,9 +90,36 @@ pub struct DeliveryContext {
 #[derive(Default)]
 struct Unreported {
     count: AtomicUsize,
+    /// The timestamps of those records that named one, by token: librdkafka reports a failed
+    /// message without its timestamp (`rd_kafka_message_timestamp` answers "not available" for
+    /// a message with an error), and a record sent again must keep the one it had.
+    timestamps: Mutex<FxHashMap<usize, i64>>,
+    /// Whether `timestamps` ever held anything: records without a timestamp of their own (the
+    /// default routing) never take the lock.
+    stamped: AtomicBool,
 }
 
 impl Unreported {
+    /// Keeps `timestamp` of the record `token` until its report.
+    fn stamp(&self, token: usize, timestamp: i64) {
+        self.stamped.store(true, Ordering::Relaxed);
+        self.timestamps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(token, timestamp);
+    }
+
+    /// The timestamp kept for `token`, forgotten.
+    fn take_timestamp(&self, token: usize) -> Option<i64> {
+        if !self.stamped.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.timestamps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&token)
+    }
+
     fn add(&self) {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
@@ -139,6 +168,7 @@ impl ProducerContext for DeliveryContext {
         if let (Ok(message), Some(observer)) = (result, &self.observer) {
             observer.delivered(message.topic());
         }
+        let given_timestamp = self.unreported.take_timestamp(token);
         let delivery = match result {
             Ok(message) => Delivery {
                 token,
@@ -148,14 +178,20 @@ impl ProducerContext for DeliveryContext {
                     offset: message.offset(),
                 }),
             },
-            Err((error, message)) => Delivery {
-                token,
-                generation: self.generation,
-                result: Err(Box::new(DeliveryFailure {
-                    error: DeliveryError::from_kafka(message.topic(), error),
-                    record: copy_record(message),
-                })),
-            },
+            Err((error, message)) => {
+                let mut record = copy_record(message);
+                if let Some(timestamp) = given_timestamp {
+                    record.timestamp_ms = Some(timestamp);
+                }
+                Delivery {
+                    token,
+                    generation: self.generation,
+                    result: Err(Box::new(DeliveryFailure {
+                        error: DeliveryError::from_kafka(message.topic(), error),
+                        record,
+                    })),
+                }
+            }
         };
         // The receiver is gone only when the pipeline is shutting down.
         let _ = self.deliveries.send(delivery);
@@ -486,8 +522,12 @@ impl KafkaSink {
         loop {
             // Counted before librdkafka can report it; uncounted when it is not taken.
             client.unreported.add();
+            if let Some(timestamp) = record.timestamp_ms {
+                client.unreported.stamp(token, timestamp);
+            }
             let outcome = client.handles.produce(outgoing);
             if outcome.is_err() {
+                client.unreported.take_timestamp(token);
                 client.unreported.remove();
             }
             match outcome {
@@ -780,6 +820,34 @@ mod tests {
             stamped >= before && stamped < before + 60_000,
             "the time of sending"
         );
+    }
+
+    /// librdkafka reports a failed message without its timestamp: the record handed back must
+    /// still carry the one it was given, or it is sent again with the time of the resend.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_handed_back_keeps_its_timestamp() {
+        let (mut sink, mut deliveries) = unreachable_sink();
+        let stamped = |n: usize| RoutedRecord {
+            timestamp_ms: (n % 2 == 0).then_some(978_307_200_000 + n as i64),
+            ..record(n)
+        };
+        for n in 0..10 {
+            sink.send(n, &stamped(n)).await.unwrap();
+        }
+        sink.rebuild().unwrap();
+        tokio::time::timeout(Duration::from_secs(30), sink.retired_reported())
+            .await
+            .expect("the retired producer reports everything");
+        for _ in 0..10 {
+            let delivery = deliveries.try_recv().expect("a report per record");
+            let failure = delivery.result.expect_err("purged");
+            assert_eq!(
+                failure.record.timestamp_ms,
+                stamped(delivery.token).timestamp_ms,
+                "record {}",
+                delivery.token
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
