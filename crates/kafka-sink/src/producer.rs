@@ -828,7 +828,7 @@ mod tests {
     async fn a_record_handed_back_keeps_its_timestamp() {
         let (mut sink, mut deliveries) = unreachable_sink();
         let stamped = |n: usize| RoutedRecord {
-            timestamp_ms: (n % 2 == 0).then_some(978_307_200_000 + n as i64),
+            timestamp_ms: n.is_multiple_of(2).then_some(978_307_200_000 + n as i64),
             ..record(n)
         };
         for n in 0..10 {
