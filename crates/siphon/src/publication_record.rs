@@ -76,23 +76,20 @@ impl Recorded {
             tables: membership
                 .tables
                 .iter()
-                .map(|(table, rows)| RecordedTable {
-                    schema: table.schema.clone(),
-                    name: table.name.clone(),
-                    table_rows: rows
-                        .iter()
-                        .filter_map(|row| match row {
-                            Publisher::Table(oid) => Some(*oid),
-                            Publisher::Schema(_) => None,
-                        })
-                        .collect(),
-                    schema_rows: rows
-                        .iter()
-                        .filter_map(|row| match row {
-                            Publisher::Schema(oid) => Some(*oid),
-                            Publisher::Table(_) => None,
-                        })
-                        .collect(),
+                .map(|(table, rows)| {
+                    let mut recorded = RecordedTable {
+                        schema: table.schema.clone(),
+                        name: table.name.clone(),
+                        table_rows: Vec::new(),
+                        schema_rows: Vec::new(),
+                    };
+                    for row in rows {
+                        match row {
+                            Publisher::Table(oid) => recorded.table_rows.push(*oid),
+                            Publisher::Schema(oid) => recorded.schema_rows.push(*oid),
+                        }
+                    }
+                    recorded
                 })
                 .collect(),
         }
