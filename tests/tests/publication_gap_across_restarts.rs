@@ -244,6 +244,45 @@ async fn an_outbox_table_taken_out_and_added_back_while_stopped_stops_siphon_unt
     Ok(())
 }
 
+/// The rows that publish the outbox table replaced one at a time while Siphon streams (its
+/// schema added to the publication, then the table's own row dropped: it stays published
+/// throughout): each look that finds other rows records them in the state topic, so the next
+/// start compares with the last ones seen and streams on (compared with the rows of the last
+/// start it would take the table for one taken out and added back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_rows_replaced_while_streaming_then_a_restart_streams_on() -> Result<()> {
+    let stopped = streamed_and_stopped(OUTBOX).await?;
+    stopped.siphon.start_again()?;
+    let client = &stopped.client;
+    // Streaming again (its start has read and recorded the rows publishing the table).
+    client.batch_execute(&insert("outbox", "restarted")).await?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "restarted").await?;
+    client
+        .batch_execute("ALTER PUBLICATION p ADD TABLES IN SCHEMA public")
+        .await?;
+    // Two publication checks each time.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    client
+        .batch_execute("ALTER PUBLICATION p DROP TABLE outbox")
+        .await?;
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    client
+        .batch_execute(&insert("outbox", "while-running"))
+        .await?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "while-running").await?;
+    stopped.siphon.terminate()?;
+    let status = stopped.siphon.wait_exit(Duration::from_secs(30))?;
+    anyhow::ensure!(status.success(), "{status:?}: {}", stopped.siphon.log());
+
+    stopped.siphon.start_again()?;
+    client
+        .batch_execute(&insert("outbox", "after-restart"))
+        .await?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "after-restart").await?;
+    anyhow::ensure!(stopped.siphon.is_running(), "{}", stopped.siphon.log());
+    Ok(())
+}
+
 /// Stopped and started again with nothing changed: Siphon streams on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_nothing_changed_streams_on() -> Result<()> {

@@ -11,9 +11,11 @@
 //! # Invariants
 //! - One record per server (system identifier) and slot, under [`key`]; its value is the JSON of
 //!   [`Recorded`], the last one written wins.
-//! - A session starts streaming only after the recorded membership was compared with the one it
-//!   found and, when they differ without a gap, the new one was written: a later start compares
-//!   with what this one saw.
+//! - A process starts streaming only after the recorded membership was compared with the one
+//!   it found and, when they differ without a gap, the new one was written; a publication check
+//!   of the running session that finds other rows without a gap records them too: a later start
+//!   compares with the last membership seen. (Reconnects within one process compare with the
+//!   previous session's look and need no broker to start streaming.)
 //! - A gap found is a definite error; only `siphon accept-publication-change` (after the
 //!   operator dealt with the gap) records the membership as it is now.
 //! - Nothing is recorded or compared without a state topic (`kafka.state_topic = ""`) or for a

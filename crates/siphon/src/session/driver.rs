@@ -166,8 +166,10 @@ async fn connect(
     if let Some(seen) = &carry.publication {
         seen.check(&settings.source.publication, &publication)?;
     }
-    // ... or while Siphon was stopped: the membership the last run saw is in the state topic.
-    if let Some(state) = &settings.state_topic {
+    // ... or while Siphon was stopped: the membership the last run saw is in the state topic
+    // (read once per process; later sessions compare with the previous one, above, and need
+    // no broker to start streaming).
+    if let (Some(state), None) = (&settings.state_topic, &carry.publication) {
         crate::publication_record::check_and_record(
             state,
             publication.system_id.as_deref(),
@@ -260,6 +262,7 @@ pub async fn run_session(
         stream,
         sql,
         publication,
+        system_id: server.as_ref().map(|s| s.system_id.clone()),
         inputs_tx,
         inputs,
         status_probe: None,
@@ -310,6 +313,8 @@ struct Driver<'a> {
     /// The publication membership as the last publication check saw it; the next check compares
     /// with it (only one check runs at a time).
     publication: Arc<Mutex<Membership>>,
+    /// The server's system identifier, which keys the membership recorded in the state topic.
+    system_id: Option<String>,
     /// Results of the tasks run beside the loop.
     inputs_tx: mpsc::UnboundedSender<Input>,
     inputs: mpsc::UnboundedReceiver<Input>,
@@ -578,6 +583,8 @@ impl Driver<'_> {
         let publication = self.settings.source.publication.clone();
         let tables = self.settings.source.tables.clone();
         let membership = Arc::clone(&self.publication);
+        let state_topic = self.settings.state_topic.clone();
+        let system_id = self.system_id.clone();
         let metrics = Arc::clone(&self.metrics);
         let inputs = self.inputs_tx.clone();
         self.status_probe = Some(tokio::spawn(async move {
@@ -599,7 +606,27 @@ impl Driver<'_> {
             )
             .await
             {
-                Ok(Ok(now)) => *lock(&membership) = now,
+                Ok(Ok(now)) => {
+                    if now != remembered {
+                        if let Some(state) = &state_topic {
+                            // Recorded so that the next start compares with what was seen
+                            // last; a failure only leaves the older record, which still tells
+                            // a gap (at worst it takes a harmless change for one).
+                            let recorded = crate::publication_record::accept(
+                                state,
+                                system_id.as_deref(),
+                                &slot,
+                                &publication,
+                                &now,
+                            )
+                            .await;
+                            if let Err(e) = recorded {
+                                warn!(error = %e, "the publication's membership was not recorded in the state topic");
+                            }
+                        }
+                    }
+                    *lock(&membership) = now
+                }
                 Ok(Err(e)) if !e.is_transient() => {
                     let _ = inputs.send(Input::SourceFailed(e.into()));
                     return;
