@@ -25,7 +25,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
-use siphon_router::{Header, RoutedRecord};
+use siphon_record::{Header, RoutedRecord};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -233,16 +233,7 @@ fn copy_record<M: Message>(message: &M) -> RoutedRecord {
 }
 
 /// The size a record holds in the in-flight window (key, value and headers).
-pub fn record_bytes(record: &RoutedRecord) -> usize {
-    let headers: usize = record
-        .headers
-        .iter()
-        .map(|h| h.name.len() + h.value.as_ref().map_or(0, |v| v.len()))
-        .sum();
-    record.key.as_ref().map_or(0, |k| k.len())
-        + record.value.as_ref().map_or(0, |v| v.len())
-        + headers
-}
+pub use siphon_record::record_bytes;
 
 /// An idempotent Kafka producer with topic creation, or (for measurements) a sink that
 /// acknowledges every record at once without sending it.

@@ -53,8 +53,29 @@
 //! # Invariants
 //! - Never panics; past any read limit the parse fails, as Jackson's does.
 
-use crate::connect::{Schema, SchemaType, Value};
-use crate::options::{JsonEmptyArrayBehavior, JsonNullBehavior};
+use crate::format::connect::{Schema, SchemaType, Value};
+
+/// How JSON expansion types a `null` member (`table.json.payload.null.behavior`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JsonNullBehavior {
+    /// `ignore`: members whose value is `null` are left out of the expanded value.
+    #[default]
+    Ignore,
+    /// `optional_bytes`: they are kept, typed as optional bytes, and written as `null`.
+    OptionalBytes,
+}
+
+/// How JSON expansion types an empty array (`table.json.payload.empty.array.behavior`).
+///
+/// Siphon's own option: Debezium 3.x has none, and always leaves empty arrays out (`Ignore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JsonEmptyArrayBehavior {
+    /// `ignore`: members whose value is `[]` are left out of the expanded value.
+    #[default]
+    Ignore,
+    /// `optional_string`: they are kept as an array of optional strings.
+    OptionalString,
+}
 
 /// Jackson's default maximum nesting depth.
 pub const MAX_DEPTH: usize = 1000;
@@ -673,7 +694,7 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::{write_json, write_schema};
+    use crate::format::connect::{write_json, write_schema};
 
     fn run(
         text: &str,

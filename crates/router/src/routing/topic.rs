@@ -11,9 +11,11 @@
 //! - A parsed template renders without failing; only the resulting name may be illegal,
 //!   which [`check_topic_name`] reports.
 
-use crate::error::ConfigError;
-use crate::options::DEFAULT_TOPIC_REGEX;
+use crate::routing::error::ConfigError;
 use regex::Regex;
+
+/// The default `route.topic.regex`, which matches any value whole.
+pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
 
 /// The group name Debezium's default `route.topic.regex` defines.
 pub const ROUTED_BY_VALUE: &str = "routedByValue";

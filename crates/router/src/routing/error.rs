@@ -7,7 +7,7 @@
 //! - Each [`RouteError`] variant carries the table name.
 //! - Messages never contain more than [`MAX_SHOWN_VALUE`] characters of row data.
 
-use crate::options::InvalidOperationBehavior;
+use crate::routing::policy::InvalidOperationBehavior;
 use thiserror::Error;
 
 /// How many characters of a column value an error message shows at most.

@@ -24,9 +24,9 @@
 //!   the row was received into, and a record waits for its acknowledgement far longer than the
 //!   rest of that buffer is needed.
 
-use crate::javanum::{java_double, java_float, FloatText};
-use crate::json::{json_string_bytes, write_json_string};
-use crate::route::JavaNumbers;
+use crate::format::encoding::JavaNumbers;
+use crate::format::javanum::{java_double, java_float, FloatText};
+use crate::format::json::{json_string_bytes, write_json_string};
 use bytes::Bytes;
 use pgoutput::Oid;
 
@@ -161,7 +161,7 @@ pub fn to_json(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadVal
             let bytes = decode_bytea(text)?;
             let mut out = Vec::with_capacity(bytes.len() * 4 / 3 + 4);
             out.push(b'"');
-            crate::connect::base64(&mut out, &bytes);
+            crate::format::connect::base64(&mut out, &bytes);
             out.push(b'"');
             Ok(Bytes::from(out))
         }
@@ -198,13 +198,13 @@ pub fn to_string_with(
 
 fn float32_17(text: &str) -> Result<FloatText, BadValue> {
     text.parse::<f32>()
-        .map(crate::javanum_legacy::java17_float)
+        .map(crate::format::javanum_legacy::java17_float)
         .map_err(|_| BadValue)
 }
 
 fn float64_17(text: &str) -> Result<FloatText, BadValue> {
     text.parse::<f64>()
-        .map(crate::javanum_legacy::java17_double)
+        .map(crate::format::javanum_legacy::java17_double)
         .map_err(|_| BadValue)
 }
 
