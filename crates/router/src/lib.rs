@@ -75,10 +75,13 @@ pub use extension::trace::TraceOptions;
 pub use extension::{default_cloudevents_source, EventExtensions, ExtensionConfigError};
 pub use format::encode::{oid, ValueKind, FIRST_USER_OID};
 pub use format::encoding::{Encoding, Format, JavaNumbers};
+pub use format::expand::ExpansionError;
 pub use format::json::json_string;
 pub use router::EventRouter;
 pub use routing::binding::{ColumnRole, TableBinding};
-pub use routing::error::{ConfigError, RouteError};
+pub use routing::error::{
+    ConfigError, EncodingMismatch, PlacementEntryError, ReplacementError, RouteError,
+};
 pub use routing::options::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, JsonEmptyArrayBehavior,
     JsonNullBehavior, Placement, RouterOptions,

@@ -10,6 +10,7 @@
 use crate::extension::position::SourcePosition;
 use crate::extension::{EventExtensions, ExtensionConfigError, Extensions};
 use crate::format::encoding::Format;
+use crate::format::expand::ExpansionError;
 use crate::routing::binding::TableBinding;
 use crate::routing::error::{ConfigError, RouteError};
 use crate::routing::options::{InvalidOperationBehavior, RouterOptions};
@@ -209,10 +210,10 @@ impl EventRouter {
         row: &TupleData,
         position: &SourcePosition,
     ) -> Result<Routed, RouteError> {
-        let failed = |what: &str| RouteError::JsonExpansion {
+        let failed = |reason: ExpansionError| RouteError::JsonExpansion {
             table: binding.table().to_owned(),
             column: binding.payload.name.to_string(),
-            reason: format!("the payload nests deeply and {what}"),
+            reason,
         };
         std::thread::scope(|scope| {
             let worker = std::thread::Builder::new()
@@ -222,10 +223,10 @@ impl EventRouter {
                     self.route_insert(binding, row, position)
                         .map(Routed::Record)
                 })
-                .map_err(|e| failed(&format!("no thread could be started to expand it: {e}")))?;
+                .map_err(|e| failed(ExpansionError::no_deep_thread(&e)))?;
             worker
                 .join()
-                .map_err(|_| failed("expanding it failed unexpectedly"))?
+                .map_err(|_| failed(ExpansionError::DeepThreadFailed))?
         })
     }
 }

@@ -137,6 +137,13 @@ pub enum ExtensionConfigError {
     SameTraceColumns { column: String },
 }
 
+impl ExtensionConfigError {
+    /// What the error means for the process: the configuration must be changed.
+    pub fn consequence(&self) -> siphon_core::Consequence {
+        siphon_core::Consequence::Fix
+    }
+}
+
 /// The extra formats of a router, with the count of malformed trace contexts.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Extensions {

@@ -113,8 +113,8 @@ impl ValueKind {
 }
 
 /// The name of a type oid for messages.
-pub fn type_name(type_oid: Oid) -> String {
-    let name = match type_oid {
+pub fn type_name(type_oid: Oid) -> &'static str {
+    match type_oid {
         oid::BOOL => "boolean",
         oid::BYTEA => "bytea",
         oid::CHAR => "\"char\"",
@@ -139,8 +139,7 @@ pub fn type_name(type_oid: Oid) -> String {
         oid::JSONB => "jsonb",
         t if t >= FIRST_USER_OID => "a user-defined type",
         _ => "a built-in type",
-    };
-    name.to_owned()
+    }
 }
 
 /// The text is not valid for the column's type.

@@ -8,7 +8,7 @@
 use crate::format::connect::{Schema, SchemaType};
 use crate::format::encode::{oid, type_name, ValueKind};
 use crate::format::encoding::{Encoding, Format};
-use crate::routing::error::RouteError;
+use crate::routing::error::{EncodingMismatch, RouteError};
 use crate::routing::options::{
     AdditionalMissingBehavior, Placement, RouterOptions, FIELDS_ADDITIONAL_PLACEMENT,
     FIELD_EVENT_ID, FIELD_EVENT_KEY, FIELD_EVENT_PAYLOAD, FIELD_EVENT_TIMESTAMP, FIELD_EVENT_TYPE,
@@ -351,7 +351,7 @@ fn check_encodings(
     payload: &BoundColumn,
     has_envelope: bool,
 ) -> Result<(), RouteError> {
-    let fail = |reason: String| {
+    let fail = |reason: EncodingMismatch| {
         Err(RouteError::UnsupportedEncoding {
             table: table.to_owned(),
             reason,
@@ -361,13 +361,20 @@ fn check_encodings(
         let bytes = column.kind == ValueKind::Bytes;
         match encoding {
             Encoding::Binary if what == "value" && has_envelope => {
-                return fail("the binary value encoding (BinaryDataConverter) cannot write the struct value that an envelope placement in table.fields.additional.placement makes; use json or json-schemas".to_owned());
+                return fail(EncodingMismatch::BinaryEnvelope);
             }
             Encoding::Binary if !bytes => {
-                return fail(format!("the binary {what} encoding (BinaryDataConverter) writes bytea columns only, and column \"{}\" has type {}; use the json, json-schemas or string encoding", column.name, type_name(column.type_oid)));
+                return fail(EncodingMismatch::BinaryNeedsBytea {
+                    side: what,
+                    column: column.name.to_string(),
+                    type_name: type_name(column.type_oid),
+                });
             }
             Encoding::String if bytes => {
-                return fail(format!("the string {what} encoding (StringConverter) cannot write the bytea column \"{}\" (Java would write an object identity); use the binary or json encoding", column.name));
+                return fail(EncodingMismatch::StringOfBytea {
+                    side: what,
+                    column: column.name.to_string(),
+                });
             }
             _ => {}
         }

@@ -11,7 +11,7 @@
 //! - Every option not in the `OPTIONS` table is rejected.
 
 pub use crate::format::expand::{JsonEmptyArrayBehavior, JsonNullBehavior};
-use crate::routing::error::ConfigError;
+use crate::routing::error::{ConfigError, PlacementEntryError};
 pub use crate::routing::policy::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, Placement,
 };
@@ -360,47 +360,36 @@ fn java_split(text: &str, separator: char) -> Vec<&str> {
 
 /// Parses `table.fields.additional.placement`: `column:placement[:alias]`, comma separated.
 fn parse_additional(value: &str) -> Result<Vec<AdditionalField>, ConfigError> {
-    let bad = |entry: &str, reason: &str| ConfigError::InvalidAdditionalPlacement {
+    let bad = |entry: &str, reason| ConfigError::InvalidAdditionalPlacement {
         entry: entry.to_owned(),
-        reason: reason.to_owned(),
+        reason,
     };
     let mut fields: Vec<AdditionalField> = Vec::new();
     for entry in java_split(value, ',') {
         let parts = java_split(entry, ':');
         if parts.len() != 2 && parts.len() != 3 {
-            return Err(bad(
-                entry,
-                "expected column:placement or column:placement:alias",
-            ));
+            return Err(bad(entry, PlacementEntryError::Shape));
         }
         let column = parts[0].trim();
         if column.is_empty() {
-            return Err(bad(entry, "the column name is empty"));
+            return Err(bad(entry, PlacementEntryError::EmptyColumn));
         }
         let placement = match parts[1].trim().to_ascii_lowercase().as_str() {
             "header" => Placement::Header,
             "envelope" => Placement::Envelope,
             "partition" => Placement::Partition,
-            _ => {
-                return Err(bad(
-                    entry,
-                    "the placement must be header, envelope or partition",
-                ))
-            }
+            _ => return Err(bad(entry, PlacementEntryError::UnknownPlacement)),
         };
         let alias = parts.get(2).map_or(column, |a| a.trim()).to_owned();
         if placement == Placement::Envelope {
             if alias == "payload" {
-                return Err(bad(
-                    entry,
-                    "the envelope already has a field named payload; give the column another alias",
-                ));
+                return Err(bad(entry, PlacementEntryError::PayloadAlias));
             }
             if fields
                 .iter()
                 .any(|f| f.placement == Placement::Envelope && f.alias == alias)
             {
-                return Err(bad(entry, "two envelope fields have the same name"));
+                return Err(bad(entry, PlacementEntryError::DuplicateEnvelopeField));
             }
         }
         fields.push(AdditionalField {
@@ -603,22 +592,18 @@ impl RouterOptions {
 }
 
 fn unknown_option(key: &str) -> ConfigError {
-    let supported = OPTIONS
+    let supported: Vec<&'static str> = OPTIONS
         .iter()
         .map(|spec| spec.name)
         .chain(IGNORED.iter().map(|i| i.name))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let hint = OPTIONS
+        .collect();
+    let suggestion = supported
         .iter()
-        .map(|spec| spec.name)
-        .chain(IGNORED.iter().map(|i| i.name))
-        .find(|name| key.ends_with(&format!(".{name}")))
-        .map(|name| format!(" (did you mean \"{name}\"? leave out the transforms.<name>. prefix)"))
-        .unwrap_or_default();
+        .copied()
+        .find(|name| key.ends_with(&format!(".{name}")));
     ConfigError::UnknownOption {
         option: key.to_owned(),
-        hint,
+        suggestion,
         supported,
     }
 }

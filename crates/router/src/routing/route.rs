@@ -28,7 +28,7 @@
 use crate::format::connect::{java_text, write_envelope, write_json, Schema, SchemaType, Value};
 use crate::format::encode::{decode_bytea, to_json_with, to_string_with, BadValue, ValueKind};
 use crate::format::encoding::{Encoding, Format, JavaNumbers};
-use crate::format::expand::{expand, Expansion};
+use crate::format::expand::{expand, Expansion, ExpansionError};
 use crate::format::json::{nesting_depth, MAX_WRITE_DEPTH};
 use crate::format::timestamp::{record_timestamp_ms, TimestampError};
 use crate::routing::binding::{bind, BoundColumn, TableBinding};
@@ -439,9 +439,7 @@ impl Debezium {
                 return Err(RouteError::JsonExpansion {
                     table: binding.table().to_owned(),
                     column: binding.payload.name.to_string(),
-                    reason: format!(
-                        "the record's JSON nests {depth} levels deep, and Jackson (behind Kafka Connect's JsonConverter) writes at most {MAX_WRITE_DEPTH}"
-                    ),
+                    reason: ExpansionError::TooDeepToWrite { depth },
                 });
             }
         }
@@ -459,10 +457,10 @@ impl Debezium {
         expansion: &Expansion,
     ) -> Result<(Schema, Value), RouteError> {
         let column = &binding.payload;
-        let expansion_failure = |reason: &str| RouteError::JsonExpansion {
+        let expansion_failure = |reason: &ExpansionError| RouteError::JsonExpansion {
             table: binding.table().to_owned(),
             column: column.name.to_string(),
-            reason: reason.to_owned(),
+            reason: reason.clone(),
         };
         // The payload's own schema (replaced by the inferred one when the expansion failed
         // after inferring it) and the value that is put into the envelope.
@@ -494,7 +492,7 @@ impl Debezium {
         else {
             return Err(match expansion {
                 Expansion::Broken { reason, .. } => expansion_failure(reason),
-                _ => expansion_failure("the payload has no schema"),
+                _ => expansion_failure(&ExpansionError::NoSchema),
             });
         };
         // Connect's `Struct.put`: a struct only into the identical struct schema, null only
@@ -512,7 +510,7 @@ impl Debezium {
                     version,
                 },
                 (_, _, Expansion::Broken { reason, .. }) => expansion_failure(reason),
-                _ => expansion_failure("the payload does not fit its envelope schema"),
+                _ => expansion_failure(&ExpansionError::EnvelopeMismatch),
             });
         }
         let mut fields = vec![("payload".to_owned(), payload_schema)];
