@@ -76,7 +76,7 @@ pub enum SkipReason {
     Delete,
     /// An UPDATE, skipped because `table.op.invalid.behavior` is `warn` or `error`. Debezium
     /// logs it as a warning or as an error respectively and carries on;
-    /// [`EventRouter::log_level`] says which.
+    /// [`crate::EventRouter::log_level`] says which.
     Update,
 }
 
