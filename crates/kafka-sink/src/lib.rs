@@ -1,7 +1,7 @@
 //! The Kafka sink: an idempotent producer, per-record delivery reports and topic creation.
 //!
 //! - [`config`] holds the user-facing `[kafka]` settings and the producer defaults Siphon needs.
-//! - [`producer`] sends [`siphon_router::RoutedRecord`]s and reports each delivery on a channel
+//! - [`producer`] sends [`siphon_record::RoutedRecord`]s and reports each delivery on a channel
 //!   (or, for measurements, acknowledges them without sending).
 //! - [`topics`] creates output topics the broker does not have yet.
 //!

@@ -27,7 +27,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use rdkafka::IntoOpaque;
 use rustc_hash::FxHashMap;
-use siphon_router::{Header, RoutedRecord};
+use siphon_record::{Header, RoutedRecord};
 use std::ffi::{c_void, CString};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;

@@ -26,7 +26,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
 use rustc_hash::FxHashMap;
-use siphon_router::{Header, RoutedRecord};
+use siphon_record::{Header, RoutedRecord};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -269,16 +269,7 @@ fn copy_record<M: Message>(message: &M) -> RoutedRecord {
 }
 
 /// The size a record holds in the in-flight window (key, value and headers).
-pub fn record_bytes(record: &RoutedRecord) -> usize {
-    let headers: usize = record
-        .headers
-        .iter()
-        .map(|h| h.name.len() + h.value.as_ref().map_or(0, |v| v.len()))
-        .sum();
-    record.key.as_ref().map_or(0, |k| k.len())
-        + record.value.as_ref().map_or(0, |v| v.len())
-        + headers
-}
+pub use siphon_record::record_bytes;
 
 /// An idempotent Kafka producer with topic creation, or (for measurements) a sink that
 /// acknowledges every record at once without sending it.

@@ -12,23 +12,28 @@
 //!                                     route(&binding, Change::Insert(row)) ─ Routed::Record
 //! ```
 //!
-//! Modules, each with one job:
-//! - `options`: the Debezium option names, defaults and validation.
-//! - `binding`: finding the configured columns in a table.
-//! - `route`: turning a change into a [`RoutedRecord`] or a skip.
-//! - `encode`: column values as `JsonConverter` / `StringConverter` write them.
-//! - `connect`: Connect schemas and values (envelopes, expanded payloads) as the converters
-//!   write them, schemas included.
-//! - `expand`: `table.expand.json.payload`, JSON text to a struct with an inferred schema.
-//! - `timestamp`: `table.field.event.timestamp`, PostgreSQL timestamp text to milliseconds.
-//! - `json`: JSON string literals escaped exactly as Jackson escapes them.
-//! - `javanum`: floating-point numbers printed as Java prints them.
-//! - `javanum_legacy`: the same as Java 17 and earlier print them.
-//! - `topic`: `route.topic.regex`, `route.topic.replacement` and Kafka's topic name rules.
-//! - `schema_cache`: the envelope schema Debezium builds once and reuses, name included.
-//! - `error`: configuration and routing errors, each naming the fix.
-//! - `extension`: the formats beyond Debezium's, applied after routing: `protobuf`
+//! Three layers of modules, each using only the layers below it (`tests/layers.rs` checks it,
+//! and that no modules import each other round a circle):
+//! - `format`: the bytes, as Kafka Connect's converters and the JVM under them write them:
+//!   `encoding` (the converters: [`Encoding`], [`Format`], [`JavaNumbers`]), `encode`
+//!   (column values as `JsonConverter` / `StringConverter` write them), `connect` (Connect
+//!   schemas and values, envelopes and expanded payloads, schemas included), `expand`
+//!   (`table.expand.json.payload`: JSON text to a struct with an inferred schema), `json`
+//!   (JSON strings escaped exactly as Jackson escapes them), `javanum` and `javanum_legacy`
+//!   (floating-point numbers printed as Java 19+ and Java 17 print them), `timestamp`
+//!   (PostgreSQL timestamp text to milliseconds), `text` (the UTF-8 check of column text).
+//! - `routing`: Debezium's routing policy: `options` (the Debezium option names, defaults and
+//!   validation, with their behaviour values in `policy`), `binding` (finding the configured
+//!   columns in a table), `topic` (`route.topic.regex`, `route.topic.replacement` and Kafka's
+//!   topic name rules) with `topic_cache`, `schema_cache` (the envelope schema Debezium builds
+//!   once and reuses, name included), `route` (a change to Debezium's record or a skip) and
+//!   `error` (configuration and routing errors, each naming the fix).
+//! - `extension`: the formats beyond Debezium's, applied to the Debezium record: `protobuf`
 //!   values, `cloudevents` and W3C `trace` context, with the `position` of the change.
+//!
+//! On top, `router` puts routing and the extensions together as the [`EventRouter`]. The record
+//! itself ([`RoutedRecord`], [`Header`], [`record_bytes`]) is the `siphon-record` crate's, which
+//! the Kafka sink shares without depending on the router.
 //!
 //! # Invariants
 //! - Routing never panics (a deeply nested payload is expanded on a thread with a large
@@ -59,41 +64,28 @@
 //!
 //! The bytes are checked against a real Debezium by `tests/tests/differential.rs`.
 
-mod binding;
-mod cloudevents;
-mod connect;
-mod encode;
-mod error;
-mod expand;
 mod extension;
-mod javanum;
-mod javanum_legacy;
-mod json;
-mod options;
-mod position;
-mod protobuf;
-mod route;
-mod schema_cache;
-mod text;
-mod timestamp;
-mod topic;
-mod topic_cache;
-mod trace;
+mod format;
+mod router;
+mod routing;
 
-pub use binding::{ColumnRole, TableBinding};
-pub use cloudevents::{CloudEventsMode, CloudEventsOptions};
-pub use encode::{oid, ValueKind, FIRST_USER_OID};
-pub use error::{ConfigError, RouteError};
+pub use extension::cloudevents::{CloudEventsMode, CloudEventsOptions};
+pub use extension::position::SourcePosition;
+pub use extension::trace::TraceOptions;
 pub use extension::{default_cloudevents_source, EventExtensions, ExtensionConfigError};
-pub use json::json_string;
-pub use options::{
+pub use format::encode::{oid, ValueKind, FIRST_USER_OID};
+pub use format::encoding::{Encoding, Format, JavaNumbers};
+pub use format::expand::ExpansionError;
+pub use format::json::json_string;
+pub use router::EventRouter;
+pub use routing::binding::{ColumnRole, TableBinding};
+pub use routing::error::{
+    ConfigError, EncodingMismatch, PlacementEntryError, ReplacementError, RouteError,
+};
+pub use routing::options::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, JsonEmptyArrayBehavior,
     JsonNullBehavior, Placement, RouterOptions,
 };
-pub use position::SourcePosition;
-pub use route::{
-    Change, Encoding, EventRouter, Format, Header, JavaNumbers, LogLevel, Routed, RoutedRecord,
-    RouterContext, SkipReason,
-};
-pub use topic::{check_topic_name, java_regex, JavaRegexError, TopicRouter};
-pub use trace::TraceOptions;
+pub use routing::route::{Change, LogLevel, Routed, RouterContext, SkipReason};
+pub use routing::topic::{check_topic_name, java_regex, JavaRegexError, TopicRouter};
+pub use siphon_record::{record_bytes, Header, RoutedRecord};

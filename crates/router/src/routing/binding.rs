@@ -5,15 +5,15 @@
 //!   a supported type, with a text-like routing column.
 //! - Column indexes in a binding are below its column count.
 
-use crate::connect::{Schema, SchemaType};
-use crate::encode::{oid, type_name, ValueKind};
-use crate::error::RouteError;
-use crate::options::{
+use crate::format::connect::{Schema, SchemaType};
+use crate::format::encode::{oid, type_name, ValueKind};
+use crate::format::encoding::{Encoding, Format};
+use crate::routing::error::{EncodingMismatch, RouteError};
+use crate::routing::options::{
     AdditionalMissingBehavior, Placement, RouterOptions, FIELDS_ADDITIONAL_PLACEMENT,
-    FIELD_EVENT_ID, FIELD_EVENT_KEY, FIELD_EVENT_PAYLOAD, FIELD_EVENT_TIMESTAMP,
-    FIELD_SCHEMA_VERSION, ROUTE_BY_FIELD,
+    FIELD_EVENT_ID, FIELD_EVENT_KEY, FIELD_EVENT_PAYLOAD, FIELD_EVENT_TIMESTAMP, FIELD_EVENT_TYPE,
+    FIELD_SCHEMA_VERSION, ROUTE_BY_FIELD, TRACE_COLUMN, TRACE_STATE_COLUMN,
 };
-use crate::route::{Encoding, Format};
 use pgoutput::{Oid, Relation};
 use std::sync::Arc;
 
@@ -53,9 +53,9 @@ impl ColumnRole {
             ColumnRole::EventTimestamp => FIELD_EVENT_TIMESTAMP,
             ColumnRole::SchemaVersion => FIELD_SCHEMA_VERSION,
             ColumnRole::Additional(_) => FIELDS_ADDITIONAL_PLACEMENT,
-            ColumnRole::EventType => crate::extension::EVENT_TYPE_OPTION,
-            ColumnRole::TraceParent => crate::extension::TRACE_COLUMN_OPTION,
-            ColumnRole::TraceState => crate::extension::TRACE_STATE_COLUMN_OPTION,
+            ColumnRole::EventType => FIELD_EVENT_TYPE,
+            ColumnRole::TraceParent => TRACE_COLUMN,
+            ColumnRole::TraceState => TRACE_STATE_COLUMN,
         }
     }
 
@@ -124,6 +124,15 @@ pub(crate) struct BoundAdditional {
     pub(crate) column: BoundColumn,
 }
 
+/// The extra columns of one table for the formats beyond Debezium's, bound by
+/// `crate::extension` (none unless they are configured).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ExtensionColumns {
+    pub(crate) event_type: Option<BoundColumn>,
+    pub(crate) traceparent: Option<BoundColumn>,
+    pub(crate) tracestate: Option<BoundColumn>,
+}
+
 /// The configured columns of one table, resolved from its `Relation` message by
 /// [`crate::EventRouter::bind`]. Bind again when a new `Relation` message for the table
 /// arrives.
@@ -142,7 +151,7 @@ pub struct TableBinding {
     /// The Debezium value schema name of the table's rows, `<topic.prefix>.<schema>.<table>.Value`.
     pub(crate) row_schema_name: String,
     /// The columns of the formats beyond Debezium's (see [`crate::extension`]).
-    pub(crate) extensions: crate::extension::BoundExtensions,
+    pub(crate) extensions: ExtensionColumns,
 }
 
 impl TableBinding {
@@ -330,7 +339,7 @@ pub(crate) fn bind(
         schema_version,
         additional,
         row_schema_name,
-        extensions: crate::extension::BoundExtensions::default(),
+        extensions: ExtensionColumns::default(),
     })
 }
 
@@ -342,7 +351,7 @@ fn check_encodings(
     payload: &BoundColumn,
     has_envelope: bool,
 ) -> Result<(), RouteError> {
-    let fail = |reason: String| {
+    let fail = |reason: EncodingMismatch| {
         Err(RouteError::UnsupportedEncoding {
             table: table.to_owned(),
             reason,
@@ -352,13 +361,20 @@ fn check_encodings(
         let bytes = column.kind == ValueKind::Bytes;
         match encoding {
             Encoding::Binary if what == "value" && has_envelope => {
-                return fail("the binary value encoding (BinaryDataConverter) cannot write the struct value that an envelope placement in table.fields.additional.placement makes; use json or json-schemas".to_owned());
+                return fail(EncodingMismatch::BinaryEnvelope);
             }
             Encoding::Binary if !bytes => {
-                return fail(format!("the binary {what} encoding (BinaryDataConverter) writes bytea columns only, and column \"{}\" has type {}; use the json, json-schemas or string encoding", column.name, type_name(column.type_oid)));
+                return fail(EncodingMismatch::BinaryNeedsBytea {
+                    side: what,
+                    column: column.name.to_string(),
+                    type_name: type_name(column.type_oid),
+                });
             }
             Encoding::String if bytes => {
-                return fail(format!("the string {what} encoding (StringConverter) cannot write the bytea column \"{}\" (Java would write an object identity); use the binary or json encoding", column.name));
+                return fail(EncodingMismatch::StringOfBytea {
+                    side: what,
+                    column: column.name.to_string(),
+                });
             }
             _ => {}
         }

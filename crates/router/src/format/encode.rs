@@ -24,9 +24,9 @@
 //!   the row was received into, and a record waits for its acknowledgement far longer than the
 //!   rest of that buffer is needed.
 
-use crate::javanum::{java_double, java_float, FloatText};
-use crate::json::{json_string_bytes, write_json_string};
-use crate::route::JavaNumbers;
+use crate::format::encoding::JavaNumbers;
+use crate::format::javanum::{java_double, java_float, FloatText};
+use crate::format::json::{json_string_bytes, write_json_string};
 use bytes::Bytes;
 use pgoutput::Oid;
 
@@ -113,8 +113,8 @@ impl ValueKind {
 }
 
 /// The name of a type oid for messages.
-pub fn type_name(type_oid: Oid) -> String {
-    let name = match type_oid {
+pub fn type_name(type_oid: Oid) -> &'static str {
+    match type_oid {
         oid::BOOL => "boolean",
         oid::BYTEA => "bytea",
         oid::CHAR => "\"char\"",
@@ -139,8 +139,7 @@ pub fn type_name(type_oid: Oid) -> String {
         oid::JSONB => "jsonb",
         t if t >= FIRST_USER_OID => "a user-defined type",
         _ => "a built-in type",
-    };
-    name.to_owned()
+    }
 }
 
 /// The text is not valid for the column's type.
@@ -161,7 +160,7 @@ pub fn to_json(kind: ValueKind, raw: &Bytes, text: &str) -> Result<Bytes, BadVal
             let bytes = decode_bytea(text)?;
             let mut out = Vec::with_capacity(bytes.len() * 4 / 3 + 4);
             out.push(b'"');
-            crate::connect::base64(&mut out, &bytes);
+            crate::format::connect::base64(&mut out, &bytes);
             out.push(b'"');
             Ok(Bytes::from(out))
         }
@@ -198,13 +197,13 @@ pub fn to_string_with(
 
 fn float32_17(text: &str) -> Result<FloatText, BadValue> {
     text.parse::<f32>()
-        .map(crate::javanum_legacy::java17_float)
+        .map(crate::format::javanum_legacy::java17_float)
         .map_err(|_| BadValue)
 }
 
 fn float64_17(text: &str) -> Result<FloatText, BadValue> {
     text.parse::<f64>()
-        .map(crate::javanum_legacy::java17_double)
+        .map(crate::format::javanum_legacy::java17_double)
         .map_err(|_| BadValue)
 }
 

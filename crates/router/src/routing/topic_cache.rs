@@ -9,7 +9,7 @@
 //! (which have the same options).
 //!
 //! # Invariants
-//! - Holds only topics that passed [`crate::topic::check_topic_name`], each under the routing
+//! - Holds only topics that passed [`crate::routing::topic::check_topic_name`], each under the routing
 //!   value it was rendered from; a value whose topic fails the check is never cached, so its
 //!   error is reported again for every record.
 //! - At most [`CAPACITY`] entries: a full cache is emptied before the next insert.

@@ -8,7 +8,7 @@
 //!   `table.expand.json.payload` is on, wrapped in a `{payload, alias…}` struct when
 //!   `table.fields.additional.placement` has envelope entries, encoded per [`Format::value`];
 //!   `None` (a tombstone) for a NULL or blank payload with `route.tombstone.on.empty.payload`;
-//! - headers: Debezium's four context headers (with [`EventRouter::new_with_context`]), then
+//! - headers: Debezium's four context headers (with [`crate::EventRouter::new_with_context`]), then
 //!   `id` (the `table.field.event.id` column as `SimpleHeaderConverter` writes it), then the
 //!   header placements in order (a NULL column gives a null header value);
 //! - timestamp: the `table.field.event.timestamp` column in milliseconds, or none (the
@@ -19,74 +19,28 @@
 //! `table.op.invalid.behavior`.
 //!
 //! # Invariants
-//! - [`EventRouter::route`] never panics; a row it cannot route is a [`RouteError`], never a
+//! - [`crate::EventRouter::route`] never panics; a row it cannot route is a [`RouteError`], never a
 //!   silently dropped record.
 //! - Routing reads nothing but its arguments: the same inputs give the same output.
 //! - A record owns its bytes: no key, value or header shares memory with the row (see
-//!   [`crate::encode`]).
+//!   [`crate::format::encode`]).
 
-use crate::binding::{bind, BoundColumn, TableBinding};
-use crate::connect::{java_text, write_envelope, write_json, Schema, SchemaType, Value};
-use crate::encode::{decode_bytea, to_json_with, to_string_with, BadValue, ValueKind};
-use crate::error::{shown, shown_bytes, ConfigError, RouteError};
-use crate::expand::{expand, Expansion};
-use crate::extension::{EventExtensions, ExtensionConfigError, Extensions};
-use crate::json::{nesting_depth, MAX_WRITE_DEPTH};
-use crate::options::{InvalidOperationBehavior, Placement, RouterOptions, TOPIC_PREFIX};
-use crate::position::SourcePosition;
-use crate::schema_cache::{CacheKey, EnvelopeSchemas};
-use crate::timestamp::{record_timestamp_ms, TimestampError};
-use crate::topic::check_topic_name;
-use crate::topic_cache::TopicCache;
+use crate::format::connect::{java_text, write_envelope, write_json, Schema, SchemaType, Value};
+use crate::format::encode::{decode_bytea, to_json_with, to_string_with, BadValue, ValueKind};
+use crate::format::encoding::{Encoding, Format, JavaNumbers};
+use crate::format::expand::{expand, Expansion, ExpansionError};
+use crate::format::json::{nesting_depth, MAX_WRITE_DEPTH};
+use crate::format::timestamp::{record_timestamp_ms, TimestampError};
+use crate::routing::binding::{bind, BoundColumn, TableBinding};
+use crate::routing::error::{shown, shown_bytes, ConfigError, RouteError};
+use crate::routing::options::{Placement, RouterOptions, TOPIC_PREFIX};
+use crate::routing::schema_cache::{CacheKey, EnvelopeSchemas};
+use crate::routing::topic::check_topic_name;
+use crate::routing::topic_cache::TopicCache;
 use bytes::Bytes;
 use pgoutput::{Column, Relation, TupleData};
+use siphon_record::{Header, RoutedRecord};
 use std::sync::Arc;
-
-/// How a record key or value is serialized, as the Kafka Connect converter would.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Encoding {
-    /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=false`.
-    ///
-    /// Text columns (including json and jsonb) become JSON string literals, so a jsonb
-    /// payload is written as a string holding the document; numbers and booleans are written
-    /// as JSON numbers and booleans; NULL is the four bytes `null`.
-    #[default]
-    Json,
-    /// `org.apache.kafka.connect.storage.StringConverter`: the value's text as UTF-8
-    /// (booleans as `true` / `false`); NULL is no bytes at all (a tombstone value or a null
-    /// key).
-    String,
-    /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=true`:
-    /// `{"schema":…,"payload":…}`, the schema being the one Debezium gives the column
-    /// (`io.debezium.data.Json` version 1 for json and jsonb, …); NULL is the envelope with
-    /// `"payload":null`.
-    JsonSchemas,
-    /// `io.debezium.converters.BinaryDataConverter`: a bytea column's bytes as they are; NULL
-    /// is no bytes at all. Only bytea columns can be written.
-    Binary,
-}
-
-/// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`), and
-/// how the worker's JVM prints floating-point numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Format {
-    /// How the record key is written.
-    pub key: Encoding,
-    /// How the record value is written.
-    pub value: Encoding,
-    /// The Java generation whose `Double.toString` / `Float.toString` the numbers follow.
-    pub numbers: JavaNumbers,
-}
-
-/// Which Java's `Double.toString` / `Float.toString` floating-point numbers follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum JavaNumbers {
-    /// Java 19 and later (shortest decimal): Debezium's official 3.x images run Java 21.
-    #[default]
-    Java19,
-    /// Java 18 and earlier (`FloatingDecimal`), which prints some numbers with more digits.
-    Java17,
-}
 
 /// One change to an outbox row, as pgoutput delivers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,37 +76,8 @@ pub enum SkipReason {
     Delete,
     /// An UPDATE, skipped because `table.op.invalid.behavior` is `warn` or `error`. Debezium
     /// logs it as a warning or as an error respectively and carries on;
-    /// [`EventRouter::log_level`] says which.
+    /// [`crate::EventRouter::log_level`] says which.
     Update,
-}
-
-/// A Kafka record header.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Header {
-    /// The header key.
-    pub name: Arc<str>,
-    /// The header value; `None` is a null value (Kafka tells it apart from an empty one),
-    /// which a header placement of a NULL column gives.
-    pub value: Option<Bytes>,
-}
-
-/// A record ready to be produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoutedRecord {
-    /// The destination topic; a legal Kafka topic name.
-    pub topic: String,
-    /// The serialized key; `None` is a null key.
-    pub key: Option<Bytes>,
-    /// The serialized value; `None` is a null value (a tombstone).
-    pub value: Option<Bytes>,
-    /// The headers, in order.
-    pub headers: Vec<Header>,
-    /// The record timestamp in milliseconds since the Unix epoch; `None` lets the producer
-    /// use the time of sending.
-    pub timestamp_ms: Option<i64>,
-    /// The partition chosen by a `partition` placement; `None` leaves the choice to the
-    /// producer's partitioner.
-    pub partition: Option<i32>,
 }
 
 /// What routing a change gave.
@@ -191,86 +116,42 @@ impl RouterContext {
 /// Payloads nested at most this deep are expanded on the calling thread.
 const SHALLOW_NESTING: usize = 64;
 
-/// The stack of the thread that expands a deeper payload: 1000 levels of recursion in the
-/// parser, the schema inference, the writers and the drop, with room to spare.
-const DEEP_STACK_BYTES: usize = 64 * 1024 * 1024;
-
 /// The header that carries the event id.
 const ID_HEADER: &str = "id";
 
-/// Debezium's outbox `EventRouter` followed by Kafka Connect's converters, as a pure function.
+/// Debezium's outbox `EventRouter` followed by Kafka Connect's converters, as a pure function:
+/// the record of a row before the formats beyond Debezium's (which [`crate::EventRouter`]
+/// applies to it).
 #[derive(Debug, Clone)]
-pub struct EventRouter {
+pub(crate) struct Debezium {
     options: RouterOptions,
     format: Format,
     id_header: Arc<str>,
     context_headers: Vec<Header>,
-    extensions: Extensions,
     /// Envelope schema names as Debezium caches them; shared by clones.
     envelope_schemas: EnvelopeSchemas,
     /// The topic of each routing value seen; shared by clones.
     topics: TopicCache,
 }
 
-impl EventRouter {
-    /// A router with these options and encodings, without Debezium's context headers (as with
-    /// `extended.headers.enabled=false`); see [`EventRouter::new_with_context`].
-    pub fn new(options: RouterOptions, format: Format) -> Self {
-        EventRouter {
+impl Debezium {
+    /// Debezium's router with these options and encodings, without the context headers.
+    pub(crate) fn new(options: RouterOptions, format: Format) -> Self {
+        Debezium {
             options,
             format,
             id_header: Arc::from(ID_HEADER),
             context_headers: Vec::new(),
-            extensions: Extensions::default(),
             envelope_schemas: EnvelopeSchemas::default(),
             topics: TopicCache::default(),
         }
     }
 
-    /// The router with formats beyond Debezium's: protobuf values, CloudEvents, W3C trace
-    /// context (see [`crate::extension`]).
-    ///
-    /// # Errors
-    /// An [`ExtensionConfigError`] naming the fix when the combination cannot work.
-    pub fn with_extensions(
-        mut self,
-        extensions: EventExtensions,
-    ) -> Result<Self, ExtensionConfigError> {
-        extensions.check(&self.options)?;
-        self.extensions.config = extensions;
-        Ok(self)
-    }
-
-    /// The formats beyond Debezium's.
-    pub fn extensions(&self) -> &EventExtensions {
-        &self.extensions.config
-    }
-
-    /// How many rows had a malformed trace context (`trace.column` or `trace.state_column`),
-    /// left out of their records, since the router was made (shared by its clones).
-    pub fn malformed_trace_contexts(&self) -> u64 {
-        self.extensions
-            .malformed_trace
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// A router that, unless `extended.headers.enabled=false`, starts every record's headers
-    /// with Debezium 3.2's context headers, in Debezium's order:
-    /// `__debezium.context.connectorLogicalName` (`topic.prefix`),
-    /// `__debezium.context.taskId`, `__debezium.context.connectorName` and
-    /// `__debezium.context.runId`.
-    ///
-    /// # Errors
-    /// [`ConfigError::MissingOption`] when the headers are enabled and `topic.prefix` is not
-    /// set.
-    pub fn new_with_context(
-        options: RouterOptions,
-        format: Format,
-        context: RouterContext,
-    ) -> Result<Self, ConfigError> {
-        let mut router = EventRouter::new(options, format);
-        if router.options.extended_headers() {
-            let Some(logical_name) = router.options.topic_prefix() else {
+    /// The router with Debezium's context headers, unless `extended.headers.enabled=false`
+    /// (see [`crate::EventRouter::new_with_context`]).
+    pub(crate) fn with_context(mut self, context: &RouterContext) -> Result<Self, ConfigError> {
+        if self.options.extended_headers() {
+            let Some(logical_name) = self.options.topic_prefix() else {
                 return Err(ConfigError::MissingOption {
                     option: TOPIC_PREFIX,
                     needed_by: "the __debezium.context.connectorLogicalName header needs it (extended.headers.enabled is true)",
@@ -280,115 +161,53 @@ impl EventRouter {
                 name: Arc::from(name),
                 value: Some(Bytes::copy_from_slice(value.as_bytes())),
             };
-            router.context_headers = vec![
+            self.context_headers = vec![
                 header("__debezium.context.connectorLogicalName", logical_name),
                 header("__debezium.context.taskId", &context.task_id),
                 header("__debezium.context.connectorName", &context.connector_name),
                 header("__debezium.context.runId", &context.run_id),
             ];
         }
-        Ok(router)
+        Ok(self)
     }
 
     /// The options.
-    pub fn options(&self) -> &RouterOptions {
+    pub(crate) fn options(&self) -> &RouterOptions {
         &self.options
     }
 
     /// The key and value encodings.
-    pub fn format(&self) -> Format {
+    pub(crate) fn format(&self) -> Format {
         self.format
     }
 
-    /// The level at which Debezium logs a skipped change: `info` for a DELETE, and for an
-    /// UPDATE `warn` or `error` as `table.op.invalid.behavior` says.
-    pub fn log_level(&self, reason: SkipReason) -> LogLevel {
-        match (reason, self.options.invalid_operation()) {
-            (SkipReason::Delete, _) => LogLevel::Info,
-            (SkipReason::Update, InvalidOperationBehavior::Error) => LogLevel::Error,
-            (SkipReason::Update, _) => LogLevel::Warn,
-        }
-    }
-
-    /// Resolves the configured columns in a table, once, when its `Relation` message arrives.
-    ///
-    /// Columns of the replica identity key are taken as NOT NULL and all others as nullable,
-    /// which only shows in the `optional` flags of the json-schemas encoding; use
-    /// [`EventRouter::bind_with_not_null`] to give the real constraints.
-    ///
-    /// # Errors
-    /// [`RouteError::MissingColumn`] when a configured column is not in the table,
-    /// [`RouteError::UnsupportedColumnType`] or [`RouteError::ColumnTypeMismatch`] when its
-    /// type does not fit its use, [`RouteError::RoutingColumnNotText`] when the
-    /// `route.by.field` column is not text-like, [`RouteError::UnsupportedEncoding`] when the
-    /// encodings cannot write the key or payload column.
-    pub fn bind(&self, relation: &Relation) -> Result<TableBinding, RouteError> {
-        self.bind_with_not_null(relation, &|_| false)
-    }
-
-    /// [`EventRouter::bind`], with `not_null` saying which columns are declared NOT NULL
-    /// (`pg_attribute.attnotnull`), as Debezium reads them from the catalog.
-    ///
-    /// # Errors
-    /// As [`EventRouter::bind`].
-    pub fn bind_with_not_null(
+    /// The configured columns of a table (see [`crate::EventRouter::bind_with_not_null`]).
+    pub(crate) fn bind(
         &self,
         relation: &Relation,
         not_null: &dyn Fn(&str) -> bool,
     ) -> Result<TableBinding, RouteError> {
-        let mut binding = bind(&self.options, self.format, relation, not_null)?;
-        binding.extensions = self.extensions.bind(relation)?;
-        Ok(binding)
+        bind(&self.options, self.format, relation, not_null)
     }
 
-    /// Routes one change of a row of the bound table.
-    ///
-    /// # Errors
-    /// A [`RouteError`] naming the table (and column) when the row cannot become a record:
-    /// a NULL id or routing value, a topic Kafka would refuse, a value that is not valid text,
-    /// an UPDATE with `table.op.invalid.behavior=fatal`, a payload the JSON expansion cannot
-    /// write, or a row that does not match the binding.
-    pub fn route(&self, binding: &TableBinding, change: Change<'_>) -> Result<Routed, RouteError> {
-        self.route_at(binding, change, &SourcePosition::default())
+    /// Whether the row's payload is expanded and nests deeper than a thread's default stack
+    /// comfortably recurses (expansion, writing and dropping the value recurse per level).
+    pub(crate) fn needs_deep_stack(&self, binding: &TableBinding, row: &TupleData) -> bool {
+        self.options.expand_json_payload()
+            && matches!(
+                cell(binding, &binding.payload, row),
+                Ok(Some((_, text))) if nesting_depth(text.as_bytes()) > SHALLOW_NESTING
+            )
     }
 
-    /// [`EventRouter::route`] for a change read at `position`, which protobuf values and
-    /// CloudEvents carry (with [`EventRouter::route`] they carry zeros and no commit time).
-    ///
-    /// # Errors
-    /// As [`EventRouter::route`].
-    pub fn route_at(
+    /// The Debezium record of an inserted row, with the row's routing value; without a value
+    /// unless `encode_value` (a protobuf value replaces it).
+    pub(crate) fn record<'r>(
         &self,
         binding: &TableBinding,
-        change: Change<'_>,
-        position: &SourcePosition,
-    ) -> Result<Routed, RouteError> {
-        match change {
-            Change::Insert(row) if self.needs_deep_stack(binding, row) => {
-                self.route_insert_on_deep_stack(binding, row, position)
-            }
-            Change::Insert(row) => self
-                .route_insert(binding, row, position)
-                .map(Routed::Record),
-            Change::Delete(_) => Ok(Routed::Skipped(SkipReason::Delete)),
-            Change::Update { .. } => match self.options.invalid_operation() {
-                InvalidOperationBehavior::Warn | InvalidOperationBehavior::Error => {
-                    Ok(Routed::Skipped(SkipReason::Update))
-                }
-                behavior @ InvalidOperationBehavior::Fatal => Err(RouteError::InvalidOperation {
-                    table: binding.table().to_owned(),
-                    behavior,
-                }),
-            },
-        }
-    }
-
-    fn route_insert(
-        &self,
-        binding: &TableBinding,
-        row: &TupleData,
-        position: &SourcePosition,
-    ) -> Result<RoutedRecord, RouteError> {
+        row: &'r TupleData,
+        encode_value: bool,
+    ) -> Result<(RoutedRecord, &'r str), RouteError> {
         if row.columns.len() != binding.column_count {
             return Err(RouteError::ColumnCountMismatch {
                 table: binding.table().to_owned(),
@@ -489,10 +308,10 @@ impl EventRouter {
         }
 
         // A protobuf value replaces the Debezium value: it is not encoded at all.
-        let value = if self.extensions.config.protobuf_value {
-            None
-        } else {
+        let value = if encode_value {
             self.encode_value(binding, row, routed_value)?
+        } else {
+            None
         };
 
         let record = RoutedRecord {
@@ -503,11 +322,7 @@ impl EventRouter {
             timestamp_ms,
             partition,
         };
-        if !self.extensions.config.is_active() {
-            return Ok(record);
-        }
-        self.extensions
-            .finish(self, binding, row, position, routed_value, record)
+        Ok((record, routed_value))
     }
 
     /// The record value: the payload, expanded or wrapped in an envelope as configured.
@@ -586,7 +401,7 @@ impl EventRouter {
             // that ignores the schema can write it.
             return match (encoding, schema) {
                 (Encoding::String, _) => Ok(Some(Bytes::copy_from_slice(text.as_bytes()))),
-                (Encoding::Json, None) => Ok(Some(crate::json::json_string_bytes(text))),
+                (Encoding::Json, None) => Ok(Some(crate::format::json::json_string_bytes(text))),
                 (Encoding::JsonSchemas, None) => {
                     let mut out = Vec::new();
                     write_envelope(&mut out, &Value::Str(text.to_owned()), None);
@@ -608,44 +423,6 @@ impl EventRouter {
         }
     }
 
-    /// Whether the row's payload is expanded and nests deeper than a thread's default stack
-    /// comfortably recurses (expansion, writing and dropping the value recurse per level).
-    fn needs_deep_stack(&self, binding: &TableBinding, row: &TupleData) -> bool {
-        self.options.expand_json_payload()
-            && matches!(
-                cell(binding, &binding.payload, row),
-                Ok(Some((_, text))) if nesting_depth(text.as_bytes()) > SHALLOW_NESTING
-            )
-    }
-
-    /// [`EventRouter::route_insert`] on a scoped thread with a stack sized for
-    /// [`crate::expand::MAX_DEPTH`] levels.
-    fn route_insert_on_deep_stack(
-        &self,
-        binding: &TableBinding,
-        row: &TupleData,
-        position: &SourcePosition,
-    ) -> Result<Routed, RouteError> {
-        let failed = |what: &str| RouteError::JsonExpansion {
-            table: binding.table().to_owned(),
-            column: binding.payload.name.to_string(),
-            reason: format!("the payload nests deeply and {what}"),
-        };
-        std::thread::scope(|scope| {
-            let worker = std::thread::Builder::new()
-                .name("siphon-deep-json".to_owned())
-                .stack_size(DEEP_STACK_BYTES)
-                .spawn_scoped(scope, || {
-                    self.route_insert(binding, row, position)
-                        .map(Routed::Record)
-                })
-                .map_err(|e| failed(&format!("no thread could be started to expand it: {e}")))?;
-            worker
-                .join()
-                .map_err(|_| failed("expanding it failed unexpectedly"))?
-        })
-    }
-
     /// A struct value written per encoding, refused where Jackson would refuse to write it
     /// (nested deeper than [`MAX_WRITE_DEPTH`]).
     fn written(
@@ -662,9 +439,7 @@ impl EventRouter {
                 return Err(RouteError::JsonExpansion {
                     table: binding.table().to_owned(),
                     column: binding.payload.name.to_string(),
-                    reason: format!(
-                        "the record's JSON nests {depth} levels deep, and Jackson (behind Kafka Connect's JsonConverter) writes at most {MAX_WRITE_DEPTH}"
-                    ),
+                    reason: ExpansionError::TooDeepToWrite { depth },
                 });
             }
         }
@@ -672,7 +447,7 @@ impl EventRouter {
     }
 
     /// The envelope `{payload, aliases…}` and its schema, as Debezium builds it: the schema
-    /// from its cache (see [`crate::schema_cache`]), the payload put into it as Connect's
+    /// from its cache (see [`crate::routing::schema_cache`]), the payload put into it as Connect's
     /// `Struct.put` checks it.
     fn envelope(
         &self,
@@ -682,10 +457,10 @@ impl EventRouter {
         expansion: &Expansion,
     ) -> Result<(Schema, Value), RouteError> {
         let column = &binding.payload;
-        let expansion_failure = |reason: &str| RouteError::JsonExpansion {
+        let expansion_failure = |reason: &ExpansionError| RouteError::JsonExpansion {
             table: binding.table().to_owned(),
             column: column.name.to_string(),
-            reason: reason.to_owned(),
+            reason: reason.clone(),
         };
         // The payload's own schema (replaced by the inferred one when the expansion failed
         // after inferring it) and the value that is put into the envelope.
@@ -717,7 +492,7 @@ impl EventRouter {
         else {
             return Err(match expansion {
                 Expansion::Broken { reason, .. } => expansion_failure(reason),
-                _ => expansion_failure("the payload has no schema"),
+                _ => expansion_failure(&ExpansionError::NoSchema),
             });
         };
         // Connect's `Struct.put`: a struct only into the identical struct schema, null only
@@ -735,7 +510,7 @@ impl EventRouter {
                     version,
                 },
                 (_, _, Expansion::Broken { reason, .. }) => expansion_failure(reason),
-                _ => expansion_failure("the payload does not fit its envelope schema"),
+                _ => expansion_failure(&ExpansionError::EnvelopeMismatch),
             });
         }
         let mut fields = vec![("payload".to_owned(), payload_schema)];
@@ -763,7 +538,7 @@ impl EventRouter {
     }
 }
 
-impl EventRouter {
+impl Debezium {
     /// The `table.field.event.schema.version` column's value, if configured and not NULL.
     fn schema_version(
         &self,
@@ -857,7 +632,7 @@ pub(crate) fn cell<'r>(
             table: table(),
             column: name(),
         }),
-        Some(Column::Text(raw)) => match crate::text::utf8(raw) {
+        Some(Column::Text(raw)) => match crate::format::text::utf8(raw) {
             Some(text) => Ok(Some((raw, text))),
             None => Err(RouteError::InvalidUtf8 {
                 table: table(),
@@ -925,7 +700,7 @@ fn encode_cell(
         Encoding::JsonSchemas => to_json_with(column.kind, raw, text, numbers).map(|json| {
             let mut out = Vec::with_capacity(json.len() + 96);
             out.extend_from_slice(b"{\"schema\":");
-            crate::connect::write_schema(&mut out, &column.schema());
+            crate::format::connect::write_schema(&mut out, &column.schema());
             out.extend_from_slice(b",\"payload\":");
             out.extend_from_slice(&json);
             out.push(b'}');

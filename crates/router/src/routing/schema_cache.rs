@@ -22,7 +22,7 @@
 //! - Never panics; a poisoned lock is taken over (the map is valid after any panic, as every
 //!   update is a single insert or remove).
 
-use crate::connect::Schema;
+use crate::format::connect::Schema;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -108,7 +108,7 @@ impl EnvelopeSchemas {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::SchemaType;
+    use crate::format::connect::SchemaType;
 
     fn schema(ty: SchemaType) -> Schema {
         Schema::new(ty, true)

@@ -18,29 +18,31 @@
 //! - Headers the Debezium record has are kept, in order; new ones are appended after them.
 //! - Trace context never fails a row.
 
-use crate::binding::{table_name, BoundColumn, ColumnRole, TableBinding};
-use crate::cloudevents::{self, Attributes, CloudEventsMode, CloudEventsOptions, DataForm};
-use crate::encode::{decode_bytea, oid, to_string, type_name, BadValue, ValueKind};
-use crate::error::RouteError;
-use crate::options::{Placement, RouterOptions};
-use crate::position::SourcePosition;
-use crate::protobuf::{self, timestamp_from_micros, v1};
-use crate::route::{cell, invalid, Encoding, EventRouter, Format, Header, RoutedRecord};
-use crate::timestamp::epoch_micros;
-use crate::trace::{self, TraceOptions, TraceRead};
+pub(crate) mod cloudevents;
+pub(crate) mod position;
+pub(crate) mod protobuf;
+pub(crate) mod trace;
+
+use crate::extension::cloudevents::{Attributes, CloudEventsMode, CloudEventsOptions, DataForm};
+use crate::extension::position::SourcePosition;
+use crate::extension::protobuf::{timestamp_from_micros, v1};
+use crate::extension::trace::{TraceOptions, TraceRead};
+use crate::format::encode::{decode_bytea, oid, to_string, type_name, BadValue, ValueKind};
+use crate::format::encoding::{Encoding, Format};
+use crate::format::timestamp::epoch_micros;
+use crate::routing::binding::{
+    table_name, BoundColumn, ColumnRole, ExtensionColumns, TableBinding,
+};
+use crate::routing::error::RouteError;
+use crate::routing::options::{Placement, RouterOptions};
+use crate::routing::route::{cell, invalid};
 use bytes::Bytes;
 use pgoutput::{Relation, TupleData};
+use siphon_record::{Header, RoutedRecord};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
-
-/// The option naming the event type column (Debezium declares it; only these formats read it).
-pub const EVENT_TYPE_OPTION: &str = "table.field.event.type";
-/// The option naming the `traceparent` column.
-pub const TRACE_COLUMN_OPTION: &str = "trace.column";
-/// The option naming the `tracestate` column.
-pub const TRACE_STATE_COLUMN_OPTION: &str = "trace.state_column";
 
 /// The formats configured beyond Debezium's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,20 +137,19 @@ pub enum ExtensionConfigError {
     SameTraceColumns { column: String },
 }
 
+impl ExtensionConfigError {
+    /// What the error means for the process: the configuration must be changed.
+    pub fn consequence(&self) -> siphon_core::Consequence {
+        siphon_core::Consequence::Fix
+    }
+}
+
 /// The extra formats of a router, with the count of malformed trace contexts.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Extensions {
     pub(crate) config: EventExtensions,
     /// Shared by the router's clones.
     pub(crate) malformed_trace: Arc<AtomicU64>,
-}
-
-/// The extra columns of one table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct BoundExtensions {
-    event_type: Option<BoundColumn>,
-    traceparent: Option<BoundColumn>,
-    tracestate: Option<BoundColumn>,
 }
 
 /// A text-like column for an extra role.
@@ -193,7 +194,7 @@ fn text_column(
 
 impl Extensions {
     /// Resolves the extra columns of a table.
-    pub(crate) fn bind(&self, relation: &Relation) -> Result<BoundExtensions, RouteError> {
+    pub(crate) fn bind(&self, relation: &Relation) -> Result<ExtensionColumns, RouteError> {
         let config = &self.config;
         let event_type = config
             .needs_event_type()
@@ -209,7 +210,7 @@ impl Extensions {
                     .transpose()?,
             ),
         };
-        Ok(BoundExtensions {
+        Ok(ExtensionColumns {
             event_type,
             traceparent,
             tracestate,
@@ -217,16 +218,17 @@ impl Extensions {
     }
 
     /// Applies the extra formats to the Debezium record of a row.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn finish(
         &self,
-        router: &EventRouter,
+        format: Format,
+        options: &RouterOptions,
         binding: &TableBinding,
         row: &TupleData,
         position: &SourcePosition,
         routed_value: &str,
         mut record: RoutedRecord,
     ) -> Result<RoutedRecord, RouteError> {
-        let (format, options) = (router.format(), router.options());
         let config = &self.config;
         let bound = &binding.extensions;
         let text_of = |column: &BoundColumn| -> Result<Option<String>, RouteError> {

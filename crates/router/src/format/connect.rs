@@ -10,8 +10,8 @@
 //!   `field` last.
 //! - [`write_json`] of a value that fits its schema is one valid JSON value.
 
-use crate::javanum::java_double;
-use crate::json::{java_utf8, write_json_string, write_json_utf16};
+use crate::format::javanum::java_double;
+use crate::format::json::{java_utf8, write_json_string, write_json_utf16};
 use bytes::Bytes;
 
 /// The type of a Connect schema.
@@ -99,7 +99,7 @@ impl Value {
     /// The value with every float printed as Java 17 prints it (`Encoded` text instead of a
     /// number the writers would print the Java 19+ way).
     pub fn with_java17_numbers(self) -> Value {
-        let encoded = |f: crate::javanum::FloatText| {
+        let encoded = |f: crate::format::javanum::FloatText| {
             let mut json = Vec::with_capacity(f.text.len() + 2);
             write_float(&mut json, f.clone());
             Value::Encoded {
@@ -108,7 +108,7 @@ impl Value {
             }
         };
         match self {
-            Value::Float64(f) => encoded(crate::javanum_legacy::java17_double(f)),
+            Value::Float64(f) => encoded(crate::format::javanum_legacy::java17_double(f)),
             Value::Array(items) => {
                 Value::Array(items.into_iter().map(Value::with_java17_numbers).collect())
             }
@@ -225,7 +225,7 @@ pub fn write_json(out: &mut Vec<u8>, value: &Value, schema: Option<&Schema>) {
     }
 }
 
-fn write_float(out: &mut Vec<u8>, f: crate::javanum::FloatText) {
+fn write_float(out: &mut Vec<u8>, f: crate::format::javanum::FloatText) {
     if f.finite {
         out.extend_from_slice(f.text.as_bytes());
     } else {

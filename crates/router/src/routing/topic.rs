@@ -11,9 +11,12 @@
 //! - A parsed template renders without failing; only the resulting name may be illegal,
 //!   which [`check_topic_name`] reports.
 
-use crate::error::ConfigError;
-use crate::options::DEFAULT_TOPIC_REGEX;
+pub use crate::routing::error::JavaRegexError;
+use crate::routing::error::{ConfigError, ReplacementError};
 use regex::Regex;
+
+/// The default `route.topic.regex`, which matches any value whole.
+pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
 
 /// The group name Debezium's default `route.topic.regex` defines.
 pub const ROUTED_BY_VALUE: &str = "routedByValue";
@@ -51,7 +54,7 @@ impl TopicTemplate {
     /// regex, whose only group is `routedByValue` (group 1) and always matches the whole value.
     ///
     /// Returns the reason when the string is not valid.
-    pub fn parse(replacement: &str) -> Result<Self, String> {
+    pub fn parse(replacement: &str) -> Result<Self, ReplacementError> {
         Self::parse_for(replacement, 1, &[(ROUTED_BY_VALUE.to_owned(), 1)])
     }
 
@@ -61,7 +64,7 @@ impl TopicTemplate {
         replacement: &str,
         group_count: usize,
         names: &[(String, usize)],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ReplacementError> {
         let mut parts = Vec::new();
         let mut literal = String::new();
         let mut chars = replacement.chars().peekable();
@@ -69,7 +72,7 @@ impl TopicTemplate {
             match c {
                 '\\' => match chars.next() {
                     Some(escaped) => literal.push(escaped),
-                    None => return Err("it ends with a lone \\".to_owned()),
+                    None => return Err(ReplacementError::LoneBackslash),
                 },
                 '$' => {
                     let group = match chars.next() {
@@ -79,24 +82,16 @@ impl TopicTemplate {
                                 match chars.next() {
                                     Some('}') => break,
                                     Some(n) if n.is_ascii_alphanumeric() => name.push(n),
-                                    _ => {
-                                        return Err(
-                                            "a ${ group reference is not closed by }".to_owned()
-                                        )
-                                    }
+                                    _ => return Err(ReplacementError::UnclosedName),
                                 }
                             }
                             match names.iter().find(|(n, _)| *n == name) {
                                 Some((_, index)) => *index,
                                 None => {
-                                    let known = names
-                                        .iter()
-                                        .map(|(n, _)| n.as_str())
-                                        .collect::<Vec<_>>()
-                                        .join(", ");
-                                    return Err(format!(
-                                        "${{{name}}} names no group of route.topic.regex (named groups: {known})"
-                                    ));
+                                    return Err(ReplacementError::UnknownName {
+                                        name,
+                                        known: names.iter().map(|(n, _)| n.clone()).collect(),
+                                    });
                                 }
                             }
                         }
@@ -104,9 +99,7 @@ impl TopicTemplate {
                             // Java reads further digits only while the number stays a group.
                             let mut group = d.to_digit(10).unwrap_or(0) as usize;
                             if group > group_count {
-                                return Err(format!(
-                                    "${group} names no group; route.topic.regex has {group_count} group(s)"
-                                ));
+                                return Err(ReplacementError::NoSuchGroup { group, group_count });
                             }
                             while let Some(next) = chars.peek().and_then(|n| n.to_digit(10)) {
                                 let extended = group * 10 + next as usize;
@@ -118,12 +111,7 @@ impl TopicTemplate {
                             }
                             group
                         }
-                        _ => {
-                            return Err(
-                                "a $ is not followed by a group reference such as ${routedByValue}"
-                                    .to_owned(),
-                            )
-                        }
+                        _ => return Err(ReplacementError::NoGroupReference),
                     };
                     if !literal.is_empty() {
                         parts.push(Part::Literal(std::mem::take(&mut literal)));
@@ -207,7 +195,7 @@ impl TopicRouter {
     /// backreferences are not supported), [`ConfigError::InvalidTopicReplacement`] when the
     /// replacement refers to a group the regex lacks or is malformed.
     pub fn new(regex: &str, replacement: &str) -> Result<Self, ConfigError> {
-        let bad_replacement = |reason: String| ConfigError::InvalidTopicReplacement {
+        let bad_replacement = |reason: ReplacementError| ConfigError::InvalidTopicReplacement {
             value: replacement.to_owned(),
             reason,
         };
@@ -220,13 +208,7 @@ impl TopicRouter {
         }
         let compiled = java_regex(regex).map_err(|e| ConfigError::InvalidTopicRegex {
             value: regex.to_owned(),
-            reason: e
-                .to_string()
-                .lines()
-                .last()
-                .unwrap_or("invalid")
-                .trim()
-                .to_owned(),
+            reason: e,
         })?;
         let group_count = compiled.captures_len() - 1;
         let names: Vec<(String, usize)> = compiled
@@ -254,18 +236,6 @@ impl TopicRouter {
             },
         }
     }
-}
-
-/// Why a Java regular expression cannot be compiled by [`java_regex`].
-#[derive(Debug, thiserror::Error)]
-pub enum JavaRegexError {
-    /// A possessive quantifier (`*+`, `++`, `?+`, `{n}+`): the `regex` crate would read it as a
-    /// repetition of a repetition and match texts Java does not (`a*+a` never matches in Java).
-    #[error("possessive quantifiers (such as *+) are not supported")]
-    Possessive,
-    /// The `regex` crate refused the translated pattern.
-    #[error(transparent)]
-    Regex(#[from] regex::Error),
 }
 
 /// Compiles a Java regular expression (`java.util.regex.Pattern` syntax) into a [`Regex`] that
@@ -383,6 +353,27 @@ pub fn check_topic_name(topic: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regex_errors_show_their_last_line() {
+        let Err(error) = java_regex("(a") else {
+            panic!("an unclosed group compiles");
+        };
+        let last = error
+            .to_string()
+            .lines()
+            .last()
+            .map(|l| l.trim().to_owned());
+        let message = ConfigError::InvalidTopicRegex {
+            value: "(a".to_owned(),
+            reason: error,
+        }
+        .to_string();
+        assert_eq!(
+            message,
+            format!("outbox router option route.topic.regex has the value \"(a\", which is not a supported regular expression: {}; Java syntax is accepted except lookaround, backreferences and possessive quantifiers", last.unwrap_or_default())
+        );
+    }
 
     fn render(template: &str, value: &str) -> String {
         match TopicTemplate::parse(template) {

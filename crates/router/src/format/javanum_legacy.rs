@@ -12,7 +12,7 @@
 //! - The output reads back (with Rust's or Java's parser) as exactly the input value.
 //! - Never panics: every division is by a non-zero power of five or two shifted left.
 
-use crate::javanum::FloatText;
+use crate::format::javanum::FloatText;
 
 const EXP_SHIFT: i32 = 52;
 const FRACT_HOB: u64 = 1 << 52;

@@ -10,102 +10,18 @@
 //!   replacement is a parsed template.
 //! - Every option not in the `OPTIONS` table is rejected.
 
-use crate::error::ConfigError;
-use crate::topic::TopicRouter;
+pub use crate::format::expand::{JsonEmptyArrayBehavior, JsonNullBehavior};
+use crate::routing::error::{ConfigError, PlacementEntryError};
+pub use crate::routing::policy::{
+    AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, Placement,
+};
+use crate::routing::topic::{TopicRouter, DEFAULT_TOPIC_REGEX};
 use std::collections::BTreeMap;
-use std::fmt;
 
-/// What to do when an outbox row is updated (`table.op.invalid.behavior`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum InvalidOperationBehavior {
-    /// `warn`: skip the update; the caller logs a warning.
-    #[default]
-    Warn,
-    /// `error`: skip the update; the caller logs an error.
-    Error,
-    /// `fatal`: routing fails with [`crate::RouteError::InvalidOperation`].
-    Fatal,
-}
-
-impl InvalidOperationBehavior {
-    /// The option value (`warn`, `error` or `fatal`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InvalidOperationBehavior::Warn => "warn",
-            InvalidOperationBehavior::Error => "error",
-            InvalidOperationBehavior::Fatal => "fatal",
-        }
-    }
-
-    /// Parses an option value, ignoring case as Debezium does.
-    pub fn parse(value: &str) -> Option<Self> {
-        [Self::Warn, Self::Error, Self::Fatal]
-            .into_iter()
-            .find(|b| b.as_str().eq_ignore_ascii_case(value))
-    }
-}
-
-impl fmt::Display for InvalidOperationBehavior {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What to do when a column named in `table.fields.additional.placement` is not in the table
-/// (`table.field.additional.missing`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AdditionalMissingBehavior {
-    /// `error`: binding the table fails.
-    #[default]
-    Error,
-    /// `ignore`: the placement is left out for that table.
-    Ignore,
-}
-
-/// Where an additional column goes (`table.fields.additional.placement`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// `header`: a record header named by the alias.
-    Header,
-    /// `envelope`: a field of the value, which becomes `{"payload": …, alias: …}`.
-    Envelope,
-    /// `partition`: the record's partition (an `integer` column).
-    Partition,
-}
-
-/// One entry of `table.fields.additional.placement`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdditionalField {
-    /// The column.
-    pub column: String,
-    /// Where it goes.
-    pub placement: Placement,
-    /// The header or envelope field name (the column name when no alias is given).
-    pub alias: String,
-}
-
-/// How JSON expansion types a `null` member (`table.json.payload.null.behavior`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum JsonNullBehavior {
-    /// `ignore`: members whose value is `null` are left out of the expanded value.
-    #[default]
-    Ignore,
-    /// `optional_bytes`: they are kept, typed as optional bytes, and written as `null`.
-    OptionalBytes,
-}
-
-/// How JSON expansion types an empty array (`table.json.payload.empty.array.behavior`).
-///
-/// Siphon's own option: Debezium 3.x has none, and always leaves empty arrays out (`Ignore`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum JsonEmptyArrayBehavior {
-    /// `ignore`: members whose value is `[]` are left out of the expanded value.
-    #[default]
-    Ignore,
-    /// `optional_string`: they are kept as an array of optional strings.
-    OptionalString,
-}
-
+/// `trace.column`: not an option of Debezium's router but of Siphon's `[trace]` section.
+pub const TRACE_COLUMN: &str = "trace.column";
+/// `trace.state_column`: as [`TRACE_COLUMN`].
+pub const TRACE_STATE_COLUMN: &str = "trace.state_column";
 /// `table.field.event.id`
 pub const FIELD_EVENT_ID: &str = "table.field.event.id";
 /// `table.field.event.key`
@@ -148,7 +64,6 @@ const DEFAULT_EVENT_KEY: &str = "aggregateid";
 const DEFAULT_EVENT_PAYLOAD: &str = "payload";
 const DEFAULT_ROUTE_BY_FIELD: &str = "aggregatetype";
 /// Debezium's default `route.topic.regex`.
-pub const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
 const DEFAULT_TOPIC_REPLACEMENT: &str = "outbox.event.${routedByValue}";
 
 /// The outbox router's settings.
@@ -445,47 +360,36 @@ fn java_split(text: &str, separator: char) -> Vec<&str> {
 
 /// Parses `table.fields.additional.placement`: `column:placement[:alias]`, comma separated.
 fn parse_additional(value: &str) -> Result<Vec<AdditionalField>, ConfigError> {
-    let bad = |entry: &str, reason: &str| ConfigError::InvalidAdditionalPlacement {
+    let bad = |entry: &str, reason| ConfigError::InvalidAdditionalPlacement {
         entry: entry.to_owned(),
-        reason: reason.to_owned(),
+        reason,
     };
     let mut fields: Vec<AdditionalField> = Vec::new();
     for entry in java_split(value, ',') {
         let parts = java_split(entry, ':');
         if parts.len() != 2 && parts.len() != 3 {
-            return Err(bad(
-                entry,
-                "expected column:placement or column:placement:alias",
-            ));
+            return Err(bad(entry, PlacementEntryError::Shape));
         }
         let column = parts[0].trim();
         if column.is_empty() {
-            return Err(bad(entry, "the column name is empty"));
+            return Err(bad(entry, PlacementEntryError::EmptyColumn));
         }
         let placement = match parts[1].trim().to_ascii_lowercase().as_str() {
             "header" => Placement::Header,
             "envelope" => Placement::Envelope,
             "partition" => Placement::Partition,
-            _ => {
-                return Err(bad(
-                    entry,
-                    "the placement must be header, envelope or partition",
-                ))
-            }
+            _ => return Err(bad(entry, PlacementEntryError::UnknownPlacement)),
         };
         let alias = parts.get(2).map_or(column, |a| a.trim()).to_owned();
         if placement == Placement::Envelope {
             if alias == "payload" {
-                return Err(bad(
-                    entry,
-                    "the envelope already has a field named payload; give the column another alias",
-                ));
+                return Err(bad(entry, PlacementEntryError::PayloadAlias));
             }
             if fields
                 .iter()
                 .any(|f| f.placement == Placement::Envelope && f.alias == alias)
             {
-                return Err(bad(entry, "two envelope fields have the same name"));
+                return Err(bad(entry, PlacementEntryError::DuplicateEnvelopeField));
             }
         }
         fields.push(AdditionalField {
@@ -688,22 +592,18 @@ impl RouterOptions {
 }
 
 fn unknown_option(key: &str) -> ConfigError {
-    let supported = OPTIONS
+    let supported: Vec<&'static str> = OPTIONS
         .iter()
         .map(|spec| spec.name)
         .chain(IGNORED.iter().map(|i| i.name))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let hint = OPTIONS
+        .collect();
+    let suggestion = supported
         .iter()
-        .map(|spec| spec.name)
-        .chain(IGNORED.iter().map(|i| i.name))
-        .find(|name| key.ends_with(&format!(".{name}")))
-        .map(|name| format!(" (did you mean \"{name}\"? leave out the transforms.<name>. prefix)"))
-        .unwrap_or_default();
+        .copied()
+        .find(|name| key.ends_with(&format!(".{name}")));
     ConfigError::UnknownOption {
         option: key.to_owned(),
-        hint,
+        suggestion,
         supported,
     }
 }

@@ -23,7 +23,7 @@
 //! - Java 17 and earlier used an older algorithm that sometimes printed more digits than
 //!   needed (JDK-4511638): `8.41E21` as `8.409999999999999E21`, `1.0E23` as
 //!   `9.999999999999999E22` (both seen from Debezium 3.6.3 on OpenJDK 17.0.15);
-//!   [`crate::javanum_legacy`] prints numbers that way, for `format.java_version` 18 and below.
+//!   [`crate::format::javanum_legacy`] prints numbers that way, for `format.java_version` 18 and below.
 //! - Jackson writes non-finite numbers as JSON strings (`"NaN"`, `"Infinity"`); [`FloatText`]
 //!   says whether a value is finite so the JSON encoder can quote it.
 //!

@@ -53,8 +53,97 @@
 //! # Invariants
 //! - Never panics; past any read limit the parse fails, as Jackson's does.
 
-use crate::connect::{Schema, SchemaType, Value};
-use crate::options::{JsonEmptyArrayBehavior, JsonNullBehavior};
+use crate::format::connect::{Schema, SchemaType, Value};
+use crate::format::json::MAX_WRITE_DEPTH;
+use std::io;
+
+/// Why a payload cannot be written with `table.expand.json.payload`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExpansionError {
+    /// A member name is not valid Unicode text.
+    #[error("a member name holds an unpaired surrogate (a \\uD800-style escape), which Siphon does not write as a field name")]
+    UnpairedSurrogateName,
+    /// The payload is an array, not an object.
+    #[error("the payload is a JSON array, and only a JSON object can be expanded into a struct")]
+    TopLevelArray,
+    /// A null where the merged schema of differing array elements is required.
+    #[error("a JSON null is an element of an array whose objects differ, whose merged schema is required")]
+    NullInRequired,
+    /// An integer past 64 bits, which Jackson reads as a decimal.
+    #[error("an integer beyond 64 bits becomes a decimal, which does not fit the float64 schema inferred for it")]
+    BigInteger,
+    /// A value of one JSON type where the inferred schema has another.
+    #[error("a JSON {found} does not fit the schema inferred for its place ({inferred:?})")]
+    Mismatch {
+        /// The JSON type found: `string`, `boolean`, `number`, `array` or `object`.
+        found: &'static str,
+        /// The type inferred for the place.
+        inferred: SchemaType,
+    },
+    /// No envelope schema could be built for the payload.
+    #[error("the payload has no schema")]
+    NoSchema,
+    /// The payload does not fit the envelope schema built for it.
+    #[error("the payload does not fit its envelope schema")]
+    EnvelopeMismatch,
+    /// The written JSON would nest deeper than Jackson writes.
+    #[error("the record's JSON nests {depth} levels deep, and Jackson (behind Kafka Connect's JsonConverter) writes at most {max}", max = MAX_WRITE_DEPTH)]
+    TooDeepToWrite {
+        /// How deep it nests.
+        depth: usize,
+    },
+    /// The thread that expands deeply nested payloads could not be started.
+    #[error("the payload nests deeply and no thread could be started to expand it: {}", io_error_text(.kind, .os_error))]
+    NoDeepThread {
+        /// The kind of the spawn error.
+        kind: io::ErrorKind,
+        /// The operating system's error code, if it gave one.
+        os_error: Option<i32>,
+    },
+    /// The thread that expands deeply nested payloads panicked.
+    #[error("the payload nests deeply and expanding it failed unexpectedly")]
+    DeepThreadFailed,
+}
+
+impl ExpansionError {
+    /// The error of a failed spawn of the deep-payload thread.
+    pub fn no_deep_thread(error: &io::Error) -> Self {
+        ExpansionError::NoDeepThread {
+            kind: error.kind(),
+            os_error: error.raw_os_error(),
+        }
+    }
+}
+
+/// An I/O error's text from its kind and code, as `io::Error` prints it.
+fn io_error_text(kind: &io::ErrorKind, os_error: &Option<i32>) -> String {
+    match *os_error {
+        Some(code) => io::Error::from_raw_os_error(code).to_string(),
+        None => io::Error::from(*kind).to_string(),
+    }
+}
+
+/// How JSON expansion types a `null` member (`table.json.payload.null.behavior`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JsonNullBehavior {
+    /// `ignore`: members whose value is `null` are left out of the expanded value.
+    #[default]
+    Ignore,
+    /// `optional_bytes`: they are kept, typed as optional bytes, and written as `null`.
+    OptionalBytes,
+}
+
+/// How JSON expansion types an empty array (`table.json.payload.empty.array.behavior`).
+///
+/// Siphon's own option: Debezium 3.x has none, and always leaves empty arrays out (`Ignore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JsonEmptyArrayBehavior {
+    /// `ignore`: members whose value is `[]` are left out of the expanded value.
+    #[default]
+    Ignore,
+    /// `optional_string`: they are kept as an array of optional strings.
+    OptionalString,
+}
 
 /// Jackson's default maximum nesting depth.
 pub const MAX_DEPTH: usize = 1000;
@@ -99,14 +188,14 @@ pub enum Expansion {
     /// Debezium expands the payload, but Siphon cannot write what it makes of it.
     Unsupported {
         /// Why.
-        reason: String,
+        reason: ExpansionError,
     },
     /// The schema was replaced (by this one, or by none) but the value stayed the string.
     Broken {
         /// The inferred schema, or `None` for a top-level `[]`.
         schema: Option<Schema>,
         /// Why the value could not be built.
-        reason: String,
+        reason: ExpansionError,
     },
 }
 
@@ -130,7 +219,7 @@ pub fn expand(
     };
     if parser.unpaired_surrogate_in_name {
         return Expansion::Unsupported {
-            reason: "a member name holds an unpaired surrogate (a \\uD800-style escape), which Siphon does not write as a field name".to_owned(),
+            reason: ExpansionError::UnpairedSurrogateName,
         };
     }
     let inference = Inference {
@@ -143,12 +232,12 @@ pub fn expand(
     };
     let schema = match schema {
         Some(schema) if matches!(schema.ty, SchemaType::Struct(_)) => schema,
-        other => return Expansion::Broken {
-            reason:
-                "the payload is a JSON array, and only a JSON object can be expanded into a struct"
-                    .to_owned(),
-            schema: other,
-        },
+        other => {
+            return Expansion::Broken {
+                reason: ExpansionError::TopLevelArray,
+                schema: other,
+            }
+        }
     };
     match to_value(&node, &schema) {
         Ok(value) => Expansion::Expanded { schema, value },
@@ -624,18 +713,16 @@ fn merge(left: Schema, right: Schema) -> Schema {
 }
 
 /// The node as a value of `schema`, checked as Connect's `Struct.put` checks it.
-fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
-    let mismatch = |what: &str| {
-        Err(format!(
-            "a JSON {what} does not fit the schema inferred for its place ({:?})",
-            schema.ty
-        ))
+fn to_value(node: &Node, schema: &Schema) -> Result<Value, ExpansionError> {
+    let mismatch = |found: &'static str| {
+        Err(ExpansionError::Mismatch {
+            found,
+            inferred: schema.ty.clone(),
+        })
     };
     match (node, &schema.ty) {
         // Connect's `Struct.put` refuses null for a required schema.
-        (Node::Null, _) if !schema.optional => {
-            Err("a JSON null is an element of an array whose objects differ, whose merged schema is required".to_owned())
-        }
+        (Node::Null, _) if !schema.optional => Err(ExpansionError::NullInRequired),
         (Node::Null, _) => Ok(Value::Null),
         (Node::Str(s), SchemaType::String) => Ok(Value::Str(s.clone())),
         (Node::JavaStr(units), SchemaType::String) => Ok(Value::JavaStr(units.clone())),
@@ -643,10 +730,7 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
         (Node::Int(i), SchemaType::Int32) => Ok(Value::Int(i64::from(*i))),
         (Node::Long(l), SchemaType::Int64) => Ok(Value::Int(*l)),
         (Node::Double(d), SchemaType::Float64) => Ok(Value::Float64(*d)),
-        (Node::BigInt, _) => Err(
-            "an integer beyond 64 bits becomes a decimal, which does not fit the float64 schema inferred for it"
-                .to_owned(),
-        ),
+        (Node::BigInt, _) => Err(ExpansionError::BigInteger),
         (Node::Array(items), SchemaType::Array(element)) => items
             .iter()
             .map(|item| to_value(item, element))
@@ -673,7 +757,7 @@ fn to_value(node: &Node, schema: &Schema) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::{write_json, write_schema};
+    use crate::format::connect::{write_json, write_schema};
 
     fn run(
         text: &str,

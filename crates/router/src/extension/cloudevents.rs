@@ -18,9 +18,9 @@
 //! - Structured mode writes one JSON object, UTF-8, with the attributes in a fixed order, and
 //!   the `content-type` header `application/cloudevents+json; charset=UTF-8`.
 
-use crate::json::write_json_string;
-use crate::route::Header;
+use crate::format::json::write_json_string;
 use bytes::Bytes;
+use siphon_record::Header;
 use std::sync::Arc;
 
 /// `cloudevents.mode`.
@@ -162,7 +162,7 @@ pub fn structured(
 
 fn write_base64_string(out: &mut Vec<u8>, data: &[u8]) {
     out.push(b'"');
-    crate::connect::base64(out, data);
+    crate::format::connect::base64(out, data);
     out.push(b'"');
 }
 
