@@ -162,6 +162,7 @@ impl TopicGate {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use siphon_kafka_sink::{Operation, RDKafkaErrorCode};
     use std::collections::{BTreeMap, HashSet};
 
     const TOPICS: [&str; 4] = ["known", "a", "b", "c"];
@@ -291,8 +292,8 @@ mod tests {
                                 model.known.insert(topic.clone());
                                 Ok(())
                             }
-                            1 => Err(SinkError::Transient("unreachable".into())),
-                            _ => Err(SinkError::Definite("refused".into())),
+                            1 => Err(SinkError::Kafka { operation: Operation::CreateTopic, topic: topic.clone(), code: RDKafkaErrorCode::AllBrokersDown }),
+                            _ => Err(SinkError::Kafka { operation: Operation::CreateTopic, topic: topic.clone(), code: RDKafkaErrorCode::TopicAuthorizationFailed }),
                         };
                         prop_assert_eq!(result.as_ref().is_err_and(SinkError::is_transient), outcome == 1);
                         stale_ids.push(id);
