@@ -89,12 +89,16 @@ pub fn cache_dir() -> PathBuf {
 /// (`CI` set and not `false`/`0`) that is the test's failure, so a run that lacks it cannot pass
 /// by skipping; elsewhere the test says why and stops, passing.
 pub fn prerequisite_missing(test: &str, why: &str) -> anyhow::Result<()> {
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    if ci {
+    if under_ci(std::env::var("CI").ok().as_deref()) {
         anyhow::bail!("{test} cannot run: {why} (under CI a missing prerequisite fails the test)");
     }
     eprintln!("not run: {test}: {why}");
     Ok(())
+}
+
+/// Whether the `CI` variable's value (`None`: unset) says the tests run under CI.
+fn under_ci(value: Option<&str>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
 /// Whether temporary directories should be kept after a handle is dropped.
@@ -147,4 +151,19 @@ fn finish_dir(dir: tempfile::TempDir, what: &str, log: &Path, always_tail: bool)
         }
     }
     // Otherwise `dir` is dropped here, which removes it.
+}
+
+#[cfg(test)]
+mod ci_tests {
+    use super::under_ci;
+
+    #[test]
+    fn ci_is_any_value_but_empty_false_or_0() {
+        for set in ["true", "1", "yes", "TRUE"] {
+            assert!(under_ci(Some(set)), "{set}");
+        }
+        for unset in [None, Some(""), Some("false"), Some("0")] {
+            assert!(!under_ci(unset), "{unset:?}");
+        }
+    }
 }

@@ -3,10 +3,68 @@
 //! # Invariants
 //! - The properties that Siphon's guarantees rest on (`enable.idempotence`, `acks`) cannot be
 //!   weakened by user properties.
+//! - A refused property is reported with its key, its value and why ([`ConfigReason`]); the
+//!   message is rendered from them.
 
-use crate::SinkError;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
+
+/// A `kafka` setting Siphon refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The property, as the user wrote it.
+    pub key: String,
+    /// Its value, as the user wrote it.
+    pub value: String,
+    /// Why it is refused.
+    pub reason: ConfigReason,
+}
+
+/// Why a `kafka.properties` entry is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigReason {
+    /// A delivery timeout (`message.timeout.ms` or its alias) that is not a number of
+    /// milliseconds.
+    NotMilliseconds,
+    /// It would weaken a property Siphon's no-loss or ordering promise rests on; Siphon always
+    /// uses `required`.
+    Weakens { required: &'static str },
+    /// `bootstrap.servers`: the brokers are set with `kafka.bootstrap_servers`.
+    BootstrapServers,
+}
+
+impl ConfigError {
+    fn new(key: &str, value: &str, reason: ConfigReason) -> Self {
+        ConfigError {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            reason,
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The operator-facing text, naming the property and the fix.
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ConfigError { key, value, reason } = self;
+        match reason {
+            ConfigReason::NotMilliseconds => write!(
+                f,
+                "kafka.properties.\"{key}\" = \"{value}\" is not a number of milliseconds"
+            ),
+            ConfigReason::Weakens { required } => write!(
+                f,
+                "kafka.properties.\"{key}\" = \"{value}\" would allow lost or reordered records; Siphon always uses {key}={required}: remove the property"
+            ),
+            ConfigReason::BootstrapServers => f.write_str(
+                "set the brokers with kafka.bootstrap_servers, not kafka.properties.\"bootstrap.servers\"",
+            ),
+        }
+    }
+}
 
 /// Settings of the Kafka producer and topic creation.
 #[derive(Debug, Clone)]
@@ -83,7 +141,7 @@ impl SinkConfig {
     /// broker then writes before the timed-out record is sent again (`enable.gapless.guarantee`
     /// does not cover timeouts). The session enforces the deadline itself by purging the
     /// producer, which drops everything queued after the late record, and resends in order.
-    pub fn delivery_timeout(&self) -> Result<Option<Duration>, SinkError> {
+    pub fn delivery_timeout(&self) -> Result<Option<Duration>, ConfigError> {
         let Some((key, value)) = self
             .properties
             .iter()
@@ -92,16 +150,15 @@ impl SinkConfig {
         else {
             return Ok(Some(DEFAULT_DELIVERY_TIMEOUT));
         };
-        let ms: u64 = value.trim().parse().map_err(|_| {
-            SinkError::Config(format!(
-                "kafka.properties.\"{key}\" = \"{value}\" is not a number of milliseconds"
-            ))
-        })?;
+        let ms: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::new(key, value, ConfigReason::NotMilliseconds))?;
         Ok((ms > 0).then(|| Duration::from_millis(ms)))
     }
 
     /// The full librdkafka configuration: defaults, then user properties, then required ones.
-    pub fn client_properties(&self) -> Result<BTreeMap<String, String>, SinkError> {
+    pub fn client_properties(&self) -> Result<BTreeMap<String, String>, ConfigError> {
         let mut props: BTreeMap<String, String> = DEFAULTS
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -116,15 +173,12 @@ impl SinkConfig {
             if let Some((_, required)) = REQUIRED.iter().find(|(k, _)| *k == canonical) {
                 let acceptable = value == required || (canonical == "acks" && (value == "-1"));
                 if !acceptable {
-                    return Err(SinkError::Config(format!(
-                        "kafka.properties.\"{key}\" = \"{value}\" would allow lost or reordered records; Siphon always uses {key}={required}: remove the property"
-                    )));
+                    let reason = ConfigReason::Weakens { required };
+                    return Err(ConfigError::new(key, value, reason));
                 }
             }
             if key == "bootstrap.servers" {
-                return Err(SinkError::Config(
-                    "set the brokers with kafka.bootstrap_servers, not kafka.properties.\"bootstrap.servers\"".into(),
-                ));
+                return Err(ConfigError::new(key, value, ConfigReason::BootstrapServers));
             }
             props.insert(key.clone(), value.clone());
         }
@@ -187,9 +241,17 @@ mod tests {
                 .unwrap(),
             None
         );
-        assert!(config(&[("message.timeout.ms", "soon")])
+        let err = config(&[("message.timeout.ms", "soon")])
             .client_properties()
-            .is_err());
+            .unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.value.as_str(), err.reason),
+            ("message.timeout.ms", "soon", ConfigReason::NotMilliseconds)
+        );
+        assert!(
+            err.to_string().contains("not a number of milliseconds"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -208,10 +270,18 @@ mod tests {
     #[test]
     fn guarantees_cannot_be_weakened() {
         let err = config(&[("acks", "1")]).client_properties().unwrap_err();
-        assert!(err.to_string().contains("acks"), "{err}");
-        assert!(config(&[("enable.idempotence", "false")])
+        assert_eq!(
+            (err.key.as_str(), err.reason),
+            ("acks", ConfigReason::Weakens { required: "all" })
+        );
+        assert!(
+            err.to_string().contains("acks=all: remove the property"),
+            "{err}"
+        );
+        let err = config(&[("enable.idempotence", "false")])
             .client_properties()
-            .is_err());
+            .unwrap_err();
+        assert_eq!(err.reason, ConfigReason::Weakens { required: "true" });
         assert!(config(&[("acks", "-1")]).client_properties().is_ok());
         // One request in flight per connection, under either of librdkafka's names.
         assert_eq!(
@@ -219,10 +289,26 @@ mod tests {
             "1"
         );
         for key in ["max.in.flight.requests.per.connection", "max.in.flight"] {
-            assert!(config(&[(key, "5")]).client_properties().is_err(), "{key}");
+            let err = config(&[(key, "5")]).client_properties().unwrap_err();
+            assert_eq!(
+                (err.key.as_str(), err.value.as_str(), err.reason),
+                (key, "5", ConfigReason::Weakens { required: "1" })
+            );
         }
-        assert!(config(&[("request.required.acks", "1")])
+        let err = config(&[("request.required.acks", "1")])
             .client_properties()
-            .is_err());
+            .unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.reason),
+            (
+                "request.required.acks",
+                ConfigReason::Weakens { required: "all" }
+            )
+        );
+        let err = config(&[("bootstrap.servers", "elsewhere:9092")])
+            .client_properties()
+            .unwrap_err();
+        assert_eq!(err.reason, ConfigReason::BootstrapServers);
+        assert!(err.to_string().contains("kafka.bootstrap_servers"), "{err}");
     }
 }

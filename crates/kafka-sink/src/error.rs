@@ -1,6 +1,12 @@
 //! Sink errors, and what a failed delivery means.
 //!
-//! Every librdkafka error code is sorted by its consequence ([`Consequence`]):
+//! A [`SinkError`] says what failed: the operation ([`Operation`]), the librdkafka (or broker)
+//! error code, the topic or the configuration key. What it means for the process is decided by
+//! [`SinkError::consequence`] from those alone; its text (with librdkafka's own words, kept
+//! only to be shown) is rendered by `Display`, for the operator.
+//!
+//! Every librdkafka error code a delivery can fail with is sorted by its consequence for the
+//! record ([`Consequence`]):
 //!
 //! - the record itself is refused for good ([`Consequence::RecordRefused`]): the pipeline's
 //!   `on_error` applies (stop naming the record, or dead-letter it);
@@ -29,22 +35,111 @@
 //!   [`Consequence::OperatorFix`]: stop rather than guess.
 //! - A [`DeliveryError::Definite`] cannot be cured by sending the same record again; a
 //!   [`DeliveryError::Transient`] can.
-//! - Every error keeps the librdkafka code it came from.
+//! - Every error keeps the librdkafka code it came from; no error is classified by its text:
+//!   the strings an error holds (librdkafka's reasons) are only displayed.
+//! - [`SinkError::consequence`] is the only place that decides what a [`SinkError`] means.
 
+use crate::config::ConfigError;
+use crate::wakeup::WakeupError;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use std::fmt;
+
+/// What the sink was doing when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// Creating the producer from the configuration.
+    CreateProducer,
+    /// Creating the admin client that creates topics.
+    CreateAdminClient,
+    /// Creating a topic (the CreateTopics request, or the broker's answer for the topic).
+    CreateTopic,
+    /// Enqueueing a record on the producer.
+    Enqueue,
+    /// Setting up the wake-up for the producer's delivery reports.
+    WaitForReports,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::CreateProducer => "creating the Kafka producer",
+            Operation::CreateAdminClient => "creating the Kafka admin client",
+            Operation::CreateTopic => "creating a topic",
+            Operation::Enqueue => "enqueueing a record",
+            Operation::WaitForReports => "waiting for Kafka delivery reports",
+        })
+    }
+}
+
+/// Why librdkafka refused to create a client. The strings are librdkafka's words, shown to
+/// the operator and never inspected: creating a client from a configuration it refuses fails
+/// the same way every time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientRefusal {
+    /// A property librdkafka does not know, or a value it rejects.
+    #[error("Client config error: {description} {key} {value}")]
+    Property {
+        key: String,
+        value: String,
+        /// librdkafka's explanation.
+        description: String,
+    },
+    /// librdkafka refused to create the client (properties that do not go together, a file
+    /// it cannot read ...).
+    #[error("Client creation error: {reason}")]
+    Creation {
+        /// librdkafka's explanation.
+        reason: String,
+    },
+}
+
+impl ClientRefusal {
+    /// The refusal `error` (from `ClientConfig::create`) carries.
+    fn from_kafka(error: &KafkaError) -> Self {
+        match error {
+            KafkaError::ClientConfig(_, description, key, value) => ClientRefusal::Property {
+                key: key.clone(),
+                value: value.clone(),
+                description: description.clone(),
+            },
+            KafkaError::ClientCreation(reason) => ClientRefusal::Creation {
+                reason: reason.clone(),
+            },
+            other => ClientRefusal::Creation {
+                reason: other.to_string(),
+            },
+        }
+    }
+}
 
 /// Errors creating the producer, creating topics or enqueueing records.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
-    /// The configuration is rejected; the message names the property.
-    #[error("{0}")]
-    Config(String),
-    /// The broker is unreachable or refused a request that may succeed later.
-    #[error("Kafka unavailable: {0}")]
-    Transient(String),
-    /// The broker refused a request for good; the message names the fix.
-    #[error("{0}")]
-    Definite(String),
+    /// A `kafka` setting Siphon refuses; the message names the property and the fix.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// librdkafka refused to create a client (`operation` is [`Operation::CreateProducer`] or
+    /// [`Operation::CreateAdminClient`]) from the configuration.
+    #[error("invalid Kafka {} configuration: {refusal}", client_name(*operation))]
+    Client {
+        operation: Operation,
+        refusal: ClientRefusal,
+    },
+    /// librdkafka, or the broker through it, failed `operation` for a record or a topic of
+    /// `topic` with `code`.
+    #[error("{}", describe(*operation, topic, *code))]
+    Kafka {
+        operation: Operation,
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
+    /// A CreateTopics request failed without an error code (the admin client went away, or
+    /// librdkafka could not build the request); `reason` is librdkafka's, shown only.
+    #[error("Kafka unavailable: creating topic {topic}: {reason}")]
+    TopicRequest { topic: String, reason: String },
+    /// The wake-up for delivery reports could not be set up.
+    #[error("Kafka unavailable: waiting for Kafka delivery reports: {0}")]
+    Wakeup(#[from] WakeupError),
     /// [`crate::KafkaSink::rebuild`] was asked for while the producer retired by the previous
     /// rebuild still has records to report: at most one retired producer waits at a time. Await
     /// [`crate::KafkaSink::retired_reported`] (or receive its reports) and ask again.
@@ -53,12 +148,162 @@ pub enum SinkError {
 }
 
 impl SinkError {
+    /// librdkafka refused to create the client of `operation` with `error`.
+    pub(crate) fn client(operation: Operation, error: &KafkaError) -> Self {
+        SinkError::Client {
+            operation,
+            refusal: ClientRefusal::from_kafka(error),
+        }
+    }
+
+    /// Enqueueing a record for `topic` failed with `error` (a record that comes back from
+    /// `rd_kafka_produceva` always carries a code; one without, such as a topic name with a
+    /// NUL byte, is treated as a producer failure, as [`DeliveryError::from_kafka`] does).
+    pub fn enqueue(topic: &str, error: &KafkaError) -> Self {
+        SinkError::Kafka {
+            operation: Operation::Enqueue,
+            topic: topic.to_owned(),
+            code: error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+        }
+    }
+
+    /// A CreateTopics request for `topic` failed with `error` as a whole (no per-topic answer).
+    pub(crate) fn topic_request(topic: &str, error: &KafkaError) -> Self {
+        let topic = topic.to_owned();
+        // rust-rdkafka reports the request's own error code as `AdminOp`, which
+        // `rdkafka_error_code` does not return.
+        match error {
+            KafkaError::AdminOp(code) => SinkError::Kafka {
+                operation: Operation::CreateTopic,
+                topic,
+                code: *code,
+            },
+            other => match other.rdkafka_error_code() {
+                Some(code) => SinkError::Kafka {
+                    operation: Operation::CreateTopic,
+                    topic,
+                    code,
+                },
+                None => SinkError::TopicRequest {
+                    topic,
+                    reason: other.to_string(),
+                },
+            },
+        }
+    }
+
+    /// What the failure means for the process.
+    pub fn consequence(&self) -> siphon_core::Consequence {
+        use siphon_core::Consequence::{Fix, Retry};
+        match self {
+            SinkError::Config(_) | SinkError::Client { .. } => Fix,
+            SinkError::Kafka {
+                operation, code, ..
+            } => kafka_consequence(*operation, *code),
+            SinkError::TopicRequest { .. }
+            | SinkError::Wakeup(_)
+            | SinkError::RetiredStillReporting { .. } => Retry,
+        }
+    }
+
     /// Whether retrying (after reconnecting) may succeed.
     pub fn is_transient(&self) -> bool {
+        self.consequence().is_retry()
+    }
+
+    /// Whether the record being sent is what Kafka refuses (its enqueueing, or the creation of
+    /// its topic, failed for good): the pipeline's `on_error` applies to it, as to a record
+    /// refused in its delivery report.
+    pub fn refuses_record(&self) -> bool {
         matches!(
             self,
-            SinkError::Transient(_) | SinkError::RetiredStillReporting { .. }
-        )
+            SinkError::Kafka {
+                operation: Operation::Enqueue | Operation::CreateTopic,
+                ..
+            }
+        ) && self.consequence() == siphon_core::Consequence::Fix
+    }
+
+    /// The operation that failed (`None` for a refused setting, or a rebuild asked too early).
+    pub fn operation(&self) -> Option<Operation> {
+        match self {
+            SinkError::Client { operation, .. } | SinkError::Kafka { operation, .. } => {
+                Some(*operation)
+            }
+            SinkError::TopicRequest { .. } => Some(Operation::CreateTopic),
+            SinkError::Wakeup(_) => Some(Operation::WaitForReports),
+            SinkError::Config(_) | SinkError::RetiredStillReporting { .. } => None,
+        }
+    }
+
+    /// The librdkafka (or broker) error code, when the failure has one.
+    pub fn code(&self) -> Option<RDKafkaErrorCode> {
+        match self {
+            SinkError::Kafka { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// The consequence of `operation` failing with `code`.
+fn kafka_consequence(operation: Operation, code: RDKafkaErrorCode) -> siphon_core::Consequence {
+    use siphon_core::Consequence::{Fix, Retry};
+    match operation {
+        Operation::CreateTopic => match topic_fix(code) {
+            Some(_) => Fix,
+            // Unreachable brokers, a timeout, a controller moving ...: try again.
+            None => Retry,
+        },
+        Operation::Enqueue => consequence(code).general(),
+        // A client that could not be created is refused for its configuration.
+        Operation::CreateProducer | Operation::CreateAdminClient => Fix,
+        Operation::WaitForReports => Retry,
+    }
+}
+
+/// What to do about a topic the broker refused to create with `code`; `None` for a code that
+/// retrying may cure.
+fn topic_fix(code: RDKafkaErrorCode) -> Option<&'static str> {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed => Some(
+            "create it yourself, grant CREATE to Siphon's principal, or set kafka.topic_creation.enabled = false",
+        ),
+        C::InvalidTopic | C::InvalidPartitions | C::InvalidReplicationFactor | C::InvalidConfig => {
+            Some("check kafka.topic_creation (partitions, replication_factor) and the topic name")
+        }
+        _ => None,
+    }
+}
+
+/// The client an operation creates, for messages.
+fn client_name(operation: Operation) -> &'static str {
+    match operation {
+        Operation::CreateAdminClient => "admin",
+        _ => "producer",
+    }
+}
+
+/// The message for `operation` failing for `topic` with `code`.
+fn describe(operation: Operation, topic: &str, code: RDKafkaErrorCode) -> String {
+    match operation {
+        Operation::CreateTopic => match topic_fix(code) {
+            Some(fix) => {
+                format!("the broker refused to create topic {topic} ({code}): {fix}")
+            }
+            None => format!("Kafka unavailable: creating topic {topic}: {code}"),
+        },
+        Operation::Enqueue if code == RDKafkaErrorCode::MessageSizeTooLarge => format!(
+            "record for topic {topic} is larger than the producer's message.max.bytes ({code}): raise kafka.properties.\"message.max.bytes\" (and the topic's max.message.bytes), or make the payload smaller"
+        ),
+        Operation::Enqueue => match DeliveryError::from_code(topic, code) {
+            DeliveryError::Definite(refusal) => format!("enqueueing a record: {refusal}"),
+            DeliveryError::Transient(_) => format!(
+                "Kafka unavailable: enqueueing a record for {topic}: {}",
+                KafkaError::MessageProduction(code)
+            ),
+        },
+        other => format!("{other} for topic {topic} failed with {code}"),
     }
 }
 
@@ -74,6 +319,20 @@ pub enum Consequence {
     ProducerFailed,
     /// The configuration, the broker or an authorization must change: stop, naming the fix.
     OperatorFix,
+}
+
+impl Consequence {
+    /// What it means for the process: a record refused, or a refusal only the operator can
+    /// cure, is fixed by someone ([`siphon_core::Consequence::Fix`]: the record by `on_error`,
+    /// or the operator); a record refused with its batch, or a failed producer, is sent again.
+    pub fn general(self) -> siphon_core::Consequence {
+        match self {
+            Consequence::RecordRefused | Consequence::OperatorFix => siphon_core::Consequence::Fix,
+            Consequence::RefusedWithOthers | Consequence::ProducerFailed => {
+                siphon_core::Consequence::Retry
+            }
+        }
+    }
 }
 
 /// The consequence of a failed delivery with `code`.
@@ -558,6 +817,160 @@ mod tests {
         }
         let policy = DeliveryError::from_code("orders", RDKafkaErrorCode::PolicyViolation);
         assert!(policy.to_string().contains("policy"), "{policy}");
+    }
+
+    /// What a failed operation means, by operation and code, and the fix its message names.
+    #[test]
+    fn sink_errors_have_the_consequence_of_their_operation_and_code() {
+        use siphon_core::Consequence::{Fix, Retry};
+        use Operation::{CreateTopic, Enqueue};
+        use RDKafkaErrorCode as C;
+        let table: &[(Operation, RDKafkaErrorCode, siphon_core::Consequence, &str)] = &[
+            (
+                CreateTopic,
+                C::TopicAuthorizationFailed,
+                Fix,
+                "grant CREATE",
+            ),
+            (
+                CreateTopic,
+                C::ClusterAuthorizationFailed,
+                Fix,
+                "grant CREATE",
+            ),
+            (CreateTopic, C::InvalidTopic, Fix, "kafka.topic_creation"),
+            (CreateTopic, C::InvalidPartitions, Fix, "partitions"),
+            (
+                CreateTopic,
+                C::InvalidReplicationFactor,
+                Fix,
+                "replication_factor",
+            ),
+            (CreateTopic, C::InvalidConfig, Fix, "kafka.topic_creation"),
+            (
+                CreateTopic,
+                C::OperationTimedOut,
+                Retry,
+                "Kafka unavailable",
+            ),
+            (CreateTopic, C::RequestTimedOut, Retry, "Kafka unavailable"),
+            (CreateTopic, C::AllBrokersDown, Retry, "Kafka unavailable"),
+            (
+                CreateTopic,
+                C::BrokerTransportFailure,
+                Retry,
+                "Kafka unavailable",
+            ),
+            (CreateTopic, C::NotController, Retry, "Kafka unavailable"),
+            (CreateTopic, C::PolicyViolation, Retry, "Kafka unavailable"),
+            (Enqueue, C::MessageSizeTooLarge, Fix, "message.max.bytes"),
+            (Enqueue, C::UnknownPartition, Fix, "partition"),
+            (Enqueue, C::InvalidTopic, Fix, "route.topic.replacement"),
+            (Enqueue, C::UnknownTopic, Fix, "route.topic.replacement"),
+            (Enqueue, C::TopicAuthorizationFailed, Fix, "grant WRITE"),
+            (Enqueue, C::Fatal, Retry, "Kafka unavailable"),
+            (Enqueue, C::QueueFull, Retry, "Kafka unavailable"),
+            (Enqueue, C::Fail, Retry, "Kafka unavailable"),
+            (Enqueue, C::PurgeQueue, Retry, "Kafka unavailable"),
+        ];
+        for &(operation, code, expected, fix) in table {
+            let error = SinkError::Kafka {
+                operation,
+                topic: "orders".into(),
+                code,
+            };
+            assert_eq!(error.consequence(), expected, "{operation:?} {code:?}");
+            assert_eq!(
+                error.is_transient(),
+                expected == Retry,
+                "{operation:?} {code:?}"
+            );
+            assert_eq!(
+                error.refuses_record(),
+                expected == Fix,
+                "{operation:?} {code:?}"
+            );
+            assert_eq!(
+                (error.operation(), error.code()),
+                (Some(operation), Some(code))
+            );
+            let text = error.to_string();
+            assert!(text.contains("orders"), "{text}");
+            assert!(text.contains(&format!("{code:?}")), "{text}");
+            assert!(text.contains(fix), "{fix:?} missing from {text}");
+        }
+    }
+
+    /// Enqueueing fails as the record's delivery would: refused for good where a delivery
+    /// report with the same code refuses the record, retried where it rebuilds the producer.
+    #[test]
+    fn an_enqueue_failure_means_what_the_same_delivery_failure_means() {
+        for code in all_codes() {
+            let error = SinkError::enqueue("t", &KafkaError::MessageProduction(code));
+            assert_eq!(error.consequence(), consequence(code).general(), "{code:?}");
+        }
+        // Without a code (a topic name librdkafka cannot take): the producer failed.
+        let nul = std::ffi::CString::new("a\0b").expect_err("a NUL byte");
+        let error = SinkError::enqueue("a\0b", &KafkaError::Nul(nul));
+        assert_eq!(error.code(), Some(RDKafkaErrorCode::Fail));
+        assert!(error.is_transient());
+    }
+
+    #[test]
+    fn failures_without_a_code_have_the_consequence_of_their_kind() {
+        use siphon_core::Consequence::{Fix, Retry};
+        let request = SinkError::topic_request(
+            "t",
+            &KafkaError::AdminOp(RDKafkaErrorCode::OperationTimedOut),
+        );
+        assert_eq!(request.code(), Some(RDKafkaErrorCode::OperationTimedOut));
+        assert_eq!(request.consequence(), Retry);
+        let dropped = SinkError::topic_request("t", &KafkaError::Canceled);
+        assert!(
+            matches!(dropped, SinkError::TopicRequest { .. }),
+            "{dropped:?}"
+        );
+        assert_eq!(dropped.consequence(), Retry);
+        assert!(
+            dropped
+                .to_string()
+                .contains("Kafka unavailable: creating topic t"),
+            "{dropped}"
+        );
+        let refused = KafkaError::ClientConfig(
+            rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN,
+            "No such configuration property".into(),
+            "no.such".into(),
+            "1".into(),
+        );
+        let client = SinkError::client(Operation::CreateProducer, &refused);
+        assert_eq!(client.consequence(), Fix);
+        assert!(
+            matches!(&client, SinkError::Client { refusal: ClientRefusal::Property { key, .. }, .. } if key == "no.such")
+        );
+        assert_eq!(
+            client.to_string(),
+            "invalid Kafka producer configuration: Client config error: No such configuration property no.such 1"
+        );
+        let admin = SinkError::client(
+            Operation::CreateAdminClient,
+            &KafkaError::ClientCreation("no CA".into()),
+        );
+        assert_eq!(
+            admin.to_string(),
+            "invalid Kafka admin configuration: Client creation error: no CA"
+        );
+        let wakeup = SinkError::from(WakeupError::EventFd(crate::wakeup::OsError {
+            kind: std::io::ErrorKind::Other,
+            errno: Some(libc::EMFILE),
+        }));
+        assert_eq!(wakeup.consequence(), Retry);
+        assert_eq!(wakeup.operation(), Some(Operation::WaitForReports));
+        let retired = SinkError::RetiredStillReporting {
+            generation: 1,
+            unreported: 2,
+        };
+        assert_eq!(retired.consequence(), Retry);
     }
 
     #[test]

@@ -18,11 +18,14 @@ pub mod state_topic;
 pub mod topics;
 mod wakeup;
 
-pub use config::{SinkConfig, TopicCreation};
-pub use error::{Consequence, DeliveryError, ProducerFailure, Refusal, SinkError};
+pub use config::{ConfigError, ConfigReason, SinkConfig, TopicCreation};
+pub use error::{
+    ClientRefusal, Consequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError,
+};
 pub use producer::{
     BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink, Rebuilt,
     RetiredStatus,
 };
 pub use rdkafka::error::RDKafkaErrorCode;
 pub use state_topic::{StateOperation, StateTopic, StateTopicError};
+pub use wakeup::{OsError, WakeupError};

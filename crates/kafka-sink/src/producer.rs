@@ -15,6 +15,7 @@
 //!   ([`KafkaSink::reports_ready`], then [`KafkaSink::serve_reports`]): there is no polling
 //!   thread. [`KafkaSink::send`] serves them itself while librdkafka's queue is full.
 
+use crate::error::Operation;
 use crate::produce::{Outgoing, TopicHandles};
 use crate::topics::TopicCreator;
 use crate::wakeup::ReportWakeup;
@@ -229,11 +230,9 @@ impl Client {
                 generation,
                 unreported: Arc::clone(&unreported),
             })
-            .map_err(|e| SinkError::Config(format!("invalid Kafka producer configuration: {e}")))?;
+            .map_err(|e| SinkError::client(Operation::CreateProducer, &e))?;
         let producer = Arc::new(producer);
-        let wakeup = ReportWakeup::new(Arc::clone(&producer)).map_err(|e| {
-            SinkError::Transient(format!("waiting for Kafka delivery reports: {e}"))
-        })?;
+        let wakeup = ReportWakeup::new(Arc::clone(&producer))?;
         Ok(Client {
             wakeup,
             handles: TopicHandles::new(Arc::clone(&producer)),
@@ -531,25 +530,7 @@ impl KafkaSink {
                     client.wakeup.serve();
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err((
-                    KafkaError::MessageProduction(code @ RDKafkaErrorCode::MessageSizeTooLarge),
-                    _,
-                )) => {
-                    return Err(SinkError::Definite(format!(
-                        "record for topic {topic} is larger than the producer's message.max.bytes ({code}): raise kafka.properties.\"message.max.bytes\" (and the topic's max.message.bytes), or make the payload smaller"
-                    )));
-                }
-                Err((e, _)) => {
-                    let error = DeliveryError::from_kafka(topic, &e);
-                    return Err(match error {
-                        DeliveryError::Definite(refusal) => {
-                            SinkError::Definite(format!("enqueueing a record: {refusal}"))
-                        }
-                        DeliveryError::Transient(_) => {
-                            SinkError::Transient(format!("enqueueing a record for {topic}: {e}"))
-                        }
-                    });
-                }
+                Err((e, _)) => return Err(SinkError::enqueue(topic, &e)),
             }
         }
     }

@@ -6,6 +6,7 @@
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
+use crate::error::Operation;
 use crate::{SinkError, TopicCreation};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use tracing::info;
 
 /// How long one topic creation may take (the request, and the broker's operation) before it
-/// fails as [`SinkError::Transient`].
+/// fails with a code retrying may cure ([`SinkError::consequence`] is `Retry`).
 pub const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Creates topics the first time a record is sent to them.
@@ -70,7 +71,7 @@ impl TopicCreator {
                 config.set(key, value);
             }
             Some(Arc::new(config.create().map_err(|e| {
-                SinkError::Config(format!("invalid Kafka admin configuration: {e}"))
+                SinkError::client(Operation::CreateAdminClient, &e)
             })?))
         } else {
             None
@@ -97,7 +98,7 @@ impl TopicCreator {
     /// creation is disabled). On success the caller [`TopicCreator::remember`]s the topic.
     ///
     /// The request is bounded by [`CREATE_TIMEOUT`]: with the brokers unreachable it fails
-    /// with [`SinkError::Transient`] once that passed.
+    /// with a transient [`SinkError`] once that passed.
     pub fn creation(
         &self,
         topic: &str,
@@ -139,23 +140,20 @@ async fn create(
     let results = admin
         .create_topics([&new_topic], &options)
         .await
-        .map_err(|e| SinkError::Transient(format!("creating topic {topic}: {e}")))?;
+        .map_err(|e| SinkError::topic_request(topic, &e))?;
     for result in results {
         match result {
-            Ok(name) => info!(topic = %name, partitions = settings.partitions, replication_factor = settings.replication_factor, "created topic"),
+            Ok(name) => {
+                info!(topic = %name, partitions = settings.partitions, replication_factor = settings.replication_factor, "created topic")
+            }
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed))) => {
-                return Err(SinkError::Definite(format!(
-                    "the broker refused to create topic {name} ({code}): create it yourself, grant CREATE to Siphon's principal, or set kafka.topic_creation.enabled = false"
-                )))
-            }
-            Err((name, code @ (RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::InvalidPartitions | RDKafkaErrorCode::InvalidReplicationFactor | RDKafkaErrorCode::InvalidConfig))) => {
-                return Err(SinkError::Definite(format!(
-                    "the broker refused to create topic {name} ({code}): check kafka.topic_creation (partitions, replication_factor) and the topic name"
-                )))
-            }
+            // What the code means (refused for good, or worth another try) is the error's.
             Err((name, code)) => {
-                return Err(SinkError::Transient(format!("creating topic {name}: {code}")))
+                return Err(SinkError::Kafka {
+                    operation: Operation::CreateTopic,
+                    topic: name,
+                    code,
+                })
             }
         }
     }

@@ -19,6 +19,8 @@
 //!   after that read is seen by the next wait.
 //! - The only `unsafe` is librdkafka's queue calls on a handle owned here and the `eventfd`
 //!   calls on a descriptor owned here.
+//! - A failure to set the wake-up up is a [`WakeupError`] naming the step and the system's
+//!   error number: it is retried (the producer is created again), never read by its text.
 #![allow(unsafe_code)]
 
 use rdkafka::bindings as rd;
@@ -35,6 +37,46 @@ use tracing::warn;
 /// The value librdkafka adds to the `eventfd` counter on each wake-up (8 bytes, as an
 /// `eventfd` write must be).
 const WAKE: u64 = 1;
+
+/// Why the wake-up for a producer's delivery reports could not be set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WakeupError {
+    /// `eventfd` failed (out of descriptors or memory).
+    #[error("creating an eventfd: {0}")]
+    EventFd(OsError),
+    /// The runtime could not watch the descriptor.
+    #[error("registering the eventfd with the runtime: {0}")]
+    Register(OsError),
+    /// librdkafka gave no handle of the producer's main queue.
+    #[error("librdkafka gave no main queue")]
+    NoMainQueue,
+}
+
+/// An operating system error, by its number (`errno`) when it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OsError {
+    pub kind: io::ErrorKind,
+    pub errno: Option<i32>,
+}
+
+impl From<&io::Error> for OsError {
+    fn from(error: &io::Error) -> Self {
+        OsError {
+            kind: error.kind(),
+            errno: error.raw_os_error(),
+        }
+    }
+}
+
+impl std::fmt::Display for OsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.errno {
+            // The system's own text for the number.
+            Some(errno) => io::Error::from_raw_os_error(errno).fmt(f),
+            None => self.kind.fmt(f),
+        }
+    }
+}
 
 /// A producer's main queue, waking a task through an `eventfd`.
 pub(crate) struct ReportWakeup<C: ProducerContext + 'static> {
@@ -53,24 +95,26 @@ unsafe impl Sync for QueueHandle {}
 
 impl<C: ProducerContext + 'static> ReportWakeup<C> {
     /// Enables wake-ups on `producer`'s main queue. Must run inside a Tokio runtime.
-    pub(crate) fn new(producer: Arc<BaseProducer<C>>) -> io::Result<Self> {
+    pub(crate) fn new(producer: Arc<BaseProducer<C>>) -> Result<Self, WakeupError> {
         // SAFETY: `eventfd` takes no pointers; a valid descriptor is owned from here on.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(WakeupError::EventFd(OsError::from(
+                &io::Error::last_os_error(),
+            )));
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: an `OwnedFd` keeps its one descriptor open until it is dropped with the
         // `AsyncFd`.
         let eventfd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-            .map_err(|e| e.into_parts().1)?;
+            .map_err(|e| WakeupError::Register(OsError::from(&e.into_parts().1)))?;
         // SAFETY: the client pointer is valid while `producer` is, which this holds; the
         // returned handle is a new reference, released in `drop`.
         let queue = unsafe { rd::rd_kafka_queue_get_main(producer.client().native_ptr()) };
         let queue = NonNull::new(queue)
             .map(QueueHandle)
-            .ok_or_else(|| io::Error::other("librdkafka gave no main queue"))?;
+            .ok_or(WakeupError::NoMainQueue)?;
         let payload = WAKE.to_ne_bytes();
         // SAFETY: the handle is valid; librdkafka copies `payload`, and writes to the
         // descriptor only until it is disabled in `drop`, before the descriptor closes.

@@ -19,15 +19,16 @@ use std::fmt;
 pub enum RecordFault {
     /// The broker refused it (delivery report).
     Broker(Refusal),
-    /// The producer refused to enqueue it (too large for `message.max.bytes` ...).
-    Enqueue(String),
+    /// The producer refused to enqueue it (too large for `message.max.bytes` ...), or the broker
+    /// refused to create its topic ([`SinkError::refuses_record`]).
+    Enqueue(SinkError),
 }
 
 impl fmt::Display for RecordFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RecordFault::Broker(refusal) => refusal.fmt(f),
-            RecordFault::Enqueue(reason) => f.write_str(reason),
+            RecordFault::Enqueue(error) => error.fmt(f),
         }
     }
 }
@@ -137,7 +138,12 @@ mod tests {
         let definite = PipelineError::from(SourceError::Definite("no wal_level".into()));
         assert_eq!(definite.consequence(), Consequence::Definite);
         assert_eq!(
-            PipelineError::from(SinkError::Transient("down".into())).cause(),
+            PipelineError::from(SinkError::Kafka {
+                operation: siphon_kafka_sink::Operation::CreateTopic,
+                topic: "t".into(),
+                code: siphon_kafka_sink::RDKafkaErrorCode::AllBrokersDown,
+            })
+            .cause(),
             Some(ReconnectCause::Sink)
         );
         assert!(PipelineError::Stalled("silent".into()).is_transient());
@@ -145,6 +151,13 @@ mod tests {
             PipelineError::from(LedgerError::NoOpenTransaction).consequence(),
             Consequence::Bug
         );
-        assert!(!PipelineError::Refused(RecordFault::Enqueue("too large".into())).is_transient());
+        assert!(
+            !PipelineError::Refused(RecordFault::Enqueue(SinkError::Kafka {
+                operation: siphon_kafka_sink::Operation::Enqueue,
+                topic: "t".into(),
+                code: siphon_kafka_sink::RDKafkaErrorCode::MessageSizeTooLarge,
+            }))
+            .is_transient()
+        );
     }
 }

@@ -987,16 +987,16 @@ impl<'a> SessionCore<'a> {
         let probe = self.take_probe(seq);
         match error {
             // Refused at enqueue: this record alone is at fault.
-            SinkError::Definite(reason) => {
+            error if error.refuses_record() => {
                 Event::DeliveryFailed {
                     topic: &record.topic,
-                    error: &reason,
+                    error: &error,
                     kind: ProducerErrorKind::Definite,
                 }
                 .emit(&self.metrics);
-                self.on_refused(now, seq, record, RecordFault::Enqueue(reason), true)
+                self.on_refused(now, seq, record, RecordFault::Enqueue(error), true)
             }
-            error @ (SinkError::Transient(_) | SinkError::RetiredStillReporting { .. }) => {
+            error if error.is_transient() => {
                 Event::RecordNotTaken {
                     topic: &record.topic,
                     error: &error,
@@ -1004,7 +1004,7 @@ impl<'a> SessionCore<'a> {
                 .emit(&self.metrics);
                 self.hold(seq, record, probe, true)
             }
-            error @ SinkError::Config(_) => Err(error.into()),
+            error => Err(error.into()),
         }
     }
 }

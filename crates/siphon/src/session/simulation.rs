@@ -25,7 +25,9 @@ use crate::telemetry::Metrics;
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
 use siphon_kafka_sink::RDKafkaErrorCode;
-use siphon_kafka_sink::{Delivered, Delivery, DeliveryError, DeliveryFailure, SinkError};
+use siphon_kafka_sink::{
+    Delivered, Delivery, DeliveryError, DeliveryFailure, Operation, SinkError,
+};
 use siphon_router::{EventRouter, Format, RoutedRecord, RouterOptions};
 use siphon_source::{RowChange, SourceEvent, TableName};
 use siphon_tests::rng::SplitMix64 as Rng;
@@ -483,8 +485,12 @@ fn run_seed(
                                 w.now(),
                                 Input::SendRefused {
                                     token,
+                                    error: SinkError::Kafka {
+                                        operation: Operation::Enqueue,
+                                        topic: record.topic.clone(),
+                                        code: RDKafkaErrorCode::Fatal,
+                                    },
                                     record,
-                                    error: SinkError::Transient("fatal".into()),
                                 },
                             );
                         } else {
@@ -795,8 +801,12 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
             now,
             Input::SendRefused {
                 token,
+                error: SinkError::Kafka {
+                    operation: Operation::Enqueue,
+                    topic: record.topic.clone(),
+                    code: RDKafkaErrorCode::AllBrokersDown,
+                },
                 record,
-                error: SinkError::Transient("broker unreachable".into()),
             },
         );
     }

@@ -162,6 +162,16 @@ impl TopicGate {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use siphon_kafka_sink::{Operation, RDKafkaErrorCode};
+
+    /// The creation of `topic` failed with `code`.
+    fn creation_failed(topic: &str, code: RDKafkaErrorCode) -> SinkError {
+        SinkError::Kafka {
+            operation: Operation::CreateTopic,
+            topic: topic.to_owned(),
+            code,
+        }
+    }
     use std::collections::{BTreeMap, HashSet};
 
     const TOPICS: [&str; 4] = ["known", "a", "b", "c"];
@@ -291,8 +301,8 @@ mod tests {
                                 model.known.insert(topic.clone());
                                 Ok(())
                             }
-                            1 => Err(SinkError::Transient("unreachable".into())),
-                            _ => Err(SinkError::Definite("refused".into())),
+                            1 => Err(creation_failed(&topic, RDKafkaErrorCode::AllBrokersDown)),
+                            _ => Err(creation_failed(&topic, RDKafkaErrorCode::TopicAuthorizationFailed)),
                         };
                         prop_assert_eq!(result.as_ref().is_err_and(SinkError::is_transient), outcome == 1);
                         stale_ids.push(id);
