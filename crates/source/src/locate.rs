@@ -70,7 +70,7 @@ pub async fn locate(url: &str) -> Result<Located, SourceError> {
             Err(e) if endpoints.len() == 1 => return Err(e),
             Err(e) => {
                 debug!(host = %endpoint, error = %e, "host of source.url not used");
-                all_definite &= matches!(e, SourceError::Definite(_) | SourceError::Config(_));
+                all_definite &= !e.is_transient();
                 refusals.push(format!("{endpoint}: {e}"));
             }
         }
@@ -122,7 +122,7 @@ async fn check_target(
     let fits: bool = client
         .query_one(sql, &[])
         .await
-        .map_err(|e| SourceError::from_sql("checking target_session_attrs", e))?
+        .map_err(|e| SourceError::from_sql(crate::error::Query::TargetSessionAttrs, e))?
         .get(0);
     if fits {
         Ok(())

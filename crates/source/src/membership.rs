@@ -117,7 +117,7 @@ pub async fn read(
             &[&publication, &quoted_names(tables)],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the publication's membership", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::PublicationMembership, e))?;
     let Some(first) = rows.first() else {
         return Ok(None);
     };

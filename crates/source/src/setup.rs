@@ -126,7 +126,7 @@ async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
     let row = client
         .query_one("SELECT current_setting('wal_level')", &[])
         .await
-        .map_err(|e| SourceError::from_sql("reading wal_level", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::WalLevel, e))?;
     let level: String = row.get(0);
     if level != "logical" {
         return Err(SourceError::Definite(format!(
@@ -149,7 +149,7 @@ async fn check_tables(
                 &[&table.quoted()],
             )
             .await
-            .map_err(|e| SourceError::from_sql("looking up the outbox tables", e))?;
+            .map_err(|e| SourceError::from_sql(crate::error::Query::OutboxTables, e))?;
         let kind: Option<String> = row.get(0);
         match kind.as_deref() {
             None => {
@@ -182,7 +182,7 @@ pub(crate) async fn server_version_num(client: &Client) -> Result<i32, SourceErr
     let row = client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await
-        .map_err(|e| SourceError::from_sql("reading the server version", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::ServerVersion, e))?;
     Ok(row.get(0))
 }
 
@@ -199,7 +199,7 @@ async fn publication_flags(
     let row = client
         .query_opt(sql, &[&publication])
         .await
-        .map_err(|e| SourceError::from_sql("looking up the publication", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::Publication, e))?;
     Ok(row.map(|r| PublicationFlags {
         all_tables: r.get(0),
         via_root: r.get(1),
@@ -264,7 +264,10 @@ async fn ensure_publication(
                     return Ok(());
                 }
                 Err(e) if lost_creation_race(&e) => {
-                    info!(publication, "publication was created by another instance at the same time; checking it");
+                    info!(
+                        publication,
+                        "publication was created by another instance at the same time; checking it"
+                    );
                     publication_flags(client, publication, version)
                         .await?
                         .ok_or_else(|| {
@@ -275,7 +278,7 @@ async fn ensure_publication(
                 }
                 Err(e) => {
                     return Err(SourceError::from_sql(
-                        &format!("creating publication \"{publication}\" (run `{sql}` as a user that owns the tables, or grant that)"),
+                        crate::error::Operation::CreatePublication { command: sql },
                         e,
                     ))
                 }
@@ -360,7 +363,7 @@ async fn publication_check(
                 &[&publication],
             )
             .await
-            .map_err(|e| SourceError::from_sql("reading the publication's tables", e))?;
+            .map_err(|e| SourceError::from_sql(crate::error::Query::PublicationTables, e))?;
         Some(
             rows.iter()
                 .map(|r| TableName {
@@ -456,7 +459,7 @@ async fn read_slot(
             &[&slot],
         )
         .await
-        .map_err(|e| SourceError::from_sql("looking up the replication slot", e))
+        .map_err(|e| SourceError::from_sql(crate::error::Query::ReplicationSlot, e))
 }
 
 /// The slot Siphon needs.
@@ -506,7 +509,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
             let creator: i32 = client
                 .query_one("SELECT pg_backend_pid()", &[])
                 .await
-                .map_err(|e| SourceError::from_sql("reading the backend's pid", e))?
+                .map_err(|e| SourceError::from_sql(crate::error::Query::BackendPid, e))?
                 .get(0);
             let creation = client.query_one(&sql, &[]);
             match crate::slot_wait::while_waiting(creation, &request.watch, slot, creator).await {
@@ -530,14 +533,14 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
                     })?
                 }
                 Err(e) => {
-                    if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
-                        let server = e
-                            .as_db_error()
-                            .map_or_else(|| e.to_string(), |db| db.message().to_owned());
-                        return Err(SourceError::missing_replication(user, &server));
-                    }
-                    return Err(SourceError::from_sql(
-                        &format!("creating replication slot \"{slot}\" (the user needs the REPLICATION attribute; max_replication_slots may be exhausted)"),
+                    let subject = crate::error::Subject {
+                        slot: Some(slot),
+                        user,
+                        login: None,
+                    };
+                    return Err(SourceError::from_sql_about(
+                        crate::error::Operation::CreateReplicationSlot,
+                        subject,
                         e,
                     ));
                 }
@@ -567,7 +570,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     let current_db: String = client
         .query_one("SELECT current_database()", &[])
         .await
-        .map_err(|e| SourceError::from_sql("reading the current database", e))?
+        .map_err(|e| SourceError::from_sql(crate::error::Query::CurrentDatabase, e))?
         .get(0);
     if database.as_deref() != Some(current_db.as_str()) {
         return Err(SourceError::Definite(format!(
@@ -603,7 +606,7 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Option<L
             &[&slot],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the replication slot", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::SlotPosition, e))?;
     Ok(row.and_then(|r| r.get::<_, Option<PgLsn>>(0)).map(lsn))
 }
 
