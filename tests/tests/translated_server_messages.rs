@@ -44,16 +44,21 @@ listen = "127.0.0.1:0"
 /// the missing prerequisite, which fails the test under CI) when the server cannot.
 async fn speak_german(pg: &Postgres, test: &str) -> Result<bool> {
     let client = pg.connect().await?;
+    // ALTER SYSTEM cannot run in the implicit transaction of a multi-statement batch.
     if let Err(e) = client
-        .batch_execute("ALTER SYSTEM SET lc_messages = 'de_DE.UTF-8'; SELECT pg_reload_conf()")
+        .batch_execute("ALTER SYSTEM SET lc_messages = 'de_DE.UTF-8'")
         .await
     {
+        let said = e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |db| db.message().to_owned());
         siphon_tests::prerequisite_missing(
             test,
-            &format!("the server refuses lc_messages = 'de_DE.UTF-8' ({e}): generate the locale (scripts/install-deps.sh)"),
+            &format!("the server refuses lc_messages = 'de_DE.UTF-8' ({said}): generate the locale (scripts/install-deps.sh)"),
         )?;
         return Ok(false);
     }
+    client.batch_execute("SELECT pg_reload_conf()").await?;
     // A new session reads the reloaded setting.
     let fresh = pg.connect().await?;
     let said = match fresh.batch_execute("SELECT 1/0").await {
@@ -181,10 +186,13 @@ async fn translated_missing_replication_attribute_stops_with_the_fix() -> Result
     client
         .batch_execute(
             "CREATE PUBLICATION p FOR TABLE outbox WITH (publish = 'insert, update', publish_via_partition_root = true); \
-             SELECT pg_create_logical_replication_slot('s', 'pgoutput'); \
              SET password_encryption = 'scram-sha-256'; \
              CREATE ROLE siphon_cdc LOGIN NOREPLICATION PASSWORD 'cdc-secret'",
         )
+        .await?;
+    // A slot is created outside a transaction that wrote.
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
         .await?;
     let url = pg.url().replace("siphon:siphon@", "siphon_cdc:cdc-secret@");
     let siphon = SiphonProcess::start(&config(&url, &broker))?;
