@@ -9,10 +9,12 @@
 //!   from the confirmed position can cure; every other error names what the operator must fix.
 //! - No server error is classified by its message text.
 
+mod interruption;
 mod operation;
 pub mod server;
 mod sqlstate;
 
+pub use interruption::Interruption;
 pub use operation::{Operation, Query};
 pub use server::{Diagnosis, LoginTls, ServerFailure};
 use siphon_core::Consequence;
@@ -28,9 +30,15 @@ pub enum SourceError {
     /// not what Siphon needs. The message names the fix.
     #[error("{0}")]
     Definite(String),
-    /// The connection failed or was cut; reconnecting from the confirmed position is safe.
+    /// Something changed under Siphon; reconnecting from the confirmed position is safe.
     #[error("connection to PostgreSQL lost: {0}")]
-    Transient(String),
+    Interrupted(Box<Interruption>),
+    /// No host of `source.url` could be used; each host's error says why.
+    #[error("no host of source.url is usable (target_session_attrs={target}): {}", refusal_list(.refusals))]
+    NoUsableHost {
+        target: crate::config::TargetSession,
+        refusals: Vec<(crate::config::Endpoint, SourceError)>,
+    },
     /// The stream broke the protocol (a bug on one side); reconnecting replays from the confirmed
     /// position.
     #[error("replication protocol error: {0}")]
@@ -77,11 +85,19 @@ impl SourceError {
     pub fn consequence(&self) -> Consequence {
         match self {
             SourceError::Server(failure) => failure.consequence(),
-            SourceError::Transient(_)
+            SourceError::Interrupted(_)
             | SourceError::Protocol(_)
             | SourceError::SqlConnection(_)
             | SourceError::ReplicationConnection(_) => Consequence::Retry,
             SourceError::Config(_) | SourceError::Definite(_) => Consequence::Fix,
+            // Retried while one host's error may pass.
+            SourceError::NoUsableHost { refusals, .. } => {
+                if refusals.iter().any(|(_, e)| e.is_transient()) {
+                    Consequence::Retry
+                } else {
+                    Consequence::Fix
+                }
+            }
         }
     }
 
@@ -253,6 +269,21 @@ fn server_text(server: &crate::wire::ServerError) -> String {
     text
 }
 
+impl From<Interruption> for SourceError {
+    fn from(interruption: Interruption) -> Self {
+        SourceError::Interrupted(Box::new(interruption))
+    }
+}
+
+/// `host: error; host: error`.
+fn refusal_list(refusals: &[(crate::config::Endpoint, SourceError)]) -> String {
+    let listed: Vec<String> = refusals
+        .iter()
+        .map(|(endpoint, error)| format!("{endpoint}: {error}"))
+        .collect();
+    listed.join("; ")
+}
+
 impl From<Query> for Operation {
     fn from(query: Query) -> Self {
         Operation::Query(query)
@@ -294,6 +325,45 @@ fn certificate_hint(problem: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_usable_host_is_retried_while_one_host_may_come_back() {
+        let host = |name: &str| crate::config::Endpoint {
+            host: name.into(),
+            hostaddr: None,
+            port: 5432,
+        };
+        let refused = |code: &str| {
+            SourceError::server(
+                Operation::Connect,
+                SqlState::parse(code),
+                "FATAL: ...".into(),
+                Subject::default(),
+            )
+        };
+        let all_refused = SourceError::NoUsableHost {
+            target: crate::config::TargetSession::ReadWrite,
+            refusals: vec![(host("a"), refused("28P01")), (host("b"), refused("3D000"))],
+        };
+        assert_eq!(all_refused.consequence(), Consequence::Fix);
+        let one_standby = SourceError::NoUsableHost {
+            target: crate::config::TargetSession::ReadWrite,
+            refusals: vec![
+                (host("a"), refused("28P01")),
+                (
+                    host("b"),
+                    Interruption::NotTarget {
+                        endpoint: host("b"),
+                        target: crate::config::TargetSession::ReadWrite,
+                    }
+                    .into(),
+                ),
+            ],
+        };
+        assert_eq!(one_standby.consequence(), Consequence::Retry);
+        assert!(one_standby.to_string().contains("b:5432"), "{one_standby}");
+        assert_eq!(refused("57P03").consequence(), Consequence::Retry);
+    }
 
     #[test]
     fn certificate_problems_name_what_to_check() {

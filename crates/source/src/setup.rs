@@ -21,6 +21,7 @@
 //!   the gap were not published.
 
 use crate::config::{quote_ident, quote_literal, Endpoint};
+use crate::error::Interruption;
 use crate::failover;
 use crate::locate::{locate, Located, ServerIdentity};
 use crate::{SourceConfig, SourceError, TableName};
@@ -271,9 +272,9 @@ async fn ensure_publication(
                     publication_flags(client, publication, version)
                         .await?
                         .ok_or_else(|| {
-                            SourceError::Transient(format!(
-                                "publication \"{publication}\" was being created by another process and is gone again"
-                            ))
+                            SourceError::from(Interruption::PublicationGone {
+                                publication: publication.to_owned(),
+                            })
                         })?
                 }
                 Err(e) => {
@@ -526,11 +527,13 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
                 // while that instance holds it).
                 Err(e) if lost_creation_race(&e) => {
                     info!(slot, "replication slot was created by another instance at the same time; using it");
-                    read_slot(client, slot, request.version).await?.ok_or_else(|| {
-                        SourceError::Transient(format!(
-                            "replication slot \"{slot}\" was being created by another process and is gone again"
-                        ))
-                    })?
+                    read_slot(client, slot, request.version)
+                        .await?
+                        .ok_or_else(|| {
+                            SourceError::from(Interruption::SlotGone {
+                                slot: slot.to_owned(),
+                            })
+                        })?
                 }
                 Err(e) => {
                     let subject = crate::error::Subject {
@@ -557,9 +560,10 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     // While another process is still creating the slot, its plugin name is empty and it has no
     // confirmed position yet: wait for it like a standby rather than judge a half-made slot.
     if slot_type == "logical" && (plugin.as_deref() == Some("") || confirmed.is_none()) {
-        return Err(SourceError::Transient(format!(
-            "standby: replication slot \"{slot}\" is being created by another process; waiting to take over"
-        )));
+        return Err(Interruption::SlotBeingCreated {
+            slot: slot.to_owned(),
+        }
+        .into());
     }
     if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
         return Err(SourceError::Definite(format!(

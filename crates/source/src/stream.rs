@@ -8,7 +8,7 @@
 //!   yet decoded (one larger message is read alone).
 
 use crate::assembly::{Assembler, SourceEvent};
-use crate::error::{LoginTls, Operation, Query, Subject};
+use crate::error::{Interruption, LoginTls, Operation, Query, Subject};
 use crate::stall::{Escalation, SharedEscalation, StallWatch, Verdict};
 use crate::wire::{Login, Received, Session, WireError, WireStream};
 use crate::{
@@ -160,11 +160,7 @@ impl ReplicationStream {
             let produced = match received {
                 Received::Data { wal_start, data } => self.assembler.data(&data, Lsn(wal_start))?,
                 Received::KeepAlive { wal_end } => self.assembler.keepalive(Lsn(wal_end)),
-                Received::End => {
-                    return Err(SourceError::Transient(
-                        "the server ended the replication stream".into(),
-                    ))
-                }
+                Received::End => return Err(Interruption::StreamEnded.into()),
             };
             if let Some(event) = produced {
                 return Ok(event);
@@ -298,9 +294,12 @@ async fn before_start(
             .await
             .map_err(during(Operation::Query(Query::InRecovery)))?;
         if first_row_value(&rows, 0) != Some("false") {
-            return Err(BeforeStart::Source(SourceError::Transient(format!(
-                "{endpoint} became a standby before streaming started; looking for the primary again"
-            ))));
+            return Err(BeforeStart::Source(
+                Interruption::BecameStandby {
+                    endpoint: endpoint.clone(),
+                }
+                .into(),
+            ));
         }
     }
     if let Some(expected) = &slot.identity {
@@ -311,9 +310,15 @@ async fn before_start(
         let system_id = first_row_value(&rows, 0).unwrap_or_default();
         let timeline = first_row_value(&rows, 1).unwrap_or_default();
         if system_id != expected.system_id || timeline != expected.timeline.to_string() {
-            return Err(BeforeStart::Source(SourceError::Transient(format!(
-                "{endpoint} is no longer the server that was checked ({expected}; now system {system_id} timeline {timeline}): a failover happened; checking again"
-            ))));
+            return Err(BeforeStart::Source(
+                Interruption::ServerChanged {
+                    endpoint: endpoint.clone(),
+                    expected: expected.clone(),
+                    system_id: system_id.to_owned(),
+                    timeline: timeline.to_owned(),
+                }
+                .into(),
+            ));
         }
     }
     if slot.enable_failover {
