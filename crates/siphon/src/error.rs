@@ -130,7 +130,9 @@ mod tests {
 
     #[test]
     fn consequences_follow_the_source_classification() {
-        let transient = PipelineError::from(SourceError::Transient("cut".into()));
+        let transient = PipelineError::from(SourceError::from(
+            siphon_source::error::Interruption::StreamEnded,
+        ));
         assert_eq!(
             transient.consequence(),
             Consequence::Transient(ReconnectCause::Source)

@@ -46,7 +46,7 @@ pub async fn partition_ancestors(
             &[&relation],
         )
         .await
-        .map_err(|e| SourceError::from_sql("looking up the partition ancestors of a table", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::PartitionAncestors, e))?;
     Ok(rows
         .iter()
         .map(|r| TableName {
@@ -84,7 +84,7 @@ pub async fn publishes_via_root(client: &Client, publication: &str) -> Result<bo
             &[&publication],
         )
         .await
-        .map_err(|e| SourceError::from_sql("looking up the publication", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::Publication, e))?;
     Ok(row.is_some_and(|r| r.get(0)))
 }
 

@@ -1,8 +1,24 @@
 //! Source errors, sorted by consequence.
 //!
+//! Errors PostgreSQL reports are kept as their SQLSTATE and the command that failed
+//! ([`ServerFailure`]) and sorted by [`server::consequence_of`], never by their text, which is
+//! in the server's `lc_messages` language; messages are rendered from typed data in `Display`.
+//!
 //! # Invariants
-//! - [`SourceError::is_transient`] is true only for errors that reconnecting from the confirmed
-//!   position can cure; every other error names what the operator must fix.
+//! - [`SourceError::consequence`] is [`Consequence::Retry`] only for errors that reconnecting
+//!   from the confirmed position can cure; every other error names what the operator must fix.
+//! - No server error is classified by its message text.
+
+mod interruption;
+mod operation;
+pub mod server;
+mod sqlstate;
+
+pub use interruption::Interruption;
+pub use operation::{Operation, Query};
+pub use server::{Diagnosis, LoginTls, ServerFailure};
+use siphon_core::Consequence;
+pub use sqlstate::SqlState;
 
 /// What went wrong between Siphon and PostgreSQL.
 #[derive(Debug, thiserror::Error)]
@@ -14,38 +30,139 @@ pub enum SourceError {
     /// not what Siphon needs. The message names the fix.
     #[error("{0}")]
     Definite(String),
-    /// The connection failed or was cut; reconnecting from the confirmed position is safe.
+    /// Something changed under Siphon; reconnecting from the confirmed position is safe.
     #[error("connection to PostgreSQL lost: {0}")]
-    Transient(String),
+    Interrupted(Box<Interruption>),
+    /// No host of `source.url` could be used; each host's error says why.
+    #[error("no host of source.url is usable (target_session_attrs={target}): {}", refusal_list(.refusals))]
+    NoUsableHost {
+        target: crate::config::TargetSession,
+        refusals: Vec<(crate::config::Endpoint, SourceError)>,
+    },
     /// The stream broke the protocol (a bug on one side); reconnecting replays from the confirmed
     /// position.
     #[error("replication protocol error: {0}")]
     Protocol(String),
+    /// PostgreSQL answered a command with an error: its SQLSTATE says what it means.
+    #[error("{0}")]
+    Server(Box<ServerFailure>),
+    /// The SQL connection failed without a server error (cut, closed, timed out).
+    #[error(transparent)]
+    SqlConnection(Box<SqlConnectionLost>),
+    /// The replication connection failed without a server error (cut, closed, timed out).
+    #[error(transparent)]
+    ReplicationConnection(Box<ReplicationConnectionLost>),
+}
+
+/// The SQL connection failed during `operation` without a server error.
+#[derive(Debug, thiserror::Error)]
+#[error("connection to PostgreSQL lost: {operation}: {}", error_chain(.source))]
+pub struct SqlConnectionLost {
+    pub operation: Operation,
+    #[source]
+    pub source: tokio_postgres::Error,
+}
+
+/// The replication connection failed during `operation` without a server error.
+#[derive(Debug, thiserror::Error)]
+#[error("connection to PostgreSQL lost: {}", error_chain(.source))]
+pub struct ReplicationConnectionLost {
+    pub operation: Operation,
+    #[source]
+    pub source: crate::wire::WireError,
+}
+
+/// The names a server error's fix needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Subject<'a> {
+    pub slot: Option<&'a str>,
+    pub user: Option<&'a str>,
+    pub login: Option<LoginTls>,
 }
 
 impl SourceError {
-    /// Whether reconnecting from the confirmed position can cure the error.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, SourceError::Transient(_) | SourceError::Protocol(_))
+    /// What the error means for the process.
+    pub fn consequence(&self) -> Consequence {
+        match self {
+            SourceError::Server(failure) => failure.consequence(),
+            SourceError::Interrupted(_)
+            | SourceError::Protocol(_)
+            | SourceError::SqlConnection(_)
+            | SourceError::ReplicationConnection(_) => Consequence::Retry,
+            SourceError::Config(_) | SourceError::Definite(_) => Consequence::Fix,
+            // Retried while one host's error may pass.
+            SourceError::NoUsableHost { refusals, .. } => {
+                if refusals.iter().any(|(_, e)| e.is_transient()) {
+                    Consequence::Retry
+                } else {
+                    Consequence::Fix
+                }
+            }
+        }
     }
 
-    /// Classifies an error from an ordinary SQL connection.
-    pub(crate) fn from_sql(context: &str, err: tokio_postgres::Error) -> Self {
-        if let Some(db) = err.as_db_error() {
-            let code = db.code().code();
-            // Class 28: invalid authorization; 3D: invalid catalog (database); 42: syntax or access.
-            if code.starts_with("28") || code.starts_with("3D") || code.starts_with("42") {
-                return SourceError::Definite(format!(
-                    "{context}: {} (SQLSTATE {code})",
-                    db.message()
-                ));
-            }
-            return SourceError::Transient(format!(
-                "{context}: {} (SQLSTATE {code})",
-                db.message()
-            ));
+    /// Whether reconnecting from the confirmed position can cure the error.
+    pub fn is_transient(&self) -> bool {
+        self.consequence().is_retry()
+    }
+
+    /// The server error, if PostgreSQL reported one.
+    pub fn server_failure(&self) -> Option<&ServerFailure> {
+        match self {
+            SourceError::Server(failure) => Some(failure),
+            _ => None,
         }
-        SourceError::Transient(format!("{context}: {}", error_chain(&err)))
+    }
+
+    /// Classifies an error from an ordinary SQL connection by its SQLSTATE.
+    pub(crate) fn from_sql(operation: impl Into<Operation>, err: tokio_postgres::Error) -> Self {
+        Self::from_sql_about(operation, Subject::default(), err)
+    }
+
+    /// [`SourceError::from_sql`], with the names the fix needs.
+    pub(crate) fn from_sql_about(
+        operation: impl Into<Operation>,
+        subject: Subject<'_>,
+        err: tokio_postgres::Error,
+    ) -> Self {
+        let operation = operation.into();
+        match err.as_db_error() {
+            Some(db) => {
+                let mut server_message = db.message().to_owned();
+                if let Some(detail) = db.detail() {
+                    server_message.push_str(&format!(" ({detail})"));
+                }
+                if let Some(hint) = db.hint() {
+                    server_message.push_str(&format!(" hint: {hint}"));
+                }
+                Self::server(
+                    operation,
+                    SqlState::from(db.code()),
+                    server_message,
+                    subject,
+                )
+            }
+            None => SourceError::SqlConnection(Box::new(SqlConnectionLost {
+                operation,
+                source: err,
+            })),
+        }
+    }
+
+    fn server(
+        operation: Operation,
+        code: SqlState,
+        server_message: String,
+        subject: Subject<'_>,
+    ) -> Self {
+        SourceError::Server(Box::new(ServerFailure {
+            operation,
+            code,
+            server_message,
+            slot: subject.slot.map(str::to_owned),
+            user: subject.user.map(str::to_owned),
+            login: subject.login,
+        }))
     }
 
     /// Classifies a failure to open the SQL connection: certificate problems, a server without
@@ -67,74 +184,43 @@ impl SourceError {
                 tls.mode
             ));
         }
-        if let Some(db) = err.as_db_error() {
-            if db.code().code().starts_with("28") && db.message().contains("client certificate") {
-                return SourceError::Definite(format!(
-                    "connecting to PostgreSQL: {} (SQLSTATE {}): pg_hba.conf wants a client certificate for this user: set sslcert and sslkey in source.url",
-                    db.message(),
-                    db.code().code()
-                ));
-            }
-            if db.code().code().starts_with("28") && db.message().contains("no encryption") {
-                return SourceError::Definite(format!(
-                    "connecting to PostgreSQL: {} (SQLSTATE {}): the server accepts only TLS connections from here but source.url has sslmode={}: set sslmode=verify-full and sslrootcert=/path/to/ca.pem in source.url",
-                    db.message(),
-                    db.code().code(),
-                    tls.mode
-                ));
-            }
-            if db.code().code().starts_with("28") {
-                return SourceError::Definite(format!(
-                    "connecting to PostgreSQL: {} (SQLSTATE {}): check the user and password in source.url and that pg_hba.conf allows this user to connect from here",
-                    db.message(),
-                    db.code().code()
-                ));
-            }
-        }
-        SourceError::from_sql("connecting to PostgreSQL", err)
+        let subject = Subject {
+            login: Some(LoginTls {
+                mode: tls.mode,
+                client_certificate: tls.client_cert.is_some(),
+            }),
+            ..Subject::default()
+        };
+        SourceError::from_sql_about(Operation::Connect, subject, err)
     }
 
-    /// The user lacks the `REPLICATION` attribute; `server` is what PostgreSQL said.
-    pub(crate) fn missing_replication(user: Option<&str>, server: &str) -> Self {
-        let role = user.map_or_else(
-            || "<the user of source.url>".to_owned(),
-            crate::config::quote_ident,
-        );
-        SourceError::Definite(format!(
-            "the PostgreSQL user has no REPLICATION attribute, which Siphon needs to create and read its replication slot: run ALTER ROLE {role} REPLICATION as a superuser (server said: {server})"
-        ))
-    }
-
-    /// Classifies an error from the replication connection.
-    pub(crate) fn from_replication(slot: &str, err: crate::wire::WireError) -> Self {
-        Self::from_replication_as(slot, None, err)
-    }
-
-    /// [`SourceError::from_replication`], naming `user` in the fix when the login lacks
-    /// `REPLICATION`.
-    pub(crate) fn from_replication_as(
+    /// Classifies an error of `operation` on the replication connection of `slot`.
+    pub(crate) fn from_replication(
         slot: &str,
-        user: Option<&str>,
+        operation: Operation,
+        err: crate::wire::WireError,
+    ) -> Self {
+        let subject = Subject {
+            slot: Some(slot),
+            ..Subject::default()
+        };
+        Self::from_replication_about(operation, subject, err)
+    }
+
+    /// [`SourceError::from_replication`], with the names the fix needs (the user, named when the
+    /// login lacks `REPLICATION`; the TLS of the login).
+    pub(crate) fn from_replication_about(
+        operation: Operation,
+        subject: Subject<'_>,
         err: crate::wire::WireError,
     ) -> Self {
         use crate::wire::{ProtocolViolation, WireError as E};
         const LOGIN_FIX: &str = "check the user and password in source.url and that pg_hba.conf allows a replication connection for that user";
-        match &err {
-            // Class 28: invalid authorization.
-            E::Server(server) if server.code.starts_with("28") => {
-                if server.message.contains("client certificate") {
-                    SourceError::Definite(format!(
-                        "PostgreSQL refused the replication login: {server}: pg_hba.conf wants a client certificate for this user: set sslcert and sslkey in source.url"
-                    ))
-                } else if server.message.contains("no encryption") {
-                    SourceError::Definite(format!(
-                        "PostgreSQL refused the replication login: {server}: the server accepts only TLS connections from here: set sslmode=verify-full and sslrootcert=/path/to/ca.pem in source.url"
-                    ))
-                } else {
-                    SourceError::Definite(format!(
-                        "PostgreSQL refused the replication login: {server}; {LOGIN_FIX}"
-                    ))
-                }
+        let slot = subject.slot.unwrap_or("<source.slot>");
+        match err {
+            E::Server(server) => {
+                let code = SqlState::parse(&server.code);
+                Self::server(operation, code, server_text(&server), subject)
             }
             E::UnsupportedAuthentication(_) | E::Scram(_) => SourceError::Definite(format!(
                 "PostgreSQL refused the replication login: {err}; {LOGIN_FIX}"
@@ -142,7 +228,7 @@ impl SourceError {
             E::TlsUnsupported => SourceError::Definite(
                 "TLS to PostgreSQL failed on the replication connection: the server does not support TLS: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network".into(),
             ),
-            E::Tls(io) => match crate::tls::rustls_error(io) {
+            E::Tls(io) => match crate::tls::rustls_error(&io) {
                 Some(problem) if crate::tls::is_certificate_problem(problem) => {
                     SourceError::Definite(format!(
                         "TLS to PostgreSQL failed on the replication connection: certificate problem: {problem}; {}",
@@ -158,11 +244,49 @@ impl SourceError {
             }
             E::PublicationSkipped(notice) => SourceError::Definite(format!(
                 "PostgreSQL skipped changes the slot decoded because the publication did not exist when they were written (it was dropped, and maybe created again, while Siphon was not streaming): {notice}. The events committed while it was missing were not published, cannot be read from this slot and were not sent to Kafka. If the publication is still missing, restart Siphon, which creates it (or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>); then re-send the events committed while it was missing from the application and move the slot past them with {} (this skips every event not yet sent: re-send those too) and restart Siphon",
-                advance_slot_hint(slot)
+                server::advance_slot_hint(slot)
             )),
-            E::Server(server) => classify_server_message(slot, user, &server.to_string()),
-            _ => SourceError::Transient(error_chain(&err)),
+            source => {
+                SourceError::ReplicationConnection(Box::new(ReplicationConnectionLost {
+                    operation,
+                    source,
+                }))
+            }
         }
+    }
+}
+
+/// What the server said, for display: severity, message, detail and hint (the SQLSTATE is
+/// shown by [`ServerFailure`]).
+fn server_text(server: &crate::wire::ServerError) -> String {
+    let mut text = format!("{}: {}", server.severity, server.message);
+    if let Some(detail) = &server.detail {
+        text.push_str(&format!(" ({detail})"));
+    }
+    if let Some(hint) = &server.hint {
+        text.push_str(&format!(" hint: {hint}"));
+    }
+    text
+}
+
+impl From<Interruption> for SourceError {
+    fn from(interruption: Interruption) -> Self {
+        SourceError::Interrupted(Box::new(interruption))
+    }
+}
+
+/// `host: error; host: error`.
+fn refusal_list(refusals: &[(crate::config::Endpoint, SourceError)]) -> String {
+    let listed: Vec<String> = refusals
+        .iter()
+        .map(|(endpoint, error)| format!("{endpoint}: {error}"))
+        .collect();
+    listed.join("; ")
+}
+
+impl From<Query> for Operation {
+    fn from(query: Query) -> Self {
+        Operation::Query(query)
     }
 }
 
@@ -179,15 +303,6 @@ pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
         source = e.source();
     }
     text
-}
-
-/// The command that moves slot `slot` past WAL it cannot decode, to the server's current
-/// position (shown in errors).
-fn advance_slot_hint(slot: &str) -> String {
-    format!(
-        "SELECT pg_replication_slot_advance({}, pg_current_wal_lsn())",
-        crate::config::quote_literal(slot)
-    )
 }
 
 /// What to check for a certificate problem, from the text of the TLS error.
@@ -207,97 +322,47 @@ fn certificate_hint(problem: &str) -> &'static str {
     }
 }
 
-/// Sorts a server error on the replication connection by what cures it.
-fn classify_server_message(slot: &str, user: Option<&str>, message: &str) -> SourceError {
-    if message.contains("replication role")
-        || message.contains("REPLICATION attribute")
-        || message.contains("permission denied to start WAL sender")
-    {
-        return SourceError::missing_replication(user, message);
-    }
-    if message.contains("is active for PID") {
-        return SourceError::Transient(format!(
-            "standby: replication slot \"{slot}\" is in use by another process; waiting to take over ({message})"
-        ));
-    }
-    if message.contains("does not exist") && message.contains("replication slot") {
-        return SourceError::Definite(format!(
-            "replication slot \"{slot}\" does not exist (it was dropped): restart Siphon to create it again; events written while it was missing were not captured: {message}"
-        ));
-    }
-    if message.contains("publication") && message.contains("does not exist") {
-        // Before PostgreSQL 18 the server decodes each change with the publications as they
-        // were when it was written, and stops at a change written while one was missing: a
-        // publication created again since does not get the slot past those changes.
-        return SourceError::Definite(format!(
-            "the publication did not exist when changes the slot still has to decode were written (it was dropped; PostgreSQL before 18 stops there): {message}. If it is still missing, restart Siphon, which creates it (or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>). If it exists again, it was dropped and created again: the events committed while it was missing were not published, cannot be read from this slot and were not sent to Kafka, and the slot cannot get past them; move it on with {} (this skips every event not yet sent, so re-send the events committed since the publication was dropped from the application) and restart Siphon",
-            advance_slot_hint(slot)
-        ));
-    }
-    if message.contains("can no longer get changes from replication slot")
-        || message.contains("has been invalidated")
-    {
-        return SourceError::Definite(format!(
-            "replication slot \"{slot}\" was invalidated (its WAL was removed, see max_slot_wal_keep_size): drop it with SELECT pg_drop_replication_slot('{slot}') and restart Siphon; events in the lost WAL cannot be recovered: {message}"
-        ));
-    }
-    SourceError::Transient(message.to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn server_errors_are_sorted_by_consequence() {
-        assert!(!classify_server_message(
-            "s",
-            None,
-            "ERROR: replication slot \"s\" does not exist"
-        )
-        .is_transient());
-        assert!(!classify_server_message(
-            "s",
-            None,
-            "ERROR: can no longer get changes from replication slot \"s\""
-        )
-        .is_transient());
-        assert!(classify_server_message(
-            "s",
-            None,
-            "ERROR: replication slot \"s\" is active for PID 42"
-        )
-        .is_transient());
-        assert!(classify_server_message(
-            "s",
-            None,
-            "FATAL: terminating connection due to administrator command"
-        )
-        .is_transient());
-        let dropped = classify_server_message(
-            "s",
-            None,
-            "publication \"p\" does not exist (SQLSTATE 42704)",
-        );
-        assert!(!dropped.is_transient());
-        for fix in [
-            "CREATE PUBLICATION",
-            "SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())",
-            "re-send",
-        ] {
-            assert!(dropped.to_string().contains(fix), "{dropped}");
-        }
-        for missing in [
-            "FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501)",
-            "FATAL: permission denied to start WAL sender (SQLSTATE 42501)",
-        ] {
-            let err = classify_server_message("s", Some("cdc"), missing);
-            assert!(!err.is_transient());
-            assert!(
-                err.to_string().contains(r#"ALTER ROLE "cdc" REPLICATION"#),
-                "{err}"
-            );
-        }
+    fn no_usable_host_is_retried_while_one_host_may_come_back() {
+        let host = |name: &str| crate::config::Endpoint {
+            host: name.into(),
+            hostaddr: None,
+            port: 5432,
+        };
+        let refused = |code: &str| {
+            SourceError::server(
+                Operation::Connect,
+                SqlState::parse(code),
+                "FATAL: ...".into(),
+                Subject::default(),
+            )
+        };
+        let all_refused = SourceError::NoUsableHost {
+            target: crate::config::TargetSession::ReadWrite,
+            refusals: vec![(host("a"), refused("28P01")), (host("b"), refused("3D000"))],
+        };
+        assert_eq!(all_refused.consequence(), Consequence::Fix);
+        let one_standby = SourceError::NoUsableHost {
+            target: crate::config::TargetSession::ReadWrite,
+            refusals: vec![
+                (host("a"), refused("28P01")),
+                (
+                    host("b"),
+                    Interruption::NotTarget {
+                        endpoint: host("b"),
+                        target: crate::config::TargetSession::ReadWrite,
+                    }
+                    .into(),
+                ),
+            ],
+        };
+        assert_eq!(one_standby.consequence(), Consequence::Retry);
+        assert!(one_standby.to_string().contains("b:5432"), "{one_standby}");
+        assert_eq!(refused("57P03").consequence(), Consequence::Retry);
     }
 
     #[test]

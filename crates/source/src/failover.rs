@@ -75,7 +75,7 @@ pub async fn standby_slots(client: &Client) -> Result<StandbySlots, SourceError>
             &[],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading synchronized_standby_slots", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::SynchronizedStandbySlots, e))?;
     let setting: String = row.get(0);
     let named = slot_names(&setting);
     let mut missing = Vec::new();
@@ -88,7 +88,7 @@ pub async fn standby_slots(client: &Client) -> Result<StandbySlots, SourceError>
                     &[&name],
                 )
                 .await
-                .map_err(|e| SourceError::from_sql("looking up the standby slots", e))?
+                .map_err(|e| SourceError::from_sql(crate::error::Query::StandbySlots, e))?
                 .get(0);
             if !exists {
                 missing.push(name);

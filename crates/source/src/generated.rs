@@ -102,7 +102,7 @@ pub async fn unpublished(
             &[&relation.id],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the outbox table's generated columns", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::GeneratedColumns, e))?;
     let described: HashSet<&str> = relation.columns.iter().map(|c| c.name.as_str()).collect();
     let missing: Vec<(String, Generated)> = rows
         .iter()
@@ -128,7 +128,7 @@ pub async fn unpublished(
             &[&publication],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the publication's options", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::PublicationOptions, e))?;
     let publishing = Publishing {
         version: row.get(0),
         publishes_stored: row.get::<_, String>(1) == "s",

@@ -17,6 +17,7 @@
 //!   system identifier); positions from another identity are never used to skip WAL.
 
 use crate::config::{parse_url, Endpoint, ParsedUrl, TargetSession};
+use crate::error::Interruption;
 use crate::SourceError;
 use std::fmt;
 use tokio_postgres::Client;
@@ -48,7 +49,6 @@ pub async fn locate(url: &str) -> Result<Located, SourceError> {
     let parsed = parse_url(url)?;
     let endpoints = crate::ConnectionParams::from_url(url)?.endpoints;
     let mut refusals = Vec::new();
-    let mut all_definite = true;
     for endpoint in &endpoints {
         let attempt = match open(&parsed, endpoint).await {
             Ok(client) => check_target(&client, parsed.target, endpoint)
@@ -70,21 +70,14 @@ pub async fn locate(url: &str) -> Result<Located, SourceError> {
             Err(e) if endpoints.len() == 1 => return Err(e),
             Err(e) => {
                 debug!(host = %endpoint, error = %e, "host of source.url not used");
-                all_definite &= matches!(e, SourceError::Definite(_) | SourceError::Config(_));
-                refusals.push(format!("{endpoint}: {e}"));
+                refusals.push((endpoint.clone(), e));
             }
         }
     }
-    let summary = format!(
-        "no host of source.url is usable (target_session_attrs={}): {}",
-        parsed.target,
-        refusals.join("; ")
-    );
-    if all_definite {
-        Err(SourceError::Definite(summary))
-    } else {
-        Err(SourceError::Transient(summary))
-    }
+    Err(SourceError::NoUsableHost {
+        target: parsed.target,
+        refusals,
+    })
 }
 
 /// Opens a SQL session on `endpoint` (the host [`locate`] chose), without checking the target.
@@ -122,19 +115,16 @@ async fn check_target(
     let fits: bool = client
         .query_one(sql, &[])
         .await
-        .map_err(|e| SourceError::from_sql("checking target_session_attrs", e))?
+        .map_err(|e| SourceError::from_sql(crate::error::Query::TargetSessionAttrs, e))?
         .get(0);
     if fits {
         Ok(())
     } else {
-        Err(SourceError::Transient(format!(
-            "{endpoint} is not {} (a standby, or default_transaction_read_only is on); waiting for a {} server",
-            match target {
-                TargetSession::Primary => "a primary",
-                _ => "read-write",
-            },
-            target
-        )))
+        Err(Interruption::NotTarget {
+            endpoint: endpoint.clone(),
+            target,
+        }
+        .into())
     }
 }
 

@@ -117,7 +117,7 @@ pub async fn read(
             &[&publication, &quoted_names(tables)],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the publication's membership", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::PublicationMembership, e))?;
     let Some(first) = rows.first() else {
         return Ok(None);
     };
@@ -279,7 +279,7 @@ mod tests {
         );
         assert!(text.contains("cannot be read from this slot"), "{text}");
         assert!(text.contains("re-send them from the application"), "{text}");
-        assert!(text.contains("restart Siphon"), "{text}");
+        assert!(text.contains("siphon accept-publication-change"), "{text}");
         let text = Change::TableAddedBack(table("outbox"))
             .into_error("p")
             .to_string();

@@ -71,7 +71,9 @@ impl Catalog {
     pub async fn retained_wal_bytes(&self, slot: &str) -> Result<Option<u64>, SourceError> {
         crate::status::retained_wal_bytes(&self.client, slot)
             .await
-            .map_err(|e| SourceError::Transient(e.to_string()))
+            .map_err(|e| match e {
+                crate::status::StatusError::Connect(e) | crate::status::StatusError::Query(e) => e,
+            })
     }
 }
 
@@ -98,6 +100,6 @@ pub async fn not_null_columns(
             &[&relation_id],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the outbox table's columns", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::OutboxColumns, e))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }

@@ -21,6 +21,7 @@
 //!   the gap were not published.
 
 use crate::config::{quote_ident, quote_literal, Endpoint};
+use crate::error::Interruption;
 use crate::failover;
 use crate::locate::{locate, Located, ServerIdentity};
 use crate::{SourceConfig, SourceError, TableName};
@@ -126,7 +127,7 @@ async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
     let row = client
         .query_one("SELECT current_setting('wal_level')", &[])
         .await
-        .map_err(|e| SourceError::from_sql("reading wal_level", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::WalLevel, e))?;
     let level: String = row.get(0);
     if level != "logical" {
         return Err(SourceError::Definite(format!(
@@ -149,7 +150,7 @@ async fn check_tables(
                 &[&table.quoted()],
             )
             .await
-            .map_err(|e| SourceError::from_sql("looking up the outbox tables", e))?;
+            .map_err(|e| SourceError::from_sql(crate::error::Query::OutboxTables, e))?;
         let kind: Option<String> = row.get(0);
         match kind.as_deref() {
             None => {
@@ -182,7 +183,7 @@ pub(crate) async fn server_version_num(client: &Client) -> Result<i32, SourceErr
     let row = client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await
-        .map_err(|e| SourceError::from_sql("reading the server version", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::ServerVersion, e))?;
     Ok(row.get(0))
 }
 
@@ -199,7 +200,7 @@ async fn publication_flags(
     let row = client
         .query_opt(sql, &[&publication])
         .await
-        .map_err(|e| SourceError::from_sql("looking up the publication", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::Publication, e))?;
     Ok(row.map(|r| PublicationFlags {
         all_tables: r.get(0),
         via_root: r.get(1),
@@ -264,18 +265,21 @@ async fn ensure_publication(
                     return Ok(());
                 }
                 Err(e) if lost_creation_race(&e) => {
-                    info!(publication, "publication was created by another instance at the same time; checking it");
+                    info!(
+                        publication,
+                        "publication was created by another instance at the same time; checking it"
+                    );
                     publication_flags(client, publication, version)
                         .await?
                         .ok_or_else(|| {
-                            SourceError::Transient(format!(
-                                "publication \"{publication}\" was being created by another process and is gone again"
-                            ))
+                            SourceError::from(Interruption::PublicationGone {
+                                publication: publication.to_owned(),
+                            })
                         })?
                 }
                 Err(e) => {
                     return Err(SourceError::from_sql(
-                        &format!("creating publication \"{publication}\" (run `{sql}` as a user that owns the tables, or grant that)"),
+                        crate::error::Operation::CreatePublication { command: sql },
                         e,
                     ))
                 }
@@ -360,7 +364,7 @@ async fn publication_check(
                 &[&publication],
             )
             .await
-            .map_err(|e| SourceError::from_sql("reading the publication's tables", e))?;
+            .map_err(|e| SourceError::from_sql(crate::error::Query::PublicationTables, e))?;
         Some(
             rows.iter()
                 .map(|r| TableName {
@@ -456,7 +460,7 @@ async fn read_slot(
             &[&slot],
         )
         .await
-        .map_err(|e| SourceError::from_sql("looking up the replication slot", e))
+        .map_err(|e| SourceError::from_sql(crate::error::Query::ReplicationSlot, e))
 }
 
 /// The slot Siphon needs.
@@ -506,7 +510,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
             let creator: i32 = client
                 .query_one("SELECT pg_backend_pid()", &[])
                 .await
-                .map_err(|e| SourceError::from_sql("reading the backend's pid", e))?
+                .map_err(|e| SourceError::from_sql(crate::error::Query::BackendPid, e))?
                 .get(0);
             let creation = client.query_one(&sql, &[]);
             match crate::slot_wait::while_waiting(creation, &request.watch, slot, creator).await {
@@ -523,21 +527,23 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
                 // while that instance holds it).
                 Err(e) if lost_creation_race(&e) => {
                     info!(slot, "replication slot was created by another instance at the same time; using it");
-                    read_slot(client, slot, request.version).await?.ok_or_else(|| {
-                        SourceError::Transient(format!(
-                            "replication slot \"{slot}\" was being created by another process and is gone again"
-                        ))
-                    })?
+                    read_slot(client, slot, request.version)
+                        .await?
+                        .ok_or_else(|| {
+                            SourceError::from(Interruption::SlotGone {
+                                slot: slot.to_owned(),
+                            })
+                        })?
                 }
                 Err(e) => {
-                    if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
-                        let server = e
-                            .as_db_error()
-                            .map_or_else(|| e.to_string(), |db| db.message().to_owned());
-                        return Err(SourceError::missing_replication(user, &server));
-                    }
-                    return Err(SourceError::from_sql(
-                        &format!("creating replication slot \"{slot}\" (the user needs the REPLICATION attribute; max_replication_slots may be exhausted)"),
+                    let subject = crate::error::Subject {
+                        slot: Some(slot),
+                        user,
+                        login: None,
+                    };
+                    return Err(SourceError::from_sql_about(
+                        crate::error::Operation::CreateReplicationSlot,
+                        subject,
                         e,
                     ));
                 }
@@ -554,9 +560,10 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     // While another process is still creating the slot, its plugin name is empty and it has no
     // confirmed position yet: wait for it like a standby rather than judge a half-made slot.
     if slot_type == "logical" && (plugin.as_deref() == Some("") || confirmed.is_none()) {
-        return Err(SourceError::Transient(format!(
-            "standby: replication slot \"{slot}\" is being created by another process; waiting to take over"
-        )));
+        return Err(Interruption::SlotBeingCreated {
+            slot: slot.to_owned(),
+        }
+        .into());
     }
     if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
         return Err(SourceError::Definite(format!(
@@ -567,7 +574,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     let current_db: String = client
         .query_one("SELECT current_database()", &[])
         .await
-        .map_err(|e| SourceError::from_sql("reading the current database", e))?
+        .map_err(|e| SourceError::from_sql(crate::error::Query::CurrentDatabase, e))?
         .get(0);
     if database.as_deref() != Some(current_db.as_str()) {
         return Err(SourceError::Definite(format!(
@@ -603,7 +610,7 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Option<L
             &[&slot],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the replication slot", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::SlotPosition, e))?;
     Ok(row.and_then(|r| r.get::<_, Option<PgLsn>>(0)).map(lsn))
 }
 

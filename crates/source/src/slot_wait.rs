@@ -134,7 +134,7 @@ pub async fn blockers(client: &Client, creator: i32) -> Result<Vec<Blocker>, Sou
             &[&creator],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the transactions slot creation waits for", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::SlotCreationBlockers, e))?;
     Ok(rows
         .iter()
         .map(|r| Blocker {

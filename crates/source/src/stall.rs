@@ -90,7 +90,7 @@ pub async fn observe(client: &Client, slot: &str) -> Result<SlotActivity, Source
             &[&slot],
         )
         .await
-        .map_err(|e| SourceError::from_sql("reading the slot's walsender activity", e))?;
+        .map_err(|e| SourceError::from_sql(crate::error::Query::WalsenderActivity, e))?;
     let flush: PgLsn = row.get(0);
     let pid: Option<i32> = row.get(1);
     Ok(SlotActivity {

@@ -9,6 +9,7 @@
 //!   and floored at 0.
 //! - [`SlotStatus::healthy`] gives one reason per problem, each naming the fix.
 
+use crate::error::Query;
 use crate::SourceError;
 use pgoutput::Lsn;
 use serde::{Serialize, Serializer};
@@ -26,21 +27,14 @@ pub enum StatusError {
     /// The connection could not be opened; the message says why.
     #[error("{0}")]
     Connect(#[from] SourceError),
-    /// A query failed.
+    /// A query failed (classified by its SQLSTATE like every source error).
     #[error("{0}")]
-    Query(String),
+    Query(SourceError),
 }
 
 impl StatusError {
-    fn query(what: &str, err: tokio_postgres::Error) -> Self {
-        match err.as_db_error() {
-            Some(db) => StatusError::Query(format!(
-                "{what}: {} (SQLSTATE {})",
-                db.message(),
-                db.code().code()
-            )),
-            None => StatusError::Query(format!("{what}: {err}")),
-        }
+    fn query(what: Query, err: tokio_postgres::Error) -> Self {
+        StatusError::Query(SourceError::from_sql(what, err))
     }
 }
 
@@ -160,12 +154,12 @@ pub async fn status_with(
             &[],
         )
         .await
-        .map_err(|e| StatusError::query("reading the server version and WAL position", e))?;
+        .map_err(|e| StatusError::query(Query::ServerPosition, e))?;
     let current: Option<PgLsn> = server.get(2);
     let version: i32 = client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await
-        .map_err(|e| StatusError::query("reading the server version", e))?
+        .map_err(|e| StatusError::query(Query::ServerVersion, e))?
         .get(0);
     let failover_slots = version >= crate::failover::FAILOVER_SLOTS_VERSION;
     let failover_columns = if failover_slots {
@@ -187,7 +181,7 @@ pub async fn status_with(
             &[&slot],
         )
         .await
-        .map_err(|e| StatusError::query("reading pg_replication_slots", e))?;
+        .map_err(|e| StatusError::query(Query::SlotStatus, e))?;
     let slot_info = slot_row.map(|row| SlotInfo {
         plugin: row.get(0),
         slot_type: row.get(1),
@@ -211,7 +205,7 @@ pub async fn status_with(
                 Some(creator) => {
                     let blockers = crate::slot_wait::blockers(client, creator)
                         .await
-                        .map_err(|e| StatusError::Query(e.to_string()))?;
+                        .map_err(StatusError::Query)?;
                     Some(crate::slot_wait::summary(slot, None, &blockers))
                 }
                 None => None,
@@ -222,7 +216,7 @@ pub async fn status_with(
     let (synchronized_standby_slots, standby_slots_problem) = if failover_slots {
         let standby = crate::failover::standby_slots(client)
             .await
-            .map_err(|e| StatusError::Query(e.to_string()))?;
+            .map_err(StatusError::Query)?;
         let problem = standby.problem();
         (Some(standby.setting), problem)
     } else {
@@ -234,7 +228,7 @@ pub async fn status_with(
             &[&publication],
         )
         .await
-        .map_err(|e| StatusError::query("reading pg_publication", e))?;
+        .map_err(|e| StatusError::query(Query::PublicationStatus, e))?;
     let publication_info = match publication_row {
         None => None,
         Some(row) => {
@@ -245,7 +239,7 @@ pub async fn status_with(
                     &[&publication],
                 )
                 .await
-                .map_err(|e| StatusError::query("reading pg_publication_tables", e))?
+                .map_err(|e| StatusError::query(Query::PublicationTablesStatus, e))?
                 .iter()
                 .map(|r| format!("{}.{}", r.get::<_, String>(0), r.get::<_, String>(1)))
                 .collect();
@@ -283,7 +277,7 @@ pub async fn retained_wal_bytes(client: &Client, slot: &str) -> Result<Option<u6
             &[&slot],
         )
         .await
-        .map_err(|e| StatusError::query("reading the slot's retained WAL", e))?;
+        .map_err(|e| StatusError::query(Query::RetainedWal, e))?;
     Ok(row.and_then(|r| bytes(r.get(0))))
 }
 

@@ -8,6 +8,7 @@
 //!   yet decoded (one larger message is read alone).
 
 use crate::assembly::{Assembler, SourceEvent};
+use crate::error::{Interruption, LoginTls, Operation, Query, Subject};
 use crate::stall::{Escalation, SharedEscalation, StallWatch, Verdict};
 use crate::wire::{Login, Received, Session, WireError, WireStream};
 use crate::{
@@ -91,12 +92,22 @@ impl ReplicationStream {
             tls: params.tls.replication_tls(&endpoint.host)?,
             timeout: params.connect_timeout.unwrap_or(CONNECT_TIMEOUT),
         };
-        let failed = |e| SourceError::from_replication_as(&config.slot, Some(&params.user), e);
-        let mut session = Session::connect(login).await.map_err(failed)?;
+        let subject = Subject {
+            slot: Some(&config.slot),
+            user: Some(&params.user),
+            login: Some(LoginTls {
+                mode: sslmode,
+                client_certificate: params.tls.client_cert.is_some(),
+            }),
+        };
+        let failed = |operation, e| SourceError::from_replication_about(operation, subject, e);
+        let mut session = Session::connect(login)
+            .await
+            .map_err(|e| failed(Operation::ReplicationLogin, e))?;
         before_start(&mut session, config, slot, params.target)
             .await
             .map_err(|e| match e {
-                BeforeStart::Wire(e) => failed(e),
+                BeforeStart::Wire(operation, e) => failed(operation, e),
                 BeforeStart::Source(e) => e,
             })?;
         // Reported by every server at login; UTF8 (content must then be UTF-8) if not.
@@ -110,7 +121,7 @@ impl ReplicationStream {
                 config.status_interval,
             )
             .await
-            .map_err(failed)?;
+            .map_err(|e| failed(Operation::StartReplication, e))?;
         info!(slot = %config.slot, from = %start_lsn, host = %endpoint, %sslmode, "streaming");
         let escalation = Arc::new(std::sync::Mutex::new(escalation));
         Ok(ReplicationStream {
@@ -144,16 +155,12 @@ impl ReplicationStream {
                 .wire
                 .next(self.assembler.in_transaction())
                 .await
-                .map_err(|e| SourceError::from_replication(&self.slot, e))?;
+                .map_err(|e| SourceError::from_replication(&self.slot, Operation::Stream, e))?;
             self.last_message = Instant::now();
             let produced = match received {
                 Received::Data { wal_start, data } => self.assembler.data(&data, Lsn(wal_start))?,
                 Received::KeepAlive { wal_end } => self.assembler.keepalive(Lsn(wal_end)),
-                Received::End => {
-                    return Err(SourceError::Transient(
-                        "the server ended the replication stream".into(),
-                    ))
-                }
+                Received::End => return Err(Interruption::StreamEnded.into()),
             };
             if let Some(event) = produced {
                 return Ok(event);
@@ -172,7 +179,7 @@ impl ReplicationStream {
     /// keeps the status updates going. Returns only on an error. Cancel-safe.
     pub async fn read_ahead(&mut self) -> SourceError {
         let error = self.wire.read_ahead().await;
-        SourceError::from_replication(&self.slot, error)
+        SourceError::from_replication(&self.slot, Operation::Stream, error)
     }
 
     /// [`ReplicationStream::next`] when `take`, [`ReplicationStream::read_ahead`] otherwise: one
@@ -236,7 +243,7 @@ impl ReplicationStream {
             .finish(timeout)
             .await
             .map(Lsn)
-            .map_err(|e| SourceError::from_replication(&slot, e))
+            .map_err(|e| SourceError::from_replication(&slot, Operation::Stream, e))
     }
 }
 
@@ -256,14 +263,13 @@ fn start_command(config: &SourceConfig, start_lsn: Lsn) -> String {
 
 /// Why the checks before `START_REPLICATION` failed.
 enum BeforeStart {
-    Wire(WireError),
+    Wire(Operation, WireError),
     Source(SourceError),
 }
 
-impl From<WireError> for BeforeStart {
-    fn from(e: WireError) -> Self {
-        BeforeStart::Wire(e)
-    }
+/// The replication command `operation`'s errors, for `?`.
+fn during(operation: Operation) -> impl FnOnce(WireError) -> BeforeStart {
+    move |e| BeforeStart::Wire(operation, e)
 }
 
 /// The column `column` of the first row of a simple-query answer.
@@ -285,21 +291,34 @@ async fn before_start(
     if target != TargetSession::Any {
         let rows = session
             .simple_query("SELECT pg_is_in_recovery()::text")
-            .await?;
+            .await
+            .map_err(during(Operation::Query(Query::InRecovery)))?;
         if first_row_value(&rows, 0) != Some("false") {
-            return Err(BeforeStart::Source(SourceError::Transient(format!(
-                "{endpoint} became a standby before streaming started; looking for the primary again"
-            ))));
+            return Err(BeforeStart::Source(
+                Interruption::BecameStandby {
+                    endpoint: endpoint.clone(),
+                }
+                .into(),
+            ));
         }
     }
     if let Some(expected) = &slot.identity {
-        let rows = session.simple_query("IDENTIFY_SYSTEM").await?;
+        let rows = session
+            .simple_query("IDENTIFY_SYSTEM")
+            .await
+            .map_err(during(Operation::IdentifySystem))?;
         let system_id = first_row_value(&rows, 0).unwrap_or_default();
         let timeline = first_row_value(&rows, 1).unwrap_or_default();
         if system_id != expected.system_id || timeline != expected.timeline.to_string() {
-            return Err(BeforeStart::Source(SourceError::Transient(format!(
-                "{endpoint} is no longer the server that was checked ({expected}; now system {system_id} timeline {timeline}): a failover happened; checking again"
-            ))));
+            return Err(BeforeStart::Source(
+                Interruption::ServerChanged {
+                    endpoint: endpoint.clone(),
+                    expected: expected.clone(),
+                    system_id: system_id.to_owned(),
+                    timeline: timeline.to_owned(),
+                }
+                .into(),
+            ));
         }
     }
     if slot.enable_failover {
@@ -307,7 +326,10 @@ async fn before_start(
             "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
             crate::config::quote_ident(&config.slot)
         );
-        session.simple_query(&command).await?;
+        session
+            .simple_query(&command)
+            .await
+            .map_err(during(Operation::AlterReplicationSlot))?;
         info!(slot = %config.slot, "replication slot is now a failover slot");
     }
     Ok(())

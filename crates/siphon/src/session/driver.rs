@@ -516,10 +516,9 @@ impl Driver<'_> {
         let publication = self.settings.source.publication.clone();
         tokio::spawn(async move {
             let timed_out = || {
-                siphon_source::SourceError::Transient(format!(
-                    "a catalog query took more than {}s",
-                    SQL_TIMEOUT.as_secs()
-                ))
+                siphon_source::SourceError::from(siphon_source::error::Interruption::QueryTimeout {
+                    seconds: SQL_TIMEOUT.as_secs(),
+                })
             };
             let input = match lookup {
                 Lookup::NotNullColumns(relation) => {
