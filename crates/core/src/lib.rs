@@ -8,6 +8,13 @@
 //!   (`cargo tree -p siphon-core -e normal` shows only pure crates).
 //! - Time is a parameter: nothing here reads a clock.
 
+pub mod backoff;
 pub mod consequence;
+mod in_flight;
+pub mod ledger;
+pub mod record;
+pub mod topic_gate;
 
+pub use backoff::Backoff;
 pub use consequence::Consequence;
+pub use record::Records;

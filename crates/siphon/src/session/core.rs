@@ -29,10 +29,10 @@ use super::{NonTransactionalPolicy, Routers};
 use crate::dead_letter::Stage;
 use crate::error::{PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
-use crate::supervisor::Backoff;
 use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
+use siphon_core::Backoff;
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_router::{

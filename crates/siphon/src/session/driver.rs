@@ -23,12 +23,13 @@
 //!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
-use super::topic_gate::{Step, TopicGate};
+use super::Routed;
 use super::{Carry, PipelineSettings, SeenPublication};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use futures::FutureExt as _;
 use pgoutput::Lsn;
+use siphon_core::topic_gate::{Creation as Outcome, Step, TopicGate};
 use siphon_kafka_sink::{BrokerProbe, Delivery, DeliveryObserver, KafkaSink, SinkError};
 use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
@@ -91,7 +92,7 @@ type Created = (u64, String, Result<(), SinkError>);
 /// Records the core sent that wait for a topic to be created ([`TopicGate`] decides), and the
 /// creation they wait for, run beside the loop.
 struct Waiting {
-    gate: TopicGate,
+    gate: TopicGate<Routed>,
     creation: Option<Creation>,
     created_tx: mpsc::UnboundedSender<Created>,
     created: mpsc::UnboundedReceiver<Created>,
@@ -445,7 +446,12 @@ impl Driver<'_> {
         }
         let sink = &self.sink;
         let is_new = |topic: &str| sink.topic_creation(topic).is_some();
-        let steps = self.waiting.gate.created(id, result, is_new);
+        let outcome = match result {
+            Ok(()) => Outcome::Created,
+            Err(error) if error.is_transient() => Outcome::FailedForNow(error),
+            Err(error) => Outcome::Refused(error),
+        };
+        let steps = self.waiting.gate.created(id, outcome, is_new);
         self.carry_out(steps).await;
     }
 
@@ -458,7 +464,7 @@ impl Driver<'_> {
 
     /// Carries out what the topic gate decided, in order; a creation it no longer waits for
     /// is stopped.
-    async fn carry_out(&mut self, steps: Vec<Step>) {
+    async fn carry_out(&mut self, steps: Vec<Step<RoutedRecord, SinkError>>) {
         let mut handed_back = 0;
         for step in steps {
             match step {
