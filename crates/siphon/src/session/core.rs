@@ -107,7 +107,7 @@ pub enum Input {
     /// A lookup was answered.
     Answer(Answer),
     /// The replication connection is stalled (what was seen).
-    Stalled(String),
+    Stalled(siphon_source::stall::Seen),
     /// Stop reading, wait for what is in flight, then finish.
     Shutdown,
     /// Time passed (see [`SessionCore::next_timeout`]).
@@ -987,14 +987,14 @@ impl<'a> SessionCore<'a> {
         let probe = self.take_probe(seq);
         match error {
             // Refused at enqueue: this record alone is at fault.
-            SinkError::Definite(reason) => {
+            error @ SinkError::Definite(_) => {
                 Event::DeliveryFailed {
                     topic: &record.topic,
-                    error: &reason,
+                    error: &error,
                     kind: ProducerErrorKind::Definite,
                 }
                 .emit(&self.metrics);
-                self.on_refused(now, seq, record, RecordFault::Enqueue(reason), true)
+                self.on_refused(now, seq, record, RecordFault::Enqueue(error), true)
             }
             error @ (SinkError::Transient(_) | SinkError::RetiredStillReporting { .. }) => {
                 Event::RecordNotTaken {
