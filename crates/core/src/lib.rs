@@ -11,10 +11,12 @@
 pub mod backoff;
 pub mod consequence;
 mod in_flight;
+pub mod intervals;
 pub mod ledger;
 pub mod record;
 pub mod topic_gate;
 
 pub use backoff::Backoff;
 pub use consequence::Consequence;
+pub use intervals::Intervals;
 pub use record::Records;

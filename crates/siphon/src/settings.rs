@@ -242,6 +242,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         max_in_flight_bytes: config.pipeline.max_in_flight_bytes,
         shutdown_timeout: Duration::from_secs(config.pipeline.shutdown_timeout_secs),
         delivery_timeout,
+        intervals: siphon_core::Intervals::default(),
     })
 }
 

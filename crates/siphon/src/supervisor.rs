@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{error, info};
 
-/// A session that streamed this long resets the backoff.
-const HEALTHY_SESSION: Duration = Duration::from_secs(30);
-
 /// Runs until shutdown (Ok) or a definite error (Err).
 pub async fn supervise(
     settings: PipelineSettings,
@@ -26,13 +23,14 @@ pub async fn supervise(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let mut carry = Carry::default();
-    let mut backoff = Backoff::new(Duration::from_millis(500), max_backoff);
+    let intervals = settings.intervals;
+    let mut backoff = Backoff::new(intervals.reconnect_backoff, max_backoff);
     loop {
         let started = Instant::now();
         match run_session(&settings, &metrics, &mut carry, &mut shutdown).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
-                if started.elapsed() >= HEALTHY_SESSION {
+                if started.elapsed() >= intervals.healthy_session {
                     backoff.reset();
                 }
                 let delay = backoff.next_delay(rand::random::<f64>());

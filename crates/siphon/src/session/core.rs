@@ -152,6 +152,9 @@ pub struct CoreSettings<'a> {
     /// purged (nothing queued after the late record is sent by it), replaced, and everything
     /// unacknowledged sent again in order. `None`: no deadline.
     pub delivery_timeout: Option<Duration>,
+    /// The first and the longest pause between two producer replacements without a delivery
+    /// in between.
+    pub replacement_backoff: (Duration, Duration),
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -190,9 +193,9 @@ struct Pacer {
 }
 
 impl Pacer {
-    fn new() -> Self {
+    fn new((initial, max): (Duration, Duration)) -> Self {
         Pacer {
-            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
+            backoff: Backoff::new(initial, max),
             not_before: None,
             progress: true,
             jitter: 0x9E37_79B9_7F4A_7C15,
@@ -282,6 +285,7 @@ impl<'a> SessionCore<'a> {
         // records after it leaves the ledger's constant-time span.
         let span = 2 * settings.max_in_flight_records.max(1);
         let messages = MessageRows::new(settings.database_encoding.clone());
+        let pacer = Pacer::new(settings.replacement_backoff);
         SessionCore {
             settings,
             metrics,
@@ -295,7 +299,7 @@ impl<'a> SessionCore<'a> {
             fence: None,
             held: BTreeMap::new(),
             probing: None,
-            pacer: Pacer::new(),
+            pacer,
             producer_since: None,
             stopping: None,
             finished: false,

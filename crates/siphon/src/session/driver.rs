@@ -30,6 +30,7 @@ use crate::telemetry::Metrics;
 use futures::FutureExt as _;
 use pgoutput::Lsn;
 use siphon_core::topic_gate::{Creation as Outcome, Step, TopicGate};
+use siphon_core::Intervals;
 use siphon_kafka_sink::{BrokerProbe, Delivery, DeliveryObserver, KafkaSink, SinkError};
 use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
@@ -38,17 +39,9 @@ use siphon_source::MissingSlot;
 use siphon_source::ReplicationStream;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-/// How often, and for how long at most, the brokers are asked whether they answer.
-const PROBE_INTERVAL: Duration = Duration::from_secs(2);
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the driver logs progress, refreshes the slot metrics and checks for a stall.
-const TICK_INTERVAL: Duration = Duration::from_secs(5);
-/// The longest a catalog query or the status probe may take.
-const SQL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Source events handled per wake-up at most (between two looks at shutdown and the timers).
 const SOURCE_BATCH: usize = 256;
 /// Delivery reports handled per wake-up at most (the rest on the next turn, so reading and
@@ -56,12 +49,16 @@ const SOURCE_BATCH: usize = 256;
 const REPORT_BATCH: usize = 1024;
 
 /// Keeps the readiness flag in step with whether the brokers answer (until aborted).
-async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>) {
-    let mut interval = tokio::time::interval(PROBE_INTERVAL);
+async fn watch_brokers(
+    probe: BrokerProbe,
+    health: Arc<crate::telemetry::Health>,
+    intervals: Intervals,
+) {
+    let mut interval = tokio::time::interval(intervals.broker_probe);
     let mut reachable: Option<bool> = None;
     loop {
         interval.tick().await;
-        let now = probe.probe(PROBE_TIMEOUT).await;
+        let now = probe.probe(intervals.broker_probe_timeout).await;
         health.set_broker_reachable(now);
         // One line per change of state.
         match (reachable, now) {
@@ -236,6 +233,10 @@ pub async fn run_session(
             max_in_flight_bytes: settings.max_in_flight_bytes,
             shutdown_timeout: settings.shutdown_timeout,
             delivery_timeout: settings.delivery_timeout,
+            replacement_backoff: (
+                settings.intervals.replacement_backoff,
+                settings.intervals.replacement_backoff_max,
+            ),
         },
         Arc::clone(metrics),
         start,
@@ -244,7 +245,11 @@ pub async fn run_session(
     let mut driver = Driver {
         settings,
         metrics: Arc::clone(metrics),
-        probe: tokio::spawn(watch_brokers(sink.prober(), metrics.health())),
+        probe: tokio::spawn(watch_brokers(
+            sink.prober(),
+            metrics.health(),
+            settings.intervals,
+        )),
         sink,
         deliveries,
         stream,
@@ -314,7 +319,7 @@ struct Driver<'a> {
 
 impl Driver<'_> {
     async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), PipelineError> {
-        let mut tick = tokio::time::interval(TICK_INTERVAL);
+        let mut tick = tokio::time::interval(self.settings.intervals.status_tick);
         let mut shutdown_seen = false;
         loop {
             if let Some(result) = self.execute().await {
@@ -404,8 +409,11 @@ impl Driver<'_> {
                 Action::ReplaceProducer => match self.sink.rebuild() {
                     Ok(_) => {
                         self.probe.abort();
-                        self.probe =
-                            tokio::spawn(watch_brokers(self.sink.prober(), self.metrics.health()));
+                        self.probe = tokio::spawn(watch_brokers(
+                            self.sink.prober(),
+                            self.metrics.health(),
+                            self.settings.intervals,
+                        ));
                     }
                     Err(e) => self.core.handle(Now::read(), Input::SourceFailed(e.into())),
                 },
@@ -504,17 +512,18 @@ impl Driver<'_> {
         let inputs = self.inputs_tx.clone();
         let tables = self.settings.source.tables.clone();
         let publication = self.settings.source.publication.clone();
+        let sql_timeout = self.settings.intervals.sql_timeout;
         tokio::spawn(async move {
             let timed_out = || {
                 siphon_source::SourceError::Transient(format!(
                     "a catalog query took more than {}s",
-                    SQL_TIMEOUT.as_secs()
+                    sql_timeout.as_secs()
                 ))
             };
             let input = match lookup {
                 Lookup::NotNullColumns(relation) => {
                     let columns = tokio::time::timeout(
-                        SQL_TIMEOUT,
+                        sql_timeout,
                         sql.outbox_columns(&relation, &publication),
                     )
                     .await
@@ -523,7 +532,7 @@ impl Driver<'_> {
                 }
                 Lookup::OutboxRelation(relation) => {
                     let outbox = tokio::time::timeout(
-                        SQL_TIMEOUT,
+                        sql_timeout,
                         sql.outbox_relation_for(&relation, &tables, &publication),
                     )
                     .await
@@ -575,13 +584,14 @@ impl Driver<'_> {
         let membership = Arc::clone(&self.publication);
         let metrics = Arc::clone(&self.metrics);
         let inputs = self.inputs_tx.clone();
+        let status_tick = self.settings.intervals.status_tick;
         self.status_probe = Some(tokio::spawn(async move {
-            match tokio::time::timeout(TICK_INTERVAL, sql.retained_wal_bytes(&slot)).await {
+            match tokio::time::timeout(status_tick, sql.retained_wal_bytes(&slot)).await {
                 Ok(Ok(Some(bytes))) => metrics.set_slot_retained_wal_bytes(bytes),
                 Ok(_) => {}
                 Err(_) => warn!(
                     "the slot's retained WAL was not read within {}s; the SQL connection may be broken",
-                    TICK_INTERVAL.as_secs()
+                    status_tick.as_secs()
                 ),
             }
             // A dropped publication, or an outbox table taken out of it, silences the stream
@@ -589,7 +599,7 @@ impl Driver<'_> {
             // added back) since the last check: stop, naming the loss and the fix.
             let remembered = lock(&membership).clone();
             match tokio::time::timeout(
-                TICK_INTERVAL,
+                status_tick,
                 sql.verify_publication(&publication, &tables, &remembered),
             )
             .await

@@ -115,6 +115,8 @@ pub struct PipelineSettings {
     pub delivery_timeout: Option<Duration>,
     /// A stream silent this long while the server has newer WAL is reconnected.
     pub stall_timeout: Duration,
+    /// The fixed intervals and timeouts of the session and the supervisor.
+    pub intervals: siphon_core::Intervals,
 }
 
 /// State carried from one session to the next.

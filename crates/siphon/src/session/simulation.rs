@@ -407,6 +407,7 @@ fn session_core<'a>(
             // Short enough that stuck reports (the model's time jumps up to 2 s a step) overrun
             // it now and then: a purge and replacement forced by the session itself.
             delivery_timeout: Some(Duration::from_secs(5)),
+            replacement_backoff: (Duration::from_millis(200), Duration::from_secs(30)),
         },
         metrics,
         start,
