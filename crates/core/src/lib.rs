@@ -10,6 +10,7 @@
 
 pub mod backoff;
 pub mod consequence;
+pub mod flow;
 mod in_flight;
 pub mod intervals;
 pub mod ledger;
@@ -18,5 +19,6 @@ pub mod topic_gate;
 
 pub use backoff::Backoff;
 pub use consequence::Consequence;
+pub use flow::{Flow, Now};
 pub use intervals::Intervals;
 pub use record::Records;

@@ -14,8 +14,8 @@
 //!   driver carries out its [`Step`]s); so unreachable brokers hold up neither delivery
 //!   reports, nor the delivery deadline, nor shutdown, nor the status updates that keep the
 //!   replication connection alive.
-//! - Records waiting for a topic count as handed to the producer: a purge hands them back as
-//!   purged, like the producer's own queue, and stops their topic's creation; so a replacement
+//! - Records waiting for a topic count as handed to the producer: a purge hands them back
+//!   ([`Input::Purged`]), like the producer's own queue, and stops their topic's creation; so a replacement
 //!   never leaves one behind. A creation that failed for now hands back the record it was for
 //!   as not taken ([`Input::SendRefused`], which fails the producer) and the records after it
 //!   as purged; one refused for good refuses each record of its topic, as at enqueue.
@@ -23,7 +23,7 @@
 //!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
-use super::Routed;
+use super::RoutedKind;
 use super::{Carry, PipelineSettings, SeenPublication};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
@@ -31,7 +31,7 @@ use futures::FutureExt as _;
 use pgoutput::Lsn;
 use siphon_core::topic_gate::{Creation as Outcome, Step, TopicGate};
 use siphon_core::Intervals;
-use siphon_kafka_sink::{BrokerProbe, Delivery, DeliveryObserver, KafkaSink, SinkError};
+use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink, SinkError};
 use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
 use siphon_source::Membership;
@@ -89,7 +89,7 @@ type Created = (u64, String, Result<(), SinkError>);
 /// Records the core sent that wait for a topic to be created ([`TopicGate`] decides), and the
 /// creation they wait for, run beside the loop.
 struct Waiting {
-    gate: TopicGate<Routed>,
+    gate: TopicGate<RoutedKind>,
     creation: Option<Creation>,
     created_tx: mpsc::UnboundedSender<Created>,
     created: mpsc::UnboundedReceiver<Created>,
@@ -488,11 +488,8 @@ impl Driver<'_> {
                 } => self.refused(token, record, error),
                 Step::HandBack { token, record } => {
                     handed_back += 1;
-                    let generation = self.sink.generation();
-                    self.core.handle(
-                        Now::read(),
-                        Input::Delivery(Delivery::purged(token, generation, record)),
-                    );
+                    self.core
+                        .handle(Now::read(), Input::Purged { token, record });
                 }
             }
         }

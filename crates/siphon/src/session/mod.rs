@@ -33,9 +33,9 @@ pub use driver::run_session;
 
 /// The router's records, as the core sees them.
 #[derive(Debug)]
-pub struct Routed;
+pub struct RoutedKind;
 
-impl siphon_core::Records for Routed {
+impl siphon_core::Records for RoutedKind {
     type Record = siphon_router::RoutedRecord;
 
     fn topic(record: &Self::Record) -> &str {
