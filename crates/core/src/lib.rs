@@ -8,6 +8,7 @@
 //!   (`cargo tree -p siphon-core -e normal` shows only pure crates).
 //! - Time is a parameter: nothing here reads a clock.
 
+pub mod assembly;
 pub mod backoff;
 pub mod consequence;
 pub mod flow;
