@@ -637,3 +637,199 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
         self.actions.push_back(Action::Confirm(lsn));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Records of the tests: their number; one topic, one byte each.
+    struct Numbered;
+
+    impl Records for Numbered {
+        type Record = u64;
+        fn topic(_: &u64) -> &str {
+            "t"
+        }
+        fn size(_: &u64) -> usize {
+            1
+        }
+    }
+
+    type TestFlow = Flow<Numbered, &'static str, String, ()>;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn flow() -> TestFlow {
+        Flow::new(
+            FlowSettings {
+                max_in_flight_records: 4,
+                max_in_flight_bytes: usize::MAX,
+                shutdown_timeout: Duration::from_secs(10),
+                delivery_timeout: Some(TIMEOUT),
+                replacement_backoff: (Duration::from_millis(200), Duration::from_secs(2)),
+                dead_letters: false,
+            },
+            Lsn(0),
+        )
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A transaction of this many records, if the window has room.
+        Txn(u8),
+        /// The producer acknowledges its oldest record.
+        Ack,
+        /// The producer fails its oldest record (and, gap-less, everything after it).
+        Fail,
+        /// Time passes (milliseconds).
+        Wait(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..3u8).prop_map(Op::Txn),
+            4 => Just(Op::Ack),
+            1 => Just(Op::Fail),
+            2 => (1..4_000u16).prop_map(Op::Wait),
+        ]
+    }
+
+    /// The modelled producer and what the flow asked of it.
+    #[derive(Default)]
+    struct Producer {
+        /// (token, record) handed to the current producer, not reported yet.
+        with: VecDeque<(usize, u64)>,
+        /// The first delivery of each record, in order.
+        delivered: Vec<u64>,
+        confirmed: Lsn,
+        overdue: usize,
+    }
+
+    impl Producer {
+        /// Carries out the flow's actions; `ends`: each record's transaction end.
+        fn run(
+            &mut self,
+            flow: &mut TestFlow,
+            now: Now,
+            ends: &BTreeMap<u64, Lsn>,
+        ) -> Result<(), TestCaseError> {
+            while let Some(action) = flow.poll_action() {
+                match action {
+                    Action::Send { token, record } => self.with.push_back((token, record)),
+                    Action::Confirm(lsn) => {
+                        prop_assert!(lsn >= self.confirmed, "confirmed backwards");
+                        // Every record of a transaction at or before it was delivered.
+                        for (record, end) in ends {
+                            prop_assert!(
+                                *end > lsn || self.delivered.contains(record),
+                                "confirmed {lsn} past undelivered record {record}"
+                            );
+                        }
+                        self.confirmed = lsn;
+                    }
+                    Action::PurgeProducer => {
+                        for (token, record) in std::mem::take(&mut self.with) {
+                            flow.outcome(Outcome::Purged { token, record })
+                                .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+                        }
+                        flow.after(now);
+                    }
+                    Action::ReplaceProducer => {
+                        prop_assert!(self.with.is_empty(), "replaced with records unreported");
+                    }
+                    Action::Overdue { .. } => self.overdue += 1,
+                    Action::Replacing { .. } | Action::Other(()) => {}
+                    Action::Finish(result) => {
+                        prop_assert!(result.is_ok(), "{result:?}");
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Whatever the interleaving of transactions, acknowledgements, producer failures and
+        /// time: the watermark never passes an undelivered record, a producer is replaced only
+        /// once all its records reported, records are first delivered in order, an overdue
+        /// record purges the producer, and with the faults over everything is confirmed.
+        #[test]
+        fn the_flow_keeps_its_promises(ops in proptest::collection::vec(op(), 1..80)) {
+            let mut flow = flow();
+            let mut producer = Producer::default();
+            let mut now = Now::read();
+            let mut ends = BTreeMap::new();
+            let mut next_record = 0u64;
+            let mut lsn = 100u64;
+            let mut last_end = Lsn(0);
+            for op in ops {
+                match op {
+                    Op::Txn(n) => {
+                        if !flow.can_read() {
+                            continue;
+                        }
+                        let txn = flow.begin(Lsn(lsn), 0).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        for _ in 0..n {
+                            flow.send_new(now, txn, next_record).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            ends.insert(next_record, Lsn(lsn + 50));
+                            next_record += 1;
+                        }
+                        flow.commit(Lsn(lsn + 50)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        last_end = Lsn(lsn + 50);
+                        lsn += 100;
+                    }
+                    Op::Ack => {
+                        if let Some((token, record)) = producer.with.pop_front() {
+                            if !producer.delivered.contains(&record) {
+                                producer.delivered.push(record);
+                            }
+                            flow.delivered(token).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        }
+                    }
+                    Op::Fail => {
+                        for (token, record) in std::mem::take(&mut producer.with) {
+                            flow.outcome(Outcome::Failed { token, record, replace: true })
+                                .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+                        }
+                    }
+                    Op::Wait(ms) => {
+                        let overdue = flow
+                            .delivery_deadline()
+                            .is_some_and(|d| now.instant + Duration::from_millis(ms.into()) >= d);
+                        now.instant += Duration::from_millis(ms.into());
+                        now.wall += Duration::from_millis(ms.into());
+                        let before = producer.overdue;
+                        flow.after(now);
+                        producer.run(&mut flow, now, &ends)?;
+                        prop_assert_eq!(producer.overdue > before, overdue, "overdue when due, only then");
+                        continue;
+                    }
+                }
+                flow.after(now);
+                producer.run(&mut flow, now, &ends)?;
+            }
+            // Faults over: acknowledge everything, letting time pass for replacements.
+            for _ in 0..1_000 {
+                if let Some((token, record)) = producer.with.pop_front() {
+                    if !producer.delivered.contains(&record) {
+                        producer.delivered.push(record);
+                    }
+                    flow.delivered(token).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                } else {
+                    now.instant += Duration::from_millis(500);
+                }
+                flow.after(now);
+                producer.run(&mut flow, now, &ends)?;
+            }
+            prop_assert!(producer.with.is_empty());
+            let mut sorted = producer.delivered.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(&producer.delivered, &sorted, "first deliveries out of order");
+            prop_assert_eq!(producer.delivered.len() as u64, next_record);
+            prop_assert_eq!(flow.watermark(), last_end);
+        }
+    }
+}
