@@ -1,24 +1,23 @@
 //! The session core: a pure state machine between the replication stream and the producer.
 //!
-//! It takes [`Input`]s (a source event, a delivery report, a catalog answer, a tick, a shutdown
-//! request), each with the current time, and queues [`Action`]s (send a record, confirm a
-//! position, look something up, purge or replace the producer, finish). It does no IO and reads
-//! no clock: the driver ([`super::driver`]) does both, and the simulation tests drive it with
-//! seeded interleavings.
+//! It takes [`Input`]s (a source event, a delivery report, records handed back by a purge, a
+//! catalog answer, a tick, a shutdown request), each with the current time, and queues
+//! [`Action`]s (send a record, confirm a position, look something up, purge or replace the
+//! producer, finish). It does no IO and reads no clock: the driver ([`super::driver`]) does
+//! both, and the simulation tests drive it with seeded interleavings.
+//!
+//! This layer decides what becomes of each row (binding, routing, skipping, dead letters) and
+//! maps the producer's reports into `siphon_core`'s [`Outcome`]s; everything about delivery
+//! (the ledger, the fence, the delivery deadline, replacement pacing, the stop) is decided by
+//! [`siphon_core::Flow`], whose invariants are stated there.
 //!
 //! # Invariants
-//! - The only position ever confirmed is the [`Ledger`] watermark.
-//! - The stream is read only while the window has room, no catalog lookup is outstanding, no
-//!   fence is up and the session is not stopping ([`SessionCore::can_read`]).
-//! - **Fence.** When a record fails (the producer failed, or the broker refused it), nothing new
-//!   is sent until every record handed to the producer has reported; the failed ones are then
-//!   sent again in their original order (a record the broker refused is sent *alone*, to tell a
-//!   guilty record from the innocent ones that shared its batch); only then does reading resume.
-//!   With librdkafka's gap-less idempotence, a failure also stops the failed producer from
-//!   writing anything after it, so the first delivery of every record of a partition is in send
-//!   order, across producer replacement.
-//! - A producer is replaced only after all its records reported, and replacements without a
-//!   delivery in between back off (capped, with jitter): no loop without backoff.
+//! - The only position ever confirmed is the ledger's watermark (the flow's).
+//! - The stream is read only while no catalog lookup is outstanding and the flow can take more
+//!   (window room, no fence, not stopping: [`SessionCore::can_read`]).
+//! - With librdkafka's gap-less idempotence, a failure stops the failed producer from writing
+//!   anything after it, so with the flow's fence the first delivery of every record of a
+//!   partition is in send order, across producer replacement.
 //! - A row is routed, skipped by a documented rule (DELETE, UPDATE, another table),
 //!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
 //!   the fix: never dropped silently.
