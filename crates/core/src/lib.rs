@@ -8,6 +8,18 @@
 //!   (`cargo tree -p siphon-core -e normal` shows only pure crates).
 //! - Time is a parameter: nothing here reads a clock.
 
+pub mod assembly;
+pub mod backoff;
 pub mod consequence;
+pub mod flow;
+mod in_flight;
+pub mod intervals;
+pub mod ledger;
+pub mod record;
+pub mod topic_gate;
 
+pub use backoff::Backoff;
 pub use consequence::Consequence;
+pub use flow::{Flow, Now};
+pub use intervals::Intervals;
+pub use record::Records;

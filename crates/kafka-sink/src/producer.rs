@@ -54,23 +54,6 @@ pub struct Delivery {
     pub result: Result<Delivered, Box<DeliveryFailure>>,
 }
 
-impl Delivery {
-    /// The report of a record that was never handed to a producer (it waited for its topic to
-    /// be created), given back as a purge of `generation` gives back the records it queued:
-    /// failed with `PurgeQueue`, to be sent again on the replacement.
-    pub fn purged(token: usize, generation: u64, record: RoutedRecord) -> Self {
-        let error = KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue);
-        Delivery {
-            token,
-            generation,
-            result: Err(Box::new(DeliveryFailure {
-                error: DeliveryError::from_kafka(&record.topic, &error),
-                record,
-            })),
-        }
-    }
-}
-
 /// A record that was not delivered, with a copy of it (taken only on failure) so that it can
 /// be dead-lettered.
 #[derive(Debug, Clone)]
@@ -615,15 +598,6 @@ mod tests {
             timestamp_ms: None,
             partition: None,
         }
-    }
-
-    #[test]
-    fn a_record_never_handed_to_the_producer_comes_back_as_purged() {
-        let delivery = Delivery::purged(7, 3, record(1));
-        assert_eq!((delivery.token, delivery.generation), (7, 3));
-        let failure = delivery.result.expect_err("purged");
-        assert_eq!(failure.error.consequence(), Consequence::ProducerFailed);
-        assert_eq!(failure.record.key, record(1).key);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,13 +4,17 @@
 //! # Invariants
 //! - Every error keeps the typed error it came from (source, sink, router, ledger): nothing is
 //!   flattened into a string, so its classification travels with it.
-//! - [`PipelineError::consequence`] is the only place that decides whether to reconnect.
+//! - [`PipelineError::consequence`] is the only place that decides whether to reconnect; it
+//!   speaks [`siphon_core::Consequence`], the one vocabulary every error maps into.
+//! - No variant carries a bare message: each keeps typed fields, rendered by `Display`.
 
 use crate::session::ledger::LedgerError;
 use crate::telemetry::ReconnectCause;
 use pgoutput::Lsn;
+use siphon_core::Consequence;
 use siphon_kafka_sink::{Refusal, SinkError};
 use siphon_router::RouteError;
+use siphon_source::stall::Seen;
 use siphon_source::SourceError;
 use std::fmt;
 
@@ -20,7 +24,7 @@ pub enum RecordFault {
     /// The broker refused it (delivery report).
     Broker(Refusal),
     /// The producer refused to enqueue it (too large for `message.max.bytes` ...), or the broker
-    /// refused to create its topic ([`SinkError::refuses_record`]).
+    /// refused to create its topic ([`SinkError::refuses_record`]): the producer's error.
     Enqueue(SinkError),
 }
 
@@ -65,7 +69,7 @@ pub enum PipelineError {
     NonTransactionalMessage { prefix: String, lsn: Lsn },
     /// The replication connection makes no progress (what was seen).
     #[error("replication connection stalled: {0}")]
-    Stalled(String),
+    Stalled(Seen),
     /// The server ended the replication stream.
     #[error("replication stream ended")]
     StreamEnded,
@@ -78,49 +82,33 @@ pub enum PipelineError {
     Ledger(#[from] LedgerError),
 }
 
-/// What an error means for the process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Consequence {
-    /// Reconnect (with backoff) from the acknowledged position; the cause is counted.
-    Transient(ReconnectCause),
-    /// The operator must change something; the message says what.
-    Definite,
-    /// A bug in Siphon: stop, saying so.
-    Bug,
-}
-
 impl PipelineError {
     /// What the error means for the process.
     pub fn consequence(&self) -> Consequence {
         match self {
-            PipelineError::Source(e) if e.is_transient() => {
-                Consequence::Transient(ReconnectCause::Source)
-            }
-            PipelineError::Sink(e) if e.is_transient() => {
-                Consequence::Transient(ReconnectCause::Sink)
-            }
-            PipelineError::Stalled(_) | PipelineError::StreamEnded => {
-                Consequence::Transient(ReconnectCause::Source)
-            }
-            PipelineError::Recorded(e) if e.consequence().is_retry() => {
-                Consequence::Transient(ReconnectCause::Sink)
-            }
+            PipelineError::Source(e) if e.is_transient() => Consequence::Retry,
+            PipelineError::Sink(e) if e.is_transient() => Consequence::Retry,
+            PipelineError::Stalled(_) | PipelineError::StreamEnded => Consequence::Retry,
+            PipelineError::Recorded(e) if e.consequence().is_retry() => Consequence::Retry,
             PipelineError::Ledger(_) => Consequence::Bug,
-            _ => Consequence::Definite,
+            _ => Consequence::Fix,
         }
     }
 
     /// Whether the supervisor should reconnect.
     pub fn is_transient(&self) -> bool {
-        matches!(self.consequence(), Consequence::Transient(_))
+        self.consequence().is_retry()
     }
 
-    /// Which side failed, for a transient error.
+    /// Which side failed, for an error that is retried (the reconnect's cause in telemetry).
     pub fn cause(&self) -> Option<ReconnectCause> {
-        match self.consequence() {
-            Consequence::Transient(cause) => Some(cause),
-            _ => None,
+        if !self.is_transient() {
+            return None;
         }
+        Some(match self {
+            PipelineError::Sink(_) | PipelineError::Recorded(_) => ReconnectCause::Sink,
+            _ => ReconnectCause::Source,
+        })
     }
 }
 
@@ -133,12 +121,11 @@ mod tests {
         let transient = PipelineError::from(SourceError::from(
             siphon_source::error::Interruption::StreamEnded,
         ));
-        assert_eq!(
-            transient.consequence(),
-            Consequence::Transient(ReconnectCause::Source)
-        );
+        assert_eq!(transient.consequence(), Consequence::Retry);
+        assert_eq!(transient.cause(), Some(ReconnectCause::Source));
         let definite = PipelineError::from(SourceError::Definite("no wal_level".into()));
-        assert_eq!(definite.consequence(), Consequence::Definite);
+        assert_eq!(definite.consequence(), Consequence::Fix);
+        assert_eq!(definite.cause(), None);
         assert_eq!(
             PipelineError::from(SinkError::Kafka {
                 operation: siphon_kafka_sink::Operation::CreateTopic,
@@ -148,7 +135,12 @@ mod tests {
             .cause(),
             Some(ReconnectCause::Sink)
         );
-        assert!(PipelineError::Stalled("silent".into()).is_transient());
+        let seen = Seen {
+            what: "walsender 7 waits".into(),
+            silence: std::time::Duration::from_secs(60),
+            server_flush_lsn: None,
+        };
+        assert!(PipelineError::Stalled(seen).is_transient());
         assert_eq!(
             PipelineError::from(LedgerError::NoOpenTransaction).consequence(),
             Consequence::Bug

@@ -9,43 +9,11 @@
 use crate::error::PipelineError;
 use crate::session::{run_session, Carry, PipelineSettings};
 use crate::telemetry::{Event, Metrics, ReconnectCause};
+use siphon_core::Backoff;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{error, info};
-
-/// Backoff between reconnection attempts.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    current: Duration,
-}
-
-impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        Backoff {
-            initial,
-            max: max.max(initial),
-            current: initial,
-        }
-    }
-
-    /// The next delay: the current step with up to 50% random jitter; the step doubles up to
-    /// the cap. `unit` in `[0, 1)` is the jitter draw (a parameter so the schedule is testable).
-    pub fn next_delay(&mut self, unit: f64) -> Duration {
-        let step = self.current;
-        self.current = (self.current * 2).min(self.max);
-        step.mul_f64(1.0 + 0.5 * unit.clamp(0.0, 1.0)).min(self.max)
-    }
-
-    pub fn reset(&mut self) {
-        self.current = self.initial;
-    }
-}
-
-/// A session that streamed this long resets the backoff.
-const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
 /// Runs until shutdown (Ok) or a definite error (Err).
 pub async fn supervise(
@@ -55,13 +23,14 @@ pub async fn supervise(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let mut carry = Carry::default();
-    let mut backoff = Backoff::new(Duration::from_millis(500), max_backoff);
+    let intervals = settings.intervals;
+    let mut backoff = Backoff::new(intervals.reconnect_backoff, max_backoff);
     loop {
         let started = Instant::now();
         match run_session(&settings, &metrics, &mut carry, &mut shutdown).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
-                if started.elapsed() >= HEALTHY_SESSION {
+                if started.elapsed() >= intervals.healthy_session {
                     backoff.reset();
                 }
                 let delay = backoff.next_delay(rand::random::<f64>());
@@ -84,33 +53,6 @@ pub async fn supervise(
                 error!(error = %e, "stopping");
                 return Err(e);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_the_cap_with_bounded_jitter() {
-        let mut b = Backoff::new(Duration::from_millis(500), Duration::from_secs(4));
-        let no_jitter: Vec<_> = (0..6).map(|_| b.next_delay(0.0)).collect();
-        assert_eq!(
-            no_jitter,
-            [500, 1000, 2000, 4000, 4000, 4000]
-                .map(Duration::from_millis)
-                .to_vec()
-        );
-        b.reset();
-        let jittered = b.next_delay(0.999);
-        assert!(jittered >= Duration::from_millis(500) && jittered <= Duration::from_millis(750));
-        b.reset();
-        for _ in 0..10 {
-            assert!(
-                b.next_delay(0.99) <= Duration::from_secs(4),
-                "jitter never exceeds the cap"
-            );
         }
     }
 }

@@ -42,7 +42,7 @@ impl Catalog {
         &self,
         check: crate::stream::StallCheck,
         timeout: std::time::Duration,
-    ) -> Result<Option<String>, SourceError> {
+    ) -> Result<Option<crate::stall::Seen>, SourceError> {
         check.run(&self.client, timeout).await
     }
 

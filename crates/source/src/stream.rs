@@ -49,13 +49,13 @@ impl StallCheck {
         self,
         sql: &tokio_postgres::Client,
         timeout: Duration,
-    ) -> Result<Option<String>, SourceError> {
+    ) -> Result<Option<crate::stall::Seen>, SourceError> {
         let mut watch = self.watch.lock().await;
         match watch
             .check(sql, &self.slot, self.silence, timeout, self.received)
             .await?
         {
-            Verdict::Stalled(seen) => Ok(Some(seen.to_string())),
+            Verdict::Stalled(seen) => Ok(Some(seen)),
             Verdict::ServerBusy(seen) | Verdict::CaughtUp(seen) => {
                 debug!(%seen, "replication stream silent, not stalled");
                 Ok(None)

@@ -1,38 +1,37 @@
 //! The session core: a pure state machine between the replication stream and the producer.
 //!
-//! It takes [`Input`]s (a source event, a delivery report, a catalog answer, a tick, a shutdown
-//! request), each with the current time, and queues [`Action`]s (send a record, confirm a
-//! position, look something up, purge or replace the producer, finish). It does no IO and reads
-//! no clock: the driver ([`super::driver`]) does both, and the simulation tests drive it with
-//! seeded interleavings.
+//! It takes [`Input`]s (a source event, a delivery report, records handed back by a purge, a
+//! catalog answer, a tick, a shutdown request), each with the current time, and queues
+//! [`Action`]s (send a record, confirm a position, look something up, purge or replace the
+//! producer, finish). It does no IO and reads no clock: the driver ([`super::driver`]) does
+//! both, and the simulation tests drive it with seeded interleavings.
+//!
+//! This layer decides what becomes of each row (binding, routing, skipping, dead letters) and
+//! maps the producer's reports into `siphon_core`'s [`Outcome`]s; everything about delivery
+//! (the ledger, the fence, the delivery deadline, replacement pacing, the stop) is decided by
+//! [`siphon_core::Flow`], whose invariants are stated there.
 //!
 //! # Invariants
-//! - The only position ever confirmed is the [`Ledger`] watermark.
-//! - The stream is read only while the window has room, no catalog lookup is outstanding, no
-//!   fence is up and the session is not stopping ([`SessionCore::can_read`]).
-//! - **Fence.** When a record fails (the producer failed, or the broker refused it), nothing new
-//!   is sent until every record handed to the producer has reported; the failed ones are then
-//!   sent again in their original order (a record the broker refused is sent *alone*, to tell a
-//!   guilty record from the innocent ones that shared its batch); only then does reading resume.
-//!   With librdkafka's gap-less idempotence, a failure also stops the failed producer from
-//!   writing anything after it, so the first delivery of every record of a partition is in send
-//!   order, across producer replacement.
-//! - A producer is replaced only after all its records reported, and replacements without a
-//!   delivery in between back off (capped, with jitter): no loop without backoff.
+//! - The only position ever confirmed is the ledger's watermark (the flow's).
+//! - The stream is read only while no catalog lookup is outstanding and the flow can take more
+//!   (window room, no fence, not stopping: [`SessionCore::can_read`]).
+//! - With librdkafka's gap-less idempotence, a failure stops the failed producer from writing
+//!   anything after it, so with the flow's fence the first delivery of every record of a
+//!   partition is in send order, across producer replacement.
 //! - A row is routed, skipped by a documented rule (DELETE, UPDATE, another table),
 //!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
 //!   the fix: never dropped silently.
 
-use super::ledger::{Ledger, LedgerError, Seq, TxnId};
+use super::ledger::{LedgerError, TxnId};
 use super::message::MessageRows;
-use super::{NonTransactionalPolicy, Routers};
+use super::{NonTransactionalPolicy, RoutedKind, Routers};
 use crate::dead_letter::Stage;
 use crate::error::{PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
-use crate::supervisor::Backoff;
 use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
+use siphon_core::flow::{self, Flow, FlowError, FlowSettings, Outcome, ToDeadLetter};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_router::{
@@ -40,29 +39,12 @@ use siphon_router::{
 };
 use siphon_source::queries::OutboxColumns;
 use siphon_source::{DatabaseEncoding, RowChange, SourceError, SourceEvent, TableName};
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
-use tracing::{debug, info, warn};
+use std::time::{Duration, Instant};
+use tracing::{debug, info};
 
-/// The current time, as the driver read it.
-#[derive(Debug, Clone, Copy)]
-pub struct Now {
-    /// For timers (shutdown deadline, producer replacement backoff).
-    pub instant: Instant,
-    /// For commit-to-acknowledgement latency (commit times are wall-clock times).
-    pub wall: SystemTime,
-}
-
-impl Now {
-    /// The machine's clocks.
-    pub fn read() -> Self {
-        Now {
-            instant: Instant::now(),
-            wall: SystemTime::now(),
-        }
-    }
-}
+pub use siphon_core::Now;
 
 /// A catalog lookup the core needs answered before it reads on.
 #[derive(Debug, Clone)]
@@ -98,6 +80,9 @@ pub enum Input {
     SourceFailed(PipelineError),
     /// The producer reported a record.
     Delivery(Delivery),
+    /// A purge of the producer handed back a record it had not taken yet (one waiting for its
+    /// topic to be created): sent again on the replacement.
+    Purged { token: usize, record: RoutedRecord },
     /// The producer refused to take a record ([`Action::Send`] failed).
     SendRefused {
         token: usize,
@@ -107,7 +92,7 @@ pub enum Input {
     /// A lookup was answered.
     Answer(Answer),
     /// The replication connection is stalled (what was seen).
-    Stalled(String),
+    Stalled(siphon_source::stall::Seen),
     /// Stop reading, wait for what is in flight, then finish.
     Shutdown,
     /// Time passed (see [`SessionCore::next_timeout`]).
@@ -152,6 +137,9 @@ pub struct CoreSettings<'a> {
     /// purged (nothing queued after the late record is sent by it), replaced, and everything
     /// unacknowledged sent again in order. `None`: no deadline.
     pub delivery_timeout: Option<Duration>,
+    /// The first and the longest pause between two producer replacements without a delivery
+    /// in between.
+    pub replacement_backoff: (Duration, Duration),
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -163,65 +151,11 @@ enum Binding<'a> {
     Unbindable(RouteError),
 }
 
-/// A record taken back from the producer, to be sent again when the fence allows.
-struct Held {
-    record: RoutedRecord,
-    /// The broker refused it (why), perhaps only because it shared a batch with a record the
-    /// broker refuses: it is sent alone next.
-    refused: Option<RecordFault>,
-}
-
-/// Nothing new is sent while a fence is up.
-#[derive(Debug, Clone, Copy)]
-struct Fence {
-    /// The producer must be replaced before anything is sent again.
-    replace: bool,
-    /// The producer was asked to purge (once per fence).
-    purged: bool,
-}
-
-/// Replacement pacing: replacements without a delivery in between back off.
-struct Pacer {
-    backoff: Backoff,
-    not_before: Option<Instant>,
-    /// A record was delivered (or dead-lettered) since the last replacement.
-    progress: bool,
-    jitter: u64,
-}
-
-impl Pacer {
-    fn new() -> Self {
-        Pacer {
-            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
-            not_before: None,
-            progress: true,
-            jitter: 0x9E37_79B9_7F4A_7C15,
-        }
-    }
-
-    /// Whether a replacement may happen at `now`; if so, books it.
-    fn try_book(&mut self, now: Instant) -> bool {
-        if self.progress {
-            self.backoff.reset();
-            self.not_before = None;
-        }
-        if self.not_before.is_some_and(|t| now < t) {
-            return false;
-        }
-        // A small deterministic jitter source (xorshift): the core reads no randomness.
-        self.jitter ^= self.jitter << 13;
-        self.jitter ^= self.jitter >> 7;
-        self.jitter ^= self.jitter << 17;
-        let unit = (self.jitter >> 11) as f64 / (1u64 << 53) as f64;
-        self.not_before = Some(now + self.backoff.next_delay(unit));
-        self.progress = false;
-        true
-    }
-}
-
-struct Stopping {
-    deadline: Instant,
-    result: Result<(), PipelineError>,
+/// The session's own actions, kept in order with the flow's.
+#[derive(Debug)]
+enum Own {
+    Lookup(Lookup),
+    ForgetRelation(Oid),
 }
 
 /// Counts with the counters of `topic` from `cache`, taken from `metrics` the first time
@@ -245,7 +179,8 @@ fn count_topic(
 pub struct SessionCore<'a> {
     settings: CoreSettings<'a>,
     metrics: Arc<Metrics>,
-    ledger: Ledger,
+    /// Records between the stream and the producer: ledger, fence, deadline, stop.
+    flow: Flow<RoutedKind, RecordFault, PipelineError, Own>,
     /// By relation OID, with an integer hasher (one lookup per row change).
     bindings: FxHashMap<Oid, Binding<'a>>,
     /// Logical messages of outbox prefixes, as rows of synthetic relations.
@@ -255,19 +190,6 @@ pub struct SessionCore<'a> {
     txn: Option<TxnId>,
     /// Its Begin: commit LSN, transaction id and commit time (for the source position).
     begin: (Lsn, u32, i64),
-    /// Records handed to the producer whose report has not arrived.
-    with_producer: usize,
-    fence: Option<Fence>,
-    held: BTreeMap<Seq, Held>,
-    /// The refused record being sent alone, and why it was refused.
-    probing: Option<(Seq, RecordFault)>,
-    pacer: Pacer,
-    /// When the current producer was put in place (`None`: the session's first producer); a
-    /// record sent again is timed from here, not from its first hand-over.
-    producer_since: Option<Instant>,
-    stopping: Option<Stopping>,
-    finished: bool,
-    actions: VecDeque<Action>,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
     topics: FxHashMap<String, TopicMetrics>,
     /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
@@ -278,28 +200,27 @@ pub struct SessionCore<'a> {
 impl<'a> SessionCore<'a> {
     /// A session resuming at `start` (everything before it is delivered).
     pub fn new(settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
-        // Twice the window: only a record whose report is later than a window's worth of
-        // records after it leaves the ledger's constant-time span.
-        let span = 2 * settings.max_in_flight_records.max(1);
         let messages = MessageRows::new(settings.database_encoding.clone());
+        let flow = Flow::new(
+            FlowSettings {
+                max_in_flight_records: settings.max_in_flight_records,
+                max_in_flight_bytes: settings.max_in_flight_bytes,
+                shutdown_timeout: settings.shutdown_timeout,
+                delivery_timeout: settings.delivery_timeout,
+                replacement_backoff: settings.replacement_backoff,
+                dead_letters: matches!(settings.on_error, ErrorPolicy::DeadLetter(_)),
+            },
+            start,
+        );
         SessionCore {
             settings,
             metrics,
-            ledger: Ledger::with_span(start, span),
+            flow,
             bindings: FxHashMap::default(),
             messages,
             awaiting_lookup: false,
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
-            with_producer: 0,
-            fence: None,
-            held: BTreeMap::new(),
-            probing: None,
-            pacer: Pacer::new(),
-            producer_since: None,
-            stopping: None,
-            finished: false,
-            actions: VecDeque::new(),
             topics: FxHashMap::default(),
             oldest_reported: None,
         }
@@ -307,202 +228,102 @@ impl<'a> SessionCore<'a> {
 
     /// Whether the driver may read the next source event.
     pub fn can_read(&self) -> bool {
-        !self.finished
-            && self.stopping.is_none()
-            && self.fence.is_none()
-            && !self.awaiting_lookup
-            && self.ledger.records() < self.settings.max_in_flight_records.max(1)
-            && self.ledger.bytes() < self.settings.max_in_flight_bytes.max(1)
+        !self.awaiting_lookup && self.flow.can_read()
     }
 
     /// When the core wants an [`Input::Tick`] at the latest.
     pub fn next_timeout(&self) -> Option<Instant> {
-        let rebuild = self.fence.filter(|f| f.replace).and(self.pacer.not_before);
-        let stop = self.stopping.as_ref().map(|s| s.deadline);
-        [rebuild, stop, self.delivery_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-
-    /// When the oldest record with the producer is overdue, if a deadline applies now.
-    fn delivery_deadline(&self) -> Option<Instant> {
-        let timeout = self.settings.delivery_timeout?;
-        if self.fence.is_some() || self.stopping.is_some() || self.with_producer == 0 {
-            return None;
-        }
-        let oldest = self.ledger.oldest_sent()?;
-        let since = self.producer_since.map_or(oldest, |p| p.max(oldest));
-        Some(since + timeout)
+        self.flow.next_timeout()
     }
 
     /// The next action, in order.
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        loop {
+            return Some(match self.flow.poll_action()? {
+                flow::Action::Send { token, record } => Action::Send { token, record },
+                flow::Action::Confirm(lsn) => Action::Confirm(lsn),
+                flow::Action::PurgeProducer => Action::PurgeProducer,
+                flow::Action::ReplaceProducer => Action::ReplaceProducer,
+                flow::Action::Finish(result) => Action::Finish(result),
+                flow::Action::Other(Own::Lookup(lookup)) => Action::Lookup(lookup),
+                flow::Action::Other(Own::ForgetRelation(oid)) => Action::ForgetRelation(oid),
+                flow::Action::Replacing { resend } => {
+                    Event::ProducerReplaced { resend }.emit(&self.metrics);
+                    continue;
+                }
+                flow::Action::Overdue { unacked } => {
+                    Event::DeliveryOverdue { unacked }.emit(&self.metrics);
+                    continue;
+                }
+            });
+        }
     }
 
     /// Whether [`Action::Finish`] was emitted.
     pub fn is_finished(&self) -> bool {
-        self.finished
+        self.flow.is_finished()
     }
 
     /// The acknowledged position (what the next session may resume from).
     pub fn watermark(&self) -> Lsn {
-        self.ledger.watermark()
+        self.flow.watermark()
     }
 
     /// Records in flight and their bytes (the window).
     pub fn in_flight(&self) -> (usize, usize) {
-        (self.ledger.records(), self.ledger.bytes())
+        self.flow.in_flight()
     }
 
     /// Transactions the ledger keeps.
     pub fn pending_transactions(&self) -> usize {
-        self.ledger.transactions()
+        self.flow.pending_transactions()
     }
 
     /// Records given up this session (not delivered before it stopped).
     pub fn abandoned(&self) -> u64 {
-        self.ledger.abandoned()
+        self.flow.abandoned()
     }
 
     /// Records taken back from the producer and waiting to be sent again.
     pub fn held(&self) -> usize {
-        self.held.len()
+        self.flow.held()
     }
 
     /// Feeds one input.
     pub fn handle(&mut self, now: Now, input: Input) {
-        if self.finished {
+        if self.flow.is_finished() {
             return;
         }
         let outcome = match input {
             Input::Source(event) => self.on_source(now, event),
             Input::SourceFailed(e) => Err(e),
             Input::Delivery(delivery) => self.on_delivery(now, delivery),
+            Input::Purged { token, record } => self.on_purged(now, token, record),
             Input::SendRefused {
                 token,
                 record,
                 error,
-            } => self.on_send_refused(now, Seq::from_token(token), record, error),
+            } => self.on_send_refused(now, token, record, error),
             Input::Answer(answer) => self.on_answer(answer),
             Input::Stalled(seen) => Err(PipelineError::Stalled(seen)),
             Input::Shutdown => {
                 info!("shutting down: waiting for in-flight records");
-                self.stop(now, Ok(()));
+                self.flow.stop(now, Ok(()));
                 Ok(())
             }
             Input::Tick => Ok(()),
         };
         if let Err(e) = outcome {
-            self.stop(now, Err(e));
+            self.flow.stop(now, Err(e));
         }
-        if self
-            .delivery_deadline()
-            .is_some_and(|deadline| now.instant >= deadline)
-        {
-            Event::DeliveryOverdue {
-                unacked: self.with_producer,
-            }
-            .emit(&self.metrics);
-            self.raise_fence(true);
-        }
-        self.advance(now);
-        self.metrics
-            .set_in_flight(self.ledger.records(), self.ledger.bytes());
-        let oldest = self.ledger.oldest_sent();
+        self.flow.after(now);
+        let (records, bytes) = self.flow.in_flight();
+        self.metrics.set_in_flight(records, bytes);
+        let oldest = self.flow.oldest_sent();
         if self.oldest_reported != Some(oldest) {
             self.metrics.set_oldest_unacked_since(oldest);
             self.oldest_reported = Some(oldest);
         }
-    }
-
-    fn stop(&mut self, now: Now, result: Result<(), PipelineError>) {
-        if self.stopping.is_some() {
-            if let Err(e) = result {
-                debug!(error = %e, "also failed while stopping");
-            }
-            return;
-        }
-        // Records waiting to be sent again are given up: the next session repeats them.
-        for (seq, _) in std::mem::take(&mut self.held) {
-            let _ = self.ledger.abandon(seq);
-        }
-        self.fence = None;
-        self.probing = None;
-        self.stopping = Some(Stopping {
-            deadline: now.instant + self.settings.shutdown_timeout,
-            result,
-        });
-    }
-
-    /// Moves the fence and the stop along as far as the state allows.
-    fn advance(&mut self, now: Now) {
-        if let Some(stopping) = &self.stopping {
-            if self.with_producer == 0 || now.instant >= stopping.deadline {
-                if self.with_producer > 0 {
-                    warn!(
-                        unacked = self.with_producer,
-                        "gave up waiting for in-flight records; they will be sent again"
-                    );
-                }
-                self.finished = true;
-                if let Some(stopping) = self.stopping.take() {
-                    self.actions.push_back(Action::Finish(stopping.result));
-                }
-            }
-            return;
-        }
-        let Some(mut fence) = self.fence else { return };
-        if self.with_producer > 0 {
-            if fence.replace && !fence.purged {
-                fence.purged = true;
-                self.fence = Some(fence);
-                self.actions.push_back(Action::PurgeProducer);
-            }
-            return;
-        }
-        if fence.replace {
-            if !self.pacer.try_book(now.instant) {
-                return;
-            }
-            Event::ProducerReplaced {
-                resend: self.held.len(),
-            }
-            .emit(&self.metrics);
-            self.actions.push_back(Action::ReplaceProducer);
-            self.producer_since = Some(now.instant);
-            fence.replace = false;
-            self.fence = Some(fence);
-        }
-        // Send the held records again, in their original order; a refused one alone.
-        while let Some(entry) = self.held.first_entry() {
-            let alone = entry.get().refused.is_some();
-            if self.probing.is_some() || (alone && self.with_producer > 0) {
-                return;
-            }
-            let (seq, held) = entry.remove_entry();
-            if let Some(reason) = held.refused {
-                debug!(topic = %held.record.topic, "sending a refused record alone to tell whether the broker refuses it");
-                self.probing = Some((seq, reason));
-            }
-            self.with_producer += 1;
-            self.actions.push_back(Action::Send {
-                token: seq.token(),
-                record: held.record,
-            });
-        }
-        if self.probing.is_none() {
-            self.fence = None;
-        }
-    }
-
-    fn raise_fence(&mut self, replace: bool) {
-        let fence = self.fence.get_or_insert(Fence {
-            replace: false,
-            purged: false,
-        });
-        fence.replace |= replace;
     }
 
     fn on_source(&mut self, now: Now, event: SourceEvent) -> Result<(), PipelineError> {
@@ -512,7 +333,7 @@ impl<'a> SessionCore<'a> {
                 commit_time_us,
                 xid,
             } => {
-                self.txn = Some(self.ledger.begin(final_lsn, commit_time_us)?);
+                self.txn = Some(self.flow.begin(final_lsn, commit_time_us)?);
                 self.begin = (final_lsn, xid, commit_time_us);
             }
             SourceEvent::Relation(relation) => self.on_relation(relation),
@@ -527,15 +348,9 @@ impl<'a> SessionCore<'a> {
             SourceEvent::Commit { end_lsn, .. } => {
                 self.metrics.transaction();
                 self.txn = None;
-                if let Some(watermark) = self.ledger.commit(end_lsn)? {
-                    self.confirm(watermark);
-                }
+                self.flow.commit(end_lsn)?;
             }
-            SourceEvent::Idle { wal_end } => {
-                if let Some(watermark) = self.ledger.idle(wal_end) {
-                    self.confirm(watermark);
-                }
-            }
+            SourceEvent::Idle { wal_end } => self.flow.idle(wal_end),
             SourceEvent::Message {
                 transactional,
                 lsn,
@@ -544,10 +359,6 @@ impl<'a> SessionCore<'a> {
             } => self.on_message(now, transactional, lsn, &prefix, &content)?,
         }
         Ok(())
-    }
-
-    fn confirm(&mut self, lsn: Lsn) {
-        self.actions.push_back(Action::Confirm(lsn));
     }
 
     fn on_relation(&mut self, relation: Arc<Relation>) {
@@ -562,7 +373,7 @@ impl<'a> SessionCore<'a> {
             // Perhaps a partition of an outbox table: never skipped as another table's.
             Lookup::OutboxRelation(relation)
         };
-        self.actions.push_back(Action::Lookup(lookup));
+        self.flow.push(Own::Lookup(lookup));
     }
 
     fn on_answer(&mut self, answer: Answer) -> Result<(), PipelineError> {
@@ -581,8 +392,8 @@ impl<'a> SessionCore<'a> {
             Answer::OutboxRelation { relation, outbox } => match outbox? {
                 Some(outbox) => {
                     debug!(partition = %format_args!("{}.{}", relation.namespace, relation.name), table = %format_args!("{}.{}", outbox.namespace, outbox.name), "changes named by a partition are routed as its outbox table's");
-                    self.actions
-                        .push_back(Action::Lookup(Lookup::NotNullColumns(Arc::new(outbox))));
+                    self.flow
+                        .push(Own::Lookup(Lookup::NotNullColumns(Arc::new(outbox))));
                 }
                 None => {
                     self.awaiting_lookup = false;
@@ -590,7 +401,7 @@ impl<'a> SessionCore<'a> {
                     self.bindings.remove(&relation.id);
                     // Nothing is kept for it: a publication `FOR ALL TABLES` describes every
                     // table ever written, staging tables created and dropped by the thousand.
-                    self.actions.push_back(Action::ForgetRelation(relation.id));
+                    self.flow.push(Own::ForgetRelation(relation.id));
                 }
             },
         }
@@ -701,7 +512,7 @@ impl<'a> SessionCore<'a> {
                             &row,
                             &e,
                             lsn,
-                            self.ledger.commit_lsn(txn),
+                            self.flow.commit_lsn(txn),
                         );
                         self.send_new(now, txn, record)
                     }
@@ -790,7 +601,7 @@ impl<'a> SessionCore<'a> {
                         row,
                         &reason,
                         lsn,
-                        self.ledger.commit_lsn(txn),
+                        self.flow.commit_lsn(txn),
                     );
                     self.send_new(now, txn, record)
                 }
@@ -806,14 +617,14 @@ impl<'a> SessionCore<'a> {
         txn: TxnId,
         record: RoutedRecord,
     ) -> Result<(), PipelineError> {
-        let added = self.ledger.add(txn, record_bytes(&record), now.instant);
+        let added = self.flow.add(txn, record_bytes(&record), now);
         count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
             counters.routed();
             if added.is_ok() {
                 counters.produced();
             }
         });
-        self.hand_over(added?, record);
+        self.flow.hand_over(added?, record);
         Ok(())
     }
 
@@ -824,168 +635,123 @@ impl<'a> SessionCore<'a> {
         txn: TxnId,
         record: RoutedRecord,
     ) -> Result<(), PipelineError> {
-        let seq = self.ledger.add(txn, record_bytes(&record), now.instant)?;
+        let seq = self.flow.add(txn, record_bytes(&record), now)?;
         count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
             counters.produced()
         });
-        self.hand_over(seq, record);
+        self.flow.hand_over(seq, record);
         Ok(())
     }
 
-    /// Queues the sending of `record`, which the ledger holds as `seq`.
-    fn hand_over(&mut self, seq: Seq, record: RoutedRecord) {
-        self.with_producer += 1;
-        self.actions.push_back(Action::Send {
-            token: seq.token(),
-            record,
-        });
-    }
-
     fn on_delivery(&mut self, now: Now, delivery: Delivery) -> Result<(), PipelineError> {
-        let seq = Seq::from_token(delivery.token);
-        self.with_producer = self.with_producer.saturating_sub(1);
-        let probe = self.take_probe(seq);
-        match delivery.result {
+        let token = delivery.token;
+        let failure = match delivery.result {
             Ok(_) => {
-                self.pacer.progress = true;
-                let settled = self.ledger.settle(seq)?;
+                let settled = self.flow.delivered(token)?;
                 if let Ok(latency) = now
                     .wall
                     .duration_since(pg_timestamp(settled.commit_time_us))
                 {
                     self.metrics.observe_commit_to_ack(latency);
                 }
-                if let Some(watermark) = settled.watermark {
-                    self.confirm(watermark);
-                }
-                Ok(())
+                return Ok(());
             }
-            Err(failure) => {
-                let failure = *failure;
-                Event::DeliveryFailed {
-                    topic: &failure.record.topic,
-                    error: &failure.error,
-                    kind: match failure.error {
-                        DeliveryError::Definite(_) => ProducerErrorKind::Definite,
-                        DeliveryError::Transient(_) => ProducerErrorKind::Transient,
-                    },
-                }
-                .emit(&self.metrics);
-                match failure.error {
-                    DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {
-                        Err(PipelineError::Refused(RecordFault::Broker(refusal)))
-                    }
-                    DeliveryError::Definite(refusal) => self.on_refused(
-                        now,
-                        seq,
-                        failure.record,
-                        RecordFault::Broker(refusal),
-                        probe.is_some(),
-                    ),
-                    DeliveryError::Transient(failure_kind) => {
-                        self.hold(seq, failure.record, probe, failure_kind.needs_rebuild())
-                    }
-                }
-            }
-        }
-    }
-
-    /// If `seq` is the record being sent alone, ends the probe and returns why it was refused.
-    fn take_probe(&mut self, seq: Seq) -> Option<RecordFault> {
-        match self.probing.take() {
-            Some((probed, reason)) if probed == seq => Some(reason),
-            other => {
-                self.probing = other;
-                None
-            }
-        }
-    }
-
-    /// Takes `record` back to send it again once the producer is replaced; a record being sent
-    /// alone (`refused`) stays suspect.
-    fn hold(
-        &mut self,
-        seq: Seq,
-        record: RoutedRecord,
-        refused: Option<RecordFault>,
-        replace: bool,
-    ) -> Result<(), PipelineError> {
-        if self.stopping.is_some() {
-            debug!("record not delivered while stopping; it will be sent again");
-            self.ledger.abandon(seq)?;
-            return Ok(());
-        }
-        self.held.insert(seq, Held { record, refused });
-        self.raise_fence(replace);
-        Ok(())
-    }
-
-    /// The broker (or the producer, at enqueue) refused `record` for good. `alone`: it was the
-    /// only record sent (else it may have been refused only for sharing a batch).
-    fn on_refused(
-        &mut self,
-        now: Now,
-        seq: Seq,
-        record: RoutedRecord,
-        reason: RecordFault,
-        alone: bool,
-    ) -> Result<(), PipelineError> {
-        if self.stopping.is_some() {
-            self.ledger.abandon(seq)?;
-            return Ok(());
-        }
-        let dead_letters = match self.settings.on_error {
-            ErrorPolicy::DeadLetter(d) => d,
-            // The refused batch holds the record at fault: stop, naming it.
-            ErrorPolicy::Fail => return Err(PipelineError::Refused(reason)),
+            Err(failure) => *failure,
         };
-        if !alone {
-            // Perhaps innocent: find out by sending it alone once everything before it settled.
-            // A refused batch leaves a gap-less producer failed, so it is replaced first.
-            self.held.insert(
-                seq,
-                Held {
-                    record,
-                    refused: Some(reason),
-                },
-            );
-            self.raise_fence(true);
-            return Ok(());
-        }
-        if record.topic == dead_letters.topic() {
-            return Err(PipelineError::DeadLetterRefused(reason));
-        }
-        let txn = self
-            .ledger
-            .get(seq)
-            .map(|r| r.txn)
-            .ok_or(LedgerError::UnknownRecord(seq))?;
-        Event::RecordDeadLettered {
-            topic: &record.topic,
-            error: &reason,
+        Event::DeliveryFailed {
+            topic: &failure.record.topic,
+            error: &failure.error,
+            kind: match failure.error {
+                DeliveryError::Definite(_) => ProducerErrorKind::Definite,
+                DeliveryError::Transient(_) => ProducerErrorKind::Transient,
+            },
         }
         .emit(&self.metrics);
-        self.pacer.progress = true;
-        let letter =
-            dead_letters.for_record(record, &reason, Stage::Produce, self.ledger.commit_lsn(txn));
-        // The letter joins the transaction before the refused record settles.
-        self.send_new(now, txn, letter)?;
-        if let Some(watermark) = self.ledger.settle(seq)?.watermark {
-            self.confirm(watermark);
+        let outcome = match failure.error {
+            DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {
+                self.flow.reported_fatal(token);
+                return Err(PipelineError::Refused(RecordFault::Broker(refusal)));
+            }
+            DeliveryError::Definite(refusal) => Outcome::Refused {
+                token,
+                record: failure.record,
+                fault: RecordFault::Broker(refusal),
+                at_enqueue: false,
+            },
+            DeliveryError::Transient(failure_kind) => Outcome::Failed {
+                token,
+                record: failure.record,
+                replace: failure_kind.needs_rebuild(),
+            },
+        };
+        self.on_outcome(now, outcome)
+    }
+
+    /// A record handed back by a purge before the producer took it: counted as a transient
+    /// producer error, as the producer's own purged records are.
+    fn on_purged(
+        &mut self,
+        now: Now,
+        token: usize,
+        record: RoutedRecord,
+    ) -> Result<(), PipelineError> {
+        Event::DeliveryFailed {
+            topic: &record.topic,
+            error: &"purged with the producer before it took the record",
+            kind: ProducerErrorKind::Transient,
         }
+        .emit(&self.metrics);
+        self.on_outcome(now, Outcome::Purged { token, record })
+    }
+
+    /// What the flow makes of a record that came back: held, abandoned, dead-lettered or the
+    /// session's end.
+    fn on_outcome(
+        &mut self,
+        now: Now,
+        outcome: Outcome<RoutedRecord, RecordFault>,
+    ) -> Result<(), PipelineError> {
+        let letter = match self.flow.outcome(outcome) {
+            Ok(None) => return Ok(()),
+            Ok(Some(letter)) => letter,
+            Err(FlowError::Refused(fault)) => return Err(PipelineError::Refused(fault)),
+            Err(FlowError::Ledger(e)) => return Err(e.into()),
+        };
+        let ToDeadLetter {
+            seq,
+            txn,
+            record,
+            fault,
+        } = letter;
+        let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
+            return Err(PipelineError::Refused(fault));
+        };
+        if record.topic == dead_letters.topic() {
+            return Err(PipelineError::DeadLetterRefused(fault));
+        }
+        Event::RecordDeadLettered {
+            topic: &record.topic,
+            error: &fault,
+        }
+        .emit(&self.metrics);
+        let letter =
+            dead_letters.for_record(record, &fault, Stage::Produce, self.flow.commit_lsn(txn));
+        count_topic(&mut self.topics, &self.metrics, &letter.topic, |counters| {
+            counters.produced()
+        });
+        // The letter joins the transaction before the refused record settles.
+        self.flow.dead_lettered(now, seq, txn, letter)?;
         Ok(())
     }
 
     fn on_send_refused(
         &mut self,
         now: Now,
-        seq: Seq,
+        token: usize,
         record: RoutedRecord,
         error: SinkError,
     ) -> Result<(), PipelineError> {
-        self.with_producer = self.with_producer.saturating_sub(1);
-        let probe = self.take_probe(seq);
-        match error {
+        let outcome = match error {
             // Refused at enqueue: this record alone is at fault.
             error if error.refuses_record() => {
                 Event::DeliveryFailed {
@@ -994,7 +760,12 @@ impl<'a> SessionCore<'a> {
                     kind: ProducerErrorKind::Definite,
                 }
                 .emit(&self.metrics);
-                self.on_refused(now, seq, record, RecordFault::Enqueue(error), true)
+                Outcome::Refused {
+                    token,
+                    record,
+                    fault: RecordFault::Enqueue(error),
+                    at_enqueue: true,
+                }
             }
             error if error.is_transient() => {
                 Event::RecordNotTaken {
@@ -1002,9 +773,17 @@ impl<'a> SessionCore<'a> {
                     error: &error,
                 }
                 .emit(&self.metrics);
-                self.hold(seq, record, probe, true)
+                Outcome::Failed {
+                    token,
+                    record,
+                    replace: true,
+                }
             }
-            error => Err(error.into()),
-        }
+            error => {
+                self.flow.reported_fatal(token);
+                return Err(error.into());
+            }
+        };
+        self.on_outcome(now, outcome)
     }
 }

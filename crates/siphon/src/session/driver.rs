@@ -14,8 +14,8 @@
 //!   driver carries out its [`Step`]s); so unreachable brokers hold up neither delivery
 //!   reports, nor the delivery deadline, nor shutdown, nor the status updates that keep the
 //!   replication connection alive.
-//! - Records waiting for a topic count as handed to the producer: a purge hands them back as
-//!   purged, like the producer's own queue, and stops their topic's creation; so a replacement
+//! - Records waiting for a topic count as handed to the producer: a purge hands them back
+//!   ([`Input::Purged`]), like the producer's own queue, and stops their topic's creation; so a replacement
 //!   never leaves one behind. A creation that failed for now hands back the record it was for
 //!   as not taken ([`Input::SendRefused`], which fails the producer) and the records after it
 //!   as purged; one refused for good refuses each record of its topic, as at enqueue.
@@ -23,13 +23,15 @@
 //!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
-use super::topic_gate::{Step, TopicGate};
+use super::RoutedKind;
 use super::{Carry, PipelineSettings, SeenPublication};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use futures::FutureExt as _;
 use pgoutput::Lsn;
-use siphon_kafka_sink::{BrokerProbe, Delivery, DeliveryObserver, KafkaSink, SinkError};
+use siphon_core::topic_gate::{Creation as Outcome, Step, TopicGate};
+use siphon_core::Intervals;
+use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink, SinkError};
 use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
 use siphon_source::Membership;
@@ -37,17 +39,9 @@ use siphon_source::MissingSlot;
 use siphon_source::ReplicationStream;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-/// How often, and for how long at most, the brokers are asked whether they answer.
-const PROBE_INTERVAL: Duration = Duration::from_secs(2);
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the driver logs progress, refreshes the slot metrics and checks for a stall.
-const TICK_INTERVAL: Duration = Duration::from_secs(5);
-/// The longest a catalog query or the status probe may take.
-const SQL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Source events handled per wake-up at most (between two looks at shutdown and the timers).
 const SOURCE_BATCH: usize = 256;
 /// Delivery reports handled per wake-up at most (the rest on the next turn, so reading and
@@ -55,12 +49,16 @@ const SOURCE_BATCH: usize = 256;
 const REPORT_BATCH: usize = 1024;
 
 /// Keeps the readiness flag in step with whether the brokers answer (until aborted).
-async fn watch_brokers(probe: BrokerProbe, health: Arc<crate::telemetry::Health>) {
-    let mut interval = tokio::time::interval(PROBE_INTERVAL);
+async fn watch_brokers(
+    probe: BrokerProbe,
+    health: Arc<crate::telemetry::Health>,
+    intervals: Intervals,
+) {
+    let mut interval = tokio::time::interval(intervals.broker_probe);
     let mut reachable: Option<bool> = None;
     loop {
         interval.tick().await;
-        let now = probe.probe(PROBE_TIMEOUT).await;
+        let now = probe.probe(intervals.broker_probe_timeout).await;
         health.set_broker_reachable(now);
         // One line per change of state.
         match (reachable, now) {
@@ -91,7 +89,7 @@ type Created = (u64, String, Result<(), SinkError>);
 /// Records the core sent that wait for a topic to be created ([`TopicGate`] decides), and the
 /// creation they wait for, run beside the loop.
 struct Waiting {
-    gate: TopicGate,
+    gate: TopicGate<RoutedKind>,
     creation: Option<Creation>,
     created_tx: mpsc::UnboundedSender<Created>,
     created: mpsc::UnboundedReceiver<Created>,
@@ -248,6 +246,10 @@ pub async fn run_session(
             max_in_flight_bytes: settings.max_in_flight_bytes,
             shutdown_timeout: settings.shutdown_timeout,
             delivery_timeout: settings.delivery_timeout,
+            replacement_backoff: (
+                settings.intervals.replacement_backoff,
+                settings.intervals.replacement_backoff_max,
+            ),
         },
         Arc::clone(metrics),
         start,
@@ -256,7 +258,11 @@ pub async fn run_session(
     let mut driver = Driver {
         settings,
         metrics: Arc::clone(metrics),
-        probe: tokio::spawn(watch_brokers(sink.prober(), metrics.health())),
+        probe: tokio::spawn(watch_brokers(
+            sink.prober(),
+            metrics.health(),
+            settings.intervals,
+        )),
         sink,
         deliveries,
         stream,
@@ -329,7 +335,7 @@ struct Driver<'a> {
 
 impl Driver<'_> {
     async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), PipelineError> {
-        let mut tick = tokio::time::interval(TICK_INTERVAL);
+        let mut tick = tokio::time::interval(self.settings.intervals.status_tick);
         let mut shutdown_seen = false;
         loop {
             if let Some(result) = self.execute().await {
@@ -419,8 +425,11 @@ impl Driver<'_> {
                 Action::ReplaceProducer => match self.sink.rebuild() {
                     Ok(_) => {
                         self.probe.abort();
-                        self.probe =
-                            tokio::spawn(watch_brokers(self.sink.prober(), self.metrics.health()));
+                        self.probe = tokio::spawn(watch_brokers(
+                            self.sink.prober(),
+                            self.metrics.health(),
+                            self.settings.intervals,
+                        ));
                     }
                     Err(e) => self.core.handle(Now::read(), Input::SourceFailed(e.into())),
                 },
@@ -461,7 +470,12 @@ impl Driver<'_> {
         }
         let sink = &self.sink;
         let is_new = |topic: &str| sink.topic_creation(topic).is_some();
-        let steps = self.waiting.gate.created(id, result, is_new);
+        let outcome = match result {
+            Ok(()) => Outcome::Created,
+            Err(error) if error.is_transient() => Outcome::FailedForNow(error),
+            Err(error) => Outcome::Refused(error),
+        };
+        let steps = self.waiting.gate.created(id, outcome, is_new);
         self.carry_out(steps).await;
     }
 
@@ -474,7 +488,7 @@ impl Driver<'_> {
 
     /// Carries out what the topic gate decided, in order; a creation it no longer waits for
     /// is stopped.
-    async fn carry_out(&mut self, steps: Vec<Step>) {
+    async fn carry_out(&mut self, steps: Vec<Step<RoutedRecord, SinkError>>) {
         let mut handed_back = 0;
         for step in steps {
             match step {
@@ -490,11 +504,8 @@ impl Driver<'_> {
                 } => self.refused(token, record, error),
                 Step::HandBack { token, record } => {
                     handed_back += 1;
-                    let generation = self.sink.generation();
-                    self.core.handle(
-                        Now::read(),
-                        Input::Delivery(Delivery::purged(token, generation, record)),
-                    );
+                    self.core
+                        .handle(Now::read(), Input::Purged { token, record });
                 }
             }
         }
@@ -514,16 +525,17 @@ impl Driver<'_> {
         let inputs = self.inputs_tx.clone();
         let tables = self.settings.source.tables.clone();
         let publication = self.settings.source.publication.clone();
+        let sql_timeout = self.settings.intervals.sql_timeout;
         tokio::spawn(async move {
             let timed_out = || {
                 siphon_source::SourceError::from(siphon_source::error::Interruption::QueryTimeout {
-                    seconds: SQL_TIMEOUT.as_secs(),
+                    seconds: sql_timeout.as_secs(),
                 })
             };
             let input = match lookup {
                 Lookup::NotNullColumns(relation) => {
                     let columns = tokio::time::timeout(
-                        SQL_TIMEOUT,
+                        sql_timeout,
                         sql.outbox_columns(&relation, &publication),
                     )
                     .await
@@ -532,7 +544,7 @@ impl Driver<'_> {
                 }
                 Lookup::OutboxRelation(relation) => {
                     let outbox = tokio::time::timeout(
-                        SQL_TIMEOUT,
+                        sql_timeout,
                         sql.outbox_relation_for(&relation, &tables, &publication),
                     )
                     .await
@@ -586,13 +598,14 @@ impl Driver<'_> {
         let system_id = self.system_id.clone();
         let metrics = Arc::clone(&self.metrics);
         let inputs = self.inputs_tx.clone();
+        let status_tick = self.settings.intervals.status_tick;
         self.status_probe = Some(tokio::spawn(async move {
-            match tokio::time::timeout(TICK_INTERVAL, sql.retained_wal_bytes(&slot)).await {
+            match tokio::time::timeout(status_tick, sql.retained_wal_bytes(&slot)).await {
                 Ok(Ok(Some(bytes))) => metrics.set_slot_retained_wal_bytes(bytes),
                 Ok(_) => {}
                 Err(_) => warn!(
                     "the slot's retained WAL was not read within {}s; the SQL connection may be broken",
-                    TICK_INTERVAL.as_secs()
+                    status_tick.as_secs()
                 ),
             }
             // A dropped publication, or an outbox table taken out of it, silences the stream
@@ -600,7 +613,7 @@ impl Driver<'_> {
             // added back) since the last check: stop, naming the loss and the fix.
             let remembered = lock(&membership).clone();
             match tokio::time::timeout(
-                TICK_INTERVAL,
+                status_tick,
                 sql.verify_publication(&publication, &tables, &remembered),
             )
             .await

@@ -41,7 +41,7 @@ pub const MESSAGE_SCHEMA: &str = "pg_logical_emit_message";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MessageError {
     #[error("logical message with prefix {prefix:?} is not a JSON object ({reason}): write the outbox fields as one JSON object, e.g. pg_logical_emit_message(true, '{prefix}', json_build_object('id', ..., 'aggregatetype', ..., 'aggregateid', ..., 'type', ..., 'payload', ...)::text)")]
-    NotAnObject { prefix: String, reason: String },
+    NotAnObject { prefix: String, reason: JsonFault },
     /// Bytes that are not text in the database encoding (content passed as `bytea`).
     #[error("logical message with prefix {prefix:?} cannot be read: {error}: emit the content as text, e.g. pg_logical_emit_message(true, '{prefix}', json_build_object(...)::text), which PostgreSQL holds in the database encoding")]
     NotInDatabaseEncoding {
@@ -54,6 +54,25 @@ pub enum MessageError {
         prefix: String,
         error: EncodingError,
     },
+}
+
+/// Why content is not a JSON object: the parser's error (where, and what it expected).
+#[derive(Debug, Clone)]
+pub struct JsonFault(Arc<serde_json::Error>);
+
+impl PartialEq for JsonFault {
+    fn eq(&self, other: &Self) -> bool {
+        (self.0.classify(), self.0.line(), self.0.column())
+            == (other.0.classify(), other.0.line(), other.0.column())
+    }
+}
+
+impl Eq for JsonFault {}
+
+impl std::fmt::Display for JsonFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 impl MessageError {
@@ -110,7 +129,7 @@ impl MessageRows {
         let members: BTreeMap<String, Box<RawValue>> =
             serde_json::from_str(&text).map_err(|e| MessageError::NotAnObject {
                 prefix: prefix.to_owned(),
-                reason: e.to_string(),
+                reason: JsonFault(Arc::new(e)),
             })?;
         let mut shape = Vec::with_capacity(members.len());
         let mut columns = Vec::with_capacity(members.len());

@@ -3,10 +3,10 @@
 //! - [`core`]: the pure state machine that decides (what to send, confirm, look up, when to
 //!   replace the producer and when to stop), with time as a parameter.
 //! - [`driver`]: the thin async loop that does the IO the core asks for.
-//! - [`ledger`]: the one per-transaction, per-record book behind the watermark, the window and
-//!   the latency metrics.
-//! - `topic_gate`: the pure queue of records waiting for their topic to be created, whose
-//!   steps the driver carries out.
+//! - [`ledger`] (from `siphon_core`): the one per-transaction, per-record book behind the
+//!   watermark, the window and the latency metrics.
+//! - `siphon_core::topic_gate`: the pure queue of records waiting for their topic to be
+//!   created, whose steps the driver carries out.
 //!
 //! # Invariants
 //! - The only position ever confirmed to PostgreSQL is the ledger's watermark.
@@ -15,12 +15,11 @@
 
 pub mod core;
 pub mod driver;
-mod in_flight;
-pub mod ledger;
 pub mod message;
 #[cfg(test)]
 mod simulation;
-mod topic_gate;
+
+pub use siphon_core::ledger;
 
 use crate::dead_letter::DeadLetters;
 use pgoutput::Lsn;
@@ -31,6 +30,22 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 pub use driver::run_session;
+
+/// The router's records, as the core sees them.
+#[derive(Debug)]
+pub struct RoutedKind;
+
+impl siphon_core::Records for RoutedKind {
+    type Record = siphon_router::RoutedRecord;
+
+    fn topic(record: &Self::Record) -> &str {
+        &record.topic
+    }
+
+    fn size(record: &Self::Record) -> usize {
+        siphon_kafka_sink::producer::record_bytes(record)
+    }
+}
 
 /// What to do with a row or record that can never be delivered as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +117,8 @@ pub struct PipelineSettings {
     pub stall_timeout: Duration,
     /// Where the publication's membership is kept across restarts (`None`: not kept).
     pub state_topic: Option<siphon_kafka_sink::StateTopic>,
+    /// The fixed intervals and timeouts of the session and the supervisor.
+    pub intervals: siphon_core::Intervals,
 }
 
 /// State carried from one session to the next.

@@ -10,7 +10,13 @@
 //! - per partition and key, first deliveries are in commit order, across producer replacement
 //!   and sessions;
 //! - memory is bounded by the window (records in flight, transactions kept, records held);
-//! - a producer is replaced only once all its records reported.
+//! - a producer is replaced only once all its records reported (none waits for a topic).
+//!
+//! Records go through the topic gate as in the driver: a record for a topic the broker does not
+//! have waits, with every record after it, while the topic is created; a creation may fail for
+//! now (the record it was for is not taken, the others come back), and a purge hands the
+//! waiting records back. The delivery deadline (5 s) is overrun now and then by the model's
+//! time jumps, purging and replacing the producer.
 //!
 //! At the end, with faults stopped, every event must have arrived (poison ones in the
 //! dead-letter topic, no innocent one there) and the slot must be confirmed to the end.
@@ -18,12 +24,13 @@
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
-use super::{ErrorPolicy, NonTransactionalPolicy, Routers};
+use super::{ErrorPolicy, NonTransactionalPolicy, RoutedKind, Routers};
 use crate::dead_letter::DeadLetters;
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
+use siphon_core::topic_gate::{Creation, Step, TopicGate};
 use siphon_kafka_sink::RDKafkaErrorCode;
 use siphon_kafka_sink::{
     Delivered, Delivery, DeliveryError, DeliveryFailure, Operation, SinkError,
@@ -78,7 +85,8 @@ fn row(event: u64, key: u64, poison: bool) -> TupleData {
     TupleData {
         columns: vec![
             text(format!("00000000-0000-0000-0000-{event:012x}")),
-            text("order".to_owned()),
+            // Three aggregate types, so three topics to create as their first records come.
+            text(["order", "invoice", "payment"][key as usize % 3].to_owned()),
             text(format!("k{key}")),
             text("Created".to_owned()),
             text(if poison {
@@ -131,6 +139,12 @@ struct Broker {
     dead: BTreeSet<u64>,
     /// Events written to their own topic.
     written: BTreeSet<u64>,
+    /// The topics that exist.
+    topics: HashSet<String>,
+    /// The topic creation running (its id and topic).
+    creation: Option<(u64, String)>,
+    /// A topic creation failed for now since the producer was put in place.
+    creation_failed: bool,
 }
 
 impl Broker {
@@ -239,6 +253,8 @@ struct World {
     confirmed: Lsn,
     now: Instant,
     wall: SystemTime,
+    /// How often each path of interest was taken.
+    seen: BTreeMap<&'static str, u64>,
 }
 
 impl World {
@@ -284,7 +300,12 @@ impl World {
             confirmed: Lsn(0),
             now: Instant::now(),
             wall: SystemTime::now(),
+            seen: BTreeMap::new(),
         }
+    }
+
+    fn saw(&mut self, what: &'static str) {
+        *self.seen.entry(what).or_default() += 1;
     }
 
     fn now(&self) -> Now {
@@ -409,15 +430,88 @@ fn session_core<'a>(
             // Short enough that stuck reports (the model's time jumps up to 2 s a step) overrun
             // it now and then: a purge and replacement forced by the session itself.
             delivery_timeout: Some(Duration::from_secs(5)),
+            replacement_backoff: (Duration::from_millis(200), Duration::from_secs(30)),
         },
         metrics,
         start,
     )
 }
 
+/// Hands `record` to the modelled producer (one that failed does not take it).
+fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedRecord) {
+    w.trace.push(format!(
+        "send #{token} event {:?} {}",
+        event_of(&record),
+        record.topic
+    ));
+    if w.broker.failed {
+        let record_topic = record.topic.clone();
+        core.handle(
+            w.now(),
+            Input::SendRefused {
+                token,
+                record,
+                error: SinkError::Kafka {
+                    operation: Operation::Enqueue,
+                    topic: record_topic,
+                    code: RDKafkaErrorCode::Fatal,
+                },
+            },
+        );
+    } else {
+        let p = partition_of(&record);
+        w.broker.unwritten[p].push_back(Queued { token, record });
+    }
+}
+
+/// Carries out the topic gate's steps, as the driver does.
+fn carry_out(
+    w: &mut World,
+    core: &mut SessionCore<'_>,
+    gate: &TopicGate<RoutedKind>,
+    steps: Vec<Step<RoutedRecord, SinkError>>,
+) {
+    for step in steps {
+        match step {
+            Step::Send { token, record } => send(w, core, token, record),
+            Step::Create { id, topic } => {
+                w.trace.push(format!("create topic {topic} (#{id})"));
+                w.saw("topic creation");
+                w.broker.creation = Some((id, topic));
+            }
+            Step::Refuse {
+                token,
+                record,
+                error,
+            } => {
+                w.trace.push(format!("#{token} not taken: {error}"));
+                core.handle(
+                    w.now(),
+                    Input::SendRefused {
+                        token,
+                        record,
+                        error,
+                    },
+                );
+            }
+            Step::HandBack { token, record } => {
+                w.trace.push(format!("#{token} handed back"));
+                w.saw("handed back by a purge");
+                core.handle(w.now(), Input::Purged { token, record });
+            }
+        }
+    }
+    // A creation the gate no longer waits for is stopped.
+    if w.broker.creation.as_ref().map(|(id, _)| *id) != gate.creating() {
+        w.broker.creation = None;
+    }
+}
+
 /// The outcome of one seed.
 struct Outcome {
     error: Option<PipelineError>,
+    /// How often each path of interest was taken.
+    seen: BTreeMap<&'static str, u64>,
 }
 
 fn run_seed(
@@ -463,6 +557,9 @@ fn run_seed(
         );
         w.broker.failed = false;
         w.broker.generation += 1;
+        w.broker.creation = None;
+        w.broker.creation_failed = false;
+        let mut gate = TopicGate::<RoutedKind>::default();
         let mut lookups: VecDeque<Lookup> = VecDeque::new();
         let mut stopping = false;
         loop {
@@ -475,28 +572,9 @@ fn run_seed(
             while let Some(action) = core.poll_action() {
                 match action {
                     Action::Send { token, record } => {
-                        w.trace.push(format!(
-                            "send #{token} event {:?} {}",
-                            event_of(&record),
-                            record.topic
-                        ));
-                        if w.broker.failed {
-                            core.handle(
-                                w.now(),
-                                Input::SendRefused {
-                                    token,
-                                    error: SinkError::Kafka {
-                                        operation: Operation::Enqueue,
-                                        topic: record.topic.clone(),
-                                        code: RDKafkaErrorCode::Fatal,
-                                    },
-                                    record,
-                                },
-                            );
-                        } else {
-                            let p = partition_of(&record);
-                            w.broker.unwritten[p].push_back(Queued { token, record });
-                        }
+                        let topics = &w.broker.topics;
+                        let step = gate.offer(token, record, |topic| !topics.contains(topic));
+                        carry_out(&mut w, &mut core, &gate, step.into_iter().collect());
                     }
                     Action::Confirm(lsn) => {
                         w.trace.push(format!("confirm {lsn}"));
@@ -506,10 +584,25 @@ fn run_seed(
                     Action::ForgetRelation(_) => {}
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
+                        w.saw("purge");
+                        if !w.broker.failed && !w.broker.creation_failed {
+                            // Nothing failed: the session's own delivery deadline purges.
+                            w.saw("delivery deadline overrun");
+                        }
                         w.broker.fail_all(RDKafkaErrorCode::PurgeInflight);
+                        let steps = gate.purge();
+                        carry_out(&mut w, &mut core, &gate, steps);
                     }
                     Action::ReplaceProducer => {
                         w.trace.push("replace producer".into());
+                        w.saw("producer replaced");
+                        w.broker.creation_failed = false;
+                        if gate.creating().is_some() {
+                            return Err((
+                                "producer replaced with records waiting for a topic".into(),
+                                w.trace,
+                            ));
+                        }
                         if w.broker.outstanding() > 0 {
                             return Err((
                                 format!(
@@ -595,6 +688,27 @@ fn run_seed(
                     ));
                     core.handle(w.now(), Input::Delivery(report));
                 }
+            } else if choice < 90 && w.broker.creation.is_some() && w.rng.chance(50) {
+                let Some((id, topic)) = w.broker.creation.take() else {
+                    continue;
+                };
+                let outcome = if faults && w.rng.chance(25) {
+                    w.trace.push(format!("creation of {topic} failed for now"));
+                    w.saw("topic creation failed for now");
+                    w.broker.creation_failed = true;
+                    Creation::FailedForNow(SinkError::Kafka {
+                        operation: Operation::CreateTopic,
+                        topic: topic.to_owned(),
+                        code: RDKafkaErrorCode::OperationTimedOut,
+                    })
+                } else {
+                    w.trace.push(format!("{topic} created"));
+                    w.broker.topics.insert(topic);
+                    Creation::Created
+                };
+                let topics = &w.broker.topics;
+                let steps = gate.created(id, outcome, |topic| !topics.contains(topic));
+                carry_out(&mut w, &mut core, &gate, steps);
             } else if choice < 90 && !lookups.is_empty() {
                 let answer = match lookups.pop_front() {
                     Some(Lookup::NotNullColumns(relation)) => Some(Answer::NotNullColumns {
@@ -664,6 +778,7 @@ fn run_seed(
     Ok((
         Outcome {
             error: outcome_error,
+            seen: std::mem::take(&mut w.seen),
         },
         w.trace,
     ))
@@ -694,14 +809,38 @@ fn fail(seed: u64, mode: &str, reason: &str, trace: &[String]) -> ! {
 
 #[test]
 fn simulation_dead_letter_policy_keeps_every_promise() {
-    for seed in seeds() {
+    let seeds = seeds();
+    let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for &seed in &seeds {
         match run_seed(seed, false) {
             Ok((outcome, trace)) => {
                 if let Some(e) = outcome.error {
                     fail(seed, "dead-letter", &format!("stopped: {e}"), &trace);
                 }
+                if seeds.len() == 1 {
+                    eprintln!("{}", trace.join("\n"));
+                }
+                for (what, n) in outcome.seen {
+                    *seen.entry(what).or_default() += n;
+                }
             }
             Err((reason, trace)) => fail(seed, "dead-letter", &reason, &trace),
+        }
+    }
+    // The seeds together take every path the simulation is there to check.
+    if seeds.len() >= 100 {
+        for what in [
+            "topic creation",
+            "topic creation failed for now",
+            "handed back by a purge",
+            "purge",
+            "producer replaced",
+            "delivery deadline overrun",
+        ] {
+            assert!(
+                seen.get(what).is_some_and(|&n| n > 0),
+                "never seen: {what} ({seen:?})"
+            );
         }
     }
 }

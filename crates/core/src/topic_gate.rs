@@ -19,40 +19,56 @@
 //! - Waiting records count as handed to the producer: a purge hands them all back and stops
 //!   the creation, as a purge of the producer's own queue does.
 
-use siphon_kafka_sink::SinkError;
-use siphon_router::RoutedRecord;
+use crate::record::Records;
 use std::collections::VecDeque;
+
+/// How a topic creation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Creation<E> {
+    /// The topic exists now.
+    Created,
+    /// It failed for now (the brokers did not answer in time ...): `error`.
+    FailedForNow(E),
+    /// It was refused for good: `error`.
+    Refused(E),
+}
 
 /// What the driver does next.
 #[derive(Debug)]
-pub(super) enum Step {
+pub enum Step<R, E> {
     /// Hand the record to the producer.
-    Send { token: usize, record: RoutedRecord },
+    Send { token: usize, record: R },
     /// Create `topic` beside the loop; its outcome comes back to [`TopicGate::created`] with
     /// `id`.
     Create { id: u64, topic: String },
     /// The record is not taken: its topic's creation failed with `error`.
-    Refuse {
-        token: usize,
-        record: RoutedRecord,
-        error: SinkError,
-    },
+    Refuse { token: usize, record: R, error: E },
     /// The record goes back to the core as purged, to be sent again.
-    HandBack { token: usize, record: RoutedRecord },
+    HandBack { token: usize, record: R },
 }
 
 /// The records waiting for a topic, and the creation they wait for.
-#[derive(Debug, Default)]
-pub(super) struct TopicGate {
-    waiting: VecDeque<(usize, RoutedRecord)>,
+#[derive(Debug)]
+pub struct TopicGate<K: Records> {
+    waiting: VecDeque<(usize, K::Record)>,
     /// The running creation's id and topic.
     creating: Option<(u64, String)>,
     next_id: u64,
 }
 
-impl TopicGate {
+impl<K: Records> Default for TopicGate<K> {
+    fn default() -> Self {
+        TopicGate {
+            waiting: VecDeque::new(),
+            creating: None,
+            next_id: 0,
+        }
+    }
+}
+
+impl<K: Records> TopicGate<K> {
     /// The running creation's id, if one runs.
-    pub(super) fn creating(&self) -> Option<u64> {
+    pub fn creating(&self) -> Option<u64> {
         self.creating.as_ref().map(|(id, _)| *id)
     }
 
@@ -63,32 +79,32 @@ impl TopicGate {
     }
 
     /// The core sends `record`; `is_new` tells whether a topic must be created first.
-    pub(super) fn offer(
+    pub fn offer<E>(
         &mut self,
         token: usize,
-        record: RoutedRecord,
+        record: K::Record,
         is_new: impl Fn(&str) -> bool,
-    ) -> Option<Step> {
+    ) -> Option<Step<K::Record, E>> {
         if !self.waiting.is_empty() {
             self.waiting.push_back((token, record));
             return None;
         }
-        if !is_new(&record.topic) {
+        if !is_new(K::topic(&record)) {
             return Some(Step::Send { token, record });
         }
-        let step = self.start(&record.topic);
+        let step = self.start(K::topic(&record));
         self.waiting.push_back((token, record));
         Some(step)
     }
 
-    /// The creation `id` finished with `result` (the caller has told the producer of a
+    /// The creation `id` finished with `outcome` (the caller has told the producer of a
     /// created topic, so `is_new` says no for it). A stopped creation's outcome is ignored.
-    pub(super) fn created(
+    pub fn created<E: Clone>(
         &mut self,
         id: u64,
-        result: Result<(), SinkError>,
+        outcome: Creation<E>,
         is_new: impl Fn(&str) -> bool,
-    ) -> Vec<Step> {
+    ) -> Vec<Step<K::Record, E>> {
         let topic = match self.creating.take() {
             Some((running, topic)) if running == id => topic,
             other => {
@@ -97,9 +113,9 @@ impl TopicGate {
             }
         };
         let mut steps = Vec::new();
-        match result {
-            Ok(()) => {}
-            Err(error) if error.is_transient() => {
+        match outcome {
+            Creation::Created => {}
+            Creation::FailedForNow(error) => {
                 // The first waiting record is the one the creation was for: it is not taken
                 // (which fails the producer), and the records after it come back as purged.
                 if let Some((token, record)) = self.waiting.pop_front() {
@@ -112,13 +128,13 @@ impl TopicGate {
                 steps.extend(self.purge());
                 return steps;
             }
-            Err(error) => {
+            Creation::Refused(error) => {
                 // Refused for good: each record of the topic is refused, as at enqueue; the
                 // others go on.
                 let (refused, others): (VecDeque<_>, VecDeque<_>) =
                     std::mem::take(&mut self.waiting)
                         .into_iter()
-                        .partition(|(_, record)| record.topic == topic);
+                        .partition(|(_, record)| K::topic(record) == topic);
                 self.waiting = others;
                 steps.extend(refused.into_iter().map(|(token, record)| Step::Refuse {
                     token,
@@ -128,8 +144,8 @@ impl TopicGate {
             }
         }
         while let Some((token, record)) = self.waiting.pop_front() {
-            if is_new(&record.topic) {
-                steps.push(self.start(&record.topic));
+            if is_new(K::topic(&record)) {
+                steps.push(self.start(K::topic(&record)));
                 self.waiting.push_front((token, record));
                 break;
             }
@@ -140,7 +156,7 @@ impl TopicGate {
 
     /// The producer is purged: every waiting record comes back as purged and the creation
     /// stops (the records sent again start it again).
-    pub(super) fn purge(&mut self) -> Vec<Step> {
+    pub fn purge<E>(&mut self) -> Vec<Step<K::Record, E>> {
         self.creating = None;
         std::mem::take(&mut self.waiting)
             .into_iter()
@@ -148,7 +164,7 @@ impl TopicGate {
             .collect()
     }
 
-    fn start(&mut self, topic: &str) -> Step {
+    fn start<E>(&mut self, topic: &str) -> Step<K::Record, E> {
         self.next_id += 1;
         self.creating = Some((self.next_id, topic.to_owned()));
         Step::Create {
@@ -162,29 +178,28 @@ impl TopicGate {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use siphon_kafka_sink::{Operation, RDKafkaErrorCode};
-
-    /// The creation of `topic` failed with `code`.
-    fn creation_failed(topic: &str, code: RDKafkaErrorCode) -> SinkError {
-        SinkError::Kafka {
-            operation: Operation::CreateTopic,
-            topic: topic.to_owned(),
-            code,
-        }
-    }
     use std::collections::{BTreeMap, HashSet};
 
     const TOPICS: [&str; 4] = ["known", "a", "b", "c"];
 
-    fn record(topic: &str) -> RoutedRecord {
-        RoutedRecord {
-            topic: topic.to_owned(),
-            key: None,
-            value: None,
-            headers: Vec::new(),
-            timestamp_ms: None,
-            partition: None,
+    /// A record of the tests: its topic.
+    struct Named;
+
+    impl Records for Named {
+        type Record = String;
+        fn topic(record: &String) -> &str {
+            record
         }
+        fn size(_: &String) -> usize {
+            0
+        }
+    }
+
+    type Gate = TopicGate<Named>;
+    type TestStep = Step<String, &'static str>;
+
+    fn record(topic: &str) -> String {
+        topic.to_owned()
     }
 
     #[derive(Debug, Clone)]
@@ -223,12 +238,12 @@ mod tests {
     }
 
     impl Model {
-        fn apply(&mut self, steps: Vec<Step>) -> Result<(), TestCaseError> {
+        fn apply(&mut self, steps: Vec<TestStep>) -> Result<(), TestCaseError> {
             for step in steps {
                 match step {
                     Step::Send { token, record } => {
                         prop_assert!(
-                            self.known.contains(&record.topic),
+                            self.known.contains(&record),
                             "{token} sent before its topic exists"
                         );
                         let earlier_waiting = (0..token).find(|t| !self.fates.contains_key(t));
@@ -273,7 +288,7 @@ mod tests {
         /// records are released in order, only once their topic exists, and each leaves once.
         #[test]
         fn records_leave_once_in_order_and_only_to_existing_topics(ops in proptest::collection::vec(op(), 1..60)) {
-            let mut gate = TopicGate::default();
+            let mut gate = Gate::default();
             let mut model = Model {
                 known: HashSet::from(["known".to_owned()]),
                 fates: BTreeMap::new(),
@@ -289,7 +304,7 @@ mod tests {
                         model.offered += 1;
                         model.topics.insert(token, TOPICS[t].to_owned());
                         let known = model.known.clone();
-                        let step = gate.offer(token, record(TOPICS[t]), |topic| !known.contains(topic));
+                        let step: Option<TestStep> = gate.offer(token, record(TOPICS[t]), |topic| !known.contains(topic));
                         model.apply(step.into_iter().collect())?;
                     }
                     Op::Finish(outcome) => {
@@ -299,15 +314,14 @@ mod tests {
                         let result = match outcome {
                             0 => {
                                 model.known.insert(topic.clone());
-                                Ok(())
+                                Creation::Created
                             }
-                            1 => Err(creation_failed(&topic, RDKafkaErrorCode::AllBrokersDown)),
-                            _ => Err(creation_failed(&topic, RDKafkaErrorCode::TopicAuthorizationFailed)),
+                            1 => Creation::FailedForNow("unreachable"),
+                            _ => Creation::Refused("refused"),
                         };
-                        prop_assert_eq!(result.as_ref().is_err_and(SinkError::is_transient), outcome == 1);
                         stale_ids.push(id);
                         let known = model.known.clone();
-                        let steps = gate.created(id, result, |topic| !known.contains(topic));
+                        let steps: Vec<TestStep> = gate.created(id, result, |topic| !known.contains(topic));
                         model.apply(steps)?;
                         // What the outcome does to the records that waited for it.
                         for (i, token) in waited.into_iter().enumerate() {
@@ -331,7 +345,7 @@ mod tests {
                     Op::Stale => {
                         if let Some(&id) = stale_ids.last() {
                             let known = model.known.clone();
-                            let steps = gate.created(id, Ok(()), |topic| !known.contains(topic));
+                            let steps: Vec<TestStep> = gate.created(id, Creation::Created, |topic| !known.contains(topic));
                             prop_assert!(steps.is_empty(), "a stopped creation's outcome changed something");
                         }
                     }
@@ -340,7 +354,7 @@ mod tests {
                             stale_ids.push(id);
                         }
                         let waited = model.waiting();
-                        let steps = gate.purge();
+                        let steps: Vec<TestStep> = gate.purge();
                         model.apply(steps)?;
                         for token in waited {
                             prop_assert_eq!(model.fates.get(&token), Some(&Fate::HandedBack));

@@ -20,7 +20,7 @@
 //! - A record abandoned (not delivered before the session ends) keeps its transaction pending
 //!   for the rest of the session: the watermark never passes it.
 
-use super::in_flight::InFlightRecords;
+use crate::in_flight::InFlightRecords;
 use pgoutput::Lsn;
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -16,7 +16,7 @@
 //!
 //! So memory is at most `span` slots plus one entry per record in flight.
 
-use super::ledger::{InFlight, Seq};
+use crate::ledger::{InFlight, Seq};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Records in flight, by number.
@@ -120,7 +120,7 @@ impl InFlightRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::ledger::TxnId;
+    use crate::ledger::TxnId;
     use proptest::prelude::*;
     use std::time::Instant;
 
