@@ -16,7 +16,8 @@
 //!   topics held the backlog's last record, to the moment they did ([`DrainEnd::LastRecord`]).
 //! - The record count is the growth of the routed topics' end offsets (summed over their
 //!   partitions, read with rdkafka) since just before the worker started, so a broker that
-//!   keeps earlier runs' records counts only this one's.
+//!   keeps earlier runs' records counts only this one's. A read that fails while the worker
+//!   runs (a topic it just created has no leader yet) keeps the last count.
 //! - A worker whose count has not moved for [`STALL`] (JVM start included) fails the drain;
 //!   the JVM is killed when the drain is dropped, so no error path leaves it running.
 //! - Each run starts from an empty offset file (`target/bench/connect/<variant>/`): the
@@ -266,6 +267,21 @@ fn end_offsets(
     Ok(out)
 }
 
+/// [`end_offsets`], retried for up to 10 s while the broker answers with an error.
+async fn final_offsets(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topics: &[String],
+) -> Result<BTreeMap<(String, i32), i64>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::task::block_in_place(|| end_offsets(consumer, topics)) {
+            Ok(offsets) => return Ok(offsets),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
 fn offsets_consumer(bootstrap: &str) -> Result<rdkafka::consumer::BaseConsumer> {
     rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -361,10 +377,13 @@ pub async fn drain(
         let mut last_record_at = None;
         let (mut count, mut count_changed_at) = (0, Duration::ZERO);
         let (elapsed, end) = loop {
-            let now = tokio::task::block_in_place(|| end_offsets(&consumer, &topics))?;
-            let n = records_since(&before, &now);
-            if n != count {
-                (count, count_changed_at) = (n, start.elapsed());
+            // A topic the worker just created may answer NotLeaderForPartition for a moment:
+            // a failed read keeps the last count until the next poll.
+            if let Ok(now) = tokio::task::block_in_place(|| end_offsets(&consumer, &topics)) {
+                let n = records_since(&before, &now);
+                if n != count {
+                    (count, count_changed_at) = (n, start.elapsed());
+                }
             }
             if last_record_at.is_none() && count >= plan.events {
                 last_record_at = Some(start.elapsed());
@@ -405,8 +424,7 @@ pub async fn drain(
             );
         }
         // The final count, after anything still in flight arrived (a duplicate shows here).
-        let now = tokio::task::block_in_place(|| end_offsets(&consumer, &topics))?;
-        let records = records_since(&before, &now);
+        let records = records_since(&before, &final_offsets(&consumer, &topics).await?);
         stop(&mut child, pid, &log_hint).await?;
         Ok(Drain {
             secs: elapsed.as_secs_f64(),

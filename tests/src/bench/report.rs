@@ -162,31 +162,39 @@ impl Results {
     }
 
     /// The record count of every row that reports one.
-    fn counts(&self) -> Vec<(&'static str, Option<f64>)> {
+    fn counts(&self) -> Vec<(String, Option<f64>)> {
         let mut counts: Vec<_> = self
             .rows()
             .into_iter()
             .filter(|(name, _)| *name != "pg_recvlogical")
-            .map(|(name, d)| (name, d.records_produced))
+            .map(|(name, d)| (name.to_owned(), d.records_produced))
             .collect();
         if let Some(all) = &self.all_operations {
             counts.extend(
                 all.rows()
                     .into_iter()
                     .filter(|(name, _)| *name != "pg_recvlogical")
-                    .map(|(name, d)| (name, d.records_produced)),
+                    .map(|(name, d)| (format!("{name} (all operations)"), d.records_produced)),
             );
         }
         if let Some(c) = &self.contention {
-            counts.push(("siphon->kafka (hog)", c.kafka.records_produced));
-            counts.push(("siphon->discard (hog)", c.discard.records_produced));
+            counts.push(("siphon->kafka (hog)".into(), c.kafka.records_produced));
+            counts.push(("siphon->discard (hog)".into(), c.discard.records_produced));
         }
         counts
     }
 
+    /// [`records_check`] over [`Results::counts`].
+    fn check_counts(&self) -> (String, bool) {
+        let counts = self.counts();
+        let named: Vec<(&str, Option<f64>)> =
+            counts.iter().map(|(n, c)| (n.as_str(), *c)).collect();
+        records_check(self.backlog.events, &named)
+    }
+
     /// Whether every reported record count equals the backlog's events.
     pub fn records_match(&self) -> bool {
-        records_check(self.backlog.events, &self.counts()).1
+        self.check_counts().1
     }
 
     /// The rows under contention, whose reference is the contended pg_recvlogical.
@@ -348,7 +356,7 @@ impl Results {
             out += &self.drain_table(&all.rows(), all.recvlogical.secs);
             out += &connect_notes(&all.connect);
         }
-        out += &records_check(b.events, &self.counts()).0;
+        out += &self.check_counts().0;
         out += "\n";
         if let Some(c) = &self.contention {
             out += &format!(
