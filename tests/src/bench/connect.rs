@@ -374,7 +374,7 @@ pub async fn drain(
 
     let outcome: Result<Drain> = async {
         let deadline = start + plan.timeout;
-        let mut last_record_at = None;
+        let (mut first_record_at, mut last_record_at) = (None, None);
         let (mut count, mut count_changed_at) = (0, Duration::ZERO);
         let (elapsed, end) = loop {
             // A topic the worker just created may answer NotLeaderForPartition for a moment:
@@ -384,6 +384,9 @@ pub async fn drain(
                 if n != count {
                     (count, count_changed_at) = (n, start.elapsed());
                 }
+            }
+            if first_record_at.is_none() && count > 0 {
+                first_record_at = Some(start.elapsed());
             }
             if last_record_at.is_none() && count >= plan.events {
                 last_record_at = Some(start.elapsed());
@@ -433,6 +436,7 @@ pub async fn drain(
             walsender_cpu,
             broker_cpu,
             end,
+            first_record_secs: first_record_at.map(|d| d.as_secs_f64()),
         })
     }
     .await;

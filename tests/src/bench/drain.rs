@@ -26,6 +26,9 @@ pub struct Drain {
     pub broker_cpu: Option<f64>,
     /// What ended the timing.
     pub end: DrainEnd,
+    /// Seconds from the start to the first record on the broker, when the drain knows it (the
+    /// Connect rows: the worker's start-up).
+    pub first_record_secs: Option<f64>,
 }
 
 /// What a drain's time runs to.
@@ -131,6 +134,7 @@ pub async fn recvlogical(
         walsender_cpu,
         broker_cpu,
         end: DrainEnd::ProcessExit,
+        first_record_secs: None,
     })
 }
 
@@ -261,6 +265,7 @@ pub async fn siphon(
         walsender_cpu,
         broker_cpu,
         end: DrainEnd::SlotConfirmed,
+        first_record_secs: None,
     })
 }
 

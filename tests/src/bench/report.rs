@@ -82,6 +82,15 @@ fn connect_notes(connect: &[(&'static str, Result<Drain, String>)]) -> String {
             Ok(_) => {}
             Err(why) => out += &format!("{name} {why}\n"),
         }
+        if let Ok(Drain {
+            first_record_secs: Some(first),
+            ..
+        }) = row
+        {
+            out += &format!(
+                "  {name}: first record on the broker {first:.1} s after the JVM started (worker and connector start-up, in its seconds)\n"
+            );
+        }
     }
     out
 }
@@ -482,6 +491,7 @@ impl Results {
             "system_cpu_share": d.usage.map(|u| u.sys_secs / u.cpu_secs.max(f64::MIN_POSITIVE)),
             "voluntary_context_switches_per_event": d.usage.map(|u| u.voluntary_switches as f64 / b.events as f64),
             "records_produced": d.records_produced,
+            "first_record_seconds": d.first_record_secs,
             "walsender_cpu_secs": d.walsender_cpu,
             "broker_cpu_secs": d.broker_cpu,
         })
@@ -733,6 +743,7 @@ mod tests {
             walsender_cpu: None,
             broker_cpu: None,
             end,
+            first_record_secs: None,
         }
     }
 
@@ -866,7 +877,10 @@ mod tests {
         r.connect = vec![
             (
                 "Debezium on Connect (producer defaults)",
-                Ok(drain(10.0, Some(1000.0), DrainEnd::SlotConfirmed)),
+                Ok(Drain {
+                    first_record_secs: Some(6.5),
+                    ..drain(10.0, Some(1000.0), DrainEnd::SlotConfirmed)
+                }),
             ),
             (
                 "Debezium on Connect (idempotent)",
@@ -892,6 +906,13 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("all-operations publication"), "{table}");
+        assert!(
+            table.contains(
+                "Debezium on Connect (producer defaults): first record on the broker 6.5 s"
+            ),
+            "{table}"
+        );
+        assert_eq!(r.json()["drains"][3]["first_record_seconds"], 6.5);
         assert!(
             table.contains("Debezium on Connect (idempotent) FAILED: stalled"),
             "{table}"
