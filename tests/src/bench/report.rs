@@ -560,9 +560,11 @@ impl Results {
             }
         }
         Chart {
+            // The broker's name without its parenthesised details (JVM options): one line.
             title: format!(
                 "Siphon benchmark: {} events; broker {}",
-                self.backlog.events, self.broker.name
+                self.backlog.events,
+                self.broker.name.split(" (").next().unwrap_or_default()
             ),
             groups,
             latency,
@@ -935,6 +937,10 @@ mod tests {
             "FAILED: stalled"
         );
         let chart = r.chart();
+        assert_eq!(
+            chart.title,
+            "Siphon benchmark: 1000 events; broker Apache Kafka 4.4.0"
+        );
         assert_eq!(chart.groups.len(), 2);
         assert_eq!(chart.groups[0].bars.len(), 5);
         assert_eq!(
