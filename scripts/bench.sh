@@ -9,16 +9,23 @@
 #   --broker-name S   what the tables call a --bootstrap broker (e.g. its version)
 #   --json PATH       also write the JSON result there
 #   --contention      also drain under a CPU hog of two busy threads and compare
-#   --no-debezium     skip the Debezium row
+#   --no-debezium     skip the Debezium row (embedded engine)
+#   --no-connect      skip the Debezium-on-Connect rows
+#   --no-all-operations  skip the all-operations publication's drains
+#   --slots-scaling   also measure pg_recvlogical on 1, 2 and 4 slots at once
 #   --help            every option
 #
 # One run drains the same backlog with pg_recvlogical (the reference), with Siphon to the
-# broker, with Siphon's discard sink and with Debezium's embedded engine (skipped, with the
-# reason in the table, when Java or the Debezium jars are missing), optionally again under a
-# CPU hog (--contention), then measures commit->ack latency at a steady 5,000 events/s next to
-# the broker's own produce latency (a probe producer). It prints a table, naming the broker and
-# its version, and writes target/bench/result.json. See docs/performance.md for what each
-# figure means.
+# broker, with Siphon's discard sink, with Debezium's embedded engine and with Debezium on a
+# standalone Kafka Connect worker producing to the broker, once with Connect's producer defaults
+# and once idempotent (each skipped, with the reason in the table, when Java or the jars are
+# missing); then the same backlog through an all-operations publication (publish = 'insert,
+# update, delete') with pg_recvlogical, Siphon to the broker and the Connect rows; optionally
+# again under a CPU hog (--contention) and pg_recvlogical on several slots (--slots-scaling);
+# then measures commit->ack latency at a steady 5,000 events/s next to the broker's own produce
+# latency (a probe producer). It prints a table, naming the broker and its version, and writes
+# target/bench/result.json and the chart target/bench/result.svg. See docs/performance.md for
+# what each figure means.
 #
 # The broker is Apache Kafka 4.4.0, one KRaft node (the test harness's single-node settings)
 # whose JVM runs with the options of Kafka's own start scripts: a 1 GiB heap, G1, full JIT
@@ -28,7 +35,8 @@
 # the first address's port, when that is this host's loopback).
 #
 # Needs what scripts/install-deps.sh installs (PostgreSQL, Apache Kafka's jars and Java, the
-# Debezium jars and Java runtime, the build dependencies); it runs that script first. It stops
+# Debezium jars and Java runtime, the Kafka Connect worker with Debezium's connector plugin, the
+# build dependencies); it runs that script first. It stops
 # everything it starts.
 set -euo pipefail
 

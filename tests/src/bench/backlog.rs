@@ -12,6 +12,10 @@ use tokio_postgres::SimpleQueryMessage;
 
 const CONNECTIONS: u64 = 2;
 
+/// The aggregate types of the backlog's events (the router's topic names): event `n` is a
+/// `BenchCustomer` when `n % 3 == 0`, a `BenchOrder` otherwise.
+pub const AGGREGATE_TYPES: [&str; 2] = ["BenchCustomer", "BenchOrder"];
+
 /// Writes `events` events in transactions of `txn_events`; returns what was written and the
 /// end of the backlog (`X/Y` and as a number).
 pub async fn write(svc: &Services, events: u64, txn_events: u64) -> Result<(Backlog, String, u64)> {
@@ -82,7 +86,10 @@ fn backlog_sql(nonce: &str, txn: u64, txn_events: u64, events: u64) -> String {
     let first = txn * txn_events;
     workload::transaction_sql(
         nonce,
-        "CASE WHEN n % 3 = 0 THEN 'BenchCustomer' ELSE 'BenchOrder' END",
+        &format!(
+            "CASE WHEN n % 3 = 0 THEN '{}' ELSE '{}' END",
+            AGGREGATE_TYPES[0], AGGREGATE_TYPES[1]
+        ),
         first,
         txn_events.min(events - first),
     )

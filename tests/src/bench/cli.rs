@@ -72,6 +72,26 @@ pub struct Args {
     /// Skip the Debezium row (it needs Java and the jars of scripts/install-debezium.sh).
     #[arg(long)]
     pub no_debezium: bool,
+
+    /// Skip the Debezium-on-Connect rows (a standalone Kafka Connect worker with Debezium's
+    /// connector, from scripts/install-connect.sh).
+    #[arg(long)]
+    pub no_connect: bool,
+
+    /// Skip the all-operations publication's drains (publish = 'insert, update, delete': the
+    /// DELETE of every outbox row crosses the wire), run beside the insert-only ones.
+    #[arg(long)]
+    pub no_all_operations: bool,
+
+    /// Also measure pg_recvlogical's events/s with 1, 2 and 4 slots drained in parallel on
+    /// the server, each behind its own outbox table and publication (see "Scaling past one
+    /// slot" in docs/performance.md).
+    #[arg(long)]
+    pub slots_scaling: bool,
+
+    /// Events behind each slot in the --slots-scaling rounds (default: --events).
+    #[arg(long)]
+    pub scaling_events: Option<u64>,
 }
 
 impl Args {
@@ -79,6 +99,10 @@ impl Args {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.events > 0, "--events must be positive");
         anyhow::ensure!(self.txn_events > 0, "--txn-events must be positive");
+        anyhow::ensure!(
+            self.scaling_events != Some(0),
+            "--scaling-events must be positive"
+        );
         anyhow::ensure!(
             self.latency_txn_events > 0 && self.latency_writers > 0 && self.latency_rate > 0,
             "--latency-rate, --latency-txn-events and --latency-writers must be positive"
@@ -126,6 +150,10 @@ mod tests {
         assert_eq!(a.bootstrap.as_deref(), Some("127.0.0.1:9092"));
         assert_eq!(a.broker_name.as_deref(), Some("Kafka 3.9"));
         assert!(parse(&["--contention=yes"]).is_err());
+        let a = parse(&["--slots-scaling", "--scaling-events", "5000"])?;
+        assert!(a.slots_scaling && a.scaling_events == Some(5000));
+        assert!(!a.no_connect && !a.no_all_operations);
+        assert!(parse(&["--scaling-events", "0"])?.validate().is_err());
         Ok(())
     }
 

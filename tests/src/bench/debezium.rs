@@ -272,6 +272,7 @@ pub async fn drain(
             walsender_cpu,
             broker_cpu,
             end,
+            first_record_secs: None,
         })
     }
     .await;

@@ -26,6 +26,9 @@ pub struct Drain {
     pub broker_cpu: Option<f64>,
     /// What ended the timing.
     pub end: DrainEnd,
+    /// Seconds from the start to the first record on the broker, when the drain knows it (the
+    /// Connect rows: the worker's start-up).
+    pub first_record_secs: Option<f64>,
 }
 
 /// What a drain's time runs to.
@@ -89,10 +92,12 @@ impl CpuWatch {
     }
 }
 
-/// Streams slot `slot` with pg_recvlogical into /dev/null until `end_lsn` (`X/Y`).
+/// Streams slot `slot` with pg_recvlogical (publication `publication`) into /dev/null until
+/// `end_lsn` (`X/Y`).
 pub async fn recvlogical(
     svc: &Services,
     slot: &str,
+    publication: &str,
     end_lsn: &str,
     timeout: Duration,
 ) -> Result<Drain> {
@@ -101,7 +106,7 @@ pub async fn recvlogical(
     let child = tokio::process::Command::new(&svc.recvlogical)
         .args(["-d", &svc.pg_url, "--slot", slot, "--start", "--no-loop"])
         .args(["-o", "proto_version=1", "-o"])
-        .arg(format!("publication_names={}", workload::PUBLICATION))
+        .arg(format!("publication_names={publication}"))
         .args(["-f", "/dev/null", "--endpos", end_lsn])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -129,12 +134,19 @@ pub async fn recvlogical(
         walsender_cpu,
         broker_cpu,
         end: DrainEnd::ProcessExit,
+        first_record_secs: None,
     })
 }
 
 /// A Siphon configuration with its defaults except the slot, the publication, the table,
 /// the sink and the metrics address.
-pub fn siphon_config(svc: &Services, slot: &str, sink: &str, metrics: &str) -> String {
+pub fn siphon_config(
+    svc: &Services,
+    slot: &str,
+    publication: &str,
+    sink: &str,
+    metrics: &str,
+) -> String {
     format!(
         r#"[source]
 url = "{url}"
@@ -150,7 +162,6 @@ sink = "{sink}"
 listen = "{metrics}"
 "#,
         url = svc.pg_url,
-        publication = workload::PUBLICATION,
         table = workload::TABLE,
         bootstrap = svc.bootstrap,
     )
@@ -162,10 +173,10 @@ pub struct Running {
     pub metrics: String,
 }
 
-/// Starts the Siphon binary (`$SIPHON_BIN`, see the harness) on `slot`.
-pub fn start_siphon(svc: &Services, slot: &str, sink: &str) -> Result<Running> {
+/// Starts the Siphon binary (`$SIPHON_BIN`, see the harness) on `slot` and `publication`.
+pub fn start_siphon(svc: &Services, slot: &str, publication: &str, sink: &str) -> Result<Running> {
     let metrics = format!("127.0.0.1:{}", free_port());
-    let config = siphon_config(svc, slot, sink, &metrics);
+    let config = siphon_config(svc, slot, publication, sink, &metrics);
     // Siphon runs in its own directory: the binary's path must not be relative.
     let bin = siphon_bin()?;
     let bin =
@@ -221,19 +232,20 @@ pub async fn wait_confirmed(
     }
 }
 
-/// Drains `slot` with Siphon (`sink` = `kafka` or `discard`) until its `confirmed_flush_lsn`
-/// reaches `end_lsn`, samples its usage, then stops it with SIGTERM.
+/// Drains `slot` with Siphon on `publication` (`sink` = `kafka` or `discard`) until its
+/// `confirmed_flush_lsn` reaches `end_lsn`, samples its usage, then stops it with SIGTERM.
 pub async fn siphon(
     svc: &Services,
     db: &tokio_postgres::Client,
     slot: &str,
+    publication: &str,
     sink: &str,
     end_lsn: u64,
     timeout: Duration,
 ) -> Result<Drain> {
     let watch = CpuWatch::start(svc, slot).await?;
     let start = Instant::now();
-    let running = start_siphon(svc, slot, sink)?;
+    let running = start_siphon(svc, slot, publication, sink)?;
     wait_confirmed(db, &running, slot, end_lsn, timeout).await?;
     let secs = start.elapsed().as_secs_f64();
     let (walsender_cpu, broker_cpu) = watch.finish().await;
@@ -253,6 +265,7 @@ pub async fn siphon(
         walsender_cpu,
         broker_cpu,
         end: DrainEnd::SlotConfirmed,
+        first_record_secs: None,
     })
 }
 

@@ -31,12 +31,14 @@ pub struct Plan {
     pub writers: u64,
 }
 
-/// p50/p95/p99/max in seconds.
+/// p50/p90/p95/p99/p99.9/max in seconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Quantiles {
     pub p50: f64,
+    pub p90: f64,
     pub p95: f64,
     pub p99: f64,
+    pub p999: f64,
     pub max: f64,
 }
 
@@ -74,7 +76,7 @@ pub async fn run(
         .await
         .context("emptying the outbox table")?;
     workload::create_slot(db, slot).await?;
-    let siphon = drain::start_siphon(svc, slot, "kafka")?;
+    let siphon = drain::start_siphon(svc, slot, workload::PUBLICATION, "kafka")?;
 
     // Warm-up: creates the topic (Siphon's topic creation) and proves the pipeline is
     // streaming and caught up.
@@ -166,8 +168,10 @@ pub async fn run(
     let histogram = (|| {
         Some(Quantiles {
             p50: promhist::quantile(&hist, 0.50)?,
+            p90: promhist::quantile(&hist, 0.90)?,
             p95: promhist::quantile(&hist, 0.95)?,
             p99: promhist::quantile(&hist, 0.99)?,
+            p999: promhist::quantile(&hist, 0.999)?,
             max: promhist::max_bound(&hist)?,
         })
     })();
@@ -228,7 +232,7 @@ async fn start_probe(bootstrap: &str, nonce: &str) -> std::result::Result<Probe,
         .map_err(|e| format!("starting the probe producer: {e:#}"))
 }
 
-/// Exact p50/p95/p99/max of sorted samples (nearest rank); `None` when there are none.
+/// Exact p50/p90/p95/p99/p99.9/max of sorted samples (nearest rank); `None` when there are none.
 pub fn exact_quantiles(sorted: &[f64]) -> Option<Quantiles> {
     let at = |q: f64| -> Option<f64> {
         let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
@@ -236,8 +240,10 @@ pub fn exact_quantiles(sorted: &[f64]) -> Option<Quantiles> {
     };
     Some(Quantiles {
         p50: at(0.50)?,
+        p90: at(0.90)?,
         p95: at(0.95)?,
         p99: at(0.99)?,
+        p999: at(0.999)?,
         max: *sorted.last()?,
     })
 }

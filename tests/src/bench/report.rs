@@ -1,5 +1,6 @@
 //! The result table, the targets and the JSON document.
 
+use super::chart::{Bar, Chart, Group, Series};
 use super::drain::{Drain, DrainEnd};
 use super::latency::{Latency, Quantiles};
 use super::probe::{self, ProbeStats};
@@ -30,12 +31,68 @@ pub struct Results {
     pub discard: Drain,
     /// The Debezium row, or why it was skipped.
     pub debezium: Result<Drain, String>,
+    /// The Debezium-on-Connect rows (name, drain or why it was skipped or failed).
+    pub connect: Vec<(&'static str, Result<Drain, String>)>,
+    /// The same backlog through the all-operations publication (`--no-all-operations` skips).
+    pub all_operations: Option<ShapeRows>,
+    /// pg_recvlogical at 1, 2 and 4 parallel slots (`--slots-scaling`).
+    pub scaling: Option<super::slots::Scaling>,
     /// The drains under a CPU hog (`--contention`).
     pub contention: Option<Contention>,
     pub latency: Option<Latency>,
     /// A measurement that failed without stopping the run (the Debezium drain): the run
     /// reports it and exits non-zero.
     pub failure: Option<String>,
+}
+
+/// The drains of the backlog through another publication shape.
+pub struct ShapeRows {
+    pub recvlogical: Drain,
+    pub kafka: Drain,
+    /// The Debezium-on-Connect rows (name, drain or why it was skipped or failed).
+    pub connect: Vec<(&'static str, Result<Drain, String>)>,
+}
+
+impl ShapeRows {
+    fn rows(&self) -> Vec<(&'static str, &Drain)> {
+        let mut rows = vec![
+            ("pg_recvlogical", &self.recvlogical),
+            ("siphon->kafka", &self.kafka),
+        ];
+        rows.extend(
+            self.connect
+                .iter()
+                .filter_map(|(name, row)| row.as_ref().ok().map(|d| (*name, d))),
+        );
+        rows
+    }
+}
+
+/// Lines for Connect rows that were skipped, failed or timed to their last record.
+fn connect_notes(connect: &[(&'static str, Result<Drain, String>)]) -> String {
+    let mut out = String::new();
+    for (name, row) in connect {
+        match row {
+            Ok(d) if d.end == DrainEnd::LastRecord => {
+                out += &format!(
+                    "  * {name} timed to its last record on the broker: its offset flush had not confirmed the end {:.0} s later\n",
+                    super::connect::LAST_RECORD_GRACE.as_secs_f64()
+                );
+            }
+            Ok(_) => {}
+            Err(why) => out += &format!("{name} {why}\n"),
+        }
+        if let Ok(Drain {
+            first_record_secs: Some(first),
+            ..
+        }) = row
+        {
+            out += &format!(
+                "  {name}: first record on the broker {first:.1} s after the JVM started (worker and connector start-up, in its seconds)\n"
+            );
+        }
+    }
+    out
 }
 
 /// The same backlog drained again while busy threads compete for the CPU.
@@ -105,27 +162,48 @@ impl Results {
         if let Ok(d) = &self.debezium {
             rows.push(("debezium", d));
         }
+        for (name, row) in &self.connect {
+            if let Ok(d) = row {
+                rows.push((*name, d));
+            }
+        }
         rows
     }
 
     /// The record count of every row that reports one.
-    fn counts(&self) -> Vec<(&'static str, Option<f64>)> {
+    fn counts(&self) -> Vec<(String, Option<f64>)> {
         let mut counts: Vec<_> = self
             .rows()
             .into_iter()
             .filter(|(name, _)| *name != "pg_recvlogical")
-            .map(|(name, d)| (name, d.records_produced))
+            .map(|(name, d)| (name.to_owned(), d.records_produced))
             .collect();
+        if let Some(all) = &self.all_operations {
+            counts.extend(
+                all.rows()
+                    .into_iter()
+                    .filter(|(name, _)| *name != "pg_recvlogical")
+                    .map(|(name, d)| (format!("{name} (all operations)"), d.records_produced)),
+            );
+        }
         if let Some(c) = &self.contention {
-            counts.push(("siphon->kafka (hog)", c.kafka.records_produced));
-            counts.push(("siphon->discard (hog)", c.discard.records_produced));
+            counts.push(("siphon->kafka (hog)".into(), c.kafka.records_produced));
+            counts.push(("siphon->discard (hog)".into(), c.discard.records_produced));
         }
         counts
     }
 
+    /// [`records_check`] over [`Results::counts`].
+    fn check_counts(&self) -> (String, bool) {
+        let counts = self.counts();
+        let named: Vec<(&str, Option<f64>)> =
+            counts.iter().map(|(n, c)| (n.as_str(), *c)).collect();
+        records_check(self.backlog.events, &named)
+    }
+
     /// Whether every reported record count equals the backlog's events.
     pub fn records_match(&self) -> bool {
-        records_check(self.backlog.events, &self.counts()).1
+        self.check_counts().1
     }
 
     /// The rows under contention, whose reference is the contended pg_recvlogical.
@@ -278,7 +356,16 @@ impl Results {
             Ok(_) => {}
             Err(why) => out += &format!("{:<17} {why}\n", "debezium"),
         }
-        out += &records_check(b.events, &self.counts()).0;
+        out += &connect_notes(&self.connect);
+        if let Some(all) = &self.all_operations {
+            out += &format!(
+                "\n{} (ratio to pg_recvlogical on it):\n",
+                super::workload::Shape::AllOperations.title()
+            );
+            out += &self.drain_table(&all.rows(), all.recvlogical.secs);
+            out += &connect_notes(&all.connect);
+        }
+        out += &self.check_counts().0;
         out += "\n";
         if let Some(c) = &self.contention {
             out += &format!(
@@ -290,6 +377,10 @@ impl Results {
                 "  siphon->kafka / pg_recvlogical under the hog: {:.2}x (target >= 0.6x)\n",
                 ratio(c.recvlogical.secs, c.kafka.secs)
             );
+        }
+        if let Some(s) = &self.scaling {
+            out += "\nscaling past one slot: pg_recvlogical on 1, 2 and 4 slots in parallel, one outbox table and publication per slot:\n";
+            out += &s.table();
         }
         out += "\n";
         match &self.latency {
@@ -338,8 +429,9 @@ impl Results {
     /// The header and one line per drain; ratios against `reference_secs`.
     fn drain_table(&self, rows: &[(&str, &Drain)], reference_secs: f64) -> String {
         let b = &self.backlog;
+        let w = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0).max(17);
         let mut out = format!(
-            "{:<17} {:>9} {:>11} {:>7} {:>13} {:>16} | {:>18} {:>15}\n",
+            "{:<w$} {:>9} {:>11} {:>7} {:>13} {:>16} | {:>18} {:>15}\n",
             "",
             "seconds",
             "events/s",
@@ -368,7 +460,7 @@ impl Results {
                 ""
             };
             out += &format!(
-                "{:<17} {:>9} {:>11.0} {:>7.2} {:>13} {:>16} | {:>18} {:>15}\n",
+                "{:<w$} {:>9} {:>11.0} {:>7.2} {:>13} {:>16} | {:>18} {:>15}\n",
                 name,
                 format!("{:.2}{mark}", d.secs),
                 self.rate(d),
@@ -399,9 +491,84 @@ impl Results {
             "system_cpu_share": d.usage.map(|u| u.sys_secs / u.cpu_secs.max(f64::MIN_POSITIVE)),
             "voluntary_context_switches_per_event": d.usage.map(|u| u.voluntary_switches as f64 / b.events as f64),
             "records_produced": d.records_produced,
+            "first_record_seconds": d.first_record_secs,
             "walsender_cpu_secs": d.walsender_cpu,
             "broker_cpu_secs": d.broker_cpu,
         })
+    }
+
+    /// The picture: drain rates relative to pg_recvlogical per publication shape, and the
+    /// latency phase's quantiles.
+    pub fn chart(&self) -> Chart {
+        let label = |name: &str| match name {
+            "debezium" => "debezium (embedded engine, discarding)".to_owned(),
+            other => other.to_owned(),
+        };
+        let group = |title: &str, rows: &[(&str, &Drain)], reference_secs: f64| Group {
+            title: title.to_owned(),
+            bars: rows
+                .iter()
+                .map(|(name, d)| Bar {
+                    label: label(name),
+                    ratio: ratio(reference_secs, d.secs),
+                    events_per_sec: self.rate(d),
+                })
+                .collect(),
+        };
+        let mut groups = vec![group(
+            super::workload::Shape::InsertOnly.title(),
+            &self.rows(),
+            self.recvlogical.secs,
+        )];
+        if let Some(all) = &self.all_operations {
+            groups.push(group(
+                super::workload::Shape::AllOperations.title(),
+                &all.rows(),
+                all.recvlogical.secs,
+            ));
+        }
+        let mut latency = Vec::new();
+        if let Some(l) = &self.latency {
+            let points = |q: &Quantiles| {
+                vec![
+                    ("p50", q.p50 * 1e3),
+                    ("p90", q.p90 * 1e3),
+                    ("p99", q.p99 * 1e3),
+                    ("p99.9", q.p999 * 1e3),
+                ]
+            };
+            if let Some(q) = &l.end_to_end {
+                latency.push(Series {
+                    label: "COMMIT returned -> consumer received, end to end (exact)".into(),
+                    points: points(q),
+                });
+            }
+            if let Some(q) = &l.histogram {
+                latency.push(Series {
+                    label: "commit -> ack, Siphon's histogram (estimates within buckets)".into(),
+                    points: points(q),
+                });
+            }
+            if let Ok(ProbeStats {
+                latency: Some(q), ..
+            }) = &l.probe
+            {
+                latency.push(Series {
+                    label: "broker produce -> ack, probe producer".into(),
+                    points: points(q),
+                });
+            }
+        }
+        Chart {
+            // The broker's name without its parenthesised details (JVM options): one line.
+            title: format!(
+                "Siphon benchmark: {} events; broker {}",
+                self.backlog.events,
+                self.broker.name.split(" (").next().unwrap_or_default()
+            ),
+            groups,
+            latency,
+        }
     }
 
     /// The same as JSON.
@@ -421,6 +588,19 @@ impl Results {
                 "hog_threads": c.threads,
                 "drains": rows,
                 "kafka_ratio_to_pg_recvlogical": ratio(c.recvlogical.secs, c.kafka.secs),
+            })
+        });
+        let all_operations = self.all_operations.as_ref().map(|all| {
+            let rows: Vec<Value> = all
+                .rows()
+                .iter()
+                .map(|(name, d)| self.drain_json(name, d, all.recvlogical.secs))
+                .collect();
+            json!({
+                "publication": super::workload::PUBLICATION_ALL,
+                "publish": "insert, update, delete",
+                "drains": rows,
+                "connect_skipped": skipped_json(&all.connect),
             })
         });
         let records_match = self.records_match();
@@ -472,12 +652,27 @@ impl Results {
             },
             "drains": rows,
             "debezium_skipped": self.debezium.as_ref().err(),
+            "connect_skipped": skipped_json(&self.connect),
+            "all_operations": all_operations,
+            "slots_scaling": self.scaling.as_ref().map(super::slots::Scaling::json),
             "records_match_backlog": records_match,
             "contention": contention,
             "latency": latency,
             "targets": targets,
         })
     }
+}
+
+/// The Connect rows that did not run, and why.
+fn skipped_json(connect: &[(&'static str, Result<Drain, String>)]) -> Value {
+    connect
+        .iter()
+        .filter_map(|(name, row)| {
+            row.as_ref()
+                .err()
+                .map(|why| json!({"name": name, "why": why}))
+        })
+        .collect()
 }
 
 /// The latency report's lines about the probe producer.
@@ -528,7 +723,7 @@ fn show_q(q: Option<Quantiles>, max_label: &str) -> String {
 fn q_json(q: Option<Quantiles>) -> Value {
     q.map_or(
         Value::Null,
-        |q| json!({"p50": q.p50, "p95": q.p95, "p99": q.p99, "max": q.max}),
+        |q| json!({"p50": q.p50, "p90": q.p90, "p95": q.p95, "p99": q.p99, "p99.9": q.p999, "max": q.max}),
     )
 }
 
@@ -550,6 +745,7 @@ mod tests {
             walsender_cpu: None,
             broker_cpu: None,
             end,
+            first_record_secs: None,
         }
     }
 
@@ -570,6 +766,9 @@ mod tests {
             kafka: drain(4.0, Some(1000.0), DrainEnd::SlotConfirmed),
             discard: drain(2.5, Some(1000.0), DrainEnd::SlotConfirmed),
             debezium,
+            connect: Vec::new(),
+            all_operations: None,
+            scaling: None,
             contention,
             latency: None,
             failure: None,
@@ -581,8 +780,10 @@ mod tests {
         assert_eq!(ratio(2.0, 4.0), 0.5);
         let q = |p50, p99| Quantiles {
             p50,
+            p90: p99,
             p95: p99,
             p99,
+            p999: p99,
             max: p99,
         };
         assert_eq!(
@@ -673,11 +874,96 @@ mod tests {
     }
 
     #[test]
+    fn all_operations_and_connect_rows_are_reported_and_charted() {
+        let mut r = results(Err("skipped: no JDK".into()), None);
+        r.connect = vec![
+            (
+                "Debezium on Connect (producer defaults)",
+                Ok(Drain {
+                    first_record_secs: Some(6.5),
+                    ..drain(10.0, Some(1000.0), DrainEnd::SlotConfirmed)
+                }),
+            ),
+            (
+                "Debezium on Connect (idempotent)",
+                Ok(drain(8.0, Some(1000.0), DrainEnd::LastRecord)),
+            ),
+        ];
+        r.all_operations = Some(ShapeRows {
+            recvlogical: drain(4.0, None, DrainEnd::ProcessExit),
+            kafka: drain(5.0, Some(1000.0), DrainEnd::SlotConfirmed),
+            connect: vec![(
+                "Debezium on Connect (idempotent)",
+                Err("FAILED: stalled".into()),
+            )],
+        });
+        let table = r.table();
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("Debezium on Connect (producer defaults)"))
+            .unwrap_or_default();
+        assert!(row.contains("10.00") && row.contains("0.20"), "{table}");
+        assert!(
+            table.contains("* Debezium on Connect (idempotent) timed to its last record"),
+            "{table}"
+        );
+        assert!(table.contains("all-operations publication"), "{table}");
+        assert!(
+            table.contains(
+                "Debezium on Connect (producer defaults): first record on the broker 6.5 s"
+            ),
+            "{table}"
+        );
+        assert_eq!(r.json()["drains"][3]["first_record_seconds"], 6.5);
+        assert!(
+            table.contains("Debezium on Connect (idempotent) FAILED: stalled"),
+            "{table}"
+        );
+        // siphon->kafka on the all-operations publication: 4 s against its own 5 s.
+        let section = table
+            .split("all-operations publication")
+            .nth(1)
+            .unwrap_or_default();
+        assert!(section.contains(" 0.80 "), "{section}");
+        assert!(r.records_match(), "{table}");
+        let json = r.json();
+        assert_eq!(json["drains"].as_array().map(Vec::len), Some(5));
+        assert_eq!(
+            json["all_operations"]["drains"][1]["ratio_to_pg_recvlogical"],
+            0.8
+        );
+        assert_eq!(
+            json["all_operations"]["connect_skipped"][0]["why"],
+            "FAILED: stalled"
+        );
+        let chart = r.chart();
+        assert_eq!(
+            chart.title,
+            "Siphon benchmark: 1000 events; broker Apache Kafka 4.4.0"
+        );
+        assert_eq!(chart.groups.len(), 2);
+        assert_eq!(chart.groups[0].bars.len(), 5);
+        assert_eq!(
+            chart.groups[0].bars[4].label,
+            "Debezium on Connect (idempotent)"
+        );
+        assert_eq!(chart.groups[1].bars[1].ratio, 0.8);
+        let svg = super::super::chart::svg(&chart);
+        super::super::chart::tests::well_formed(&svg).unwrap_or_else(|e| panic!("{e}"));
+        for (name, _) in r.rows() {
+            let shown = super::super::chart::escape(name);
+            assert!(svg.contains(&shown), "{name} not in the chart");
+        }
+    }
+
+    #[test]
     fn probe_lines_report_the_share() {
         let q = |p50, p99| Quantiles {
             p50,
+            p90: p99,
             p95: p99,
             p99,
+            p999: p99,
             max: p99,
         };
         let stats = ProbeStats {

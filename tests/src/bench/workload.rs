@@ -13,12 +13,51 @@ use tokio_postgres::Client;
 pub const SCHEMA: &str = "siphon_bench";
 pub const TABLE: &str = "siphon_bench.outbox";
 pub const PUBLICATION: &str = "siphon_bench_pub";
+/// The all-operations publication: `publish = 'insert, update, delete'`, what a deployment
+/// taking over from Debezium inherits (Debezium creates its publications so).
+pub const PUBLICATION_ALL: &str = "siphon_bench_pub_all";
+
+/// The shape of the publication a drain reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `publish = 'insert, update'`, as Siphon creates its own: the outbox's DELETEs do not
+    /// cross the wire.
+    InsertOnly,
+    /// `publish = 'insert, update, delete'`: the DELETE of every outbox row crosses the wire
+    /// too, and the client drops it.
+    AllOperations,
+}
+
+impl Shape {
+    pub fn publication(self) -> &'static str {
+        match self {
+            Shape::InsertOnly => PUBLICATION,
+            Shape::AllOperations => PUBLICATION_ALL,
+        }
+    }
+
+    /// What the tables call it.
+    pub fn title(self) -> &'static str {
+        match self {
+            Shape::InsertOnly => "insert-only publication (publish = 'insert, update', as Siphon creates it)",
+            Shape::AllOperations => "all-operations publication (publish = 'insert, update, delete', as Debezium creates it)",
+        }
+    }
+
+    /// A short name for slots, files and JSON.
+    pub fn slug(self) -> &'static str {
+        match self {
+            Shape::InsertOnly => "insert_only",
+            Shape::AllOperations => "all_operations",
+        }
+    }
+}
 pub const SLOT_PREFIX: &str = "siphon_bench_";
 
-/// Drops what an earlier run may have left (inactive bench slots, the publication, the
-/// schema), then creates the schema, the outbox table and the publication, as Siphon creates
-/// its own: INSERTs and UPDATEs only, so the outbox's DELETEs do not cross the wire (every row
-/// reads the same publication).
+/// Drops what an earlier run may have left (inactive bench slots, the publications, the
+/// schema), then creates the schema, the outbox table and its two publications: the
+/// insert-only one, as Siphon creates its own (INSERTs and UPDATEs only, so the outbox's
+/// DELETEs do not cross the wire), and the all-operations one ([`Shape::AllOperations`]).
 pub async fn prepare(db: &Client) -> Result<()> {
     drop_objects(db).await?;
     db.batch_execute(&format!(
@@ -29,13 +68,14 @@ pub async fn prepare(db: &Client) -> Result<()> {
              aggregateid varchar(255) NOT NULL,
              type varchar(255) NOT NULL,
              payload jsonb);
-         CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish = 'insert, update');"
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE} WITH (publish = 'insert, update');
+         CREATE PUBLICATION {PUBLICATION_ALL} FOR TABLE {TABLE} WITH (publish = 'insert, update, delete');"
     ))
     .await
     .context("creating the benchmark's schema, table and publication")
 }
 
-/// Drops the benchmark's inactive slots, its publication and its schema.
+/// Drops the benchmark's inactive slots, its publications and its schema.
 pub async fn drop_objects(db: &Client) -> Result<()> {
     db.execute(
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
@@ -44,11 +84,23 @@ pub async fn drop_objects(db: &Client) -> Result<()> {
     )
     .await
     .context("dropping the benchmark's replication slots")?;
-    db.batch_execute(&format!(
-        "DROP PUBLICATION IF EXISTS {PUBLICATION}; DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;"
-    ))
-    .await
-    .context("dropping the benchmark's publication and schema")
+    // Every publication named after the bench's (the scaling rounds' too).
+    let publications = db
+        .query(
+            "SELECT pubname::text FROM pg_publication WHERE pubname LIKE $1",
+            &[&format!("{PUBLICATION}%")],
+        )
+        .await
+        .context("listing the benchmark's publications")?;
+    for row in publications {
+        let name: String = row.get(0);
+        db.batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{name}\""))
+            .await
+            .with_context(|| format!("dropping publication {name}"))?;
+    }
+    db.batch_execute(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;"))
+        .await
+        .context("dropping the benchmark's schema")
 }
 
 /// Creates logical slot `name` with pgoutput at the current position.
@@ -120,12 +172,23 @@ pub fn run_nonce() -> String {
 ///
 /// Each payload is a ~300-byte JSON order document built from `n`.
 pub fn transaction_sql(nonce: &str, aggregatetype_sql: &str, first: u64, count: u64) -> String {
+    transaction_sql_into(TABLE, nonce, aggregatetype_sql, first, count)
+}
+
+/// [`transaction_sql`] into outbox table `table` (of the outbox's columns).
+pub fn transaction_sql_into(
+    table: &str,
+    nonce: &str,
+    aggregatetype_sql: &str,
+    first: u64,
+    count: u64,
+) -> String {
     let last = first + count.saturating_sub(1);
     let first_id = event_id(nonce, first);
     let last_id = event_id(nonce, last);
     format!(
         "BEGIN;
-         INSERT INTO {TABLE} (id, aggregatetype, aggregateid, type, payload)
+         INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload)
          SELECT ('{nonce}-0000-4000-8000-' || lpad(n::text, 12, '0'))::uuid,
                 {aggregatetype_sql},
                 'agg-' || (n % 1000),
@@ -143,7 +206,7 @@ pub fn transaction_sql(nonce: &str, aggregatetype_sql: &str, first: u64, count: 
                     'shipping', jsonb_build_object('street', 'Main Street ' || (n % 500),
                                                    'city', 'Springfield', 'zip', lpad((n % 99999)::text, 5, '0')))
            FROM generate_series({first}::bigint, {last}::bigint) AS n;
-         DELETE FROM {TABLE} WHERE id BETWEEN '{first_id}' AND '{last_id}';
+         DELETE FROM {table} WHERE id BETWEEN '{first_id}' AND '{last_id}';
          COMMIT;"
     )
 }

@@ -16,8 +16,12 @@
 
 #[path = "../bench/backlog.rs"]
 mod backlog;
+#[path = "../bench/chart.rs"]
+mod chart;
 #[path = "../bench/cli.rs"]
 mod cli;
+#[path = "../bench/connect.rs"]
+mod connect;
 #[path = "../bench/debezium.rs"]
 mod debezium;
 #[path = "../bench/drain.rs"]
@@ -36,6 +40,8 @@ mod promhist;
 mod report;
 #[path = "../bench/services.rs"]
 mod services;
+#[path = "../bench/slots.rs"]
+mod slots;
 #[path = "../bench/workload.rs"]
 mod workload;
 
@@ -131,6 +137,9 @@ async fn run(args: &cli::Args, svc: &services::Services) -> Result<()> {
         write_file(&path, &json)?;
         eprintln!("bench: wrote {}", path.display());
     }
+    let svg_path = siphon_tests::workspace_root().join("target/bench/result.svg");
+    write_file(&svg_path, &chart::svg(&results.chart()))?;
+    eprintln!("bench: wrote {}", svg_path.display());
     if let Some(failure) = &results.failure {
         anyhow::bail!("{failure}");
     }
@@ -151,6 +160,12 @@ async fn measure(
     let slot = |s: &str| format!("{}{s}", workload::SLOT_PREFIX);
     let [slot_a, slot_b, slot_c, slot_dbz, slot_lat] =
         ["a", "b", "c", "debezium", "latency"].map(slot);
+    let connect_slots = connect::Producer::ALL.map(|p| (p, slot(&format!("connect_{}", p.slug()))));
+    // The all-operations publication's drains: pg_recvlogical, Siphon to the broker and the
+    // Connect rows, each on a slot of its own.
+    let [all_a, all_b] = ["all_a", "all_b"].map(slot);
+    let all_connect_slots =
+        connect::Producer::ALL.map(|p| (p, slot(&format!("all_connect_{}", p.slug()))));
     let [hog_a, hog_b, hog_c] = ["a_hog", "b_hog", "c_hog"].map(slot);
 
     let debezium = if args.no_debezium {
@@ -162,12 +177,30 @@ async fn measure(
     if let Err(why) = &debezium {
         eprintln!("bench: debezium row {why}");
     }
+    let connect_install = if args.no_connect {
+        Err("skipped: --no-connect".to_owned())
+    } else {
+        eprintln!("bench: looking for the Kafka Connect worker (scripts/install-connect.sh) ...");
+        tokio::task::block_in_place(connect::locate).map_err(|why| format!("skipped: {why}"))
+    };
+    if let Err(why) = &connect_install {
+        eprintln!("bench: Debezium on Connect rows {why}");
+    }
 
     // Every drain's slot exists before the backlog is written: each decodes the same WAL.
     workload::prepare(db).await?;
     let mut slots = vec![&slot_a, &slot_b, &slot_c];
     if debezium.is_ok() {
         slots.push(&slot_dbz);
+    }
+    if connect_install.is_ok() {
+        slots.extend(connect_slots.iter().map(|(_, s)| s));
+    }
+    if !args.no_all_operations {
+        slots.extend([&all_a, &all_b]);
+        if connect_install.is_ok() {
+            slots.extend(all_connect_slots.iter().map(|(_, s)| s));
+        }
     }
     if args.contention {
         slots.extend([&hog_a, &hog_b, &hog_c]);
@@ -184,17 +217,36 @@ async fn measure(
     );
 
     eprintln!("bench: draining {slot_a} with pg_recvlogical ...");
-    let recvlogical = drain::recvlogical(svc, &slot_a, &end_text, timeout).await?;
+    let recvlogical =
+        drain::recvlogical(svc, &slot_a, workload::PUBLICATION, &end_text, timeout).await?;
     workload::drop_slot(db, &slot_a).await?;
     eprintln!("bench: pg_recvlogical: {:.2} s", recvlogical.secs);
 
     eprintln!("bench: draining {slot_b} with siphon (kafka sink) ...");
-    let kafka = drain::siphon(svc, db, &slot_b, "kafka", end_lsn, timeout).await?;
+    let kafka = drain::siphon(
+        svc,
+        db,
+        &slot_b,
+        workload::PUBLICATION,
+        "kafka",
+        end_lsn,
+        timeout,
+    )
+    .await?;
     workload::drop_slot(db, &slot_b).await?;
     eprintln!("bench: siphon->kafka: {:.2} s", kafka.secs);
 
     eprintln!("bench: draining {slot_c} with siphon (discard sink) ...");
-    let discard = drain::siphon(svc, db, &slot_c, "discard", end_lsn, timeout).await?;
+    let discard = drain::siphon(
+        svc,
+        db,
+        &slot_c,
+        workload::PUBLICATION,
+        "discard",
+        end_lsn,
+        timeout,
+    )
+    .await?;
     workload::drop_slot(db, &slot_c).await?;
     eprintln!("bench: siphon->discard: {:.2} s", discard.secs);
 
@@ -221,20 +273,103 @@ async fn measure(
         }
     };
 
+    let connect_rows = connect_drains(
+        svc,
+        db,
+        &connect_install,
+        workload::Shape::InsertOnly,
+        &connect_slots,
+        (end_lsn, args.events, timeout),
+        &mut failure,
+    )
+    .await?;
+
+    let all_operations = if args.no_all_operations {
+        None
+    } else {
+        let shape = workload::Shape::AllOperations;
+        eprintln!(
+            "bench: draining {all_a} with pg_recvlogical ({}) ...",
+            shape.slug()
+        );
+        let recvlogical =
+            drain::recvlogical(svc, &all_a, shape.publication(), &end_text, timeout).await?;
+        workload::drop_slot(db, &all_a).await?;
+        eprintln!(
+            "bench: pg_recvlogical ({}): {:.2} s",
+            shape.slug(),
+            recvlogical.secs
+        );
+        eprintln!(
+            "bench: draining {all_b} with siphon (kafka sink, {}) ...",
+            shape.slug()
+        );
+        let kafka = drain::siphon(
+            svc,
+            db,
+            &all_b,
+            shape.publication(),
+            "kafka",
+            end_lsn,
+            timeout,
+        )
+        .await?;
+        workload::drop_slot(db, &all_b).await?;
+        eprintln!(
+            "bench: siphon->kafka ({}): {:.2} s",
+            shape.slug(),
+            kafka.secs
+        );
+        let connect = connect_drains(
+            svc,
+            db,
+            &connect_install,
+            shape,
+            &all_connect_slots,
+            (end_lsn, args.events, timeout),
+            &mut failure,
+        )
+        .await?;
+        Some(report::ShapeRows {
+            recvlogical,
+            kafka,
+            connect,
+        })
+    };
+
     let contention = if args.contention {
         eprintln!("bench: starting a CPU hog of {} busy threads", hog::THREADS);
         let hog = hog::CpuHog::start(hog::THREADS)?;
         // On an error below, `hog` is dropped with the future, which stops its threads.
         eprintln!("bench: draining {hog_a} with pg_recvlogical under the hog ...");
-        let recvlogical = drain::recvlogical(svc, &hog_a, &end_text, timeout).await?;
+        let recvlogical =
+            drain::recvlogical(svc, &hog_a, workload::PUBLICATION, &end_text, timeout).await?;
         workload::drop_slot(db, &hog_a).await?;
         eprintln!("bench: pg_recvlogical (hog): {:.2} s", recvlogical.secs);
         eprintln!("bench: draining {hog_b} with siphon (kafka sink) under the hog ...");
-        let kafka = drain::siphon(svc, db, &hog_b, "kafka", end_lsn, timeout).await?;
+        let kafka = drain::siphon(
+            svc,
+            db,
+            &hog_b,
+            workload::PUBLICATION,
+            "kafka",
+            end_lsn,
+            timeout,
+        )
+        .await?;
         workload::drop_slot(db, &hog_b).await?;
         eprintln!("bench: siphon->kafka (hog): {:.2} s", kafka.secs);
         eprintln!("bench: draining {hog_c} with siphon (discard sink) under the hog ...");
-        let discard = drain::siphon(svc, db, &hog_c, "discard", end_lsn, timeout).await?;
+        let discard = drain::siphon(
+            svc,
+            db,
+            &hog_c,
+            workload::PUBLICATION,
+            "discard",
+            end_lsn,
+            timeout,
+        )
+        .await?;
         workload::drop_slot(db, &hog_c).await?;
         eprintln!("bench: siphon->discard (hog): {:.2} s", discard.secs);
         hog.stop();
@@ -245,6 +380,14 @@ async fn measure(
             kafka,
             discard,
         })
+    } else {
+        None
+    };
+
+    let scaling = if args.slots_scaling {
+        slots::prepare(db).await?;
+        let events = args.scaling_events.unwrap_or(args.events);
+        Some(slots::run(svc, db, events, args.txn_events, timeout).await?)
     } else {
         None
     };
@@ -279,10 +422,64 @@ async fn measure(
         kafka,
         discard,
         debezium,
+        connect: connect_rows,
+        all_operations,
+        scaling,
         contention,
         latency,
         failure,
     })
+}
+
+/// The Debezium-on-Connect rows of one publication shape, one per producer setting, each on
+/// its slot (dropped after its drain). A drain that fails is reported in its row and in
+/// `failure`; the run goes on.
+async fn connect_drains(
+    svc: &services::Services,
+    db: &tokio_postgres::Client,
+    install: &std::result::Result<connect::Install, String>,
+    shape: workload::Shape,
+    slots: &[(connect::Producer, String)],
+    (end_lsn, events, timeout): (u64, u64, Duration),
+    failure: &mut Option<String>,
+) -> Result<Vec<(&'static str, std::result::Result<drain::Drain, String>)>> {
+    let mut rows = Vec::new();
+    for (producer, slot) in slots {
+        let name = producer.row_name();
+        let row = match install {
+            Err(why) => Err(why.clone()),
+            Ok(install) => {
+                eprintln!(
+                    "bench: draining {slot} with Debezium on a Connect worker ({name}, {}) ...",
+                    shape.slug()
+                );
+                let plan = connect::Plan {
+                    producer: *producer,
+                    publication: shape.publication(),
+                    shape_slug: shape.slug(),
+                    slot,
+                    end_lsn,
+                    events,
+                    timeout,
+                };
+                let outcome = connect::drain(svc, db, install, &plan).await;
+                workload::drop_slot(db, slot).await?;
+                match outcome {
+                    Ok(d) => {
+                        eprintln!("bench: {name} ({}): {:.2} s", shape.slug(), d.secs);
+                        Ok(d)
+                    }
+                    Err(e) => {
+                        eprintln!("bench: {name} ({}): FAILED: {e:#}", shape.slug());
+                        failure.get_or_insert(format!("{name} ({}) failed: {e:#}", shape.slug()));
+                        Err(format!("FAILED: {e:#}"))
+                    }
+                }
+            }
+        };
+        rows.push((name, row));
+    }
+    Ok(rows)
 }
 
 fn write_file(path: &PathBuf, text: &str) -> Result<()> {
