@@ -271,6 +271,31 @@ pub fn siphon_config(pg: &Postgres, broker: &impl KafkaTarget, slot: &str, extra
     )
 }
 
+/// Siphon's defaults around slot `s`, publication `p` and `tables` (TOML strings, e.g.
+/// `"\"public.outbox\""`), connecting with `url`, records routed into `broker`'s namespace.
+pub fn defaults_config(url: &str, broker: &impl KafkaTarget, tables: &str) -> String {
+    format!(
+        r#"
+[router]
+{}
+
+[source]
+url = "{url}"
+slot = "s"
+publication = "p"
+tables = [{tables}]
+
+[kafka]
+bootstrap_servers = "{}"
+
+[metrics]
+listen = "127.0.0.1:0"
+"#,
+        route_replacement(broker),
+        broker.bootstrap()
+    )
+}
+
 /// The default `route.topic.replacement` in `broker`'s namespace, as a TOML line.
 pub fn route_replacement(broker: &impl KafkaTarget) -> String {
     format!(

@@ -9,7 +9,7 @@
 //! the membership the last run saw, recorded in the Kafka state topic, names other catalog rows.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::{route_replacement, slot_confirmed_lsn};
+use siphon_tests::outbox::{defaults_config, slot_confirmed_lsn};
 use siphon_tests::{wait_until, Broker, Postgres, SiphonProcess};
 use std::time::{Duration, Instant};
 
@@ -21,27 +21,7 @@ const OUTBOX: &str = "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype te
 const CREATE_PUBLICATION: &str = "CREATE PUBLICATION p FOR TABLE outbox WITH (publish = 'insert, update', publish_via_partition_root = true)";
 
 fn config(pg: &Postgres, broker: &Broker, tables: &str) -> String {
-    format!(
-        r#"
-[router]
-{}
-
-[source]
-url = "{}"
-slot = "s"
-publication = "p"
-tables = [{tables}]
-
-[kafka]
-bootstrap_servers = "{}"
-
-[metrics]
-listen = "127.0.0.1:0"
-"#,
-        route_replacement(broker),
-        pg.url(),
-        broker.bootstrap()
-    )
+    defaults_config(&pg.url(), broker, tables)
 }
 
 fn insert(table: &str, key: &str) -> String {

@@ -2,7 +2,7 @@
 //! retrying forever or skipping data.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::route_replacement;
+use siphon_tests::outbox::defaults_config;
 use siphon_tests::{wait_until, Broker, Postgres, SiphonProcess};
 use std::time::Duration;
 
@@ -11,27 +11,7 @@ const EXIT_DEFINITE: i32 = 2;
 /// A minimal configuration: Siphon's defaults, with records routed into the test's topic
 /// namespace.
 fn config(pg: &Postgres, broker: &Broker) -> String {
-    format!(
-        r#"
-[router]
-{}
-
-[source]
-url = "{}"
-slot = "s"
-publication = "p"
-tables = ["public.outbox"]
-
-[kafka]
-bootstrap_servers = "{}"
-
-[metrics]
-listen = "127.0.0.1:0"
-"#,
-        route_replacement(broker),
-        pg.url(),
-        broker.bootstrap()
-    )
+    defaults_config(&pg.url(), broker, r#""public.outbox""#)
 }
 
 const OUTBOX: &str = "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb)";

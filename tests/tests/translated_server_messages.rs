@@ -8,7 +8,7 @@
 //! not, so the test command skips these tests in that pass).
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::route_replacement;
+use siphon_tests::outbox::defaults_config;
 use siphon_tests::{wait_until, Broker, Postgres, SiphonProcess};
 use std::time::Duration;
 
@@ -18,26 +18,7 @@ const OUTBOX: &str = "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype te
 
 /// Siphon's configuration: slot `s`, publication `p`, connecting with `url`.
 fn config(url: &str, broker: &Broker) -> String {
-    format!(
-        r#"
-[router]
-{}
-
-[source]
-url = "{url}"
-slot = "s"
-publication = "p"
-tables = ["public.outbox"]
-
-[kafka]
-bootstrap_servers = "{}"
-
-[metrics]
-listen = "127.0.0.1:0"
-"#,
-        route_replacement(broker),
-        broker.bootstrap()
-    )
+    defaults_config(url, broker, r#""public.outbox""#)
 }
 
 /// Switches the server's messages to German for every new session; `Ok(false)` (after reporting
