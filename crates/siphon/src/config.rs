@@ -214,6 +214,12 @@ pub struct FormatSection {
     /// printed as its `Double.toString` prints them (Java 18 and earlier differ). Default 21.
     #[serde(default = "default_java_version")]
     pub java_version: u32,
+    /// Every record also carries its source position as headers: `siphon.source` (server and
+    /// slot) and `siphon.position` (commit LSN and index in the transaction, as text that
+    /// sorts as positions do), for consumers that drop repeats. Off by default: Debezium's
+    /// records carry neither.
+    #[serde(default)]
+    pub position_headers: bool,
 }
 
 fn default_java_version() -> u32 {
@@ -226,6 +232,7 @@ impl Default for FormatSection {
             key: EncodingName::default(),
             value: EncodingName::default(),
             java_version: default_java_version(),
+            position_headers: false,
         }
     }
 }

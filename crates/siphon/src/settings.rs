@@ -244,6 +244,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         shutdown_timeout: Duration::from_secs(config.pipeline.shutdown_timeout_secs),
         delivery_timeout,
         state_topic,
+        position_headers: config.format.position_headers,
         intervals: siphon_core::Intervals::default(),
     })
 }

@@ -24,6 +24,7 @@
 
 use super::ledger::{LedgerError, TxnId};
 use super::message::MessageRows;
+use super::position::PositionHeaders;
 use super::{NonTransactionalPolicy, RoutedKind, Routers};
 use crate::dead_letter::Stage;
 use crate::error::{PipelineError, RecordFault};
@@ -140,6 +141,8 @@ pub struct CoreSettings<'a> {
     /// The first and the longest pause between two producer replacements without a delivery
     /// in between.
     pub replacement_backoff: (Duration, Duration),
+    /// Stamps every routed record with its source position (`None`: no such headers).
+    pub position_headers: Option<PositionHeaders>,
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -190,6 +193,8 @@ pub struct SessionCore<'a> {
     txn: Option<TxnId>,
     /// Its Begin: commit LSN, transaction id and commit time (for the source position).
     begin: (Lsn, u32, i64),
+    /// Numbers the routed records of the open transaction into position headers.
+    position: Option<PositionHeaders>,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
     topics: FxHashMap<String, TopicMetrics>,
     /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
@@ -201,6 +206,7 @@ impl<'a> SessionCore<'a> {
     /// A session resuming at `start` (everything before it is delivered).
     pub fn new(settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
         let messages = MessageRows::new(settings.database_encoding.clone());
+        let position = settings.position_headers.clone();
         let flow = Flow::new(
             FlowSettings {
                 max_in_flight_records: settings.max_in_flight_records,
@@ -221,6 +227,7 @@ impl<'a> SessionCore<'a> {
             awaiting_lookup: false,
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
+            position,
             topics: FxHashMap::default(),
             oldest_reported: None,
         }
@@ -335,6 +342,9 @@ impl<'a> SessionCore<'a> {
             } => {
                 self.txn = Some(self.flow.begin(final_lsn, commit_time_us)?);
                 self.begin = (final_lsn, xid, commit_time_us);
+                if let Some(position) = &mut self.position {
+                    position.begin();
+                }
             }
             SourceEvent::Relation(relation) => self.on_relation(relation),
             SourceEvent::Change {
@@ -615,8 +625,11 @@ impl<'a> SessionCore<'a> {
         &mut self,
         now: Now,
         txn: TxnId,
-        record: RoutedRecord,
+        mut record: RoutedRecord,
     ) -> Result<(), PipelineError> {
+        if let Some(position) = &mut self.position {
+            position.stamp(self.begin.0, &mut record);
+        }
         let added = self.flow.add(txn, record_bytes(&record), now);
         count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
             counters.routed();

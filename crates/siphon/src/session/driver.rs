@@ -23,6 +23,7 @@
 //!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
+use super::position::PositionHeaders;
 use super::RoutedKind;
 use super::{Carry, PipelineSettings, SeenPublication};
 use crate::error::PipelineError;
@@ -250,6 +251,12 @@ pub async fn run_session(
                 settings.intervals.replacement_backoff,
                 settings.intervals.replacement_backoff_max,
             ),
+            position_headers: settings.position_headers.then(|| {
+                PositionHeaders::new(
+                    server.as_ref().map(|s| s.system_id.as_str()),
+                    &settings.source.slot,
+                )
+            }),
         },
         Arc::clone(metrics),
         start,

@@ -16,6 +16,7 @@
 pub mod core;
 pub mod driver;
 pub mod message;
+pub mod position;
 #[cfg(test)]
 mod simulation;
 
@@ -115,6 +116,8 @@ pub struct PipelineSettings {
     pub delivery_timeout: Option<Duration>,
     /// A stream silent this long while the server has newer WAL is reconnected.
     pub stall_timeout: Duration,
+    /// Every routed record carries its source position as headers (`format.position_headers`).
+    pub position_headers: bool,
     /// Where the publication's membership is kept across restarts (`None`: not kept).
     pub state_topic: Option<siphon_kafka_sink::StateTopic>,
     /// The fixed intervals and timeouts of the session and the supervisor.

@@ -139,6 +139,8 @@ struct Broker {
     dead: BTreeSet<u64>,
     /// Events written to their own topic.
     written: BTreeSet<u64>,
+    /// The `siphon.position` of each record written, per partition, in write order.
+    positions: Vec<Vec<(String, u64, String)>>,
     /// The topics that exist.
     topics: HashSet<String>,
     /// The topic creation running (its id and topic).
@@ -153,6 +155,7 @@ impl Broker {
             unwritten: (0..PARTITIONS).map(|_| VecDeque::new()).collect(),
             reports: (0..PARTITIONS).map(|_| VecDeque::new()).collect(),
             log: vec![Vec::new(); PARTITIONS],
+            positions: vec![Vec::new(); PARTITIONS],
             ..Broker::default()
         }
     }
@@ -185,6 +188,18 @@ impl Broker {
         };
         let key = record.key.as_deref().unwrap_or_default().to_vec();
         self.log[p].push((record.topic.clone(), key, event));
+        if let Some(position) = record
+            .headers
+            .iter()
+            .find(|h| &*h.name == super::position::POSITION_HEADER)
+            .and_then(|h| h.value.as_deref())
+        {
+            self.positions[p].push((
+                record.topic.clone(),
+                event,
+                String::from_utf8_lossy(position).into_owned(),
+            ));
+        }
         if record.topic == DEAD_LETTER_TOPIC {
             self.dead.insert(event);
         } else {
@@ -378,6 +393,37 @@ impl World {
         Ok(())
     }
 
+    /// Per topic and partition, first deliveries carry increasing positions and a repeat the
+    /// position of its first delivery (what a consumer dropping repeats relies on).
+    fn check_positions(&self) -> Result<(), String> {
+        for (p, log) in self.broker.positions.iter().enumerate() {
+            let mut last: HashMap<&str, &str> = HashMap::new();
+            let mut first: HashMap<u64, &str> = HashMap::new();
+            for (topic, event, position) in log {
+                match first.get(event) {
+                    Some(earlier) if earlier != position => {
+                        return Err(format!(
+                            "p{p} {topic}: event {event} repeated at {position}, first at {earlier}"
+                        ))
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(previous) = last.get(topic.as_str()) {
+                            if position.as_str() <= *previous {
+                                return Err(format!(
+                                    "p{p} {topic}: event {event} first delivered at {position}, after {previous}"
+                                ));
+                            }
+                        }
+                        last.insert(topic, position);
+                        first.insert(*event, position);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn check_order(&self) -> Result<(), String> {
         for (p, log) in self.broker.log.iter().enumerate() {
             type FirstDeliveries = (u64, HashSet<u64>);
@@ -431,6 +477,7 @@ fn session_core<'a>(
             // it now and then: a purge and replacement forced by the session itself.
             delivery_timeout: Some(Duration::from_secs(5)),
             replacement_backoff: (Duration::from_millis(200), Duration::from_secs(30)),
+            position_headers: Some(super::position::PositionHeaders::new(Some("1"), "s")),
         },
         metrics,
         start,
@@ -653,6 +700,8 @@ fn run_seed(
             }
             if step.is_multiple_of(64) {
                 w.check_order().map_err(|e| (e, w.trace.clone()))?;
+                w.check_positions().map_err(|e| (e, w.trace.clone()))?;
+                w.check_positions().map_err(|e| (e, w.trace.clone()))?;
             }
             if core.watermark() >= last_end && !stopping && source.is_empty() {
                 stopping = true;
