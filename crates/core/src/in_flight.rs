@@ -16,8 +16,38 @@
 //!
 //! So memory is at most `span` slots plus one entry per record in flight.
 
-use crate::ledger::{InFlight, Seq};
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
+
+/// A transaction within one ledger (commit order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TxnId(pub u64);
+
+/// A record within one ledger, in the order it was first handed to the producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Seq(pub u64);
+
+impl Seq {
+    /// The token given to the producer for this record (64-bit targets: lossless).
+    pub fn token(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The record a producer token names.
+    pub fn from_token(token: usize) -> Self {
+        Seq(token as u64)
+    }
+}
+
+/// A record handed to the producer and not yet settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    pub txn: TxnId,
+    /// Key, value and header bytes: what the record holds in the window.
+    pub bytes: usize,
+    /// When it was first handed to the producer.
+    pub first_sent: Instant,
+}
 
 /// Records in flight, by number.
 #[derive(Debug)]
@@ -120,9 +150,7 @@ impl InFlightRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::TxnId;
     use proptest::prelude::*;
-    use std::time::Instant;
 
     fn record(n: usize) -> InFlight {
         InFlight {

@@ -21,6 +21,7 @@
 //!   for the rest of the session: the watermark never passes it.
 
 use crate::in_flight::InFlightRecords;
+pub use crate::in_flight::{InFlight, Seq, TxnId};
 use pgoutput::Lsn;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -29,26 +30,6 @@ use std::time::Instant;
 /// they also take records out of the span.
 #[cfg(test)]
 const TEST_SPAN: usize = 4;
-
-/// A transaction within one ledger (commit order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TxnId(pub u64);
-
-/// A record within one ledger, in the order it was first handed to the producer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Seq(pub u64);
-
-impl Seq {
-    /// The token given to the producer for this record (64-bit targets: lossless).
-    pub fn token(self) -> usize {
-        self.0 as usize
-    }
-
-    /// The record a producer token names.
-    pub fn from_token(token: usize) -> Self {
-        Seq(token as u64)
-    }
-}
 
 /// Why an event or acknowledgement does not fit the ledger (a bug, never ignored).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,16 +51,6 @@ struct Txn {
     commit_time_us: i64,
     /// `None` while the transaction is open.
     end_lsn: Option<Lsn>,
-}
-
-/// A record handed to the producer and not yet settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InFlight {
-    pub txn: TxnId,
-    /// Key, value and header bytes: what the record holds in the window.
-    pub bytes: usize,
-    /// When it was first handed to the producer.
-    pub first_sent: Instant,
 }
 
 /// What settling a record tells the caller.
