@@ -22,7 +22,7 @@
 # missing); then the same backlog through an all-operations publication (publish = 'insert,
 # update, delete') with pg_recvlogical, Siphon to the broker and the Connect rows; optionally
 # again under a CPU hog (--contention) and pg_recvlogical on several slots (--slots-scaling);
-# then measures commit->ack latency at a steady 5,000 events/s next to the broker's own produce
+# then measures commit->ack latency at a steady 10,000 events/s next to the broker's own produce
 # latency (a probe producer). It prints a table, naming the broker and its version, and writes
 # target/bench/result.json and the chart target/bench/result.svg. See docs/performance.md for
 # what each figure means.

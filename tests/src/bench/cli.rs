@@ -23,8 +23,8 @@ pub struct Args {
     #[arg(long, default_value_t = 60)]
     pub latency_secs: u64,
 
-    /// Events per second in the latency phase.
-    #[arg(long, default_value_t = 5_000)]
+    /// Events per second in the latency phase (the latency target is stated at 10,000).
+    #[arg(long, default_value_t = 10_000)]
     pub latency_rate: u64,
 
     /// Events per transaction in the latency phase.
