@@ -18,6 +18,8 @@
 //!   previous session's look and need no broker to start streaming.)
 //! - A gap found is a definite error; only `siphon accept-publication-change` (after the
 //!   operator dealt with the gap) records the membership as it is now.
+//! - Nothing is recorded or compared when the server's system identifier is unknown (a warning
+//!   says so): a record keyed by slot alone could be another cluster's.
 //! - Nothing is recorded or compared without a state topic (`kafka.state_topic = ""`) or for a
 //!   logical-message outbox (no tables: PostgreSQL sends messages whatever the publication).
 
@@ -137,6 +139,9 @@ pub enum RecordError {
         key: String,
         problem: Unreadable,
     },
+    /// The server does not say which cluster it is, which keys the record.
+    #[error("the server's system identifier is not readable (SELECT system_identifier FROM pg_control_system()), which names the record: grant EXECUTE on pg_control_system() to Siphon's user")]
+    UnknownServer,
     /// A gap opened and closed while Siphon was not running.
     #[error("{}", GapMessage(self))]
     GapWhileStopped {
@@ -207,9 +212,9 @@ impl RecordError {
     pub fn consequence(&self) -> siphon_core::Consequence {
         match self {
             RecordError::State(e) => e.consequence(),
-            RecordError::Unreadable { .. } | RecordError::GapWhileStopped { .. } => {
-                siphon_core::Consequence::Fix
-            }
+            RecordError::Unreadable { .. }
+            | RecordError::GapWhileStopped { .. }
+            | RecordError::UnknownServer => siphon_core::Consequence::Fix,
         }
     }
 }
@@ -250,6 +255,10 @@ pub async fn check_and_record(
     if now.tables.is_empty() {
         return Ok(());
     }
+    if system_id.is_none() {
+        tracing::warn!("the server's system identifier is not readable (SELECT system_identifier FROM pg_control_system()): the publication's membership is not recorded, so a publication gap while Siphon is stopped would go unnoticed; grant EXECUTE on pg_control_system() to Siphon's user");
+        return Ok(());
+    }
     let current = Recorded::new(system_id, slot, publication, now);
     if let Some(recorded) = read(state, system_id, slot).await? {
         if recorded.publication == publication {
@@ -277,6 +286,9 @@ pub async fn accept(
     publication: &str,
     now: &Membership,
 ) -> Result<(), RecordError> {
+    if system_id.is_none() {
+        return Err(RecordError::UnknownServer);
+    }
     write(state, &Recorded::new(system_id, slot, publication, now)).await
 }
 
