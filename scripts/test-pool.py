@@ -3,7 +3,8 @@
 
 Most of the suite's time is spent waiting on PostgreSQL, Kafka and Siphon processes, not on the
 CPU, so test binaries run side by side (SIPHON_TEST_JOBS at once, default 3), the slowest of the
-previous run first (target/test-durations.json). Two passes share the pool:
+previous run first (target/test-durations.json; on a fresh checkout, the recorded
+scripts/test-durations.json). Two passes share the pool:
 
   PostgreSQL 15   every test binary of the workspace (Debian's server, the harness default);
   PostgreSQL 18   the integration tests whose behaviour depends on the server (replication
@@ -171,11 +172,15 @@ def main():
         jobs.append(Job("doc tests", os.getcwd(), doc, base_env))
 
     durations_path = os.path.join(os.path.dirname(log_path), "test-durations.json")
-    try:
-        with open(durations_path) as f:
-            previous = json.load(f)
-    except (OSError, ValueError):
-        previous = {}
+    # A fresh checkout has no previous run: the durations of a recorded one order it.
+    recorded_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test-durations.json")
+    previous = {}
+    for path in (recorded_path, durations_path):
+        try:
+            with open(path) as f:
+                previous.update(json.load(f))
+        except (OSError, ValueError):
+            pass
     jobs.sort(key=lambda j: -previous.get(j.label, DEFAULT_SECONDS))
 
     parallel = max(1, int(os.environ.get("SIPHON_TEST_JOBS", "3")))
