@@ -9,11 +9,13 @@
 //!   from the confirmed position can cure; every other error names what the operator must fix.
 //! - No server error is classified by its message text.
 
+mod config;
 mod interruption;
 mod operation;
 pub mod server;
 mod sqlstate;
 
+pub use config::{ConfigError, UrlSyntax};
 pub use interruption::Interruption;
 pub use operation::{Operation, Query};
 pub use server::{Diagnosis, LoginTls, ServerFailure};
@@ -24,8 +26,8 @@ pub use sqlstate::SqlState;
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The configuration cannot work; the message names the key to change.
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(Box<ConfigError>),
     /// The server is not set up for logical replication, or the slot, publication or tables are
     /// not what Siphon needs. The message names the fix.
     #[error("{0}")]
@@ -267,6 +269,12 @@ fn server_text(server: &crate::wire::ServerError) -> String {
         text.push_str(&format!(" hint: {hint}"));
     }
     text
+}
+
+impl From<ConfigError> for SourceError {
+    fn from(problem: ConfigError) -> Self {
+        SourceError::Config(Box::new(problem))
+    }
 }
 
 impl From<Interruption> for SourceError {
