@@ -15,6 +15,7 @@
 //!   partition is dropped before Siphon reads its rows.
 
 use crate::config::quote_ident;
+use crate::error::ProtocolFault;
 use crate::{SourceError, TableName};
 use bytes::Bytes;
 use pgoutput::{Oid, Relation, Text};
@@ -118,7 +119,7 @@ pub async fn outbox_relation_for(
     }
     let text = |s: &str| {
         Text::new(Bytes::copy_from_slice(s.as_bytes()))
-            .map_err(|e| SourceError::Protocol(format!("table name is not UTF-8: {e}")))
+            .map_err(|e| SourceError::from(ProtocolFault::TableNameNotUtf8(e)))
     };
     Ok(Some(Relation {
         namespace: text(&root.schema)?,

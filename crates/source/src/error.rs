@@ -12,12 +12,14 @@
 mod config;
 mod interruption;
 mod operation;
+mod protocol;
 pub mod server;
 mod sqlstate;
 
 pub use config::{ConfigError, UrlSyntax};
 pub use interruption::Interruption;
 pub use operation::{Operation, Query};
+pub use protocol::ProtocolFault;
 pub use server::{Diagnosis, LoginTls, ServerFailure};
 use siphon_core::Consequence;
 pub use sqlstate::SqlState;
@@ -44,7 +46,7 @@ pub enum SourceError {
     /// The stream broke the protocol (a bug on one side); reconnecting replays from the confirmed
     /// position.
     #[error("replication protocol error: {0}")]
-    Protocol(String),
+    Protocol(Box<ProtocolFault>),
     /// PostgreSQL answered a command with an error: its SQLSTATE says what it means.
     #[error("{0}")]
     Server(Box<ServerFailure>),
@@ -269,6 +271,12 @@ fn server_text(server: &crate::wire::ServerError) -> String {
         text.push_str(&format!(" hint: {hint}"));
     }
     text
+}
+
+impl From<ProtocolFault> for SourceError {
+    fn from(fault: ProtocolFault) -> Self {
+        SourceError::Protocol(Box::new(fault))
+    }
 }
 
 impl From<ConfigError> for SourceError {

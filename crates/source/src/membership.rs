@@ -24,6 +24,7 @@
 //! - Without outbox tables (a logical-message outbox) nothing is reported: PostgreSQL sends
 //!   logical messages whatever the publication holds.
 
+use crate::error::ProtocolFault;
 use crate::{SourceError, TableName};
 use pgoutput::Oid;
 use std::collections::{BTreeMap, BTreeSet};
@@ -133,10 +134,10 @@ pub async fn read(
             .ok()
             .and_then(|i| tables.get(i))
             .ok_or_else(|| {
-                SourceError::Protocol(format!(
-                    "the publication's membership named table number {ordinal} of {}",
-                    tables.len()
-                ))
+                SourceError::from(ProtocolFault::MembershipOrdinal {
+                    ordinal,
+                    tables: tables.len(),
+                })
             })?;
         let by_table: Vec<Oid> = row.get::<_, Option<Vec<Oid>>>(2).unwrap_or_default();
         let by_schema: Vec<Oid> = row.get::<_, Option<Vec<Oid>>>(3).unwrap_or_default();
