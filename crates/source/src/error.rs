@@ -14,6 +14,7 @@ mod interruption;
 mod operation;
 mod protocol;
 pub mod server;
+mod setup;
 mod sqlstate;
 
 pub use config::{ConfigError, UrlSyntax};
@@ -21,6 +22,7 @@ pub use interruption::Interruption;
 pub use operation::{Operation, Query};
 pub use protocol::ProtocolFault;
 pub use server::{Diagnosis, LoginTls, ServerFailure};
+pub use setup::{PublicationProblem, SetupProblem};
 use siphon_core::Consequence;
 pub use sqlstate::SqlState;
 
@@ -34,6 +36,10 @@ pub enum SourceError {
     /// not what Siphon needs. The message names the fix.
     #[error("{0}")]
     Definite(String),
+    /// The server, slot, publication or tables are not what Siphon needs; the message names
+    /// the fix.
+    #[error(transparent)]
+    Setup(Box<SetupProblem>),
     /// Something changed under Siphon; reconnecting from the confirmed position is safe.
     #[error("connection to PostgreSQL lost: {0}")]
     Interrupted(Box<Interruption>),
@@ -93,7 +99,9 @@ impl SourceError {
             | SourceError::Protocol(_)
             | SourceError::SqlConnection(_)
             | SourceError::ReplicationConnection(_) => Consequence::Retry,
-            SourceError::Config(_) | SourceError::Definite(_) => Consequence::Fix,
+            SourceError::Config(_) | SourceError::Definite(_) | SourceError::Setup(_) => {
+                Consequence::Fix
+            }
             // Retried while one host's error may pass.
             SourceError::NoUsableHost { refusals, .. } => {
                 if refusals.iter().any(|(_, e)| e.is_transient()) {
@@ -276,6 +284,12 @@ fn server_text(server: &crate::wire::ServerError) -> String {
 impl From<ProtocolFault> for SourceError {
     fn from(fault: ProtocolFault) -> Self {
         SourceError::Protocol(Box::new(fault))
+    }
+}
+
+impl From<SetupProblem> for SourceError {
+    fn from(problem: SetupProblem) -> Self {
+        SourceError::Setup(Box::new(problem))
     }
 }
 

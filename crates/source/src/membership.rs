@@ -65,6 +65,19 @@ pub enum Change {
 impl Change {
     /// The definite error for this change of `publication`, naming what was lost and what to do.
     pub fn into_error(self, publication: &str) -> SourceError {
+        crate::error::SetupProblem::PublicationChanged {
+            publication: publication.to_owned(),
+            change: self,
+        }
+        .into()
+    }
+
+    /// The message of [`Change::into_error`].
+    pub(crate) fn describe(
+        &self,
+        publication: &str,
+        f: &mut std::fmt::Formatter<'_>,
+    ) -> std::fmt::Result {
         let (what, restart) = match self {
             Change::PublicationRecreated => (
                 format!(
@@ -82,9 +95,10 @@ impl Change {
                 "",
             ),
         };
-        SourceError::Definite(format!(
+        write!(
+            f,
             "{what}: PostgreSQL did not publish the events committed in between, so they cannot be read from this slot and were not sent to Kafka; re-send them from the application if consumers need them (the outbox rows committed around that time), then run `siphon accept-publication-change --config <this file>` and start Siphon again, which continues with the publication as it is now{restart}"
-        ))
+        )
     }
 }
 
