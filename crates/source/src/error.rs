@@ -16,6 +16,7 @@ mod protocol;
 pub mod server;
 mod setup;
 mod sqlstate;
+mod unusable;
 
 pub use config::{ConfigError, UrlSyntax};
 pub use interruption::Interruption;
@@ -25,6 +26,7 @@ pub use server::{Diagnosis, LoginTls, ServerFailure};
 pub use setup::{PublicationProblem, SetupProblem};
 use siphon_core::Consequence;
 pub use sqlstate::SqlState;
+pub use unusable::UnusableMessage;
 
 /// What went wrong between Siphon and PostgreSQL.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,10 @@ pub enum SourceError {
     /// the fix.
     #[error(transparent)]
     Setup(Box<SetupProblem>),
+    /// The server sent a pgoutput message Siphon cannot use; it comes again after every
+    /// reconnect, so the message names what to change.
+    #[error(transparent)]
+    Unusable(Box<UnusableMessage>),
     /// Something changed under Siphon; reconnecting from the confirmed position is safe.
     #[error("connection to PostgreSQL lost: {0}")]
     Interrupted(Box<Interruption>),
@@ -99,9 +105,10 @@ impl SourceError {
             | SourceError::Protocol(_)
             | SourceError::SqlConnection(_)
             | SourceError::ReplicationConnection(_) => Consequence::Retry,
-            SourceError::Config(_) | SourceError::Definite(_) | SourceError::Setup(_) => {
-                Consequence::Fix
-            }
+            SourceError::Config(_)
+            | SourceError::Definite(_)
+            | SourceError::Setup(_)
+            | SourceError::Unusable(_) => Consequence::Fix,
             // Retried while one host's error may pass.
             SourceError::NoUsableHost { refusals, .. } => {
                 if refusals.iter().any(|(_, e)| e.is_transient()) {
@@ -284,6 +291,12 @@ fn server_text(server: &crate::wire::ServerError) -> String {
 impl From<ProtocolFault> for SourceError {
     fn from(fault: ProtocolFault) -> Self {
         SourceError::Protocol(Box::new(fault))
+    }
+}
+
+impl From<UnusableMessage> for SourceError {
+    fn from(message: UnusableMessage) -> Self {
+        SourceError::Unusable(Box::new(message))
     }
 }
 
