@@ -48,6 +48,12 @@ pub enum SetupProblem {
     },
     /// The slot was invalidated (its WAL removed).
     SlotInvalidated { slot: String },
+    /// The server skipped changes of slot `slot` because the publication was missing when
+    /// they were written; `notice` is what it said.
+    PublicationSkipped {
+        slot: String,
+        notice: Box<crate::wire::ServerError>,
+    },
     /// The slot decodes two-phase transactions; `version` is the server's when known.
     TwoPhaseSlot { slot: String, version: Option<i32> },
 }
@@ -127,6 +133,11 @@ impl fmt::Display for SetupProblem {
             SetupProblem::SlotInvalidated { slot } => write!(
                 f,
                 "replication slot \"{slot}\" was invalidated (its WAL was removed, see max_slot_wal_keep_size): drop it with SELECT pg_drop_replication_slot('{slot}') and restart Siphon; events in the lost WAL cannot be recovered"
+            ),
+            SetupProblem::PublicationSkipped { slot, notice } => write!(
+                f,
+                "PostgreSQL skipped changes the slot decoded because the publication did not exist when they were written (it was dropped, and maybe created again, while Siphon was not streaming): {notice}. The events committed while it was missing were not published, cannot be read from this slot and were not sent to Kafka. If the publication is still missing, restart Siphon, which creates it (or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>); then re-send the events committed while it was missing from the application and move the slot past them with {} (this skips every event not yet sent: re-send those too) and restart Siphon",
+                super::server::advance_slot_hint(slot)
             ),
             SetupProblem::TwoPhaseSlot { slot, version } => {
                 crate::two_phase::describe(slot, *version, f)

@@ -28,6 +28,9 @@ pub enum UnusableMessage {
     Undecodable { lsn: Lsn, decode: DecodeError },
     /// It decoded, but Siphon does not handle its kind (`tag`).
     Unhandled { lsn: Lsn, tag: u8 },
+    /// A message larger than the replication connection accepts (its
+    /// [`crate::wire::ProtocolViolation::TooLarge`]).
+    TooLarge(crate::wire::WireError),
 }
 
 impl std::error::Error for UnusableMessage {}
@@ -55,6 +58,7 @@ impl fmt::Display for UnusableMessage {
                 f,
                 "undecodable pgoutput message at {lsn}: {decode}; reconnecting would read the same message again, so Siphon stops: report it as a bug with the server's version (SELECT version()) and this position"
             ),
+            UnusableMessage::TooLarge(err) => err.fmt(f),
             UnusableMessage::Unhandled { lsn, tag } => write!(
                 f,
                 "the server sent a pgoutput message at {lsn} that Siphon does not handle (tag {:?}): report it as a bug with the server's version (SELECT version()) and this position",
