@@ -3,11 +3,16 @@
 //! Errors PostgreSQL reports are kept as their SQLSTATE and the command that failed
 //! ([`ServerFailure`]) and sorted by [`server::consequence_of`], never by their text, which is
 //! in the server's `lc_messages` language; messages are rendered from typed data in `Display`.
+//! Siphon's own findings are typed too: [`ConfigError`] (the configuration), [`SetupProblem`]
+//! (the server, slot, publication and tables), [`LoginProblem`] (login and TLS refusals),
+//! [`UnusableMessage`] (pgoutput messages Siphon cannot use) and [`ProtocolFault`].
 //!
 //! # Invariants
 //! - [`SourceError::consequence`] is [`Consequence::Retry`] only for errors that reconnecting
 //!   from the confirmed position can cure; every other error names what the operator must fix.
 //! - No server error is classified by its message text.
+//! - No variant holds a rendered message: only names, values and the text servers and
+//!   libraries reported (`server_message`, `detail`).
 
 mod config;
 mod interruption;
