@@ -123,7 +123,11 @@ mod tests {
         ));
         assert_eq!(transient.consequence(), Consequence::Retry);
         assert_eq!(transient.cause(), Some(ReconnectCause::Source));
-        let definite = PipelineError::from(SourceError::Definite("no wal_level".into()));
+        let definite = PipelineError::from(SourceError::from(
+            siphon_source::error::SetupProblem::WalLevel {
+                level: "replica".into(),
+            },
+        ));
         assert_eq!(definite.consequence(), Consequence::Fix);
         assert_eq!(definite.cause(), None);
         assert_eq!(

@@ -102,7 +102,7 @@ impl Assembler {
                 lsn,
                 decode,
             } => crate::unhandled::error(self.slot.as_deref(), &payload, lsn, decode.as_ref()),
-            framing => SourceError::Protocol(framing.to_string()),
+            framing => crate::error::ProtocolFault::Assembly(framing).into(),
         }
     }
 }

@@ -15,6 +15,7 @@
 //!   partition is dropped before Siphon reads its rows.
 
 use crate::config::quote_ident;
+use crate::error::ProtocolFault;
 use crate::{SourceError, TableName};
 use bytes::Bytes;
 use pgoutput::{Oid, Relation, Text};
@@ -118,7 +119,7 @@ pub async fn outbox_relation_for(
     }
     let text = |s: &str| {
         Text::new(Bytes::copy_from_slice(s.as_bytes()))
-            .map_err(|e| SourceError::Protocol(format!("table name is not UTF-8: {e}")))
+            .map_err(|e| SourceError::from(ProtocolFault::TableNameNotUtf8(e)))
     };
     Ok(Some(Relation {
         namespace: text(&root.schema)?,
@@ -129,10 +130,12 @@ pub async fn outbox_relation_for(
 
 /// The error for a change that PostgreSQL named by the partition `leaf` of outbox table `root`.
 pub fn leaf_published(publication: &str, leaf: &TableName, root: &TableName) -> SourceError {
-    SourceError::Definite(format!(
-        "publication \"{publication}\" names the changes of outbox table {root} by its partition {leaf} (publish_via_partition_root is off), so they cannot be routed: run {} and restart Siphon; nothing was skipped, streaming resumes at the first unacknowledged transaction",
-        publish_via_root_fix(publication)
-    ))
+    crate::error::SetupProblem::LeafPublished {
+        publication: publication.to_owned(),
+        leaf: leaf.clone(),
+        root: root.clone(),
+    }
+    .into()
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! # Invariants
 //! - A [`TableName`] always has a schema (`public` when the user gave none).
 
+use crate::error::{ConfigError, UrlSyntax};
 use crate::tls::TlsSettings;
 use crate::SourceError;
 use std::fmt;
@@ -46,9 +47,9 @@ impl TableName {
     /// Parses `schema.table` or `table` (schema `public`). Double quotes keep dots and case.
     pub fn parse(text: &str) -> Result<Self, SourceError> {
         let parts = split_identifiers(text).ok_or_else(|| {
-            SourceError::Config(format!(
-                "invalid table name {text:?}: expected schema.table"
-            ))
+            SourceError::from(ConfigError::InvalidTableName {
+                text: text.to_owned(),
+            })
         })?;
         match parts.as_slice() {
             [name] => Ok(TableName {
@@ -59,9 +60,10 @@ impl TableName {
                 schema: schema.clone(),
                 name: name.clone(),
             }),
-            _ => Err(SourceError::Config(format!(
-                "invalid table name {text:?}: expected schema.table"
-            ))),
+            _ => Err(ConfigError::InvalidTableName {
+                text: text.to_owned(),
+            }
+            .into()),
         }
     }
 
@@ -175,12 +177,14 @@ impl TargetSession {
             "any" => Ok(TargetSession::Any),
             "read-write" => Ok(TargetSession::ReadWrite),
             "primary" => Ok(TargetSession::Primary),
-            "read-only" | "standby" | "prefer-standby" => Err(SourceError::Config(format!(
-                "source.url: target_session_attrs={value} would pick a standby, but Siphon's replication slot lives on the primary: use target_session_attrs=read-write"
-            ))),
-            other => Err(SourceError::Config(format!(
-                "source.url: target_session_attrs={other:?} is not a libpq value Siphon knows: use read-write (or primary, or any)"
-            ))),
+            "read-only" | "standby" | "prefer-standby" => Err(ConfigError::StandbyTarget {
+                value: value.to_owned(),
+            }
+            .into()),
+            other => Err(ConfigError::UnknownTarget {
+                value: other.to_owned(),
+            }
+            .into()),
         }
     }
 }
@@ -230,14 +234,7 @@ impl ConnectionParams {
     pub fn from_url(url: &str) -> Result<Self, SourceError> {
         let parsed = parse_url(url)?;
         let config = &parsed.config;
-        let user = config
-            .get_user()
-            .ok_or_else(|| {
-                SourceError::Config(
-                    "source.url names no user: add one, e.g. postgres://siphon@host/db".into(),
-                )
-            })?
-            .to_owned();
+        let user = config.get_user().ok_or(ConfigError::NoUser)?.to_owned();
         let password = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -365,18 +362,17 @@ const OWN_PARAMS: [&str; 7] = [
 /// Splits `source.url` into the tokio-postgres configuration (with its `ssl_mode` set), the TLS
 /// settings both connections use and the target session. Errors never contain the password.
 pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, SourceError> {
-    let (rest, own) = take_params(url, &OWN_PARAMS).map_err(|why| {
-        SourceError::Config(format!(
-            "source.url ({}) is not a valid PostgreSQL URL: {why}",
-            redact_url(url)
-        ))
+    let (rest, own) = take_params(url, &OWN_PARAMS).map_err(|syntax| {
+        SourceError::from(ConfigError::UrlSyntax {
+            redacted_url: redact_url(url),
+            syntax,
+        })
     })?;
     let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
-        SourceError::Config(format!(
-            "source.url ({}) is not a valid PostgreSQL URL: {}",
-            redact_url(url),
-            crate::error::error_chain(&e)
-        ))
+        SourceError::from(ConfigError::UrlRefused {
+            redacted_url: redact_url(url),
+            source: e,
+        })
     })?;
     let mut target = TargetSession::Any;
     for (key, value) in &own {
@@ -386,9 +382,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, SourceError> {
     }
     let tls = TlsSettings::from_params(&own)?;
     if config.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
-        return Err(SourceError::Config(
-            "source.url: channel_binding=require is not supported (the replication connection authenticates with SCRAM-SHA-256 without channel binding); remove it and use sslmode=verify-full, which authenticates the server by its certificate".into(),
-        ));
+        return Err(ConfigError::ChannelBindingRequired.into());
     }
     config.ssl_mode(tls.mode.for_tokio_postgres());
     Ok(ParsedUrl {
@@ -401,7 +395,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, SourceError> {
 /// Removes the parameters named in `keys` from a URL (`postgres://...?k=v&...`) or a key/value
 /// string (`host=... k=v`), returning the rest and the removed parameters (decoded), in order.
 /// The error says what is malformed without quoting the input.
-fn take_params(url: &str, keys: &[&str]) -> Result<(String, Vec<(String, String)>), String> {
+fn take_params(url: &str, keys: &[&str]) -> Result<(String, Vec<(String, String)>), UrlSyntax> {
     let mut taken = Vec::new();
     if let Some(query_at) = url_query_start(url) {
         let (base, query) = url.split_at(query_at);
@@ -411,12 +405,10 @@ fn take_params(url: &str, keys: &[&str]) -> Result<(String, Vec<(String, String)
                 kept.push(piece);
                 continue;
             };
-            let key = percent_decode(raw_key)
-                .ok_or_else(|| "a parameter name is not valid percent-encoded UTF-8".to_owned())?;
+            let key = percent_decode(raw_key).ok_or(UrlSyntax::UndecodableName)?;
             if keys.contains(&key.as_str()) {
-                let value = percent_decode(raw_value).ok_or_else(|| {
-                    format!("the value of {key} is not valid percent-encoded UTF-8")
-                })?;
+                let value = percent_decode(raw_value)
+                    .ok_or_else(|| UrlSyntax::UndecodableValue { key: key.clone() })?;
                 taken.push((key, value));
             } else {
                 kept.push(piece);
@@ -492,7 +484,7 @@ struct KeyValue<'a> {
 
 /// Reads a key/value connection string as tokio-postgres (and libpq) do: `key = value`, values
 /// either single-quoted or up to the next blank, a backslash escaping the next character.
-fn key_value_params(text: &str) -> Result<Vec<KeyValue<'_>>, String> {
+fn key_value_params(text: &str) -> Result<Vec<KeyValue<'_>>, UrlSyntax> {
     let bytes = text.as_bytes();
     let mut params = Vec::new();
     let mut i = 0;
@@ -514,7 +506,9 @@ fn key_value_params(text: &str) -> Result<Vec<KeyValue<'_>>, String> {
         let key = &text[start..i];
         i = skip_ws(i);
         if bytes.get(i) != Some(&b'=') {
-            return Err(format!("expected = after {key}"));
+            return Err(UrlSyntax::MissingEquals {
+                key: key.to_owned(),
+            });
         }
         i = skip_ws(i + 1);
         let value_start = i;
@@ -523,7 +517,11 @@ fn key_value_params(text: &str) -> Result<Vec<KeyValue<'_>>, String> {
             i += 1;
             loop {
                 match bytes.get(i) {
-                    None => return Err(format!("the quoted value of {key} is not terminated")),
+                    None => {
+                        return Err(UrlSyntax::UnterminatedQuote {
+                            key: key.to_owned(),
+                        })
+                    }
                     Some(b'\'') => {
                         i += 1;
                         break;
@@ -556,7 +554,9 @@ fn key_value_params(text: &str) -> Result<Vec<KeyValue<'_>>, String> {
                 }
             }
             if value.is_empty() {
-                return Err(format!("{key} has no value"));
+                return Err(UrlSyntax::NoValue {
+                    key: key.to_owned(),
+                });
             }
         }
         let end = i.min(bytes.len());

@@ -3,33 +3,56 @@
 //! Errors PostgreSQL reports are kept as their SQLSTATE and the command that failed
 //! ([`ServerFailure`]) and sorted by [`server::consequence_of`], never by their text, which is
 //! in the server's `lc_messages` language; messages are rendered from typed data in `Display`.
+//! Siphon's own findings are typed too: [`ConfigError`] (the configuration), [`SetupProblem`]
+//! (the server, slot, publication and tables), [`LoginProblem`] (login and TLS refusals),
+//! [`UnusableMessage`] (pgoutput messages Siphon cannot use) and [`ProtocolFault`].
 //!
 //! # Invariants
 //! - [`SourceError::consequence`] is [`Consequence::Retry`] only for errors that reconnecting
 //!   from the confirmed position can cure; every other error names what the operator must fix.
 //! - No server error is classified by its message text.
+//! - No variant holds a rendered message: only names, values and the text servers and
+//!   libraries reported (`server_message`, `detail`).
 
+mod config;
 mod interruption;
+mod login;
 mod operation;
+mod protocol;
 pub mod server;
+mod setup;
 mod sqlstate;
+mod unusable;
 
+pub use config::{ConfigError, UrlSyntax};
 pub use interruption::Interruption;
+pub use login::LoginProblem;
 pub use operation::{Operation, Query};
+pub use protocol::ProtocolFault;
 pub use server::{Diagnosis, LoginTls, ServerFailure};
+pub use setup::{PublicationProblem, SetupProblem};
 use siphon_core::Consequence;
 pub use sqlstate::SqlState;
+pub use unusable::UnusableMessage;
 
 /// What went wrong between Siphon and PostgreSQL.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The configuration cannot work; the message names the key to change.
-    #[error("{0}")]
-    Config(String),
-    /// The server is not set up for logical replication, or the slot, publication or tables are
-    /// not what Siphon needs. The message names the fix.
-    #[error("{0}")]
-    Definite(String),
+    #[error(transparent)]
+    Config(Box<ConfigError>),
+    /// PostgreSQL or the TLS library refused the login for good; the message names what to
+    /// change.
+    #[error(transparent)]
+    Login(Box<LoginProblem>),
+    /// The server, slot, publication or tables are not what Siphon needs; the message names
+    /// the fix.
+    #[error(transparent)]
+    Setup(Box<SetupProblem>),
+    /// The server sent a pgoutput message Siphon cannot use; it comes again after every
+    /// reconnect, so the message names what to change.
+    #[error(transparent)]
+    Unusable(Box<UnusableMessage>),
     /// Something changed under Siphon; reconnecting from the confirmed position is safe.
     #[error("connection to PostgreSQL lost: {0}")]
     Interrupted(Box<Interruption>),
@@ -42,7 +65,7 @@ pub enum SourceError {
     /// The stream broke the protocol (a bug on one side); reconnecting replays from the confirmed
     /// position.
     #[error("replication protocol error: {0}")]
-    Protocol(String),
+    Protocol(Box<ProtocolFault>),
     /// PostgreSQL answered a command with an error: its SQLSTATE says what it means.
     #[error("{0}")]
     Server(Box<ServerFailure>),
@@ -89,7 +112,10 @@ impl SourceError {
             | SourceError::Protocol(_)
             | SourceError::SqlConnection(_)
             | SourceError::ReplicationConnection(_) => Consequence::Retry,
-            SourceError::Config(_) | SourceError::Definite(_) => Consequence::Fix,
+            SourceError::Config(_)
+            | SourceError::Login(_)
+            | SourceError::Setup(_)
+            | SourceError::Unusable(_) => Consequence::Fix,
             // Retried while one host's error may pass.
             SourceError::NoUsableHost { refusals, .. } => {
                 if refusals.iter().any(|(_, e)| e.is_transient()) {
@@ -170,19 +196,16 @@ impl SourceError {
     pub(crate) fn from_connect(tls: &crate::TlsSettings, err: tokio_postgres::Error) -> Self {
         if let Some(problem) = crate::tls::rustls_error(&err) {
             if crate::tls::is_certificate_problem(problem) {
-                return SourceError::Definite(format!(
-                    "connecting to PostgreSQL: TLS certificate problem (sslmode={}): {problem}; {}",
-                    tls.mode,
-                    certificate_hint(&problem.to_string())
-                ));
+                return LoginProblem::SqlCertificate {
+                    mode: tls.mode,
+                    detail: problem.to_string(),
+                }
+                .into();
             }
         }
         if err.as_db_error().is_none() && error_chain(&err).contains("server does not support TLS")
         {
-            return SourceError::Definite(format!(
-                "connecting to PostgreSQL: the server does not accept TLS (ssl = off) but source.url has sslmode={}: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network",
-                tls.mode
-            ));
+            return LoginProblem::SqlTlsUnsupported { mode: tls.mode }.into();
         }
         let subject = Subject {
             login: Some(LoginTls {
@@ -215,43 +238,37 @@ impl SourceError {
         err: crate::wire::WireError,
     ) -> Self {
         use crate::wire::{ProtocolViolation, WireError as E};
-        const LOGIN_FIX: &str = "check the user and password in source.url and that pg_hba.conf allows a replication connection for that user";
         let slot = subject.slot.unwrap_or("<source.slot>");
         match err {
             E::Server(server) => {
                 let code = SqlState::parse(&server.code);
                 Self::server(operation, code, server_text(&server), subject)
             }
-            E::UnsupportedAuthentication(_) | E::Scram(_) => SourceError::Definite(format!(
-                "PostgreSQL refused the replication login: {err}; {LOGIN_FIX}"
-            )),
-            E::TlsUnsupported => SourceError::Definite(
-                "TLS to PostgreSQL failed on the replication connection: the server does not support TLS: turn ssl on in postgresql.conf, or use sslmode=prefer or disable on a trusted network".into(),
-            ),
+            E::UnsupportedAuthentication(_) | E::Scram(_) => {
+                LoginProblem::ReplicationLogin(err).into()
+            }
+            E::TlsUnsupported => LoginProblem::ReplicationTlsUnsupported.into(),
             E::Tls(io) => match crate::tls::rustls_error(&io) {
                 Some(problem) if crate::tls::is_certificate_problem(problem) => {
-                    SourceError::Definite(format!(
-                        "TLS to PostgreSQL failed on the replication connection: certificate problem: {problem}; {}",
-                        certificate_hint(&problem.to_string())
-                    ))
+                    LoginProblem::ReplicationCertificate {
+                        detail: problem.to_string(),
+                    }
+                    .into()
                 }
-                _ => SourceError::Definite(format!(
-                    "TLS to PostgreSQL failed on the replication connection: {io}"
-                )),
+                _ => LoginProblem::ReplicationTls(io).into(),
             },
             E::Protocol(ProtocolViolation::TooLarge { .. }) => {
-                SourceError::Definite(err.to_string())
+                UnusableMessage::TooLarge(err).into()
             }
-            E::PublicationSkipped(notice) => SourceError::Definite(format!(
-                "PostgreSQL skipped changes the slot decoded because the publication did not exist when they were written (it was dropped, and maybe created again, while Siphon was not streaming): {notice}. The events committed while it was missing were not published, cannot be read from this slot and were not sent to Kafka. If the publication is still missing, restart Siphon, which creates it (or create it with CREATE PUBLICATION ... FOR TABLE <outbox tables>); then re-send the events committed while it was missing from the application and move the slot past them with {} (this skips every event not yet sent: re-send those too) and restart Siphon",
-                server::advance_slot_hint(slot)
-            )),
-            source => {
-                SourceError::ReplicationConnection(Box::new(ReplicationConnectionLost {
-                    operation,
-                    source,
-                }))
+            E::PublicationSkipped(notice) => SetupProblem::PublicationSkipped {
+                slot: slot.to_owned(),
+                notice,
             }
+            .into(),
+            source => SourceError::ReplicationConnection(Box::new(ReplicationConnectionLost {
+                operation,
+                source,
+            })),
         }
     }
 }
@@ -267,6 +284,36 @@ fn server_text(server: &crate::wire::ServerError) -> String {
         text.push_str(&format!(" hint: {hint}"));
     }
     text
+}
+
+impl From<ProtocolFault> for SourceError {
+    fn from(fault: ProtocolFault) -> Self {
+        SourceError::Protocol(Box::new(fault))
+    }
+}
+
+impl From<LoginProblem> for SourceError {
+    fn from(problem: LoginProblem) -> Self {
+        SourceError::Login(Box::new(problem))
+    }
+}
+
+impl From<UnusableMessage> for SourceError {
+    fn from(message: UnusableMessage) -> Self {
+        SourceError::Unusable(Box::new(message))
+    }
+}
+
+impl From<SetupProblem> for SourceError {
+    fn from(problem: SetupProblem) -> Self {
+        SourceError::Setup(Box::new(problem))
+    }
+}
+
+impl From<ConfigError> for SourceError {
+    fn from(problem: ConfigError) -> Self {
+        SourceError::Config(Box::new(problem))
+    }
 }
 
 impl From<Interruption> for SourceError {

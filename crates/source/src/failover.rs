@@ -25,11 +25,7 @@ pub fn check_version(version: i32) -> Result<(), SourceError> {
     if version >= FAILOVER_SLOTS_VERSION {
         return Ok(());
     }
-    Err(SourceError::Definite(format!(
-        "source.failover = true needs failover slots, which PostgreSQL has from version 17 on; this server is {}.{}: upgrade it, or set source.failover = false (the slot is then lost when the primary fails over)",
-        version / 10_000,
-        version % 10_000 / 100
-    )))
+    Err(crate::error::SetupProblem::FailoverUnsupported { version }.into())
 }
 
 /// The primary's `synchronized_standby_slots` and the named slots that are not physical slots

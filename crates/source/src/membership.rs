@@ -24,6 +24,7 @@
 //! - Without outbox tables (a logical-message outbox) nothing is reported: PostgreSQL sends
 //!   logical messages whatever the publication holds.
 
+use crate::error::ProtocolFault;
 use crate::{SourceError, TableName};
 use pgoutput::Oid;
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,6 +65,19 @@ pub enum Change {
 impl Change {
     /// The definite error for this change of `publication`, naming what was lost and what to do.
     pub fn into_error(self, publication: &str) -> SourceError {
+        crate::error::SetupProblem::PublicationChanged {
+            publication: publication.to_owned(),
+            change: self,
+        }
+        .into()
+    }
+
+    /// The message of [`Change::into_error`].
+    pub(crate) fn describe(
+        &self,
+        publication: &str,
+        f: &mut std::fmt::Formatter<'_>,
+    ) -> std::fmt::Result {
         let (what, restart) = match self {
             Change::PublicationRecreated => (
                 format!(
@@ -81,9 +95,10 @@ impl Change {
                 "",
             ),
         };
-        SourceError::Definite(format!(
+        write!(
+            f,
             "{what}: PostgreSQL did not publish the events committed in between, so they cannot be read from this slot and were not sent to Kafka; re-send them from the application if consumers need them (the outbox rows committed around that time), then run `siphon accept-publication-change --config <this file>` and start Siphon again, which continues with the publication as it is now{restart}"
-        ))
+        )
     }
 }
 
@@ -133,10 +148,10 @@ pub async fn read(
             .ok()
             .and_then(|i| tables.get(i))
             .ok_or_else(|| {
-                SourceError::Protocol(format!(
-                    "the publication's membership named table number {ordinal} of {}",
-                    tables.len()
-                ))
+                SourceError::from(ProtocolFault::MembershipOrdinal {
+                    ordinal,
+                    tables: tables.len(),
+                })
             })?;
         let by_table: Vec<Oid> = row.get::<_, Option<Vec<Oid>>>(2).unwrap_or_default();
         let by_schema: Vec<Oid> = row.get::<_, Option<Vec<Oid>>>(3).unwrap_or_default();

@@ -21,7 +21,7 @@
 //!   the gap were not published.
 
 use crate::config::{quote_ident, quote_literal, Endpoint};
-use crate::error::Interruption;
+use crate::error::{Interruption, PublicationProblem, SetupProblem};
 use crate::failover;
 use crate::locate::{locate, Located, ServerIdentity};
 use crate::{SourceConfig, SourceError, TableName};
@@ -130,9 +130,7 @@ async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
         .map_err(|e| SourceError::from_sql(crate::error::Query::WalLevel, e))?;
     let level: String = row.get(0);
     if level != "logical" {
-        return Err(SourceError::Definite(format!(
-            "PostgreSQL has wal_level = {level}; logical replication needs wal_level = logical: set it in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL"
-        )));
+        return Err(SetupProblem::WalLevel { level }.into());
     }
     Ok(())
 }
@@ -154,9 +152,10 @@ async fn check_tables(
         let kind: Option<String> = row.get(0);
         match kind.as_deref() {
             None => {
-                return Err(SourceError::Definite(format!(
-                    "outbox table {table} does not exist (source.tables): create it, or fix the name in source.tables"
-                )))
+                return Err(SetupProblem::MissingTable {
+                    table: table.clone(),
+                }
+                .into())
             }
             Some("p") => {
                 partitioned.insert(table.clone());
@@ -342,10 +341,10 @@ async fn read_membership(
 }
 
 fn missing_publication(publication: &str) -> SourceError {
-    SourceError::Definite(format!(
-        "publication \"{publication}\" was dropped while streaming: PostgreSQL publishes nothing for it while it is missing, so events committed until it exists again are not captured; create it again (restart Siphon, which creates it, or CREATE PUBLICATION {} FOR TABLE <outbox tables> WITH (publish = 'insert, update'))",
-        quote_ident(publication)
-    ))
+    SetupProblem::PublicationDropped {
+        publication: publication.to_owned(),
+    }
+    .into()
 }
 
 async fn publication_check(
@@ -375,10 +374,12 @@ async fn publication_check(
         )
     };
     publication_problem(publication, flags, tables, partitioned, published.as_ref())
-        .map_or(Ok(()), |message| Err(SourceError::Definite(message)))
+        .map_or(Ok(()), |problem| {
+            Err(SetupProblem::Publication(problem).into())
+        })
 }
 
-/// What is wrong with an existing publication, as a message naming the commands that fix it.
+/// What is wrong with an existing publication (its message names the commands that fix it).
 ///
 /// `published` is what `pg_publication_tables` lists (`None` for `FOR ALL TABLES`): the leaf
 /// partitions of a partitioned table when `publish_via_partition_root` is off, the table itself
@@ -389,50 +390,31 @@ fn publication_problem(
     tables: &[TableName],
     partitioned: &BTreeSet<TableName>,
     published: Option<&BTreeSet<TableName>>,
-) -> Option<String> {
-    let mut fixes = Vec::new();
-    let mut problems = Vec::new();
-    if !flags.inserts {
-        problems.push("does not publish INSERTs, so no outbox event would ever be seen".to_owned());
-        fixes.push(format!(
-            "ALTER PUBLICATION {} SET (publish = 'insert, update')",
-            quote_ident(publication)
-        ));
-    }
-    if !flags.via_root && !partitioned.is_empty() {
-        let names: Vec<String> = partitioned.iter().map(TableName::quoted).collect();
-        problems.push(format!(
-            "publishes the partitioned outbox table {} under its partitions' names (publish_via_partition_root is off), so its events could not be routed",
-            names.join(", ")
-        ));
-        fixes.push(crate::catalog::publish_via_root_fix(publication));
-    }
-    if let Some(published) = published {
-        // With publish_via_partition_root off the catalog lists the partitions of a partitioned
-        // table, not the table: its membership is only known once the first fix is made.
-        let missing: Vec<String> = tables
+) -> Option<PublicationProblem> {
+    let by_partition: Vec<TableName> = if flags.via_root {
+        Vec::new()
+    } else {
+        partitioned.iter().cloned().collect()
+    };
+    // With publish_via_partition_root off the catalog lists the partitions of a partitioned
+    // table, not the table: its membership is only known once the first fix is made.
+    let missing: Vec<TableName> = published.map_or_else(Vec::new, |published| {
+        tables
             .iter()
             .filter(|t| flags.via_root || !partitioned.contains(t))
             .filter(|t| !published.contains(t))
-            .map(TableName::quoted)
-            .collect();
-        if !missing.is_empty() {
-            problems.push(format!("does not include {}", missing.join(", ")));
-            fixes.push(format!(
-                "ALTER PUBLICATION {} ADD TABLE {}",
-                quote_ident(publication),
-                missing.join(", ")
-            ));
-        }
-    }
-    if problems.is_empty() {
+            .cloned()
+            .collect()
+    });
+    if flags.inserts && by_partition.is_empty() && missing.is_empty() {
         None
     } else {
-        Some(format!(
-            "publication \"{publication}\" {}: run {}",
-            problems.join(" and "),
-            fixes.join("; ")
-        ))
+        Some(PublicationProblem {
+            publication: publication.to_owned(),
+            no_inserts: !flags.inserts,
+            by_partition,
+            missing,
+        })
     }
 }
 
@@ -489,9 +471,10 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     let row = match read_slot(client, slot, request.version).await? {
         Some(row) => row,
         None if request.missing == MissingSlot::Refuse => {
-            return Err(SourceError::Definite(format!(
-                "replication slot \"{slot}\" no longer exists on this server although Siphon streamed from it: it was dropped, or the server is a promoted standby that had no synchronized copy of it (source.failover = true with sync_replication_slots = on on the standby keeps one); events committed since then were not captured and cannot be read from this server; restart Siphon to create the slot anew from the current position"
-            )));
+            return Err(SetupProblem::SlotGone {
+                slot: slot.to_owned(),
+            }
+            .into());
         }
         None => {
             let sql = if request.failover {
@@ -566,10 +549,12 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
         .into());
     }
     if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
-        return Err(SourceError::Definite(format!(
-            "replication slot \"{slot}\" is a {slot_type} slot with plugin {}; Siphon needs a logical slot using pgoutput: choose another source.slot, or drop it with SELECT pg_drop_replication_slot('{slot}') if nothing else uses it",
-            plugin.as_deref().unwrap_or("none")
-        )));
+        return Err(SetupProblem::SlotKind {
+            slot: slot.to_owned(),
+            slot_type,
+            plugin,
+        }
+        .into());
     }
     let current_db: String = client
         .query_one("SELECT current_database()", &[])
@@ -577,15 +562,18 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
         .map_err(|e| SourceError::from_sql(crate::error::Query::CurrentDatabase, e))?
         .get(0);
     if database.as_deref() != Some(current_db.as_str()) {
-        return Err(SourceError::Definite(format!(
-            "replication slot \"{slot}\" belongs to database {} but source.url connects to {current_db}: point source.url at that database or choose another source.slot",
-            database.as_deref().unwrap_or("?")
-        )));
+        return Err(SetupProblem::SlotDatabase {
+            slot: slot.to_owned(),
+            database,
+            current: current_db,
+        }
+        .into());
     }
     if wal_status.as_deref() == Some("lost") {
-        return Err(SourceError::Definite(format!(
-            "replication slot \"{slot}\" was invalidated (its WAL was removed, see max_slot_wal_keep_size): drop it with SELECT pg_drop_replication_slot('{slot}') and restart Siphon; events in the lost WAL cannot be recovered"
-        )));
+        return Err(SetupProblem::SlotInvalidated {
+            slot: slot.to_owned(),
+        }
+        .into());
     }
     if two_phase && request.version >= crate::two_phase::PGOUTPUT_TWO_PHASE_VERSION {
         return Err(crate::two_phase::refusal(slot, Some(request.version)));
@@ -635,8 +623,9 @@ mod tests {
         };
         // pg_publication_tables lists the partitions when pubviaroot is off.
         let leaves = names(&["outbox_2026_01", "outbox_2026_02"]);
-        let message =
-            publication_problem("p", off, &tables, &partitioned, Some(&leaves)).expect("a problem");
+        let message = publication_problem("p", off, &tables, &partitioned, Some(&leaves))
+            .expect("a problem")
+            .to_string();
         assert!(
             message.contains(r#"ALTER PUBLICATION "p" SET (publish_via_partition_root = true)"#),
             "{message}"
@@ -660,7 +649,8 @@ mod tests {
             None
         );
         let message = publication_problem("p", on, &tables, &partitioned, Some(&names(&["other"])))
-            .expect("a problem");
+            .expect("a problem")
+            .to_string();
         assert!(
             message.contains(r#"ADD TABLE "public"."outbox""#),
             "{message}"
@@ -682,7 +672,8 @@ mod tests {
             &BTreeSet::new(),
             Some(&names(&["outbox"])),
         )
-        .expect("a problem");
+        .expect("a problem")
+        .to_string();
         assert!(
             message.contains(r#"ALTER PUBLICATION "p" SET (publish = 'insert, update')"#),
             "{message}"
@@ -702,8 +693,9 @@ mod tests {
             publication_problem("p", off, &tables, &none, Some(&names(&["outbox"]))),
             None
         );
-        let message =
-            publication_problem("p", off, &tables, &none, Some(&none)).expect("a problem");
+        let message = publication_problem("p", off, &tables, &none, Some(&none))
+            .expect("a problem")
+            .to_string();
         assert!(
             message.contains(r#"run ALTER PUBLICATION "p" ADD TABLE "public"."outbox""#),
             "{message}"

@@ -14,6 +14,7 @@
 //! - Certificate and key files are read on every connection attempt, so rotated files are used on
 //!   the next reconnection.
 
+use crate::error::ConfigError;
 use crate::SourceError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -50,15 +51,12 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            "allow" => {
-                return Err(SourceError::Config(
-                    "source.url: sslmode=allow is not supported (it falls back to TLS only after a plain connection fails); use disable, prefer, require, verify-ca or verify-full".into(),
-                ))
-            }
+            "allow" => return Err(ConfigError::SslModeAllow.into()),
             other => {
-                return Err(SourceError::Config(format!(
-                    "source.url: sslmode={other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-                )))
+                return Err(ConfigError::UnknownSslMode {
+                    value: other.to_owned(),
+                }
+                .into())
             }
         })
     }
@@ -138,19 +136,18 @@ impl TlsSettings {
             match key.as_str() {
                 "sslmode" => mode = Some(SslMode::parse(value)?),
                 "sslrootcert" if value == "system" => root_certs = RootCerts::System,
-                "sslrootcert" => root_certs = non_empty(key, value)?.map_or(RootCerts::None, RootCerts::File),
+                "sslrootcert" => {
+                    root_certs = non_empty(key, value)?.map_or(RootCerts::None, RootCerts::File)
+                }
                 "sslcert" => client_cert = non_empty(key, value)?,
                 "sslkey" => client_key = non_empty(key, value)?,
-                "sslpassword" => {
-                    return Err(SourceError::Config(
-                        "source.url: sslpassword is not supported (encrypted client keys are not): decrypt the key once, e.g. `openssl pkey -in client.key -out client-plain.key`, keep that file readable by Siphon only, and name it in sslkey".into(),
-                    ))
-                }
+                "sslpassword" => return Err(ConfigError::SslPassword.into()),
                 "sslnegotiation" if value == "postgres" => {}
                 "sslnegotiation" => {
-                    return Err(SourceError::Config(format!(
-                        "source.url: sslnegotiation={value:?} is not supported; only the standard negotiation (postgres) is"
-                    )))
+                    return Err(ConfigError::SslNegotiation {
+                        value: value.clone(),
+                    }
+                    .into())
                 }
                 _ => {}
             }
@@ -162,25 +159,17 @@ impl TlsSettings {
             (None, _) => SslMode::Prefer,
         };
         if root_certs == RootCerts::System && mode != SslMode::VerifyFull {
-            return Err(SourceError::Config(format!(
-                "source.url: sslrootcert=system needs sslmode=verify-full (public CAs sign certificates for anyone's host names), not sslmode={mode}"
-            )));
+            return Err(ConfigError::SystemRootsNeedVerifyFull { mode }.into());
         }
         if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) && root_certs == RootCerts::None
         {
-            return Err(SourceError::Config(format!(
-                "source.url: sslmode={mode} needs sslrootcert=/path/to/ca.pem, the CA certificate that signed the server's certificate (or sslrootcert=system for a publicly trusted one)"
-            )));
+            return Err(ConfigError::VerifyNeedsRootCert { mode }.into());
         }
         if client_cert.is_some() != client_key.is_some() {
-            return Err(SourceError::Config(
-                "source.url: sslcert and sslkey go together: give both the client certificate and its key".into(),
-            ));
+            return Err(ConfigError::CertWithoutKey.into());
         }
         if mode == SslMode::Disable && (client_cert.is_some() || root_certs != RootCerts::None) {
-            return Err(SourceError::Config(
-                "source.url: sslmode=disable contradicts sslrootcert/sslcert/sslkey: remove them or choose sslmode=verify-full".into(),
-            ));
+            return Err(ConfigError::DisableWithCertificates.into());
         }
         Ok(TlsSettings {
             mode,
@@ -222,9 +211,10 @@ impl TlsSettings {
         // The name the certificate must carry is the URL's host; an IP address is checked
         // against the certificate's IP address entries.
         let server_name = ServerName::try_from(host.to_owned()).map_err(|e| {
-            SourceError::Config(format!(
-                "source.url: the host {host:?} cannot be used as a TLS server name: {e}"
-            ))
+            SourceError::from(ConfigError::ServerName {
+                host: host.to_owned(),
+                source: e,
+            })
         })?;
         Ok(Some(crate::wire::Tls {
             connector: tokio_rustls::TlsConnector::from(Arc::new(self.client_config()?)),
@@ -238,7 +228,7 @@ impl TlsSettings {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| SourceError::Definite(format!("TLS set-up failed: {e}")))?;
+            .map_err(|e| tls_setup(&e))?;
         let builder = if self.verifies_chain() {
             let roots = Arc::new(self.root_store()?);
             if self.verifies_host_name() {
@@ -246,7 +236,7 @@ impl TlsSettings {
             } else {
                 let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
-                    .map_err(|e| SourceError::Definite(format!("TLS set-up failed: {e}")))?;
+                    .map_err(|e| tls_setup(&e))?;
                 builder
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
@@ -262,11 +252,11 @@ impl TlsSettings {
             (Some(cert), Some(key)) => builder
                 .with_client_auth_cert(load_certs("sslcert", cert)?, load_key(key)?)
                 .map_err(|e| {
-                    SourceError::Definite(format!(
-                        "source.url: the client certificate ({}) and key ({}) cannot be used together: {e}",
-                        cert.display(),
-                        key.display()
-                    ))
+                    SourceError::from(ConfigError::CertKeyMismatch {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        detail: e.to_string(),
+                    })
                 })?,
             _ => builder.with_no_client_auth(),
         };
@@ -279,10 +269,7 @@ impl TlsSettings {
             RootCerts::File(path) => {
                 let (added, _) = roots.add_parsable_certificates(load_certs("sslrootcert", path)?);
                 if added == 0 {
-                    return Err(SourceError::Definite(format!(
-                        "source.url: sslrootcert {} holds no usable CA certificate",
-                        path.display()
-                    )));
+                    return Err(ConfigError::NoUsableCa { path: path.clone() }.into());
                 }
             }
             RootCerts::System => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
@@ -292,11 +279,20 @@ impl TlsSettings {
     }
 }
 
+/// rustls could not build the configuration.
+fn tls_setup(e: &dyn std::error::Error) -> SourceError {
+    ConfigError::TlsSetup {
+        detail: e.to_string(),
+    }
+    .into()
+}
+
 fn non_empty(key: &str, value: &str) -> Result<Option<PathBuf>, SourceError> {
     if value.is_empty() {
-        return Err(SourceError::Config(format!(
-            "source.url: {key} is empty; give a file path or leave it out"
-        )));
+        return Err(ConfigError::EmptyPath {
+            key: key.to_owned(),
+        }
+        .into());
     }
     Ok(Some(PathBuf::from(value)))
 }
@@ -305,26 +301,28 @@ fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, So
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| {
-            SourceError::Definite(format!(
-                "source.url: cannot read {key} {}: {e}",
-                path.display()
-            ))
+            SourceError::from(ConfigError::UnreadableCertificate {
+                key: key.to_owned(),
+                path: path.to_owned(),
+                detail: e.to_string(),
+            })
         })?;
     if certs.is_empty() {
-        return Err(SourceError::Definite(format!(
-            "source.url: {key} {} holds no PEM certificate",
-            path.display()
-        )));
+        return Err(ConfigError::NoPemCertificate {
+            key: key.to_owned(),
+            path: path.to_owned(),
+        }
+        .into());
     }
     Ok(certs)
 }
 
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, SourceError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| {
-        SourceError::Definite(format!(
-            "source.url: cannot read sslkey {} (an unencrypted PEM key: PKCS#8, PKCS#1 or SEC1): {e}",
-            path.display()
-        ))
+        SourceError::from(ConfigError::UnreadableKey {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })
     })
 }
 

@@ -35,6 +35,19 @@ pub const ALTER_TWO_PHASE_VERSION: i32 = 180_000;
 /// The definite error for slot `slot`, which decodes two-phase transactions; `version` is the
 /// server's `server_version_num` when known (the fixes that apply to it are named).
 pub fn refusal(slot: &str, version: Option<i32>) -> SourceError {
+    crate::error::SetupProblem::TwoPhaseSlot {
+        slot: slot.to_owned(),
+        version,
+    }
+    .into()
+}
+
+/// The message of [`refusal`].
+pub(crate) fn describe(
+    slot: &str,
+    version: Option<i32>,
+    f: &mut std::fmt::Formatter<'_>,
+) -> std::fmt::Result {
     let copy = copy_name(slot);
     let mut fixes = Vec::new();
     let alter = format!(
@@ -52,11 +65,12 @@ pub fn refusal(slot: &str, version: Option<i32>) -> SourceError {
         quote_literal(&copy),
         quote_literal(slot)
     ));
-    SourceError::Definite(format!(
+    write!(
+        f,
         "replication slot \"{slot}\" decodes two-phase transactions (two_phase is on: it was created with two-phase decoding, or a client turned it on): PostgreSQL then sends a prepared transaction's rows at PREPARE TRANSACTION, before it is known whether it commits, and only a marker at COMMIT PREPARED, so Siphon does not read such a slot. Nothing was read from it. Fix, keeping the slot's position: {}. Or, if the events committed since the slot's position may be lost, drop it with SELECT pg_drop_replication_slot({}) and start Siphon, which creates its own slot without two-phase decoding (prepared transactions are then sent when they are committed with COMMIT PREPARED)",
         fixes.join("; or "),
         quote_literal(slot)
-    ))
+    )
 }
 
 /// The name suggested for the copy of `slot` (slot names have at most 63 bytes).

@@ -10,6 +10,7 @@
 //! - Every error made here is definite ([`SourceError::is_transient`] is false).
 //! - Messages are told apart by their tag byte (the protocol's), never by error text.
 
+use crate::error::UnusableMessage;
 use crate::SourceError;
 use pgoutput::{DecodeError, Lsn};
 
@@ -43,33 +44,32 @@ pub(crate) fn error(
     decode: Option<&DecodeError>,
 ) -> SourceError {
     let tag = payload.first().copied().unwrap_or_default();
-    if let Some(name) = name_in(&TWO_PHASE, tag) {
-        let refusal = crate::two_phase::refusal(slot.unwrap_or("<source.slot>"), None);
-        return SourceError::Definite(format!(
-            "the server sent a pgoutput {name} message at {lsn}: {refusal}"
-        ));
-    }
-    if let Some(name) = name_in(&STREAMING, tag) {
-        return SourceError::Definite(format!(
-            "the server sent a pgoutput {name} message at {lsn}: it streams transactions still in progress, which Siphon never asks for (its START_REPLICATION has proto_version '1' and no streaming option), so something between Siphon and PostgreSQL changed the command: point source.url at PostgreSQL itself, not at a proxy or pooler that rewrites replication commands"
-        ));
-    }
-    match decode {
-        Some(DecodeError::UnknownTag { .. }) => SourceError::Definite(format!(
-            "the server sent a pgoutput message at {lsn} of a kind this version of Siphon does not know ({}): the server is newer than Siphon supports: upgrade Siphon",
-            decode.map(ToString::to_string).unwrap_or_default()
-        )),
-        Some(e @ DecodeError::InvalidUtf8 { .. }) => SourceError::Definite(format!(
-            "undecodable pgoutput message at {lsn}: {e}: the names Siphon reads from the stream (schemas, tables, columns, types, message prefixes) must be UTF-8; if the database's encoding is not UTF-8, rename the object with non-ASCII characters in its name"
-        )),
-        Some(e) => SourceError::Definite(format!(
-            "undecodable pgoutput message at {lsn}: {e}; reconnecting would read the same message again, so Siphon stops: report it as a bug with the server's version (SELECT version()) and this position"
-        )),
-        None => SourceError::Definite(format!(
-            "the server sent a pgoutput message at {lsn} that Siphon does not handle (tag {:?}): report it as a bug with the server's version (SELECT version()) and this position",
-            char::from(tag)
-        )),
-    }
+    let message = if let Some(name) = name_in(&TWO_PHASE, tag) {
+        UnusableMessage::TwoPhase {
+            name,
+            lsn,
+            slot: slot.map(str::to_owned),
+        }
+    } else if let Some(name) = name_in(&STREAMING, tag) {
+        UnusableMessage::Streaming { name, lsn }
+    } else {
+        match decode {
+            Some(e @ DecodeError::UnknownTag { .. }) => UnusableMessage::UnknownKind {
+                lsn,
+                decode: e.clone(),
+            },
+            Some(e @ DecodeError::InvalidUtf8 { .. }) => UnusableMessage::NotUtf8 {
+                lsn,
+                decode: e.clone(),
+            },
+            Some(e) => UnusableMessage::Undecodable {
+                lsn,
+                decode: e.clone(),
+            },
+            None => UnusableMessage::Unhandled { lsn, tag },
+        }
+    };
+    message.into()
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_router::{
     Change, EventRouter, RouteError, Routed, RoutedRecord, SourcePosition, TableBinding,
 };
+use siphon_source::error::ProtocolFault;
 use siphon_source::queries::OutboxColumns;
 use siphon_source::{DatabaseEncoding, RowChange, SourceError, SourceEvent, TableName};
 use std::collections::HashSet;
@@ -539,9 +540,10 @@ impl<'a> SessionCore<'a> {
         self.metrics.event_read();
         self.txn.ok_or(LedgerError::NoOpenTransaction)?;
         if self.bindings.contains_key(&relation_id) {
-            return Err(SourceError::Protocol(format!(
-                "row change of outbox relation {relation_id} at {lsn} without its description"
-            ))
+            return Err(SourceError::from(ProtocolFault::UndescribedOutboxRow {
+                relation: relation_id,
+                lsn,
+            })
             .into());
         }
         Event::OtherTableRow.emit(&self.metrics);
