@@ -8,7 +8,7 @@
 
 use crate::SourceError;
 use bytes::Bytes;
-use pgoutput::{Lsn, Oid, Xid};
+use pgoutput::{Lsn, Oid};
 pub use siphon_core::assembly::{AssemblyError, RowChange, SourceEvent};
 
 /// The assembly state machine of one session's slot.
@@ -20,11 +20,6 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    /// A fresh assembler for a session using pgoutput protocol version 1.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// A fresh assembler for a session streaming from slot `slot` (named in its errors).
     pub fn for_slot(slot: &str) -> Self {
         Assembler {
@@ -41,48 +36,6 @@ impl Assembler {
     /// See [`siphon_core::assembly::Assembler::forget`].
     pub fn forget(&mut self, relation: Oid) {
         self.core.forget(relation);
-    }
-
-    /// How many relation descriptions are kept.
-    pub fn cached_relations(&self) -> usize {
-        self.core.cached_relations()
-    }
-
-    /// A transaction starts.
-    pub fn begin(
-        &mut self,
-        xid: Xid,
-        final_lsn: Lsn,
-        commit_time_us: i64,
-    ) -> Result<SourceEvent, SourceError> {
-        self.core
-            .begin(xid, final_lsn, commit_time_us)
-            .map_err(|e| self.error(e))
-    }
-
-    /// The open transaction commits.
-    pub fn commit(
-        &mut self,
-        commit_lsn: Lsn,
-        end_lsn: Lsn,
-        commit_time_us: i64,
-    ) -> Result<SourceEvent, SourceError> {
-        self.core
-            .commit(commit_lsn, end_lsn, commit_time_us)
-            .map_err(|e| self.error(e))
-    }
-
-    /// A logical decoding message; a transactional one must come inside its transaction.
-    pub fn message(
-        &mut self,
-        transactional: bool,
-        lsn: Lsn,
-        prefix: &str,
-        content: Bytes,
-    ) -> Result<SourceEvent, SourceError> {
-        self.core
-            .message(transactional, lsn, prefix, content)
-            .map_err(|e| self.error(e))
     }
 
     /// The server reports its WAL end; yields [`SourceEvent::Idle`] outside transactions.
