@@ -63,7 +63,20 @@ impl ConsumedRecord {
     }
 }
 
+/// Which records a reader sees of topics written in Kafka transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Only committed records (librdkafka's default; Java's consumers must ask for it).
+    ReadCommitted,
+    /// Every record written, aborted transactions' included (Java's consumers' default).
+    ReadUncommitted,
+}
+
 fn consumer(bootstrap: &str) -> Result<BaseConsumer> {
+    consumer_isolated(bootstrap, Isolation::ReadCommitted)
+}
+
+fn consumer_isolated(bootstrap: &str, isolation: Isolation) -> Result<BaseConsumer> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let group = format!(
         "siphon-tests-read-{}-{}",
@@ -79,6 +92,13 @@ fn consumer(bootstrap: &str) -> Result<BaseConsumer> {
         .set("enable.auto.offset.store", "false")
         .set("allow.auto.create.topics", "false")
         .set("fetch.wait.max.ms", "100")
+        .set(
+            "isolation.level",
+            match isolation {
+                Isolation::ReadCommitted => "read_committed",
+                Isolation::ReadUncommitted => "read_uncommitted",
+            },
+        )
         .create()
         .context("creating an rdkafka consumer")
 }
@@ -90,8 +110,18 @@ fn consumer(bootstrap: &str) -> Result<BaseConsumer> {
 /// Blocks the calling thread; from async code use [`read_topic_async`] when
 /// other tasks must keep running meanwhile.
 pub fn read_topic(bootstrap: &str, topic: &str, timeout: Duration) -> Result<Vec<ConsumedRecord>> {
+    read_topic_isolated(bootstrap, topic, timeout, Isolation::ReadCommitted)
+}
+
+/// [`read_topic`] with the given isolation level.
+pub fn read_topic_isolated(
+    bootstrap: &str,
+    topic: &str,
+    timeout: Duration,
+    isolation: Isolation,
+) -> Result<Vec<ConsumedRecord>> {
     let deadline = Instant::now() + timeout;
-    let consumer = consumer(bootstrap)?;
+    let consumer = consumer_isolated(bootstrap, isolation)?;
     // A topic just created (or a partition whose leader just moved) has no leader for a
     // moment: ask again until it has one or the time is up.
     let partitions: Vec<i32> = loop {

@@ -59,7 +59,7 @@ pub use broker::Broker;
 pub use kafka::{KafkaCluster, KafkaNode};
 pub use kafka_read::{
     create_topic, create_topic_replicated, list_topics, read_topic, read_topic_async,
-    ConsumedRecord,
+    read_topic_isolated, ConsumedRecord, Isolation,
 };
 pub use ports::free_port;
 pub use postgres::Postgres;

@@ -11,6 +11,7 @@
 pub mod assembly;
 pub mod backoff;
 pub mod consequence;
+pub mod exactly_once;
 pub mod flow;
 mod in_flight;
 pub mod intervals;

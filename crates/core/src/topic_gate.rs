@@ -72,6 +72,11 @@ impl<K: Records> TopicGate<K> {
         self.creating.as_ref().map(|(id, _)| *id)
     }
 
+    /// Whether no record waits for a topic.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
     /// Records waiting.
     #[cfg(test)]
     fn waiting(&self) -> usize {

@@ -78,6 +78,8 @@ pub struct SinkConfig {
     /// Acknowledge every record at once without sending it (for measuring the rest of the
     /// pipeline; never for real use: the slot moves past records that went nowhere).
     pub discard: bool,
+    /// The producer's `transactional.id` for exactly-once delivery (`None`: not transactional).
+    pub transactional_id: Option<String>,
 }
 
 /// How Siphon creates output topics that do not exist yet.
@@ -128,6 +130,9 @@ const REQUIRED: &[(&str, &str)] = &[
 /// The delivery deadline when `kafka.properties` sets none (librdkafka's own default).
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_millis(300_000);
 
+/// `transaction.timeout.ms` when `kafka.properties` sets none (librdkafka's own default).
+pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// `message.timeout.ms` and its alias: the user's value becomes the session's delivery deadline,
 /// and librdkafka itself is told never to time a record out.
 const TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delivery.timeout.ms"];
@@ -155,6 +160,22 @@ impl SinkConfig {
             .parse()
             .map_err(|_| ConfigError::new(key, value, ConfigReason::NotMilliseconds))?;
         Ok((ms > 0).then(|| Duration::from_millis(ms)))
+    }
+
+    /// How long a Kafka transaction may stay open before the broker aborts it
+    /// (`kafka.properties."transaction.timeout.ms"`, librdkafka's default 60 s).
+    pub fn transaction_timeout(&self) -> Result<Duration, ConfigError> {
+        let key = "transaction.timeout.ms";
+        match self.properties.get(key) {
+            None => Ok(DEFAULT_TRANSACTION_TIMEOUT),
+            Some(value) => value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis)
+                .ok_or_else(|| ConfigError::new(key, value, ConfigReason::NotMilliseconds)),
+        }
     }
 
     /// The full librdkafka configuration: defaults, then user properties, then required ones.
@@ -186,9 +207,18 @@ impl SinkConfig {
             props.insert((*key).to_owned(), (*value).to_owned());
         }
         // Never timed out by librdkafka (0 is infinite): see `delivery_timeout`.
-        self.delivery_timeout()?;
+        let deadline = self.delivery_timeout()?;
         props.remove("delivery.timeout.ms");
         props.insert("message.timeout.ms".into(), "0".into());
+        if let Some(id) = &self.transactional_id {
+            // A transactional producer's records time out within the transaction's timeout
+            // (librdkafka refuses more); a record that times out fails its transaction, which
+            // is aborted and started again from the last committed progress.
+            let transaction_timeout = self.transaction_timeout()?;
+            let timeout = deadline.map_or(transaction_timeout, |d| d.min(transaction_timeout));
+            props.insert("message.timeout.ms".into(), timeout.as_millis().to_string());
+            props.insert("transactional.id".into(), id.clone());
+        }
         props.insert("bootstrap.servers".into(), self.bootstrap_servers.clone());
         Ok(props)
     }
@@ -207,7 +237,38 @@ mod tests {
                 .collect(),
             topic_creation: TopicCreation::default(),
             discard: false,
+            transactional_id: None,
         }
+    }
+
+    #[test]
+    fn a_transactional_producer_times_records_out_within_its_transaction() {
+        let mut eos = config(&[("message.timeout.ms", "300000")]);
+        eos.transactional_id = Some("siphon-1-db-slot".into());
+        let props = eos.client_properties().unwrap();
+        assert_eq!(props["transactional.id"], "siphon-1-db-slot");
+        assert_eq!(props["message.timeout.ms"], "60000");
+        let mut short = config(&[
+            ("message.timeout.ms", "5000"),
+            ("transaction.timeout.ms", "20000"),
+        ]);
+        short.transactional_id = Some("t".into());
+        assert_eq!(
+            short.client_properties().unwrap()["message.timeout.ms"],
+            "5000"
+        );
+        assert_eq!(
+            short.transaction_timeout().unwrap(),
+            Duration::from_secs(20)
+        );
+        assert!(!config(&[])
+            .client_properties()
+            .unwrap()
+            .contains_key("transactional.id"));
+        let err = config(&[("transaction.timeout.ms", "0")])
+            .transaction_timeout()
+            .unwrap_err();
+        assert_eq!(err.reason, ConfigReason::NotMilliseconds);
     }
 
     #[test]

@@ -57,6 +57,14 @@ pub enum Operation {
     Enqueue,
     /// Setting up the wake-up for the producer's delivery reports.
     WaitForReports,
+    /// Registering the transactional producer with its coordinator (fencing older instances).
+    InitTransactions,
+    /// Beginning a Kafka transaction.
+    BeginTransaction,
+    /// Committing a Kafka transaction.
+    CommitTransaction,
+    /// Aborting a Kafka transaction.
+    AbortTransaction,
 }
 
 impl fmt::Display for Operation {
@@ -67,6 +75,10 @@ impl fmt::Display for Operation {
             Operation::CreateTopic => "creating a topic",
             Operation::Enqueue => "enqueueing a record",
             Operation::WaitForReports => "waiting for Kafka delivery reports",
+            Operation::InitTransactions => "initialising the transactional Kafka producer",
+            Operation::BeginTransaction => "beginning a Kafka transaction",
+            Operation::CommitTransaction => "committing a Kafka transaction",
+            Operation::AbortTransaction => "aborting a Kafka transaction",
         })
     }
 }
@@ -137,6 +149,14 @@ pub enum SinkError {
     /// librdkafka could not build the request); `reason` is librdkafka's, shown only.
     #[error("Kafka unavailable: creating topic {topic}: {reason}")]
     TopicRequest { topic: String, reason: String },
+    /// A call of the transactional producer (`operation` is one of the transaction operations)
+    /// failed with `code` (see [`transaction_fix`]).
+    #[error("{operation} ({transactional_id:?}) failed with {code}{}", transaction_fix(*operation, *code))]
+    Transaction {
+        operation: Operation,
+        transactional_id: String,
+        code: RDKafkaErrorCode,
+    },
     /// The wake-up for delivery reports could not be set up.
     #[error("Kafka unavailable: waiting for Kafka delivery reports: {0}")]
     Wakeup(#[from] WakeupError),
@@ -200,6 +220,7 @@ impl SinkError {
             SinkError::Kafka {
                 operation, code, ..
             } => kafka_consequence(*operation, *code),
+            SinkError::Transaction { code, .. } => transaction_consequence(*code),
             SinkError::TopicRequest { .. }
             | SinkError::Wakeup(_)
             | SinkError::RetiredStillReporting { .. } => Retry,
@@ -227,9 +248,9 @@ impl SinkError {
     /// The operation that failed (`None` for a refused setting, or a rebuild asked too early).
     pub fn operation(&self) -> Option<Operation> {
         match self {
-            SinkError::Client { operation, .. } | SinkError::Kafka { operation, .. } => {
-                Some(*operation)
-            }
+            SinkError::Client { operation, .. }
+            | SinkError::Kafka { operation, .. }
+            | SinkError::Transaction { operation, .. } => Some(*operation),
             SinkError::TopicRequest { .. } => Some(Operation::CreateTopic),
             SinkError::Wakeup(_) => Some(Operation::WaitForReports),
             SinkError::Config(_) | SinkError::RetiredStillReporting { .. } => None,
@@ -239,7 +260,7 @@ impl SinkError {
     /// The librdkafka (or broker) error code, when the failure has one.
     pub fn code(&self) -> Option<RDKafkaErrorCode> {
         match self {
-            SinkError::Kafka { code, .. } => Some(*code),
+            SinkError::Kafka { code, .. } | SinkError::Transaction { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -258,6 +279,53 @@ fn kafka_consequence(operation: Operation, code: RDKafkaErrorCode) -> siphon_cor
         // A client that could not be created is refused for its configuration.
         Operation::CreateProducer | Operation::CreateAdminClient => Fix,
         Operation::WaitForReports => Retry,
+        Operation::InitTransactions
+        | Operation::BeginTransaction
+        | Operation::CommitTransaction
+        | Operation::AbortTransaction => transaction_consequence(code),
+    }
+}
+
+/// Whether a failed transaction call can only be cured by the operator: refused rights, or
+/// brokers without transactions. Anything else (a coordinator moving or loading, a timeout, a
+/// fenced or aborted transaction) ends the session, and the next one starts from the last
+/// committed progress.
+fn transaction_consequence(code: RDKafkaErrorCode) -> siphon_core::Consequence {
+    use siphon_core::Consequence::{Fix, Retry};
+    match code {
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+        | RDKafkaErrorCode::ClusterAuthorizationFailed
+        | RDKafkaErrorCode::UnsupportedVersion
+        | RDKafkaErrorCode::UnsupportedForMessageFormat
+        | RDKafkaErrorCode::InvalidTransactionTimeout
+        | RDKafkaErrorCode::InvalidArgument => Fix,
+        _ => Retry,
+    }
+}
+
+/// The fix a failed transaction call with `code` names ("" when it passes by itself).
+pub fn transaction_fix(operation: Operation, code: RDKafkaErrorCode) -> &'static str {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::TransactionalIdAuthorizationFailed | C::ClusterAuthorizationFailed => {
+            ": grant Siphon's principal WRITE and DESCRIBE on its transactional id (kafka.transactional_id, or the id in this message), or set kafka.delivery = \"at-least-once\""
+        }
+        C::UnsupportedVersion | C::UnsupportedForMessageFormat => {
+            ": the brokers do not support transactions; use Apache Kafka 2.5 or later, or set kafka.delivery = \"at-least-once\""
+        }
+        C::InvalidTransactionTimeout => {
+            ": kafka.properties.\"transaction.timeout.ms\" is above the brokers' transaction.max.timeout.ms; lower it"
+        }
+        C::InvalidArgument => ": check kafka.properties.\"transaction.timeout.ms\"",
+        C::CoordinatorNotAvailable | C::NotCoordinator | C::OperationTimedOut | C::RequestTimedOut
+            if operation == Operation::InitTransactions =>
+        {
+            ": the transaction coordinator did not answer; if it persists, check that the brokers' transaction.state.log.replication.factor and transaction.state.log.min.isr fit the cluster (a single broker needs 1 and 1)"
+        }
+        C::ProducerFenced | C::InvalidProducerEpoch => {
+            ": another producer with the same transactional id started; is a second Siphon running with the same kafka.transactional_id?"
+        }
+        _ => "",
     }
 }
 

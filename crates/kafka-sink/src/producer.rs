@@ -518,6 +518,83 @@ impl KafkaSink {
         }
     }
 
+    /// The transactional producer and its id (`None`: not transactional, or discarding).
+    fn transactional(&self) -> Option<(Arc<BaseProducer<DeliveryContext>>, String)> {
+        match (&self.backend, &self.config.transactional_id) {
+            (Backend::Kafka { client, .. }, Some(id)) => {
+                Some((Arc::clone(&client.producer), id.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Registers the transactional producer with its transaction coordinator: older producers
+    /// with the same transactional id are fenced, and a transaction they left open is completed
+    /// or aborted. Runs on a blocking thread, bounded by `timeout`. Nothing to do for a producer
+    /// that is not transactional.
+    pub async fn init_transactions(&self, timeout: Duration) -> Result<(), SinkError> {
+        self.run_transactional(Operation::InitTransactions, move |producer| {
+            producer.init_transactions(timeout)
+        })
+        .await
+    }
+
+    /// Begins a Kafka transaction (a local step of the producer: it does not block).
+    pub fn begin_transaction(&self) -> Result<(), SinkError> {
+        let Some((producer, id)) = self.transactional() else {
+            return Ok(());
+        };
+        producer
+            .begin_transaction()
+            .map_err(|e| transaction_error(Operation::BeginTransaction, id, &e))
+    }
+
+    /// Commits the open Kafka transaction once all its records are delivered: a future to run
+    /// beside the caller's loop (the caller keeps serving delivery reports meanwhile), bounded
+    /// by `timeout`.
+    pub fn commit_transaction(
+        &self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static {
+        self.run_transactional(Operation::CommitTransaction, move |producer| {
+            producer.commit_transaction(timeout)
+        })
+    }
+
+    /// Aborts the open Kafka transaction (its records are never shown to read_committed
+    /// consumers), bounded by `timeout`.
+    pub async fn abort_transaction(&self, timeout: Duration) -> Result<(), SinkError> {
+        self.run_transactional(Operation::AbortTransaction, move |producer| {
+            producer.abort_transaction(timeout)
+        })
+        .await
+    }
+
+    fn run_transactional(
+        &self,
+        operation: Operation,
+        call: impl FnOnce(&BaseProducer<DeliveryContext>) -> rdkafka::error::KafkaResult<()>
+            + Send
+            + 'static,
+    ) -> impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static {
+        let transactional = self.transactional();
+        async move {
+            let Some((producer, id)) = transactional else {
+                return Ok(());
+            };
+            let called_id = id.clone();
+            match tokio::task::spawn_blocking(move || call(&producer)).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(transaction_error(operation, called_id, &e)),
+                Err(_) => Err(SinkError::Transaction {
+                    operation,
+                    transactional_id: id,
+                    code: RDKafkaErrorCode::Fail,
+                }),
+            }
+        }
+    }
+
     /// Records enqueued but not yet reported.
     pub fn in_flight(&self) -> i32 {
         match &self.backend {
@@ -546,6 +623,19 @@ impl KafkaSink {
                 .map(|(code, reason)| format!("{code}: {reason}")),
             Backend::Discard { .. } => None,
         }
+    }
+}
+
+/// A failed call of the transactional producer `id`, by its code.
+fn transaction_error(operation: Operation, id: String, error: &KafkaError) -> SinkError {
+    let code = match error {
+        KafkaError::Transaction(e) => e.code(),
+        other => other.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+    };
+    SinkError::Transaction {
+        operation,
+        transactional_id: id,
+        code,
     }
 }
 
@@ -585,6 +675,7 @@ mod tests {
                 ..TopicCreation::default()
             },
             discard: false,
+            transactional_id: None,
         };
         KafkaSink::new(&config, None).expect("a producer")
     }
@@ -610,6 +701,7 @@ mod tests {
             properties: Default::default(),
             topic_creation: TopicCreation::default(),
             discard: false,
+            transactional_id: None,
         };
         let (mut creating, _deliveries) = KafkaSink::new(&config, None).expect("a producer");
         assert!(creating.topic_creation("t").is_some());
@@ -685,6 +777,7 @@ mod tests {
                 ..TopicCreation::default()
             },
             discard: false,
+            transactional_id: None,
         };
         let (mut sink, mut deliveries) = KafkaSink::new(&config, None).expect("a producer");
         let header = |name: &str, value: Option<&'static [u8]>| Header {

@@ -54,6 +54,7 @@ pub(crate) fn is_producer_only(key: &str) -> bool {
             | "delivery.timeout.ms"
             | "request.timeout.ms"
             | "transactional.id"
+            | "transaction.timeout.ms"
             | "enable.gapless.guarantee"
             | "sticky.partitioning.linger.ms"
     )

@@ -14,6 +14,7 @@ fn state_topic(broker: &Broker, name: &str, creation: TopicCreation) -> StateTop
         properties: BTreeMap::new(),
         topic_creation: creation.clone(),
         discard: false,
+        transactional_id: None,
     };
     let properties = config.client_properties().expect("valid properties");
     StateTopic::new(&broker.topic(name), &properties, creation)

@@ -140,10 +140,52 @@ pub struct KafkaSection {
     /// opens and closes while Siphon is stopped then goes unnoticed.
     #[serde(default = "default_state_topic")]
     pub state_topic: String,
+    /// `at-least-once` (default) or `exactly-once` (a transactional producer; see
+    /// docs/reliability.md).
+    #[serde(default)]
+    pub delivery: DeliveryMode,
+    /// Exactly-once: the producer's `transactional.id`; "" (default) derives it from the
+    /// server's system identifier, the database and the slot.
+    #[serde(default)]
+    pub transactional_id: String,
+    /// Exactly-once: the compacted topic where each Kafka transaction ends with the progress it
+    /// commits.
+    #[serde(default = "default_progress_topic")]
+    pub progress_topic: String,
+    /// Exactly-once: a Kafka transaction is committed once it has been open this long
+    /// (between PostgreSQL transactions).
+    #[serde(default = "default_transaction_interval_ms")]
+    pub transaction_interval_ms: u64,
+    /// Exactly-once: ... or once its records reach this many bytes.
+    #[serde(default = "default_transaction_max_bytes")]
+    pub transaction_max_bytes: usize,
 }
 
 fn default_state_topic() -> String {
     "siphon.state".into()
+}
+
+fn default_progress_topic() -> String {
+    "siphon.progress".into()
+}
+
+fn default_transaction_interval_ms() -> u64 {
+    100
+}
+
+fn default_transaction_max_bytes() -> usize {
+    16 * 1024 * 1024
+}
+
+/// `kafka.delivery`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeliveryMode {
+    /// Every event reaches Kafka at least once; repeats after failures carry the same event id.
+    #[default]
+    AtLeastOnce,
+    /// Kafka transactions: a read_committed consumer sees every event once.
+    ExactlyOnce,
 }
 
 /// `kafka.sink`.
@@ -216,10 +258,10 @@ pub struct FormatSection {
     pub java_version: u32,
     /// Every record also carries its source position as headers: `siphon.source` (server and
     /// slot) and `siphon.position` (commit LSN and index in the transaction, as text that
-    /// sorts as positions do), for consumers that drop repeats. Off by default: Debezium's
-    /// records carry neither.
+    /// sorts as positions do), for consumers that drop repeats. `auto` (default): on with
+    /// exactly-once delivery, off with at-least-once (Debezium's records carry neither).
     #[serde(default)]
-    pub position_headers: bool,
+    pub position_headers: PositionHeadersSetting,
 }
 
 fn default_java_version() -> u32 {
@@ -232,7 +274,61 @@ impl Default for FormatSection {
             key: EncodingName::default(),
             value: EncodingName::default(),
             java_version: default_java_version(),
-            position_headers: false,
+            position_headers: PositionHeadersSetting::default(),
+        }
+    }
+}
+
+/// `format.position_headers`: `true`, `false` or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PositionHeadersSetting {
+    /// On with exactly-once delivery, off with at-least-once.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl PositionHeadersSetting {
+    /// Whether records carry the headers under `delivery`.
+    pub fn enabled(self, delivery: DeliveryMode) -> bool {
+        match self {
+            PositionHeadersSetting::Auto => delivery == DeliveryMode::ExactlyOnce,
+            PositionHeadersSetting::On => true,
+            PositionHeadersSetting::Off => false,
+        }
+    }
+}
+
+impl Serialize for PositionHeadersSetting {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PositionHeadersSetting::Auto => serializer.serialize_str("auto"),
+            PositionHeadersSetting::On => serializer.serialize_bool(true),
+            PositionHeadersSetting::Off => serializer.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PositionHeadersSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Word(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Flag(true) => Ok(PositionHeadersSetting::On),
+            Raw::Flag(false) => Ok(PositionHeadersSetting::Off),
+            Raw::Word(word) => match word.as_str() {
+                "auto" => Ok(PositionHeadersSetting::Auto),
+                "true" => Ok(PositionHeadersSetting::On),
+                "false" => Ok(PositionHeadersSetting::Off),
+                other => Err(serde::de::Error::custom(format!(
+                    "format.position_headers = {other:?}: expected true, false or \"auto\""
+                ))),
+            },
         }
     }
 }

@@ -77,9 +77,37 @@ pub enum PipelineError {
     /// that opened and closed while Siphon was stopped.
     #[error(transparent)]
     Recorded(#[from] crate::publication_record::RecordError),
+    /// Exactly-once: a record of the open Kafka transaction failed, so the transaction cannot
+    /// commit; the next session aborts it and starts again from the last committed progress.
+    #[error("the Kafka transaction is aborted: a record for topic {topic} failed ({cause}); starting again from the last committed progress")]
+    TransactionAborted { topic: String, cause: AbortCause },
+    /// Exactly-once: the broker refused a record (not at enqueue): its Kafka transaction cannot
+    /// commit, and sending it again would be refused again.
+    #[error("the broker refused a record in a Kafka transaction: {0}. With kafka.delivery = \"exactly-once\" a record the broker refuses stops Siphon (records refused at enqueue and unroutable rows still go to the dead-letter topic); fix the topic's settings or the record, or use kafka.delivery = \"at-least-once\"")]
+    RefusedInTransaction(RecordFault),
+    /// Exactly-once: the progress topic could not be created or read.
+    #[error(transparent)]
+    ProgressTopic(siphon_kafka_sink::StateTopicError),
+    /// Exactly-once: the last committed progress cannot be used.
+    #[error(transparent)]
+    Progress(#[from] crate::progress_record::ProgressRecordError),
     /// The acknowledgement ledger was used against its rules: a bug.
     #[error("internal error in acknowledgement tracking: {0}")]
     Ledger(#[from] LedgerError),
+}
+
+/// Why a record failed in a Kafka transaction.
+#[derive(Debug, thiserror::Error)]
+pub enum AbortCause {
+    /// The producer reported it undelivered.
+    #[error("{0}")]
+    Delivery(siphon_kafka_sink::DeliveryError),
+    /// The producer did not take it.
+    #[error("{0}")]
+    NotTaken(SinkError),
+    /// It was handed back by a purge.
+    #[error("purged with the producer")]
+    Purged,
 }
 
 impl PipelineError {
@@ -88,8 +116,11 @@ impl PipelineError {
         match self {
             PipelineError::Source(e) if e.is_transient() => Consequence::Retry,
             PipelineError::Sink(e) if e.is_transient() => Consequence::Retry,
-            PipelineError::Stalled(_) | PipelineError::StreamEnded => Consequence::Retry,
+            PipelineError::Stalled(_)
+            | PipelineError::StreamEnded
+            | PipelineError::TransactionAborted { .. } => Consequence::Retry,
             PipelineError::Recorded(e) if e.consequence().is_retry() => Consequence::Retry,
+            PipelineError::ProgressTopic(e) => e.consequence(),
             PipelineError::Ledger(_) => Consequence::Bug,
             _ => Consequence::Fix,
         }
@@ -106,7 +137,10 @@ impl PipelineError {
             return None;
         }
         Some(match self {
-            PipelineError::Sink(_) | PipelineError::Recorded(_) => ReconnectCause::Sink,
+            PipelineError::Sink(_)
+            | PipelineError::Recorded(_)
+            | PipelineError::ProgressTopic(_)
+            | PipelineError::TransactionAborted { .. } => ReconnectCause::Sink,
             _ => ReconnectCause::Source,
         })
     }

@@ -4,13 +4,13 @@
 //! - Everything that can be checked without connecting is checked here, before any connection.
 
 use crate::config::{
-    option_strings, CloudEventsModeName, Config, EncodingName, LogFormat, NonTransactional,
-    OnError, SinkKind,
+    option_strings, CloudEventsModeName, Config, DeliveryMode, EncodingName, LogFormat,
+    NonTransactional, OnError, SinkKind,
 };
 use crate::dead_letter::DeadLetters;
-use crate::session::{ErrorPolicy, NonTransactionalPolicy, PipelineSettings, Routers};
+use crate::session::{ErrorPolicy, ExactlyOnce, NonTransactionalPolicy, PipelineSettings, Routers};
 use anyhow::Context;
-use siphon_kafka_sink::{SinkConfig, StateTopic, TopicCreation};
+use siphon_kafka_sink::{ProgressTopic, SinkConfig, StateTopic, TopicCreation};
 use siphon_router::{
     default_cloudevents_source, CloudEventsMode, CloudEventsOptions, Encoding, EventExtensions,
     EventRouter, Format, JavaNumbers, RouterContext, RouterOptions, TraceOptions,
@@ -217,9 +217,16 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
             replication_factor: config.kafka.topic_creation.replication_factor,
         },
         discard: config.kafka.sink == SinkKind::Discard,
+        transactional_id: None,
     };
     sink.client_properties()?;
-    let delivery_timeout = sink.delivery_timeout()?;
+    let exactly_once = exactly_once(config, &sink)?;
+    // Exactly-once: librdkafka times records out within the transaction's timeout, and a
+    // record that fails aborts the transaction (the session's own deadline is not needed).
+    let delivery_timeout = match exactly_once {
+        Some(_) => None,
+        None => sink.delivery_timeout()?,
+    };
     let on_error = match config.pipeline.on_error {
         OnError::Fail => ErrorPolicy::Fail,
         OnError::DeadLetter => ErrorPolicy::DeadLetter(DeadLetters::new(
@@ -244,9 +251,56 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         shutdown_timeout: Duration::from_secs(config.pipeline.shutdown_timeout_secs),
         delivery_timeout,
         state_topic,
-        position_headers: config.format.position_headers,
+        position_headers: config
+            .format
+            .position_headers
+            .enabled(config.kafka.delivery),
         intervals: siphon_core::Intervals::default(),
+        exactly_once,
     })
+}
+
+/// Exactly-once delivery's settings (`kafka.delivery = "exactly-once"`), `None` for
+/// at-least-once.
+fn exactly_once(config: &Config, sink: &SinkConfig) -> anyhow::Result<Option<ExactlyOnce>> {
+    if config.kafka.delivery != DeliveryMode::ExactlyOnce {
+        return Ok(None);
+    }
+    if sink.discard {
+        anyhow::bail!("kafka.delivery = \"exactly-once\" needs a broker: it cannot be combined with kafka.sink = \"discard\"");
+    }
+    let progress = config.kafka.progress_topic.trim();
+    if progress.is_empty() {
+        anyhow::bail!("kafka.progress_topic is \"\": exactly-once delivery commits its progress there; name a topic (default \"siphon.progress\")");
+    }
+    if config.kafka.transaction_interval_ms == 0 || config.kafka.transaction_max_bytes == 0 {
+        anyhow::bail!(
+            "kafka.transaction_interval_ms and kafka.transaction_max_bytes must be above 0"
+        );
+    }
+    let transaction_timeout = sink.transaction_timeout()?;
+    let interval = Duration::from_millis(config.kafka.transaction_interval_ms);
+    // A transaction may grow to SPLIT_FACTOR times its interval before the broker times it out.
+    if interval * siphon_core::exactly_once::SPLIT_FACTOR * 2 > transaction_timeout {
+        anyhow::bail!(
+            "kafka.transaction_interval_ms = {} is too close to the transaction timeout ({} ms): keep it below a tenth of kafka.properties.\"transaction.timeout.ms\"",
+            config.kafka.transaction_interval_ms,
+            transaction_timeout.as_millis()
+        );
+    }
+    let id = config.kafka.transactional_id.trim();
+    Ok(Some(ExactlyOnce {
+        transactional_id: (!id.is_empty()).then(|| id.to_owned()),
+        progress_topic: ProgressTopic::new(
+            progress,
+            &sink.client_properties()?,
+            sink.topic_creation.clone(),
+        ),
+        bounds: siphon_core::exactly_once::TransactionBounds {
+            max_age: interval,
+            max_bytes: config.kafka.transaction_max_bytes,
+        },
+    }))
 }
 
 /// The state topic (`kafka.state_topic`): none when it is set to "" or records are discarded.

@@ -27,11 +27,12 @@ use super::message::MessageRows;
 use super::position::PositionHeaders;
 use super::{NonTransactionalPolicy, RoutedKind, Routers};
 use crate::dead_letter::Stage;
-use crate::error::{PipelineError, RecordFault};
+use crate::error::{AbortCause, PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
 use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
 use pgoutput::{Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
+use siphon_core::exactly_once::{KafkaTransactions, Progress, TransactionStep};
 use siphon_core::flow::{self, Flow, FlowError, FlowSettings, Outcome, ToDeadLetter};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
@@ -95,6 +96,8 @@ pub enum Input {
     Answer(Answer),
     /// The replication connection is stalled (what was seen).
     Stalled(siphon_source::stall::Seen),
+    /// Exactly-once: the commit of [`Action::Commit`] ended.
+    Committed(Result<(), SinkError>),
     /// Stop reading, wait for what is in flight, then finish.
     Shutdown,
     /// Time passed (see [`SessionCore::next_timeout`]).
@@ -118,6 +121,11 @@ pub enum Action {
     PurgeProducer,
     /// Replace the producer with a new one (its records have all reported).
     ReplaceProducer,
+    /// Exactly-once: begin a Kafka transaction (before the next [`Action::Send`]).
+    BeginTransaction,
+    /// Exactly-once: write `progress` to the progress topic in the open Kafka transaction and
+    /// commit it; answer with [`Input::Committed`]. Everything sent before it is in it.
+    Commit(Progress),
     /// The session is over.
     Finish(Result<(), PipelineError>),
 }
@@ -144,6 +152,9 @@ pub struct CoreSettings<'a> {
     pub replacement_backoff: (Duration, Duration),
     /// Stamps every routed record with its source position (`None`: no such headers).
     pub position_headers: Option<PositionHeaders>,
+    /// Exactly-once delivery: the Kafka transactions, from the last committed progress
+    /// (`None`: at-least-once).
+    pub transactions: Option<KafkaTransactions>,
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -160,6 +171,11 @@ enum Binding<'a> {
 enum Own {
     Lookup(Lookup),
     ForgetRelation(Oid),
+    BeginTransaction,
+    /// A position a commit covered.
+    Confirm(Lsn),
+    /// The session's end, held until its last commit.
+    Finish(Result<(), PipelineError>),
 }
 
 /// Counts with the counters of `topic` from `cache`, taken from `metrics` the first time
@@ -194,8 +210,17 @@ pub struct SessionCore<'a> {
     txn: Option<TxnId>,
     /// Its Begin: commit LSN, transaction id and commit time (for the source position).
     begin: (Lsn, u32, i64),
-    /// Numbers the routed records of the open transaction into position headers.
+    /// Stamps routed records with position headers.
     position: Option<PositionHeaders>,
+    /// The index of the next record of the open transaction (routed records and dead letters
+    /// of rows, in routing order: the same on every replay).
+    next_index: u32,
+    /// Exactly-once: the Kafka transactions (`None`: at-least-once).
+    transactions: Option<KafkaTransactions>,
+    /// Exactly-once: the session's end, held until the open Kafka transaction committed.
+    finish: Option<Result<(), PipelineError>>,
+    /// Records not sent again because an earlier session committed them.
+    skipped_committed: u64,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
     topics: FxHashMap<String, TopicMetrics>,
     /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
@@ -205,9 +230,10 @@ pub struct SessionCore<'a> {
 
 impl<'a> SessionCore<'a> {
     /// A session resuming at `start` (everything before it is delivered).
-    pub fn new(settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
+    pub fn new(mut settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
         let messages = MessageRows::new(settings.database_encoding.clone());
         let position = settings.position_headers.clone();
+        let transactions = settings.transactions.take();
         let flow = Flow::new(
             FlowSettings {
                 max_in_flight_records: settings.max_in_flight_records,
@@ -229,6 +255,10 @@ impl<'a> SessionCore<'a> {
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
             position,
+            next_index: 0,
+            transactions,
+            finish: None,
+            skipped_committed: 0,
             topics: FxHashMap::default(),
             oldest_reported: None,
         }
@@ -236,20 +266,69 @@ impl<'a> SessionCore<'a> {
 
     /// Whether the driver may read the next source event.
     pub fn can_read(&self) -> bool {
-        !self.awaiting_lookup && self.flow.can_read()
+        !self.awaiting_lookup
+            && self.flow.can_read()
+            && self
+                .transactions
+                .as_ref()
+                .is_none_or(KafkaTransactions::can_send)
     }
 
     /// When the core wants an [`Input::Tick`] at the latest.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.flow.next_timeout()
+        let commit = self
+            .transactions
+            .as_ref()
+            .and_then(KafkaTransactions::next_timeout);
+        [self.flow.next_timeout(), commit]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Exactly-once: the last committed progress (`None`: at-least-once, or nothing
+    /// committed yet).
+    pub fn committed_progress(&self) -> Option<Progress> {
+        self.transactions.as_ref()?.committed()
+    }
+
+    /// Records not sent again because an earlier session had committed them.
+    pub fn skipped_committed(&self) -> u64 {
+        self.skipped_committed
     }
 
     /// The next action, in order.
     pub fn poll_action(&mut self) -> Option<Action> {
         loop {
-            return Some(match self.flow.poll_action()? {
+            let Some(action) = self.flow.poll_action() else {
+                // Everything queued is handed over: a due commit runs now.
+                return match self.transactions.as_mut()?.commit_step() {
+                    Some(TransactionStep::Commit(progress)) => Some(Action::Commit(progress)),
+                    Some(TransactionStep::Begin) | None => None,
+                };
+            };
+            return Some(match action {
                 flow::Action::Send { token, record } => Action::Send { token, record },
-                flow::Action::Confirm(lsn) => Action::Confirm(lsn),
+                flow::Action::Confirm(lsn) => match &mut self.transactions {
+                    None => Action::Confirm(lsn),
+                    Some(transactions) => match transactions.acknowledged(lsn) {
+                        Some(lsn) => Action::Confirm(lsn),
+                        None => continue,
+                    },
+                },
+                flow::Action::Finish(Ok(()))
+                    if self
+                        .transactions
+                        .as_ref()
+                        .is_some_and(KafkaTransactions::is_open) =>
+                {
+                    // The open Kafka transaction is committed first.
+                    self.finish = Some(Ok(()));
+                    continue;
+                }
+                flow::Action::Other(Own::BeginTransaction) => Action::BeginTransaction,
+                flow::Action::Other(Own::Confirm(lsn)) => Action::Confirm(lsn),
+                flow::Action::Other(Own::Finish(result)) => Action::Finish(result),
                 flow::Action::PurgeProducer => Action::PurgeProducer,
                 flow::Action::ReplaceProducer => Action::ReplaceProducer,
                 flow::Action::Finish(result) => Action::Finish(result),
@@ -272,9 +351,13 @@ impl<'a> SessionCore<'a> {
         self.flow.is_finished()
     }
 
-    /// The acknowledged position (what the next session may resume from).
+    /// The acknowledged position (what the next session may resume from); with exactly-once
+    /// delivery, the committed one.
     pub fn watermark(&self) -> Lsn {
-        self.flow.watermark()
+        match &self.transactions {
+            Some(transactions) => transactions.confirmed(),
+            None => self.flow.watermark(),
+        }
     }
 
     /// Records in flight and their bytes (the window).
@@ -299,7 +382,10 @@ impl<'a> SessionCore<'a> {
 
     /// Feeds one input.
     pub fn handle(&mut self, now: Now, input: Input) {
-        if self.flow.is_finished() {
+        // A finished flow waits only for the last commit's outcome (exactly-once).
+        if self.flow.is_finished()
+            && !(self.finish.is_some() && matches!(input, Input::Committed(_)))
+        {
             return;
         }
         let outcome = match input {
@@ -314,9 +400,13 @@ impl<'a> SessionCore<'a> {
             } => self.on_send_refused(now, token, record, error),
             Input::Answer(answer) => self.on_answer(answer),
             Input::Stalled(seen) => Err(PipelineError::Stalled(seen)),
+            Input::Committed(result) => self.on_committed(result),
             Input::Shutdown => {
                 info!("shutting down: waiting for in-flight records");
                 self.flow.stop(now, Ok(()));
+                if let Some(transactions) = &mut self.transactions {
+                    transactions.stop();
+                }
                 Ok(())
             }
             Input::Tick => Ok(()),
@@ -325,6 +415,9 @@ impl<'a> SessionCore<'a> {
             self.flow.stop(now, Err(e));
         }
         self.flow.after(now);
+        if let Some(transactions) = &mut self.transactions {
+            transactions.check(now.instant, self.txn.is_none());
+        }
         let (records, bytes) = self.flow.in_flight();
         self.metrics.set_in_flight(records, bytes);
         let oldest = self.flow.oldest_sent();
@@ -343,9 +436,7 @@ impl<'a> SessionCore<'a> {
             } => {
                 self.txn = Some(self.flow.begin(final_lsn, commit_time_us)?);
                 self.begin = (final_lsn, xid, commit_time_us);
-                if let Some(position) = &mut self.position {
-                    position.begin();
-                }
+                self.next_index = 0;
             }
             SourceEvent::Relation(relation) => self.on_relation(relation),
             SourceEvent::Change {
@@ -359,6 +450,9 @@ impl<'a> SessionCore<'a> {
             SourceEvent::Commit { end_lsn, .. } => {
                 self.metrics.transaction();
                 self.txn = None;
+                if let Some(transactions) = &mut self.transactions {
+                    transactions.transaction_read(self.begin.0, end_lsn);
+                }
                 self.flow.commit(end_lsn)?;
             }
             SourceEvent::Idle { wal_end } => self.flow.idle(wal_end),
@@ -621,6 +715,21 @@ impl<'a> SessionCore<'a> {
         }
     }
 
+    /// The index of the next record of the open transaction, and whether an earlier session
+    /// already committed it to Kafka (exactly-once: it is not sent again).
+    fn next_record(&mut self) -> (u32, bool) {
+        let index = self.next_index;
+        self.next_index = self.next_index.saturating_add(1);
+        let committed = self
+            .transactions
+            .as_ref()
+            .is_some_and(|t| t.already_committed(self.begin.0, index));
+        if committed {
+            self.skipped_committed += 1;
+        }
+        (index, committed)
+    }
+
     /// Hands a newly routed record of `txn` to the producer: [`SessionCore::send_new`] with
     /// the record also counted as routed, its topic's counters looked up once.
     fn send_routed(
@@ -629,33 +738,89 @@ impl<'a> SessionCore<'a> {
         txn: TxnId,
         mut record: RoutedRecord,
     ) -> Result<(), PipelineError> {
-        if let Some(position) = &mut self.position {
-            position.stamp(self.begin.0, &mut record);
+        let (index, committed) = self.next_record();
+        if committed {
+            return Ok(());
         }
-        let added = self.flow.add(txn, record_bytes(&record), now);
+        if let Some(position) = &self.position {
+            position.stamp(self.begin.0, index, &mut record);
+        }
+        let bytes = record_bytes(&record);
+        let added = self.flow.add(txn, bytes, now);
         count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
             counters.routed();
             if added.is_ok() {
                 counters.produced();
             }
         });
-        self.flow.hand_over(added?, record);
+        self.hand_over(now, added?, record, Some((index, bytes)));
         Ok(())
     }
 
-    /// Hands a new record of `txn` to the producer.
+    /// Hands a new record of `txn` to the producer (a dead letter of a row).
     fn send_new(
         &mut self,
         now: Now,
         txn: TxnId,
         record: RoutedRecord,
     ) -> Result<(), PipelineError> {
-        let seq = self.flow.add(txn, record_bytes(&record), now)?;
+        let (index, committed) = self.next_record();
+        if committed {
+            return Ok(());
+        }
+        let bytes = record_bytes(&record);
+        let seq = self.flow.add(txn, bytes, now)?;
         count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
             counters.produced()
         });
-        self.flow.hand_over(seq, record);
+        self.hand_over(now, seq, record, Some((index, bytes)));
         Ok(())
+    }
+
+    /// Queues the sending of `record` (the record `index` of the open transaction, of `bytes`;
+    /// `None` for a dead letter that replaces a record already counted), after beginning a
+    /// Kafka transaction if exactly-once delivery has none open.
+    fn hand_over(
+        &mut self,
+        now: Now,
+        seq: super::ledger::Seq,
+        record: RoutedRecord,
+        counted: Option<(u32, usize)>,
+    ) {
+        if let Some(transactions) = &mut self.transactions {
+            if transactions.before_send(now.instant).is_some() {
+                self.flow.push(Own::BeginTransaction);
+            }
+            if let Some((index, bytes)) = counted {
+                transactions.sent(self.begin.0, index, bytes);
+            }
+        }
+        self.flow.hand_over(seq, record);
+    }
+
+    /// Exactly-once: the commit ended. Success confirms what it covered (and ends a stopping
+    /// session); a failure ends the session.
+    fn on_committed(&mut self, result: Result<(), SinkError>) -> Result<(), PipelineError> {
+        let Some(transactions) = &mut self.transactions else {
+            return Ok(());
+        };
+        match result {
+            Ok(()) => {
+                if let Some(lsn) = transactions.committed_ok() {
+                    self.flow.push(Own::Confirm(lsn));
+                }
+                if let Some(finish) = self.finish.take() {
+                    self.flow.push(Own::Finish(finish));
+                }
+                Ok(())
+            }
+            // The flow has finished already: the held end becomes the failure.
+            Err(e) if self.finish.take().is_some() => {
+                self.flow.push(Own::Finish(Err(e.into())));
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn on_delivery(&mut self, now: Now, delivery: Delivery) -> Result<(), PipelineError> {
@@ -682,6 +847,19 @@ impl<'a> SessionCore<'a> {
             },
         }
         .emit(&self.metrics);
+        if self.transactions.is_some() {
+            // The open Kafka transaction cannot commit with a failed record in it.
+            self.flow.reported_fatal(token);
+            return Err(match failure.error {
+                DeliveryError::Definite(refusal) => {
+                    PipelineError::RefusedInTransaction(RecordFault::Broker(refusal))
+                }
+                error => PipelineError::TransactionAborted {
+                    topic: failure.record.topic,
+                    cause: AbortCause::Delivery(error),
+                },
+            });
+        }
         let outcome = match failure.error {
             DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {
                 self.flow.reported_fatal(token);
@@ -716,6 +894,13 @@ impl<'a> SessionCore<'a> {
             kind: ProducerErrorKind::Transient,
         }
         .emit(&self.metrics);
+        if self.transactions.is_some() {
+            self.flow.reported_fatal(token);
+            return Err(PipelineError::TransactionAborted {
+                topic: record.topic,
+                cause: AbortCause::Purged,
+            });
+        }
         self.on_outcome(now, Outcome::Purged { token, record })
     }
 
@@ -788,6 +973,13 @@ impl<'a> SessionCore<'a> {
                     error: &error,
                 }
                 .emit(&self.metrics);
+                if self.transactions.is_some() {
+                    self.flow.reported_fatal(token);
+                    return Err(PipelineError::TransactionAborted {
+                        topic: record.topic,
+                        cause: AbortCause::NotTaken(error),
+                    });
+                }
                 Outcome::Failed {
                     token,
                     record,

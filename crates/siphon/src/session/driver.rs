@@ -24,12 +24,14 @@
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
 use super::position::PositionHeaders;
+use super::transactional::{self, PROGRESS_TOKEN};
 use super::RoutedKind;
 use super::{Carry, PipelineSettings, SeenPublication};
 use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use futures::FutureExt as _;
 use pgoutput::Lsn;
+use siphon_core::exactly_once::Progress;
 use siphon_core::topic_gate::{Creation as Outcome, Step, TopicGate};
 use siphon_core::Intervals;
 use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink, SinkError};
@@ -142,6 +144,12 @@ struct Connections {
     deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
     sql: Arc<Catalog>,
     stream: ReplicationStream,
+    /// Exactly-once: the Kafka transactions from the last committed progress, and the source's
+    /// identity in the progress topic.
+    exactly_once: Option<(
+        siphon_core::exactly_once::KafkaTransactions,
+        transactional::Source,
+    )>,
 }
 
 /// Checks the server, opens the producer, the SQL connection and the replication stream.
@@ -181,10 +189,30 @@ async fn connect(
     carry.publication = Some(publication);
     let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
-    let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
+    let Some(exactly_once) = &settings.exactly_once else {
+        let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
+        let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
+        let stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
+        return Ok(Connections {
+            publication: Arc::new(Mutex::new(slot.publication)),
+            server: slot.identity,
+            start,
+            sink,
+            deliveries,
+            sql,
+            stream,
+            exactly_once: None,
+        });
+    };
+    // Exactly-once: the slot is held (the stream started) before older producers are fenced
+    // and the progress is read (see `transactional`).
+    let source = transactional::Source::new(settings, exactly_once, slot.identity.as_ref())?;
     let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
     let stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
+    let opened = transactional::open(settings, exactly_once, source, start, observer).await?;
+    let (sink, deliveries) = (opened.sink, opened.deliveries);
     Ok(Connections {
+        exactly_once: Some((opened.transactions, opened.source)),
         publication: Arc::new(Mutex::new(slot.publication)),
         server: slot.identity,
         start,
@@ -214,6 +242,7 @@ pub async fn run_session(
         deliveries,
         sql,
         stream,
+        exactly_once,
     } = tokio::select! {
         biased;
         _ = shutdown.changed() => {
@@ -230,6 +259,10 @@ pub async fn run_session(
             "Siphon cannot convert the database encoding to UTF-8: a logical message with non-ASCII content stops Siphon (or goes to the dead-letter topic); write such events to an outbox table, or move to a UTF8 database"
         );
     }
+    let (transactions, transactional_source) = match exactly_once {
+        Some((transactions, source)) => (Some(transactions), Some(source)),
+        None => (None, None),
+    };
     let core = SessionCore::new(
         CoreSettings {
             router: &settings.router,
@@ -257,6 +290,7 @@ pub async fn run_session(
                     &settings.source.slot,
                 )
             }),
+            transactions,
         },
         Arc::clone(metrics),
         start,
@@ -280,6 +314,8 @@ pub async fn run_session(
         inputs,
         status_probe: None,
         waiting: Waiting::new(),
+        transactional: transactional_source,
+        pending_commit: None,
         core,
     };
     metrics.health().set_streaming(true);
@@ -294,6 +330,17 @@ pub async fn run_session(
     carry.server = server;
     carry.stall = driver.stream.stall_escalation();
     metrics.set_oldest_unacked_since(None);
+    if outcome.is_err() && driver.transactional.is_some() {
+        // The open transaction's records are never shown to read_committed consumers; the
+        // next session's registration would abort it too, this only ends it sooner.
+        if let Err(e) = driver
+            .sink
+            .abort_transaction(transactional::ABORT_TIMEOUT)
+            .await
+        {
+            debug!(error = %e, "the open Kafka transaction was not aborted; the next session's producer aborts it");
+        }
+    }
     driver.probe.abort();
     if let Some(task) = driver.status_probe.take() {
         task.abort();
@@ -337,6 +384,10 @@ struct Driver<'a> {
     status_probe: Option<tokio::task::JoinHandle<()>>,
     /// Records waiting for their topic to be created.
     waiting: Waiting,
+    /// Exactly-once: the source's identity in the progress topic (`None`: at-least-once).
+    transactional: Option<transactional::Source>,
+    /// Exactly-once: a commit the core asked for, run once no record waits for a topic.
+    pending_commit: Option<Progress>,
     core: SessionCore<'a>,
 }
 
@@ -368,10 +419,10 @@ impl Driver<'_> {
                 }
                 Some(delivery) = self.deliveries.recv() => {
                     let now = Now::read();
-                    self.core.handle(now, Input::Delivery(delivery));
+                    self.on_delivery(now, delivery);
                     for _ in 1..REPORT_BATCH {
                         match self.deliveries.try_recv() {
-                            Ok(delivery) => self.core.handle(now, Input::Delivery(delivery)),
+                            Ok(delivery) => self.on_delivery(now, delivery),
                             Err(_) => break,
                         }
                     }
@@ -440,10 +491,60 @@ impl Driver<'_> {
                     }
                     Err(e) => self.core.handle(Now::read(), Input::SourceFailed(e.into())),
                 },
+                Action::BeginTransaction => {
+                    if let Err(e) = self.sink.begin_transaction() {
+                        self.core.handle(Now::read(), Input::Committed(Err(e)));
+                    }
+                }
+                Action::Commit(progress) => self.pending_commit = Some(progress),
                 Action::Finish(result) => return Some(result),
             }
         }
+        self.start_commit().await;
         None
+    }
+
+    /// A delivery report: the progress record's is the commit's business (its failure fails
+    /// the commit), every other goes to the core.
+    fn on_delivery(&mut self, now: Now, delivery: siphon_kafka_sink::Delivery) {
+        if delivery.token == PROGRESS_TOKEN {
+            if let Err(failure) = &delivery.result {
+                debug!(error = %failure.error, "the progress record was not delivered; the commit fails");
+            }
+            return;
+        }
+        self.core.handle(now, Input::Delivery(delivery));
+    }
+
+    /// Exactly-once: runs the commit the core asked for once no record waits for a topic (so
+    /// every record sent before it is in the transaction): the progress record is written in
+    /// the transaction, and the commit runs beside the loop, which keeps serving delivery
+    /// reports; its outcome comes back as [`Input::Committed`].
+    async fn start_commit(&mut self) {
+        if !self.waiting.gate.is_empty() {
+            return;
+        }
+        let (Some(progress), Some(source)) = (self.pending_commit.take(), &self.transactional)
+        else {
+            return;
+        };
+        let record = source.progress_record(&progress);
+        if let Err(e) = self.sink.send(PROGRESS_TOKEN, &record).await {
+            self.core.handle(Now::read(), Input::Committed(Err(e)));
+            return;
+        }
+        let timeout = self
+            .settings
+            .sink
+            .transaction_timeout()
+            .unwrap_or(siphon_kafka_sink::config::DEFAULT_TRANSACTION_TIMEOUT);
+        let commit = self.sink.commit_transaction(timeout);
+        let inputs = self.inputs_tx.clone();
+        tokio::spawn(async move {
+            let result = commit.await;
+            // The receiver is gone only when the session ended.
+            let _ = inputs.send(Input::Committed(result));
+        });
     }
 
     /// A record the producer did not take (or could not be given) goes back to the core.
@@ -519,6 +620,7 @@ impl Driver<'_> {
         if self.waiting.creation.as_ref().map(|c| c.id) != self.waiting.gate.creating() {
             self.waiting.creation = None;
         }
+        self.start_commit().await;
         if handed_back > 0 {
             warn!(
                 records = handed_back,

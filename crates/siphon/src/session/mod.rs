@@ -19,6 +19,7 @@ pub mod message;
 pub mod position;
 #[cfg(test)]
 mod simulation;
+pub mod transactional;
 
 pub use siphon_core::ledger;
 
@@ -122,6 +123,19 @@ pub struct PipelineSettings {
     pub state_topic: Option<siphon_kafka_sink::StateTopic>,
     /// The fixed intervals and timeouts of the session and the supervisor.
     pub intervals: siphon_core::Intervals,
+    /// Exactly-once delivery (`kafka.delivery = "exactly-once"`; `None`: at-least-once).
+    pub exactly_once: Option<ExactlyOnce>,
+}
+
+/// What exactly-once delivery needs (`kafka.delivery = "exactly-once"`).
+#[derive(Debug, Clone)]
+pub struct ExactlyOnce {
+    /// `kafka.transactional_id`; `None`: derived from the server, the database and the slot.
+    pub transactional_id: Option<String>,
+    /// Where each Kafka transaction's progress is committed.
+    pub progress_topic: siphon_kafka_sink::ProgressTopic,
+    /// When a Kafka transaction is committed.
+    pub bounds: siphon_core::exactly_once::TransactionBounds,
 }
 
 /// State carried from one session to the next.

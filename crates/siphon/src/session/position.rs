@@ -1,7 +1,8 @@
 //! The source position as record headers (`format.position_headers`), for consumers that drop
 //! repeats: `siphon.source` names the server and the slot, `siphon.position` the commit LSN of
-//! the record's transaction and the record's index among the routed records of that
-//! transaction, as text that sorts as the positions do.
+//! the record's transaction and the record's index among the records of that transaction
+//! (routed records and dead letters of rows, in routing order), as text that sorts as the
+//! positions do.
 //!
 //! # Invariants
 //! - `siphon.position` is 16 upper-case hex digits of the commit LSN, a colon and 10 decimal
@@ -28,8 +29,6 @@ pub struct PositionHeaders {
     source: Bytes,
     source_name: Arc<str>,
     position_name: Arc<str>,
-    /// The index of the next record of the open transaction.
-    next: u32,
 }
 
 impl PositionHeaders {
@@ -40,20 +39,13 @@ impl PositionHeaders {
             source: Bytes::from(format!("{}/{slot}", system_id.unwrap_or("unknown"))),
             source_name: Arc::from(SOURCE_HEADER),
             position_name: Arc::from(POSITION_HEADER),
-            next: 0,
         }
     }
 
-    /// A transaction begins: its first record has index 0.
-    pub fn begin(&mut self) {
-        self.next = 0;
-    }
-
-    /// Appends the two headers to `record`, the next record of the transaction committed at
-    /// `commit_lsn`.
-    pub fn stamp(&mut self, commit_lsn: Lsn, record: &mut RoutedRecord) {
-        let position = position_text(commit_lsn, self.next);
-        self.next = self.next.saturating_add(1);
+    /// Appends the two headers to `record`, the record `index` (from 0) of the transaction
+    /// committed at `commit_lsn`.
+    pub fn stamp(&self, commit_lsn: Lsn, index: u32, record: &mut RoutedRecord) {
+        let position = position_text(commit_lsn, index);
         record.headers.push(Header {
             name: Arc::clone(&self.source_name),
             value: Some(self.source.clone()),
@@ -91,19 +83,19 @@ mod tests {
 
     #[test]
     fn records_are_numbered_within_their_transaction() {
-        let mut headers = PositionHeaders::new(Some("7311"), "s");
-        let stamped: Vec<RoutedRecord> = [Lsn(0x16_B374_D848), Lsn(0x16_B374_D848), Lsn(0x17)]
-            .iter()
-            .enumerate()
-            .map(|(n, lsn)| {
-                if n == 2 {
-                    headers.begin();
-                }
-                let mut r = record();
-                headers.stamp(*lsn, &mut r);
-                r
-            })
-            .collect();
+        let headers = PositionHeaders::new(Some("7311"), "s");
+        let stamped: Vec<RoutedRecord> = [
+            (Lsn(0x16_B374_D848), 0),
+            (Lsn(0x16_B374_D848), 1),
+            (Lsn(0x17), 0),
+        ]
+        .iter()
+        .map(|(lsn, index)| {
+            let mut r = record();
+            headers.stamp(*lsn, *index, &mut r);
+            r
+        })
+        .collect();
         let value = |r: &RoutedRecord, name: &str| {
             r.headers
                 .iter()

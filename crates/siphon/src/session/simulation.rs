@@ -478,6 +478,7 @@ fn session_core<'a>(
             delivery_timeout: Some(Duration::from_secs(5)),
             replacement_backoff: (Duration::from_millis(200), Duration::from_secs(30)),
             position_headers: Some(super::position::PositionHeaders::new(Some("1"), "s")),
+            transactions: None,
         },
         metrics,
         start,
@@ -629,6 +630,12 @@ fn run_seed(
                     }
                     Action::Lookup(lookup) => lookups.push_back(lookup),
                     Action::ForgetRelation(_) => {}
+                    Action::BeginTransaction | Action::Commit(_) => {
+                        return Err((
+                            "a Kafka transaction in an at-least-once session".into(),
+                            w.trace,
+                        ))
+                    }
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
                         w.saw("purge");

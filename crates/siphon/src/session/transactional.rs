@@ -1,0 +1,150 @@
+//! Exactly-once delivery's IO at the start of a session: the transactional producer, fenced
+//! and registered, and the last committed progress read back.
+//!
+//! # Invariants
+//! - The producer is registered with `init_transactions` only after the session holds the slot
+//!   (its replication stream started): a second instance cannot take the slot while this one
+//!   streams, and a zombie that lost it is fenced here, its open transaction aborted, before
+//!   the progress is read.
+//! - The progress is read `read_committed` after that registration, so it names the last
+//!   record of the last committed Kafka transaction of this source: the session skips every
+//!   record at or before it.
+//! - Nothing here is retried in place: a failure ends the session (with the supervisor's
+//!   backoff), and the next one starts over with a new producer.
+
+use super::{ExactlyOnce, PipelineSettings};
+use crate::error::PipelineError;
+use crate::progress_record::{self, Recorded};
+use bytes::Bytes;
+use pgoutput::Lsn;
+use siphon_core::exactly_once::{KafkaTransactions, Progress};
+use siphon_kafka_sink::{Delivery, DeliveryObserver, KafkaSink};
+use siphon_router::RoutedRecord;
+use siphon_source::ServerIdentity;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// The token of the progress record's delivery report: never a record's (the ledger numbers
+/// records from 0 up).
+pub const PROGRESS_TOKEN: usize = usize::MAX;
+
+/// How long registering the producer may take (the coordinator may be loading its log).
+const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long aborting the open transaction at a session's failed end may take.
+pub const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The identity of a source in the progress topic.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// `<system identifier>/<slot>`.
+    pub name: String,
+    pub database: String,
+    pub timeline: u32,
+    /// The progress record's key.
+    pub key: String,
+    pub progress_topic: String,
+    pub transactional_id: String,
+}
+
+impl Source {
+    /// The source of `settings` on `server`.
+    pub fn new(
+        settings: &PipelineSettings,
+        exactly_once: &ExactlyOnce,
+        server: Option<&ServerIdentity>,
+    ) -> Result<Self, PipelineError> {
+        let database = siphon_source::ConnectionParams::from_url(&settings.source.url)?.database;
+        let (system_id, timeline) = server
+            .map(|s| (s.system_id.clone(), s.timeline))
+            .unwrap_or_else(|| ("unknown".to_owned(), 0));
+        let slot = &settings.source.slot;
+        Ok(Source {
+            name: format!("{system_id}/{slot}"),
+            key: progress_record::key(&system_id, &database, slot),
+            transactional_id: exactly_once
+                .transactional_id
+                .clone()
+                .unwrap_or_else(|| progress_record::transactional_id(&system_id, &database, slot)),
+            progress_topic: exactly_once.progress_topic.topic().to_owned(),
+            database,
+            timeline,
+        })
+    }
+
+    /// The record that commits `progress` in the open Kafka transaction.
+    pub fn progress_record(&self, progress: &Progress) -> RoutedRecord {
+        let recorded = Recorded::new(&self.name, &self.database, self.timeline, progress);
+        RoutedRecord {
+            topic: self.progress_topic.clone(),
+            key: Some(Bytes::from(self.key.clone())),
+            value: Some(Bytes::from(recorded.to_json())),
+            headers: Vec::new(),
+            timestamp_ms: None,
+            partition: None,
+        }
+    }
+}
+
+/// A transactional producer ready for the session, and where its source stands.
+pub struct Opened {
+    pub sink: KafkaSink,
+    pub deliveries: mpsc::UnboundedReceiver<Delivery>,
+    pub transactions: KafkaTransactions,
+    pub source: Source,
+}
+
+/// Creates the transactional producer of `source`, registers it (fencing older instances),
+/// and reads the last committed progress; the session starts at `start`.
+pub async fn open(
+    settings: &PipelineSettings,
+    exactly_once: &ExactlyOnce,
+    source: Source,
+    start: Lsn,
+    observer: Arc<dyn DeliveryObserver>,
+) -> Result<Opened, PipelineError> {
+    exactly_once
+        .progress_topic
+        .ensure()
+        .await
+        .map_err(PipelineError::ProgressTopic)?;
+    let mut config = settings.sink.clone();
+    config.transactional_id = Some(source.transactional_id.clone());
+    let (sink, deliveries) = KafkaSink::new(&config, Some(observer))?;
+    sink.init_transactions(INIT_TIMEOUT).await?;
+    // The progress topic is known to exist: records for it never wait for a creation.
+    let value = exactly_once
+        .progress_topic
+        .read_committed(source.key.as_bytes())
+        .await
+        .map_err(PipelineError::ProgressTopic)?;
+    let recorded = match value {
+        Some(value) => Some(Recorded::parse(&source.key, &value)?),
+        None => None,
+    };
+    let progress = match &recorded {
+        None => {
+            info!(transactional_id = %source.transactional_id, "exactly-once delivery: no progress committed yet for this source");
+            None
+        }
+        Some(recorded) => match recorded.progress_on(source.timeline) {
+            Some(progress) => {
+                info!(transactional_id = %source.transactional_id, progress = %recorded, "exactly-once delivery: resuming after the last committed progress");
+                Some(progress)
+            }
+            None => {
+                warn!(progress = %recorded, timeline = source.timeline, "the last committed progress was written on another timeline (a failover?): resuming from the slot's position; events after it may be sent again");
+                None
+            }
+        },
+    };
+    let transactions = KafkaTransactions::new(exactly_once.bounds, start, progress);
+    Ok(Opened {
+        sink,
+        deliveries,
+        transactions,
+        source,
+    })
+}

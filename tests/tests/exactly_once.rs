@@ -1,0 +1,188 @@
+//! `kafka.delivery = "exactly-once"` on a real broker: Kafka transactions around whole
+//! PostgreSQL transactions, each ending with a progress record, and a new session that skips
+//! what the last committed progress covers.
+//!
+//! - Across `kill -9`: a read_committed consumer sees every committed event exactly once (and
+//!   none rolled back), first deliveries in commit order per aggregate; a read_uncommitted
+//!   consumer sees the repeats that aborted transactions left in the log (what at-least-once
+//!   delivery would have shown to everyone).
+//! - A zombie: a Siphon frozen with an open transaction while a second one takes the slot is
+//!   fenced when it wakes: nothing it wrote after the second one started becomes visible.
+
+use anyhow::{Context, Result};
+use siphon_tests::outbox::{
+    check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, record_id,
+    siphon_config, slot_active, slot_confirmed_lsn, wait_for_all, Event, EVENT_TOPICS, OUTBOX_DDL,
+};
+use siphon_tests::{
+    read_topic_isolated, wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use tokio_postgres::Client;
+
+/// [`siphon_config`] with exactly-once delivery, the progress topic in the test's namespace.
+fn exactly_once_config(pg: &Postgres, broker: &Broker, slot: &str) -> String {
+    let config = siphon_config(pg, broker, slot, "");
+    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
+    config.replacen(
+        &bootstrap,
+        &format!(
+            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
+            broker.topic("siphon.progress")
+        ),
+        1,
+    )
+}
+
+/// Every record of the event topics, read with `isolation`.
+async fn read_events(broker: &Broker, isolation: Isolation) -> Result<Vec<ConsumedRecord>> {
+    let mut all = Vec::new();
+    for topic in EVENT_TOPICS {
+        let (bootstrap, topic) = (broker.bootstrap(), broker.topic(topic));
+        all.extend(
+            tokio::task::spawn_blocking(move || {
+                read_topic_isolated(&bootstrap, &topic, Duration::from_secs(60), isolation)
+            })
+            .await??,
+        );
+    }
+    Ok(all)
+}
+
+fn counts(records: &[ConsumedRecord]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for record in records {
+        *counts.entry(record_id(record)).or_default() += 1;
+    }
+    counts
+}
+
+/// Commits `transactions` transactions of 1 to 20 events (and one rolled back in ten) from
+/// event `first` on, pausing `pause` between them; returns the committed and the rolled-back
+/// events.
+async fn write(
+    mut client: Client,
+    first: u64,
+    transactions: u64,
+    pause: Duration,
+) -> Result<(Vec<Event>, Vec<Event>)> {
+    let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+    let mut seq = first;
+    for txn in 0..transactions {
+        let events: Vec<Event> = (0..1 + (txn * 7) % 20)
+            .map(|_| {
+                seq += 1;
+                event(seq, txn % 10 != 9)
+            })
+            .collect();
+        let commit = txn % 10 != 9;
+        insert_transaction(&mut client, &events, commit).await?;
+        if commit {
+            committed.extend(events);
+        } else {
+            rolled_back.extend(events);
+        }
+        tokio::time::sleep(pause).await;
+    }
+    Ok((committed, rolled_back))
+}
+
+/// Waits until the slot is confirmed up to the server's current position.
+async fn wait_for_slot_caught_up(client: &Client, slot: &str) -> Result<()> {
+    let target = current_insert_lsn(client).await?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { Ok(slot_confirmed_lsn(client, slot).await?.unwrap_or(0) >= target) },
+    )
+    .await
+    .context("the slot did not catch up")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let siphon = SiphonProcess::start(&exactly_once_config(&pg, &broker, "eos"))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "eos").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+
+    let writer = tokio::spawn(write(
+        pg.connect().await?,
+        0,
+        120,
+        Duration::from_millis(25),
+    ));
+    for pause in [700u64, 900, 1_100, 600] {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        siphon.kill9()?;
+        siphon.start_again()?;
+    }
+    let (committed, rolled_back) = writer.await??;
+    let expected: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
+    wait_for_all(&broker, &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| siphon.log())?;
+    // Once more after everything arrived: a restart that finds it all committed sends nothing.
+    wait_for_slot_caught_up(&client, "eos").await?;
+    siphon.kill9()?;
+    siphon.start_again()?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "eos").await },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let committed_view = read_events(&broker, Isolation::ReadCommitted).await?;
+    let seen = counts(&committed_view);
+    let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "read_committed saw repeats: {repeated:?}"
+    );
+    let ids: BTreeSet<String> = seen.keys().cloned().collect();
+    assert_eq!(
+        ids, expected,
+        "read_committed sees exactly the committed events"
+    );
+    for event in &rolled_back {
+        assert!(
+            !seen.contains_key(&event.id),
+            "rolled back {} seen",
+            event.id
+        );
+    }
+    check_first_deliveries_in_order(&committed_view)?;
+    for record in &committed_view {
+        assert!(
+            record.header("siphon.position").is_some(),
+            "exactly-once records carry their position: {record:?}"
+        );
+    }
+    let uncommitted_view = read_events(&broker, Isolation::ReadUncommitted).await?;
+    eprintln!(
+        "{} events; read_committed {} records; read_uncommitted {} records (repeats in aborted transactions: {})",
+        expected.len(),
+        committed_view.len(),
+        uncommitted_view.len(),
+        uncommitted_view.len() - committed_view.len()
+    );
+    assert!(uncommitted_view.len() >= committed_view.len());
+    assert!(
+        siphon
+            .log()
+            .contains("resuming after the last committed progress"),
+        "{}",
+        siphon.log()
+    );
+    Ok(())
+}
