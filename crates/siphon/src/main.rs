@@ -9,7 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use siphon::status::Render as _;
 use siphon::{
-    alloc, config, error, import, publication_record, settings, status, supervisor, telemetry,
+    alloc, config, error, import, progress_record, publication_record, settings, status,
+    supervisor, telemetry,
 };
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -110,16 +111,49 @@ fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         &config.source.slot,
         &config.source.publication,
     ))?;
+    let delivery = runtime.block_on(delivery_status(&config))?;
     if json {
-        println!("{}", report.render_json()?);
+        let mut value: serde_json::Value = serde_json::from_str(&report.render_json()?)?;
+        if let Some(object) = value.as_object_mut() {
+            object.insert("delivery".into(), serde_json::to_value(&delivery)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", report.render_text());
+        print!("{}", delivery.render_text());
     }
     Ok(if report.healthy().0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The delivery mode and, with exactly-once delivery, the last committed progress.
+async fn delivery_status(
+    config: &config::Config,
+) -> anyhow::Result<progress_record::DeliveryStatus> {
+    let settings = settings::build(config)?;
+    let Some(exactly_once) = &settings.exactly_once else {
+        return Ok(progress_record::DeliveryStatus::at_least_once());
+    };
+    let located = siphon_source::locate::locate(&settings.source.url).await?;
+    let server = siphon_source::locate::identity(&located.client).await;
+    let source =
+        siphon::session::transactional::Source::new(&settings, exactly_once, server.as_ref())?;
+    let value = exactly_once
+        .progress_topic
+        .read_committed(source.key.as_bytes())
+        .await?;
+    let committed = match value {
+        Some(value) => Some(progress_record::Recorded::parse(&source.key, &value)?),
+        None => None,
+    };
+    Ok(progress_record::DeliveryStatus::exactly_once(
+        &source.transactional_id,
+        exactly_once.progress_topic.topic(),
+        committed,
+    ))
 }
 
 fn accept_publication_change(path: &Path) -> anyhow::Result<ExitCode> {

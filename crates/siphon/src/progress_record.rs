@@ -130,6 +130,60 @@ impl fmt::Display for Recorded {
     }
 }
 
+/// What `siphon status` shows of the delivery mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeliveryStatus {
+    /// `at-least-once` or `exactly-once`.
+    pub mode: &'static str,
+    pub transactional_id: Option<String>,
+    pub progress_topic: Option<String>,
+    /// The last committed progress (exactly-once; `None`: nothing committed yet).
+    pub committed: Option<Recorded>,
+}
+
+impl DeliveryStatus {
+    /// At-least-once delivery: nothing more to show.
+    pub fn at_least_once() -> Self {
+        DeliveryStatus {
+            mode: "at-least-once",
+            transactional_id: None,
+            progress_topic: None,
+            committed: None,
+        }
+    }
+
+    /// Exactly-once delivery with the producer `transactional_id`, committing to
+    /// `progress_topic`, whose last committed progress is `committed`.
+    pub fn exactly_once(
+        transactional_id: &str,
+        progress_topic: &str,
+        committed: Option<Recorded>,
+    ) -> Self {
+        DeliveryStatus {
+            mode: "exactly-once",
+            transactional_id: Some(transactional_id.to_owned()),
+            progress_topic: Some(progress_topic.to_owned()),
+            committed,
+        }
+    }
+
+    /// `key: value` lines, as `siphon status` prints them.
+    pub fn render_text(&self) -> String {
+        let mut out = format!("delivery: {}\n", self.mode);
+        if let Some(id) = &self.transactional_id {
+            out.push_str(&format!("transactional id: {id}\n"));
+        }
+        if let Some(topic) = &self.progress_topic {
+            out.push_str(&format!("progress topic: {topic}\n"));
+            match &self.committed {
+                Some(recorded) => out.push_str(&format!("committed progress: {recorded}\n")),
+                None => out.push_str("committed progress: none yet\n"),
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +208,39 @@ mod tests {
             assert_eq!(back.progress_on(3), Some(progress));
             assert_eq!(back.progress_on(4), None, "another timeline");
         }
+    }
+
+    #[test]
+    fn status_shows_the_mode_and_the_committed_progress() {
+        assert_eq!(
+            DeliveryStatus::at_least_once().render_text(),
+            "delivery: at-least-once\n"
+        );
+        let recorded = Recorded::new(
+            "7311/s",
+            "app",
+            1,
+            &Progress {
+                commit_lsn: Lsn(0x16_B374_D848),
+                through: Through::All,
+                end_lsn: Some(Lsn(0x16_B374_D900)),
+            },
+        );
+        let text =
+            DeliveryStatus::exactly_once("siphon-7311-app-s", "siphon.progress", Some(recorded))
+                .render_text();
+        assert!(text.contains("delivery: exactly-once\n"), "{text}");
+        assert!(
+            text.contains("transactional id: siphon-7311-app-s\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("committed progress: 7311/s (commit 16/B374D848, end 16/B374D900)"),
+            "{text}"
+        );
+        assert!(DeliveryStatus::exactly_once("t", "p", None)
+            .render_text()
+            .contains("committed progress: none yet"));
     }
 
     #[test]
