@@ -184,5 +184,19 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
         "{}",
         siphon.log()
     );
+
+    // After a graceful stop `siphon status` shows the mode and the committed progress.
+    let (more, _) = write(pg.connect().await?, 10_000, 5, Duration::from_millis(10)).await?;
+    let more: BTreeSet<String> = more.iter().map(|e| e.id.clone()).collect();
+    wait_for_all(&broker, &more, Duration::from_secs(60)).await?;
+    siphon.terminate()?;
+    siphon.wait_exit(Duration::from_secs(30))?;
+    // (Unhealthy, with nothing streaming: the exit status says so.)
+    let (_, said) = siphon.command("status")?;
+    assert!(said.contains("delivery: exactly-once"), "{said}");
+    assert!(said.contains("committed progress: "), "{said}");
+    assert!(!said.contains("committed progress: none"), "{said}");
+    let seen = counts(&read_events(&broker, Isolation::ReadCommitted).await?);
+    assert!(seen.values().all(|n| *n == 1), "repeats after the stop");
     Ok(())
 }
