@@ -37,6 +37,7 @@ ON_18 = [
     "concurrent_start",
     "database_encoding",
     "encoding",
+    "exactly_once",
     "failover",
     "faults",
     "generated_columns",
