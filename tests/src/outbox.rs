@@ -403,19 +403,38 @@ pub const EVENT_TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Custome
 
 /// Every record in [`EVENT_TOPICS`] of `broker`.
 pub async fn read_event_records(broker: &impl KafkaTarget) -> Result<Vec<ConsumedRecord>> {
+    read_event_records_isolated(broker, crate::Isolation::ReadCommitted).await
+}
+
+/// Every record in [`EVENT_TOPICS`] of `broker`, read with `isolation`.
+pub async fn read_event_records_isolated(
+    broker: &impl KafkaTarget,
+    isolation: crate::Isolation,
+) -> Result<Vec<ConsumedRecord>> {
     let mut all = Vec::new();
-    let bootstrap = broker.bootstrap();
     for topic in EVENT_TOPICS {
+        let (bootstrap, topic) = (broker.bootstrap(), broker.topic(topic));
         all.extend(
-            crate::read_topic_async(
-                &bootstrap,
-                &broker.topic(topic),
-                std::time::Duration::from_secs(60),
-            )
-            .await?,
+            tokio::task::spawn_blocking(move || {
+                crate::read_topic_isolated(&bootstrap, &topic, Duration::from_secs(120), isolation)
+            })
+            .await
+            .context("reading task failed")??,
         );
     }
     Ok(all)
+}
+
+/// After a write of ledger transaction `txn` failed (PostgreSQL restarted under it): a new
+/// connection, and whether the transaction committed (its ledger row is there).
+pub async fn reconnect_and_check_ledger(pg: &Postgres, txn: i64) -> (Client, bool) {
+    let client = pg.connect_retrying().await;
+    let done = client
+        .query_opt("SELECT 1 FROM ledger WHERE txn = $1", &[&txn])
+        .await
+        .map(|r| r.is_some())
+        .unwrap_or(false);
+    (client, done)
 }
 
 /// The `id` header of a record (lossy UTF-8; empty when missing).

@@ -152,6 +152,16 @@ impl Postgres {
     /// Connects as `siphon` to database `siphon` (over TCP, or through the
     /// Unix socket on a TLS cluster); the connection is driven by a task
     /// spawned on the current Tokio runtime.
+    /// [`Postgres::connect`], tried again every 200 ms until it succeeds (across a restart).
+    pub async fn connect_retrying(&self) -> tokio_postgres::Client {
+        loop {
+            if let Ok(client) = self.connect().await {
+                return client;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
         let (client, connection) = if self.tls {
             tokio_postgres::Config::new()

@@ -7,7 +7,9 @@
 //! data, which it keeps across the kill.
 
 use anyhow::{Context, Result};
-use siphon_tests::outbox::{check_first_deliveries_in_order, record_seq, slot_active};
+use siphon_tests::outbox::{
+    check_first_deliveries_in_order, reconnect_and_check_ledger, record_seq, slot_active,
+};
 use siphon_tests::{read_topic_async, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -36,15 +38,6 @@ fn event(seq: u64) -> (String, String, String) {
     )
 }
 
-async fn connect_retrying(pg: &Postgres) -> Client {
-    loop {
-        if let Ok(client) = pg.connect().await {
-            return client;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Commits (or rolls back) one transaction of events `first..first+count`; with a ledger row so
 /// that a commit whose answer was lost in a PostgreSQL restart can be told apart from one that
 /// did not happen.
@@ -66,7 +59,7 @@ async fn write_transaction(client: &Client, txn: i64, first: u64, commit: bool) 
 
 /// The writer: returns the sequence numbers of committed and rolled-back events.
 async fn writer(pg: Arc<Postgres>) -> Result<(BTreeSet<u64>, BTreeSet<u64>)> {
-    let mut client = connect_retrying(&pg).await;
+    let mut client = pg.connect_retrying().await;
     let (mut committed, mut rolled_back) = (BTreeSet::new(), BTreeSet::new());
     let mut next_seq = 1u64;
     let mut pace = tokio::time::interval(Duration::from_millis(1000 / TRANSACTIONS_PER_SECOND));
@@ -82,12 +75,8 @@ async fn writer(pg: Arc<Postgres>) -> Result<(BTreeSet<u64>, BTreeSet<u64>)> {
                 Ok(()) => break,
                 Err(_) => {
                     // PostgreSQL restarted: reconnect, and find out whether the commit happened.
-                    client = connect_retrying(&pg).await;
-                    let done = client
-                        .query_opt("SELECT 1 FROM ledger WHERE txn = $1", &[&txn])
-                        .await
-                        .map(|r| r.is_some())
-                        .unwrap_or(false);
+                    let done;
+                    (client, done) = reconnect_and_check_ledger(&pg, txn).await;
                     if done || !commit {
                         break;
                     }

@@ -11,12 +11,11 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, record_id,
-    siphon_config, slot_active, slot_confirmed_lsn, wait_for_all, Event, EVENT_TOPICS, OUTBOX_DDL,
+    check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction,
+    read_event_records_isolated, record_id, siphon_config, slot_active, slot_confirmed_lsn,
+    wait_for_all, Event, OUTBOX_DDL,
 };
-use siphon_tests::{
-    read_topic_isolated, wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess,
-};
+use siphon_tests::{wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio_postgres::Client;
@@ -33,21 +32,6 @@ fn exactly_once_config(pg: &Postgres, broker: &Broker, slot: &str) -> String {
         ),
         1,
     )
-}
-
-/// Every record of the event topics, read with `isolation`.
-async fn read_events(broker: &Broker, isolation: Isolation) -> Result<Vec<ConsumedRecord>> {
-    let mut all = Vec::new();
-    for topic in EVENT_TOPICS {
-        let (bootstrap, topic) = (broker.bootstrap(), broker.topic(topic));
-        all.extend(
-            tokio::task::spawn_blocking(move || {
-                read_topic_isolated(&bootstrap, &topic, Duration::from_secs(60), isolation)
-            })
-            .await??,
-        );
-    }
-    Ok(all)
 }
 
 fn counts(records: &[ConsumedRecord]) -> BTreeMap<String, usize> {
@@ -142,7 +126,7 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let committed_view = read_events(&broker, Isolation::ReadCommitted).await?;
+    let committed_view = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
     let seen = counts(&committed_view);
     let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
@@ -168,7 +152,7 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
             "exactly-once records carry their position: {record:?}"
         );
     }
-    let uncommitted_view = read_events(&broker, Isolation::ReadUncommitted).await?;
+    let uncommitted_view = read_event_records_isolated(&broker, Isolation::ReadUncommitted).await?;
     eprintln!(
         "{} events; read_committed {} records; read_uncommitted {} records (repeats in aborted transactions: {})",
         expected.len(),
@@ -196,7 +180,7 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
     assert!(said.contains("delivery: exactly-once"), "{said}");
     assert!(said.contains("committed progress: "), "{said}");
     assert!(!said.contains("committed progress: none"), "{said}");
-    let seen = counts(&read_events(&broker, Isolation::ReadCommitted).await?);
+    let seen = counts(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
     assert!(seen.values().all(|n| *n == 1), "repeats after the stop");
     Ok(())
 }

@@ -16,27 +16,16 @@
 
 use anyhow::{ensure, Context as _, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, current_insert_lsn, event, record_id, siphon_config_at,
-    slot_active, wait_for_slot_past, KafkaTarget, Via, EVENT_TOPICS,
+    check_first_deliveries_in_order, current_insert_lsn, event, read_event_records_isolated,
+    reconnect_and_check_ledger, record_id, siphon_config_at, slot_active, wait_for_slot_past,
+    KafkaTarget, Via,
 };
-use siphon_tests::{
-    read_topic_isolated, wait_until, ConsumedRecord, Isolation, KafkaCluster, Postgres,
-    SiphonProcess,
-};
+use siphon_tests::{wait_until, Isolation, KafkaCluster, Postgres, SiphonProcess};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
-
-async fn connect_retrying(pg: &Postgres) -> Client {
-    loop {
-        if let Ok(client) = pg.connect().await {
-            return client;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// Commits (or rolls back) transaction `txn` of events `first..first + count`, with its ledger row.
 async fn write_transaction(
@@ -77,7 +66,7 @@ async fn writer(
     pg: Arc<Postgres>,
     stop: Arc<AtomicBool>,
 ) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
-    let mut client = connect_retrying(&pg).await;
+    let mut client = pg.connect_retrying().await;
     let (mut committed, mut rolled_back) = (BTreeSet::new(), BTreeSet::new());
     let mut next = 1u64;
     let mut txn = 0i64;
@@ -89,12 +78,8 @@ async fn writer(
             match write_transaction(&mut client, txn, next, count, commit).await {
                 Ok(()) => break,
                 Err(_) => {
-                    client = connect_retrying(&pg).await;
-                    let done = client
-                        .query_opt("SELECT 1 FROM ledger WHERE txn = $1", &[&txn])
-                        .await
-                        .map(|r| r.is_some())
-                        .unwrap_or(false);
+                    let done;
+                    (client, done) = reconnect_and_check_ledger(&pg, txn).await;
                     if done || !commit {
                         break;
                     }
@@ -111,20 +96,6 @@ async fn writer(
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
     Ok((committed, rolled_back))
-}
-
-async fn read_events(target: &Via, isolation: Isolation) -> Result<Vec<ConsumedRecord>> {
-    let mut all = Vec::new();
-    for topic in EVENT_TOPICS {
-        let (bootstrap, topic) = (target.bootstrap(), target.topic(topic));
-        all.extend(
-            tokio::task::spawn_blocking(move || {
-                read_topic_isolated(&bootstrap, &topic, Duration::from_secs(120), isolation)
-            })
-            .await??,
-        );
-    }
-    Ok(all)
 }
 
 fn signal(process: &SiphonProcess, signal: libc::c_int) -> Result<()> {
@@ -214,7 +185,7 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
                 // Frozen with whatever it has open, its replication connection ended by the
                 // server, the slot taken by a second instance; then woken.
                 signal(&siphon, libc::SIGSTOP)?;
-                let admin = connect_retrying(&pg).await;
+                let admin = pg.connect_retrying().await;
                 admin
                     .execute(
                         "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
@@ -248,12 +219,12 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
 
     // Everything arrives, the slot passes the end of the WAL.
     let live = zombie.as_ref().unwrap_or(&siphon);
-    let client = connect_retrying(&pg).await;
+    let client = pg.connect_retrying().await;
     let end = current_insert_lsn(&client).await?;
     wait_for_slot_past(&client, name, end, Duration::from_secs(180))
         .await
         .with_context(|| format!("the slot did not pass {end}; log:\n{}", live.log()))?;
-    let records = read_events(&target, Isolation::ReadCommitted).await?;
+    let records = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for record in &records {
         *counts.entry(record_id(record)).or_default() += 1;
@@ -283,7 +254,7 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
             live.log()
         );
     }
-    let uncommitted = read_events(&target, Isolation::ReadUncommitted).await?;
+    let uncommitted = read_event_records_isolated(&target, Isolation::ReadUncommitted).await?;
     Ok(Seen {
         committed: committed.len(),
         read_committed: records.len(),

@@ -12,6 +12,7 @@
 //!   delivery channel, carrying the caller's token, unless the sink is dropped first.
 //! - Records sent to one partition are written in the order they were sent (idempotent producer).
 
+mod compacted;
 pub mod config;
 pub mod error;
 mod produce;

@@ -12,13 +12,9 @@
 //! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
 //! - Errors carry the librdkafka code and the operation; none is classified by its text.
 
-use crate::topics::is_producer_only;
+use crate::compacted::CompactedTopic;
 use crate::TopicCreation;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
@@ -117,12 +113,9 @@ impl StateTopicError {
 /// The state topic of one Siphon configuration.
 #[derive(Debug, Clone)]
 pub struct StateTopic {
-    topic: String,
-    /// Connection properties (bootstrap servers, security), without producer-only ones.
-    connection: BTreeMap<String, String>,
+    compacted: CompactedTopic,
     /// The producer's properties (idempotent, `acks=all`).
     producer: BTreeMap<String, String>,
-    creation: TopicCreation,
 }
 
 impl StateTopic {
@@ -133,11 +126,6 @@ impl StateTopic {
         client_properties: &BTreeMap<String, String>,
         creation: TopicCreation,
     ) -> Self {
-        let connection = client_properties
-            .iter()
-            .filter(|(k, _)| !is_producer_only(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
         let mut producer = client_properties.clone();
         // A state record is written alone and waited for: a bounded wait, no batching.
         producer.insert(
@@ -145,17 +133,16 @@ impl StateTopic {
             STATE_TIMEOUT.as_millis().to_string(),
         );
         producer.insert("linger.ms".into(), "0".into());
+        producer.remove("transactional.id");
         StateTopic {
-            topic: topic.to_owned(),
-            connection,
+            compacted: CompactedTopic::new(topic, client_properties, creation),
             producer,
-            creation,
         }
     }
 
     /// The topic's name.
     pub fn topic(&self) -> &str {
-        &self.topic
+        &self.compacted.topic
     }
 
     /// The value of the last record with `key` (see the module's invariants); `None` when there
@@ -165,108 +152,41 @@ impl StateTopic {
         let key = key.to_vec();
         tokio::task::spawn_blocking(move || this.read_blocking(&key))
             .await
-            .unwrap_or_else(|_| Err(self.failed(StateOperation::Read, RDKafkaErrorCode::Fail)))
+            .unwrap_or_else(|_| {
+                Err(self
+                    .compacted
+                    .failed(StateOperation::Read, RDKafkaErrorCode::Fail))
+            })
     }
 
     /// Writes `value` under `key` and waits for the broker's acknowledgement, creating the topic
     /// first when it is missing.
     pub async fn write(&self, key: &[u8], value: &[u8]) -> Result<(), StateTopicError> {
-        if self.creation.enabled {
-            self.ensure().await?;
-        } else {
+        let compacted = &self.compacted;
+        if compacted.creation.enabled {
+            compacted.create(&[], "state").await?;
+        } else if !compacted.exists().await? {
             // A broker's auto-creation would make a topic that is not compacted.
-            let this = self.clone();
-            let exists = tokio::task::spawn_blocking(move || this.exists_blocking())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(self.failed(StateOperation::Read, RDKafkaErrorCode::Fail))
-                })?;
-            if !exists {
-                return Err(StateTopicError::Missing {
-                    topic: self.topic.clone(),
-                });
-            }
+            return Err(compacted.missing());
         }
-        let producer: FutureProducer = self.client(&self.producer, StateOperation::Write)?;
-        let record = FutureRecord::to(&self.topic).key(key).payload(value);
+        let producer: FutureProducer = compacted.client(&self.producer, StateOperation::Write)?;
+        let record = FutureRecord::to(&compacted.topic).key(key).payload(value);
         let sent = tokio::time::timeout(STATE_TIMEOUT, producer.send(record, STATE_TIMEOUT))
             .await
-            .map_err(|_| self.timed_out(StateOperation::Write))?;
+            .map_err(|_| compacted.timed_out(StateOperation::Write))?;
         match sent {
             Ok(_) => Ok(()),
-            Err((error, _)) => Err(self.kafka(StateOperation::Write, &error)),
+            Err((error, _)) => Err(compacted.kafka(StateOperation::Write, &error)),
         }
-    }
-
-    /// Creates the topic, compacted with one partition, unless it exists.
-    async fn ensure(&self) -> Result<(), StateTopicError> {
-        let admin: AdminClient<DefaultClientContext> =
-            self.client(&self.connection, StateOperation::Create)?;
-        let topic = NewTopic::new(
-            &self.topic,
-            1,
-            TopicReplication::Fixed(self.creation.replication_factor),
-        )
-        .set("cleanup.policy", "compact");
-        let options = AdminOptions::new()
-            .request_timeout(Some(STATE_TIMEOUT))
-            .operation_timeout(Some(STATE_TIMEOUT));
-        let results = admin
-            .create_topics([&topic], &options)
-            .await
-            .map_err(|e| self.kafka(StateOperation::Create, &e))?;
-        for result in results {
-            match result {
-                Ok(_) => {
-                    tracing::info!(topic = %self.topic, "created the state topic (compacted, one partition)")
-                }
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => return Err(self.failed(StateOperation::Create, code)),
-            }
-        }
-        Ok(())
-    }
-
-    /// A consumer of assigned partitions only: it never joins its group nor commits, and its
-    /// metadata requests never create the topic.
-    fn consumer(&self) -> Result<BaseConsumer, StateTopicError> {
-        let mut properties = self.connection.clone();
-        properties.insert("enable.auto.commit".into(), "false".into());
-        properties.insert("enable.partition.eof".into(), "false".into());
-        properties.insert("allow.auto.create.topics".into(), "false".into());
-        properties.insert("group.id".into(), "siphon-state-reader".into());
-        self.client(&properties, StateOperation::Read)
-    }
-
-    /// The topic's partitions, `None` when it does not exist.
-    fn partitions(
-        &self,
-        consumer: &BaseConsumer,
-        timeout: Duration,
-    ) -> Result<Option<Vec<i32>>, StateTopicError> {
-        let metadata = consumer
-            .fetch_metadata(Some(&self.topic), timeout)
-            .map_err(|e| self.kafka(StateOperation::Read, &e))?;
-        let Some(topic) = metadata.topics().iter().find(|t| t.name() == self.topic) else {
-            return Ok(None);
-        };
-        match topic.error().map(RDKafkaErrorCode::from) {
-            None => Ok(Some(topic.partitions().iter().map(|p| p.id()).collect())),
-            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Ok(None),
-            Some(code) => Err(self.failed(StateOperation::Read, code)),
-        }
-    }
-
-    fn exists_blocking(&self) -> Result<bool, StateTopicError> {
-        let consumer = self.consumer()?;
-        Ok(self.partitions(&consumer, STATE_TIMEOUT)?.is_some())
     }
 
     fn read_blocking(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateTopicError> {
+        let compacted = &self.compacted;
+        let topic = compacted.topic.as_str();
         let deadline = Instant::now() + STATE_TIMEOUT;
         let left = || deadline.saturating_duration_since(Instant::now());
-        let consumer = self.consumer()?;
-        let Some(partitions) = self.partitions(&consumer, left())? else {
+        let consumer = compacted.consumer(&[])?;
+        let Some(partitions) = compacted.partitions(&consumer, left())? else {
             return Ok(None);
         };
         // Each partition up to its high watermark as it is now.
@@ -274,13 +194,13 @@ impl StateTopic {
         let mut assignment = TopicPartitionList::new();
         for partition in partitions {
             let (low, high) = consumer
-                .fetch_watermarks(&self.topic, partition, left())
-                .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+                .fetch_watermarks(topic, partition, left())
+                .map_err(|e| compacted.kafka(StateOperation::Read, &e))?;
             if high > low {
                 ends.insert(partition, high);
                 assignment
-                    .add_partition_offset(&self.topic, partition, Offset::Offset(low))
-                    .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+                    .add_partition_offset(topic, partition, Offset::Offset(low))
+                    .map_err(|e| compacted.kafka(StateOperation::Read, &e))?;
             }
         }
         if ends.is_empty() {
@@ -288,17 +208,17 @@ impl StateTopic {
         }
         consumer
             .assign(&assignment)
-            .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+            .map_err(|e| compacted.kafka(StateOperation::Read, &e))?;
         // Within a partition the last record wins; the key lands in one partition.
         let mut value = None;
         while !ends.is_empty() {
             if left().is_zero() {
-                return Err(self.timed_out(StateOperation::Read));
+                return Err(compacted.timed_out(StateOperation::Read));
             }
             let Some(polled) = consumer.poll(left().min(Duration::from_millis(500))) else {
                 continue;
             };
-            let message = polled.map_err(|e| self.kafka(StateOperation::Read, &e))?;
+            let message = polled.map_err(|e| compacted.kafka(StateOperation::Read, &e))?;
             if message.key() == Some(key) {
                 value = message.payload().map(<[u8]>::to_vec);
             }
@@ -310,46 +230,5 @@ impl StateTopic {
             }
         }
         Ok(value)
-    }
-
-    fn client<C: rdkafka::config::FromClientConfig>(
-        &self,
-        properties: &BTreeMap<String, String>,
-        operation: StateOperation,
-    ) -> Result<C, StateTopicError> {
-        let mut config = ClientConfig::new();
-        for (key, value) in properties {
-            config.set(key, value);
-        }
-        // Only properties librdkafka refuses fail here.
-        config
-            .create()
-            .map_err(|_| self.failed(operation, RDKafkaErrorCode::InvalidArgument))
-    }
-
-    fn kafka(&self, operation: StateOperation, error: &KafkaError) -> StateTopicError {
-        self.failed(
-            operation,
-            error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
-        )
-    }
-
-    fn failed(&self, operation: StateOperation, code: RDKafkaErrorCode) -> StateTopicError {
-        if code == RDKafkaErrorCode::OperationTimedOut || code == RDKafkaErrorCode::MessageTimedOut
-        {
-            return self.timed_out(operation);
-        }
-        StateTopicError::Kafka {
-            topic: self.topic.clone(),
-            operation,
-            code,
-        }
-    }
-
-    fn timed_out(&self, operation: StateOperation) -> StateTopicError {
-        StateTopicError::TimedOut {
-            topic: self.topic.clone(),
-            operation,
-        }
     }
 }

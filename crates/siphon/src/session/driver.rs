@@ -189,30 +189,25 @@ async fn connect(
     carry.publication = Some(publication);
     let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
-    let Some(exactly_once) = &settings.exactly_once else {
-        let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
-        let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
-        let stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
-        return Ok(Connections {
-            publication: Arc::new(Mutex::new(slot.publication)),
-            server: slot.identity,
-            start,
-            sink,
-            deliveries,
-            sql,
-            stream,
-            exactly_once: None,
-        });
-    };
-    // Exactly-once: the slot is held (the stream started) before older producers are fenced
-    // and the progress is read (see `transactional`).
-    let source = transactional::Source::new(settings, exactly_once, slot.identity.as_ref())?;
     let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
     let stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
-    let opened = transactional::open(settings, exactly_once, source, start, observer).await?;
-    let (sink, deliveries) = (opened.sink, opened.deliveries);
+    // Exactly-once: the slot is held (the stream started) before older producers are fenced
+    // and the progress is read (see `transactional`).
+    let (sink, deliveries, exactly_once) = match &settings.exactly_once {
+        None => {
+            let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
+            (sink, deliveries, None)
+        }
+        Some(exactly_once) => {
+            let source =
+                transactional::Source::new(settings, exactly_once, slot.identity.as_ref())?;
+            let opened =
+                transactional::open(settings, exactly_once, source, start, observer).await?;
+            let started = (opened.transactions, opened.source);
+            (opened.sink, opened.deliveries, Some(started))
+        }
+    };
     Ok(Connections {
-        exactly_once: Some((opened.transactions, opened.source)),
         publication: Arc::new(Mutex::new(slot.publication)),
         server: slot.identity,
         start,
@@ -220,6 +215,7 @@ async fn connect(
         deliveries,
         sql,
         stream,
+        exactly_once,
     })
 }
 
