@@ -184,3 +184,90 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
     assert!(seen.values().all(|n| *n == 1), "repeats after the stop");
     Ok(())
 }
+
+/// Exactly-once with `on_error = "dead-letter"`: a record too large for the producer is refused
+/// at enqueue and its dead letter joins the open Kafka transaction; across `kill -9`, a
+/// read_committed consumer sees each small event once in its topic and each large one once in
+/// the dead-letter topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_committed_with_their_transaction_once() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let dead_letter_topic = broker.topic("outbox.dlq");
+    let config = exactly_once_config(&pg, &broker, "eosdlq")
+        .replace(
+            "\"message.timeout.ms\" = \"10000\"",
+            "\"message.timeout.ms\" = \"10000\"\n\"message.max.bytes\" = \"20000\"",
+        )
+        .replace(
+            "max_in_flight_records = 500",
+            &format!(
+                "max_in_flight_records = 500\non_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""
+            ),
+        );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "eosdlq").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+
+    // Each transaction: three small events around one of 30 kB.
+    let mut writer_client = pg.connect().await?;
+    let writer = tokio::spawn(async move {
+        let (mut small, mut large) = (BTreeSet::new(), BTreeSet::new());
+        for txn in 0..40u64 {
+            let mut events: Vec<Event> = (0..4).map(|i| event(txn * 4 + i + 1, true)).collect();
+            events[1].payload = format!(r#"{{"big": "{}"}}"#, "x".repeat(30_000));
+            for (i, e) in events.iter().enumerate() {
+                if i == 1 {
+                    large.insert(e.id.clone());
+                } else {
+                    small.insert(e.id.clone());
+                }
+            }
+            insert_transaction(&mut writer_client, &events, true).await?;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::Ok((small, large))
+    });
+    for pause in [600u64, 700] {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        siphon.kill9()?;
+        siphon.start_again()?;
+    }
+    let (small, large) = writer.await??;
+    wait_for_all(&broker, &small, Duration::from_secs(90))
+        .await
+        .with_context(|| siphon.log())?;
+    wait_for_slot_caught_up(&client, "eosdlq").await?;
+    let events = counts(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
+    assert!(events.values().all(|n| *n == 1), "repeats: {events:?}");
+    assert_eq!(events.keys().cloned().collect::<BTreeSet<_>>(), small);
+    let bootstrap = broker.bootstrap();
+    let topic = dead_letter_topic.clone();
+    let dead = tokio::task::spawn_blocking(move || {
+        siphon_tests::read_topic_isolated(
+            &bootstrap,
+            &topic,
+            Duration::from_secs(60),
+            Isolation::ReadCommitted,
+        )
+    })
+    .await??;
+    let dead = counts(&dead);
+    assert!(
+        dead.values().all(|n| *n == 1),
+        "dead letters repeated: {dead:?}"
+    );
+    assert_eq!(
+        dead.keys().cloned().collect::<BTreeSet<_>>(),
+        large,
+        "{}",
+        siphon.log()
+    );
+    Ok(())
+}
