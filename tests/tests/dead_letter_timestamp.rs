@@ -188,3 +188,91 @@ async fn records_refused_for_their_timestamp_are_dead_lettered_with_it_without_a
     assert!(siphon.is_running(), "{log}");
     Ok(())
 }
+
+/// The same refusals with `kafka.delivery = "exactly-once"`: each refused batch aborts its
+/// Kafka transaction; its records are sent alone next, each in a transaction of its own, and
+/// one refused alone is dead-lettered. A read_committed consumer sees every accepted event once
+/// in its topic and every refused one once in the dead-letter topic, and the session restarts
+/// a bounded number of times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_exactly_once_refused_records_are_dead_lettered_once_and_the_rest_delivered_once(
+) -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let events = broker.topic("outbox.event.Order");
+    create_recent_only_topic(&broker.bootstrap(), &events).await?;
+    let dead_letter_topic = broker.topic("outbox.dlq");
+    let pipeline = format!(
+        "on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\"\n\n[router]\n{}\n\"table.field.event.timestamp\" = \"occurred\"",
+        route_replacement(&broker)
+    );
+    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
+    let config = siphon_config_at(
+        &pg,
+        &broker,
+        "tseos",
+        "\"message.timeout.ms\" = \"10000\"",
+        &pipeline,
+    )
+    .replacen(
+        &bootstrap,
+        &format!(
+            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
+            broker.topic("siphon.progress")
+        ),
+        1,
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "tseos").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let old = "'2001-01-01 00:00:00+00'";
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} {} COMMIT; BEGIN; {} {} COMMIT; DELETE FROM outbox;",
+            row(1, "order-1", "now()"),
+            row(2, "order-1", old),
+            row(3, "order-1", "now()"),
+            row(4, "order-2", old),
+            row(5, "order-1", "now()"),
+            row(6, "order-2", old),
+        ))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    wait_for_slot_past(&client, "tseos", end, Duration::from_secs(90))
+        .await
+        .with_context(|| siphon.log())?;
+    let ids = |records: &[siphon_tests::ConsumedRecord]| {
+        let mut ids: Vec<String> = records
+            .iter()
+            .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let id = |n: u32| format!("00000000-0000-4000-8000-{n:012}");
+    let dead = read_topic_async(
+        &broker.bootstrap(),
+        &dead_letter_topic,
+        Duration::from_secs(30),
+    )
+    .await?;
+    assert_eq!(ids(&dead), [2, 4, 6].map(id).to_vec(), "{}", siphon.log());
+    let delivered = read_topic_async(&broker.bootstrap(), &events, Duration::from_secs(30)).await?;
+    assert_eq!(
+        ids(&delivered),
+        [1, 3, 5].map(id).to_vec(),
+        "{}",
+        siphon.log()
+    );
+    let restarts = siphon.log().matches("pipeline interrupted").count();
+    eprintln!("{restarts} session restarts");
+    // At most: one abort per refused batch, one per record refused alone.
+    assert!(restarts <= 8, "{restarts} restarts:\n{}", siphon.log());
+    Ok(())
+}

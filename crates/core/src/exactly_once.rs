@@ -272,6 +272,14 @@ impl KafkaTransactions {
         self.is_open()
     }
 
+    /// Commits the open transaction as soon as everything queued is handed over (a record that
+    /// must travel alone is next, or has just been sent).
+    pub fn force_commit(&mut self) {
+        if let State::Open { .. } = self.state {
+            self.state = State::Due;
+        }
+    }
+
     /// The commit to run now, if one is due (call once everything queued is handed over).
     pub fn commit_step(&mut self) -> Option<TransactionStep> {
         if self.state != State::Due {

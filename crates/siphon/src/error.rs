@@ -81,9 +81,9 @@ pub enum PipelineError {
     /// commit; the next session aborts it and starts again from the last committed progress.
     #[error("the Kafka transaction is aborted: a record for topic {topic} failed ({cause}); starting again from the last committed progress")]
     TransactionAborted { topic: String, cause: AbortCause },
-    /// Exactly-once: the broker refused a record (not at enqueue): its Kafka transaction cannot
-    /// commit, and sending it again would be refused again.
-    #[error("the broker refused a record in a Kafka transaction: {0}. With kafka.delivery = \"exactly-once\" a record the broker refuses stops Siphon (records refused at enqueue and unroutable rows still go to the dead-letter topic); fix the topic's settings or the record, or use kafka.delivery = \"at-least-once\"")]
+    /// Exactly-once: the broker refused a record (not at enqueue) with `on_error = "fail"`, or
+    /// with a refusal only the operator can lift.
+    #[error("the broker refused a record in a Kafka transaction: {0} (the record was not delivered; fix it, or set pipeline.on_error = \"dead-letter\" to send such records to a dead-letter topic)")]
     RefusedInTransaction(RecordFault),
     /// Exactly-once: the progress topic could not be created or read.
     #[error(transparent)]
@@ -108,6 +108,12 @@ pub enum AbortCause {
     /// It was handed back by a purge.
     #[error("purged with the producer")]
     Purged,
+    /// The broker refused it; with dead letters it is sent alone next, and dead-lettered if
+    /// refused alone.
+    #[error(
+        "refused by the broker: {0}; it is sent alone next, and dead-lettered if refused alone"
+    )]
+    Refused(RecordFault),
 }
 
 impl PipelineError {

@@ -25,7 +25,7 @@
 use super::ledger::{LedgerError, TxnId};
 use super::message::MessageRows;
 use super::position::PositionHeaders;
-use super::{NonTransactionalPolicy, RoutedKind, Routers};
+use super::{NonTransactionalPolicy, RoutedKind, Routers, Suspect, Suspects};
 use crate::dead_letter::Stage;
 use crate::error::{AbortCause, PipelineError, RecordFault};
 use crate::session::ErrorPolicy;
@@ -155,6 +155,8 @@ pub struct CoreSettings<'a> {
     /// Exactly-once delivery: the Kafka transactions, from the last committed progress
     /// (`None`: at-least-once).
     pub transactions: Option<KafkaTransactions>,
+    /// Exactly-once: records the broker refused in earlier sessions.
+    pub suspects: Suspects,
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -221,6 +223,16 @@ pub struct SessionCore<'a> {
     finish: Option<Result<(), PipelineError>>,
     /// Records not sent again because an earlier session committed them.
     skipped_committed: u64,
+    /// Exactly-once: records the broker refused in a Kafka transaction, by position, carried
+    /// from session to session (see [`Suspect`]).
+    suspects: Suspects,
+    /// Exactly-once: the position of each record with the producer (to name a refused one).
+    positions: FxHashMap<usize, (Lsn, u32)>,
+    /// Exactly-once: a suspect waiting for the open Kafka transaction to commit, to be sent
+    /// alone after it (its transaction, its index, the record).
+    parked: Option<(TxnId, u32, RoutedRecord)>,
+    /// Exactly-once: the suspect sent alone in the Kafka transaction now open.
+    solo: Option<(Lsn, u32)>,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
     topics: FxHashMap<String, TopicMetrics>,
     /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
@@ -234,6 +246,7 @@ impl<'a> SessionCore<'a> {
         let messages = MessageRows::new(settings.database_encoding.clone());
         let position = settings.position_headers.clone();
         let transactions = settings.transactions.take();
+        let suspects = std::mem::take(&mut settings.suspects);
         let flow = Flow::new(
             FlowSettings {
                 max_in_flight_records: settings.max_in_flight_records,
@@ -259,6 +272,10 @@ impl<'a> SessionCore<'a> {
             transactions,
             finish: None,
             skipped_committed: 0,
+            suspects,
+            positions: FxHashMap::default(),
+            parked: None,
+            solo: None,
             topics: FxHashMap::default(),
             oldest_reported: None,
         }
@@ -267,6 +284,8 @@ impl<'a> SessionCore<'a> {
     /// Whether the driver may read the next source event.
     pub fn can_read(&self) -> bool {
         !self.awaiting_lookup
+            && self.parked.is_none()
+            && self.solo.is_none()
             && self.flow.can_read()
             && self
                 .transactions
@@ -295,6 +314,11 @@ impl<'a> SessionCore<'a> {
     /// Records not sent again because an earlier session had committed them.
     pub fn skipped_committed(&self) -> u64 {
         self.skipped_committed
+    }
+
+    /// Exactly-once: the records the broker refused so far, for the next session.
+    pub fn take_suspects(&mut self) -> Suspects {
+        std::mem::take(&mut self.suspects)
     }
 
     /// The next action, in order.
@@ -400,7 +424,7 @@ impl<'a> SessionCore<'a> {
             } => self.on_send_refused(now, token, record, error),
             Input::Answer(answer) => self.on_answer(answer),
             Input::Stalled(seen) => Err(PipelineError::Stalled(seen)),
-            Input::Committed(result) => self.on_committed(result),
+            Input::Committed(result) => self.on_committed(now, result),
             Input::Shutdown => {
                 info!("shutting down: waiting for in-flight records");
                 self.flow.stop(now, Ok(()));
@@ -745,6 +769,14 @@ impl<'a> SessionCore<'a> {
         if let Some(position) = &self.position {
             position.stamp(self.begin.0, index, &mut record);
         }
+        match self.suspects.get(&(self.begin.0, index)) {
+            None => {}
+            Some(Suspect::Alone(fault)) => {
+                let fault = fault.clone();
+                return self.dead_letter_refused(now, txn, index, record, fault);
+            }
+            Some(Suspect::Shared(_)) => return self.send_alone(now, txn, index, record),
+        }
         let bytes = record_bytes(&record);
         let added = self.flow.add(txn, bytes, now);
         count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
@@ -754,6 +786,64 @@ impl<'a> SessionCore<'a> {
             }
         });
         self.hand_over(now, added?, record, Some((index, bytes)));
+        Ok(())
+    }
+
+    /// Exactly-once: the suspect record `index` of `txn` goes alone in a Kafka transaction of
+    /// its own: after the open one commits (parked until then), and committed at once. Nothing
+    /// is read meanwhile.
+    fn send_alone(
+        &mut self,
+        now: Now,
+        txn: TxnId,
+        index: u32,
+        record: RoutedRecord,
+    ) -> Result<(), PipelineError> {
+        let Some(transactions) = &mut self.transactions else {
+            return Ok(());
+        };
+        if transactions.is_open() {
+            transactions.force_commit();
+            self.parked = Some((txn, index, record));
+            return Ok(());
+        }
+        debug!(topic = %record.topic, "sending a record the broker refused alone, in a Kafka transaction of its own");
+        let bytes = record_bytes(&record);
+        let seq = self.flow.add(txn, bytes, now)?;
+        self.hand_over(now, seq, record, Some((index, bytes)));
+        self.solo = Some((self.begin.0, index));
+        if let Some(transactions) = &mut self.transactions {
+            transactions.force_commit();
+        }
+        Ok(())
+    }
+
+    /// Exactly-once: the record `index` of `txn` was refused when sent alone: its dead letter
+    /// takes its place.
+    fn dead_letter_refused(
+        &mut self,
+        now: Now,
+        txn: TxnId,
+        index: u32,
+        record: RoutedRecord,
+        fault: RecordFault,
+    ) -> Result<(), PipelineError> {
+        let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
+            return Err(PipelineError::RefusedInTransaction(fault));
+        };
+        Event::RecordDeadLettered {
+            topic: &record.topic,
+            error: &fault,
+        }
+        .emit(&self.metrics);
+        let letter =
+            dead_letters.for_record(record, &fault, Stage::Produce, self.flow.commit_lsn(txn));
+        let bytes = record_bytes(&letter);
+        let seq = self.flow.add(txn, bytes, now)?;
+        count_topic(&mut self.topics, &self.metrics, &letter.topic, |counters| {
+            counters.produced()
+        });
+        self.hand_over(now, seq, letter, Some((index, bytes)));
         Ok(())
     }
 
@@ -793,6 +883,7 @@ impl<'a> SessionCore<'a> {
             }
             if let Some((index, bytes)) = counted {
                 transactions.sent(self.begin.0, index, bytes);
+                self.positions.insert(seq.token(), (self.begin.0, index));
             }
         }
         self.flow.hand_over(seq, record);
@@ -800,7 +891,11 @@ impl<'a> SessionCore<'a> {
 
     /// Exactly-once: the commit ended. Success confirms what it covered (and ends a stopping
     /// session); a failure ends the session.
-    fn on_committed(&mut self, result: Result<(), SinkError>) -> Result<(), PipelineError> {
+    fn on_committed(
+        &mut self,
+        now: Now,
+        result: Result<(), SinkError>,
+    ) -> Result<(), PipelineError> {
         let Some(transactions) = &mut self.transactions else {
             return Ok(());
         };
@@ -811,6 +906,13 @@ impl<'a> SessionCore<'a> {
                 }
                 if let Some(finish) = self.finish.take() {
                     self.flow.push(Own::Finish(finish));
+                }
+                // A suspect committed alone was innocent; a parked one goes now.
+                if let Some(position) = self.solo.take() {
+                    self.suspects.remove(&position);
+                }
+                if let Some((txn, index, record)) = self.parked.take() {
+                    self.send_alone(now, txn, index, record)?;
                 }
                 Ok(())
             }
@@ -825,6 +927,9 @@ impl<'a> SessionCore<'a> {
 
     fn on_delivery(&mut self, now: Now, delivery: Delivery) -> Result<(), PipelineError> {
         let token = delivery.token;
+        if self.transactions.is_some() && delivery.result.is_ok() {
+            self.positions.remove(&token);
+        }
         let failure = match delivery.result {
             Ok(_) => {
                 let settled = self.flow.delivered(token)?;
@@ -850,9 +955,10 @@ impl<'a> SessionCore<'a> {
         if self.transactions.is_some() {
             // The open Kafka transaction cannot commit with a failed record in it.
             self.flow.reported_fatal(token);
+            let position = self.positions.remove(&token);
             return Err(match failure.error {
                 DeliveryError::Definite(refusal) => {
-                    PipelineError::RefusedInTransaction(RecordFault::Broker(refusal))
+                    self.refused_in_transaction(position, failure.record.topic, refusal)
                 }
                 error => PipelineError::TransactionAborted {
                     topic: failure.record.topic,
@@ -878,6 +984,36 @@ impl<'a> SessionCore<'a> {
             },
         };
         self.on_outcome(now, outcome)
+    }
+
+    /// Exactly-once: the broker refused the record at `position` in the open Kafka
+    /// transaction. With dead letters it becomes a suspect (sent alone next session) or, refused
+    /// alone, guilty (dead-lettered next session), and the session ends; otherwise the refusal
+    /// stops Siphon.
+    fn refused_in_transaction(
+        &mut self,
+        position: Option<(Lsn, u32)>,
+        topic: String,
+        refusal: siphon_kafka_sink::Refusal,
+    ) -> PipelineError {
+        let dead_letters = matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_));
+        let (Some(position), true, true) = (position, dead_letters, refusal.on_error_applies())
+        else {
+            return PipelineError::RefusedInTransaction(RecordFault::Broker(refusal));
+        };
+        let fault = RecordFault::Broker(refusal);
+        if self.solo == Some(position) {
+            self.suspects
+                .insert(position, Suspect::Alone(fault.clone()));
+        } else {
+            self.suspects
+                .entry(position)
+                .or_insert_with(|| Suspect::Shared(fault.clone()));
+        }
+        PipelineError::TransactionAborted {
+            topic,
+            cause: AbortCause::Refused(fault),
+        }
     }
 
     /// A record handed back by a purge before the producer took it: counted as a transient

@@ -287,6 +287,7 @@ pub async fn run_session(
                 )
             }),
             transactions,
+            suspects: std::mem::take(&mut carry.suspects),
         },
         Arc::clone(metrics),
         start,
@@ -319,6 +320,7 @@ pub async fn run_session(
     let outcome = driver.run(shutdown).await;
     metrics.health().set_streaming(false);
     carry.acked_through = driver.core.watermark();
+    carry.suspects = driver.core.take_suspects();
     carry.publication = Some(SeenPublication::new(
         server.as_ref(),
         lock(&driver.publication).clone(),

@@ -138,6 +138,19 @@ pub struct ExactlyOnce {
     pub bounds: siphon_core::exactly_once::TransactionBounds,
 }
 
+/// Exactly-once: how the broker refused a record of a Kafka transaction.
+#[derive(Debug, Clone)]
+pub enum Suspect {
+    /// Refused in a batch it may only have shared with the guilty record: it is sent alone,
+    /// in a Kafka transaction of its own, next time.
+    Shared(crate::error::RecordFault),
+    /// Refused while sent alone: guilty, dead-lettered next time.
+    Alone(crate::error::RecordFault),
+}
+
+/// Exactly-once: records the broker refused, by position (commit LSN, index in the transaction).
+pub type Suspects = std::collections::BTreeMap<(Lsn, u32), Suspect>;
+
 /// State carried from one session to the next.
 #[derive(Debug, Default)]
 pub struct Carry {
@@ -155,6 +168,8 @@ pub struct Carry {
     /// The publication membership the last session saw: the next one must find the same
     /// publication publishing the outbox tables through rows that were there then.
     pub publication: Option<SeenPublication>,
+    /// Exactly-once: records the broker refused in a Kafka transaction.
+    pub suspects: Suspects,
 }
 
 /// Which catalog rows published the outbox tables at a session's last look, and on which

@@ -479,6 +479,7 @@ fn session_core<'a>(
             replacement_backoff: (Duration::from_millis(200), Duration::from_secs(30)),
             position_headers: Some(super::position::PositionHeaders::new(Some("1"), "s")),
             transactions: None,
+            suspects: Default::default(),
         },
         metrics,
         start,
