@@ -1046,4 +1046,56 @@ mod tests {
         let error = DeliveryError::from_kafka("t", &KafkaError::Canceled);
         assert_eq!(error.consequence(), ProducerFailed);
     }
+
+    #[test]
+    fn a_transaction_refused_for_good_names_the_fix_and_anything_else_is_retried() {
+        use siphon_core::Consequence;
+        let failed = |operation, code| SinkError::Transaction {
+            operation,
+            transactional_id: "siphon-1-db-s".into(),
+            code,
+        };
+        let unsupported = failed(
+            Operation::InitTransactions,
+            RDKafkaErrorCode::UnsupportedVersion,
+        );
+        assert_eq!(unsupported.consequence(), Consequence::Fix);
+        assert!(
+            unsupported
+                .to_string()
+                .contains("kafka.delivery = \"at-least-once\""),
+            "{unsupported}"
+        );
+        let denied = failed(
+            Operation::InitTransactions,
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+        );
+        assert_eq!(denied.consequence(), Consequence::Fix);
+        assert!(
+            denied.to_string().contains("WRITE and DESCRIBE"),
+            "{denied}"
+        );
+        let coordinator = failed(
+            Operation::InitTransactions,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+        );
+        assert_eq!(coordinator.consequence(), Consequence::Retry);
+        assert!(
+            coordinator
+                .to_string()
+                .contains("transaction.state.log.replication.factor"),
+            "{coordinator}"
+        );
+        for code in [
+            RDKafkaErrorCode::ProducerFenced,
+            RDKafkaErrorCode::InvalidProducerEpoch,
+            RDKafkaErrorCode::OperationTimedOut,
+        ] {
+            assert_eq!(
+                failed(Operation::CommitTransaction, code).consequence(),
+                Consequence::Retry,
+                "{code:?}"
+            );
+        }
+    }
 }
