@@ -112,9 +112,10 @@ pub async fn open(
         .map_err(PipelineError::ProgressTopic)?;
     let mut config = settings.sink.clone();
     config.transactional_id = Some(source.transactional_id.clone());
-    let (sink, deliveries) = KafkaSink::new(&config, Some(observer))?;
+    let (mut sink, deliveries) = KafkaSink::new(&config, Some(observer))?;
+    // The progress topic exists: its records never wait for a creation on the session loop.
+    sink.topic_created(exactly_once.progress_topic.topic());
     sink.init_transactions(INIT_TIMEOUT).await?;
-    // The progress topic is known to exist: records for it never wait for a creation.
     let value = exactly_once
         .progress_topic
         .read_committed(source.key.as_bytes())
