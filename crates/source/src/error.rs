@@ -15,6 +15,7 @@
 //!   libraries reported (`server_message`, `detail`).
 
 mod config;
+pub(crate) mod fixes;
 mod interruption;
 mod login;
 mod operation;
@@ -59,8 +60,8 @@ pub enum SourceError {
     /// No host of `source.url` could be used; each host's error says why.
     #[error("no host of source.url is usable (target_session_attrs={target}): {}", refusal_list(.refusals))]
     NoUsableHost {
-        target: crate::config::TargetSession,
-        refusals: Vec<(crate::config::Endpoint, SourceError)>,
+        target: crate::names::TargetSession,
+        refusals: Vec<(crate::names::Endpoint, SourceError)>,
     },
     /// The stream broke the protocol (a bug on one side); reconnecting replays from the confirmed
     /// position.
@@ -193,9 +194,9 @@ impl SourceError {
 
     /// Classifies a failure to open the SQL connection: certificate problems, a server without
     /// TLS and a `pg_hba.conf` that wants TLS are definite and say what to change.
-    pub(crate) fn from_connect(tls: &crate::TlsSettings, err: tokio_postgres::Error) -> Self {
-        if let Some(problem) = crate::tls::rustls_error(&err) {
-            if crate::tls::is_certificate_problem(problem) {
+    pub(crate) fn from_connect(tls: LoginTls, err: tokio_postgres::Error) -> Self {
+        if let Some(problem) = login::rustls_error(&err) {
+            if login::is_certificate_problem(problem) {
                 return LoginProblem::SqlCertificate {
                     mode: tls.mode,
                     detail: problem.to_string(),
@@ -208,10 +209,7 @@ impl SourceError {
             return LoginProblem::SqlTlsUnsupported { mode: tls.mode }.into();
         }
         let subject = Subject {
-            login: Some(LoginTls {
-                mode: tls.mode,
-                client_certificate: tls.client_cert.is_some(),
-            }),
+            login: Some(tls),
             ..Subject::default()
         };
         SourceError::from_sql_about(Operation::Connect, subject, err)
@@ -248,8 +246,8 @@ impl SourceError {
                 LoginProblem::ReplicationLogin(err).into()
             }
             E::TlsUnsupported => LoginProblem::ReplicationTlsUnsupported.into(),
-            E::Tls(io) => match crate::tls::rustls_error(&io) {
-                Some(problem) if crate::tls::is_certificate_problem(problem) => {
+            E::Tls(io) => match login::rustls_error(&io) {
+                Some(problem) if login::is_certificate_problem(problem) => {
                     LoginProblem::ReplicationCertificate {
                         detail: problem.to_string(),
                     }
@@ -323,7 +321,7 @@ impl From<Interruption> for SourceError {
 }
 
 /// `host: error; host: error`.
-fn refusal_list(refusals: &[(crate::config::Endpoint, SourceError)]) -> String {
+fn refusal_list(refusals: &[(crate::names::Endpoint, SourceError)]) -> String {
     let listed: Vec<String> = refusals
         .iter()
         .map(|(endpoint, error)| format!("{endpoint}: {error}"))
@@ -375,7 +373,7 @@ mod tests {
 
     #[test]
     fn no_usable_host_is_retried_while_one_host_may_come_back() {
-        let host = |name: &str| crate::config::Endpoint {
+        let host = |name: &str| crate::names::Endpoint {
             host: name.into(),
             hostaddr: None,
             port: 5432,
@@ -389,19 +387,19 @@ mod tests {
             )
         };
         let all_refused = SourceError::NoUsableHost {
-            target: crate::config::TargetSession::ReadWrite,
+            target: crate::names::TargetSession::ReadWrite,
             refusals: vec![(host("a"), refused("28P01")), (host("b"), refused("3D000"))],
         };
         assert_eq!(all_refused.consequence(), Consequence::Fix);
         let one_standby = SourceError::NoUsableHost {
-            target: crate::config::TargetSession::ReadWrite,
+            target: crate::names::TargetSession::ReadWrite,
             refusals: vec![
                 (host("a"), refused("28P01")),
                 (
                     host("b"),
                     Interruption::NotTarget {
                         endpoint: host("b"),
-                        target: crate::config::TargetSession::ReadWrite,
+                        target: crate::names::TargetSession::ReadWrite,
                     }
                     .into(),
                 ),

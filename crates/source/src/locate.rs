@@ -18,8 +18,8 @@
 
 use crate::config::{parse_url, Endpoint, ParsedUrl, TargetSession};
 use crate::error::Interruption;
+pub use crate::names::ServerIdentity;
 use crate::SourceError;
-use std::fmt;
 use tokio_postgres::Client;
 use tracing::{debug, info};
 
@@ -27,21 +27,6 @@ use tracing::{debug, info};
 pub struct Located {
     pub client: Client,
     pub endpoint: Endpoint,
-}
-
-/// Which server (cluster and timeline) a session talked to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerIdentity {
-    /// The cluster's system identifier (decimal, as IDENTIFY_SYSTEM prints it).
-    pub system_id: String,
-    /// The timeline the server writes WAL on; a promoted standby starts a new one.
-    pub timeline: u32,
-}
-
-impl fmt::Display for ServerIdentity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "system {} timeline {}", self.system_id, self.timeline)
-    }
 }
 
 /// Connects to the first host of `url` that fits its `target_session_attrs`.
@@ -91,7 +76,7 @@ async fn open(parsed: &ParsedUrl, endpoint: &Endpoint) -> Result<Client, SourceE
         .for_endpoint(endpoint)
         .connect(connector)
         .await
-        .map_err(|e| SourceError::from_connect(&parsed.tls, e))?;
+        .map_err(|e| SourceError::from_connect(parsed.tls.login(), e))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "SQL connection closed");

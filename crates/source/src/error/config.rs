@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::tls::SslMode;
+use crate::names::SslMode;
 
 /// A problem of the configuration; each message names the key to change.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::tls::SslMode;
+use crate::names::SslMode;
 use crate::wire::WireError;
 
 /// What to check when the replication login is refused.
@@ -62,5 +62,49 @@ impl fmt::Display for LoginProblem {
                 "TLS to PostgreSQL failed on the replication connection: {io}"
             ),
         }
+    }
+}
+
+/// The rustls error somewhere in an error's source chain, if any.
+pub(crate) fn rustls_error<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<rustls::Error>() {
+            return Some(found);
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(inner) = io.get_ref() {
+                if let Some(found) = inner.downcast_ref::<rustls::Error>() {
+                    return Some(found);
+                }
+            }
+        }
+        current = e.source();
+    }
+    None
+}
+
+/// Whether a TLS failure is about certificates (the server's or ours), which reconnecting
+/// cannot cure.
+pub(crate) fn is_certificate_problem(err: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    match err {
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::UnsupportedNameType => true,
+        rustls::Error::AlertReceived(alert) => matches!(
+            alert,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::CertificateRequired
+                | A::AccessDenied
+        ),
+        _ => false,
     }
 }
