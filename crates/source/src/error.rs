@@ -199,7 +199,7 @@ impl SourceError {
             if login::is_certificate_problem(problem) {
                 return LoginProblem::SqlCertificate {
                     mode: tls.mode,
-                    detail: problem.to_string(),
+                    problem: problem.clone(),
                 }
                 .into();
             }
@@ -249,7 +249,7 @@ impl SourceError {
             E::Tls(io) => match login::rustls_error(&io) {
                 Some(problem) if login::is_certificate_problem(problem) => {
                     LoginProblem::ReplicationCertificate {
-                        detail: problem.to_string(),
+                        problem: problem.clone(),
                     }
                     .into()
                 }
@@ -350,23 +350,6 @@ pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// What to check for a certificate problem, from the text of the TLS error.
-fn certificate_hint(problem: &str) -> &'static str {
-    let text = problem.to_lowercase();
-    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
-    if has(&["unknownissuer", "unknown issuer", "unknownca"]) {
-        "the server's certificate is not signed by the CA in sslrootcert: name the CA certificate that signed it"
-    } else if has(&["notvalidforname", "not valid for name"]) {
-        "the server's certificate does not name the host of source.url: connect with a host name (or IP address) the certificate lists, or use sslmode=verify-ca"
-    } else if has(&["expired", "notvalidyet", "not valid yet"]) {
-        "a certificate is outside its validity period: renew it (or check the clock)"
-    } else if has(&["alert", "certificaterequired"]) {
-        "the server refused Siphon's client certificate: check sslcert and sslkey, and that ssl_ca_file on the server holds the CA that signed them"
-    } else {
-        "check sslrootcert, sslcert and sslkey in source.url"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,17 +391,5 @@ mod tests {
         assert_eq!(one_standby.consequence(), Consequence::Retry);
         assert!(one_standby.to_string().contains("b:5432"), "{one_standby}");
         assert_eq!(refused("57P03").consequence(), Consequence::Retry);
-    }
-
-    #[test]
-    fn certificate_problems_name_what_to_check() {
-        assert!(certificate_hint("invalid peer certificate: UnknownIssuer").contains("sslrootcert"));
-        assert!(certificate_hint(
-            "invalid peer certificate: certificate not valid for name \"x\"; certificate is only valid for DnsName(\"y\")"
-        )
-        .contains("does not name the host"));
-        assert!(
-            certificate_hint("invalid peer certificate: NotValidForName").contains("verify-ca")
-        );
     }
 }

@@ -191,7 +191,7 @@ impl TlsSettings {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| tls_setup(&e))?;
+            .map_err(|source| SourceError::from(ConfigError::TlsSetup { source }))?;
         let builder = if self.verifies_chain() {
             let roots = Arc::new(self.root_store()?);
             if self.verifies_host_name() {
@@ -199,7 +199,9 @@ impl TlsSettings {
             } else {
                 let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
-                    .map_err(|e| tls_setup(&e))?;
+                    .map_err(|source| {
+                        SourceError::from(ConfigError::TlsVerifierSetup { source })
+                    })?;
                 builder
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
@@ -214,11 +216,11 @@ impl TlsSettings {
         let config = match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => builder
                 .with_client_auth_cert(load_certs("sslcert", cert)?, load_key(key)?)
-                .map_err(|e| {
+                .map_err(|source| {
                     SourceError::from(ConfigError::CertKeyMismatch {
                         cert: cert.clone(),
                         key: key.clone(),
-                        detail: e.to_string(),
+                        source,
                     })
                 })?,
             _ => builder.with_no_client_auth(),
@@ -242,14 +244,6 @@ impl TlsSettings {
     }
 }
 
-/// rustls could not build the configuration.
-fn tls_setup(e: &dyn std::error::Error) -> SourceError {
-    ConfigError::TlsSetup {
-        detail: e.to_string(),
-    }
-    .into()
-}
-
 fn non_empty(key: &str, value: &str) -> Result<Option<PathBuf>, SourceError> {
     if value.is_empty() {
         return Err(ConfigError::EmptyPath {
@@ -263,11 +257,11 @@ fn non_empty(key: &str, value: &str) -> Result<Option<PathBuf>, SourceError> {
 fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, SourceError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| {
+        .map_err(|source| {
             SourceError::from(ConfigError::UnreadableCertificate {
                 key: key.to_owned(),
                 path: path.to_owned(),
-                detail: e.to_string(),
+                source,
             })
         })?;
     if certs.is_empty() {
@@ -281,10 +275,10 @@ fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, So
 }
 
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, SourceError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| {
         SourceError::from(ConfigError::UnreadableKey {
             path: path.to_owned(),
-            detail: e.to_string(),
+            source,
         })
     })
 }
