@@ -192,8 +192,9 @@ impl SourceError {
         }))
     }
 
-    /// Classifies a failure to open the SQL connection: certificate problems, a server without
-    /// TLS and a `pg_hba.conf` that wants TLS are definite and say what to change.
+    /// Classifies a failure to open the SQL connection: certificate problems and a `pg_hba.conf`
+    /// that wants TLS are definite and say what to change (a server without TLS is told by
+    /// asking it, see [`crate::wire::refuses_tls`]).
     pub(crate) fn from_connect(tls: LoginTls, err: tokio_postgres::Error) -> Self {
         if let Some(problem) = login::rustls_error(&err) {
             if login::is_certificate_problem(problem) {
@@ -203,10 +204,6 @@ impl SourceError {
                 }
                 .into();
             }
-        }
-        if err.as_db_error().is_none() && error_chain(&err).contains("server does not support TLS")
-        {
-            return LoginProblem::SqlTlsUnsupported { mode: tls.mode }.into();
         }
         let subject = Subject {
             login: Some(tls),

@@ -31,7 +31,7 @@ mod stream;
 
 pub use error::{ProtocolViolation, ServerError, WireError};
 pub use frames::QueryRow;
-pub use session::{Login, Session, Tls};
+pub use session::{refuses_tls, Login, Session, Tls};
 pub use stream::{Received, WireStream};
 
 /// Logs a `NoticeResponse` (PostgreSQL 18's "skipped loading publication" on the replication

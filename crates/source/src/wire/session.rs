@@ -321,6 +321,22 @@ async fn negotiate_tls(mut tcp: TcpStream, tls: Option<&Tls>) -> Result<Socket, 
     }
 }
 
+/// Whether the server at `address`:`port` answers an SSL request with "no" (it runs with
+/// `ssl = off`), asked on a connection of its own within `timeout`. `false` when it says yes or
+/// cannot be asked.
+pub async fn refuses_tls(address: &str, port: u16, timeout: Duration) -> bool {
+    let ask = async {
+        let mut tcp = TcpStream::connect((address, port)).await?;
+        let mut request = BytesMut::with_capacity(8);
+        frontend::ssl_request(&mut request);
+        tcp.write_all(&request).await?;
+        let mut answer = [0u8; 1];
+        let read = tcp.read(&mut answer).await?;
+        Ok::<_, std::io::Error>(read == 1 && answer[0] == b'N')
+    };
+    matches!(tokio::time::timeout(timeout, ask).await, Ok(Ok(true)))
+}
+
 /// A ParameterStatus message's parameter name and value (`None` when either is not UTF-8).
 fn parameter_status(body: &ParameterStatusBody) -> Option<(&str, &str)> {
     Some((body.name().ok()?, body.value().ok()?))
@@ -358,6 +374,29 @@ mod tests {
         );
         assert_eq!(status(b"server_encoding\0\xff\0"), None);
         assert_eq!(status(b"truncated"), None);
+    }
+
+    #[tokio::test]
+    async fn a_server_without_tls_is_told_from_one_that_has_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            for answer in [b'N', b'S'] {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = [0u8; 8];
+                socket.read_exact(&mut request).await.unwrap();
+                assert_eq!(&request[4..], &[0x04, 0xd2, 0x16, 0x2f], "SSLRequest");
+                socket.write_all(&[answer]).await.unwrap();
+            }
+        });
+        let timeout = Duration::from_secs(5);
+        assert!(refuses_tls("127.0.0.1", port, timeout).await);
+        assert!(!refuses_tls("127.0.0.1", port, timeout).await);
+        server.await.unwrap();
+        assert!(
+            !refuses_tls("127.0.0.1", port, timeout).await,
+            "nobody listens"
+        );
     }
 
     #[tokio::test]
