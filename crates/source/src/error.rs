@@ -22,9 +22,9 @@ mod operation;
 mod protocol;
 pub mod server;
 mod setup;
-mod sqlstate;
 mod unusable;
 
+pub use crate::sqlstate::SqlState;
 pub use config::{ConfigError, UrlSyntax};
 pub use interruption::Interruption;
 pub use login::LoginProblem;
@@ -33,7 +33,6 @@ pub use protocol::ProtocolFault;
 pub use server::{Diagnosis, LoginTls, ServerFailure};
 pub use setup::{PublicationProblem, SetupProblem};
 use siphon_core::Consequence;
-pub use sqlstate::SqlState;
 pub use unusable::UnusableMessage;
 
 /// What went wrong between Siphon and PostgreSQL.
@@ -236,7 +235,7 @@ impl SourceError {
         let slot = subject.slot.unwrap_or("<source.slot>");
         match err {
             E::Server(server) => {
-                let code = SqlState::parse(&server.code);
+                let code = server.code;
                 Self::server(operation, code, server_text(&server), subject)
             }
             E::UnsupportedAuthentication(_) | E::Scram(_) => {

@@ -26,8 +26,9 @@
 //! - [`encoding`] turns text in the database encoding (logical message contents, which
 //!   PostgreSQL does not convert) into UTF-8.
 //! - [`names`] holds the value types (table names, hosts, `sslmode`, server identities) that
-//!   the errors and the modules raising them share. It imports nothing of the crate and
-//!   [`error`] imports only it (and [`wire`]'s errors), so no two modules import each other.
+//!   the errors and the modules raising them share, and [`sqlstate`] the SQLSTATE both
+//!   connections' errors are keyed by. They import nothing of the crate and [`error`] imports
+//!   only them (and [`wire`]'s errors), so no two modules import each other.
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
 //!   `sslkey`) into the TLS set-up of both connections.
 //!
@@ -50,6 +51,7 @@ pub mod names;
 pub mod queries;
 pub mod setup;
 pub mod slot_wait;
+pub mod sqlstate;
 pub mod stall;
 pub mod status;
 pub mod stream;

@@ -12,6 +12,7 @@
 //! - No function here panics, whatever the input.
 //! - A CopyData payload shares the receive buffer's memory (no copy).
 
+use crate::sqlstate::SqlState;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use pgoutput::Lsn;
@@ -219,7 +220,7 @@ pub fn server_error(mut fields: ErrorFields<'_>) -> ServerError {
         match field.type_() {
             b'V' => error.severity = value,
             b'S' => localized_severity = Some(value),
-            b'C' => error.code = value,
+            b'C' => error.code = SqlState::parse(&value),
             b'M' => error.message = value,
             b'D' => error.detail = Some(value),
             b'H' => error.hint = Some(value),
@@ -300,12 +301,12 @@ pub enum ProtocolViolation {
 }
 
 /// An `ErrorResponse` (or `NoticeResponse`): the fields Siphon reads.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerError {
     /// `ERROR`, `FATAL`, `PANIC` (not localized), or for a notice `WARNING`, `NOTICE`, ...
     pub severity: String,
-    /// The SQLSTATE.
-    pub code: String,
+    /// The SQLSTATE ([`SqlState::MALFORMED`] when the server sent none).
+    pub code: SqlState,
     /// The primary message.
     pub message: String,
     /// The detail, if any.
@@ -314,6 +315,19 @@ pub struct ServerError {
     pub hint: Option<String>,
     /// The server's source file that raised it (`F`, e.g. `pgoutput.c`; never translated).
     pub source_file: Option<String>,
+}
+
+impl Default for ServerError {
+    fn default() -> Self {
+        ServerError {
+            severity: String::new(),
+            code: SqlState::MALFORMED,
+            message: String::new(),
+            detail: None,
+            hint: None,
+            source_file: None,
+        }
+    }
 }
 
 impl fmt::Display for ServerError {
@@ -325,7 +339,7 @@ impl fmt::Display for ServerError {
         if let Some(hint) = &self.hint {
             write!(f, " hint: {hint}")?;
         }
-        if !self.code.is_empty() {
+        if self.code != SqlState::MALFORMED {
             write!(f, " (SQLSTATE {})", self.code)?;
         }
         Ok(())
@@ -481,7 +495,7 @@ mod tests {
             b"SERROR\0VFATAL\0C42501\0Mmust be superuser\0Dmore\0Hdo this\0Fpgoutput.c\0L1\0\0",
         );
         assert_eq!(error.severity, "FATAL");
-        assert_eq!(error.code, "42501");
+        assert_eq!(error.code, SqlState::INSUFFICIENT_PRIVILEGE);
         assert_eq!(error.message, "must be superuser");
         assert_eq!(error.detail.as_deref(), Some("more"));
         assert_eq!(error.hint.as_deref(), Some("do this"));

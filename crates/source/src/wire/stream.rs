@@ -17,6 +17,7 @@ use super::error::{ProtocolViolation, WireError};
 use super::frames::{self, CopyData, Frame};
 use super::log_notice;
 use super::socket::Socket;
+use crate::sqlstate::SqlState;
 use bytes::{Buf, Bytes, BytesMut};
 use pgoutput::Lsn;
 use postgres_protocol::message::backend::Message;
@@ -31,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// publication": the publication did not exist where the changes being decoded were written,
 /// and they were skipped. The walsender raises 55000 warnings of its own too (a slot in
 /// `synchronized_standby_slots` without a walsender), which are only logged.
-const PUBLICATION_SKIPPED: &str = "55000";
+const PUBLICATION_SKIPPED: SqlState = SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE;
 /// The source file of the output plugin, as the server names it in a notice's `F` field.
 const OUTPUT_PLUGIN_FILE: &str = "pgoutput.c";
 use tokio::io::AsyncWrite;
