@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
                             assert_eq!(&body[..], &stream[consumed + 5..consumed + size]);
                             let _ = frames::copy_data(body);
                         }
-                        Frame::Message { message, .. } => read(message),
+                        Frame::Message { message, .. } => read(*message),
                         Frame::Unknown { .. } => {}
                     }
                     consumed += size;

@@ -54,12 +54,13 @@ const PARSED_TAGS: &[u8] = &[
 pub enum Frame {
     /// A CopyData message's payload, sharing the receive buffer's memory.
     CopyData(Bytes),
-    /// Any other message postgres-protocol knows, parsed by it.
+    /// Any other message postgres-protocol knows, parsed by it (boxed: these are rare, and a
+    /// frame read ahead stays the size of a CopyData one).
     Message {
         /// The type byte.
         tag: u8,
         /// The message.
-        message: Message,
+        message: Box<Message>,
     },
     /// A message of a type postgres-protocol does not know (NegotiateProtocolVersion, `v`, or
     /// none at all), skipped whole: the caller says whether it belongs.
@@ -100,7 +101,10 @@ pub fn split(buf: &mut BytesMut) -> Result<Option<Frame>, ProtocolViolation> {
     }
     // The message is whole, so the parser takes exactly its bytes and reserves nothing.
     match Message::parse(buf) {
-        Ok(Some(message)) => Ok(Some(Frame::Message { tag, message })),
+        Ok(Some(message)) => Ok(Some(Frame::Message {
+            tag,
+            message: Box::new(message),
+        })),
         Ok(None) => Err(ProtocolViolation::Truncated { what: "message" }),
         Err(source) => Err(ProtocolViolation::Malformed {
             tag: char::from(tag),
@@ -360,7 +364,7 @@ mod tests {
     /// The one message of `wire`, parsed.
     fn parsed(wire: &[u8]) -> Message {
         match split(&mut BytesMut::from(wire)).unwrap().unwrap() {
-            Frame::Message { message, .. } => message,
+            Frame::Message { message, .. } => *message,
             other => panic!("{other:?}"),
         }
     }
@@ -398,12 +402,14 @@ mod tests {
         let second = split(&mut buf).unwrap().unwrap();
         assert!(matches!(
             second,
-            Frame::Message {
-                tag: b'Z',
-                message: Message::ReadyForQuery(_)
-            }
+            Frame::Message { tag: b'Z', ref message } if matches!(**message, Message::ReadyForQuery(_))
         ));
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_frame_read_ahead_is_hardly_larger_than_its_payload_handle() {
+        assert!(std::mem::size_of::<Frame>() <= std::mem::size_of::<Bytes>() + 8);
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl Session {
         let mut scram = None;
         loop {
             let (tag, message) = match self.read_message().await? {
-                Frame::Message { tag, message } => (tag, message),
+                Frame::Message { tag, message } => (tag, *message),
                 // NegotiateProtocolVersion: the server speaks an older minor version; nothing
                 // Siphon sends depends on it.
                 Frame::Unknown { tag: b'v' } => continue,
@@ -206,7 +206,7 @@ impl Session {
         let mut failed = None;
         loop {
             let (tag, message) = match self.read_message().await? {
-                Frame::Message { tag, message } => (tag, message),
+                Frame::Message { tag, message } => (tag, *message),
                 Frame::Unknown { tag } => return Err(unexpected(tag, "answering a query")),
                 Frame::CopyData(_) => return Err(unexpected(b'd', "answering a query")),
             };
@@ -242,7 +242,7 @@ impl Session {
         self.flush().await?;
         loop {
             let (tag, message) = match self.read_message().await? {
-                Frame::Message { tag, message } => (tag, message),
+                Frame::Message { tag, message } => (tag, *message),
                 // CopyBothResponse, which postgres-protocol does not parse.
                 Frame::Unknown { tag: b'W' } => break,
                 Frame::Unknown { tag } => return Err(unexpected(tag, "starting replication")),
@@ -361,10 +361,12 @@ mod tests {
             wire.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
             wire.extend_from_slice(body);
             match frames::split(&mut wire) {
-                Ok(Some(Frame::Message {
-                    message: Message::ParameterStatus(body),
-                    ..
-                })) => parameter_status(&body).map(|(n, v)| (n.to_owned(), v.to_owned())),
+                Ok(Some(Frame::Message { message, .. })) => match *message {
+                    Message::ParameterStatus(body) => {
+                        parameter_status(&body).map(|(n, v)| (n.to_owned(), v.to_owned()))
+                    }
+                    _ => None,
+                },
                 _ => None,
             }
         };

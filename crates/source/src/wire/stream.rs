@@ -262,7 +262,7 @@ impl WireStream {
                         }
                     }))
                 }
-                Frame::Message { tag, message } => (tag, message),
+                Frame::Message { tag, message } => (tag, *message),
                 Frame::Unknown { tag } => return Err(unexpected(tag)),
             };
             match message {
