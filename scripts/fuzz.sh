@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing (cargo-fuzz / libFuzzer) of the pgoutput decoder and the outbox
+# Coverage-guided fuzzing (cargo-fuzz / libFuzzer) of the pgoutput decoder, the replication
+# protocol's framing (siphon-source's wire::frames) and the outbox
 # router. The targets live in fuzz/, a package of its own outside the workspace.
 #
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #   SECONDS_PER_TARGET  how long each target runs (default 30; 0 skips fuzzing)
-#   TARGET              pgoutput_decode, router_route (default: both)
+#   TARGET              pgoutput_decode, router_route, replication_wire (default: all)
 #
 # scripts/test.sh runs a short pass (20 s per target). For a real campaign, run longer, e.g.
 #   scripts/fuzz.sh 3600                     # an hour per target

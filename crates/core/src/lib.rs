@@ -18,6 +18,7 @@ pub mod intervals;
 pub mod ledger;
 pub mod record;
 pub mod topic_gate;
+pub mod unpublished;
 
 pub use backoff::Backoff;
 pub use consequence::Consequence;

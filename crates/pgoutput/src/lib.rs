@@ -23,7 +23,6 @@ mod parse;
 mod reader;
 mod text;
 mod tuple;
-pub mod wire;
 
 pub use error::DecodeError;
 pub use lsn::{Lsn, ParseLsnError};

@@ -14,7 +14,7 @@
 //!   so this only matters when the publication is switched off while Siphon runs and a
 //!   partition is dropped before Siphon reads its rows.
 
-use crate::config::quote_ident;
+pub use crate::error::fixes::publish_via_root_fix;
 use crate::error::ProtocolFault;
 use crate::{SourceError, TableName};
 use bytes::Bytes;
@@ -65,14 +65,6 @@ pub async fn outbox_partition_root(
 ) -> Result<Option<TableName>, SourceError> {
     let ancestors = partition_ancestors(client, relation).await?;
     Ok(ancestors.into_iter().find(|a| outbox_tables.contains(a)))
-}
-
-/// The command that makes a publication name the partitioned table instead of its partitions.
-pub fn publish_via_root_fix(publication: &str) -> String {
-    format!(
-        "ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
-        quote_ident(publication)
-    )
 }
 
 /// Whether publication `publication` publishes partitions under their root's name

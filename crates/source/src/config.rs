@@ -4,6 +4,8 @@
 //! - A [`TableName`] always has a schema (`public` when the user gave none).
 
 use crate::error::{ConfigError, UrlSyntax};
+use crate::names::split_identifiers;
+pub use crate::names::{quote_ident, quote_literal, Endpoint, TableName, TargetSession};
 use crate::tls::TlsSettings;
 use crate::SourceError;
 use std::fmt;
@@ -36,13 +38,6 @@ pub struct SourceConfig {
     pub failover: bool,
 }
 
-/// A schema-qualified table name, as stored in the catalog (not quoted).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TableName {
-    pub schema: String,
-    pub name: String,
-}
-
 impl TableName {
     /// Parses `schema.table` or `table` (schema `public`). Double quotes keep dots and case.
     pub fn parse(text: &str) -> Result<Self, SourceError> {
@@ -66,109 +61,6 @@ impl TableName {
             .into()),
         }
     }
-
-    /// The name quoted for SQL: `"schema"."name"`.
-    pub fn quoted(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
-    }
-}
-
-/// Splits `a.b` into identifiers; unquoted ones are folded to lower case as PostgreSQL does.
-fn split_identifiers(text: &str) -> Option<Vec<String>> {
-    let mut parts = Vec::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        let mut ident = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            loop {
-                match chars.next()? {
-                    '"' if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        ident.push('"');
-                    }
-                    '"' => break,
-                    c => ident.push(c),
-                }
-            }
-        } else {
-            while let Some(&c) = chars.peek() {
-                if c == '.' {
-                    break;
-                }
-                ident.extend(c.to_lowercase());
-                chars.next();
-            }
-        }
-        if ident.is_empty() {
-            return None;
-        }
-        parts.push(ident);
-        match chars.next() {
-            None => return Some(parts),
-            Some('.') => continue,
-            Some(_) => return None,
-        }
-    }
-}
-
-/// Quotes an identifier for SQL.
-pub fn quote_ident(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
-}
-
-/// Quotes a string literal for SQL.
-pub fn quote_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
-}
-
-/// One host of `source.url`: tried in the order the URL lists them, as libpq does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// The host name: what is connected to, and the name a `verify-full` certificate must carry
-    /// (a path for a Unix socket directory).
-    pub host: String,
-    /// `hostaddr`: when given, the address connected to instead of resolving `host` (which still
-    /// names the server for certificate checks), as in libpq.
-    pub hostaddr: Option<std::net::IpAddr>,
-    pub port: u16,
-}
-
-impl Endpoint {
-    /// What to open a socket to: `hostaddr` when given, else `host`.
-    pub fn address(&self) -> String {
-        self.hostaddr
-            .map_or_else(|| self.host.clone(), |ip| ip.to_string())
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
-
-/// libpq's `target_session_attrs`: which of the hosts a session may use. Siphon's slot lives on
-/// the primary, so only the values that find it are accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TargetSession {
-    /// The first host that accepts the connection (libpq's default).
-    #[default]
-    Any,
-    /// The first host whose sessions are writable (`transaction_read_only = off`).
-    ReadWrite,
-    /// The first host not in recovery (`pg_is_in_recovery()` is false).
-    Primary,
 }
 
 impl TargetSession {
@@ -186,16 +78,6 @@ impl TargetSession {
             }
             .into()),
         }
-    }
-}
-
-impl fmt::Display for TargetSession {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TargetSession::Any => "any",
-            TargetSession::ReadWrite => "read-write",
-            TargetSession::Primary => "primary",
-        })
     }
 }
 

@@ -15,15 +15,16 @@
 //!   libraries reported (`server_message`, `detail`).
 
 mod config;
+pub(crate) mod fixes;
 mod interruption;
 mod login;
 mod operation;
 mod protocol;
 pub mod server;
 mod setup;
-mod sqlstate;
 mod unusable;
 
+pub use crate::sqlstate::SqlState;
 pub use config::{ConfigError, UrlSyntax};
 pub use interruption::Interruption;
 pub use login::LoginProblem;
@@ -32,7 +33,6 @@ pub use protocol::ProtocolFault;
 pub use server::{Diagnosis, LoginTls, ServerFailure};
 pub use setup::{PublicationProblem, SetupProblem};
 use siphon_core::Consequence;
-pub use sqlstate::SqlState;
 pub use unusable::UnusableMessage;
 
 /// What went wrong between Siphon and PostgreSQL.
@@ -59,8 +59,8 @@ pub enum SourceError {
     /// No host of `source.url` could be used; each host's error says why.
     #[error("no host of source.url is usable (target_session_attrs={target}): {}", refusal_list(.refusals))]
     NoUsableHost {
-        target: crate::config::TargetSession,
-        refusals: Vec<(crate::config::Endpoint, SourceError)>,
+        target: crate::names::TargetSession,
+        refusals: Vec<(crate::names::Endpoint, SourceError)>,
     },
     /// The stream broke the protocol (a bug on one side); reconnecting replays from the confirmed
     /// position.
@@ -191,27 +191,21 @@ impl SourceError {
         }))
     }
 
-    /// Classifies a failure to open the SQL connection: certificate problems, a server without
-    /// TLS and a `pg_hba.conf` that wants TLS are definite and say what to change.
-    pub(crate) fn from_connect(tls: &crate::TlsSettings, err: tokio_postgres::Error) -> Self {
-        if let Some(problem) = crate::tls::rustls_error(&err) {
-            if crate::tls::is_certificate_problem(problem) {
+    /// Classifies a failure to open the SQL connection: certificate problems and a `pg_hba.conf`
+    /// that wants TLS are definite and say what to change (a server without TLS is told by
+    /// asking it, see [`crate::wire::refuses_tls`]).
+    pub(crate) fn from_connect(tls: LoginTls, err: tokio_postgres::Error) -> Self {
+        if let Some(problem) = login::rustls_error(&err) {
+            if login::is_certificate_problem(problem) {
                 return LoginProblem::SqlCertificate {
                     mode: tls.mode,
-                    detail: problem.to_string(),
+                    problem: problem.clone(),
                 }
                 .into();
             }
         }
-        if err.as_db_error().is_none() && error_chain(&err).contains("server does not support TLS")
-        {
-            return LoginProblem::SqlTlsUnsupported { mode: tls.mode }.into();
-        }
         let subject = Subject {
-            login: Some(LoginTls {
-                mode: tls.mode,
-                client_certificate: tls.client_cert.is_some(),
-            }),
+            login: Some(tls),
             ..Subject::default()
         };
         SourceError::from_sql_about(Operation::Connect, subject, err)
@@ -241,17 +235,17 @@ impl SourceError {
         let slot = subject.slot.unwrap_or("<source.slot>");
         match err {
             E::Server(server) => {
-                let code = SqlState::parse(&server.code);
+                let code = server.code;
                 Self::server(operation, code, server_text(&server), subject)
             }
             E::UnsupportedAuthentication(_) | E::Scram(_) => {
                 LoginProblem::ReplicationLogin(err).into()
             }
             E::TlsUnsupported => LoginProblem::ReplicationTlsUnsupported.into(),
-            E::Tls(io) => match crate::tls::rustls_error(&io) {
-                Some(problem) if crate::tls::is_certificate_problem(problem) => {
+            E::Tls(io) => match login::rustls_error(&io) {
+                Some(problem) if login::is_certificate_problem(problem) => {
                     LoginProblem::ReplicationCertificate {
-                        detail: problem.to_string(),
+                        problem: problem.clone(),
                     }
                     .into()
                 }
@@ -323,7 +317,7 @@ impl From<Interruption> for SourceError {
 }
 
 /// `host: error; host: error`.
-fn refusal_list(refusals: &[(crate::config::Endpoint, SourceError)]) -> String {
+fn refusal_list(refusals: &[(crate::names::Endpoint, SourceError)]) -> String {
     let listed: Vec<String> = refusals
         .iter()
         .map(|(endpoint, error)| format!("{endpoint}: {error}"))
@@ -352,30 +346,13 @@ pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// What to check for a certificate problem, from the text of the TLS error.
-fn certificate_hint(problem: &str) -> &'static str {
-    let text = problem.to_lowercase();
-    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
-    if has(&["unknownissuer", "unknown issuer", "unknownca"]) {
-        "the server's certificate is not signed by the CA in sslrootcert: name the CA certificate that signed it"
-    } else if has(&["notvalidforname", "not valid for name"]) {
-        "the server's certificate does not name the host of source.url: connect with a host name (or IP address) the certificate lists, or use sslmode=verify-ca"
-    } else if has(&["expired", "notvalidyet", "not valid yet"]) {
-        "a certificate is outside its validity period: renew it (or check the clock)"
-    } else if has(&["alert", "certificaterequired"]) {
-        "the server refused Siphon's client certificate: check sslcert and sslkey, and that ssl_ca_file on the server holds the CA that signed them"
-    } else {
-        "check sslrootcert, sslcert and sslkey in source.url"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn no_usable_host_is_retried_while_one_host_may_come_back() {
-        let host = |name: &str| crate::config::Endpoint {
+        let host = |name: &str| crate::names::Endpoint {
             host: name.into(),
             hostaddr: None,
             port: 5432,
@@ -389,19 +366,19 @@ mod tests {
             )
         };
         let all_refused = SourceError::NoUsableHost {
-            target: crate::config::TargetSession::ReadWrite,
+            target: crate::names::TargetSession::ReadWrite,
             refusals: vec![(host("a"), refused("28P01")), (host("b"), refused("3D000"))],
         };
         assert_eq!(all_refused.consequence(), Consequence::Fix);
         let one_standby = SourceError::NoUsableHost {
-            target: crate::config::TargetSession::ReadWrite,
+            target: crate::names::TargetSession::ReadWrite,
             refusals: vec![
                 (host("a"), refused("28P01")),
                 (
                     host("b"),
                     Interruption::NotTarget {
                         endpoint: host("b"),
-                        target: crate::config::TargetSession::ReadWrite,
+                        target: crate::names::TargetSession::ReadWrite,
                     }
                     .into(),
                 ),
@@ -410,17 +387,5 @@ mod tests {
         assert_eq!(one_standby.consequence(), Consequence::Retry);
         assert!(one_standby.to_string().contains("b:5432"), "{one_standby}");
         assert_eq!(refused("57P03").consequence(), Consequence::Retry);
-    }
-
-    #[test]
-    fn certificate_problems_name_what_to_check() {
-        assert!(certificate_hint("invalid peer certificate: UnknownIssuer").contains("sslrootcert"));
-        assert!(certificate_hint(
-            "invalid peer certificate: certificate not valid for name \"x\"; certificate is only valid for DnsName(\"y\")"
-        )
-        .contains("does not name the host"));
-        assert!(
-            certificate_hint("invalid peer certificate: NotValidForName").contains("verify-ca")
-        );
     }
 }

@@ -6,7 +6,8 @@
 //! names such a column would otherwise read "has no column ... add it", which is wrong: the
 //! column exists. The same holds for a column the table has now but did not have as a published
 //! column when the rows being read were written (PostgreSQL describes them with the catalog as
-//! it was then), and for one a publication's column list leaves out. The causes here say what
+//! it was then), and for one a publication's column list leaves out. The causes found here
+//! ([`Unpublished`], typed in `siphon-core` so the router's error carries them) say what
 //! PostgreSQL does and what to change for the server's version.
 //!
 //! # Invariants
@@ -17,75 +18,29 @@
 //!   column): the dead-letter policy sends them aside.
 //! - The catalog is read, never changed.
 
-use crate::config::quote_ident;
 use crate::{SourceError, TableName};
 use pgoutput::Relation;
 use std::collections::{HashMap, HashSet};
 use tokio_postgres::Client;
 
-/// The first PostgreSQL version (`server_version_num`) that can publish generated columns.
-pub const PUBLISH_GENERATED_VERSION: i32 = 180_000;
+pub use siphon_core::unpublished::{Generated, Publishing, Unpublished, PUBLISH_GENERATED_VERSION};
 
-/// How a column is generated (`pg_attribute.attgenerated`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Generated {
-    /// Not generated: a column the stream should carry.
-    No,
-    /// `s`: computed when the row is written and stored.
-    Stored,
-    /// `v` (PostgreSQL 18): computed when read; never published.
-    Virtual,
-}
-
-/// What the server and the publication do with generated columns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Publishing {
-    /// `server_version_num`.
-    pub version: i32,
-    /// `publish_generated_columns = stored` (PostgreSQL 18).
-    pub publishes_stored: bool,
-}
-
-/// Why generated `column` of `table` is not in the stream, and the fix, as the end of a
-/// sentence that starts "it is ".
+/// Why generated `column` of `table` is not in the stream, and the fix (see [`Unpublished`]).
 pub fn cause(
     table: &TableName,
     column: &str,
     generated: Generated,
     publishing: Publishing,
     publication: &str,
-) -> String {
-    let set_option = format!(
-        "ALTER PUBLICATION {} SET (publish_generated_columns = stored)",
-        quote_ident(publication)
-    );
-    let regular = format!(
-        "make it a regular column that the INSERT (or a BEFORE INSERT trigger) fills: ALTER TABLE {} ALTER COLUMN {} DROP EXPRESSION",
-        table.quoted(),
-        quote_ident(column)
-    );
-    let what = match generated {
-        Generated::No => format!(
-            "a column the table has now but the stream's description of these rows lacks: it was added, or (before PostgreSQL 18) stopped being a generated column, after they were written, or publication \"{publication}\"'s column list for {table} leaves it out (name it with ALTER PUBLICATION {} SET TABLE ..., or drop the column list)",
-            quote_ident(publication)
-        ),
-        Generated::Virtual => format!(
-            "a virtual generated column, which PostgreSQL never publishes: make it a STORED generated column (drop it and add it again with GENERATED ALWAYS AS (...) STORED) and run {set_option}, or {regular}"
-        ),
-        Generated::Stored if publishing.version < PUBLISH_GENERATED_VERSION => format!(
-            "a generated column, which PostgreSQL before 18 never publishes: {regular}; or upgrade to PostgreSQL 18 and run {set_option}"
-        ),
-        Generated::Stored if !publishing.publishes_stored => format!(
-            "a generated column, which publication \"{publication}\" does not publish (publish_generated_columns = none, the default): run {set_option}"
-        ),
-        Generated::Stored => format!(
-            "a generated column that publication \"{publication}\" leaves out here although it publishes generated columns: its column list for {table} does not name the column (add it with ALTER PUBLICATION {} SET TABLE ...), or the rows were written before publish_generated_columns was set",
-            quote_ident(publication)
-        ),
-    };
-    format!(
-        "{what}. Rows written before the fix stay without the column in the slot (PostgreSQL decodes them with the catalog as it was): set pipeline.on_error = \"dead-letter\" to send them to the dead-letter topic, then re-send them from the application if consumers need them"
-    )
+) -> Unpublished {
+    Unpublished {
+        schema: table.schema.clone(),
+        table: table.name.clone(),
+        column: column.to_owned(),
+        generated,
+        publishing,
+        publication: publication.to_owned(),
+    }
 }
 
 /// The columns of `relation`'s table that the stream's description of it (`relation`) lacks,
@@ -94,7 +49,7 @@ pub async fn unpublished(
     client: &Client,
     relation: &Relation,
     publication: &str,
-) -> Result<HashMap<String, String>, SourceError> {
+) -> Result<HashMap<String, Box<Unpublished>>, SourceError> {
     let rows = client
         .query(
             "SELECT attname::text, attgenerated::text FROM pg_attribute \
@@ -140,7 +95,7 @@ pub async fn unpublished(
     Ok(missing
         .into_iter()
         .map(|(name, generated)| {
-            let cause = cause(&table, &name, generated, publishing, publication);
+            let cause = Box::new(cause(&table, &name, generated, publishing, publication));
             (name, cause)
         })
         .collect())
@@ -165,7 +120,8 @@ mod tests {
                 publishes_stored: false,
             },
             "p",
-        );
+        )
+        .to_string();
         for needle in [
             "before 18",
             r#"ALTER TABLE "public"."outbox" ALTER COLUMN "aggregateid" DROP EXPRESSION"#,
@@ -183,7 +139,8 @@ mod tests {
                 publishes_stored: false,
             },
             "p",
-        );
+        )
+        .to_string();
         assert!(
             on_18.contains(
                 r#"does not publish (publish_generated_columns = none, the default): run ALTER PUBLICATION "p" SET (publish_generated_columns = stored)"#
@@ -200,7 +157,8 @@ mod tests {
                 publishes_stored: true,
             },
             "p",
-        );
+        )
+        .to_string();
         assert!(listed.contains("column list"), "{listed}");
         let virtual_ = cause(
             &outbox(),
@@ -211,7 +169,8 @@ mod tests {
                 publishes_stored: true,
             },
             "p",
-        );
+        )
+        .to_string();
         assert!(
             virtual_.contains("virtual generated column, which PostgreSQL never publishes"),
             "{virtual_}"
@@ -225,7 +184,8 @@ mod tests {
                 publishes_stored: false,
             },
             "p",
-        );
+        )
+        .to_string();
         assert!(
             later.contains("stopped being a generated column") && later.contains("column list"),
             "{later}"

@@ -25,6 +25,10 @@
 //!   error naming what to change.
 //! - [`encoding`] turns text in the database encoding (logical message contents, which
 //!   PostgreSQL does not convert) into UTF-8.
+//! - [`names`] holds the value types (table names, hosts, `sslmode`, server identities) that
+//!   the errors and the modules raising them share, and [`sqlstate`] the SQLSTATE both
+//!   connections' errors are keyed by. They import nothing of the crate and [`error`] imports
+//!   only them (and [`wire`]'s errors), so no two modules import each other.
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
 //!   `sslkey`) into the TLS set-up of both connections.
 //!
@@ -43,9 +47,11 @@ pub mod failover;
 pub mod generated;
 pub mod locate;
 pub mod membership;
+pub mod names;
 pub mod queries;
 pub mod setup;
 pub mod slot_wait;
+pub mod sqlstate;
 pub mod stall;
 pub mod status;
 pub mod stream;
@@ -55,12 +61,12 @@ mod unhandled;
 pub mod wire;
 
 pub use assembly::{RowChange, SourceEvent};
-pub use config::{redact_url, ConnectionParams, Endpoint, SourceConfig, TableName, TargetSession};
+pub use config::{redact_url, ConnectionParams, SourceConfig};
 pub use encoding::DatabaseEncoding;
 pub use error::SourceError;
-pub use locate::ServerIdentity;
 pub use membership::Membership;
+pub use names::{Endpoint, ServerIdentity, SslMode, TableName, TargetSession};
 pub use setup::{prepare, prepare_with, MissingSlot, SlotState};
 pub use slot_wait::SetupWait;
 pub use stream::ReplicationStream;
-pub use tls::{RootCerts, SslMode, TlsSettings};
+pub use tls::{RootCerts, TlsSettings};

@@ -17,9 +17,11 @@
 //!   system identifier); positions from another identity are never used to skip WAL.
 
 use crate::config::{parse_url, Endpoint, ParsedUrl, TargetSession};
-use crate::error::Interruption;
+use crate::error::{Interruption, LoginProblem};
+pub use crate::names::ServerIdentity;
+use crate::names::SslMode;
 use crate::SourceError;
-use std::fmt;
+use std::time::Duration;
 use tokio_postgres::Client;
 use tracing::{debug, info};
 
@@ -27,21 +29,6 @@ use tracing::{debug, info};
 pub struct Located {
     pub client: Client,
     pub endpoint: Endpoint,
-}
-
-/// Which server (cluster and timeline) a session talked to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerIdentity {
-    /// The cluster's system identifier (decimal, as IDENTIFY_SYSTEM prints it).
-    pub system_id: String,
-    /// The timeline the server writes WAL on; a promoted standby starts a new one.
-    pub timeline: u32,
-}
-
-impl fmt::Display for ServerIdentity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "system {} timeline {}", self.system_id, self.timeline)
-    }
 }
 
 /// Connects to the first host of `url` that fits its `target_session_attrs`.
@@ -80,6 +67,10 @@ pub async fn locate(url: &str) -> Result<Located, SourceError> {
     })
 }
 
+/// How long asking a server whether it has TLS may take when the URL sets no
+/// `connect_timeout`.
+const TLS_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Opens a SQL session on `endpoint` (the host [`locate`] chose), without checking the target.
 pub async fn connect_to(url: &str, endpoint: &Endpoint) -> Result<Client, SourceError> {
     open(&parse_url(url)?, endpoint).await
@@ -87,11 +78,28 @@ pub async fn connect_to(url: &str, endpoint: &Endpoint) -> Result<Client, Source
 
 async fn open(parsed: &ParsedUrl, endpoint: &Endpoint) -> Result<Client, SourceError> {
     let connector = parsed.tls.sql_connector()?;
-    let (client, connection) = parsed
-        .for_endpoint(endpoint)
-        .connect(connector)
-        .await
-        .map_err(|e| SourceError::from_connect(&parsed.tls, e))?;
+    let connected = parsed.for_endpoint(endpoint).connect(connector).await;
+    let (client, connection) = match connected {
+        Ok(connected) => connected,
+        Err(e) => {
+            // tokio-postgres says only in words that the server refused TLS: it is asked again.
+            let mode = parsed.tls.mode;
+            let needs_tls = !matches!(mode, SslMode::Disable | SslMode::Prefer);
+            let timeout = parsed
+                .config
+                .get_connect_timeout()
+                .copied()
+                .unwrap_or(TLS_PROBE_TIMEOUT);
+            if needs_tls
+                && !endpoint.host.starts_with('/')
+                && e.as_db_error().is_none()
+                && crate::wire::refuses_tls(&endpoint.address(), endpoint.port, timeout).await
+            {
+                return Err(LoginProblem::SqlTlsUnsupported { mode }.into());
+            }
+            return Err(SourceError::from_connect(parsed.tls.login(), e));
+        }
+    };
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "SQL connection closed");

@@ -25,6 +25,7 @@
 //!   logical messages whatever the publication holds.
 
 use crate::error::ProtocolFault;
+pub use crate::names::Change;
 use crate::{SourceError, TableName};
 use pgoutput::Oid;
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,17 +52,6 @@ pub struct Membership {
     pub tables: BTreeMap<TableName, BTreeSet<Publisher>>,
 }
 
-/// How the outbox's publication membership changed between two looks, in a way that leaves
-/// events unpublished.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
-    /// The publication is another one with the same name: it was dropped and created again.
-    PublicationRecreated,
-    /// Every row that published `table` is gone, and other rows publish it now: it was taken
-    /// out of the publication and added back.
-    TableAddedBack(TableName),
-}
-
 impl Change {
     /// The definite error for this change of `publication`, naming what was lost and what to do.
     pub fn into_error(self, publication: &str) -> SourceError {
@@ -70,35 +60,6 @@ impl Change {
             change: self,
         }
         .into()
-    }
-
-    /// The message of [`Change::into_error`].
-    pub(crate) fn describe(
-        &self,
-        publication: &str,
-        f: &mut std::fmt::Formatter<'_>,
-    ) -> std::fmt::Result {
-        let (what, restart) = match self {
-            Change::PublicationRecreated => (
-                format!(
-                    "publication \"{publication}\" was dropped and created again while Siphon streamed (it is another publication now)"
-                ),
-                // PostgreSQL before 18 refuses to decode a change written while a publication
-                // of the stream was missing; that error names the way past it.
-                " (on PostgreSQL before 18 the server may then stop at the first change written while the publication was missing, saying it does not exist; that error names how to move the slot past it)",
-            ),
-            Change::TableAddedBack(table) => (
-                format!(
-                    "outbox table {} was taken out of publication \"{publication}\" and added back while Siphon streamed",
-                    table.quoted()
-                ),
-                "",
-            ),
-        };
-        write!(
-            f,
-            "{what}: PostgreSQL did not publish the events committed in between, so they cannot be read from this slot and were not sent to Kafka; re-send them from the application if consumers need them (the outbox rows committed around that time), then run `siphon accept-publication-change --config <this file>` and start Siphon again, which continues with the publication as it is now{restart}"
-        )
     }
 }
 

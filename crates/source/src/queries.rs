@@ -84,8 +84,8 @@ pub struct OutboxColumns {
     pub not_null: HashSet<String>,
     /// Columns of the table that the stream leaves out (generated columns the publication does
     /// not publish, columns the rows being read did not have), each with why and the fix (see
-    /// [`crate::generated::cause`]).
-    pub unpublished: HashMap<String, String>,
+    /// [`crate::generated::cause`]; boxed, as it travels in the router's error).
+    pub unpublished: HashMap<String, Box<crate::generated::Unpublished>>,
 }
 
 /// The columns of table `relation_id` declared NOT NULL.

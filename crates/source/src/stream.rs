@@ -116,7 +116,7 @@ impl ReplicationStream {
         let wire = session
             .start_replication(
                 &start_command(config, start_lsn),
-                start_lsn.0,
+                start_lsn,
                 config.read_ahead_bytes,
                 config.status_interval,
             )
@@ -158,8 +158,8 @@ impl ReplicationStream {
                 .map_err(|e| SourceError::from_replication(&self.slot, Operation::Stream, e))?;
             self.last_message = Instant::now();
             let produced = match received {
-                Received::Data { wal_start, data } => self.assembler.data(&data, Lsn(wal_start))?,
-                Received::KeepAlive { wal_end } => self.assembler.keepalive(Lsn(wal_end)),
+                Received::Data { wal_start, data } => self.assembler.data(&data, wal_start)?,
+                Received::KeepAlive { wal_end } => self.assembler.keepalive(wal_end),
                 Received::End => return Err(Interruption::StreamEnded.into()),
             };
             if let Some(event) = produced {
@@ -196,7 +196,7 @@ impl ReplicationStream {
     pub fn confirm(&mut self, lsn: Lsn) {
         if lsn > self.confirmed {
             self.confirmed = lsn;
-            self.wire.raise_applied(lsn.0);
+            self.wire.raise_applied(lsn);
         }
     }
 
@@ -207,7 +207,7 @@ impl ReplicationStream {
 
     /// The position last reported to the server in a status update.
     pub fn reported(&self) -> Lsn {
-        Lsn(self.wire.reported())
+        self.wire.reported()
     }
 
     /// How long since the last message of any kind (keepalives included) was read.
@@ -232,7 +232,7 @@ impl ReplicationStream {
 
     /// The server's WAL end as last seen on the stream.
     pub fn server_wal_end(&self) -> Lsn {
-        Lsn(self.wire.server_wal_end())
+        self.wire.server_wal_end()
     }
 
     /// Reports the confirmed position at once and ends the stream cleanly (waiting up to
@@ -242,7 +242,6 @@ impl ReplicationStream {
         self.wire
             .finish(timeout)
             .await
-            .map(Lsn)
             .map_err(|e| SourceError::from_replication(&slot, Operation::Stream, e))
     }
 }

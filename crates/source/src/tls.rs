@@ -15,6 +15,7 @@
 //!   the next reconnection.
 
 use crate::error::ConfigError;
+pub use crate::names::SslMode;
 use crate::SourceError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -22,26 +23,8 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// libpq's `sslmode`, as Siphon applies it to both connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
-    /// Plain TCP only.
-    Disable,
-    /// TLS if the server offers it, plain otherwise; the server is not authenticated. The default
-    /// (as in libpq).
-    Prefer,
-    /// TLS or no connection. The certificate chain is verified only when `sslrootcert` is given
-    /// (as libpq does when a root certificate file is present).
-    Require,
-    /// TLS; the chain is verified against `sslrootcert`, the host name is not.
-    VerifyCa,
-    /// TLS; the chain is verified against `sslrootcert` and the certificate must name the host.
-    VerifyFull,
-}
 
 impl SslMode {
     fn parse(text: &str) -> Result<Self, SourceError> {
@@ -59,34 +42,6 @@ impl SslMode {
                 .into())
             }
         })
-    }
-
-    /// The name used in `source.url`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SslMode::Disable => "disable",
-            SslMode::Prefer => "prefer",
-            SslMode::Require => "require",
-            SslMode::VerifyCa => "verify-ca",
-            SslMode::VerifyFull => "verify-full",
-        }
-    }
-
-    /// What tokio-postgres should do about the SSLRequest; the verification itself is done by the
-    /// connector.
-    pub(crate) fn for_tokio_postgres(self) -> tokio_postgres::config::SslMode {
-        use tokio_postgres::config::SslMode as Tp;
-        match self {
-            SslMode::Disable => Tp::Disable,
-            SslMode::Prefer => Tp::Prefer,
-            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => Tp::Require,
-        }
-    }
-}
-
-impl fmt::Display for SslMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -125,6 +80,14 @@ impl Default for TlsSettings {
 }
 
 impl TlsSettings {
+    /// The TLS of a login, as errors name it.
+    pub(crate) fn login(&self) -> crate::error::LoginTls {
+        crate::error::LoginTls {
+            mode: self.mode,
+            client_certificate: self.client_cert.is_some(),
+        }
+    }
+
     /// Builds the settings from the `ssl*` parameters of the URL (decoded, in order; a later one
     /// wins, as in libpq).
     pub(crate) fn from_params(params: &[(String, String)]) -> Result<Self, SourceError> {
@@ -228,7 +191,7 @@ impl TlsSettings {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| tls_setup(&e))?;
+            .map_err(|source| SourceError::from(ConfigError::TlsSetup { source }))?;
         let builder = if self.verifies_chain() {
             let roots = Arc::new(self.root_store()?);
             if self.verifies_host_name() {
@@ -236,7 +199,9 @@ impl TlsSettings {
             } else {
                 let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
-                    .map_err(|e| tls_setup(&e))?;
+                    .map_err(|source| {
+                        SourceError::from(ConfigError::TlsVerifierSetup { source })
+                    })?;
                 builder
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
@@ -251,11 +216,11 @@ impl TlsSettings {
         let config = match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => builder
                 .with_client_auth_cert(load_certs("sslcert", cert)?, load_key(key)?)
-                .map_err(|e| {
+                .map_err(|source| {
                     SourceError::from(ConfigError::CertKeyMismatch {
                         cert: cert.clone(),
                         key: key.clone(),
-                        detail: e.to_string(),
+                        source,
                     })
                 })?,
             _ => builder.with_no_client_auth(),
@@ -279,14 +244,6 @@ impl TlsSettings {
     }
 }
 
-/// rustls could not build the configuration.
-fn tls_setup(e: &dyn std::error::Error) -> SourceError {
-    ConfigError::TlsSetup {
-        detail: e.to_string(),
-    }
-    .into()
-}
-
 fn non_empty(key: &str, value: &str) -> Result<Option<PathBuf>, SourceError> {
     if value.is_empty() {
         return Err(ConfigError::EmptyPath {
@@ -300,11 +257,11 @@ fn non_empty(key: &str, value: &str) -> Result<Option<PathBuf>, SourceError> {
 fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, SourceError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| {
+        .map_err(|source| {
             SourceError::from(ConfigError::UnreadableCertificate {
                 key: key.to_owned(),
                 path: path.to_owned(),
-                detail: e.to_string(),
+                source,
             })
         })?;
     if certs.is_empty() {
@@ -318,10 +275,10 @@ fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, So
 }
 
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, SourceError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| {
         SourceError::from(ConfigError::UnreadableKey {
             path: path.to_owned(),
-            detail: e.to_string(),
+            source,
         })
     })
 }
@@ -413,50 +370,6 @@ impl ServerCertVerifier for Unverified {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.supported_schemes()
-    }
-}
-
-/// The rustls error somewhere in an error's source chain, if any.
-pub(crate) fn rustls_error<'a>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a rustls::Error> {
-    let mut current = Some(err);
-    while let Some(e) = current {
-        if let Some(found) = e.downcast_ref::<rustls::Error>() {
-            return Some(found);
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if let Some(inner) = io.get_ref() {
-                if let Some(found) = inner.downcast_ref::<rustls::Error>() {
-                    return Some(found);
-                }
-            }
-        }
-        current = e.source();
-    }
-    None
-}
-
-/// Whether a TLS failure is about certificates (the server's or ours), which reconnecting
-/// cannot cure.
-pub(crate) fn is_certificate_problem(err: &rustls::Error) -> bool {
-    use rustls::AlertDescription as A;
-    match err {
-        rustls::Error::InvalidCertificate(_)
-        | rustls::Error::NoCertificatesPresented
-        | rustls::Error::UnsupportedNameType => true,
-        rustls::Error::AlertReceived(alert) => matches!(
-            alert,
-            A::BadCertificate
-                | A::UnsupportedCertificate
-                | A::CertificateRevoked
-                | A::CertificateExpired
-                | A::CertificateUnknown
-                | A::UnknownCA
-                | A::CertificateRequired
-                | A::AccessDenied
-        ),
-        _ => false,
     }
 }
 

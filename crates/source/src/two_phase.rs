@@ -19,7 +19,6 @@
 //!   transactions and keeps the position) on every version; dropping the slot last, with what
 //!   it loses.
 
-use crate::config::{quote_ident, quote_literal};
 use crate::SourceError;
 
 /// The first PostgreSQL version (`server_version_num`) whose pgoutput decodes prepared
@@ -29,8 +28,7 @@ pub const PGOUTPUT_TWO_PHASE_VERSION: i32 = 150_000;
 /// The first version with `pg_replication_slots.two_phase`.
 pub const SLOT_TWO_PHASE_COLUMN_VERSION: i32 = 140_000;
 
-/// The first version whose `ALTER_REPLICATION_SLOT` can turn `TWO_PHASE` off.
-pub const ALTER_TWO_PHASE_VERSION: i32 = 180_000;
+pub use crate::error::fixes::ALTER_TWO_PHASE_VERSION;
 
 /// The definite error for slot `slot`, which decodes two-phase transactions; `version` is the
 /// server's `server_version_num` when known (the fixes that apply to it are named).
@@ -40,47 +38,6 @@ pub fn refusal(slot: &str, version: Option<i32>) -> SourceError {
         version,
     }
     .into()
-}
-
-/// The message of [`refusal`].
-pub(crate) fn describe(
-    slot: &str,
-    version: Option<i32>,
-    f: &mut std::fmt::Formatter<'_>,
-) -> std::fmt::Result {
-    let copy = copy_name(slot);
-    let mut fixes = Vec::new();
-    let alter = format!(
-        "stop every client of the slot and run ALTER_REPLICATION_SLOT {} (TWO_PHASE false) on a replication connection (psql \"dbname=<database> replication=database\" -c '...')",
-        quote_ident(slot)
-    );
-    match version {
-        Some(v) if v >= ALTER_TWO_PHASE_VERSION => fixes.push(alter),
-        Some(_) => {}
-        None => fixes.push(format!("on PostgreSQL 18 and later, {alter}")),
-    }
-    fixes.push(format!(
-        "copy the slot, which keeps its position (a copy never decodes two-phase transactions): SELECT pg_copy_logical_replication_slot({}, {}); then set source.slot = \"{copy}\", and drop the original with SELECT pg_drop_replication_slot({}) once nothing else reads it",
-        quote_literal(slot),
-        quote_literal(&copy),
-        quote_literal(slot)
-    ));
-    write!(
-        f,
-        "replication slot \"{slot}\" decodes two-phase transactions (two_phase is on: it was created with two-phase decoding, or a client turned it on): PostgreSQL then sends a prepared transaction's rows at PREPARE TRANSACTION, before it is known whether it commits, and only a marker at COMMIT PREPARED, so Siphon does not read such a slot. Nothing was read from it. Fix, keeping the slot's position: {}. Or, if the events committed since the slot's position may be lost, drop it with SELECT pg_drop_replication_slot({}) and start Siphon, which creates its own slot without two-phase decoding (prepared transactions are then sent when they are committed with COMMIT PREPARED)",
-        fixes.join("; or "),
-        quote_literal(slot)
-    )
-}
-
-/// The name suggested for the copy of `slot` (slot names have at most 63 bytes).
-fn copy_name(slot: &str) -> String {
-    const SUFFIX: &str = "_committed";
-    let mut keep = slot.len().min(63 - SUFFIX.len());
-    while !slot.is_char_boundary(keep) {
-        keep -= 1;
-    }
-    format!("{}{SUFFIX}", &slot[..keep])
 }
 
 #[cfg(test)]
@@ -113,14 +70,5 @@ mod tests {
             "{unknown}"
         );
         assert!(!refusal("s", None).is_transient());
-    }
-
-    #[test]
-    fn the_copy_name_fits_a_slot_name() {
-        let long = "x".repeat(63);
-        assert_eq!(copy_name(&long).len(), 63);
-        assert_eq!(copy_name("siphon"), "siphon_committed");
-        let wide = "é".repeat(31);
-        assert!(copy_name(&wide).len() <= 63);
     }
 }

@@ -4,9 +4,9 @@
 //! (`schema.table`) and, where one is involved, the column and the option that selects it.
 //!
 //! Variants carry typed fields (names, values, counts, typed reasons such as
-//! [`ReplacementError`] or [`crate::ExpansionError`]); the text is rendered only by `Display`.
-//! One exception: [`RouteError::UnpublishedColumn`]'s `cause` is written by the session from the
-//! catalog, outside the router.
+//! [`ReplacementError`] or [`crate::ExpansionError`], and [`RouteError::UnpublishedColumn`]'s
+//! [`Unpublished`], which the source finds in the catalog); the text is rendered only by
+//! `Display`.
 //!
 //! # Invariants
 //! - Each [`RouteError`] variant carries the table name.
@@ -15,6 +15,7 @@
 
 use crate::format::expand::ExpansionError;
 use crate::routing::policy::InvalidOperationBehavior;
+use siphon_core::unpublished::Unpublished;
 use siphon_core::Consequence;
 use thiserror::Error;
 
@@ -95,7 +96,7 @@ pub enum RouteError {
         table: String,
         column: String,
         option: &'static str,
-        cause: String,
+        cause: Box<Unpublished>,
     },
     /// A configured column has a type the router cannot encode as Debezium does.
     #[error("column \"{column}\" of table {table} (the column named by {option}) has type {type_name} (oid {type_oid}), which the outbox router does not support; use a column of type text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, real or double precision")]

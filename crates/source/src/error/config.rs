@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::tls::SslMode;
+use crate::names::SslMode;
 
 /// A problem of the configuration; each message names the key to change.
 #[derive(Debug, thiserror::Error)]
@@ -61,30 +61,36 @@ pub enum ConfigError {
     },
     #[error("source.url: {key} is empty; give a file path or leave it out")]
     EmptyPath { key: String },
-    /// rustls could not build the TLS configuration; `detail` is its error.
-    #[error("TLS set-up failed: {detail}")]
-    TlsSetup { detail: String },
-    /// rustls refused the pair; `detail` is its error.
-    #[error("source.url: the client certificate ({}) and key ({}) cannot be used together: {detail}", .cert.display(), .key.display())]
+    /// rustls could not build the TLS configuration.
+    #[error("TLS set-up failed: {source}")]
+    TlsSetup { source: rustls::Error },
+    /// rustls could not build the certificate verifier of `verify-ca`.
+    #[error("TLS set-up failed: {source}")]
+    TlsVerifierSetup {
+        source: rustls::client::VerifierBuilderError,
+    },
+    /// rustls refused the pair.
+    #[error("source.url: the client certificate ({}) and key ({}) cannot be used together: {source}", .cert.display(), .key.display())]
     CertKeyMismatch {
         cert: PathBuf,
         key: PathBuf,
-        detail: String,
+        source: rustls::Error,
     },
     #[error("source.url: sslrootcert {} holds no usable CA certificate", .path.display())]
     NoUsableCa { path: PathBuf },
-    /// `detail` is the reader's error.
-    #[error("source.url: cannot read {key} {}: {detail}", .path.display())]
+    #[error("source.url: cannot read {key} {}: {source}", .path.display())]
     UnreadableCertificate {
         key: String,
         path: PathBuf,
-        detail: String,
+        source: rustls::pki_types::pem::Error,
     },
     #[error("source.url: {key} {} holds no PEM certificate", .path.display())]
     NoPemCertificate { key: String, path: PathBuf },
-    /// `detail` is the reader's error.
-    #[error("source.url: cannot read sslkey {} (an unencrypted PEM key: PKCS#8, PKCS#1 or SEC1): {detail}", .path.display())]
-    UnreadableKey { path: PathBuf, detail: String },
+    #[error("source.url: cannot read sslkey {} (an unencrypted PEM key: PKCS#8, PKCS#1 or SEC1): {source}", .path.display())]
+    UnreadableKey {
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
 }
 
 /// Why the parameters of `source.url` cannot be read.

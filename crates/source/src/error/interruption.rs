@@ -5,8 +5,7 @@
 //! - Every [`Interruption`] is [`siphon_core::Consequence::Retry`]; its message is rendered
 //!   from its fields.
 
-use crate::config::{Endpoint, TargetSession};
-use crate::locate::ServerIdentity;
+use crate::names::{Endpoint, ServerIdentity, TargetSession};
 
 /// What changed under Siphon.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -9,7 +9,7 @@
 //!   Siphon with the server's message and SQLSTATE instead of reconnecting forever.
 
 use super::{Operation, SqlState};
-use crate::tls::SslMode;
+use crate::names::SslMode;
 use siphon_core::Consequence;
 use std::fmt;
 
@@ -180,7 +180,7 @@ impl ServerFailure {
 pub(crate) fn advance_slot_hint(slot: &str) -> String {
     format!(
         "SELECT pg_replication_slot_advance({}, pg_current_wal_lsn())",
-        crate::config::quote_literal(slot)
+        crate::names::quote_literal(slot)
     )
 }
 
@@ -188,7 +188,7 @@ pub(crate) fn advance_slot_hint(slot: &str) -> String {
 pub(crate) fn missing_replication_fix(user: Option<&str>) -> String {
     let role = user.map_or_else(
         || "<the user of source.url>".to_owned(),
-        crate::config::quote_ident,
+        crate::names::quote_ident,
     );
     format!("the PostgreSQL user has no REPLICATION attribute, which Siphon needs to create and read its replication slot: run ALTER ROLE {role} REPLICATION as a superuser")
 }
@@ -229,7 +229,7 @@ impl fmt::Display for ServerFailure {
             Diagnosis::SlotUnusable => write!(
                 f,
                 "replication slot \"{slot}\" cannot be decoded: {server} (SQLSTATE {code}); if it was invalidated (its WAL was removed, see max_slot_wal_keep_size), drop it with SELECT pg_drop_replication_slot({}) and restart Siphon; events in the lost WAL cannot be recovered",
-                crate::config::quote_literal(slot)
+                crate::names::quote_literal(slot)
             ),
             Diagnosis::SlotLimit => write!(
                 f,

@@ -7,9 +7,7 @@
 
 use std::fmt;
 
-use crate::config::quote_ident;
-use crate::membership::Change;
-use crate::TableName;
+use crate::names::{quote_ident, Change, TableName};
 
 /// A check of the server, slot, publication or tables that failed.
 #[derive(Debug)]
@@ -98,7 +96,7 @@ impl fmt::Display for SetupProblem {
             SetupProblem::PublicationChanged {
                 publication,
                 change,
-            } => change.describe(publication, f),
+            } => super::fixes::publication_change(change, publication, f),
             SetupProblem::LeafPublished {
                 publication,
                 leaf,
@@ -106,7 +104,7 @@ impl fmt::Display for SetupProblem {
             } => write!(
                 f,
                 "publication \"{publication}\" names the changes of outbox table {root} by its partition {leaf} (publish_via_partition_root is off), so they cannot be routed: run {} and restart Siphon; nothing was skipped, streaming resumes at the first unacknowledged transaction",
-                crate::catalog::publish_via_root_fix(publication)
+                super::fixes::publish_via_root_fix(publication)
             ),
             SetupProblem::SlotGone { slot } => write!(
                 f,
@@ -140,7 +138,7 @@ impl fmt::Display for SetupProblem {
                 super::server::advance_slot_hint(slot)
             ),
             SetupProblem::TwoPhaseSlot { slot, version } => {
-                crate::two_phase::describe(slot, *version, f)
+                super::fixes::two_phase_slot(slot, *version, f)
             }
         }
     }
@@ -165,7 +163,7 @@ impl fmt::Display for PublicationProblem {
                 "publishes the partitioned outbox table {} under its partitions' names (publish_via_partition_root is off), so its events could not be routed",
                 names.join(", ")
             ));
-            fixes.push(crate::catalog::publish_via_root_fix(publication));
+            fixes.push(super::fixes::publish_via_root_fix(publication));
         }
         if !self.missing.is_empty() {
             let missing: Vec<String> = self.missing.iter().map(TableName::quoted).collect();

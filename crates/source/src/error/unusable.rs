@@ -40,7 +40,7 @@ impl fmt::Display for UnusableMessage {
         match self {
             UnusableMessage::TwoPhase { name, lsn, slot } => {
                 write!(f, "the server sent a pgoutput {name} message at {lsn}: ")?;
-                crate::two_phase::describe(slot.as_deref().unwrap_or("<source.slot>"), None, f)
+                super::fixes::two_phase_slot(slot.as_deref().unwrap_or("<source.slot>"), None, f)
             }
             UnusableMessage::Streaming { name, lsn } => write!(
                 f,

@@ -1,7 +1,7 @@
 //! Errors of the replication connection, typed so the source can sort them by consequence
 //! (see [`crate::SourceError::from_replication`]).
 
-pub use pgoutput::wire::{ProtocolViolation, ServerError};
+pub use super::frames::{ProtocolViolation, ServerError};
 use std::fmt;
 
 /// What went wrong on the replication connection.
@@ -31,7 +31,7 @@ pub enum WireError {
     Scram(#[source] std::io::Error),
     /// The server reported an error.
     #[error("{0}")]
-    Server(ServerError),
+    Server(Box<ServerError>),
     /// A warning on the replication stream that a publication did not exist where the changes
     /// being decoded were written (a `WARNING` with SQLSTATE 55000, PostgreSQL 18+): the server skipped
     /// it, so those changes were not published.
@@ -51,8 +51,14 @@ pub enum WireError {
 /// An authentication request Siphon cannot answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthMethod {
-    /// An `AuthenticationXXX` code other than cleartext, MD5 and SASL.
-    Code(i32),
+    /// `AuthenticationKerberosV5`.
+    KerberosV5,
+    /// `AuthenticationSCMCredential` (Unix-domain sockets only).
+    ScmCredential,
+    /// `AuthenticationGSS` or `AuthenticationGSSContinue`.
+    Gss,
+    /// `AuthenticationSSPI`.
+    Sspi,
     /// SASL without a mechanism Siphon speaks (it speaks SCRAM-SHA-256).
     SaslMechanisms(Vec<String>),
 }
@@ -60,10 +66,10 @@ pub enum AuthMethod {
 impl fmt::Display for AuthMethod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AuthMethod::Code(2) => f.write_str("Kerberos V5"),
-            AuthMethod::Code(7 | 8) => f.write_str("GSSAPI"),
-            AuthMethod::Code(9) => f.write_str("SSPI"),
-            AuthMethod::Code(code) => write!(f, "authentication request {code}"),
+            AuthMethod::KerberosV5 => f.write_str("Kerberos V5"),
+            AuthMethod::ScmCredential => f.write_str("SCM credentials"),
+            AuthMethod::Gss => f.write_str("GSSAPI"),
+            AuthMethod::Sspi => f.write_str("SSPI"),
             AuthMethod::SaslMechanisms(names) => write!(f, "SASL {}", names.join(", ")),
         }
     }

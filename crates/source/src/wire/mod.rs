@@ -9,8 +9,9 @@
 //! status updates are written from the same task, and nothing else (no reader task, no channel)
 //! stands between the socket and the pipeline.
 //!
-//! The bytes of the protocol (message framing, CopyData payloads, status updates, error fields)
-//! are [`pgoutput::wire`]'s: pure, tested without a server and fuzzed; this module does the IO.
+//! The bytes of the protocol (message framing on postgres-protocol's backend parser, CopyData
+//! payloads, status updates, error fields) are [`frames`]: sans-IO, tested without a server
+//! and fuzzed; [`session`] and [`stream`] do the IO.
 //!
 //! # Invariants
 //! - Every future of [`WireStream`] is cancel-safe: what was read or is still to be written
@@ -23,17 +24,18 @@
 //!   or not the pipeline reads, and at once when the server asks for a reply.
 
 pub mod error;
+pub mod frames;
 mod session;
 mod socket;
 mod stream;
 
 pub use error::{ProtocolViolation, ServerError, WireError};
-pub use session::{Login, QueryRow, Session, Tls};
+pub use frames::QueryRow;
+pub use session::{refuses_tls, Login, Session, Tls};
 pub use stream::{Received, WireStream};
 
 /// Logs a `NoticeResponse` (PostgreSQL 18's "skipped loading publication" on the replication
 /// stream is an error instead, see [`WireError::PublicationSkipped`]).
-fn log_notice(message: &pgoutput::wire::BackendMessage) {
-    let notice = pgoutput::wire::server_error(&message.body);
+fn log_notice(notice: &ServerError) {
     tracing::warn!(severity = %notice.severity, code = %notice.code, "PostgreSQL: {}", notice.message);
 }

@@ -8,21 +8,21 @@
 //! - Bytes the server sent after `CopyBothResponse` stay in the buffer handed to the stream.
 
 use super::error::{AuthMethod, ProtocolViolation, WireError};
+use super::frames::{self, Frame, QueryRow};
 use super::log_notice;
 use super::socket::Socket;
 use super::stream::WireStream;
 use bytes::BytesMut;
-use pgoutput::wire::{self as frames, BackendMessage as Message};
+use fallible_iterator::FallibleIterator;
+use pgoutput::Lsn;
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::backend::{Message, ParameterStatusBody};
 use postgres_protocol::message::frontend;
 use rustls::pki_types::ServerName;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// One row of a simple query's answer: each column as text, `None` for NULL.
-pub type QueryRow = Vec<Option<String>>;
 
 /// TLS as the session uses it.
 pub struct Tls {
@@ -109,60 +109,66 @@ impl Session {
         self.flush().await?;
         let mut scram = None;
         loop {
-            let message = self.read_message().await?;
-            match message.tag {
-                b'R' => self.authenticate(&message, login, &mut scram).await?,
-                b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
-                b'N' => log_notice(&message),
-                b'S' => {
-                    if let Some(("server_encoding", value)) = parameter_status(&message.body) {
+            let (tag, message) = match self.read_message().await? {
+                Frame::Message { tag, message } => (tag, *message),
+                // NegotiateProtocolVersion: the server speaks an older minor version; nothing
+                // Siphon sends depends on it.
+                Frame::Unknown { tag: b'v' } => continue,
+                Frame::Unknown { tag } => return Err(unexpected(tag, "while logging in")),
+                Frame::CopyData(_) => return Err(unexpected(b'd', "while logging in")),
+            };
+            match message {
+                Message::ErrorResponse(body) => {
+                    return Err(WireError::Server(Box::new(frames::server_error(
+                        body.fields(),
+                    ))))
+                }
+                Message::NoticeResponse(body) => log_notice(&frames::server_error(body.fields())),
+                Message::ParameterStatus(body) => {
+                    if let Some(("server_encoding", value)) = parameter_status(&body) {
                         self.server_encoding = Some(value.to_owned());
                     }
                 }
-                // BackendKeyData, NegotiateProtocolVersion.
-                b'K' | b'v' => {}
-                b'Z' => return Ok(()),
-                tag => return Err(unexpected(tag, "while logging in")),
+                Message::BackendKeyData(_) => {}
+                Message::ReadyForQuery(_) => return Ok(()),
+                request => self.authenticate(tag, request, login, &mut scram).await?,
             }
         }
     }
 
-    /// Answers one authentication request.
+    /// Answers one authentication request (`message`, of type `tag`).
     async fn authenticate(
         &mut self,
-        message: &Message,
+        tag: u8,
+        message: Message,
         login: &Login<'_>,
         scram: &mut Option<ScramSha256>,
     ) -> Result<(), WireError> {
-        let body = &message.body[..];
-        let truncated = || ProtocolViolation::Truncated {
-            what: "authentication request",
-        };
-        let code = body.get(..4).ok_or_else(truncated)?;
-        let code = i32::from_be_bytes([code[0], code[1], code[2], code[3]]);
-        let rest = &body[4..];
-        match code {
-            0 => return Ok(()),
-            3 => frontend::password_message(login.password.as_bytes(), &mut self.out)?,
-            5 => {
-                let salt = rest.get(..4).ok_or_else(truncated)?;
+        let unsupported = |method| Err(WireError::UnsupportedAuthentication(method));
+        match message {
+            Message::AuthenticationOk => return Ok(()),
+            Message::AuthenticationCleartextPassword => {
+                frontend::password_message(login.password.as_bytes(), &mut self.out)?
+            }
+            Message::AuthenticationMd5Password(body) => {
                 let hash = md5_hash(
                     login.user.as_bytes(),
                     login.password.as_bytes(),
-                    [salt[0], salt[1], salt[2], salt[3]],
+                    body.salt(),
                 );
                 frontend::password_message(hash.as_bytes(), &mut self.out)?;
             }
-            10 => {
-                let mechanisms: Vec<String> = rest
-                    .split(|&b| b == 0)
-                    .take_while(|name| !name.is_empty())
-                    .map(|name| String::from_utf8_lossy(name).into_owned())
-                    .collect();
+            Message::AuthenticationSasl(body) => {
+                let mechanisms: Vec<String> = body
+                    .mechanisms()
+                    .map(|name| Ok(name.to_owned()))
+                    .collect()
+                    .map_err(|source| ProtocolViolation::Malformed {
+                        tag: char::from(tag),
+                        source,
+                    })?;
                 if !mechanisms.iter().any(|m| m == SCRAM_SHA_256) {
-                    return Err(WireError::UnsupportedAuthentication(
-                        AuthMethod::SaslMechanisms(mechanisms),
-                    ));
+                    return unsupported(AuthMethod::SaslMechanisms(mechanisms));
                 }
                 // Without channel binding: always valid, also when the server offers the
                 // -PLUS variant over TLS.
@@ -171,21 +177,23 @@ impl Session {
                 frontend::sasl_initial_response(SCRAM_SHA_256, client.message(), &mut self.out)?;
                 *scram = Some(client);
             }
-            11 => {
-                let client = scram.as_mut().ok_or(unexpected(b'R', "SASL continue"))?;
-                client.update(rest).map_err(WireError::Scram)?;
+            Message::AuthenticationSaslContinue(body) => {
+                let client = scram.as_mut().ok_or(unexpected(tag, "SASL continue"))?;
+                client.update(body.data()).map_err(WireError::Scram)?;
                 frontend::sasl_response(client.message(), &mut self.out)?;
             }
-            12 => {
-                let client = scram.as_mut().ok_or(unexpected(b'R', "SASL final"))?;
-                client.finish(rest).map_err(WireError::Scram)?;
+            Message::AuthenticationSaslFinal(body) => {
+                let client = scram.as_mut().ok_or(unexpected(tag, "SASL final"))?;
+                client.finish(body.data()).map_err(WireError::Scram)?;
                 return Ok(());
             }
-            other => {
-                return Err(WireError::UnsupportedAuthentication(AuthMethod::Code(
-                    other,
-                )))
+            Message::AuthenticationKerberosV5 => return unsupported(AuthMethod::KerberosV5),
+            Message::AuthenticationScmCredential => return unsupported(AuthMethod::ScmCredential),
+            Message::AuthenticationGss | Message::AuthenticationGssContinue(_) => {
+                return unsupported(AuthMethod::Gss)
             }
+            Message::AuthenticationSspi => return unsupported(AuthMethod::Sspi),
+            _ => return Err(unexpected(tag, "while logging in")),
         }
         self.flush().await
     }
@@ -197,20 +205,26 @@ impl Session {
         let mut rows = Vec::new();
         let mut failed = None;
         loop {
-            let message = self.read_message().await?;
-            match message.tag {
-                b'D' => rows.push(frames::data_row(&message.body)?),
-                b'E' => failed = Some(frames::server_error(&message.body)),
-                b'N' => log_notice(&message),
-                // RowDescription, CommandComplete, EmptyQueryResponse, ParameterStatus.
-                b'T' | b'C' | b'I' | b'S' => {}
-                b'Z' => {
+            let (tag, message) = match self.read_message().await? {
+                Frame::Message { tag, message } => (tag, *message),
+                Frame::Unknown { tag } => return Err(unexpected(tag, "answering a query")),
+                Frame::CopyData(_) => return Err(unexpected(b'd', "answering a query")),
+            };
+            match message {
+                Message::DataRow(body) => rows.push(frames::data_row(&body)?),
+                Message::ErrorResponse(body) => failed = Some(frames::server_error(body.fields())),
+                Message::NoticeResponse(body) => log_notice(&frames::server_error(body.fields())),
+                Message::RowDescription(_)
+                | Message::CommandComplete(_)
+                | Message::EmptyQueryResponse
+                | Message::ParameterStatus(_) => {}
+                Message::ReadyForQuery(_) => {
                     return match failed {
-                        Some(error) => Err(WireError::Server(error)),
+                        Some(error) => Err(WireError::Server(Box::new(error))),
                         None => Ok(rows),
                     }
                 }
-                tag => return Err(unexpected(tag, "answering a query")),
+                _ => return Err(unexpected(tag, "answering a query")),
             }
         }
     }
@@ -220,20 +234,29 @@ impl Session {
     pub async fn start_replication(
         mut self,
         sql: &str,
-        start_lsn: u64,
+        start_lsn: Lsn,
         read_ahead_bytes: usize,
         status_interval: Duration,
     ) -> Result<WireStream, WireError> {
         frontend::query(sql, &mut self.out)?;
         self.flush().await?;
         loop {
-            let message = self.read_message().await?;
-            match message.tag {
-                b'W' => break,
-                b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
-                b'N' => log_notice(&message),
-                b'S' | b'K' => {}
-                tag => return Err(unexpected(tag, "starting replication")),
+            let (tag, message) = match self.read_message().await? {
+                Frame::Message { tag, message } => (tag, *message),
+                // CopyBothResponse, which postgres-protocol does not parse.
+                Frame::Unknown { tag: b'W' } => break,
+                Frame::Unknown { tag } => return Err(unexpected(tag, "starting replication")),
+                Frame::CopyData(_) => return Err(unexpected(b'd', "starting replication")),
+            };
+            match message {
+                Message::ErrorResponse(body) => {
+                    return Err(WireError::Server(Box::new(frames::server_error(
+                        body.fields(),
+                    ))))
+                }
+                Message::NoticeResponse(body) => log_notice(&frames::server_error(body.fields())),
+                Message::ParameterStatus(_) | Message::BackendKeyData(_) => {}
+                _ => return Err(unexpected(tag, "starting replication")),
             }
         }
         Ok(WireStream::new(
@@ -250,7 +273,7 @@ impl Session {
         self.server_encoding.as_deref()
     }
 
-    async fn read_message(&mut self) -> Result<Message, WireError> {
+    async fn read_message(&mut self) -> Result<Frame, WireError> {
         loop {
             if let Some(message) = frames::split(&mut self.inbuf)? {
                 return Ok(message);
@@ -298,12 +321,25 @@ async fn negotiate_tls(mut tcp: TcpStream, tls: Option<&Tls>) -> Result<Socket, 
     }
 }
 
-/// A ParameterStatus message's parameter name and value.
-fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
-    let mut parts = body.split(|&b| b == 0);
-    let name = std::str::from_utf8(parts.next()?).ok()?;
-    let value = std::str::from_utf8(parts.next()?).ok()?;
-    Some((name, value))
+/// Whether the server at `address`:`port` answers an SSL request with "no" (it runs with
+/// `ssl = off`), asked on a connection of its own within `timeout`. `false` when it says yes or
+/// cannot be asked.
+pub async fn refuses_tls(address: &str, port: u16, timeout: Duration) -> bool {
+    let ask = async {
+        let mut tcp = TcpStream::connect((address, port)).await?;
+        let mut request = BytesMut::with_capacity(8);
+        frontend::ssl_request(&mut request);
+        tcp.write_all(&request).await?;
+        let mut answer = [0u8; 1];
+        let read = tcp.read(&mut answer).await?;
+        Ok::<_, std::io::Error>(read == 1 && answer[0] == b'N')
+    };
+    matches!(tokio::time::timeout(timeout, ask).await, Ok(Ok(true)))
+}
+
+/// A ParameterStatus message's parameter name and value (`None` when either is not UTF-8).
+fn parameter_status(body: &ParameterStatusBody) -> Option<(&str, &str)> {
+    Some((body.name().ok()?, body.value().ok()?))
 }
 
 fn unexpected(tag: u8, during: &'static str) -> WireError {
@@ -320,11 +356,49 @@ mod tests {
 
     #[test]
     fn a_parameter_status_gives_its_name_and_value() {
+        let status = |body: &[u8]| {
+            let mut wire = BytesMut::from(&b"S"[..]);
+            wire.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+            wire.extend_from_slice(body);
+            match frames::split(&mut wire) {
+                Ok(Some(Frame::Message { message, .. })) => match *message {
+                    Message::ParameterStatus(body) => {
+                        parameter_status(&body).map(|(n, v)| (n.to_owned(), v.to_owned()))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            }
+        };
         assert_eq!(
-            parameter_status(b"server_encoding\0LATIN1\0"),
-            Some(("server_encoding", "LATIN1"))
+            status(b"server_encoding\0LATIN1\0"),
+            Some(("server_encoding".to_owned(), "LATIN1".to_owned()))
         );
-        assert_eq!(parameter_status(b"truncated"), None);
+        assert_eq!(status(b"server_encoding\0\xff\0"), None);
+        assert_eq!(status(b"truncated"), None);
+    }
+
+    #[tokio::test]
+    async fn a_server_without_tls_is_told_from_one_that_has_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            for answer in [b'N', b'S'] {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = [0u8; 8];
+                socket.read_exact(&mut request).await.unwrap();
+                assert_eq!(&request[4..], &[0x04, 0xd2, 0x16, 0x2f], "SSLRequest");
+                socket.write_all(&[answer]).await.unwrap();
+            }
+        });
+        let timeout = Duration::from_secs(5);
+        assert!(refuses_tls("127.0.0.1", port, timeout).await);
+        assert!(!refuses_tls("127.0.0.1", port, timeout).await);
+        server.await.unwrap();
+        assert!(
+            !refuses_tls("127.0.0.1", port, timeout).await,
+            "nobody listens"
+        );
     }
 
     #[tokio::test]

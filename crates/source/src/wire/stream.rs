@@ -14,10 +14,13 @@
 //! - `reported` is the position of the last status update fully written to the socket.
 
 use super::error::{ProtocolViolation, WireError};
+use super::frames::{self, CopyData, Frame};
 use super::log_notice;
 use super::socket::Socket;
+use crate::sqlstate::SqlState;
 use bytes::{Buf, Bytes, BytesMut};
-use pgoutput::wire::{self as frames, BackendMessage, CopyData};
+use pgoutput::Lsn;
+use postgres_protocol::message::backend::Message;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -29,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// publication": the publication did not exist where the changes being decoded were written,
 /// and they were skipped. The walsender raises 55000 warnings of its own too (a slot in
 /// `synchronized_standby_slots` without a walsender), which are only logged.
-const PUBLICATION_SKIPPED: &str = "55000";
+const PUBLICATION_SKIPPED: SqlState = SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE;
 /// The source file of the output plugin, as the server names it in a notice's `F` field.
 const OUTPUT_PLUGIN_FILE: &str = "pgoutput.c";
 use tokio::io::AsyncWrite;
@@ -64,9 +67,9 @@ pub const MAX_AHEAD_MESSAGES: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
     /// One pgoutput message, sent from WAL position `wal_start`.
-    Data { wal_start: u64, data: Bytes },
+    Data { wal_start: Lsn, data: Bytes },
     /// A keepalive: the server's WAL end.
-    KeepAlive { wal_end: u64 },
+    KeepAlive { wal_end: Lsn },
     /// The server ended the stream (after [`WireStream::finish`] asked it to).
     End,
 }
@@ -75,8 +78,8 @@ pub enum Received {
 pub struct WireStream {
     socket: Socket,
     inbuf: BytesMut,
-    /// Whole messages read ahead while the caller took none, oldest first.
-    ahead: VecDeque<BackendMessage>,
+    /// Whole messages read ahead while the caller took none, oldest first, with their sizes.
+    ahead: VecDeque<(Frame, usize)>,
     /// The bytes of the messages in `ahead`.
     ahead_bytes: usize,
     /// Bytes to write: status updates, CopyDone.
@@ -84,11 +87,11 @@ pub struct WireStream {
     /// Whether written bytes may still sit in the TLS layer.
     unflushed: bool,
     /// The position to report.
-    applied: u64,
+    applied: Lsn,
     /// The position of the last status update appended to `out`.
-    queued: u64,
-    reported: u64,
-    server_wal_end: u64,
+    queued: Lsn,
+    reported: Lsn,
+    server_wal_end: Lsn,
     budget: usize,
     status_interval: Duration,
     /// When the next status update is due: the status interval after the last one, or
@@ -105,7 +108,7 @@ impl WireStream {
     pub(super) fn new(
         socket: Socket,
         inbuf: BytesMut,
-        start_lsn: u64,
+        start_lsn: Lsn,
         read_ahead_bytes: usize,
         status_interval: Duration,
     ) -> Self {
@@ -118,8 +121,8 @@ impl WireStream {
             unflushed: false,
             applied: start_lsn,
             queued: start_lsn,
-            reported: 0,
-            server_wal_end: 0,
+            reported: Lsn::ZERO,
+            server_wal_end: Lsn::ZERO,
             budget: read_ahead_bytes.max(1),
             status_interval,
             status_timer: Box::pin(tokio::time::sleep(status_interval)),
@@ -134,7 +137,7 @@ impl WireStream {
 
     /// Raises the position the next status updates report (lower positions are ignored); a
     /// raised one is reported within [`PROMPT_STATUS`] of the last status update.
-    pub fn raise_applied(&mut self, lsn: u64) {
+    pub fn raise_applied(&mut self, lsn: Lsn) {
         if lsn <= self.applied {
             return;
         }
@@ -147,12 +150,12 @@ impl WireStream {
     }
 
     /// The position of the last status update written to the socket.
-    pub fn reported(&self) -> u64 {
+    pub fn reported(&self) -> Lsn {
         self.reported
     }
 
     /// The server's WAL end, as last seen in any message.
-    pub fn server_wal_end(&self) -> u64 {
+    pub fn server_wal_end(&self) -> Lsn {
         self.server_wal_end
     }
 
@@ -179,10 +182,12 @@ impl WireStream {
         poll_fn(|cx| loop {
             // Whole messages leave the receive buffer at once, so it stays one chunk.
             loop {
+                let before = self.inbuf.len();
                 match frames::split(&mut self.inbuf) {
-                    Ok(Some(message)) => {
-                        self.ahead_bytes += message.body.len() + 5;
-                        self.ahead.push_back(message);
+                    Ok(Some(frame)) => {
+                        let size = before - self.inbuf.len();
+                        self.ahead_bytes += size;
+                        self.ahead.push_back((frame, size));
                     }
                     Ok(None) => break,
                     Err(violation) => return Poll::Ready(violation.into()),
@@ -202,7 +207,7 @@ impl WireStream {
 
     /// Reports `applied` at once, ends the stream (CopyDone) and waits, up to `timeout`, for
     /// the server to end its side. Returns the position reported.
-    pub async fn finish(mut self, timeout: Duration) -> Result<u64, WireError> {
+    pub async fn finish(mut self, timeout: Duration) -> Result<Lsn, WireError> {
         self.queue_status(false);
         postgres_protocol::message::frontend::copy_done(&mut self.out);
         let ending = async {
@@ -233,10 +238,10 @@ impl WireStream {
 
     /// The next message already in the buffer, if a whole one is there.
     fn take_buffered(&mut self) -> Result<Option<Received>, WireError> {
-        while let Some(message) = self.next_message()? {
-            match message.tag {
-                b'd' => {
-                    return Ok(Some(match frames::copy_data(message.body)? {
+        while let Some(frame) = self.next_message()? {
+            let (tag, message) = match frame {
+                Frame::CopyData(body) => {
+                    return Ok(Some(match frames::copy_data(body)? {
                         CopyData::XLogData {
                             wal_start,
                             wal_end,
@@ -257,26 +262,30 @@ impl WireStream {
                         }
                     }))
                 }
-                b'E' => return Err(WireError::Server(frames::server_error(&message.body))),
-                b'N' => {
-                    let notice = frames::server_error(&message.body);
+                Frame::Message { tag, message } => (tag, *message),
+                Frame::Unknown { tag } => return Err(unexpected(tag)),
+            };
+            match message {
+                Message::ErrorResponse(body) => {
+                    return Err(WireError::Server(Box::new(frames::server_error(
+                        body.fields(),
+                    ))))
+                }
+                Message::NoticeResponse(body) => {
+                    let notice = frames::server_error(body.fields());
                     if notice.code == PUBLICATION_SKIPPED
                         && notice.severity == "WARNING"
-                        && frames::server_error_field(&message.body, b'F').as_deref()
-                            == Some(OUTPUT_PLUGIN_FILE)
+                        && notice.source_file.as_deref() == Some(OUTPUT_PLUGIN_FILE)
                     {
                         return Err(WireError::PublicationSkipped(Box::new(notice)));
                     }
-                    log_notice(&message);
+                    log_notice(&notice);
                 }
                 // CopyDone, then CommandComplete and ReadyForQuery: the server ended the stream.
-                b'c' | b'C' | b'Z' => return Ok(Some(Received::End)),
-                tag => {
-                    return Err(WireError::Protocol(ProtocolViolation::Unexpected {
-                        tag: char::from(tag),
-                        during: "in the replication stream",
-                    }))
+                Message::CopyDone | Message::CommandComplete(_) | Message::ReadyForQuery(_) => {
+                    return Ok(Some(Received::End))
                 }
+                _ => return Err(unexpected(tag)),
             }
         }
         Ok(None)
@@ -301,10 +310,10 @@ impl WireStream {
     }
 
     /// The oldest whole message: one read ahead, or the next in the receive buffer.
-    fn next_message(&mut self) -> Result<Option<BackendMessage>, ProtocolViolation> {
-        if let Some(message) = self.ahead.pop_front() {
-            self.ahead_bytes -= message.body.len() + 5;
-            return Ok(Some(message));
+    fn next_message(&mut self) -> Result<Option<Frame>, ProtocolViolation> {
+        if let Some((frame, size)) = self.ahead.pop_front() {
+            self.ahead_bytes -= size;
+            return Ok(Some(frame));
         }
         frames::split(&mut self.inbuf)
     }
@@ -385,6 +394,14 @@ impl WireStream {
     }
 }
 
+/// A message type that does not belong in the replication stream.
+fn unexpected(tag: u8) -> WireError {
+    WireError::Protocol(ProtocolViolation::Unexpected {
+        tag: char::from(tag),
+        during: "in the replication stream",
+    })
+}
+
 /// Whether [`WireStream::poll_io`] reads the socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Read {
@@ -410,7 +427,7 @@ mod tests {
         let stream = WireStream::new(
             Socket::Plain(client.unwrap()),
             BytesMut::new(),
-            0x10,
+            Lsn(0x10),
             budget,
             status_interval,
         );
@@ -447,13 +464,13 @@ mod tests {
         for i in 0..50u64 {
             match stream.next(false).await.unwrap() {
                 Received::Data { wal_start, data } => {
-                    assert_eq!(wal_start, i);
+                    assert_eq!(wal_start, Lsn(i));
                     assert_eq!(&data[..], &vec![i as u8; (i * 37 % 500) as usize][..]);
                 }
                 other => panic!("{other:?}"),
             }
         }
-        assert_eq!(stream.server_wal_end(), 49 + 100);
+        assert_eq!(stream.server_wal_end(), Lsn(49 + 100));
         drop(feeder.await.unwrap());
     }
 
@@ -473,7 +490,10 @@ mod tests {
         server.write_all(&xlogdata(2, b"I")).await.unwrap();
         assert!(matches!(
             stream.next(true).await.unwrap(),
-            Received::Data { wal_start: 2, .. }
+            Received::Data {
+                wal_start: Lsn(2),
+                ..
+            }
         ));
         assert!(
             held_since.elapsed() >= READ_HOLD,
@@ -487,7 +507,10 @@ mod tests {
         assert!(matches!(
             read.expect("a small message outside a transaction is read at once")
                 .unwrap(),
-            Received::Data { wal_start: 3, .. }
+            Received::Data {
+                wal_start: Lsn(3),
+                ..
+            }
         ));
         let mut big = Vec::new();
         while big.len() < SMALL_READ * 2 {
@@ -522,7 +545,7 @@ mod tests {
         let (mut stream, mut server) = connected(1 << 20, Duration::from_secs(60)).await;
         let started = Instant::now();
         for lsn in 0x20..0x40 {
-            stream.raise_applied(lsn);
+            stream.raise_applied(Lsn(lsn));
         }
         let mut reader = tokio::spawn(async move {
             // The first status update goes out at once, the raised position after the gap.
@@ -548,7 +571,7 @@ mod tests {
     async fn reading_ahead_stops_at_the_budget_and_status_updates_keep_going() {
         let budget = 64 * 1024;
         let (mut stream, server) = connected(budget, Duration::from_millis(20)).await;
-        stream.raise_applied(0x99);
+        stream.raise_applied(Lsn(0x99));
         let mut wire = Vec::new();
         while wire.len() < budget * 8 {
             wire.extend(xlogdata(5, &[1; 2000]));
@@ -595,12 +618,15 @@ mod tests {
         let mut seen = 0;
         while seen < expected_messages {
             match tokio::time::timeout(Duration::from_secs(5), stream.next(false)).await {
-                Ok(Ok(Received::Data { wal_start: 5, data })) => assert_eq!(data.len(), 2000),
+                Ok(Ok(Received::Data {
+                    wal_start: Lsn(5),
+                    data,
+                })) => assert_eq!(data.len(), 2000),
                 other => panic!("message {seen}: {other:?}"),
             }
             seen += 1;
         }
         drop(sent.await.unwrap());
-        assert_eq!(stream.reported(), 0x99);
+        assert_eq!(stream.reported(), Lsn(0x99));
     }
 }

@@ -1,4 +1,5 @@
 //! SQLSTATE codes: the five characters PostgreSQL sends with every error, in every language.
+//! A value type both connections' errors are keyed by; it imports nothing of the crate.
 //!
 //! # Invariants
 //! - A [`SqlState`] is exactly five bytes; anything the server sends that is not five ASCII
