@@ -83,59 +83,20 @@ impl fmt::Display for Operation {
     }
 }
 
-/// Why librdkafka refused to create a client. The strings are librdkafka's words, shown to
-/// the operator and never inspected: creating a client from a configuration it refuses fails
-/// the same way every time.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ClientRefusal {
-    /// A property librdkafka does not know, or a value it rejects.
-    #[error("Client config error: {description} {key} {value}")]
-    Property {
-        key: String,
-        value: String,
-        /// librdkafka's explanation.
-        description: String,
-    },
-    /// librdkafka refused to create the client (properties that do not go together, a file
-    /// it cannot read ...).
-    #[error("Client creation error: {reason}")]
-    Creation {
-        /// librdkafka's explanation.
-        reason: String,
-    },
-}
-
-impl ClientRefusal {
-    /// The refusal `error` (from `ClientConfig::create`) carries.
-    fn from_kafka(error: &KafkaError) -> Self {
-        match error {
-            KafkaError::ClientConfig(_, description, key, value) => ClientRefusal::Property {
-                key: key.clone(),
-                value: value.clone(),
-                description: description.clone(),
-            },
-            KafkaError::ClientCreation(reason) => ClientRefusal::Creation {
-                reason: reason.clone(),
-            },
-            other => ClientRefusal::Creation {
-                reason: other.to_string(),
-            },
-        }
-    }
-}
-
 /// Errors creating the producer, creating topics or enqueueing records.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
     /// A `kafka` setting Siphon refuses; the message names the property and the fix.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// librdkafka refused to create a client (`operation` is [`Operation::CreateProducer`] or
-    /// [`Operation::CreateAdminClient`]) from the configuration.
-    #[error("invalid Kafka {} configuration: {refusal}", client_name(*operation))]
+    /// librdkafka refused to create the client (`operation` is [`Operation::CreateProducer`] or
+    /// [`Operation::CreateAdminClient`]) from the configuration: `error` carries librdkafka's
+    /// words (a property it does not know or a value it rejects, properties that do not go
+    /// together, a file it cannot read), shown to the operator and never inspected.
+    #[error("invalid Kafka {} configuration: {error}", client_name(*operation))]
     Client {
         operation: Operation,
-        refusal: ClientRefusal,
+        error: Box<KafkaError>,
     },
     /// librdkafka, or the broker through it, failed `operation` for a record or a topic of
     /// `topic` with `code`.
@@ -147,8 +108,11 @@ pub enum SinkError {
     },
     /// A CreateTopics request failed without an error code (the admin client went away, or
     /// librdkafka could not build the request); `reason` is librdkafka's, shown only.
-    #[error("Kafka unavailable: creating topic {topic}: {reason}")]
-    TopicRequest { topic: String, reason: String },
+    #[error("Kafka unavailable: creating topic {topic}: {error}")]
+    TopicRequest {
+        topic: String,
+        error: Box<KafkaError>,
+    },
     /// A call of the transactional producer (`operation` is one of the transaction operations)
     /// failed with `code` (see [`transaction_fix`]).
     #[error("{operation} ({transactional_id:?}) failed with {code}{}", transaction_fix(*operation, *code))]
@@ -172,7 +136,7 @@ impl SinkError {
     pub(crate) fn client(operation: Operation, error: &KafkaError) -> Self {
         SinkError::Client {
             operation,
-            refusal: ClientRefusal::from_kafka(error),
+            error: Box::new(error.clone()),
         }
     }
 
@@ -206,7 +170,7 @@ impl SinkError {
                 },
                 None => SinkError::TopicRequest {
                     topic,
-                    reason: other.to_string(),
+                    error: Box::new(other.clone()),
                 },
             },
         }
@@ -1014,7 +978,7 @@ mod tests {
         let client = SinkError::client(Operation::CreateProducer, &refused);
         assert_eq!(client.consequence(), Fix);
         assert!(
-            matches!(&client, SinkError::Client { refusal: ClientRefusal::Property { key, .. }, .. } if key == "no.such")
+            matches!(&client, SinkError::Client { error, .. } if matches!(error.as_ref(), KafkaError::ClientConfig(_, _, key, _) if key == "no.such"))
         );
         assert_eq!(
             client.to_string(),

@@ -23,9 +23,7 @@ pub mod topics;
 mod wakeup;
 
 pub use config::{ConfigError, ConfigReason, SinkConfig, TopicCreation};
-pub use error::{
-    ClientRefusal, Consequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError,
-};
+pub use error::{Consequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError};
 pub use producer::{
     BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink, Rebuilt,
     RetiredStatus,

@@ -14,8 +14,7 @@
 //!   exists" is success); otherwise a missing topic is an error naming the fix.
 //! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
 
-use crate::compacted::CompactedTopic;
-use crate::state_topic::{StateOperation, StateTopicError, STATE_TIMEOUT};
+use crate::compacted::{CompactedTopic, StateOperation, StateTopicError, STATE_TIMEOUT};
 use crate::TopicCreation;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;

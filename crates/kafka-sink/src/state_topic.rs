@@ -13,102 +13,15 @@
 //! - Errors carry the librdkafka code and the operation; none is classified by its text.
 
 use crate::compacted::CompactedTopic;
+pub use crate::compacted::{StateOperation, StateTopicError, STATE_TIMEOUT};
 use crate::TopicCreation;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use siphon_core::Consequence;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::{Duration, Instant};
-
-/// How long one read or write of the state topic may take.
-pub const STATE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What was being done with the state topic when it failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateOperation {
-    /// Building a client from the configured properties.
-    Configure,
-    /// Creating the topic.
-    Create,
-    /// Reading the topic's partitions and their records.
-    Read,
-    /// Writing a record.
-    Write,
-}
-
-impl fmt::Display for StateOperation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            StateOperation::Configure => "configuring a client for",
-            StateOperation::Create => "creating",
-            StateOperation::Read => "reading",
-            StateOperation::Write => "writing to",
-        })
-    }
-}
-
-/// A failure to read or write the state topic.
-#[derive(Debug, thiserror::Error)]
-pub enum StateTopicError {
-    /// Kafka (or librdkafka) answered with an error code.
-    #[error("{operation} Kafka topic {topic:?}, where Siphon keeps its state across restarts: {code}{}", hint(*code))]
-    Kafka {
-        topic: String,
-        operation: StateOperation,
-        code: RDKafkaErrorCode,
-    },
-    /// No answer within [`STATE_TIMEOUT`].
-    #[error("{operation} Kafka topic {topic:?}, where Siphon keeps its state across restarts, took more than {}s", STATE_TIMEOUT.as_secs())]
-    TimedOut {
-        topic: String,
-        operation: StateOperation,
-    },
-    /// The topic is missing and Siphon may not create it.
-    #[error("Kafka topic {topic:?}, where Siphon keeps its state across restarts, does not exist and kafka.topic_creation.enabled is false: create it (cleanup.policy=compact, one partition), or name another one with kafka.state_topic")]
-    Missing { topic: String },
-}
-
-fn hint(code: RDKafkaErrorCode) -> &'static str {
-    match code {
-        RDKafkaErrorCode::TopicAuthorizationFailed
-        | RDKafkaErrorCode::ClusterAuthorizationFailed
-        | RDKafkaErrorCode::GroupAuthorizationFailed => {
-            ": grant Siphon's principal READ, WRITE and DESCRIBE on it (and CREATE, or create it yourself with cleanup.policy=compact), or name another one with kafka.state_topic"
-        }
-        RDKafkaErrorCode::InvalidConfig
-        | RDKafkaErrorCode::InvalidReplicationFactor
-        | RDKafkaErrorCode::PolicyViolation => {
-            ": check kafka.topic_creation.replication_factor, or create the topic yourself (cleanup.policy=compact, one partition)"
-        }
-        _ => "",
-    }
-}
-
-impl StateTopicError {
-    /// What the failure means: a refusal only the operator can lift is [`Consequence::Fix`];
-    /// anything else may pass (a broker restarting, a leader moving).
-    pub fn consequence(&self) -> Consequence {
-        match self {
-            StateTopicError::Missing { .. } => Consequence::Fix,
-            StateTopicError::TimedOut { .. } => Consequence::Retry,
-            StateTopicError::Kafka { code, .. } => match code {
-                RDKafkaErrorCode::TopicAuthorizationFailed
-                | RDKafkaErrorCode::ClusterAuthorizationFailed
-                | RDKafkaErrorCode::GroupAuthorizationFailed
-                | RDKafkaErrorCode::InvalidConfig
-                | RDKafkaErrorCode::InvalidReplicationFactor
-                | RDKafkaErrorCode::PolicyViolation
-                | RDKafkaErrorCode::InvalidTopic
-                | RDKafkaErrorCode::InvalidArgument => Consequence::Fix,
-                _ => Consequence::Retry,
-            },
-        }
-    }
-}
 
 /// The state topic of one Siphon configuration.
 #[derive(Debug, Clone)]

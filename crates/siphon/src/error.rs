@@ -8,9 +8,9 @@
 //!   speaks [`siphon_core::Consequence`], the one vocabulary every error maps into.
 //! - No variant carries a bare message: each keeps typed fields, rendered by `Display`.
 
-use crate::session::ledger::LedgerError;
 use crate::telemetry::ReconnectCause;
 use pgoutput::Lsn;
+use siphon_core::ledger::LedgerError;
 use siphon_core::Consequence;
 use siphon_kafka_sink::{Refusal, SinkError};
 use siphon_router::RouteError;
@@ -62,7 +62,7 @@ pub enum PipelineError {
     /// A logical message of an outbox prefix that is not a JSON object, with
     /// `on_error = "fail"`.
     #[error("{0} (set pipeline.on_error = \"dead-letter\" to send such messages to a dead-letter topic)")]
-    Message(#[from] crate::session::message::MessageError),
+    Message(#[from] crate::message::MessageError),
     /// A non-transactional logical message of an outbox prefix: not atomic with the business
     /// change, so never an event.
     #[error("logical message with prefix {prefix:?} at {lsn} was emitted outside a transaction (pg_logical_emit_message(false, ...)): it is not atomic with the change it announces, so it is not delivered; emit it with pg_logical_emit_message(true, ...), or set source.non_transactional_messages = \"skip\" to skip such messages with a warning")]

@@ -19,6 +19,7 @@ pub mod config;
 pub mod dead_letter;
 pub mod error;
 pub mod import;
+pub mod message;
 pub mod progress_record;
 pub mod publication_record;
 pub mod session;

@@ -23,11 +23,11 @@
 //!   the fix: never dropped silently.
 
 use super::ledger::{LedgerError, TxnId};
-use super::message::MessageRows;
 use super::position::PositionHeaders;
 use super::{NonTransactionalPolicy, RoutedKind, Routers, Suspect, Suspects};
 use crate::dead_letter::Stage;
 use crate::error::{AbortCause, PipelineError, RecordFault};
+use crate::message::MessageRows;
 use crate::session::ErrorPolicy;
 use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
 use pgoutput::{Lsn, Oid, Relation, TupleData};

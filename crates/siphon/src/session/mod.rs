@@ -15,7 +15,6 @@
 
 pub mod core;
 pub mod driver;
-pub mod message;
 pub mod position;
 #[cfg(test)]
 mod simulation;
