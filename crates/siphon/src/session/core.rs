@@ -219,6 +219,8 @@ pub struct SessionCore<'a> {
     transactions: Option<KafkaTransactions>,
     /// Exactly-once: the session's end, held until the open Kafka transaction committed.
     finish: Option<Result<(), PipelineError>>,
+    /// Exactly-once: an error while the session was stopping (a shutdown): its end.
+    failed: Option<PipelineError>,
     /// Records not sent again because an earlier session committed them.
     skipped_committed: u64,
     /// Per-topic counters, looked up once per topic (no lock on the per-record path).
@@ -258,6 +260,7 @@ impl<'a> SessionCore<'a> {
             next_index: 0,
             transactions,
             finish: None,
+            failed: None,
             skipped_committed: 0,
             topics: FxHashMap::default(),
             oldest_reported: None,
@@ -292,6 +295,15 @@ impl<'a> SessionCore<'a> {
         self.transactions.as_ref()?.committed()
     }
 
+    /// Exactly-once: whether a commit may start (the session did not fail: a record counted
+    /// in the progress may not have reached the producer). A commit asked for and not started
+    /// yet (waiting for a topic) is dropped when this turns false.
+    pub fn may_commit(&self) -> bool {
+        self.transactions
+            .as_ref()
+            .is_some_and(KafkaTransactions::may_commit)
+    }
+
     /// Records not sent again because an earlier session had committed them.
     pub fn skipped_committed(&self) -> u64 {
         self.skipped_committed
@@ -316,6 +328,10 @@ impl<'a> SessionCore<'a> {
                         None => continue,
                     },
                 },
+                // A shutdown that failed before the flow finished ends with the failure.
+                flow::Action::Finish(Ok(())) if self.failed.is_some() => {
+                    Action::Finish(self.failed.take().map_or(Ok(()), Err))
+                }
                 flow::Action::Finish(Ok(()))
                     if self
                         .transactions
@@ -412,7 +428,19 @@ impl<'a> SessionCore<'a> {
             Input::Tick => Ok(()),
         };
         if let Err(e) = outcome {
-            self.flow.stop(now, Err(e));
+            match &mut self.transactions {
+                Some(transactions) => {
+                    // Exactly-once: nothing is committed after a failure, and a failure during a
+                    // shutdown is its end (the flow keeps the first end it is given).
+                    transactions.abandon();
+                    if self.flow.is_stopping() {
+                        self.failed.get_or_insert(e);
+                    } else {
+                        self.flow.stop(now, Err(e));
+                    }
+                }
+                None => self.flow.stop(now, Err(e)),
+            }
         }
         self.flow.after(now);
         if let Some(transactions) = &mut self.transactions {

@@ -524,6 +524,12 @@ impl Driver<'_> {
         if !self.waiting.gate.is_empty() {
             return;
         }
+        // A record handed back or not taken while the commit waited failed the session: the
+        // transaction would commit without it.
+        if !self.core.may_commit() {
+            self.pending_commit = None;
+            return;
+        }
         let (Some(progress), Some(source)) = (self.pending_commit.take(), &self.transactional)
         else {
             return;

@@ -21,6 +21,34 @@
 //! At the end, with faults stopped, every event must have arrived (poison ones in the
 //! dead-letter topic, no innocent one there) and the slot must be confirmed to the end.
 //!
+//! # Exactly-once sessions
+//!
+//! The exactly-once mode ([`Mode::ExactlyOnce`], no poison events) gives the core
+//! [`KafkaTransactions`] with small bounds (commits every 50-300 ms or few records, some in the
+//! middle of a PostgreSQL transaction) and models the broker's transactions:
+//! - a record is handed to the producer only inside a Kafka transaction the core began, and
+//!   never while a commit is due or runs; what is written in it is seen by a read_uncommitted
+//!   consumer at once, by a read_committed one only once it committed;
+//! - a commit starts as in the driver (once no record waits for a topic, and only if the
+//!   session did not fail), writes the progress and flushes the producer: it succeeds only if
+//!   no record of the transaction failed in the producer (a record never taken is unknown to
+//!   it); with faults it also fails, times out (the coordinator perhaps committed it anyway)
+//!   or finds the producer fenced, and a failure ends the session;
+//! - a session's end leaves its producer as a zombie: its queued records (and those of batches
+//!   that timed out, which may still land) may be written into its open transaction until the
+//!   next session's `init_transactions`, which completes a commit the coordinator had and
+//!   aborts every other open transaction; after it, the zombie's writes are refused (fenced).
+//!   After a failure the driver may abort the transaction itself.
+//! - each session reads the last committed progress (read_committed) and starts from it and
+//!   the core's confirmed position.
+//!
+//! It checks that the confirmed position never passes an event outside a committed Kafka
+//! transaction; that the progress read at each start covers exactly the committed events the
+//! session would read again; that a read_committed consumer never sees an event twice; and at
+//! the end that it sees every event exactly once, first deliveries per key in commit order and
+//! positions rising per partition. Repeats only a read_uncommitted consumer sees are counted.
+//! It runs over the same seeds as the other modes (a few seconds in a debug build).
+//!
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
@@ -30,6 +58,7 @@ use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
+use siphon_core::exactly_once::{KafkaTransactions, Progress, Through, TransactionBounds};
 use siphon_core::topic_gate::{Creation, Step, TopicGate};
 use siphon_kafka_sink::RDKafkaErrorCode;
 use siphon_kafka_sink::{
@@ -121,7 +150,50 @@ fn partition_of(record: &RoutedRecord) -> usize {
 struct Queued {
     token: usize,
     record: RoutedRecord,
+    /// Exactly-once: the Kafka transaction it was sent in.
+    txn: Option<usize>,
 }
+
+/// A Kafka transaction of the modelled broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxnState {
+    Open,
+    Committed,
+    Aborted,
+}
+
+/// The modelled Kafka transactions of the source's transactional id (exactly-once sessions).
+#[derive(Default)]
+struct Transactions {
+    /// Each Kafka transaction's state, by id.
+    states: Vec<TxnState>,
+    /// The transaction the current producer has open.
+    open: Option<usize>,
+    /// A record of the open transaction failed in the producer: its commit fails.
+    doomed: bool,
+    /// A commit the core asked for, run once no record waits for a topic (as the driver does).
+    asked: Option<Progress>,
+    /// The commit running: its transaction and progress.
+    committing: Option<(usize, Progress)>,
+    /// The progress of the last committed transaction.
+    progress: Option<Progress>,
+    /// The previous session's producer ("zombie"): the records it still holds (partition,
+    /// record), the commit it was running and whether a record of its transaction failed.
+    zombie: Vec<(usize, Queued)>,
+    /// Records of a transaction whose batch timed out unwritten: the request may still land
+    /// (the zombie's, once the session ended).
+    late: Vec<(usize, Queued)>,
+    zombie_commit: Option<(usize, Progress)>,
+    zombie_doomed: bool,
+    /// The session was asked to shut down with a transaction open.
+    shutdown_open: bool,
+}
+
+/// A record written to a partition: topic, key, event, Kafka transaction.
+type Written = (String, Vec<u8>, u64, Option<usize>);
+
+/// A record's position header: topic, event, position, Kafka transaction.
+type Positioned = (String, u64, String, Option<usize>);
 
 /// The modelled broker and producer.
 #[derive(Default)]
@@ -133,20 +205,23 @@ struct Broker {
     /// The producer failed (gap-less): it writes nothing more.
     failed: bool,
     generation: u64,
-    /// What reached each partition: (topic, key, event).
-    log: Vec<Vec<(String, Vec<u8>, u64)>>,
+    /// What reached each partition: (topic, key, event, Kafka transaction).
+    log: Vec<Vec<Written>>,
     /// Events that reached the dead-letter topic.
     dead: BTreeSet<u64>,
     /// Events written to their own topic.
     written: BTreeSet<u64>,
-    /// The `siphon.position` of each record written, per partition, in write order.
-    positions: Vec<Vec<(String, u64, String)>>,
+    /// The `siphon.position` of each record written, per partition, in write order (and its
+    /// Kafka transaction).
+    positions: Vec<Vec<Positioned>>,
     /// The topics that exist.
     topics: HashSet<String>,
     /// The topic creation running (its id and topic).
     creation: Option<(u64, String)>,
     /// A topic creation failed for now since the producer was put in place.
     creation_failed: bool,
+    /// Exactly-once: the Kafka transactions.
+    kafka: Transactions,
 }
 
 impl Broker {
@@ -165,7 +240,28 @@ impl Broker {
             + self.reports.iter().map(VecDeque::len).sum::<usize>()
     }
 
+    /// Whether what the records of Kafka transaction `txn` show to a read_committed consumer
+    /// (records outside transactions always).
+    fn visible(&self, txn: Option<usize>) -> bool {
+        txn.is_none_or(|t| self.kafka.states[t] == TxnState::Committed)
+    }
+
+    /// How often each event is in its own topic for a read_committed consumer.
+    fn committed_events(&self) -> HashMap<u64, usize> {
+        let mut events = HashMap::new();
+        for (topic, _, event, txn) in self.log.iter().flatten() {
+            if topic != DEAD_LETTER_TOPIC && self.visible(*txn) {
+                *events.entry(*event).or_default() += 1;
+            }
+        }
+        events
+    }
+
     fn report(&mut self, p: usize, q: Queued, result: Result<(), RDKafkaErrorCode>) {
+        if result.is_err() && q.txn.is_some() {
+            // librdkafka fails the transaction of a record that failed.
+            self.kafka.doomed = true;
+        }
         self.reports[p].push_back(Delivery {
             token: q.token,
             generation: self.generation,
@@ -182,12 +278,12 @@ impl Broker {
         });
     }
 
-    fn persist(&mut self, p: usize, record: &RoutedRecord) {
+    fn persist(&mut self, p: usize, record: &RoutedRecord, txn: Option<usize>) {
         let Some(event) = event_of(record) else {
             return;
         };
         let key = record.key.as_deref().unwrap_or_default().to_vec();
-        self.log[p].push((record.topic.clone(), key, event));
+        self.log[p].push((record.topic.clone(), key, event, txn));
         if let Some(position) = record
             .headers
             .iter()
@@ -198,6 +294,7 @@ impl Broker {
                 record.topic.clone(),
                 event,
                 String::from_utf8_lossy(position).into_owned(),
+                txn,
             ));
         }
         if record.topic == DEAD_LETTER_TOPIC {
@@ -242,7 +339,16 @@ impl Broker {
             ));
             for q in batch {
                 if persisted {
-                    self.persist(p, &q.record);
+                    self.persist(p, &q.record, q.txn);
+                } else if q.txn.is_some() {
+                    self.kafka.late.push((
+                        p,
+                        Queued {
+                            token: q.token,
+                            record: q.record.clone(),
+                            txn: q.txn,
+                        },
+                    ));
                 }
                 self.report(p, q, Err(RDKafkaErrorCode::MessageTimedOut));
             }
@@ -251,7 +357,7 @@ impl Broker {
             return;
         }
         for q in batch {
-            self.persist(p, &q.record);
+            self.persist(p, &q.record, q.txn);
             self.report(p, q, Ok(()));
         }
     }
@@ -270,10 +376,15 @@ struct World {
     wall: SystemTime,
     /// How often each path of interest was taken.
     seen: BTreeMap<&'static str, u64>,
+    /// Exactly-once sessions (Kafka transactions, no poison events).
+    exactly_once: bool,
+    /// A broken promise or a model rule the core broke, found while carrying out its actions.
+    violation: Option<String>,
 }
 
 impl World {
-    fn new(seed: u64, txn_count: usize) -> Self {
+    /// A database of `txn_count` transactions; `poison`: some events are refused by the broker.
+    fn new(seed: u64, txn_count: usize, with_poison: bool) -> Self {
         let mut rng = Rng(seed);
         let mut txns = Vec::new();
         let mut lsn = 1_000u64;
@@ -285,7 +396,7 @@ impl World {
             let mut events = Vec::new();
             for _ in 0..rng.below(4) {
                 event += 1;
-                let is_poison = rng.chance(3);
+                let is_poison = rng.chance(3) && with_poison;
                 if is_poison {
                     poison.insert(event);
                 }
@@ -316,6 +427,8 @@ impl World {
             now: Instant::now(),
             wall: SystemTime::now(),
             seen: BTreeMap::new(),
+            exactly_once: !with_poison,
+            violation: None,
         }
     }
 
@@ -380,6 +493,18 @@ impl World {
             ));
         }
         self.confirmed = lsn;
+        if self.exactly_once {
+            // Only what a read_committed consumer sees counts.
+            let committed = self.broker.committed_events();
+            for (&event, &end) in &self.end_of {
+                if end <= lsn && !committed.contains_key(&event) {
+                    return Err(format!(
+                        "confirmed {lsn} passes event {event} (transaction ending {end}) that is in no committed Kafka transaction"
+                    ));
+                }
+            }
+            return Ok(());
+        }
         for (&event, &end) in &self.end_of {
             if end <= lsn
                 && !self.broker.written.contains(&event)
@@ -399,7 +524,10 @@ impl World {
         for (p, log) in self.broker.positions.iter().enumerate() {
             let mut last: HashMap<&str, &str> = HashMap::new();
             let mut first: HashMap<u64, &str> = HashMap::new();
-            for (topic, event, position) in log {
+            for (topic, event, position, txn) in log {
+                if !self.broker.visible(*txn) {
+                    continue;
+                }
                 match first.get(event) {
                     Some(earlier) if earlier != position => {
                         return Err(format!(
@@ -428,8 +556,8 @@ impl World {
         for (p, log) in self.broker.log.iter().enumerate() {
             type FirstDeliveries = (u64, HashSet<u64>);
             let mut seen: HashMap<(&str, &[u8]), FirstDeliveries> = HashMap::new();
-            for (topic, key, event) in log {
-                if topic == DEAD_LETTER_TOPIC {
+            for (topic, key, event, txn) in log {
+                if topic == DEAD_LETTER_TOPIC || !self.broker.visible(*txn) {
                     continue;
                 }
                 let (last, firsts) = seen.entry((topic, key)).or_default();
@@ -448,6 +576,287 @@ impl World {
     }
 }
 
+/// The modelled broker's side of exactly-once sessions: Kafka transactions, their commits,
+/// the registration of a new session's producer and the previous one's late writes.
+impl World {
+    /// [`Action::BeginTransaction`].
+    fn begin_transaction(&mut self) {
+        let kafka = &mut self.broker.kafka;
+        if kafka.open.is_some() || kafka.committing.is_some() || kafka.asked.is_some() {
+            self.violation.get_or_insert(format!(
+                "a Kafka transaction begun with one open ({:?}) or committing",
+                kafka.open
+            ));
+            return;
+        }
+        kafka.open = Some(kafka.states.len());
+        kafka.states.push(TxnState::Open);
+        kafka.doomed = false;
+        self.trace.push(format!(
+            "begin Kafka transaction {}",
+            kafka.states.len() - 1
+        ));
+    }
+
+    /// [`Action::Commit`]: run once no record waits for a topic.
+    fn ask_commit(&mut self, progress: Progress) {
+        let kafka = &mut self.broker.kafka;
+        self.trace.push(format!(
+            "commit asked for {:?} with progress {}/{:?}",
+            kafka.open, progress.commit_lsn, progress.through
+        ));
+        if kafka.open.is_none() || kafka.committing.is_some() || kafka.asked.is_some() {
+            self.violation
+                .get_or_insert("a commit asked for with no Kafka transaction open".into());
+            return;
+        }
+        kafka.asked = Some(progress);
+    }
+
+    /// Starts the commit asked for once `gate_empty` (the driver's `start_commit`): the
+    /// progress record is written in the transaction, and the commit flushes the producer.
+    fn start_commit(&mut self, gate_empty: bool) {
+        let kafka = &mut self.broker.kafka;
+        if !gate_empty {
+            return;
+        }
+        let (Some(progress), Some(txn)) = (kafka.asked, kafka.open) else {
+            return;
+        };
+        kafka.asked = None;
+        kafka.committing = Some((txn, progress));
+        self.trace.push(format!("commit of {txn} runs"));
+    }
+
+    /// Whether the running commit can end: librdkafka flushed every record first.
+    fn commit_flushed(&self) -> bool {
+        self.broker.kafka.committing.is_some()
+            && self.broker.unwritten.iter().all(VecDeque::is_empty)
+    }
+
+    /// The running commit ends: it succeeds only if no record of its transaction failed; with
+    /// `faults`, it may also fail, time out (perhaps after the coordinator committed) or find
+    /// the producer fenced.
+    fn end_commit(&mut self, faults: bool) -> Option<Result<(), SinkError>> {
+        let (txn, progress) = self.broker.kafka.committing.take()?;
+        let error = |code| SinkError::Transaction {
+            operation: Operation::CommitTransaction,
+            transactional_id: "sim".into(),
+            code,
+        };
+        let doomed = self.broker.kafka.doomed || self.broker.failed;
+        let (committed, result) = if doomed {
+            self.trace
+                .push(format!("commit of {txn} fails: a record of it failed"));
+            (
+                false,
+                Err(error(RDKafkaErrorCode::InvalidTransactionalState)),
+            )
+        } else if faults && self.rng.chance(15) {
+            match self.rng.below(3) {
+                0 => {
+                    self.trace.push(format!("commit of {txn} failed"));
+                    (
+                        false,
+                        Err(error(RDKafkaErrorCode::CoordinatorLoadInProgress)),
+                    )
+                }
+                1 => {
+                    let through = self.rng.chance(50);
+                    self.trace.push(format!(
+                        "commit of {txn} timed out (committed by the coordinator: {through})"
+                    ));
+                    if through {
+                        self.saw("commit timed out after the coordinator committed");
+                    }
+                    (through, Err(error(RDKafkaErrorCode::OperationTimedOut)))
+                }
+                _ => {
+                    self.trace.push(format!("commit of {txn}: producer fenced"));
+                    self.saw("producer fenced at commit");
+                    (false, Err(error(RDKafkaErrorCode::ProducerFenced)))
+                }
+            }
+        } else {
+            self.trace.push(format!(
+                "commit of {txn} ok: progress {}/{:?}",
+                progress.commit_lsn, progress.through
+            ));
+            (true, Ok(()))
+        };
+        if committed {
+            self.commit(txn, progress);
+        } else {
+            self.saw("failed commit");
+        }
+        Some(result)
+    }
+
+    fn commit(&mut self, txn: usize, progress: Progress) {
+        let kafka = &mut self.broker.kafka;
+        kafka.states[txn] = TxnState::Committed;
+        kafka.progress = Some(progress);
+        if kafka.open == Some(txn) {
+            kafka.open = None;
+        }
+        self.saw("commit");
+        if matches!(progress.through, Through::Record(_)) {
+            self.saw("mid-transaction split");
+        }
+    }
+
+    /// The session ended: its producer lives on as a zombie (its queued records, a running
+    /// commit); after a failure the driver may abort the open transaction itself.
+    fn end_session(&mut self, failed: bool) {
+        let kafka = &mut self.broker.kafka;
+        kafka.zombie.append(&mut kafka.late);
+        for (p, queue) in self.broker.unwritten.iter_mut().enumerate() {
+            kafka.zombie.extend(queue.drain(..).map(|q| (p, q)));
+        }
+        kafka.zombie_commit = kafka.committing.take();
+        kafka.zombie_doomed = kafka.doomed || self.broker.failed;
+        kafka.asked = None;
+        kafka.shutdown_open = false;
+        if failed && kafka.zombie_commit.is_none() && self.rng.chance(50) {
+            if let Some(txn) = kafka.open.take() {
+                self.trace
+                    .push(format!("the driver aborts Kafka transaction {txn}"));
+                kafka.states[txn] = TxnState::Aborted;
+                kafka.zombie.clear();
+                self.saw("aborted transaction");
+            }
+        }
+    }
+
+    /// The zombie producer writes its next batch: into its transaction while it is open (before
+    /// the next producer's registration), refused (fenced) after.
+    fn zombie_writes(&mut self) {
+        let kafka = &mut self.broker.kafka;
+        let Some((p, _)) = kafka.zombie.first() else {
+            return;
+        };
+        let p = *p;
+        let n = 1 + self.rng.below(3);
+        let mut batch = Vec::new();
+        while batch.len() < n {
+            let Some(i) = kafka.zombie.iter().position(|(q, _)| *q == p) else {
+                break;
+            };
+            batch.push(kafka.zombie.remove(i).1);
+        }
+        for q in batch {
+            let open = q
+                .txn
+                .is_some_and(|t| self.broker.kafka.states[t] == TxnState::Open);
+            if open {
+                self.trace.push(format!(
+                    "zombie writes #{} event {:?} in Kafka transaction {:?}",
+                    q.token,
+                    event_of(&q.record),
+                    q.txn
+                ));
+                self.broker.persist(p, &q.record, q.txn);
+            } else {
+                self.trace.push(format!(
+                    "zombie's #{} event {:?} refused: producer fenced",
+                    q.token,
+                    event_of(&q.record)
+                ));
+                self.saw("fenced zombie");
+            }
+        }
+    }
+
+    /// A new session's `init_transactions`: the zombie may write before it is fenced; a commit
+    /// it was running completes if the coordinator had it, every other open transaction is
+    /// aborted. Then the progress is read read_committed.
+    fn init_transactions(&mut self) -> Option<Progress> {
+        while !self.broker.kafka.zombie.is_empty() && self.rng.chance(30) {
+            self.zombie_writes();
+        }
+        if let Some((txn, progress)) = self.broker.kafka.zombie_commit.take() {
+            let flushed = self
+                .broker
+                .kafka
+                .zombie
+                .iter()
+                .all(|(_, q)| q.txn != Some(txn));
+            if flushed && !self.broker.kafka.zombie_doomed && self.rng.chance(50) {
+                self.trace.push(format!(
+                    "the coordinator completes the commit of {txn} the ended session ran"
+                ));
+                self.saw("commit completed after its session ended");
+                self.commit(txn, progress);
+            }
+        }
+        let kafka = &mut self.broker.kafka;
+        kafka.open = None;
+        kafka.doomed = false;
+        for (txn, state) in kafka.states.iter_mut().enumerate() {
+            if *state == TxnState::Open {
+                *state = TxnState::Aborted;
+                self.trace
+                    .push(format!("init_transactions aborts Kafka transaction {txn}"));
+                let written = self
+                    .broker
+                    .log
+                    .iter()
+                    .flatten()
+                    .any(|(_, _, _, t)| *t == Some(txn));
+                if written {
+                    *self.seen.entry("aborted transaction").or_default() += 1;
+                }
+            }
+        }
+        let progress = self.broker.kafka.progress;
+        self.trace.push(format!(
+            "progress read: {:?}",
+            progress.map(|p| (p.commit_lsn, p.through))
+        ));
+        progress
+    }
+
+    /// The progress read at a session's start (resuming at `resume`) is exact: it covers an
+    /// event the session reads again if and only if the event is committed.
+    fn check_progress(&self, progress: Option<Progress>, resume: Lsn) -> Result<(), String> {
+        let committed = self.broker.committed_events();
+        for txn in &self.txns {
+            for (index, &(event, _, _)) in txn.events.iter().enumerate() {
+                let is_committed = committed.contains_key(&event);
+                let covered = progress.is_some_and(|p| p.covers(txn.begin_lsn, index as u32));
+                if txn.end_lsn <= resume {
+                    if !is_committed {
+                        return Err(format!(
+                            "resuming at {resume} after event {event}, which is in no committed Kafka transaction"
+                        ));
+                    }
+                } else if covered != is_committed {
+                    return Err(format!(
+                        "the progress {progress:?} covers event {event} ({}, record {index}): {covered}, but it is committed: {is_committed}",
+                        txn.begin_lsn
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// No event twice for a read_committed consumer.
+    fn check_at_most_once(&self) -> Result<(), String> {
+        match self
+            .broker
+            .committed_events()
+            .into_iter()
+            .find(|&(_, n)| n > 1)
+        {
+            Some((event, n)) => Err(format!(
+                "event {event} {n} times in committed Kafka transactions"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A core over the modelled outbox table, with a window of [`WINDOW`] records.
 fn session_core<'a>(
     router: &'a Routers,
@@ -456,6 +865,7 @@ fn session_core<'a>(
     shutdown_timeout: Duration,
     metrics: Arc<Metrics>,
     start: Lsn,
+    transactions: Option<KafkaTransactions>,
 ) -> SessionCore<'a> {
     SessionCore::new(
         CoreSettings {
@@ -478,7 +888,7 @@ fn session_core<'a>(
             delivery_timeout: Some(Duration::from_secs(5)),
             replacement_backoff: (Duration::from_millis(200), Duration::from_secs(30)),
             position_headers: Some(super::position::PositionHeaders::new(Some("1"), "s")),
-            transactions: None,
+            transactions,
         },
         metrics,
         start,
@@ -492,6 +902,15 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         event_of(&record),
         record.topic
     ));
+    if w.exactly_once {
+        let kafka = &w.broker.kafka;
+        if kafka.open.is_none() || kafka.committing.is_some() {
+            w.violation.get_or_insert(format!(
+                "record #{token} handed to the producer outside an open Kafka transaction (open: {:?}, committing: {:?})",
+                kafka.open, kafka.committing
+            ));
+        }
+    }
     if w.broker.failed {
         let record_topic = record.topic.clone();
         core.handle(
@@ -508,7 +927,8 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         );
     } else {
         let p = partition_of(&record);
-        w.broker.unwritten[p].push_back(Queued { token, record });
+        let txn = w.broker.kafka.open;
+        w.broker.unwritten[p].push_back(Queued { token, record, txn });
     }
 }
 
@@ -562,12 +982,27 @@ struct Outcome {
     seen: BTreeMap<&'static str, u64>,
 }
 
-fn run_seed(
-    seed: u64,
-    fail_on_poison: bool,
-) -> Result<(Outcome, Vec<String>), (String, Vec<String>)> {
+/// What a seed runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// At-least-once, poison events dead-lettered.
+    DeadLetter,
+    /// At-least-once, a poison event stops the session.
+    Fail,
+    /// Exactly-once (Kafka transactions), no poison events.
+    ExactlyOnce,
+}
+
+fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Vec<String>)> {
     let txn_count = 40;
-    let mut w = World::new(seed, txn_count);
+    let fail_on_poison = mode == Mode::Fail;
+    let exactly_once = mode == Mode::ExactlyOnce;
+    let mut w = World::new(seed, txn_count, !exactly_once);
+    // Small bounds: commits often, and some in the middle of a PostgreSQL transaction.
+    let bounds = exactly_once.then(|| TransactionBounds {
+        max_age: Duration::from_millis(50 + w.rng.below(251) as u64),
+        max_bytes: 50 + w.rng.below(800),
+    });
     let router = Routers::new(
         EventRouter::new(
             RouterOptions::from_map(&BTreeMap::new()).map_err(|e| (e.to_string(), Vec::new()))?,
@@ -595,6 +1030,15 @@ fn run_seed(
         }
         w.trace.push(format!("session {sessions} from {resume}"));
         let mut source = w.source_from(resume);
+        let transactions = match bounds {
+            Some(bounds) => {
+                let progress = w.init_transactions();
+                w.check_progress(progress, resume)
+                    .map_err(|e| (e, w.trace.clone()))?;
+                Some(KafkaTransactions::new(bounds, resume, progress))
+            }
+            None => None,
+        };
         let mut core = session_core(
             &router,
             &prefixes,
@@ -602,6 +1046,7 @@ fn run_seed(
             Duration::from_secs(5),
             Arc::clone(&metrics),
             resume,
+            transactions,
         );
         w.broker.failed = false;
         w.broker.generation += 1;
@@ -620,6 +1065,12 @@ fn run_seed(
             while let Some(action) = core.poll_action() {
                 match action {
                     Action::Send { token, record } => {
+                        let kafka = &w.broker.kafka;
+                        if kafka.asked.is_some() || kafka.committing.is_some() {
+                            w.violation.get_or_insert(format!(
+                                "record #{token} handed over while a commit is due or runs"
+                            ));
+                        }
                         let topics = &w.broker.topics;
                         let step = gate.offer(token, record, |topic| !topics.contains(topic));
                         carry_out(&mut w, &mut core, &gate, step.into_iter().collect());
@@ -630,12 +1081,14 @@ fn run_seed(
                     }
                     Action::Lookup(lookup) => lookups.push_back(lookup),
                     Action::ForgetRelation(_) => {}
-                    Action::BeginTransaction | Action::Commit(_) => {
+                    Action::BeginTransaction | Action::Commit(_) if !exactly_once => {
                         return Err((
                             "a Kafka transaction in an at-least-once session".into(),
                             w.trace,
                         ))
                     }
+                    Action::BeginTransaction => w.begin_transaction(),
+                    Action::Commit(progress) => w.ask_commit(progress),
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
                         w.saw("purge");
@@ -672,6 +1125,27 @@ fn run_seed(
                     Action::Finish(result) => {
                         w.trace.push(format!("finish {result:?}"));
                         resume = resume.max(core.watermark());
+                        if exactly_once {
+                            if core.skipped_committed() > 0 {
+                                w.saw("skipped already committed records");
+                            }
+                            let kafka = &w.broker.kafka;
+                            if result.is_ok() {
+                                if kafka.open.is_some() || kafka.committing.is_some() {
+                                    return Err((
+                                        format!(
+                                            "finished with Kafka transaction {:?} open",
+                                            kafka.open
+                                        ),
+                                        w.trace,
+                                    ));
+                                }
+                                if kafka.shutdown_open {
+                                    w.saw("shutdown committed the open transaction");
+                                }
+                            }
+                            w.end_session(result.is_err());
+                        }
                         // The old producer is gone with its session.
                         for p in 0..PARTITIONS {
                             w.broker.unwritten[p].clear();
@@ -687,6 +1161,13 @@ fn run_seed(
                         }
                     }
                 }
+            }
+            if let Some(violation) = w.violation.take() {
+                return Err((violation, w.trace));
+            }
+            if exactly_once {
+                // As the driver: once no record waits for a topic, and the session did not fail.
+                w.start_commit(gate.is_empty() && core.may_commit());
             }
             // Bounds.
             let (records, _) = core.in_flight();
@@ -709,6 +1190,9 @@ fn run_seed(
                 w.check_order().map_err(|e| (e, w.trace.clone()))?;
                 w.check_positions().map_err(|e| (e, w.trace.clone()))?;
                 w.check_positions().map_err(|e| (e, w.trace.clone()))?;
+                if exactly_once {
+                    w.check_at_most_once().map_err(|e| (e, w.trace.clone()))?;
+                }
             }
             if core.watermark() >= last_end && !stopping && source.is_empty() {
                 stopping = true;
@@ -743,6 +1227,12 @@ fn run_seed(
                         }
                     ));
                     core.handle(w.now(), Input::Delivery(report));
+                }
+            } else if exactly_once && choice < 87 && !w.broker.kafka.zombie.is_empty() {
+                w.zombie_writes();
+            } else if exactly_once && choice < 89 && w.commit_flushed() {
+                if let Some(result) = w.end_commit(faults) {
+                    core.handle(w.now(), Input::Committed(result));
                 }
             } else if choice < 90 && w.broker.creation.is_some() && w.rng.chance(50) {
                 let Some((id, topic)) = w.broker.creation.take() else {
@@ -787,6 +1277,10 @@ fn run_seed(
             } else if faults && choice == 91 && w.rng.chance(10) && !stopping {
                 w.trace.push("shutdown".into());
                 stopping = true;
+                if w.broker.kafka.open.is_some() {
+                    w.broker.kafka.shutdown_open = true;
+                    w.saw("shutdown with a Kafka transaction open");
+                }
                 core.handle(w.now(), Input::Shutdown);
             } else {
                 let cap = Duration::from_millis(1 + w.rng.below(2_000) as u64);
@@ -810,6 +1304,32 @@ fn run_seed(
         }
     }
     w.check_order().map_err(|e| (e, w.trace.clone()))?;
+    if exactly_once && outcome_error.is_none() {
+        // A read_committed consumer sees every event exactly once, in order, positions rising;
+        // a read_uncommitted one may see repeats (what the transactions save).
+        w.check_positions().map_err(|e| (e, w.trace.clone()))?;
+        let committed = w.broker.committed_events();
+        for &event in w.end_of.keys() {
+            let n = committed.get(&event).copied().unwrap_or(0);
+            if n != 1 {
+                return Err((
+                    format!("event {event} {n} times for a read_committed consumer"),
+                    w.trace,
+                ));
+            }
+        }
+        let written = w
+            .broker
+            .log
+            .iter()
+            .flatten()
+            .filter(|(topic, ..)| topic != DEAD_LETTER_TOPIC)
+            .count();
+        let repeats = (written - w.end_of.len()) as u64;
+        *w.seen
+            .entry("repeats only read_uncommitted consumers see")
+            .or_default() += repeats;
+    }
     // Everything arrived: each innocent event in its topic, each poison one dead-lettered.
     if outcome_error.is_none() {
         for &event in w.end_of.keys() {
@@ -868,7 +1388,7 @@ fn simulation_dead_letter_policy_keeps_every_promise() {
     let seeds = seeds();
     let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
     for &seed in &seeds {
-        match run_seed(seed, false) {
+        match run_seed(seed, Mode::DeadLetter) {
             Ok((outcome, trace)) => {
                 if let Some(e) = outcome.error {
                     fail(seed, "dead-letter", &format!("stopped: {e}"), &trace);
@@ -904,9 +1424,9 @@ fn simulation_dead_letter_policy_keeps_every_promise() {
 #[test]
 fn simulation_fail_policy_stops_on_a_refused_record_without_loss() {
     for seed in seeds() {
-        match run_seed(seed, true) {
+        match run_seed(seed, Mode::Fail) {
             Ok((outcome, trace)) => {
-                let any_poison = World::new(seed, 40).poison.iter().next().is_some();
+                let any_poison = World::new(seed, 40, true).poison.iter().next().is_some();
                 match outcome.error {
                     Some(e) if !e.is_transient() => {}
                     Some(other) => fail(seed, "fail", &format!("unexpected error {other}"), &trace),
@@ -920,6 +1440,49 @@ fn simulation_fail_policy_stops_on_a_refused_record_without_loss() {
                 }
             }
             Err((reason, trace)) => fail(seed, "fail", &reason, &trace),
+        }
+    }
+}
+
+#[test]
+fn simulation_exactly_once_keeps_every_promise() {
+    let seeds = seeds();
+    let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for &seed in &seeds {
+        match run_seed(seed, Mode::ExactlyOnce) {
+            Ok((outcome, trace)) => {
+                if let Some(e) = outcome.error {
+                    fail(seed, "exactly-once", &format!("stopped: {e}"), &trace);
+                }
+                if seeds.len() == 1 {
+                    eprintln!("{}", trace.join("\n"));
+                }
+                for (what, n) in outcome.seen {
+                    *seen.entry(what).or_default() += n;
+                }
+            }
+            Err((reason, trace)) => fail(seed, "exactly-once", &reason, &trace),
+        }
+    }
+    // The seeds together take every path the simulation is there to check.
+    if seeds.len() >= 100 {
+        for what in [
+            "commit",
+            "mid-transaction split",
+            "failed commit",
+            "aborted transaction",
+            "skipped already committed records",
+            "fenced zombie",
+            "shutdown with a Kafka transaction open",
+            "shutdown committed the open transaction",
+            "commit timed out after the coordinator committed",
+            "commit completed after its session ended",
+            "repeats only read_uncommitted consumers see",
+        ] {
+            assert!(
+                seen.get(what).is_some_and(|&n| n > 0),
+                "never seen: {what} ({seen:?})"
+            );
         }
     }
 }
@@ -945,6 +1508,7 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
         Duration::from_secs(30),
         metrics,
         Lsn(0),
+        None,
     );
     let start = Instant::now();
     let now = Now {
@@ -1046,6 +1610,7 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
         Duration::from_secs(30),
         Arc::clone(&metrics),
         Lsn(0),
+        None,
     );
     let now = Now {
         instant: Instant::now(),
@@ -1141,4 +1706,182 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
     };
     assert!(error.is_transient(), "{error}");
     assert_eq!(core.watermark(), Lsn(110));
+}
+
+/// An exactly-once core (Kafka transactions of at most 100 ms) that has handed over one record
+/// of a transaction ending at 110, in a Kafka transaction it began: the record's token.
+fn exactly_once_core_with_one_record<'a>(
+    router: &'a Routers,
+    prefixes: &'a HashSet<String>,
+    now: Now,
+) -> (SessionCore<'a>, usize) {
+    let bounds = TransactionBounds {
+        max_age: Duration::from_millis(100),
+        max_bytes: 1_000_000,
+    };
+    let mut core = session_core(
+        router,
+        prefixes,
+        &ErrorPolicy::Fail,
+        Duration::from_secs(30),
+        Arc::new(Metrics::new()),
+        Lsn(0),
+        Some(KafkaTransactions::new(bounds, Lsn(0), None)),
+    );
+    core.handle(now, Input::Source(SourceEvent::Relation(relation())));
+    let Some(Action::Lookup(Lookup::NotNullColumns(relation))) = core.poll_action() else {
+        panic!("a lookup of the outbox table's columns");
+    };
+    core.handle(
+        now,
+        Input::Answer(Answer::NotNullColumns {
+            relation: Arc::clone(&relation),
+            columns: Ok(Default::default()),
+        }),
+    );
+    for event in [
+        SourceEvent::Begin {
+            xid: 1,
+            final_lsn: Lsn(100),
+            commit_time_us: 0,
+        },
+        SourceEvent::Change {
+            relation,
+            change: RowChange::Insert(row(1, 1, false)),
+            lsn: Lsn(90),
+        },
+        SourceEvent::Commit {
+            commit_lsn: Lsn(100),
+            end_lsn: Lsn(110),
+            commit_time_us: 0,
+        },
+    ] {
+        core.handle(now, Input::Source(event));
+    }
+    assert!(matches!(core.poll_action(), Some(Action::BeginTransaction)));
+    let Some(Action::Send { token, .. }) = core.poll_action() else {
+        panic!("the record is sent in the Kafka transaction");
+    };
+    assert!(core.poll_action().is_none(), "no commit due yet");
+    (core, token)
+}
+
+fn default_routers() -> Routers {
+    Routers::new(
+        EventRouter::new(
+            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
+            Format::default(),
+        ),
+        HashMap::new(),
+    )
+}
+
+fn not_taken(token: usize) -> Input {
+    let record = RoutedRecord {
+        topic: "outbox.event.invoice".into(),
+        key: None,
+        value: None,
+        headers: Vec::new(),
+        timestamp_ms: None,
+        partition: None,
+    };
+    Input::SendRefused {
+        token,
+        record,
+        error: SinkError::Kafka {
+            operation: Operation::CreateTopic,
+            topic: "outbox.event.invoice".into(),
+            code: RDKafkaErrorCode::OperationTimedOut,
+        },
+    }
+}
+
+/// Exactly-once: a record that never reached the producer (its topic's creation failed while
+/// it waited) fails the session, and no commit follows: the transaction would commit without
+/// the record, and its progress, covering it, would make the next session skip it.
+#[test]
+fn exactly_once_commits_nothing_after_a_record_was_not_taken() {
+    let router = default_routers();
+    let prefixes = HashSet::new();
+    let t0 = Instant::now();
+    let now = |ms| Now {
+        instant: t0 + Duration::from_millis(ms),
+        wall: SystemTime::now(),
+    };
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now(0));
+    core.handle(now(1), not_taken(token));
+    assert!(!core.may_commit());
+    // The Kafka transaction's age bound passes: still no commit.
+    core.handle(now(500), Input::Tick);
+    let actions: Vec<Action> = std::iter::from_fn(|| core.poll_action()).collect();
+    assert!(
+        actions.iter().all(|a| !matches!(a, Action::Commit(_))),
+        "{actions:?}"
+    );
+    assert!(
+        matches!(actions.last(), Some(Action::Finish(Err(e))) if e.is_transient()),
+        "{actions:?}"
+    );
+    assert_eq!(core.watermark(), Lsn(0));
+
+    // During a shutdown the commit is asked for at once; the record is then not taken: the
+    // commit is no longer to run, and the shutdown ends with the failure.
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now(0));
+    core.handle(now(1), Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    core.handle(now(2), not_taken(token));
+    assert!(!core.may_commit(), "the driver drops the commit it holds");
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
+}
+
+/// Exactly-once: a commit that fails during a shutdown, before the last reports came, ends the
+/// session with the failure once they came (it is not lost, and the stop does not wait for a
+/// second commit outcome that never comes).
+#[test]
+fn exactly_once_a_commit_failed_during_a_shutdown_ends_it() {
+    let router = default_routers();
+    let prefixes = HashSet::new();
+    let t0 = Instant::now();
+    let now = Now {
+        instant: t0,
+        wall: SystemTime::now(),
+    };
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now);
+    core.handle(now, Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    core.handle(
+        now,
+        Input::Committed(Err(SinkError::Transaction {
+            operation: Operation::CommitTransaction,
+            transactional_id: "t".into(),
+            code: RDKafkaErrorCode::OperationTimedOut,
+        })),
+    );
+    core.handle(
+        now,
+        Input::Delivery(Delivery {
+            token,
+            generation: 0,
+            result: Ok(Delivered {
+                partition: 0,
+                offset: 0,
+            }),
+        }),
+    );
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
+    assert_eq!(core.watermark(), Lsn(0));
 }
