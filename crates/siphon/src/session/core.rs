@@ -399,10 +399,22 @@ impl<'a> SessionCore<'a> {
     /// Feeds one input.
     pub fn handle(&mut self, now: Now, input: Input) {
         // A finished flow waits only for the last commit's outcome (exactly-once).
-        if self.flow.is_finished()
-            && !(self.finish.is_some() && matches!(input, Input::Committed(_)))
-        {
-            return;
+        if self.flow.is_finished() {
+            if self.finish.is_none() {
+                return;
+            }
+            match input {
+                Input::Committed(_) => {}
+                // A record that waited for its topic past the stop's deadline never reached
+                // the producer: the transaction must not commit without it.
+                Input::SendRefused { record, error, .. } => {
+                    return self.uncommittable(record.topic, AbortCause::NotTaken(error));
+                }
+                Input::Purged { record, .. } => {
+                    return self.uncommittable(record.topic, AbortCause::Purged);
+                }
+                _ => return,
+            }
         }
         let outcome = match input {
             Input::Source(event) => self.on_source(now, event),
@@ -824,6 +836,21 @@ impl<'a> SessionCore<'a> {
             }
         }
         self.flow.hand_over(seq, record);
+    }
+
+    /// Exactly-once: the finished flow waits for the last commit, and a record of its
+    /// transaction did not reach the producer: no commit, the session ends with the failure.
+    fn uncommittable(&mut self, topic: String, cause: AbortCause) {
+        if let Some(transactions) = &mut self.transactions {
+            transactions.abandon();
+        }
+        if self.finish.take().is_some() {
+            self.flow
+                .push(Own::Finish(Err(PipelineError::TransactionAborted {
+                    topic,
+                    cause,
+                })));
+        }
     }
 
     /// Exactly-once: the commit ended. Success confirms what it covered (and ends a stopping

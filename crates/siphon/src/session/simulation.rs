@@ -187,6 +187,8 @@ struct Transactions {
     zombie_doomed: bool,
     /// The session was asked to shut down with a transaction open.
     shutdown_open: bool,
+    /// Beginning the current transaction failed: the producer takes no record.
+    begin_failed: bool,
 }
 
 /// A record written to a partition: topic, key, event, Kafka transaction.
@@ -427,7 +429,7 @@ impl World {
             now: Instant::now(),
             wall: SystemTime::now(),
             seen: BTreeMap::new(),
-            exactly_once: !with_poison,
+            exactly_once: false,
             violation: None,
         }
     }
@@ -579,15 +581,26 @@ impl World {
 /// The modelled broker's side of exactly-once sessions: Kafka transactions, their commits,
 /// the registration of a new session's producer and the previous one's late writes.
 impl World {
-    /// [`Action::BeginTransaction`].
-    fn begin_transaction(&mut self) {
+    /// [`Action::BeginTransaction`]; with `faults` it may fail (the producer then takes no
+    /// record).
+    fn begin_transaction(&mut self, faults: bool) -> Result<(), SinkError> {
+        if faults && self.rng.chance(2) {
+            self.trace.push("begin Kafka transaction failed".into());
+            self.saw("begin failed");
+            self.broker.kafka.begin_failed = true;
+            return Err(SinkError::Transaction {
+                operation: Operation::BeginTransaction,
+                transactional_id: "sim".into(),
+                code: RDKafkaErrorCode::CoordinatorNotAvailable,
+            });
+        }
         let kafka = &mut self.broker.kafka;
         if kafka.open.is_some() || kafka.committing.is_some() || kafka.asked.is_some() {
             self.violation.get_or_insert(format!(
                 "a Kafka transaction begun with one open ({:?}) or committing",
                 kafka.open
             ));
-            return;
+            return Ok(());
         }
         kafka.open = Some(kafka.states.len());
         kafka.states.push(TxnState::Open);
@@ -596,6 +609,7 @@ impl World {
             "begin Kafka transaction {}",
             kafka.states.len() - 1
         ));
+        Ok(())
     }
 
     /// [`Action::Commit`]: run once no record waits for a topic.
@@ -717,6 +731,7 @@ impl World {
         kafka.zombie_doomed = kafka.doomed || self.broker.failed;
         kafka.asked = None;
         kafka.shutdown_open = false;
+        kafka.begin_failed = false;
         if failed && kafka.zombie_commit.is_none() && self.rng.chance(50) {
             if let Some(txn) = kafka.open.take() {
                 self.trace
@@ -902,6 +917,24 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         event_of(&record),
         record.topic
     ));
+    if w.exactly_once && w.broker.kafka.begin_failed && w.broker.kafka.open.is_none() {
+        // librdkafka takes no record outside a transaction.
+        w.trace.push(format!("#{token} not taken: no transaction"));
+        let topic = record.topic.clone();
+        core.handle(
+            w.now(),
+            Input::SendRefused {
+                token,
+                record,
+                error: SinkError::Kafka {
+                    operation: Operation::Enqueue,
+                    topic,
+                    code: RDKafkaErrorCode::State,
+                },
+            },
+        );
+        return;
+    }
     if w.exactly_once {
         let kafka = &w.broker.kafka;
         if kafka.open.is_none() || kafka.committing.is_some() {
@@ -991,13 +1024,16 @@ enum Mode {
     Fail,
     /// Exactly-once (Kafka transactions), no poison events.
     ExactlyOnce,
+    /// Exactly-once, a poison event (refused by the broker in a transaction) stops the session.
+    ExactlyOnceRefused,
 }
 
 fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Vec<String>)> {
     let txn_count = 40;
     let fail_on_poison = mode == Mode::Fail;
-    let exactly_once = mode == Mode::ExactlyOnce;
-    let mut w = World::new(seed, txn_count, !exactly_once);
+    let exactly_once = matches!(mode, Mode::ExactlyOnce | Mode::ExactlyOnceRefused);
+    let mut w = World::new(seed, txn_count, mode != Mode::ExactlyOnce);
+    w.exactly_once = exactly_once;
     // Small bounds: commits often, and some in the middle of a PostgreSQL transaction.
     let bounds = exactly_once.then(|| TransactionBounds {
         max_age: Duration::from_millis(50 + w.rng.below(251) as u64),
@@ -1087,7 +1123,11 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                             w.trace,
                         ))
                     }
-                    Action::BeginTransaction => w.begin_transaction(),
+                    Action::BeginTransaction => {
+                        if let Err(e) = w.begin_transaction(faults) {
+                            core.handle(w.now(), Input::Committed(Err(e)));
+                        }
+                    }
                     Action::Commit(progress) => w.ask_commit(progress),
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
@@ -1304,6 +1344,13 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
         }
     }
     w.check_order().map_err(|e| (e, w.trace.clone()))?;
+    if exactly_once {
+        // What a next session would start from is exact, whatever stopped this one.
+        w.check_at_most_once().map_err(|e| (e, w.trace.clone()))?;
+        let progress = w.init_transactions();
+        w.check_progress(progress, resume)
+            .map_err(|e| (e, w.trace.clone()))?;
+    }
     if exactly_once && outcome_error.is_none() {
         // A read_committed consumer sees every event exactly once, in order, positions rising;
         // a read_uncommitted one may see repeats (what the transactions save).
@@ -1477,12 +1524,41 @@ fn simulation_exactly_once_keeps_every_promise() {
             "shutdown committed the open transaction",
             "commit timed out after the coordinator committed",
             "commit completed after its session ended",
+            "begin failed",
             "repeats only read_uncommitted consumers see",
         ] {
             assert!(
                 seen.get(what).is_some_and(|&n| n > 0),
                 "never seen: {what} ({seen:?})"
             );
+        }
+    }
+}
+
+#[test]
+fn simulation_exactly_once_stops_on_a_refused_record_without_loss() {
+    for seed in seeds() {
+        match run_seed(seed, Mode::ExactlyOnceRefused) {
+            Ok((outcome, trace)) => {
+                let any_poison = World::new(seed, 40, true).poison.iter().next().is_some();
+                match outcome.error {
+                    Some(PipelineError::RefusedInTransaction(_)) => {}
+                    Some(other) => fail(
+                        seed,
+                        "exactly-once refused",
+                        &format!("unexpected error {other}"),
+                        &trace,
+                    ),
+                    None if any_poison => fail(
+                        seed,
+                        "exactly-once refused",
+                        "a refused record did not stop the session",
+                        &trace,
+                    ),
+                    None => {}
+                }
+            }
+            Err((reason, trace)) => fail(seed, "exactly-once refused", &reason, &trace),
         }
     }
 }
@@ -1839,6 +1915,25 @@ fn exactly_once_commits_nothing_after_a_record_was_not_taken() {
         matches!(&finished, Some(Err(e)) if e.is_transient()),
         "{finished:?}"
     );
+
+    // The record waits for its topic past the stop's deadline: the stop waits for the commit
+    // alone. The record is then not taken: no commit, the session ends with the failure.
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now(0));
+    core.handle(now(1), Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    core.handle(now(31_000), Input::Tick);
+    assert!(core.is_finished() && core.poll_action().is_none());
+    core.handle(now(31_001), not_taken(token));
+    assert!(!core.may_commit(), "the driver drops the commit it holds");
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
+    assert_eq!(core.watermark(), Lsn(0));
 }
 
 /// Exactly-once: a commit that fails during a shutdown, before the last reports came, ends the
