@@ -1015,6 +1015,15 @@ impl<'a> SessionCore<'a> {
                     kind: ProducerErrorKind::Definite,
                 }
                 .emit(&self.metrics);
+                if self.transactions.is_some() && self.flow.is_stopping() {
+                    // A stopping flow gives it up without a dead letter: the open Kafka
+                    // transaction, whose progress counts it, must not commit.
+                    self.flow.reported_fatal(token);
+                    return Err(PipelineError::TransactionAborted {
+                        topic: record.topic,
+                        cause: AbortCause::NotTaken(error),
+                    });
+                }
                 Outcome::Refused {
                     token,
                     record,

@@ -626,7 +626,8 @@ impl Driver<'_> {
         if self.waiting.creation.as_ref().map(|c| c.id) != self.waiting.gate.creating() {
             self.waiting.creation = None;
         }
-        self.start_commit().await;
+        // A commit the gate held starts in `execute`, once the core's actions these steps
+        // caused (a dead letter of a refused record) are carried out: in its transaction.
         if handed_back > 0 {
             warn!(
                 records = handed_back,

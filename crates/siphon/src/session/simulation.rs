@@ -23,14 +23,17 @@
 //!
 //! # Exactly-once sessions
 //!
-//! The exactly-once mode ([`Mode::ExactlyOnce`], no poison events) gives the core
-//! [`KafkaTransactions`] with small bounds (commits every 50-300 ms or few records, some in the
-//! middle of a PostgreSQL transaction) and models the broker's transactions:
+//! The exactly-once mode ([`Mode::ExactlyOnce`]: no poison events, but some the producer
+//! refuses at enqueue, dead-lettered in the transaction) gives the core [`KafkaTransactions`]
+//! with small bounds (commits every 50-300 ms or few records, some in the middle of a
+//! PostgreSQL transaction) and models the broker's transactions:
 //! - a record is handed to the producer only inside a Kafka transaction the core began, and
 //!   never while a commit is due or runs; what is written in it is seen by a read_uncommitted
 //!   consumer at once, by a read_committed one only once it committed;
-//! - a commit starts as in the driver (once no record waits for a topic, and only if the
-//!   session did not fail), writes the progress and flushes the producer: it succeeds only if
+//! - a beginning may fail (the producer then takes no record);
+//! - a commit starts as in the driver (once no record waits for a topic and the core's actions
+//!   are carried out, and only if the session did not fail), writes the progress and flushes
+//!   the producer: it succeeds only if
 //!   no record of the transaction failed in the producer (a record never taken is unknown to
 //!   it); with faults it also fails, times out (the coordinator perhaps committed it anyway)
 //!   or finds the producer fenced, and a failure ends the session;
@@ -47,7 +50,9 @@
 //! session would read again; that a read_committed consumer never sees an event twice; and at
 //! the end that it sees every event exactly once, first deliveries per key in commit order and
 //! positions rising per partition. Repeats only a read_uncommitted consumer sees are counted.
-//! It runs over the same seeds as the other modes (a few seconds in a debug build).
+//! It runs over the same seeds as the other modes (a few seconds in a debug build), and again
+//! with poison events ([`Mode::ExactlyOnceRefused`]): a record the broker refuses in a
+//! transaction stops the session, with nothing lost.
 //!
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
@@ -248,11 +253,12 @@ impl Broker {
         txn.is_none_or(|t| self.kafka.states[t] == TxnState::Committed)
     }
 
-    /// How often each event is in its own topic for a read_committed consumer.
+    /// How often each event is in its own topic or the dead-letter topic for a read_committed
+    /// consumer.
     fn committed_events(&self) -> HashMap<u64, usize> {
         let mut events = HashMap::new();
-        for (topic, _, event, txn) in self.log.iter().flatten() {
-            if topic != DEAD_LETTER_TOPIC && self.visible(*txn) {
+        for (_, _, event, txn) in self.log.iter().flatten() {
+            if self.visible(*txn) {
                 *events.entry(*event).or_default() += 1;
             }
         }
@@ -380,6 +386,8 @@ struct World {
     seen: BTreeMap<&'static str, u64>,
     /// Exactly-once sessions (Kafka transactions, no poison events).
     exactly_once: bool,
+    /// Exactly-once: events the producer refuses to take (too large): dead-lettered.
+    oversized: HashSet<u64>,
     /// A broken promise or a model rule the core broke, found while carrying out its actions.
     violation: Option<String>,
 }
@@ -430,6 +438,7 @@ impl World {
             wall: SystemTime::now(),
             seen: BTreeMap::new(),
             exactly_once: false,
+            oversized: HashSet::new(),
             violation: None,
         }
     }
@@ -917,6 +926,28 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         event_of(&record),
         record.topic
     ));
+    if w.exactly_once
+        && record.topic != DEAD_LETTER_TOPIC
+        && event_of(&record).is_some_and(|e| w.oversized.contains(&e))
+    {
+        w.trace
+            .push(format!("#{token} refused at enqueue: too large"));
+        w.saw("refused at enqueue");
+        let topic = record.topic.clone();
+        core.handle(
+            w.now(),
+            Input::SendRefused {
+                token,
+                record,
+                error: SinkError::Kafka {
+                    operation: Operation::Enqueue,
+                    topic,
+                    code: RDKafkaErrorCode::MessageSizeTooLarge,
+                },
+            },
+        );
+        return;
+    }
     if w.exactly_once && w.broker.kafka.begin_failed && w.broker.kafka.open.is_none() {
         // librdkafka takes no record outside a transaction.
         w.trace.push(format!("#{token} not taken: no transaction"));
@@ -1006,6 +1037,9 @@ fn carry_out(
     if w.broker.creation.as_ref().map(|(id, _)| *id) != gate.creating() {
         w.broker.creation = None;
     }
+    // As in the driver, a commit the gate held starts only once the core's actions these steps
+    // caused are carried out (a dead letter of a record refused here joins the transaction
+    // before it commits).
 }
 
 /// The outcome of one seed.
@@ -1034,6 +1068,20 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
     let exactly_once = matches!(mode, Mode::ExactlyOnce | Mode::ExactlyOnceRefused);
     let mut w = World::new(seed, txn_count, mode != Mode::ExactlyOnce);
     w.exactly_once = exactly_once;
+    if mode == Mode::ExactlyOnce {
+        // Some events are refused at enqueue: dead-lettered in the Kafka transaction.
+        let events: Vec<u64> = w
+            .txns
+            .iter()
+            .flat_map(|t| t.events.iter().map(|e| e.0))
+            .collect();
+        for event in events {
+            if w.rng.chance(3) {
+                w.oversized.insert(event);
+                w.poison.insert(event);
+            }
+        }
+    }
     // Small bounds: commits often, and some in the middle of a PostgreSQL transaction.
     let bounds = exactly_once.then(|| TransactionBounds {
         max_age: Duration::from_millis(50 + w.rng.below(251) as u64),
@@ -1101,10 +1149,9 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
             while let Some(action) = core.poll_action() {
                 match action {
                     Action::Send { token, record } => {
-                        let kafka = &w.broker.kafka;
-                        if kafka.asked.is_some() || kafka.committing.is_some() {
+                        if w.broker.kafka.committing.is_some() {
                             w.violation.get_or_insert(format!(
-                                "record #{token} handed over while a commit is due or runs"
+                                "record #{token} handed over while a commit runs"
                             ));
                         }
                         let topics = &w.broker.topics;
@@ -1365,13 +1412,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                 ));
             }
         }
-        let written = w
-            .broker
-            .log
-            .iter()
-            .flatten()
-            .filter(|(topic, ..)| topic != DEAD_LETTER_TOPIC)
-            .count();
+        let written = w.broker.log.iter().flatten().count();
         let repeats = (written - w.end_of.len()) as u64;
         *w.seen
             .entry("repeats only read_uncommitted consumers see")
@@ -1525,6 +1566,7 @@ fn simulation_exactly_once_keeps_every_promise() {
             "commit timed out after the coordinator committed",
             "commit completed after its session ended",
             "begin failed",
+            "refused at enqueue",
             "repeats only read_uncommitted consumers see",
         ] {
             assert!(
@@ -1934,6 +1976,51 @@ fn exactly_once_commits_nothing_after_a_record_was_not_taken() {
         "{finished:?}"
     );
     assert_eq!(core.watermark(), Lsn(0));
+}
+
+/// Exactly-once: a record refused at enqueue during a shutdown (it waited for its topic) is
+/// given up by the stopping flow without a dead letter: the transaction, whose progress counts
+/// it, must not commit, and the session ends with the failure.
+#[test]
+fn exactly_once_a_record_refused_at_enqueue_during_a_shutdown_fails_it() {
+    let router = default_routers();
+    let prefixes = HashSet::new();
+    let now = Now {
+        instant: Instant::now(),
+        wall: SystemTime::now(),
+    };
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now);
+    core.handle(now, Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    let record = RoutedRecord {
+        topic: "outbox.event.invoice".into(),
+        key: None,
+        value: None,
+        headers: Vec::new(),
+        timestamp_ms: None,
+        partition: None,
+    };
+    core.handle(
+        now,
+        Input::SendRefused {
+            token,
+            record,
+            error: SinkError::Kafka {
+                operation: Operation::Enqueue,
+                topic: "outbox.event.invoice".into(),
+                code: RDKafkaErrorCode::MessageSizeTooLarge,
+            },
+        },
+    );
+    assert!(!core.may_commit(), "the driver drops the commit it holds");
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
 }
 
 /// Exactly-once: a commit that fails during a shutdown, before the last reports came, ends the
