@@ -24,13 +24,15 @@
 //! # Exactly-once sessions
 //!
 //! The exactly-once mode ([`Mode::ExactlyOnce`]: no poison events, but some the producer
-//! refuses at enqueue, dead-lettered in the transaction) gives the core [`KafkaTransactions`]
+//! refuses at enqueue and now and then a topic whose creation is refused, their events
+//! dead-lettered in the transaction) gives the core [`KafkaTransactions`]
 //! with small bounds (commits every 50-300 ms or few records, some in the middle of a
 //! PostgreSQL transaction) and models the broker's transactions:
 //! - a record is handed to the producer only inside a Kafka transaction the core began, and
 //!   never while a commit is due or runs; what is written in it is seen by a read_uncommitted
 //!   consumer at once, by a read_committed one only once it committed;
-//! - a beginning may fail (the producer then takes no record);
+//! - a beginning may fail (the producer then takes no record), and always fails on a producer
+//!   the session replaced (the driver's `rebuild` does not register it);
 //! - a commit starts as in the driver (once no record waits for a topic and the core's actions
 //!   are carried out, and only if the session did not fail), writes the progress and flushes
 //!   the producer: it succeeds only if
@@ -194,6 +196,9 @@ struct Transactions {
     shutdown_open: bool,
     /// Beginning the current transaction failed: the producer takes no record.
     begin_failed: bool,
+    /// The session replaced its producer: the new one is not registered (no
+    /// `init_transactions`), so it can begin no transaction.
+    unregistered: bool,
 }
 
 /// A record written to a partition: topic, key, event, Kafka transaction.
@@ -388,6 +393,8 @@ struct World {
     exactly_once: bool,
     /// Exactly-once: events the producer refuses to take (too large): dead-lettered.
     oversized: HashSet<u64>,
+    /// Exactly-once: a topic whose creation is refused for good (its events dead-lettered).
+    refused_topic: Option<&'static str>,
     /// A broken promise or a model rule the core broke, found while carrying out its actions.
     violation: Option<String>,
 }
@@ -439,6 +446,7 @@ impl World {
             seen: BTreeMap::new(),
             exactly_once: false,
             oversized: HashSet::new(),
+            refused_topic: None,
             violation: None,
         }
     }
@@ -593,6 +601,17 @@ impl World {
     /// [`Action::BeginTransaction`]; with `faults` it may fail (the producer then takes no
     /// record).
     fn begin_transaction(&mut self, faults: bool) -> Result<(), SinkError> {
+        if self.broker.kafka.unregistered {
+            self.trace
+                .push("begin Kafka transaction failed: producer not registered".into());
+            self.saw("begin on a replaced producer");
+            self.broker.kafka.begin_failed = true;
+            return Err(SinkError::Transaction {
+                operation: Operation::BeginTransaction,
+                transactional_id: "sim".into(),
+                code: RDKafkaErrorCode::State,
+            });
+        }
         if faults && self.rng.chance(2) {
             self.trace.push("begin Kafka transaction failed".into());
             self.saw("begin failed");
@@ -741,6 +760,7 @@ impl World {
         kafka.asked = None;
         kafka.shutdown_open = false;
         kafka.begin_failed = false;
+        kafka.unregistered = false;
         if failed && kafka.zombie_commit.is_none() && self.rng.chance(50) {
             if let Some(txn) = kafka.open.take() {
                 self.trace
@@ -1081,6 +1101,16 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                 w.poison.insert(event);
             }
         }
+        // Now and then a topic the brokers refuse to create: its events are dead-lettered.
+        if w.rng.chance(20) {
+            w.refused_topic = Some("outbox.event.payment");
+            let payments: Vec<u64> = w
+                .txns
+                .iter()
+                .flat_map(|t| t.events.iter().filter(|e| e.1 % 3 == 2).map(|e| e.0))
+                .collect();
+            w.poison.extend(payments);
+        }
     }
     // Small bounds: commits often, and some in the middle of a PostgreSQL transaction.
     let bounds = exactly_once.then(|| TransactionBounds {
@@ -1208,6 +1238,10 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                         }
                         w.broker.failed = false;
                         w.broker.generation += 1;
+                        if exactly_once {
+                            // `rebuild` creates a transactional producer without registering it.
+                            w.broker.kafka.unregistered = true;
+                        }
                     }
                     Action::Finish(result) => {
                         w.trace.push(format!("finish {result:?}"));
@@ -1325,7 +1359,15 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                 let Some((id, topic)) = w.broker.creation.take() else {
                     continue;
                 };
-                let outcome = if faults && w.rng.chance(25) {
+                let outcome = if w.refused_topic == Some(topic.as_str()) {
+                    w.trace.push(format!("creation of {topic} refused"));
+                    w.saw("topic creation refused");
+                    Creation::Refused(SinkError::Kafka {
+                        operation: Operation::CreateTopic,
+                        topic: topic.to_owned(),
+                        code: RDKafkaErrorCode::TopicAuthorizationFailed,
+                    })
+                } else if faults && w.rng.chance(25) {
                     w.trace.push(format!("creation of {topic} failed for now"));
                     w.saw("topic creation failed for now");
                     w.broker.creation_failed = true;
@@ -1567,6 +1609,7 @@ fn simulation_exactly_once_keeps_every_promise() {
             "commit completed after its session ended",
             "begin failed",
             "refused at enqueue",
+            "topic creation refused",
             "repeats only read_uncommitted consumers see",
         ] {
             assert!(
