@@ -23,6 +23,9 @@
 //!   a commit is due until its outcome is known.
 //! - A failed commit is never retried on the same producer: the session ends, and the next one
 //!   starts from the last committed progress.
+//! - Nothing is committed once the session failed ([`KafkaTransactions::abandon`]): a record
+//!   counted in the progress may never have reached the producer (not taken, or handed back
+//!   while it waited for its topic), and librdkafka would commit the transaction without it.
 
 use pgoutput::Lsn;
 use std::time::{Duration, Instant};
@@ -122,6 +125,8 @@ pub struct KafkaTransactions {
     confirmed: Lsn,
     /// The session stops once the open transaction is committed.
     stopping: bool,
+    /// The session failed: no commit starts.
+    abandoned: bool,
 }
 
 impl KafkaTransactions {
@@ -138,6 +143,7 @@ impl KafkaTransactions {
             acknowledged: start,
             confirmed: start,
             stopping: false,
+            abandoned: false,
         }
     }
 
@@ -280,9 +286,20 @@ impl KafkaTransactions {
         }
     }
 
+    /// The session failed: the open transaction is left to be aborted, no commit starts (one
+    /// running ends as it ends).
+    pub fn abandon(&mut self) {
+        self.abandoned = true;
+    }
+
+    /// Whether a commit may start (the session did not fail).
+    pub fn may_commit(&self) -> bool {
+        !self.abandoned
+    }
+
     /// The commit to run now, if one is due (call once everything queued is handed over).
     pub fn commit_step(&mut self) -> Option<TransactionStep> {
-        if self.state != State::Due {
+        if self.state != State::Due || self.abandoned {
             return None;
         }
         self.state = State::Committing;
@@ -401,6 +418,20 @@ mod tests {
             }))
         ));
         assert_eq!(txns.committed_ok(), Some(Lsn(50)));
+    }
+
+    #[test]
+    fn an_abandoned_session_commits_nothing() {
+        let t0 = Instant::now();
+        let mut txns = KafkaTransactions::new(bounds(), Lsn(10), None);
+        txns.before_send(t0);
+        txns.sent(Lsn(30), 0, 10);
+        txns.transaction_read(Lsn(30), Lsn(40));
+        txns.abandon();
+        assert!(!txns.may_commit());
+        txns.stop();
+        assert_eq!(txns.commit_step(), None);
+        assert_eq!(txns.acknowledged(Lsn(40)), None);
     }
 
     #[test]

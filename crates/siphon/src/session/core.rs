@@ -221,6 +221,8 @@ pub struct SessionCore<'a> {
     transactions: Option<KafkaTransactions>,
     /// Exactly-once: the session's end, held until the open Kafka transaction committed.
     finish: Option<Result<(), PipelineError>>,
+    /// Exactly-once: an error while the session was stopping (a shutdown): its end.
+    failed: Option<PipelineError>,
     /// Records not sent again because an earlier session committed them.
     skipped_committed: u64,
     /// Exactly-once: records the broker refused in a Kafka transaction, by position, carried
@@ -271,6 +273,7 @@ impl<'a> SessionCore<'a> {
             next_index: 0,
             transactions,
             finish: None,
+            failed: None,
             skipped_committed: 0,
             suspects,
             positions: FxHashMap::default(),
@@ -311,6 +314,15 @@ impl<'a> SessionCore<'a> {
         self.transactions.as_ref()?.committed()
     }
 
+    /// Exactly-once: whether a commit may start (the session did not fail: a record counted
+    /// in the progress may not have reached the producer). A commit asked for and not started
+    /// yet (waiting for a topic) is dropped when this turns false.
+    pub fn may_commit(&self) -> bool {
+        self.transactions
+            .as_ref()
+            .is_some_and(KafkaTransactions::may_commit)
+    }
+
     /// Records not sent again because an earlier session had committed them.
     pub fn skipped_committed(&self) -> u64 {
         self.skipped_committed
@@ -340,6 +352,10 @@ impl<'a> SessionCore<'a> {
                         None => continue,
                     },
                 },
+                // A shutdown that failed before the flow finished ends with the failure.
+                flow::Action::Finish(Ok(())) if self.failed.is_some() => {
+                    Action::Finish(self.failed.take().map_or(Ok(()), Err))
+                }
                 flow::Action::Finish(Ok(()))
                     if self
                         .transactions
@@ -407,10 +423,22 @@ impl<'a> SessionCore<'a> {
     /// Feeds one input.
     pub fn handle(&mut self, now: Now, input: Input) {
         // A finished flow waits only for the last commit's outcome (exactly-once).
-        if self.flow.is_finished()
-            && !(self.finish.is_some() && matches!(input, Input::Committed(_)))
-        {
-            return;
+        if self.flow.is_finished() {
+            if self.finish.is_none() {
+                return;
+            }
+            match input {
+                Input::Committed(_) => {}
+                // A record that waited for its topic past the stop's deadline never reached
+                // the producer: the transaction must not commit without it.
+                Input::SendRefused { record, error, .. } => {
+                    return self.uncommittable(record.topic, AbortCause::NotTaken(error));
+                }
+                Input::Purged { record, .. } => {
+                    return self.uncommittable(record.topic, AbortCause::Purged);
+                }
+                _ => return,
+            }
         }
         let outcome = match input {
             Input::Source(event) => self.on_source(now, event),
@@ -436,7 +464,19 @@ impl<'a> SessionCore<'a> {
             Input::Tick => Ok(()),
         };
         if let Err(e) = outcome {
-            self.flow.stop(now, Err(e));
+            match &mut self.transactions {
+                Some(transactions) => {
+                    // Exactly-once: nothing is committed after a failure, and a failure during a
+                    // shutdown is its end (the flow keeps the first end it is given).
+                    transactions.abandon();
+                    if self.flow.is_stopping() {
+                        self.failed.get_or_insert(e);
+                    } else {
+                        self.flow.stop(now, Err(e));
+                    }
+                }
+                None => self.flow.stop(now, Err(e)),
+            }
         }
         self.flow.after(now);
         if let Some(transactions) = &mut self.transactions {
@@ -889,6 +929,21 @@ impl<'a> SessionCore<'a> {
         self.flow.hand_over(seq, record);
     }
 
+    /// Exactly-once: the finished flow waits for the last commit, and a record of its
+    /// transaction did not reach the producer: no commit, the session ends with the failure.
+    fn uncommittable(&mut self, topic: String, cause: AbortCause) {
+        if let Some(transactions) = &mut self.transactions {
+            transactions.abandon();
+        }
+        if self.finish.take().is_some() {
+            self.flow
+                .push(Own::Finish(Err(PipelineError::TransactionAborted {
+                    topic,
+                    cause,
+                })));
+        }
+    }
+
     /// Exactly-once: the commit ended. Success confirms what it covered (and ends a stopping
     /// session); a failure ends the session.
     fn on_committed(
@@ -1096,6 +1151,15 @@ impl<'a> SessionCore<'a> {
                     kind: ProducerErrorKind::Definite,
                 }
                 .emit(&self.metrics);
+                if self.transactions.is_some() && self.flow.is_stopping() {
+                    // A stopping flow gives it up without a dead letter: the open Kafka
+                    // transaction, whose progress counts it, must not commit.
+                    self.flow.reported_fatal(token);
+                    return Err(PipelineError::TransactionAborted {
+                        topic: record.topic,
+                        cause: AbortCause::NotTaken(error),
+                    });
+                }
                 Outcome::Refused {
                     token,
                     record,

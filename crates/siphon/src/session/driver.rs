@@ -522,6 +522,12 @@ impl Driver<'_> {
         if !self.waiting.gate.is_empty() {
             return;
         }
+        // A record handed back or not taken while the commit waited failed the session: the
+        // transaction would commit without it.
+        if !self.core.may_commit() {
+            self.pending_commit = None;
+            return;
+        }
         let (Some(progress), Some(source)) = (self.pending_commit.take(), &self.transactional)
         else {
             return;
@@ -618,7 +624,8 @@ impl Driver<'_> {
         if self.waiting.creation.as_ref().map(|c| c.id) != self.waiting.gate.creating() {
             self.waiting.creation = None;
         }
-        self.start_commit().await;
+        // A commit the gate held starts in `execute`, once the core's actions these steps
+        // caused (a dead letter of a refused record) are carried out: in its transaction.
         if handed_back > 0 {
             warn!(
                 records = handed_back,

@@ -21,6 +21,43 @@
 //! At the end, with faults stopped, every event must have arrived (poison ones in the
 //! dead-letter topic, no innocent one there) and the slot must be confirmed to the end.
 //!
+//! # Exactly-once sessions
+//!
+//! The exactly-once mode ([`Mode::ExactlyOnce`]: no poison events, but some the producer
+//! refuses at enqueue and now and then a topic whose creation is refused, their events
+//! dead-lettered in the transaction) gives the core [`KafkaTransactions`]
+//! with small bounds (commits every 50-300 ms or few records, some in the middle of a
+//! PostgreSQL transaction) and models the broker's transactions:
+//! - a record is handed to the producer only inside a Kafka transaction the core began, and
+//!   never while a commit is due or runs; what is written in it is seen by a read_uncommitted
+//!   consumer at once, by a read_committed one only once it committed;
+//! - a beginning may fail (the producer then takes no record), and always fails on a producer
+//!   the session replaced (the driver's `rebuild` does not register it);
+//! - a commit starts as in the driver (once no record waits for a topic and the core's actions
+//!   are carried out, and only if the session did not fail), writes the progress and flushes
+//!   the producer: it succeeds only if
+//!   no record of the transaction failed in the producer (a record never taken is unknown to
+//!   it); with faults it also fails, times out (the coordinator perhaps committed it anyway)
+//!   or finds the producer fenced, and a failure ends the session;
+//! - a session's end leaves its producer as a zombie: its queued records (and those of batches
+//!   that timed out, which may still land) may be written into its open transaction until the
+//!   next session's `init_transactions`, which completes a commit the coordinator had and
+//!   aborts every other open transaction; after it, the zombie's writes are refused (fenced).
+//!   After a failure the driver may abort the transaction itself.
+//! - each session reads the last committed progress (read_committed) and starts from it and
+//!   the core's confirmed position.
+//!
+//! It checks that the confirmed position never passes an event outside a committed Kafka
+//! transaction; that the progress read at each start covers exactly the committed events the
+//! session would read again; that a read_committed consumer never sees an event twice; and at
+//! the end that it sees every event exactly once, first deliveries per key in commit order and
+//! positions rising per partition. Repeats only a read_uncommitted consumer sees are counted.
+//! It runs over the same seeds as the other modes (a few seconds in a debug build), and again
+//! with poison events ([`Mode::ExactlyOnceRefused`]): a batch the broker refuses aborts its
+//! transaction; its records are carried to the next session as suspects and sent alone, each
+//! in a transaction of its own, and one refused alone is dead-lettered by the session after:
+//! every poison event ends in the dead-letter topic once, every innocent one in its topic once.
+//!
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
@@ -30,6 +67,7 @@ use crate::error::PipelineError;
 use crate::telemetry::Metrics;
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
+use siphon_core::exactly_once::{KafkaTransactions, Progress, Through, TransactionBounds};
 use siphon_core::topic_gate::{Creation, Step, TopicGate};
 use siphon_kafka_sink::RDKafkaErrorCode;
 use siphon_kafka_sink::{
@@ -121,7 +159,55 @@ fn partition_of(record: &RoutedRecord) -> usize {
 struct Queued {
     token: usize,
     record: RoutedRecord,
+    /// Exactly-once: the Kafka transaction it was sent in.
+    txn: Option<usize>,
 }
+
+/// A Kafka transaction of the modelled broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxnState {
+    Open,
+    Committed,
+    Aborted,
+}
+
+/// The modelled Kafka transactions of the source's transactional id (exactly-once sessions).
+#[derive(Default)]
+struct Transactions {
+    /// Each Kafka transaction's state, by id.
+    states: Vec<TxnState>,
+    /// The transaction the current producer has open.
+    open: Option<usize>,
+    /// A record of the open transaction failed in the producer: its commit fails.
+    doomed: bool,
+    /// A commit the core asked for, run once no record waits for a topic (as the driver does).
+    asked: Option<Progress>,
+    /// The commit running: its transaction and progress.
+    committing: Option<(usize, Progress)>,
+    /// The progress of the last committed transaction.
+    progress: Option<Progress>,
+    /// The previous session's producer ("zombie"): the records it still holds (partition,
+    /// record), the commit it was running and whether a record of its transaction failed.
+    zombie: Vec<(usize, Queued)>,
+    /// Records of a transaction whose batch timed out unwritten: the request may still land
+    /// (the zombie's, once the session ended).
+    late: Vec<(usize, Queued)>,
+    zombie_commit: Option<(usize, Progress)>,
+    zombie_doomed: bool,
+    /// The session was asked to shut down with a transaction open.
+    shutdown_open: bool,
+    /// Beginning the current transaction failed: the producer takes no record.
+    begin_failed: bool,
+    /// The session replaced its producer: the new one is not registered (no
+    /// `init_transactions`), so it can begin no transaction.
+    unregistered: bool,
+}
+
+/// A record written to a partition: topic, key, event, Kafka transaction.
+type Written = (String, Vec<u8>, u64, Option<usize>);
+
+/// A record's position header: topic, event, position, Kafka transaction.
+type Positioned = (String, u64, String, Option<usize>);
 
 /// The modelled broker and producer.
 #[derive(Default)]
@@ -133,20 +219,23 @@ struct Broker {
     /// The producer failed (gap-less): it writes nothing more.
     failed: bool,
     generation: u64,
-    /// What reached each partition: (topic, key, event).
-    log: Vec<Vec<(String, Vec<u8>, u64)>>,
+    /// What reached each partition: (topic, key, event, Kafka transaction).
+    log: Vec<Vec<Written>>,
     /// Events that reached the dead-letter topic.
     dead: BTreeSet<u64>,
     /// Events written to their own topic.
     written: BTreeSet<u64>,
-    /// The `siphon.position` of each record written, per partition, in write order.
-    positions: Vec<Vec<(String, u64, String)>>,
+    /// The `siphon.position` of each record written, per partition, in write order (and its
+    /// Kafka transaction).
+    positions: Vec<Vec<Positioned>>,
     /// The topics that exist.
     topics: HashSet<String>,
     /// The topic creation running (its id and topic).
     creation: Option<(u64, String)>,
     /// A topic creation failed for now since the producer was put in place.
     creation_failed: bool,
+    /// Exactly-once: the Kafka transactions.
+    kafka: Transactions,
 }
 
 impl Broker {
@@ -165,7 +254,29 @@ impl Broker {
             + self.reports.iter().map(VecDeque::len).sum::<usize>()
     }
 
+    /// Whether what the records of Kafka transaction `txn` show to a read_committed consumer
+    /// (records outside transactions always).
+    fn visible(&self, txn: Option<usize>) -> bool {
+        txn.is_none_or(|t| self.kafka.states[t] == TxnState::Committed)
+    }
+
+    /// How often each event is in its own topic or the dead-letter topic for a read_committed
+    /// consumer.
+    fn committed_events(&self) -> HashMap<u64, usize> {
+        let mut events = HashMap::new();
+        for (_, _, event, txn) in self.log.iter().flatten() {
+            if self.visible(*txn) {
+                *events.entry(*event).or_default() += 1;
+            }
+        }
+        events
+    }
+
     fn report(&mut self, p: usize, q: Queued, result: Result<(), RDKafkaErrorCode>) {
+        if result.is_err() && q.txn.is_some() {
+            // librdkafka fails the transaction of a record that failed.
+            self.kafka.doomed = true;
+        }
         self.reports[p].push_back(Delivery {
             token: q.token,
             generation: self.generation,
@@ -182,12 +293,12 @@ impl Broker {
         });
     }
 
-    fn persist(&mut self, p: usize, record: &RoutedRecord) {
+    fn persist(&mut self, p: usize, record: &RoutedRecord, txn: Option<usize>) {
         let Some(event) = event_of(record) else {
             return;
         };
         let key = record.key.as_deref().unwrap_or_default().to_vec();
-        self.log[p].push((record.topic.clone(), key, event));
+        self.log[p].push((record.topic.clone(), key, event, txn));
         if let Some(position) = record
             .headers
             .iter()
@@ -198,6 +309,7 @@ impl Broker {
                 record.topic.clone(),
                 event,
                 String::from_utf8_lossy(position).into_owned(),
+                txn,
             ));
         }
         if record.topic == DEAD_LETTER_TOPIC {
@@ -242,7 +354,16 @@ impl Broker {
             ));
             for q in batch {
                 if persisted {
-                    self.persist(p, &q.record);
+                    self.persist(p, &q.record, q.txn);
+                } else if q.txn.is_some() {
+                    self.kafka.late.push((
+                        p,
+                        Queued {
+                            token: q.token,
+                            record: q.record.clone(),
+                            txn: q.txn,
+                        },
+                    ));
                 }
                 self.report(p, q, Err(RDKafkaErrorCode::MessageTimedOut));
             }
@@ -251,7 +372,7 @@ impl Broker {
             return;
         }
         for q in batch {
-            self.persist(p, &q.record);
+            self.persist(p, &q.record, q.txn);
             self.report(p, q, Ok(()));
         }
     }
@@ -270,10 +391,19 @@ struct World {
     wall: SystemTime,
     /// How often each path of interest was taken.
     seen: BTreeMap<&'static str, u64>,
+    /// Exactly-once sessions (Kafka transactions, no poison events).
+    exactly_once: bool,
+    /// Exactly-once: events the producer refuses to take (too large): dead-lettered.
+    oversized: HashSet<u64>,
+    /// Exactly-once: a topic whose creation is refused for good (its events dead-lettered).
+    refused_topic: Option<&'static str>,
+    /// A broken promise or a model rule the core broke, found while carrying out its actions.
+    violation: Option<String>,
 }
 
 impl World {
-    fn new(seed: u64, txn_count: usize) -> Self {
+    /// A database of `txn_count` transactions; `poison`: some events are refused by the broker.
+    fn new(seed: u64, txn_count: usize, with_poison: bool) -> Self {
         let mut rng = Rng(seed);
         let mut txns = Vec::new();
         let mut lsn = 1_000u64;
@@ -285,7 +415,7 @@ impl World {
             let mut events = Vec::new();
             for _ in 0..rng.below(4) {
                 event += 1;
-                let is_poison = rng.chance(3);
+                let is_poison = rng.chance(3) && with_poison;
                 if is_poison {
                     poison.insert(event);
                 }
@@ -316,6 +446,10 @@ impl World {
             now: Instant::now(),
             wall: SystemTime::now(),
             seen: BTreeMap::new(),
+            exactly_once: false,
+            oversized: HashSet::new(),
+            refused_topic: None,
+            violation: None,
         }
     }
 
@@ -380,6 +514,18 @@ impl World {
             ));
         }
         self.confirmed = lsn;
+        if self.exactly_once {
+            // Only what a read_committed consumer sees counts.
+            let committed = self.broker.committed_events();
+            for (&event, &end) in &self.end_of {
+                if end <= lsn && !committed.contains_key(&event) {
+                    return Err(format!(
+                        "confirmed {lsn} passes event {event} (transaction ending {end}) that is in no committed Kafka transaction"
+                    ));
+                }
+            }
+            return Ok(());
+        }
         for (&event, &end) in &self.end_of {
             if end <= lsn
                 && !self.broker.written.contains(&event)
@@ -399,7 +545,10 @@ impl World {
         for (p, log) in self.broker.positions.iter().enumerate() {
             let mut last: HashMap<&str, &str> = HashMap::new();
             let mut first: HashMap<u64, &str> = HashMap::new();
-            for (topic, event, position) in log {
+            for (topic, event, position, txn) in log {
+                if !self.broker.visible(*txn) {
+                    continue;
+                }
                 match first.get(event) {
                     Some(earlier) if earlier != position => {
                         return Err(format!(
@@ -428,8 +577,8 @@ impl World {
         for (p, log) in self.broker.log.iter().enumerate() {
             type FirstDeliveries = (u64, HashSet<u64>);
             let mut seen: HashMap<(&str, &[u8]), FirstDeliveries> = HashMap::new();
-            for (topic, key, event) in log {
-                if topic == DEAD_LETTER_TOPIC {
+            for (topic, key, event, txn) in log {
+                if topic == DEAD_LETTER_TOPIC || !self.broker.visible(*txn) {
                     continue;
                 }
                 let (last, firsts) = seen.entry((topic, key)).or_default();
@@ -448,6 +597,312 @@ impl World {
     }
 }
 
+/// The modelled broker's side of exactly-once sessions: Kafka transactions, their commits,
+/// the registration of a new session's producer and the previous one's late writes.
+impl World {
+    /// [`Action::BeginTransaction`]; with `faults` it may fail (the producer then takes no
+    /// record).
+    fn begin_transaction(&mut self, faults: bool) -> Result<(), SinkError> {
+        if self.broker.kafka.unregistered {
+            self.trace
+                .push("begin Kafka transaction failed: producer not registered".into());
+            self.saw("begin on a replaced producer");
+            self.broker.kafka.begin_failed = true;
+            return Err(SinkError::Transaction {
+                operation: Operation::BeginTransaction,
+                transactional_id: "sim".into(),
+                code: RDKafkaErrorCode::State,
+            });
+        }
+        if faults && self.rng.chance(2) {
+            self.trace.push("begin Kafka transaction failed".into());
+            self.saw("begin failed");
+            self.broker.kafka.begin_failed = true;
+            return Err(SinkError::Transaction {
+                operation: Operation::BeginTransaction,
+                transactional_id: "sim".into(),
+                code: RDKafkaErrorCode::CoordinatorNotAvailable,
+            });
+        }
+        let kafka = &mut self.broker.kafka;
+        if kafka.open.is_some() || kafka.committing.is_some() || kafka.asked.is_some() {
+            self.violation.get_or_insert(format!(
+                "a Kafka transaction begun with one open ({:?}) or committing",
+                kafka.open
+            ));
+            return Ok(());
+        }
+        kafka.open = Some(kafka.states.len());
+        kafka.states.push(TxnState::Open);
+        kafka.doomed = false;
+        self.trace.push(format!(
+            "begin Kafka transaction {}",
+            kafka.states.len() - 1
+        ));
+        Ok(())
+    }
+
+    /// [`Action::Commit`]: run once no record waits for a topic.
+    fn ask_commit(&mut self, progress: Progress) {
+        let kafka = &mut self.broker.kafka;
+        self.trace.push(format!(
+            "commit asked for {:?} with progress {}/{:?}",
+            kafka.open, progress.commit_lsn, progress.through
+        ));
+        if kafka.open.is_none() || kafka.committing.is_some() || kafka.asked.is_some() {
+            self.violation
+                .get_or_insert("a commit asked for with no Kafka transaction open".into());
+            return;
+        }
+        kafka.asked = Some(progress);
+    }
+
+    /// Starts the commit asked for once `gate_empty` (the driver's `start_commit`): the
+    /// progress record is written in the transaction, and the commit flushes the producer.
+    fn start_commit(&mut self, gate_empty: bool) {
+        let kafka = &mut self.broker.kafka;
+        if !gate_empty {
+            return;
+        }
+        let (Some(progress), Some(txn)) = (kafka.asked, kafka.open) else {
+            return;
+        };
+        kafka.asked = None;
+        kafka.committing = Some((txn, progress));
+        self.trace.push(format!("commit of {txn} runs"));
+    }
+
+    /// Whether the running commit can end: librdkafka flushed every record first.
+    fn commit_flushed(&self) -> bool {
+        self.broker.kafka.committing.is_some()
+            && self.broker.unwritten.iter().all(VecDeque::is_empty)
+    }
+
+    /// The running commit ends: it succeeds only if no record of its transaction failed; with
+    /// `faults`, it may also fail, time out (perhaps after the coordinator committed) or find
+    /// the producer fenced.
+    fn end_commit(&mut self, faults: bool) -> Option<Result<(), SinkError>> {
+        let (txn, progress) = self.broker.kafka.committing.take()?;
+        let error = |code| SinkError::Transaction {
+            operation: Operation::CommitTransaction,
+            transactional_id: "sim".into(),
+            code,
+        };
+        let doomed = self.broker.kafka.doomed || self.broker.failed;
+        let (committed, result) = if doomed {
+            self.trace
+                .push(format!("commit of {txn} fails: a record of it failed"));
+            (
+                false,
+                Err(error(RDKafkaErrorCode::InvalidTransactionalState)),
+            )
+        } else if faults && self.rng.chance(15) {
+            match self.rng.below(3) {
+                0 => {
+                    self.trace.push(format!("commit of {txn} failed"));
+                    (
+                        false,
+                        Err(error(RDKafkaErrorCode::CoordinatorLoadInProgress)),
+                    )
+                }
+                1 => {
+                    let through = self.rng.chance(50);
+                    self.trace.push(format!(
+                        "commit of {txn} timed out (committed by the coordinator: {through})"
+                    ));
+                    if through {
+                        self.saw("commit timed out after the coordinator committed");
+                    }
+                    (through, Err(error(RDKafkaErrorCode::OperationTimedOut)))
+                }
+                _ => {
+                    self.trace.push(format!("commit of {txn}: producer fenced"));
+                    self.saw("producer fenced at commit");
+                    (false, Err(error(RDKafkaErrorCode::ProducerFenced)))
+                }
+            }
+        } else {
+            self.trace.push(format!(
+                "commit of {txn} ok: progress {}/{:?}",
+                progress.commit_lsn, progress.through
+            ));
+            (true, Ok(()))
+        };
+        if committed {
+            self.commit(txn, progress);
+        } else {
+            self.saw("failed commit");
+        }
+        Some(result)
+    }
+
+    fn commit(&mut self, txn: usize, progress: Progress) {
+        let kafka = &mut self.broker.kafka;
+        kafka.states[txn] = TxnState::Committed;
+        kafka.progress = Some(progress);
+        if kafka.open == Some(txn) {
+            kafka.open = None;
+        }
+        self.saw("commit");
+        if matches!(progress.through, Through::Record(_)) {
+            self.saw("mid-transaction split");
+        }
+    }
+
+    /// The session ended: its producer lives on as a zombie (its queued records, a running
+    /// commit); after a failure the driver may abort the open transaction itself.
+    fn end_session(&mut self, failed: bool) {
+        let kafka = &mut self.broker.kafka;
+        kafka.zombie.append(&mut kafka.late);
+        for (p, queue) in self.broker.unwritten.iter_mut().enumerate() {
+            kafka.zombie.extend(queue.drain(..).map(|q| (p, q)));
+        }
+        kafka.zombie_commit = kafka.committing.take();
+        kafka.zombie_doomed = kafka.doomed || self.broker.failed;
+        kafka.asked = None;
+        kafka.shutdown_open = false;
+        kafka.begin_failed = false;
+        kafka.unregistered = false;
+        if failed && kafka.zombie_commit.is_none() && self.rng.chance(50) {
+            if let Some(txn) = kafka.open.take() {
+                self.trace
+                    .push(format!("the driver aborts Kafka transaction {txn}"));
+                kafka.states[txn] = TxnState::Aborted;
+                kafka.zombie.clear();
+                self.saw("aborted transaction");
+            }
+        }
+    }
+
+    /// The zombie producer writes its next batch: into its transaction while it is open (before
+    /// the next producer's registration), refused (fenced) after.
+    fn zombie_writes(&mut self) {
+        let kafka = &mut self.broker.kafka;
+        let Some((p, _)) = kafka.zombie.first() else {
+            return;
+        };
+        let p = *p;
+        let n = 1 + self.rng.below(3);
+        let mut batch = Vec::new();
+        while batch.len() < n {
+            let Some(i) = kafka.zombie.iter().position(|(q, _)| *q == p) else {
+                break;
+            };
+            batch.push(kafka.zombie.remove(i).1);
+        }
+        for q in batch {
+            let open = q
+                .txn
+                .is_some_and(|t| self.broker.kafka.states[t] == TxnState::Open);
+            if open {
+                self.trace.push(format!(
+                    "zombie writes #{} event {:?} in Kafka transaction {:?}",
+                    q.token,
+                    event_of(&q.record),
+                    q.txn
+                ));
+                self.broker.persist(p, &q.record, q.txn);
+            } else {
+                self.trace.push(format!(
+                    "zombie's #{} event {:?} refused: producer fenced",
+                    q.token,
+                    event_of(&q.record)
+                ));
+                self.saw("fenced zombie");
+            }
+        }
+    }
+
+    /// A new session's `init_transactions`: the zombie may write before it is fenced; a commit
+    /// it was running completes if the coordinator had it, every other open transaction is
+    /// aborted. Then the progress is read read_committed.
+    fn init_transactions(&mut self) -> Option<Progress> {
+        while !self.broker.kafka.zombie.is_empty() && self.rng.chance(30) {
+            self.zombie_writes();
+        }
+        if let Some((txn, progress)) = self.broker.kafka.zombie_commit.take() {
+            let flushed = self
+                .broker
+                .kafka
+                .zombie
+                .iter()
+                .all(|(_, q)| q.txn != Some(txn));
+            if flushed && !self.broker.kafka.zombie_doomed && self.rng.chance(50) {
+                self.trace.push(format!(
+                    "the coordinator completes the commit of {txn} the ended session ran"
+                ));
+                self.saw("commit completed after its session ended");
+                self.commit(txn, progress);
+            }
+        }
+        let kafka = &mut self.broker.kafka;
+        kafka.open = None;
+        kafka.doomed = false;
+        for (txn, state) in kafka.states.iter_mut().enumerate() {
+            if *state == TxnState::Open {
+                *state = TxnState::Aborted;
+                self.trace
+                    .push(format!("init_transactions aborts Kafka transaction {txn}"));
+                let written = self
+                    .broker
+                    .log
+                    .iter()
+                    .flatten()
+                    .any(|(_, _, _, t)| *t == Some(txn));
+                if written {
+                    *self.seen.entry("aborted transaction").or_default() += 1;
+                }
+            }
+        }
+        let progress = self.broker.kafka.progress;
+        self.trace.push(format!(
+            "progress read: {:?}",
+            progress.map(|p| (p.commit_lsn, p.through))
+        ));
+        progress
+    }
+
+    /// The progress read at a session's start (resuming at `resume`) is exact: it covers an
+    /// event the session reads again if and only if the event is committed.
+    fn check_progress(&self, progress: Option<Progress>, resume: Lsn) -> Result<(), String> {
+        let committed = self.broker.committed_events();
+        for txn in &self.txns {
+            for (index, &(event, _, _)) in txn.events.iter().enumerate() {
+                let is_committed = committed.contains_key(&event);
+                let covered = progress.is_some_and(|p| p.covers(txn.begin_lsn, index as u32));
+                if txn.end_lsn <= resume {
+                    if !is_committed {
+                        return Err(format!(
+                            "resuming at {resume} after event {event}, which is in no committed Kafka transaction"
+                        ));
+                    }
+                } else if covered != is_committed {
+                    return Err(format!(
+                        "the progress {progress:?} covers event {event} ({}, record {index}): {covered}, but it is committed: {is_committed}",
+                        txn.begin_lsn
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// No event twice for a read_committed consumer.
+    fn check_at_most_once(&self) -> Result<(), String> {
+        match self
+            .broker
+            .committed_events()
+            .into_iter()
+            .find(|&(_, n)| n > 1)
+        {
+            Some((event, n)) => Err(format!(
+                "event {event} {n} times in committed Kafka transactions"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A core over the modelled outbox table, with a window of [`WINDOW`] records.
 fn session_core<'a>(
     router: &'a Routers,
@@ -456,6 +911,8 @@ fn session_core<'a>(
     shutdown_timeout: Duration,
     metrics: Arc<Metrics>,
     start: Lsn,
+    transactions: Option<KafkaTransactions>,
+    suspects: super::Suspects,
 ) -> SessionCore<'a> {
     SessionCore::new(
         CoreSettings {
@@ -478,8 +935,8 @@ fn session_core<'a>(
             delivery_timeout: Some(Duration::from_secs(5)),
             replacement_backoff: (Duration::from_millis(200), Duration::from_secs(30)),
             position_headers: Some(super::position::PositionHeaders::new(Some("1"), "s")),
-            transactions: None,
-            suspects: Default::default(),
+            transactions,
+            suspects,
         },
         metrics,
         start,
@@ -493,6 +950,55 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         event_of(&record),
         record.topic
     ));
+    if w.exactly_once
+        && record.topic != DEAD_LETTER_TOPIC
+        && event_of(&record).is_some_and(|e| w.oversized.contains(&e))
+    {
+        w.trace
+            .push(format!("#{token} refused at enqueue: too large"));
+        w.saw("refused at enqueue");
+        let topic = record.topic.clone();
+        core.handle(
+            w.now(),
+            Input::SendRefused {
+                token,
+                record,
+                error: SinkError::Kafka {
+                    operation: Operation::Enqueue,
+                    topic,
+                    code: RDKafkaErrorCode::MessageSizeTooLarge,
+                },
+            },
+        );
+        return;
+    }
+    if w.exactly_once && w.broker.kafka.begin_failed && w.broker.kafka.open.is_none() {
+        // librdkafka takes no record outside a transaction.
+        w.trace.push(format!("#{token} not taken: no transaction"));
+        let topic = record.topic.clone();
+        core.handle(
+            w.now(),
+            Input::SendRefused {
+                token,
+                record,
+                error: SinkError::Kafka {
+                    operation: Operation::Enqueue,
+                    topic,
+                    code: RDKafkaErrorCode::State,
+                },
+            },
+        );
+        return;
+    }
+    if w.exactly_once {
+        let kafka = &w.broker.kafka;
+        if kafka.open.is_none() || kafka.committing.is_some() {
+            w.violation.get_or_insert(format!(
+                "record #{token} handed to the producer outside an open Kafka transaction (open: {:?}, committing: {:?})",
+                kafka.open, kafka.committing
+            ));
+        }
+    }
     if w.broker.failed {
         let record_topic = record.topic.clone();
         core.handle(
@@ -509,7 +1015,8 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         );
     } else {
         let p = partition_of(&record);
-        w.broker.unwritten[p].push_back(Queued { token, record });
+        let txn = w.broker.kafka.open;
+        w.broker.unwritten[p].push_back(Queued { token, record, txn });
     }
 }
 
@@ -554,6 +1061,9 @@ fn carry_out(
     if w.broker.creation.as_ref().map(|(id, _)| *id) != gate.creating() {
         w.broker.creation = None;
     }
+    // As in the driver, a commit the gate held starts only once the core's actions these steps
+    // caused are carried out (a dead letter of a record refused here joins the transaction
+    // before it commits).
 }
 
 /// The outcome of one seed.
@@ -563,12 +1073,54 @@ struct Outcome {
     seen: BTreeMap<&'static str, u64>,
 }
 
-fn run_seed(
-    seed: u64,
-    fail_on_poison: bool,
-) -> Result<(Outcome, Vec<String>), (String, Vec<String>)> {
+/// What a seed runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// At-least-once, poison events dead-lettered.
+    DeadLetter,
+    /// At-least-once, a poison event stops the session.
+    Fail,
+    /// Exactly-once (Kafka transactions), no poison events.
+    ExactlyOnce,
+    /// Exactly-once, poison events (refused by the broker in a transaction) dead-lettered.
+    ExactlyOnceRefused,
+}
+
+fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Vec<String>)> {
     let txn_count = 40;
-    let mut w = World::new(seed, txn_count);
+    let fail_on_poison = mode == Mode::Fail;
+    let exactly_once = matches!(mode, Mode::ExactlyOnce | Mode::ExactlyOnceRefused);
+    let mut w = World::new(seed, txn_count, mode != Mode::ExactlyOnce);
+    w.exactly_once = exactly_once;
+    if mode == Mode::ExactlyOnce {
+        // Some events are refused at enqueue: dead-lettered in the Kafka transaction.
+        let events: Vec<u64> = w
+            .txns
+            .iter()
+            .flat_map(|t| t.events.iter().map(|e| e.0))
+            .collect();
+        for event in events {
+            if w.rng.chance(3) {
+                w.oversized.insert(event);
+                w.poison.insert(event);
+            }
+        }
+        // Now and then a topic the brokers refuse to create: its events are dead-lettered.
+        if w.rng.chance(20) {
+            w.refused_topic = Some("outbox.event.payment");
+            let payments: Vec<u64> = w
+                .txns
+                .iter()
+                .flat_map(|t| t.events.iter().filter(|e| e.1 % 3 == 2).map(|e| e.0))
+                .collect();
+            w.poison.extend(payments);
+        }
+    }
+    // Small bounds: commits often, and some in the middle of a PostgreSQL transaction.
+    let bounds = exactly_once.then(|| TransactionBounds {
+        max_age: Duration::from_millis(50 + w.rng.below(251) as u64),
+        max_bytes: 50 + w.rng.below(800),
+    });
     let router = Routers::new(
         EventRouter::new(
             RouterOptions::from_map(&BTreeMap::new()).map_err(|e| (e.to_string(), Vec::new()))?,
@@ -589,13 +1141,34 @@ fn run_seed(
     let mut outcome_error = None;
     let fault_steps = 1_500;
     let mut step = 0usize;
+    // Records the broker refused in a Kafka transaction, carried from session to session as
+    // the driver carries them.
+    let mut suspects = super::Suspects::default();
+    // Each record the broker refuses in a Kafka transaction costs up to two sessions.
+    let session_cap = if mode == Mode::ExactlyOnceRefused {
+        40 + 2 * w.poison.len()
+    } else {
+        40
+    };
     'sessions: loop {
         sessions += 1;
-        if sessions > 40 {
-            return Err(("more than 40 sessions: no progress".into(), w.trace));
+        if sessions > session_cap {
+            return Err((
+                format!("more than {session_cap} sessions: no progress"),
+                w.trace,
+            ));
         }
         w.trace.push(format!("session {sessions} from {resume}"));
         let mut source = w.source_from(resume);
+        let transactions = match bounds {
+            Some(bounds) => {
+                let progress = w.init_transactions();
+                w.check_progress(progress, resume)
+                    .map_err(|e| (e, w.trace.clone()))?;
+                Some(KafkaTransactions::new(bounds, resume, progress))
+            }
+            None => None,
+        };
         let mut core = session_core(
             &router,
             &prefixes,
@@ -603,6 +1176,8 @@ fn run_seed(
             Duration::from_secs(5),
             Arc::clone(&metrics),
             resume,
+            transactions,
+            std::mem::take(&mut suspects),
         );
         w.broker.failed = false;
         w.broker.generation += 1;
@@ -621,6 +1196,11 @@ fn run_seed(
             while let Some(action) = core.poll_action() {
                 match action {
                     Action::Send { token, record } => {
+                        if w.broker.kafka.committing.is_some() {
+                            w.violation.get_or_insert(format!(
+                                "record #{token} handed over while a commit runs"
+                            ));
+                        }
                         let topics = &w.broker.topics;
                         let step = gate.offer(token, record, |topic| !topics.contains(topic));
                         carry_out(&mut w, &mut core, &gate, step.into_iter().collect());
@@ -631,12 +1211,18 @@ fn run_seed(
                     }
                     Action::Lookup(lookup) => lookups.push_back(lookup),
                     Action::ForgetRelation(_) => {}
-                    Action::BeginTransaction | Action::Commit(_) => {
+                    Action::BeginTransaction | Action::Commit(_) if !exactly_once => {
                         return Err((
                             "a Kafka transaction in an at-least-once session".into(),
                             w.trace,
                         ))
                     }
+                    Action::BeginTransaction => {
+                        if let Err(e) = w.begin_transaction(faults) {
+                            core.handle(w.now(), Input::Committed(Err(e)));
+                        }
+                    }
+                    Action::Commit(progress) => w.ask_commit(progress),
                     Action::PurgeProducer => {
                         w.trace.push("purge".into());
                         w.saw("purge");
@@ -669,10 +1255,39 @@ fn run_seed(
                         }
                         w.broker.failed = false;
                         w.broker.generation += 1;
+                        if exactly_once {
+                            // `rebuild` creates a transactional producer without registering it.
+                            w.broker.kafka.unregistered = true;
+                        }
                     }
                     Action::Finish(result) => {
                         w.trace.push(format!("finish {result:?}"));
                         resume = resume.max(core.watermark());
+                        suspects = core.take_suspects();
+                        if !suspects.is_empty() {
+                            w.saw("records the broker refused carried to the next session");
+                        }
+                        if exactly_once {
+                            if core.skipped_committed() > 0 {
+                                w.saw("skipped already committed records");
+                            }
+                            let kafka = &w.broker.kafka;
+                            if result.is_ok() {
+                                if kafka.open.is_some() || kafka.committing.is_some() {
+                                    return Err((
+                                        format!(
+                                            "finished with Kafka transaction {:?} open",
+                                            kafka.open
+                                        ),
+                                        w.trace,
+                                    ));
+                                }
+                                if kafka.shutdown_open {
+                                    w.saw("shutdown committed the open transaction");
+                                }
+                            }
+                            w.end_session(result.is_err());
+                        }
                         // The old producer is gone with its session.
                         for p in 0..PARTITIONS {
                             w.broker.unwritten[p].clear();
@@ -688,6 +1303,13 @@ fn run_seed(
                         }
                     }
                 }
+            }
+            if let Some(violation) = w.violation.take() {
+                return Err((violation, w.trace));
+            }
+            if exactly_once {
+                // As the driver: once no record waits for a topic, and the session did not fail.
+                w.start_commit(gate.is_empty() && core.may_commit());
             }
             // Bounds.
             let (records, _) = core.in_flight();
@@ -710,6 +1332,9 @@ fn run_seed(
                 w.check_order().map_err(|e| (e, w.trace.clone()))?;
                 w.check_positions().map_err(|e| (e, w.trace.clone()))?;
                 w.check_positions().map_err(|e| (e, w.trace.clone()))?;
+                if exactly_once {
+                    w.check_at_most_once().map_err(|e| (e, w.trace.clone()))?;
+                }
             }
             if core.watermark() >= last_end && !stopping && source.is_empty() {
                 stopping = true;
@@ -745,11 +1370,25 @@ fn run_seed(
                     ));
                     core.handle(w.now(), Input::Delivery(report));
                 }
+            } else if exactly_once && choice < 87 && !w.broker.kafka.zombie.is_empty() {
+                w.zombie_writes();
+            } else if exactly_once && choice < 89 && w.commit_flushed() {
+                if let Some(result) = w.end_commit(faults) {
+                    core.handle(w.now(), Input::Committed(result));
+                }
             } else if choice < 90 && w.broker.creation.is_some() && w.rng.chance(50) {
                 let Some((id, topic)) = w.broker.creation.take() else {
                     continue;
                 };
-                let outcome = if faults && w.rng.chance(25) {
+                let outcome = if w.refused_topic == Some(topic.as_str()) {
+                    w.trace.push(format!("creation of {topic} refused"));
+                    w.saw("topic creation refused");
+                    Creation::Refused(SinkError::Kafka {
+                        operation: Operation::CreateTopic,
+                        topic: topic.to_owned(),
+                        code: RDKafkaErrorCode::TopicAuthorizationFailed,
+                    })
+                } else if faults && w.rng.chance(25) {
                     w.trace.push(format!("creation of {topic} failed for now"));
                     w.saw("topic creation failed for now");
                     w.broker.creation_failed = true;
@@ -788,6 +1427,10 @@ fn run_seed(
             } else if faults && choice == 91 && w.rng.chance(10) && !stopping {
                 w.trace.push("shutdown".into());
                 stopping = true;
+                if w.broker.kafka.open.is_some() {
+                    w.broker.kafka.shutdown_open = true;
+                    w.saw("shutdown with a Kafka transaction open");
+                }
                 core.handle(w.now(), Input::Shutdown);
             } else {
                 let cap = Duration::from_millis(1 + w.rng.below(2_000) as u64);
@@ -811,6 +1454,33 @@ fn run_seed(
         }
     }
     w.check_order().map_err(|e| (e, w.trace.clone()))?;
+    if exactly_once {
+        // What a next session would start from is exact, whatever stopped this one.
+        w.check_at_most_once().map_err(|e| (e, w.trace.clone()))?;
+        let progress = w.init_transactions();
+        w.check_progress(progress, resume)
+            .map_err(|e| (e, w.trace.clone()))?;
+    }
+    if exactly_once && outcome_error.is_none() {
+        // A read_committed consumer sees every event exactly once, in order, positions rising;
+        // a read_uncommitted one may see repeats (what the transactions save).
+        w.check_positions().map_err(|e| (e, w.trace.clone()))?;
+        let committed = w.broker.committed_events();
+        for &event in w.end_of.keys() {
+            let n = committed.get(&event).copied().unwrap_or(0);
+            if n != 1 {
+                return Err((
+                    format!("event {event} {n} times for a read_committed consumer"),
+                    w.trace,
+                ));
+            }
+        }
+        let written = w.broker.log.iter().flatten().count();
+        let repeats = (written - w.end_of.len()) as u64;
+        *w.seen
+            .entry("repeats only read_uncommitted consumers see")
+            .or_default() += repeats;
+    }
     // Everything arrived: each innocent event in its topic, each poison one dead-lettered.
     if outcome_error.is_none() {
         for &event in w.end_of.keys() {
@@ -869,7 +1539,7 @@ fn simulation_dead_letter_policy_keeps_every_promise() {
     let seeds = seeds();
     let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
     for &seed in &seeds {
-        match run_seed(seed, false) {
+        match run_seed(seed, Mode::DeadLetter) {
             Ok((outcome, trace)) => {
                 if let Some(e) = outcome.error {
                     fail(seed, "dead-letter", &format!("stopped: {e}"), &trace);
@@ -905,9 +1575,9 @@ fn simulation_dead_letter_policy_keeps_every_promise() {
 #[test]
 fn simulation_fail_policy_stops_on_a_refused_record_without_loss() {
     for seed in seeds() {
-        match run_seed(seed, true) {
+        match run_seed(seed, Mode::Fail) {
             Ok((outcome, trace)) => {
-                let any_poison = World::new(seed, 40).poison.iter().next().is_some();
+                let any_poison = World::new(seed, 40, true).poison.iter().next().is_some();
                 match outcome.error {
                     Some(e) if !e.is_transient() => {}
                     Some(other) => fail(seed, "fail", &format!("unexpected error {other}"), &trace),
@@ -922,6 +1592,80 @@ fn simulation_fail_policy_stops_on_a_refused_record_without_loss() {
             }
             Err((reason, trace)) => fail(seed, "fail", &reason, &trace),
         }
+    }
+}
+
+#[test]
+fn simulation_exactly_once_keeps_every_promise() {
+    let seeds = seeds();
+    let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for &seed in &seeds {
+        match run_seed(seed, Mode::ExactlyOnce) {
+            Ok((outcome, trace)) => {
+                if let Some(e) = outcome.error {
+                    fail(seed, "exactly-once", &format!("stopped: {e}"), &trace);
+                }
+                if seeds.len() == 1 {
+                    eprintln!("{}", trace.join("\n"));
+                }
+                for (what, n) in outcome.seen {
+                    *seen.entry(what).or_default() += n;
+                }
+            }
+            Err((reason, trace)) => fail(seed, "exactly-once", &reason, &trace),
+        }
+    }
+    // The seeds together take every path the simulation is there to check.
+    if seeds.len() >= 100 {
+        for what in [
+            "commit",
+            "mid-transaction split",
+            "failed commit",
+            "aborted transaction",
+            "skipped already committed records",
+            "fenced zombie",
+            "shutdown with a Kafka transaction open",
+            "shutdown committed the open transaction",
+            "commit timed out after the coordinator committed",
+            "commit completed after its session ended",
+            "begin failed",
+            "refused at enqueue",
+            "topic creation refused",
+            "repeats only read_uncommitted consumers see",
+        ] {
+            assert!(
+                seen.get(what).is_some_and(|&n| n > 0),
+                "never seen: {what} ({seen:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn simulation_exactly_once_dead_letters_records_the_broker_refuses() {
+    let mut carried = 0;
+    for seed in seeds() {
+        match run_seed(seed, Mode::ExactlyOnceRefused) {
+            Ok((outcome, trace)) => {
+                if let Some(e) = outcome.error {
+                    fail(
+                        seed,
+                        "exactly-once refused",
+                        &format!("stopped: {e}"),
+                        &trace,
+                    );
+                }
+                carried += outcome
+                    .seen
+                    .get("records the broker refused carried to the next session")
+                    .copied()
+                    .unwrap_or(0);
+            }
+            Err((reason, trace)) => fail(seed, "exactly-once refused", &reason, &trace),
+        }
+    }
+    if seeds().len() >= 100 {
+        assert!(carried > 0, "no seed had the broker refuse a record");
     }
 }
 
@@ -946,6 +1690,8 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
         Duration::from_secs(30),
         metrics,
         Lsn(0),
+        None,
+        Default::default(),
     );
     let start = Instant::now();
     let now = Now {
@@ -1047,6 +1793,8 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
         Duration::from_secs(30),
         Arc::clone(&metrics),
         Lsn(0),
+        None,
+        Default::default(),
     );
     let now = Now {
         instant: Instant::now(),
@@ -1142,4 +1890,247 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
     };
     assert!(error.is_transient(), "{error}");
     assert_eq!(core.watermark(), Lsn(110));
+}
+
+/// An exactly-once core (Kafka transactions of at most 100 ms) that has handed over one record
+/// of a transaction ending at 110, in a Kafka transaction it began: the record's token.
+fn exactly_once_core_with_one_record<'a>(
+    router: &'a Routers,
+    prefixes: &'a HashSet<String>,
+    now: Now,
+) -> (SessionCore<'a>, usize) {
+    let bounds = TransactionBounds {
+        max_age: Duration::from_millis(100),
+        max_bytes: 1_000_000,
+    };
+    let mut core = session_core(
+        router,
+        prefixes,
+        &ErrorPolicy::Fail,
+        Duration::from_secs(30),
+        Arc::new(Metrics::new()),
+        Lsn(0),
+        Some(KafkaTransactions::new(bounds, Lsn(0), None)),
+        Default::default(),
+    );
+    core.handle(now, Input::Source(SourceEvent::Relation(relation())));
+    let Some(Action::Lookup(Lookup::NotNullColumns(relation))) = core.poll_action() else {
+        panic!("a lookup of the outbox table's columns");
+    };
+    core.handle(
+        now,
+        Input::Answer(Answer::NotNullColumns {
+            relation: Arc::clone(&relation),
+            columns: Ok(Default::default()),
+        }),
+    );
+    for event in [
+        SourceEvent::Begin {
+            xid: 1,
+            final_lsn: Lsn(100),
+            commit_time_us: 0,
+        },
+        SourceEvent::Change {
+            relation,
+            change: RowChange::Insert(row(1, 1, false)),
+            lsn: Lsn(90),
+        },
+        SourceEvent::Commit {
+            commit_lsn: Lsn(100),
+            end_lsn: Lsn(110),
+            commit_time_us: 0,
+        },
+    ] {
+        core.handle(now, Input::Source(event));
+    }
+    assert!(matches!(core.poll_action(), Some(Action::BeginTransaction)));
+    let Some(Action::Send { token, .. }) = core.poll_action() else {
+        panic!("the record is sent in the Kafka transaction");
+    };
+    assert!(core.poll_action().is_none(), "no commit due yet");
+    (core, token)
+}
+
+fn default_routers() -> Routers {
+    Routers::new(
+        EventRouter::new(
+            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
+            Format::default(),
+        ),
+        HashMap::new(),
+    )
+}
+
+fn not_taken(token: usize) -> Input {
+    let record = RoutedRecord {
+        topic: "outbox.event.invoice".into(),
+        key: None,
+        value: None,
+        headers: Vec::new(),
+        timestamp_ms: None,
+        partition: None,
+    };
+    Input::SendRefused {
+        token,
+        record,
+        error: SinkError::Kafka {
+            operation: Operation::CreateTopic,
+            topic: "outbox.event.invoice".into(),
+            code: RDKafkaErrorCode::OperationTimedOut,
+        },
+    }
+}
+
+/// Exactly-once: a record that never reached the producer (its topic's creation failed while
+/// it waited) fails the session, and no commit follows: the transaction would commit without
+/// the record, and its progress, covering it, would make the next session skip it.
+#[test]
+fn exactly_once_commits_nothing_after_a_record_was_not_taken() {
+    let router = default_routers();
+    let prefixes = HashSet::new();
+    let t0 = Instant::now();
+    let now = |ms| Now {
+        instant: t0 + Duration::from_millis(ms),
+        wall: SystemTime::now(),
+    };
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now(0));
+    core.handle(now(1), not_taken(token));
+    assert!(!core.may_commit());
+    // The Kafka transaction's age bound passes: still no commit.
+    core.handle(now(500), Input::Tick);
+    let actions: Vec<Action> = std::iter::from_fn(|| core.poll_action()).collect();
+    assert!(
+        actions.iter().all(|a| !matches!(a, Action::Commit(_))),
+        "{actions:?}"
+    );
+    assert!(
+        matches!(actions.last(), Some(Action::Finish(Err(e))) if e.is_transient()),
+        "{actions:?}"
+    );
+    assert_eq!(core.watermark(), Lsn(0));
+
+    // During a shutdown the commit is asked for at once; the record is then not taken: the
+    // commit is no longer to run, and the shutdown ends with the failure.
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now(0));
+    core.handle(now(1), Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    core.handle(now(2), not_taken(token));
+    assert!(!core.may_commit(), "the driver drops the commit it holds");
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
+
+    // The record waits for its topic past the stop's deadline: the stop waits for the commit
+    // alone. The record is then not taken: no commit, the session ends with the failure.
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now(0));
+    core.handle(now(1), Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    core.handle(now(31_000), Input::Tick);
+    assert!(core.is_finished() && core.poll_action().is_none());
+    core.handle(now(31_001), not_taken(token));
+    assert!(!core.may_commit(), "the driver drops the commit it holds");
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
+    assert_eq!(core.watermark(), Lsn(0));
+}
+
+/// Exactly-once: a record refused at enqueue during a shutdown (it waited for its topic) is
+/// given up by the stopping flow without a dead letter: the transaction, whose progress counts
+/// it, must not commit, and the session ends with the failure.
+#[test]
+fn exactly_once_a_record_refused_at_enqueue_during_a_shutdown_fails_it() {
+    let router = default_routers();
+    let prefixes = HashSet::new();
+    let now = Now {
+        instant: Instant::now(),
+        wall: SystemTime::now(),
+    };
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now);
+    core.handle(now, Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    let record = RoutedRecord {
+        topic: "outbox.event.invoice".into(),
+        key: None,
+        value: None,
+        headers: Vec::new(),
+        timestamp_ms: None,
+        partition: None,
+    };
+    core.handle(
+        now,
+        Input::SendRefused {
+            token,
+            record,
+            error: SinkError::Kafka {
+                operation: Operation::Enqueue,
+                topic: "outbox.event.invoice".into(),
+                code: RDKafkaErrorCode::MessageSizeTooLarge,
+            },
+        },
+    );
+    assert!(!core.may_commit(), "the driver drops the commit it holds");
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
+}
+
+/// Exactly-once: a commit that fails during a shutdown, before the last reports came, ends the
+/// session with the failure once they came (it is not lost, and the stop does not wait for a
+/// second commit outcome that never comes).
+#[test]
+fn exactly_once_a_commit_failed_during_a_shutdown_ends_it() {
+    let router = default_routers();
+    let prefixes = HashSet::new();
+    let t0 = Instant::now();
+    let now = Now {
+        instant: t0,
+        wall: SystemTime::now(),
+    };
+    let (mut core, token) = exactly_once_core_with_one_record(&router, &prefixes, now);
+    core.handle(now, Input::Shutdown);
+    assert!(matches!(core.poll_action(), Some(Action::Commit(_))));
+    core.handle(
+        now,
+        Input::Committed(Err(SinkError::Transaction {
+            operation: Operation::CommitTransaction,
+            transactional_id: "t".into(),
+            code: RDKafkaErrorCode::OperationTimedOut,
+        })),
+    );
+    core.handle(
+        now,
+        Input::Delivery(Delivery {
+            token,
+            generation: 0,
+            result: Ok(Delivered {
+                partition: 0,
+                offset: 0,
+            }),
+        }),
+    );
+    let finished = std::iter::from_fn(|| core.poll_action()).find_map(|action| match action {
+        Action::Finish(result) => Some(result),
+        _ => None,
+    });
+    assert!(
+        matches!(&finished, Some(Err(e)) if e.is_transient()),
+        "{finished:?}"
+    );
+    assert_eq!(core.watermark(), Lsn(0));
 }
