@@ -911,9 +911,12 @@ fn session_core<'a>(
     shutdown_timeout: Duration,
     metrics: Arc<Metrics>,
     start: Lsn,
-    transactions: Option<KafkaTransactions>,
-    suspects: super::Suspects,
+    exactly_once: Option<(KafkaTransactions, super::Suspects)>,
 ) -> SessionCore<'a> {
+    let (transactions, suspects) = match exactly_once {
+        Some((transactions, suspects)) => (Some(transactions), suspects),
+        None => (None, Default::default()),
+    };
     SessionCore::new(
         CoreSettings {
             router,
@@ -1176,8 +1179,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
             Duration::from_secs(5),
             Arc::clone(&metrics),
             resume,
-            transactions,
-            std::mem::take(&mut suspects),
+            transactions.map(|t| (t, std::mem::take(&mut suspects))),
         );
         w.broker.failed = false;
         w.broker.generation += 1;
@@ -1691,7 +1693,6 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
         metrics,
         Lsn(0),
         None,
-        Default::default(),
     );
     let start = Instant::now();
     let now = Now {
@@ -1794,7 +1795,6 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
         Arc::clone(&metrics),
         Lsn(0),
         None,
-        Default::default(),
     );
     let now = Now {
         instant: Instant::now(),
@@ -1910,8 +1910,10 @@ fn exactly_once_core_with_one_record<'a>(
         Duration::from_secs(30),
         Arc::new(Metrics::new()),
         Lsn(0),
-        Some(KafkaTransactions::new(bounds, Lsn(0), None)),
-        Default::default(),
+        Some((
+            KafkaTransactions::new(bounds, Lsn(0), None),
+            Default::default(),
+        )),
     );
     core.handle(now, Input::Source(SourceEvent::Relation(relation())));
     let Some(Action::Lookup(Lookup::NotNullColumns(relation))) = core.poll_action() else {
