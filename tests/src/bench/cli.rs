@@ -4,10 +4,11 @@ use clap::Parser;
 use std::path::PathBuf;
 
 /// Measures Siphon against the physical limit of a logical replication slot: drains one
-/// backlog with pg_recvlogical, with Siphon to Kafka, with Siphon's discard sink and with
-/// Debezium's embedded engine (when Java and its jars are installed), optionally again under a
-/// CPU hog (--contention), then measures commit-to-ack latency under a steady load next to the
-/// broker's own produce latency. Prints a table and writes JSON.
+/// backlog with pg_recvlogical, with Siphon to Kafka (at-least-once and exactly-once), with
+/// Siphon's discard sink and with Debezium's embedded engine (when Java and its jars are
+/// installed), optionally again under a CPU hog (--contention), then measures commit-to-ack
+/// latency under a steady load next to the broker's own produce latency, at-least-once and
+/// then exactly-once. Prints a table and writes JSON.
 #[derive(Debug, Parser)]
 #[command(name = "bench")]
 pub struct Args {
@@ -26,6 +27,10 @@ pub struct Args {
     /// Events per second in the latency phase (the latency target is stated at 10,000).
     #[arg(long, default_value_t = 10_000)]
     pub latency_rate: u64,
+
+    /// Events per second in the exactly-once latency phase (its p99 is stated at 5,000).
+    #[arg(long, default_value_t = 5_000)]
+    pub eos_latency_rate: u64,
 
     /// Events per transaction in the latency phase.
     #[arg(long, default_value_t = 100)]
@@ -73,6 +78,11 @@ pub struct Args {
     #[arg(long)]
     pub no_debezium: bool,
 
+    /// Skip the exactly-once rows: the drain with `kafka.delivery = "exactly-once"` and its
+    /// latency phase.
+    #[arg(long)]
+    pub no_exactly_once: bool,
+
     /// Skip the Debezium-on-Connect rows (a standalone Kafka Connect worker with Debezium's
     /// connector, from scripts/install-connect.sh).
     #[arg(long)]
@@ -111,6 +121,10 @@ impl Args {
             self.latency_rate >= self.latency_txn_events,
             "--latency-rate must be at least --latency-txn-events (one transaction per second)"
         );
+        anyhow::ensure!(
+            self.eos_latency_rate >= self.latency_txn_events,
+            "--eos-latency-rate must be at least --latency-txn-events (one transaction per second)"
+        );
         Ok(())
     }
 }
@@ -130,6 +144,8 @@ mod tests {
         assert_eq!(a.latency_secs, 60);
         assert!(!a.contention);
         assert!(!a.no_debezium);
+        assert_eq!(a.eos_latency_rate, 5_000);
+        assert!(!a.no_exactly_once);
         a.validate()
     }
 
@@ -154,6 +170,8 @@ mod tests {
         assert!(a.slots_scaling && a.scaling_events == Some(5000));
         assert!(!a.no_connect && !a.no_all_operations);
         assert!(parse(&["--scaling-events", "0"])?.validate().is_err());
+        let a = parse(&["--no-exactly-once", "--eos-latency-rate", "2000"])?;
+        assert!(a.no_exactly_once && a.eos_latency_rate == 2_000);
         Ok(())
     }
 
@@ -165,6 +183,7 @@ mod tests {
                 .validate()
                 .is_err()
         );
+        assert!(parse(&["--eos-latency-rate", "0"])?.validate().is_err());
         Ok(())
     }
 }

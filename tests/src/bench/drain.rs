@@ -138,13 +138,43 @@ pub async fn recvlogical(
     })
 }
 
+/// `kafka.transaction_interval_ms` of the exactly-once runs: Siphon's default, stated so that
+/// the report can name the wait it adds for read_committed consumers.
+pub const EOS_TRANSACTION_INTERVAL_MS: u64 = 100;
+
+/// Where a Siphon of the bench sends its records, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    /// To the broker, at-least-once (Siphon's default delivery).
+    Kafka,
+    /// To the broker, exactly-once (`kafka.delivery = "exactly-once"`: Kafka transactions with
+    /// Siphon's default bounds; the slot is confirmed once the transaction covering a record
+    /// commits).
+    KafkaExactlyOnce,
+    /// Siphon's discard sink: every record acknowledged at once, nothing sent.
+    Discard,
+}
+
+impl Sink {
+    /// Its lines of the `[kafka]` section.
+    fn config_lines(self) -> String {
+        match self {
+            Sink::Kafka => "sink = \"kafka\"\n".to_owned(),
+            Sink::KafkaExactlyOnce => format!(
+                "sink = \"kafka\"\ndelivery = \"exactly-once\"\ntransaction_interval_ms = {EOS_TRANSACTION_INTERVAL_MS}\n"
+            ),
+            Sink::Discard => "sink = \"discard\"\n".to_owned(),
+        }
+    }
+}
+
 /// A Siphon configuration with its defaults except the slot, the publication, the table,
-/// the sink and the metrics address.
+/// the sink (and its delivery mode) and the metrics address.
 pub fn siphon_config(
     svc: &Services,
     slot: &str,
     publication: &str,
-    sink: &str,
+    sink: Sink,
     metrics: &str,
 ) -> String {
     format!(
@@ -156,14 +186,14 @@ tables = ["{table}"]
 
 [kafka]
 bootstrap_servers = "{bootstrap}"
-sink = "{sink}"
-
+{sink}
 [metrics]
 listen = "{metrics}"
 "#,
         url = svc.pg_url,
         table = workload::TABLE,
         bootstrap = svc.bootstrap,
+        sink = sink.config_lines(),
     )
 }
 
@@ -174,7 +204,7 @@ pub struct Running {
 }
 
 /// Starts the Siphon binary (`$SIPHON_BIN`, see the harness) on `slot` and `publication`.
-pub fn start_siphon(svc: &Services, slot: &str, publication: &str, sink: &str) -> Result<Running> {
+pub fn start_siphon(svc: &Services, slot: &str, publication: &str, sink: Sink) -> Result<Running> {
     let metrics = format!("127.0.0.1:{}", free_port());
     let config = siphon_config(svc, slot, publication, sink, &metrics);
     // Siphon runs in its own directory: the binary's path must not be relative.
@@ -232,14 +262,16 @@ pub async fn wait_confirmed(
     }
 }
 
-/// Drains `slot` with Siphon on `publication` (`sink` = `kafka` or `discard`) until its
-/// `confirmed_flush_lsn` reaches `end_lsn`, samples its usage, then stops it with SIGTERM.
+/// Drains `slot` with Siphon on `publication` into `sink` until its `confirmed_flush_lsn`
+/// reaches `end_lsn`, samples its usage, then stops it with SIGTERM. With exactly-once the slot
+/// is confirmed only past records whose Kafka transaction committed: the time runs to the
+/// commit of the backlog's last records.
 pub async fn siphon(
     svc: &Services,
     db: &tokio_postgres::Client,
     slot: &str,
     publication: &str,
-    sink: &str,
+    sink: Sink,
     end_lsn: u64,
     timeout: Duration,
 ) -> Result<Drain> {

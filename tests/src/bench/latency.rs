@@ -1,6 +1,13 @@
 //! Commit-to-ack latency under a steady load: Siphon's own histogram, an independent
 //! end-to-end measure (COMMIT returned at the writer -> record polled by a consumer), and the
 //! broker's own produce latency over the same seconds (a probe producer, [`super::probe`]).
+//!
+//! The phase runs with either delivery mode ([`Plan::sink`]). Its consumer reads
+//! `isolation.level=read_committed`: with exactly-once a record reaches it only once its Kafka
+//! transaction commits (up to `kafka.transaction_interval_ms`,
+//! [`drain::EOS_TRANSACTION_INTERVAL_MS`], after the transaction opened, plus the commit), and
+//! the end-to-end figures include that wait by design; Siphon's histogram times each record to
+//! its delivery report, inside the open transaction.
 
 use super::drain;
 use super::probe::{Probe, ProbeStats};
@@ -29,6 +36,8 @@ pub struct Plan {
     pub rate: u64,
     pub txn_events: u64,
     pub writers: u64,
+    /// [`drain::Sink::Kafka`] or [`drain::Sink::KafkaExactlyOnce`].
+    pub sink: drain::Sink,
 }
 
 /// p50/p90/p95/p99/p99.9/max in seconds.
@@ -44,6 +53,10 @@ pub struct Quantiles {
 
 #[derive(Debug, Clone)]
 pub struct Latency {
+    /// Where Siphon sent the records (its delivery mode).
+    pub sink: drain::Sink,
+    /// The planned rate (events per second).
+    pub rate: u64,
     pub events_written: u64,
     pub write_secs: f64,
     /// Siphon's histogram, bucket-interpolated; `max` is the upper bound of the last bucket.
@@ -59,7 +72,7 @@ pub struct Latency {
     pub probe: std::result::Result<ProbeStats, String>,
 }
 
-/// Runs the phase on fresh slot `slot`: starts Siphon (kafka sink), warms up, writes at the
+/// Runs the phase on fresh slot `slot`: starts Siphon (`plan.sink`), warms up, writes at the
 /// planned rate for the planned time to one fresh topic, collects both measures, stops Siphon.
 pub async fn run(
     svc: &Services,
@@ -76,7 +89,7 @@ pub async fn run(
         .await
         .context("emptying the outbox table")?;
     workload::create_slot(db, slot).await?;
-    let siphon = drain::start_siphon(svc, slot, workload::PUBLICATION, "kafka")?;
+    let siphon = drain::start_siphon(svc, slot, workload::PUBLICATION, plan.sink)?;
 
     // Warm-up: creates the topic (Siphon's topic creation) and proves the pipeline is
     // streaming and caught up.
@@ -209,6 +222,8 @@ pub async fn run(
     let mut delays: Vec<f64> = timed.into_iter().map(|(_, d)| d).collect();
     delays.sort_by(f64::total_cmp);
     Ok(Latency {
+        sink: plan.sink,
+        rate: plan.rate,
         events_written: expected,
         write_secs,
         histogram,
@@ -339,6 +354,8 @@ fn consume(
         .set("group.id", format!("siphon-bench-{nonce}"))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        // librdkafka's default, stated: with exactly-once, only committed transactions' records.
+        .set("isolation.level", "read_committed")
         .set("allow.auto.create.topics", "false")
         .set("fetch.wait.max.ms", "5")
         .set("fetch.error.backoff.ms", "5")

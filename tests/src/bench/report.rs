@@ -1,7 +1,7 @@
 //! The result table, the targets and the JSON document.
 
 use super::chart::{Bar, Chart, Group, Series};
-use super::drain::{Drain, DrainEnd};
+use super::drain::{self, Drain, DrainEnd, Sink};
 use super::latency::{Latency, Quantiles};
 use super::probe::{self, ProbeStats};
 use serde_json::{json, Value};
@@ -28,6 +28,9 @@ pub struct Results {
     pub backlog: Backlog,
     pub recvlogical: Drain,
     pub kafka: Drain,
+    /// Siphon to the broker with `kafka.delivery = "exactly-once"`, or why it was skipped or
+    /// failed.
+    pub exactly_once: Result<Drain, String>,
     pub discard: Drain,
     /// The Debezium row, or why it was skipped.
     pub debezium: Result<Drain, String>,
@@ -40,8 +43,11 @@ pub struct Results {
     /// The drains under a CPU hog (`--contention`).
     pub contention: Option<Contention>,
     pub latency: Option<Latency>,
-    /// A measurement that failed without stopping the run (the Debezium drain): the run
-    /// reports it and exits non-zero.
+    /// The latency phase in exactly-once mode (`None` with `--latency-secs 0`), or why it was
+    /// skipped or failed.
+    pub latency_exactly_once: Option<Result<Latency, String>>,
+    /// A measurement that failed without stopping the run (the exactly-once rows, the Debezium
+    /// drain): the run reports it and exits non-zero.
     pub failure: Option<String>,
 }
 
@@ -104,6 +110,12 @@ pub struct Contention {
     pub discard: Drain,
 }
 
+/// What the exactly-once drain's row is called.
+pub const EXACTLY_ONCE_ROW: &str = "siphon->kafka (exactly-once)";
+
+/// The exactly-once drain's rate relative to the at-least-once drain's: the target is 0.8.
+pub const EXACTLY_ONCE_MIN_SHARE: f64 = 0.8;
+
 /// `reference_secs / secs`: above 1 is faster than the reference.
 pub fn ratio(reference_secs: f64, secs: f64) -> f64 {
     reference_secs / secs
@@ -157,8 +169,11 @@ impl Results {
         let mut rows = vec![
             ("pg_recvlogical", &self.recvlogical),
             ("siphon->kafka", &self.kafka),
-            ("siphon->discard", &self.discard),
         ];
+        if let Ok(d) = &self.exactly_once {
+            rows.push((EXACTLY_ONCE_ROW, d));
+        }
+        rows.push(("siphon->discard", &self.discard));
         if let Ok(d) = &self.debezium {
             rows.push(("debezium", d));
         }
@@ -223,12 +238,26 @@ impl Results {
         ratio(self.recvlogical.secs, d.secs)
     }
 
+    /// The exactly-once drain's rate over the at-least-once drain's, when it ran.
+    fn exactly_once_share(&self) -> Option<f64> {
+        self.exactly_once
+            .as_ref()
+            .ok()
+            .map(|eos| self.kafka.secs / eos.secs)
+    }
+
+    fn latency_exactly_once(&self) -> Option<&Latency> {
+        self.latency_exactly_once.as_ref()?.as_ref().ok()
+    }
+
     fn peak_rss_mb(&self) -> Option<f64> {
         let mut all = vec![self.kafka.usage, self.discard.usage];
+        all.push(self.exactly_once.as_ref().ok().and_then(|d| d.usage));
         if let Some(c) = &self.contention {
             all.extend([c.kafka.usage, c.discard.usage]);
         }
         all.push(self.latency.as_ref().map(|l| l.usage));
+        all.push(self.latency_exactly_once().map(|l| l.usage));
         all.into_iter()
             .flatten()
             .map(|u| u.peak_rss_bytes as f64 / MIB)
@@ -262,6 +291,10 @@ impl Results {
             .find(|(name, _)| name.contains("idempotent"))
             .and_then(|(_, row)| row.as_ref().ok());
         let connect_speedup = connect.map(|c| c.secs / self.kafka.secs);
+        let eos_share = self.exactly_once_share();
+        let eos_p99 = self
+            .latency_exactly_once()
+            .and_then(|l| Some((l.histogram?.p99 * 1000.0, l.rate)));
         let connect_cpu_share = connect
             .and_then(per_event_us)
             .zip(kafka_cpu)
@@ -280,6 +313,13 @@ impl Results {
                 value: Some(discard),
                 shown: format!("{:.0}%", discard * 100.0),
                 pass: Some(discard >= 0.90),
+            },
+            Target {
+                name: "exactly-once drain",
+                goal: ">= 80% of siphon->kafka",
+                value: eos_share,
+                shown: eos_share.map_or("not measured".into(), |v| format!("{:.0}%", v * 100.0)),
+                pass: eos_share.map(|v| v >= EXACTLY_ONCE_MIN_SHARE),
             },
             self.contention.as_ref().map_or(
                 Target {
@@ -329,6 +369,15 @@ impl Results {
                 pass: e2e_p99.map(|v| v <= 15.0),
             },
             Target {
+                name: "exactly-once commit->ack p99",
+                goal: "stated (histogram)",
+                value: eos_p99.map(|(v, _)| v),
+                shown: eos_p99.map_or("not measured".into(), |(v, rate)| {
+                    format!("{v:.1} ms at {rate}/s")
+                }),
+                pass: None,
+            },
+            Target {
                 name: "drain vs Debezium on Connect (idempotent)",
                 goal: ">= 5x",
                 value: connect_speedup,
@@ -371,6 +420,15 @@ impl Results {
             b.write_secs
         );
         out += &self.drain_table(&self.rows(), self.recvlogical.secs);
+        match (&self.exactly_once, self.exactly_once_share()) {
+            (Err(why), _) => out += &format!("{EXACTLY_ONCE_ROW} {why}\n"),
+            (Ok(_), Some(share)) => {
+                out += &format!(
+                    "  {EXACTLY_ONCE_ROW} / siphon->kafka: {share:.2}x (target >= {EXACTLY_ONCE_MIN_SHARE}x; timed to the slot's confirmation, which follows the Kafka transaction's commit)\n"
+                );
+            }
+            (Ok(_), None) => {}
+        }
         match &self.debezium {
             Ok(d) if d.end == DrainEnd::LastRecord => {
                 out += &format!(
@@ -410,30 +468,13 @@ impl Results {
         out += "\n";
         match &self.latency {
             None => out += "latency: not measured (--latency-secs 0)\n",
-            Some(l) => {
-                out += &format!(
-                    "latency: {} events written at {:.0} events/s for {:.1} s\n",
-                    l.events_written,
-                    l.events_written as f64 / l.write_secs,
-                    l.write_secs
-                );
-                out += &format!(
-                    "  commit->ack, Siphon histogram (estimates, linear within buckets; {} observations): {}\n",
-                    l.histogram_count,
-                    show_q(l.histogram, "max <=")
-                );
-                out += &format!(
-                    "  COMMIT returned->consumer received, end to end (exact; {} of {} records): {}\n",
-                    l.received,
-                    l.events_written,
-                    show_q(l.end_to_end, "max")
-                );
-                out += &probe_lines(&l.probe, l.histogram.as_ref());
-                out += &format!(
-                    "  siphon under this load: peak RSS {:.1} MB, {:.2} CPU s per 1M events\n",
-                    l.usage.peak_rss_bytes as f64 / MIB,
-                    l.usage.cpu_secs * 1e6 / l.events_written.max(1) as f64
-                );
+            Some(l) => out += &latency_lines(l),
+        }
+        if let Some(eos) = &self.latency_exactly_once {
+            out += "\n";
+            match eos {
+                Ok(l) => out += &latency_lines(l),
+                Err(why) => out += &format!("latency, exactly-once: {why}\n"),
             }
         }
         out += "\ntargets (informational):\n";
@@ -629,34 +670,10 @@ impl Results {
             })
         });
         let records_match = self.records_match();
-        let latency = self.latency.as_ref().map(|l| {
-            json!({
-                "events_written": l.events_written,
-                "write_seconds": l.write_secs,
-                "events_per_sec": l.events_written as f64 / l.write_secs,
-                "histogram_commit_to_ack_seconds": q_json(l.histogram),
-                "histogram_observations": l.histogram_count,
-                "histogram_note": "estimates by linear interpolation within buckets; max is the upper bound of the highest non-empty bucket",
-                "end_to_end_seconds": q_json(l.end_to_end),
-                "end_to_end_received": l.received,
-                "end_to_end_per_second_p50_max": l.per_second,
-                "end_to_end_note": "COMMIT returned at the writer -> record polled by an rdkafka consumer",
-                "peak_rss_mb": l.usage.peak_rss_bytes as f64 / MIB,
-                "cpu_secs_per_million_events": l.usage.cpu_secs * 1e6 / l.events_written.max(1) as f64,
-                "broker_probe": match &l.probe {
-                    Ok(p) => json!({
-                        "send_to_ack_seconds": q_json(p.latency),
-                        "sent": p.sent,
-                        "acknowledged": p.acked,
-                        "failed": p.failed,
-                        "record_bytes": probe::RECORD_BYTES,
-                        "interval_ms": probe::INTERVAL.as_millis() as u64,
-                        "note": "a separate producer (acks=all, idempotent, linger.ms=0) to a topic of its own during the writes",
-                        "share_of_histogram_p50_p99": l.histogram.as_ref().zip(p.latency.as_ref()).map(|(s, b)| broker_share(b, s)),
-                    }),
-                    Err(why) => json!({"error": why}),
-                },
-            })
+        let latency = self.latency.as_ref().map(latency_json);
+        let latency_exactly_once = self.latency_exactly_once.as_ref().map(|l| match l {
+            Ok(l) => latency_json(l),
+            Err(why) => json!({"skipped": why}),
         });
         let targets: Vec<Value> = self
             .targets()
@@ -676,6 +693,8 @@ impl Results {
                 "write_seconds": b.write_secs,
             },
             "drains": rows,
+            "exactly_once_skipped": self.exactly_once.as_ref().err(),
+            "exactly_once_share_of_kafka": self.exactly_once_share(),
             "debezium_skipped": self.debezium.as_ref().err(),
             "connect_skipped": skipped_json(&self.connect),
             "all_operations": all_operations,
@@ -683,9 +702,93 @@ impl Results {
             "records_match_backlog": records_match,
             "contention": contention,
             "latency": latency,
+            "latency_exactly_once": latency_exactly_once,
             "targets": targets,
         })
     }
+}
+
+/// The latency phase's lines of the report.
+fn latency_lines(l: &Latency) -> String {
+    let mut out = match l.sink {
+        Sink::KafkaExactlyOnce => format!(
+            "latency, exactly-once (kafka.delivery = \"exactly-once\", planned {} events/s): {} events written at {:.0} events/s for {:.1} s\n",
+            l.rate,
+            l.events_written,
+            l.events_written as f64 / l.write_secs,
+            l.write_secs
+        ),
+        _ => format!(
+            "latency: {} events written at {:.0} events/s for {:.1} s\n",
+            l.events_written,
+            l.events_written as f64 / l.write_secs,
+            l.write_secs
+        ),
+    };
+    out += &format!(
+        "  commit->ack, Siphon histogram (estimates, linear within buckets; {} observations): {}\n",
+        l.histogram_count,
+        show_q(l.histogram, "max <=")
+    );
+    out += &format!(
+        "  COMMIT returned->consumer received, end to end (exact; {} of {} records): {}\n",
+        l.received,
+        l.events_written,
+        show_q(l.end_to_end, "max")
+    );
+    if l.sink == Sink::KafkaExactlyOnce {
+        out += &format!(
+            "  the consumer reads read_committed: end to end includes the wait for the Kafka transaction's commit (kafka.transaction_interval_ms = {} ms, plus the commit), by design; the histogram times each record to its acknowledgement inside the open transaction\n",
+            drain::EOS_TRANSACTION_INTERVAL_MS
+        );
+    }
+    out += &probe_lines(&l.probe, l.histogram.as_ref());
+    out += &format!(
+        "  siphon under this load: peak RSS {:.1} MB, {:.2} CPU s per 1M events\n",
+        l.usage.peak_rss_bytes as f64 / MIB,
+        l.usage.cpu_secs * 1e6 / l.events_written.max(1) as f64
+    );
+    out
+}
+
+/// The latency phase as JSON.
+fn latency_json(l: &Latency) -> Value {
+    let exactly_once = l.sink == Sink::KafkaExactlyOnce;
+    json!({
+                "delivery": if exactly_once { "exactly-once" } else { "at-least-once" },
+                "planned_events_per_sec": l.rate,
+                "transaction_interval_ms": exactly_once.then_some(drain::EOS_TRANSACTION_INTERVAL_MS),
+                "consumer_isolation_level": "read_committed",
+                "events_written": l.events_written,
+                "write_seconds": l.write_secs,
+                "events_per_sec": l.events_written as f64 / l.write_secs,
+                "histogram_commit_to_ack_seconds": q_json(l.histogram),
+                "histogram_observations": l.histogram_count,
+                "histogram_note": "estimates by linear interpolation within buckets; max is the upper bound of the highest non-empty bucket",
+                "end_to_end_seconds": q_json(l.end_to_end),
+                "end_to_end_received": l.received,
+                "end_to_end_per_second_p50_max": l.per_second,
+                "end_to_end_note": if exactly_once {
+                    "COMMIT returned at the writer -> record polled by an rdkafka consumer (read_committed): includes the wait for the Kafka transaction's commit"
+                } else {
+                    "COMMIT returned at the writer -> record polled by an rdkafka consumer (read_committed)"
+                },
+                "peak_rss_mb": l.usage.peak_rss_bytes as f64 / MIB,
+                "cpu_secs_per_million_events": l.usage.cpu_secs * 1e6 / l.events_written.max(1) as f64,
+                "broker_probe": match &l.probe {
+                    Ok(p) => json!({
+                        "send_to_ack_seconds": q_json(p.latency),
+                        "sent": p.sent,
+                        "acknowledged": p.acked,
+                        "failed": p.failed,
+                        "record_bytes": probe::RECORD_BYTES,
+                        "interval_ms": probe::INTERVAL.as_millis() as u64,
+                        "note": "a separate producer (acks=all, idempotent, linger.ms=0) to a topic of its own during the writes",
+                        "share_of_histogram_p50_p99": l.histogram.as_ref().zip(p.latency.as_ref()).map(|(s, b)| broker_share(b, s)),
+                    }),
+                    Err(why) => json!({"error": why}),
+                },
+    })
 }
 
 /// The Connect rows that did not run, and why.
@@ -789,6 +892,7 @@ mod tests {
             },
             recvlogical: drain(2.0, None, DrainEnd::ProcessExit),
             kafka: drain(4.0, Some(1000.0), DrainEnd::SlotConfirmed),
+            exactly_once: Err("skipped: --no-exactly-once".into()),
             discard: drain(2.5, Some(1000.0), DrainEnd::SlotConfirmed),
             debezium,
             connect: Vec::new(),
@@ -796,8 +900,151 @@ mod tests {
             scaling: None,
             contention,
             latency: None,
+            latency_exactly_once: None,
             failure: None,
         }
+    }
+
+    fn latency(sink: Sink, rate: u64, p99: f64) -> Latency {
+        let q = Quantiles {
+            p50: p99 / 2.0,
+            p90: p99,
+            p95: p99,
+            p99,
+            p999: p99,
+            max: p99,
+        };
+        Latency {
+            sink,
+            rate,
+            events_written: rate,
+            write_secs: 1.0,
+            histogram: Some(q),
+            histogram_count: rate as f64,
+            end_to_end: Some(q),
+            received: rate,
+            per_second: Vec::new(),
+            usage: Usage {
+                peak_rss_bytes: 30 * 1024 * 1024,
+                cpu_secs: 0.5,
+                sys_secs: 0.1,
+                voluntary_switches: 10,
+            },
+            probe: Err("no probe".into()),
+        }
+    }
+
+    fn target(r: &Results, name: &str) -> Option<(Option<f64>, String, Option<bool>)> {
+        r.targets()
+            .into_iter()
+            .find(|t| t.name == name)
+            .map(|t| (t.value, t.shown, t.pass))
+    }
+
+    #[test]
+    fn the_exactly_once_drain_is_a_row_with_its_target() {
+        let mut r = results(Err("skipped: no JDK".into()), None);
+        // 5 s against the at-least-once drain's 4 s: 80%, the target exactly.
+        r.exactly_once = Ok(drain(5.0, Some(1000.0), DrainEnd::SlotConfirmed));
+        let table = r.table();
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(EXACTLY_ONCE_ROW))
+            .unwrap_or_default();
+        assert!(row.contains("5.00") && row.contains("0.40"), "{table}");
+        assert!(
+            table.contains("siphon->kafka (exactly-once) / siphon->kafka: 0.80x (target >= 0.8x"),
+            "{table}"
+        );
+        assert_eq!(
+            target(&r, "exactly-once drain"),
+            Some((Some(0.8), "80%".into(), Some(true)))
+        );
+        assert!(r.records_match(), "{table}");
+        let json = r.json();
+        assert_eq!(json["drains"][2]["name"], EXACTLY_ONCE_ROW);
+        assert_eq!(json["drains"][2]["timed_to"], "slot_confirmed");
+        assert_eq!(json["exactly_once_share_of_kafka"], 0.8);
+        assert_eq!(json["exactly_once_skipped"], Value::Null);
+        let bars = &r.chart().groups[0].bars;
+        assert_eq!(bars[2].label, EXACTLY_ONCE_ROW);
+        assert_eq!(bars[2].ratio, 0.4);
+
+        // Slower than 0.8x is a miss; a wrong record count is a mismatch.
+        r.exactly_once = Ok(drain(5.5, Some(999.0), DrainEnd::SlotConfirmed));
+        assert_eq!(
+            target(&r, "exactly-once drain").and_then(|t| t.2),
+            Some(false)
+        );
+        assert!(r.table().contains("siphon->kafka (exactly-once) 999, "));
+        assert!(!r.records_match());
+    }
+
+    #[test]
+    fn a_skipped_or_failed_exactly_once_drain_says_why() {
+        let mut r = results(Err("skipped: no JDK".into()), None);
+        let table = r.table();
+        assert!(
+            table.contains("siphon->kafka (exactly-once) skipped: --no-exactly-once"),
+            "{table}"
+        );
+        assert_eq!(
+            target(&r, "exactly-once drain"),
+            Some((None, "not measured".into(), None))
+        );
+        assert_eq!(
+            r.json()["exactly_once_skipped"],
+            "skipped: --no-exactly-once"
+        );
+        r.exactly_once = Err("FAILED: timed out".into());
+        assert!(r
+            .table()
+            .contains("siphon->kafka (exactly-once) FAILED: timed out"));
+    }
+
+    #[test]
+    fn the_exactly_once_latency_phase_is_stated_with_its_rate() {
+        let mut r = results(Err("skipped: no JDK".into()), None);
+        r.latency = Some(latency(Sink::Kafka, 10_000, 0.008));
+        r.latency_exactly_once = Some(Ok(latency(Sink::KafkaExactlyOnce, 5_000, 0.012)));
+        let table = r.table();
+        assert!(
+            table.contains("latency: 10000 events written at 10000 events/s"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "latency, exactly-once (kafka.delivery = \"exactly-once\", planned 5000 events/s)"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("end to end includes the wait for the Kafka transaction's commit (kafka.transaction_interval_ms = 100 ms"),
+            "{table}"
+        );
+        // The stated figure has no bound; the at-least-once targets keep their phase's figures.
+        let (value, shown, pass) = target(&r, "exactly-once commit->ack p99").unwrap_or_default();
+        assert!(value.is_some_and(|v| (v - 12.0).abs() < 1e-9), "{value:?}");
+        assert_eq!((shown.as_str(), pass), ("12.0 ms at 5000/s", None));
+        let p99 = target(&r, "commit->ack p99 (histogram)").and_then(|t| t.0);
+        assert!(p99.is_some_and(|v| (v - 8.0).abs() < 1e-9), "{p99:?}");
+        let json = r.json();
+        assert_eq!(json["latency"]["delivery"], "at-least-once");
+        assert_eq!(json["latency_exactly_once"]["delivery"], "exactly-once");
+        assert_eq!(json["latency_exactly_once"]["planned_events_per_sec"], 5000);
+        assert_eq!(json["latency_exactly_once"]["transaction_interval_ms"], 100);
+        assert_eq!(
+            json["latency_exactly_once"]["consumer_isolation_level"],
+            "read_committed"
+        );
+        r.latency_exactly_once = Some(Err("skipped: --no-exactly-once".into()));
+        assert!(r
+            .table()
+            .contains("latency, exactly-once: skipped: --no-exactly-once"));
+        assert_eq!(
+            r.json()["latency_exactly_once"]["skipped"],
+            "skipped: --no-exactly-once"
+        );
     }
 
     #[test]

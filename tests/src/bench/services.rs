@@ -104,13 +104,17 @@ impl Services {
     /// code until its JIT has compiled the hot paths, which a broker in production has long
     /// done. Creates [`WARM_UP_TOPIC`] (three partitions, as Siphon's topics in the bench) and
     /// writes [`WARM_UP_RECORDS`] records of the backlog's size to it with Siphon's producer
-    /// settings. Returns the seconds it took. Blocks its worker thread while it writes.
+    /// settings, then commits one Kafka transaction to it, so that the broker's transaction
+    /// state log exists (it is created on the first transactional producer's registration)
+    /// before the exactly-once drain. Returns the seconds it took. Blocks its worker thread
+    /// while it writes.
     pub async fn warm_up_broker(&self) -> Result<f64> {
         let started = std::time::Instant::now();
         siphon_tests::create_topic(&self.bootstrap, WARM_UP_TOPIC, 3)
             .await
             .with_context(|| format!("creating {WARM_UP_TOPIC}"))?;
         tokio::task::block_in_place(|| produce_warm_up(&self.bootstrap))?;
+        tokio::task::block_in_place(|| commit_warm_up_transaction(&self.bootstrap))?;
         Ok(started.elapsed().as_secs_f64())
     }
 
@@ -130,6 +134,41 @@ impl Services {
 pub const WARM_UP_TOPIC: &str = "siphon-bench-warm-up";
 /// Records [`Services::warm_up_broker`] writes.
 pub const WARM_UP_RECORDS: u64 = 200_000;
+
+/// Registers a transactional producer and commits one transaction of a few records to
+/// [`WARM_UP_TOPIC`].
+fn commit_warm_up_transaction(bootstrap: &str) -> Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    use rdkafka::ClientConfig;
+    use std::time::Duration;
+
+    let timeout = Duration::from_secs(60);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", "siphon-bench-warm-up")
+        .create()
+        .context("creating the transactional warm-up producer")?;
+    producer
+        .init_transactions(timeout)
+        .context("registering the transactional warm-up producer")?;
+    producer
+        .begin_transaction()
+        .context("beginning the warm-up transaction")?;
+    for n in 0..10 {
+        let key = format!("agg-{n}");
+        producer
+            .send(
+                BaseRecord::to(WARM_UP_TOPIC)
+                    .key(&key)
+                    .payload("{\"warmUp\": \"transactional\"}"),
+            )
+            .map_err(|(e, _)| e)
+            .context("sending a transactional warm-up record")?;
+    }
+    producer
+        .commit_transaction(timeout)
+        .context("committing the warm-up transaction")
+}
 
 /// Writes the warm-up records: ~300-byte values with an `id` header and 1,000 keys, sent with
 /// the producer settings Siphon's promises rest on (idempotent, `acks=all`, `linger.ms=5`,

@@ -2,11 +2,13 @@
 //!
 //! One run writes a backlog of outbox events behind one logical slot per drain (all created
 //! before the backlog, so each drains the same WAL): slot A with pg_recvlogical (the physical
-//! limit of the slot stream), slot B with Siphon to Kafka, slot C with Siphon's discard sink,
-//! a Debezium slot with Debezium's embedded engine (when Java and its jars are installed) and,
+//! limit of the slot stream), slot B with Siphon to Kafka, slot B-EOS with Siphon to Kafka in
+//! exactly-once mode (`--no-exactly-once` skips it), slot C with Siphon's discard sink, a
+//! Debezium slot with Debezium's embedded engine (when Java and its jars are installed) and,
 //! with `--contention`, three more slots drained like A, B and C while a CPU hog runs. Then it
 //! measures commit-to-ack latency under a steady load on a fresh slot, next to a probe
-//! producer's own produce latency. It prints one table and writes it as JSON to
+//! producer's own produce latency, and again in exactly-once mode on another fresh slot (at
+//! `--eos-latency-rate`). It prints one table and writes it as JSON to
 //! target/bench/result.json. It starts PostgreSQL and an Apache Kafka node (KRaft, with the JVM
 //! options of Kafka's own start scripts) through the test harness unless `--pg-url` /
 //! `--bootstrap` name existing ones, and stops everything it started. Its own broker is warmed
@@ -115,7 +117,7 @@ async fn run(args: &cli::Args, svc: &services::Services) -> Result<()> {
     if svc.owns_broker() {
         let secs = svc.warm_up_broker().await?;
         eprintln!(
-            "bench: warmed the broker up: {} records to {} in {secs:.1} s",
+            "bench: warmed the broker up: {} records and one transaction to {} in {secs:.1} s",
             services::WARM_UP_RECORDS,
             services::WARM_UP_TOPIC
         );
@@ -158,8 +160,8 @@ async fn measure(
 ) -> Result<report::Results> {
     let timeout = Duration::from_secs(args.drain_timeout_secs);
     let slot = |s: &str| format!("{}{s}", workload::SLOT_PREFIX);
-    let [slot_a, slot_b, slot_c, slot_dbz, slot_lat] =
-        ["a", "b", "c", "debezium", "latency"].map(slot);
+    let [slot_a, slot_b, slot_eos, slot_c, slot_dbz, slot_lat, slot_lat_eos] =
+        ["a", "b", "b_eos", "c", "debezium", "latency", "latency_eos"].map(slot);
     let connect_slots = connect::Producer::ALL.map(|p| (p, slot(&format!("connect_{}", p.slug()))));
     // The all-operations publication's drains: pg_recvlogical, Siphon to the broker and the
     // Connect rows, each on a slot of its own.
@@ -190,6 +192,9 @@ async fn measure(
     // Every drain's slot exists before the backlog is written: each decodes the same WAL.
     workload::prepare(db).await?;
     let mut slots = vec![&slot_a, &slot_b, &slot_c];
+    if !args.no_exactly_once {
+        slots.push(&slot_eos);
+    }
     if debezium.is_ok() {
         slots.push(&slot_dbz);
     }
@@ -228,7 +233,7 @@ async fn measure(
         db,
         &slot_b,
         workload::PUBLICATION,
-        "kafka",
+        drain::Sink::Kafka,
         end_lsn,
         timeout,
     )
@@ -236,13 +241,44 @@ async fn measure(
     workload::drop_slot(db, &slot_b).await?;
     eprintln!("bench: siphon->kafka: {:.2} s", kafka.secs);
 
+    // A drain or a measurement that fails without stopping the run (exactly-once, Debezium) is
+    // reported in its row; the run goes on and exits non-zero.
+    let mut failure = None;
+    let exactly_once = if args.no_exactly_once {
+        Err("skipped: --no-exactly-once".to_owned())
+    } else {
+        eprintln!("bench: draining {slot_eos} with siphon (kafka sink, exactly-once) ...");
+        let outcome = drain::siphon(
+            svc,
+            db,
+            &slot_eos,
+            workload::PUBLICATION,
+            drain::Sink::KafkaExactlyOnce,
+            end_lsn,
+            timeout,
+        )
+        .await;
+        workload::drop_slot(db, &slot_eos).await?;
+        match outcome {
+            Ok(d) => {
+                eprintln!("bench: siphon->kafka (exactly-once): {:.2} s", d.secs);
+                Ok(d)
+            }
+            Err(e) => {
+                eprintln!("bench: siphon->kafka (exactly-once): FAILED: {e:#}");
+                failure = Some(format!("the exactly-once drain failed: {e:#}"));
+                Err(format!("FAILED: {e:#}"))
+            }
+        }
+    };
+
     eprintln!("bench: draining {slot_c} with siphon (discard sink) ...");
     let discard = drain::siphon(
         svc,
         db,
         &slot_c,
         workload::PUBLICATION,
-        "discard",
+        drain::Sink::Discard,
         end_lsn,
         timeout,
     )
@@ -250,8 +286,6 @@ async fn measure(
     workload::drop_slot(db, &slot_c).await?;
     eprintln!("bench: siphon->discard: {:.2} s", discard.secs);
 
-    // A Debezium drain that fails is reported in its row; the run goes on and exits non-zero.
-    let mut failure = None;
     let debezium = match debezium {
         Err(why) => Err(why),
         Ok(oracle) => {
@@ -266,7 +300,7 @@ async fn measure(
                 }
                 Err(e) => {
                     eprintln!("bench: debezium: FAILED: {e:#}");
-                    failure = Some(format!("the Debezium drain failed: {e:#}"));
+                    failure.get_or_insert(format!("the Debezium drain failed: {e:#}"));
                     Err(format!("FAILED: {e:#}"))
                 }
             }
@@ -309,7 +343,7 @@ async fn measure(
             db,
             &all_b,
             shape.publication(),
-            "kafka",
+            drain::Sink::Kafka,
             end_lsn,
             timeout,
         )
@@ -352,7 +386,7 @@ async fn measure(
             db,
             &hog_b,
             workload::PUBLICATION,
-            "kafka",
+            drain::Sink::Kafka,
             end_lsn,
             timeout,
         )
@@ -365,7 +399,7 @@ async fn measure(
             db,
             &hog_c,
             workload::PUBLICATION,
-            "discard",
+            drain::Sink::Discard,
             end_lsn,
             timeout,
         )
@@ -404,8 +438,34 @@ async fn measure(
             rate: args.latency_rate,
             txn_events: args.latency_txn_events,
             writers: args.latency_writers,
+            sink: drain::Sink::Kafka,
         };
         Some(latency::run(svc, db, &slot_lat, &plan).await?)
+    };
+    let latency_exactly_once = if args.latency_secs == 0 {
+        None
+    } else if args.no_exactly_once {
+        Some(Err("skipped: --no-exactly-once".to_owned()))
+    } else {
+        eprintln!(
+            "bench: latency, exactly-once: {} events/s for {} s ...",
+            args.eos_latency_rate, args.latency_secs
+        );
+        let plan = latency::Plan {
+            secs: args.latency_secs,
+            rate: args.eos_latency_rate,
+            txn_events: args.latency_txn_events,
+            writers: args.latency_writers,
+            sink: drain::Sink::KafkaExactlyOnce,
+        };
+        Some(match latency::run(svc, db, &slot_lat_eos, &plan).await {
+            Ok(l) => Ok(l),
+            Err(e) => {
+                eprintln!("bench: latency, exactly-once: FAILED: {e:#}");
+                failure.get_or_insert(format!("the exactly-once latency phase failed: {e:#}"));
+                Err(format!("FAILED: {e:#}"))
+            }
+        })
     };
     let broker = report::BrokerInfo {
         name: svc.broker_name.clone(),
@@ -420,6 +480,7 @@ async fn measure(
         backlog,
         recvlogical,
         kafka,
+        exactly_once,
         discard,
         debezium,
         connect: connect_rows,
@@ -427,6 +488,7 @@ async fn measure(
         scaling,
         contention,
         latency,
+        latency_exactly_once,
         failure,
     })
 }
