@@ -313,6 +313,7 @@ pub async fn run_session(
         waiting: Waiting::new(),
         transactional: transactional_source,
         pending_commit: None,
+        commit: CommitStage::Idle,
         core,
     };
     metrics.health().set_streaming(true);
@@ -361,6 +362,17 @@ pub async fn run_session(
     }
 }
 
+/// Exactly-once: where the driver's side of a commit stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommitStage {
+    /// No commit under way.
+    Idle,
+    /// The progress record is written; the commit starts once every record reported.
+    AwaitingReports,
+    /// The commit runs beside the loop.
+    Running,
+}
+
 struct Driver<'a> {
     settings: &'a PipelineSettings,
     metrics: Arc<Metrics>,
@@ -386,6 +398,8 @@ struct Driver<'a> {
     transactional: Option<transactional::Source>,
     /// Exactly-once: a commit the core asked for, run once no record waits for a topic.
     pending_commit: Option<Progress>,
+    /// Exactly-once: where the commit under way stands.
+    commit: CommitStage,
     core: SessionCore<'a>,
 }
 
@@ -397,6 +411,7 @@ impl Driver<'_> {
             if let Some(result) = self.execute().await {
                 return result;
             }
+            self.run_commit_once_reported();
             let timer = self.core.next_timeout();
             let input = tokio::select! {
                 biased;
@@ -404,7 +419,12 @@ impl Driver<'_> {
                     shutdown_seen = true;
                     if changed.is_err() || *shutdown.borrow() { Some(Input::Shutdown) } else { None }
                 }
-                Some(input) = self.inputs.recv() => Some(input),
+                Some(input) = self.inputs.recv() => {
+                    if matches!(input, Input::Committed(_)) {
+                        self.commit = CommitStage::Idle;
+                    }
+                    Some(input)
+                }
                 Some((id, topic, result)) = self.waiting.created.recv() => {
                     self.on_created(id, &topic, result).await;
                     None
@@ -537,6 +557,22 @@ impl Driver<'_> {
             self.core.handle(Now::read(), Input::Committed(Err(e)));
             return;
         }
+        self.commit = CommitStage::AwaitingReports;
+        self.run_commit_once_reported();
+    }
+
+    /// Exactly-once: starts the commit once every record handed to the producer, the progress
+    /// record among them, has reported (so the commit's own flush has nothing to wait for).
+    ///
+    /// rdkafka's `commit_transaction` flushes first, and its flush waits for reports in steps of
+    /// up to 100 ms on the producer's queue, which this loop serves: started with records still
+    /// in flight, each commit took 100 ms longer (end-to-end p50 about 220 ms at a 100 ms
+    /// interval in the bench); started once the queue is empty it goes straight to EndTxn.
+    fn run_commit_once_reported(&mut self) {
+        if self.commit != CommitStage::AwaitingReports || self.sink.in_flight() > 0 {
+            return;
+        }
+        self.commit = CommitStage::Running;
         let timeout = self
             .settings
             .sink
