@@ -50,6 +50,7 @@ ON_18 = [
     "setup_errors",
     "silent_decode",
     "slot_creation_wait",
+    "snapshot",
     "spine",
     "two_phase_slots",
     "typed_events",

@@ -77,6 +77,9 @@ pub enum PipelineError {
     /// that opened and closed while Siphon was stopped.
     #[error(transparent)]
     Recorded(#[from] crate::publication_record::RecordError),
+    /// The initial snapshot stopped (see [`crate::snapshot`]).
+    #[error("initial snapshot: {0}")]
+    Snapshot(#[from] crate::transfer::TransferError),
     /// The acknowledgement ledger was used against its rules: a bug.
     #[error("internal error in acknowledgement tracking: {0}")]
     Ledger(#[from] LedgerError),
@@ -91,6 +94,7 @@ impl PipelineError {
             PipelineError::Stalled(_) | PipelineError::StreamEnded => Consequence::Retry,
             PipelineError::Recorded(e) if e.consequence().is_retry() => Consequence::Retry,
             PipelineError::Ledger(_) => Consequence::Bug,
+            PipelineError::Snapshot(e) => e.consequence(),
             _ => Consequence::Fix,
         }
     }

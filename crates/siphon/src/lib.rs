@@ -8,6 +8,9 @@
 //!   async driver), and reconnection between sessions.
 //! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
 //! - [`telemetry`] and [`status`]: metrics, health endpoints, the slot's status.
+//! - [`snapshot`]: the initial snapshot of the outbox tables when Siphon creates its slot.
+//! - [`transfer`]: outbox rows read outside the stream (initial snapshots, re-sends), routed
+//!   and sent chunk by chunk, their progress kept in the state topic.
 //! - [`import`]: converting a Debezium connector configuration.
 //! - [`alloc`]: the C library allocator's set-up for large records.
 //!
@@ -22,9 +25,11 @@ pub mod import;
 pub mod publication_record;
 pub mod session;
 pub mod settings;
+pub mod snapshot;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;
+pub mod transfer;
 
 impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
     fn delivered(&self, topic: &str) {

@@ -228,6 +228,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         )),
     };
     let state_topic = state_topic(config, &sink)?;
+    let snapshot = crate::snapshot::Plan::from_config(config, &source.tables)?;
     Ok(PipelineSettings {
         source,
         sink,
@@ -246,6 +247,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         state_topic,
         position_headers: config.format.position_headers,
         intervals: siphon_core::Intervals::default(),
+        snapshot,
     })
 }
 

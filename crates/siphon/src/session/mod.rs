@@ -122,6 +122,8 @@ pub struct PipelineSettings {
     pub state_topic: Option<siphon_kafka_sink::StateTopic>,
     /// The fixed intervals and timeouts of the session and the supervisor.
     pub intervals: siphon_core::Intervals,
+    /// The initial snapshot and how re-sends read the outbox tables (`source.snapshot*`).
+    pub snapshot: crate::snapshot::Plan,
 }
 
 /// State carried from one session to the next.

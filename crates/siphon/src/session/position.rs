@@ -44,6 +44,13 @@ impl PositionHeaders {
         }
     }
 
+    /// The headers with the next record's index `next` (an initial snapshot resumed after
+    /// `next` rows: its records all have commit LSN 0).
+    pub fn starting_at(mut self, next: u32) -> Self {
+        self.next = next;
+        self
+    }
+
     /// A transaction begins: its first record has index 0.
     pub fn begin(&mut self) {
         self.next = 0;
