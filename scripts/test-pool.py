@@ -47,6 +47,7 @@ ON_18 = [
     "publication_gap_across_restarts",
     "relation_churn_memory",
     "replication_session",
+    "resend",
     "setup_errors",
     "silent_decode",
     "slot_creation_wait",

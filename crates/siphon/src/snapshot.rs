@@ -250,6 +250,7 @@ async fn send_all(
         started,
         sent_before: progress.rows_sent,
         last_report: (started, progress.rows_sent),
+        max_rows_per_second: 0,
     };
     for (outbox, filter, until) in &described {
         copy.table(
@@ -264,12 +265,7 @@ async fn send_all(
     }
     progress.done = true;
     copy.report("*", &mut progress).await?;
-    transfer::finished(
-        TransferKind::Snapshot,
-        progress.rows_sent.saturating_sub(copy.sent_before),
-        started,
-        metrics,
-    );
+    transfer::finished(TransferKind::Snapshot, progress.rows_sent, started, metrics);
     Ok(())
 }
 

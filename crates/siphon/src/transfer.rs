@@ -127,6 +127,9 @@ pub struct Progress {
     pub after: Option<Vec<String>>,
     /// The condition of a re-send (`--where`).
     pub condition: Option<String>,
+    /// The last key a re-send reads (the last row matching when it started).
+    #[serde(default)]
+    pub until: Option<Vec<String>>,
     /// Rows acknowledged so far, over every run.
     pub rows_sent: u64,
     /// Rows to send, counted when it started (an estimate).
@@ -150,6 +153,7 @@ impl Progress {
             table: None,
             after: None,
             condition: None,
+            until: None,
             rows_sent: 0,
             rows_total: 0,
             started_ms: now,
@@ -350,6 +354,8 @@ pub struct Copy<'a> {
     pub sent_before: u64,
     /// When progress was last written (and logged), and the rows sent then.
     pub last_report: (Instant, u64),
+    /// At most this many rows a second (0: no limit).
+    pub max_rows_per_second: u64,
 }
 
 /// How often, at most, progress is written to the state topic and logged (each write waits for
@@ -439,6 +445,7 @@ impl Copy<'_> {
             if self.last_report.0.elapsed() >= PROGRESS_INTERVAL {
                 self.report(&name, progress).await?;
             }
+            self.pace(progress).await;
             after = Some(last);
         }
         progress.tables_done.push(name);
@@ -449,6 +456,18 @@ impl Copy<'_> {
 }
 
 impl Copy<'_> {
+    /// Waits while this run is ahead of `max_rows_per_second`.
+    async fn pace(&self, progress: &Progress) {
+        if self.max_rows_per_second == 0 {
+            return;
+        }
+        let sent = progress.rows_sent.saturating_sub(self.sent_before);
+        let due = Duration::from_secs_f64(sent as f64 / self.max_rows_per_second as f64);
+        if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
+            tokio::time::sleep(ahead).await;
+        }
+    }
+
     /// Writes `progress` to the state topic and logs it (rows of `table` lately).
     pub async fn report(
         &mut self,
@@ -493,6 +512,68 @@ fn route(
     }
 }
 
+/// The initial snapshot's and the re-sends' progress recorded in the state topic for the slot
+/// of `settings` (for `siphon status`), with the server's system identifier.
+pub async fn recorded(
+    settings: &crate::session::PipelineSettings,
+) -> Result<Vec<Progress>, TransferError> {
+    let Some(state) = &settings.state_topic else {
+        return Ok(Vec::new());
+    };
+    let located = siphon_source::locate::locate(&settings.source.url).await?;
+    let system_id = siphon_source::locate::identity(&located.client)
+        .await
+        .map(|s| s.system_id);
+    let slot = &settings.source.slot;
+    let mut keys = vec![crate::snapshot::key(system_id.as_deref(), slot)];
+    keys.extend(
+        settings
+            .source
+            .tables
+            .iter()
+            .map(|t| crate::resend::key(system_id.as_deref(), slot, t)),
+    );
+    let mut found = Vec::new();
+    for key in keys {
+        if let Some(progress) = ProgressLog::new(state.clone(), key).read().await? {
+            found.push(progress);
+        }
+    }
+    Ok(found)
+}
+
+/// One line on `progress` for `siphon status`: what, where, how far, how fast, how long still.
+pub fn describe(progress: &Progress) -> String {
+    let what = match (
+        &progress.kind[..],
+        &progress.table,
+        progress.tables_done.last(),
+    ) {
+        ("resend", Some(table), _) | ("resend", None, Some(table)) => {
+            format!("resend {table} (id {})", progress.id)
+        }
+        (kind, _, _) => format!("{kind} (consistent point {})", progress.id),
+    };
+    let state = if progress.done { "done" } else { "unfinished" };
+    let rate = progress.rate();
+    let remaining = progress.rows_total.saturating_sub(progress.rows_sent);
+    let eta = if progress.done {
+        String::new()
+    } else if rate > 0.0 {
+        format!(", ETA {:.0} s at that rate", remaining as f64 / rate)
+    } else {
+        ", ETA unknown".to_owned()
+    };
+    let condition = progress
+        .condition
+        .as_deref()
+        .map_or_else(String::new, |c| format!(", where {c}"));
+    format!(
+        "{what}: {state}, {} of {} rows sent, {rate:.0} rows/s{eta}{condition}",
+        progress.rows_sent, progress.rows_total
+    )
+}
+
 /// How long a transfer ran, for its last log line.
 pub fn finished(kind: TransferKind, sent: u64, started: Instant, metrics: &Metrics) {
     Event::TransferFinished {
@@ -526,6 +607,26 @@ mod tests {
         let json = serde_json::to_vec(&progress).expect("json");
         let back: Progress = serde_json::from_slice(&json).expect("read back");
         assert_eq!(back, progress);
+    }
+
+    #[test]
+    fn status_says_how_far_and_how_long_still() {
+        let mut progress = Progress::start(TransferKind::Resend, "17".into(), None, "s");
+        progress.table = Some("public.outbox".into());
+        progress.condition = Some("created_at >= '2026-12-01'".into());
+        progress.started_ms = 0;
+        progress.updated_ms = 10_000;
+        progress.rows_sent = 1_000;
+        progress.rows_total = 3_000;
+        assert_eq!(
+            describe(&progress),
+            "resend public.outbox (id 17): unfinished, 1000 of 3000 rows sent, 100 rows/s, ETA 20 s at that rate, where created_at >= '2026-12-01'"
+        );
+        progress.done = true;
+        progress.table = None;
+        progress.tables_done.push("public.outbox".into());
+        progress.rows_sent = 3_000;
+        assert!(describe(&progress).starts_with("resend public.outbox (id 17): done, 3000 of 3000"));
     }
 
     #[test]
