@@ -202,7 +202,6 @@ async fn attempt(
         &settings.sink,
         settings.max_in_flight_records,
         settings.max_in_flight_bytes,
-        Some(Arc::clone(metrics)),
     )
     .map_err(TransferError::from)?;
     let until = progress.until.clone();

@@ -38,7 +38,7 @@ use siphon_source::snapshot::RowReader;
 use siphon_source::{SlotState, TableName};
 use std::sync::Arc;
 use std::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Rows read per chunk by default (`source.snapshot_chunk_rows`).
 pub const DEFAULT_CHUNK_ROWS: usize = 1000;
@@ -196,6 +196,13 @@ async fn send_all(
         let outbox = reader
             .describe(&table.table, &settings.source.publication, &table.order_by)
             .await?;
+        if outbox.ordered_by_uuid() {
+            warn!(
+                table = %table.table,
+                "the initial snapshot reads this table in the order of its uuid primary key, which is not the order its rows were written: the snapshot's events of one aggregate may reach Kafka out of that order; set order_by in [source.snapshot_tables.\"{}\"] to a column in write order (a timestamp or a sequence)",
+                table.table
+            );
+        }
         let after = progress.resume_after(&table.table);
         // Outside the snapshot (finishing an interrupted one) the rows are read up to the last
         // one there now: rows inserted later are streamed, and are not chased.
@@ -229,7 +236,6 @@ async fn send_all(
         &settings.sink,
         settings.max_in_flight_records,
         settings.max_in_flight_bytes,
-        Some(Arc::clone(metrics)),
     )?;
     let position = settings.position_headers.then(|| {
         PositionHeaders::new(

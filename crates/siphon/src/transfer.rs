@@ -262,15 +262,15 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// A producer for `config`, with at most `max_records` records of `max_bytes` bytes in flight.
+    /// A producer for `config`, with at most `max_records` records of `max_bytes` bytes in
+    /// flight. Its records are counted by the `siphon_transfer_*` series only, not by the
+    /// stream's per-topic counters.
     pub fn new(
         config: &SinkConfig,
         max_records: usize,
         max_bytes: usize,
-        metrics: Option<Arc<Metrics>>,
     ) -> Result<Self, SinkError> {
-        let observer = metrics.map(|m| m as Arc<dyn siphon_kafka_sink::DeliveryObserver + 'static>);
-        let (sink, deliveries) = KafkaSink::new(config, observer)?;
+        let (sink, deliveries) = KafkaSink::new(config, None)?;
         Ok(Sender {
             sink,
             deliveries,

@@ -97,6 +97,12 @@ impl OutboxTable {
         self.key.iter().map(|k| k.name.as_str()).collect()
     }
 
+    /// Whether the rows are read in the order of a `uuid` column first: random UUIDs are not
+    /// in the order rows were written, so neither are the events of one aggregate.
+    pub fn ordered_by_uuid(&self) -> bool {
+        self.key.first().is_some_and(|k| k.type_sql == "uuid")
+    }
+
     /// The SQL text reading up to `limit` rows matching `filter` after key `after`, up to key
     /// `until` (included).
     fn chunk_sql(
@@ -234,6 +240,14 @@ impl RowReader {
             version: 0,
             in_snapshot: false,
         };
+        // A snapshot waits idle in its transaction while Kafka acknowledges a chunk, and a
+        // count of a large table takes a while: timeouts set for applications must not end them.
+        reader
+            .query(
+                Query::SnapshotTransaction,
+                "SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0",
+            )
+            .await?;
         let rows = reader
             .query(
                 Query::ServerVersion,
