@@ -5,11 +5,14 @@
 //! of the same row.
 
 use anyhow::{Context, Result};
+use siphon_tests::http::get;
 use siphon_tests::outbox::{
     read_event_records, record_id, siphon_config, slot_confirmed_lsn, wait_for_all,
     wait_for_each_once,
 };
-use siphon_tests::{wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess};
+use siphon_tests::{
+    free_port, siphon_bin, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -102,11 +105,36 @@ async fn unpublished_rows_and_new_rows_arrive_once_across_the_switch() -> Result
         spawn_writer(pg.connect().await?, 200_000, Arc::clone(&stop)),
     ];
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let siphon = SiphonProcess::start(&snapshot_config(&pg, &broker, "switch", 500))?;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let siphon = SiphonProcess::start_with(
+        &siphon_bin()?,
+        &snapshot_config(&pg, &broker, "switch", 500),
+        &[("SIPHON_METRICS_LISTEN", listen.as_str())],
+    )?;
     siphon
         .wait_for_log("snapshot finished", Duration::from_secs(90))
         .await
         .with_context(|| siphon.log())?;
+    // Progress in the metrics and in `siphon status`: the unpublished rows and the writers'
+    // rows committed before the slot's consistent point.
+    let (_, metrics) = get(port, "/metrics")?;
+    let sent: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("siphon_transfer_rows_sent_total{kind=\"snapshot\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| metrics.clone())?;
+    assert!(sent >= 10_000, "{metrics}");
+    assert!(
+        metrics.contains("siphon_transfer_active{kind=\"snapshot\"} 0"),
+        "{metrics}"
+    );
+    let (_, status) = siphon.command("status")?;
+    assert!(
+        status.contains("transfer: snapshot (consistent point")
+            && status.contains(&format!("done, {sent} of {sent} rows sent")),
+        "{status}"
+    );
     // And after streaming started.
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
