@@ -252,13 +252,17 @@ async fn a_resend_killed_with_kill_9_finishes_when_run_again() -> Result<()> {
     let (client, siphon) = streaming_with_history(&pg, &broker, "resend_kill", 10_000).await?;
     let log = siphon.dir().join("resend.log");
     let mut resend = start_resend(&siphon.config_path(), 1, 10_000, 1_500, &log)?;
-    // Killed once it recorded progress.
+    // Killed once it recorded progress: a progress line is logged as its write starts, and
+    // the next one waits for that write.
     wait_for(
         Duration::from_secs(60),
         Duration::from_millis(100),
         || async {
             let said = std::fs::read_to_string(&log).unwrap_or_default();
-            anyhow::ensure!(said.contains("resend progress"), "no progress yet");
+            anyhow::ensure!(
+                said.matches("resend progress").count() >= 2,
+                "no progress recorded yet"
+            );
             Ok(Some(()))
         },
     )

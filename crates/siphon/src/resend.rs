@@ -218,6 +218,7 @@ async fn attempt(
         sent_before,
         last_report: (started, sent_before),
         max_rows_per_second: request.max_rows_per_second,
+        writing: None,
     };
     if let Some(until) = &until {
         if !progress.finished(&request.table) {

@@ -257,6 +257,7 @@ async fn send_all(
         sent_before: progress.rows_sent,
         last_report: (started, progress.rows_sent),
         max_rows_per_second: 0,
+        writing: None,
     };
     for (outbox, filter, until) in &described {
         copy.table(

@@ -75,8 +75,9 @@ pub enum TransferError {
     /// The progress record in the state topic is of another format version.
     #[error("the progress record {key} in the state topic has format version {version}, this Siphon reads {VERSION}: use the Siphon version that wrote it")]
     Version { key: String, version: u32 },
-    /// The producer's delivery reports stopped coming (it was dropped): a bug.
-    #[error("internal error: the transfer's producer reports no more deliveries")]
+    /// The producer's delivery reports stopped coming (it was dropped), or a progress write
+    /// task was lost: a bug.
+    #[error("internal error: the transfer's producer or progress writer stopped")]
     ReportsLost,
     /// Progress is kept in the state topic, and there is none.
     #[error("kafka.state_topic = \"\": {what} keeps its progress in the state topic; set kafka.state_topic")]
@@ -187,6 +188,7 @@ impl Progress {
 }
 
 /// Reads and writes [`Progress`] records under one key of the state topic.
+#[derive(Clone)]
 pub struct ProgressLog {
     state: StateTopic,
     key: String,
@@ -356,6 +358,9 @@ pub struct Copy<'a> {
     pub last_report: (Instant, u64),
     /// At most this many rows a second (0: no limit).
     pub max_rows_per_second: u64,
+    /// The progress write running beside the reading (`None` at first): each waits for the one
+    /// before it, so they reach the state topic in order.
+    pub writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
 }
 
 /// How often, at most, progress is written to the state topic and logged (each write waits for
@@ -468,14 +473,24 @@ impl Copy<'_> {
         }
     }
 
-    /// Writes `progress` to the state topic and logs it (rows of `table` lately).
+    /// Writes `progress` to the state topic and logs it (rows of `table` lately). The write runs
+    /// beside the reading of the next chunks (a write waits for the broker), after the one
+    /// before it; a `done` progress is written before this returns.
     pub async fn report(
         &mut self,
         table: &str,
         progress: &mut Progress,
     ) -> Result<(), TransferError> {
         progress.updated_ms = now_ms();
-        self.log.write(progress).await?;
+        if let Some(previous) = self.writing.take() {
+            previous.await.map_err(|_| TransferError::ReportsLost)??;
+        }
+        if progress.done {
+            self.log.write(progress).await?;
+        } else {
+            let (log, written) = (self.log.clone(), progress.clone());
+            self.writing = Some(tokio::spawn(async move { log.write(&written).await }));
+        }
         let elapsed = self.started.elapsed().as_secs_f64();
         let rate = if elapsed > 0.0 {
             progress.rows_sent.saturating_sub(self.sent_before) as f64 / elapsed
