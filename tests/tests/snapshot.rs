@@ -311,3 +311,48 @@ async fn a_snapshot_interrupted_by_kill_9_is_finished_at_the_next_start() -> Res
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_large_rows_holds_one_chunk_in_memory() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let client = pg.connect().await?;
+    client.batch_execute(RELAY_OUTBOX_DDL).await?;
+    // 400 rows of 400 kB each (160 MB), random so that they do not compress in the table.
+    client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, 'Order', \
+                    'order-' || (g % 17), 'Event', \
+                    jsonb_build_object('seq', g, 'data', (SELECT string_agg(md5(random()::text), '') \
+                                                       FROM generate_series(1, 12500))) \
+             FROM generate_series(1, 400) g",
+            &[],
+        )
+        .await?;
+    let config = snapshot_config(&pg, &broker, "large_rows", 1000).replace(
+        "[pipeline]\n",
+        "[pipeline]\nmax_in_flight_bytes = 8388608\n",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    siphon
+        .wait_for_log("snapshot finished", Duration::from_secs(90))
+        .await
+        .with_context(|| siphon.log())?;
+    let (_, peak) = siphon.memory()?;
+    let ids: BTreeSet<String> = (1..=400).map(id).collect();
+    wait_for_all(&broker, &ids, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    eprintln!(
+        "snapshot of 400 rows of 400 kB (chunk_rows 1000, an 8 MiB window): peak RSS {:.1} MB",
+        peak as f64 / 1e6
+    );
+    // All 160 MB in one chunk would need at least that much; one chunk is 8 MB.
+    assert!(
+        peak < 120_000_000,
+        "peak RSS {:.1} MB: the snapshot held more than a chunk of the window's size",
+        peak as f64 / 1e6
+    );
+    Ok(())
+}

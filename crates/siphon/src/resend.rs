@@ -219,6 +219,7 @@ async fn attempt(
         last_report: (started, sent_before),
         max_rows_per_second: request.max_rows_per_second,
         writing: None,
+        chunk_bytes: settings.max_in_flight_bytes,
     };
     if let Some(until) = &until {
         if !progress.finished(&request.table) {

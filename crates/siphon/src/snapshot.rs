@@ -258,6 +258,7 @@ async fn send_all(
         last_report: (started, progress.rows_sent),
         max_rows_per_second: 0,
         writing: None,
+        chunk_bytes: settings.max_in_flight_bytes,
     };
     for (outbox, filter, until) in &described {
         copy.table(

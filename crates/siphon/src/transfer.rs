@@ -4,8 +4,9 @@
 //! chunk the progress (the last key acknowledged) is written to the state topic.
 //!
 //! # Invariants
-//! - Memory is bounded by one chunk of rows (`chunk_rows`, read with one keyset query) and the
-//!   in-flight window (`pipeline.max_in_flight_records` and `max_in_flight_bytes`).
+//! - Memory is bounded by one chunk of rows (read with one keyset query: at most `chunk_rows`
+//!   rows, and as many as fit in `max_in_flight_bytes` at the size of the chunk before) and
+//!   the in-flight window (`pipeline.max_in_flight_records` and `max_in_flight_bytes`).
 //! - Progress names only keys whose rows (and every row before them in key order) Kafka
 //!   acknowledged: a transfer resumed from it loses no row; rows after it may be sent twice.
 //! - A record Kafka did not take ends the transfer with an error (transient: it resumes from the
@@ -358,6 +359,8 @@ pub struct Copy<'a> {
     pub last_report: (Instant, u64),
     /// At most this many rows a second (0: no limit).
     pub max_rows_per_second: u64,
+    /// The bytes of row values a chunk should hold at most (`pipeline.max_in_flight_bytes`).
+    pub chunk_bytes: usize,
     /// The progress write running beside the reading (`None` at first): each waits for the one
     /// before it, so they reach the state topic in order.
     pub writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
@@ -395,14 +398,18 @@ impl Copy<'_> {
                 ErrorPolicy::DeadLetter(_) => Err(e),
             },
         };
+        // Chunks start small and grow to `chunk_rows` while their rows fit in `chunk_bytes`:
+        // memory holds one chunk, whatever the size of the rows.
+        let mut limit = FIRST_CHUNK_ROWS.min(self.chunk_rows).max(1);
         loop {
             let rows = reader
-                .read_chunk(table, filter, after.as_deref(), until, self.chunk_rows)
+                .read_chunk(table, filter, after.as_deref(), until, limit)
                 .await?;
             let Some(last) = rows.last().map(|r| r.key.clone()) else {
                 break;
             };
             let count = rows.len() as u64;
+            limit = next_limit(&rows, self.chunk_rows, self.chunk_bytes);
             debug!(table = %name, rows = count, "chunk read");
             for row in rows {
                 let routed = match &binding {
@@ -509,6 +516,24 @@ impl Copy<'_> {
         self.last_report = (Instant::now(), progress.rows_sent);
         Ok(())
     }
+}
+
+/// Rows of a table's first chunk: its rows' size sets the next chunks' count.
+const FIRST_CHUNK_ROWS: usize = 16;
+
+/// The rows of the next chunk: as many as fit in `budget` bytes at the size of `rows` (at least
+/// one, at most `max_rows`).
+fn next_limit(rows: &[siphon_source::snapshot::Row], max_rows: usize, budget: usize) -> usize {
+    let bytes: usize = rows
+        .iter()
+        .flat_map(|r| &r.tuple.columns)
+        .map(|c| match c {
+            pgoutput::Column::Text(b) | pgoutput::Column::Binary(b) => b.len(),
+            _ => 0,
+        })
+        .sum();
+    let per_row = (bytes / rows.len().max(1)).max(1);
+    (budget / per_row).clamp(1, max_rows.max(1))
 }
 
 /// The record of an inserted row, as the stream's INSERT of it would be routed; `None` for a
@@ -642,6 +667,23 @@ mod tests {
         progress.tables_done.push("public.outbox".into());
         progress.rows_sent = 3_000;
         assert!(describe(&progress).starts_with("resend public.outbox (id 17): done, 3000 of 3000"));
+    }
+
+    #[test]
+    fn chunks_hold_as_many_rows_as_fit_in_the_budget() {
+        let row = |bytes: usize| siphon_source::snapshot::Row {
+            tuple: pgoutput::TupleData {
+                columns: vec![
+                    pgoutput::Column::Text(Bytes::from(vec![b'x'; bytes])),
+                    pgoutput::Column::Null,
+                ],
+            },
+            key: vec!["1".into()],
+        };
+        assert_eq!(next_limit(&[row(100), row(300)], 1000, 10_000), 50);
+        assert_eq!(next_limit(&[row(10)], 1000, 1_000_000), 1000);
+        assert_eq!(next_limit(&[row(5_000_000)], 1000, 1_000_000), 1);
+        assert_eq!(next_limit(&[row(0)], 1000, 10), 10);
     }
 
     #[test]
