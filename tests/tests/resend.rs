@@ -157,6 +157,25 @@ async fn wait_for_resent(
     .await
 }
 
+/// A writer committing live events (3 rows every 20 ms, from seq 100,000) until `stop`: the
+/// seqs written.
+fn spawn_writer(
+    client: Client,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Result<Vec<i64>>> {
+    tokio::spawn(async move {
+        let mut next = 100_000i64;
+        let mut written = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            insert_rows(&client, next, next + 2).await?;
+            written.extend(next..=next + 2);
+            next += 3;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(written)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_while_writers_run_sends_the_range_and_live_events_keep_flowing() -> Result<()> {
     let pg = Postgres::start()?;
@@ -164,21 +183,7 @@ async fn a_resend_while_writers_run_sends_the_range_and_live_events_keep_flowing
     let (_client, siphon) = streaming_with_history(&pg, &broker, "resend_live", 10_000).await?;
     // Live writers during the re-send.
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let client = pg.connect().await?;
-        let stop = Arc::clone(&stop);
-        tokio::spawn(async move {
-            let mut next = 100_000i64;
-            let mut written = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                insert_rows(&client, next, next + 2).await?;
-                written.extend(next..=next + 2);
-                next += 3;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            anyhow::Ok(written)
-        })
-    };
+    let writer = spawn_writer(pg.connect().await?, Arc::clone(&stop));
     let log = siphon.dir().join("resend.log");
     let started = std::time::Instant::now();
     let mut resend = start_resend(&siphon.config_path(), 2_001, 8_000, 1_500, &log)?;
@@ -250,6 +255,8 @@ async fn a_resend_killed_with_kill_9_finishes_when_run_again() -> Result<()> {
     let pg = Postgres::start()?;
     let broker = Broker::start()?;
     let (client, siphon) = streaming_with_history(&pg, &broker, "resend_kill", 10_000).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = spawn_writer(pg.connect().await?, Arc::clone(&stop));
     let log = siphon.dir().join("resend.log");
     let mut resend = start_resend(&siphon.config_path(), 1, 10_000, 1_500, &log)?;
     // Killed once it recorded progress: a progress line is logged as its write starts, and
@@ -290,12 +297,28 @@ async fn a_resend_killed_with_kill_9_finishes_when_run_again() -> Result<()> {
         second > 0 && second < 10_000,
         "resumed after the last acknowledged chunk, not from the start: the second run sent {second} rows"
     );
+    stop.store(true, Ordering::Relaxed);
+    let live: BTreeSet<String> = writer.await??.into_iter().map(id).collect();
+    wait_for_all(&broker, &live, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
     let records = wait_for_resent(&broker, 1..=10_000).await?;
+    // The live events, streamed by the running Siphon meanwhile: each once, none re-sent.
+    let mut live_counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| live.contains(&record_id(r))) {
+        assert!(!is_resent(r), "a live event was re-sent");
+        *live_counts.entry(record_id(r)).or_default() += 1;
+    }
+    assert!(
+        live_counts.values().all(|n| *n == 1),
+        "a live event arrived twice"
+    );
     let resent = resent_by_seq(&records);
     let repeats: usize = resent.values().map(|n| n - 1).sum();
     assert!(resent.keys().all(|s| (1..=10_000).contains(s)));
     eprintln!(
-        "re-send killed with kill -9 and run again: 10000 rows, {second} sent by the second run, {repeats} sent twice"
+        "re-send killed with kill -9 and run again while {} live events were written: 10000 rows, {second} sent by the second run, {repeats} sent twice",
+        live.len()
     );
     // `siphon status` shows it done.
     let (_, status) = siphon.command("status")?;
