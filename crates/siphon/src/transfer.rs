@@ -670,6 +670,28 @@ mod tests {
     }
 
     #[test]
+    fn only_what_a_retry_can_cure_is_retried() {
+        use siphon_core::Consequence;
+        let lost = TransferError::from(SourceError::from(
+            siphon_source::error::Interruption::StreamEnded,
+        ));
+        assert_eq!(lost.consequence(), Consequence::Retry);
+        let no_key = TransferError::from(SourceError::from(
+            siphon_source::error::SetupProblem::SnapshotOrder {
+                table: TableName::parse("outbox").expect("valid name"),
+                problem: siphon_source::snapshot::OrderProblem::NoPrimaryKey,
+            },
+        ));
+        assert_eq!(no_key.consequence(), Consequence::Fix);
+        assert!(no_key.to_string().contains("primary key"), "{no_key}");
+        assert_eq!(
+            TransferError::NoStateTopic { what: "x" }.consequence(),
+            Consequence::Fix
+        );
+        assert_eq!(TransferError::ReportsLost.consequence(), Consequence::Bug);
+    }
+
+    #[test]
     fn chunks_hold_as_many_rows_as_fit_in_the_budget() {
         let row = |bytes: usize| siphon_source::snapshot::Row {
             tuple: pgoutput::TupleData {
