@@ -102,11 +102,22 @@ async fn streaming_with_history(
     slot: &str,
     history: i64,
 ) -> Result<(Client, SiphonProcess)> {
+    streaming_with(pg, broker, slot, history, "").await
+}
+
+/// [`streaming_with_history`] with `source` lines added to `[source]`.
+async fn streaming_with(
+    pg: &Postgres,
+    broker: &Broker,
+    slot: &str,
+    history: i64,
+    source: &str,
+) -> Result<(Client, SiphonProcess)> {
     let client = pg.connect().await?;
     client.batch_execute(RETAINED_OUTBOX_DDL).await?;
     let config = siphon_config(pg, broker, slot, "").replacen(
         "[source]\n",
-        "[source]\nsnapshot_chunk_rows = 200\n",
+        &format!("[source]\nsnapshot_chunk_rows = 200\n{source}"),
         1,
     );
     let siphon = SiphonProcess::start(&config)?;
@@ -326,5 +337,59 @@ async fn a_resend_killed_with_kill_9_finishes_when_run_again() -> Result<()> {
         status.contains("transfer: resend public.outbox") && status.contains("done, "),
         "{status}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_row_asks_the_running_siphon_for_a_resend() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    // Debezium's signalling table.
+    pg.connect()
+        .await?
+        .batch_execute(
+            "CREATE TABLE siphon_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))",
+        )
+        .await?;
+    let (client, siphon) = streaming_with(
+        &pg,
+        &broker,
+        "resend_signal",
+        1_000,
+        "signal_table = \"public.siphon_signal\"\n",
+    )
+    .await?;
+    client
+        .execute(
+            "INSERT INTO siphon_signal (id, type, data) VALUES ('replay-1', 'execute-snapshot', $1)",
+            &[&r#"{"data-collections": ["public.outbox"], "type": "incremental",
+                  "additional-conditions": [{"data-collection": "public.outbox",
+                    "filter": "(payload->>'seq')::bigint BETWEEN 101 AND 600"}]}"#],
+        )
+        .await?;
+    let records = wait_for_resent(&broker, 101..=600)
+        .await
+        .with_context(|| siphon.log())?;
+    let resent = resent_by_seq(&records);
+    assert!(
+        resent.keys().all(|s| (101..=600).contains(s)),
+        "only the range"
+    );
+    // The row is removed once done.
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            Ok(client
+                .query_opt("SELECT 1 FROM siphon_signal WHERE id = 'replay-1'", &[])
+                .await?
+                .is_none())
+        },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let log = siphon.log();
+    assert!(log.contains("re-send requested by a signal row"), "{log}");
+    assert!(log.contains("re-send of the signal done"), "{log}");
     Ok(())
 }

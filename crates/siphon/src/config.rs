@@ -121,6 +121,10 @@ pub struct SourceSection {
     /// `order_by` columns rows are read in (then the primary key).
     #[serde(default)]
     pub snapshot_tables: BTreeMap<String, SnapshotTableSection>,
+    /// A table (`schema.table`) of Debezium's signalling shape (`id`, `type`, `data`) whose
+    /// `execute-snapshot` rows ask the running Siphon for a re-send; `""`: none.
+    #[serde(default)]
+    pub signal_table: String,
 }
 
 /// `source.snapshot`.

@@ -343,6 +343,13 @@ fn run(path: &Path) -> ExitCode {
                     }
                 });
             }
+            // Re-sends asked for in the signal table, beside the stream (with settings of their
+            // own: the supervisor owns these).
+            if let Some(signals) = settings.snapshot.signal_table.clone() {
+                let own = settings::build(&config)?;
+                let max_backoff = std::time::Duration::from_secs(config.pipeline.max_backoff_secs);
+                tokio::spawn(siphon::signal::watch(own, Arc::clone(&metrics), signals, max_backoff, stop_rx.clone()));
+            }
             Ok(supervisor::supervise(
                 settings,
                 metrics,

@@ -60,6 +60,8 @@ pub struct Plan {
     pub initial: bool,
     pub chunk_rows: usize,
     pub tables: Vec<TablePlan>,
+    /// `source.signal_table`: where re-sends are asked for (see [`crate::signal`]).
+    pub signal_table: Option<TableName>,
 }
 
 impl Plan {
@@ -100,10 +102,21 @@ impl Plan {
         {
             anyhow::bail!("source.snapshot = \"initial\" keeps the snapshot's progress in the state topic: set kafka.state_topic (and kafka.sink = \"kafka\")");
         }
+        let signal_table = match non_empty(&source.signal_table) {
+            Some(name) => Some(TableName::parse(&name).context("source.signal_table")?),
+            None => None,
+        };
+        if signal_table.is_some()
+            && (config.kafka.state_topic.trim().is_empty()
+                || config.kafka.sink == crate::config::SinkKind::Discard)
+        {
+            anyhow::bail!("source.signal_table: re-sends keep their progress in the state topic: set kafka.state_topic (and kafka.sink = \"kafka\")");
+        }
         Ok(Plan {
             initial,
             chunk_rows: source.snapshot_chunk_rows,
             tables: plans,
+            signal_table,
         })
     }
 }

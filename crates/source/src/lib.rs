@@ -25,6 +25,7 @@
 //!   error naming what to change.
 //! - [`encoding`] turns text in the database encoding (logical message contents, which
 //!   PostgreSQL does not convert) into UTF-8.
+//! - [`signal`] reads and removes the rows of the signal table that ask for a re-send.
 //! - [`snapshot`] reads outbox rows outside the stream, over a replication connection: in the
 //!   snapshot of a slot it creates (the initial snapshot), or as they are now (re-sends).
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
@@ -47,6 +48,7 @@ pub mod locate;
 pub mod membership;
 pub mod queries;
 pub mod setup;
+pub mod signal;
 pub mod slot_wait;
 pub mod snapshot;
 pub mod stall;

@@ -67,6 +67,8 @@ pub enum Query {
     SnapshotTransaction,
     /// Outbox rows read by an initial snapshot or a re-send.
     OutboxRows,
+    /// The signal table (`source.signal_table`): reading or removing a request.
+    Signals,
 }
 
 impl fmt::Display for Operation {
@@ -115,6 +117,7 @@ impl fmt::Display for Query {
             Query::RetainedWal => "reading the slot's retained WAL",
             Query::SnapshotTransaction => "opening or ending the snapshot's transaction",
             Query::OutboxRows => "reading outbox rows (initial snapshot or re-send; check source.snapshot_filter or --where)",
+            Query::Signals => "reading or removing a row of the signal table (source.signal_table; Siphon's role needs SELECT and DELETE on it)",
         })
     }
 }
