@@ -105,7 +105,7 @@ pub struct SourceSection {
     /// `sync_replication_slots = on` holds a synchronized copy to resume from after a failover.
     #[serde(default)]
     pub failover: bool,
-    // -- Initial snapshot (see `crate::snapshot`) --
+    // -- Initial snapshot and re-sends (see `crate::snapshot`, `crate::signal`) --
     /// `never` (default) or `initial`: when Siphon creates the slot, send the rows already in
     /// the outbox tables (those matching `snapshot_filter`) before streaming.
     #[serde(default)]
