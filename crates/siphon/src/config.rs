@@ -105,6 +105,53 @@ pub struct SourceSection {
     /// `sync_replication_slots = on` holds a synchronized copy to resume from after a failover.
     #[serde(default)]
     pub failover: bool,
+    // -- Initial snapshot and re-sends (see `crate::snapshot`, `crate::signal`) --
+    /// `never` (default) or `initial`: when Siphon creates the slot, send the rows already in
+    /// the outbox tables (those matching `snapshot_filter`) before streaming.
+    #[serde(default)]
+    pub snapshot: SnapshotMode,
+    /// SQL condition the initial snapshot reads the rows of every outbox table with, e.g.
+    /// `published_at IS NULL`; empty: every row.
+    #[serde(default)]
+    pub snapshot_filter: String,
+    /// Rows read (and acknowledged) per chunk by the initial snapshot and by `siphon resend`.
+    #[serde(default = "default_snapshot_chunk_rows")]
+    pub snapshot_chunk_rows: usize,
+    /// Per outbox table (`"schema.table"`): a `filter` replacing `snapshot_filter` and the
+    /// `order_by` columns rows are read in (then the primary key).
+    #[serde(default)]
+    pub snapshot_tables: BTreeMap<String, SnapshotTableSection>,
+    /// A table (`schema.table`) of Debezium's signalling shape (`id`, `type`, `data`) whose
+    /// `execute-snapshot` rows ask the running Siphon for a re-send; `""`: none.
+    #[serde(default)]
+    pub signal_table: String,
+}
+
+/// `source.snapshot`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotMode {
+    /// Stream only what is committed after the slot exists.
+    #[default]
+    Never,
+    /// Send the rows in the outbox tables when Siphon creates the slot, then stream.
+    Initial,
+}
+
+/// `[source.snapshot_tables."schema.table"]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotTableSection {
+    /// Replaces `source.snapshot_filter` for this table (`""`: every row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Unique NOT NULL columns to read the rows in, before the primary key's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub order_by: Vec<String>,
+}
+
+fn default_snapshot_chunk_rows() -> usize {
+    crate::snapshot::DEFAULT_CHUNK_ROWS
 }
 
 /// `source.non_transactional_messages`.

@@ -91,6 +91,9 @@ pub enum PipelineError {
     /// Exactly-once: the last committed progress cannot be used.
     #[error(transparent)]
     Progress(#[from] crate::progress_record::ProgressRecordError),
+    /// The initial snapshot stopped (see [`crate::snapshot`]).
+    #[error("initial snapshot: {0}")]
+    Snapshot(#[from] crate::transfer::TransferError),
     /// The acknowledgement ledger was used against its rules: a bug.
     #[error("internal error in acknowledgement tracking: {0}")]
     Ledger(#[from] LedgerError),
@@ -128,6 +131,7 @@ impl PipelineError {
             PipelineError::Recorded(e) if e.consequence().is_retry() => Consequence::Retry,
             PipelineError::ProgressTopic(e) => e.consequence(),
             PipelineError::Ledger(_) => Consequence::Bug,
+            PipelineError::Snapshot(e) => e.consequence(),
             _ => Consequence::Fix,
         }
     }

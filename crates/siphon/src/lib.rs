@@ -8,6 +8,11 @@
 //!   async driver), and reconnection between sessions.
 //! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
 //! - [`telemetry`] and [`status`]: metrics, health endpoints, the slot's status.
+//! - [`signal`]: re-sends asked for by rows of a signal table, carried out while streaming.
+//! - [`resend`]: `siphon resend`, rows still in an outbox table sent again on demand.
+//! - [`snapshot`]: the initial snapshot of the outbox tables when Siphon creates its slot.
+//! - [`transfer`]: outbox rows read outside the stream (initial snapshots, re-sends), routed
+//!   and sent chunk by chunk, their progress kept in the state topic.
 //! - [`import`]: converting a Debezium connector configuration.
 //! - [`alloc`]: the C library allocator's set-up for large records.
 //!
@@ -22,11 +27,15 @@ pub mod import;
 pub mod message;
 pub mod progress_record;
 pub mod publication_record;
+pub mod resend;
 pub mod session;
 pub mod settings;
+pub mod signal;
+pub mod snapshot;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;
+pub mod transfer;
 
 impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
     fn delivered(&self, topic: &str) {

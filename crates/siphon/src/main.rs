@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use siphon::status::Render as _;
 use siphon::{
-    alloc, config, error, import, progress_record, publication_record, settings, status,
-    supervisor, telemetry,
+    alloc, config, error, import, progress_record, publication_record, resend, settings, status,
+    supervisor, telemetry, transfer,
 };
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -58,6 +58,31 @@ enum Command {
         #[arg(long, short, env = "SIPHON_CONFIG")]
         config: PathBuf,
     },
+    /// Send the rows of an outbox table matching a condition again (same records, plus a
+    /// `siphon.resend` header), chunk by chunk, while the running Siphon keeps streaming. Its
+    /// progress is kept in the state topic: after a stop (even kill -9) run it again with the
+    /// same arguments to resume. Exits 0 once every row was acknowledged by Kafka.
+    Resend {
+        /// Configuration file (TOML).
+        #[arg(long, short, env = "SIPHON_CONFIG")]
+        config: PathBuf,
+        /// The outbox table, `schema.table` (one of source.tables).
+        #[arg(long)]
+        table: String,
+        /// SQL condition on the table's rows, e.g. "created_at >= '2026-12-01'" (default:
+        /// every row).
+        #[arg(long = "where")]
+        condition: Option<String>,
+        /// Start this re-send even if one of the table with another condition is unfinished.
+        #[arg(long)]
+        restart: bool,
+        /// At most this many rows a second (0: as fast as Kafka acknowledges).
+        #[arg(long, default_value_t = 0)]
+        max_rows_per_second: u64,
+        /// Serve /metrics (the siphon_transfer_* series) on this address while it runs.
+        #[arg(long)]
+        metrics_listen: Option<String>,
+    },
     /// Convert a Debezium connector configuration (Kafka Connect JSON) into a siphon.toml,
     /// printed on stdout; what cannot be carried over is listed on stderr.
     ImportDebezium {
@@ -77,6 +102,32 @@ fn main() -> ExitCode {
         Command::Status { config, json } => status(&config, json),
         Command::AcceptPublicationChange { config } => accept_publication_change(&config),
         Command::ImportDebezium { file } => import_debezium(&file),
+        Command::Resend {
+            config,
+            table,
+            condition,
+            restart,
+            max_rows_per_second,
+            metrics_listen,
+        } => {
+            return resend(
+                &config,
+                &table,
+                resend::Request {
+                    table: match siphon_source::TableName::parse(&table) {
+                        Ok(table) => table,
+                        Err(e) => {
+                            eprintln!("error: --table {table:?}: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    },
+                    condition,
+                    restart,
+                    max_rows_per_second,
+                },
+                metrics_listen.as_deref(),
+            )
+        }
     };
     match outcome {
         Ok(code) => code,
@@ -112,15 +163,32 @@ fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         &config.source.publication,
     ))?;
     let delivery = runtime.block_on(delivery_status(&config))?;
+    // The initial snapshot's and the re-sends' progress, from the state topic (not part of
+    // the verdict: a broker that does not answer only leaves them out).
+    let transfers = match settings::build(&config) {
+        Ok(settings) => runtime.block_on(transfer::recorded(&settings)),
+        Err(_) => Ok(Vec::new()),
+    };
     if json {
         let mut value: serde_json::Value = serde_json::from_str(&report.render_json()?)?;
         if let Some(object) = value.as_object_mut() {
             object.insert("delivery".into(), serde_json::to_value(&delivery)?);
         }
+        if let (serde_json::Value::Object(map), Ok(transfers)) = (&mut value, &transfers) {
+            map.insert("transfers".into(), serde_json::to_value(transfers)?);
+        }
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", report.render_text());
         print!("{}", delivery.render_text());
+        match &transfers {
+            Ok(list) => {
+                for progress in list {
+                    println!("transfer: {}", transfer::describe(progress));
+                }
+            }
+            Err(e) => println!("transfer: progress not read from the state topic: {e}"),
+        }
     }
     Ok(if report.healthy().0 {
         ExitCode::SUCCESS
@@ -187,6 +255,67 @@ fn accept_publication_change(path: &Path) -> anyhow::Result<ExitCode> {
     })
 }
 
+fn resend(
+    path: &Path,
+    table: &str,
+    request: resend::Request,
+    metrics_listen: Option<&str>,
+) -> ExitCode {
+    let config = match config::Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    settings::init_logging(config.log.format);
+    let result = (|| -> anyhow::Result<Result<u64, resend::ResendError>> {
+        let settings = settings::build(&config)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        runtime.block_on(async move {
+            let metrics = Arc::new(telemetry::Metrics::new());
+            // Kept until the re-send ends: the endpoint serves while it runs.
+            let (_stop_tx, stop_rx) = watch::channel(false);
+            if let Some(listen) = metrics_listen {
+                let listener = telemetry::bind(listen)
+                    .await
+                    .with_context(|| format!("--metrics-listen {listen:?}"))?;
+                if let Ok(address) = listener.local_addr() {
+                    info!(%address, "metrics endpoint listening");
+                }
+                let server =
+                    telemetry::serve(listener, Arc::clone(&metrics), metrics.health(), stop_rx);
+                tokio::spawn(server);
+            }
+            Ok(resend::run(
+                &settings,
+                &metrics,
+                &request,
+                std::time::Duration::from_secs(config.pipeline.max_backoff_secs),
+            )
+            .await)
+        })
+    })();
+    match result {
+        Ok(Ok(rows)) => {
+            println!("re-sent {rows} rows of {table}; every one acknowledged by Kafka");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "re-send stopped");
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_DEFINITE)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn import_debezium(path: &Path) -> anyhow::Result<ExitCode> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -245,6 +374,13 @@ fn run(path: &Path) -> ExitCode {
                         tracing::error!(error = %e, "metrics endpoint stopped");
                     }
                 });
+            }
+            // Re-sends asked for in the signal table, beside the stream (with settings of their
+            // own: the supervisor owns these).
+            if let Some(signals) = settings.snapshot.signal_table.clone() {
+                let own = settings::build(&config)?;
+                let max_backoff = std::time::Duration::from_secs(config.pipeline.max_backoff_secs);
+                tokio::spawn(siphon::signal::watch(own, Arc::clone(&metrics), signals, max_backoff, stop_rx.clone()));
             }
             Ok(supervisor::supervise(
                 settings,

@@ -235,6 +235,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         )),
     };
     let state_topic = state_topic(config, &sink)?;
+    let snapshot = crate::snapshot::Plan::from_config(config, &source.tables)?;
     Ok(PipelineSettings {
         source,
         sink,
@@ -257,6 +258,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
             .enabled(config.kafka.delivery),
         intervals: siphon_core::Intervals::default(),
         exactly_once,
+        snapshot,
     })
 }
 

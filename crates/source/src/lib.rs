@@ -29,6 +29,9 @@
 //!   the errors and the modules raising them share, and [`sqlstate`] the SQLSTATE both
 //!   connections' errors are keyed by. They import nothing of the crate and [`error`] imports
 //!   only them (and [`wire`]'s errors), so no two modules import each other.
+//! - [`signal`] reads and removes the rows of the signal table that ask for a re-send.
+//! - [`snapshot`] reads outbox rows outside the stream, over a replication connection: in the
+//!   snapshot of a slot it creates (the initial snapshot), or as they are now (re-sends).
 //! - [`tls`] turns the libpq TLS parameters of `source.url` (`sslmode`, `sslrootcert`, `sslcert`,
 //!   `sslkey`) into the TLS set-up of both connections.
 //!
@@ -50,7 +53,9 @@ pub mod membership;
 pub mod names;
 pub mod queries;
 pub mod setup;
+pub mod signal;
 pub mod slot_wait;
+pub mod snapshot;
 pub mod sqlstate;
 pub mod stall;
 pub mod status;

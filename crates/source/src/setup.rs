@@ -40,6 +40,9 @@ pub enum MissingSlot {
     /// or the server is a promoted standby without a synchronized copy; a new slot would start
     /// after the events committed meanwhile and lose them without a word.
     Refuse,
+    /// Leave it missing ([`SlotState::exists`] is false): the caller creates it with a snapshot
+    /// of the outbox tables (see [`crate::snapshot`]).
+    Leave,
 }
 
 /// What the slot looked like when streaming was about to start.
@@ -49,6 +52,9 @@ pub struct SlotState {
     pub confirmed_flush_lsn: Lsn,
     /// Whether this run created the slot.
     pub created: bool,
+    /// Whether the slot exists (false only with [`MissingSlot::Leave`]; the position is then
+    /// meaningless until the caller created it).
+    pub exists: bool,
     /// The host of `source.url` that was checked: the session's other connections go there.
     pub endpoint: Endpoint,
     /// Which server that is (`None` when it does not say): positions carried over from a
@@ -116,6 +122,7 @@ pub async fn prepare_with(
     Ok(SlotState {
         confirmed_flush_lsn: slot.confirmed_flush_lsn,
         created: slot.created,
+        exists: slot.exists,
         enable_failover: config.failover && !slot.failover,
         publication,
         identity: crate::locate::identity(&client).await,
@@ -461,6 +468,7 @@ struct SlotRequest<'a> {
 struct FoundSlot {
     confirmed_flush_lsn: Lsn,
     created: bool,
+    exists: bool,
     /// Whether the slot is a failover slot.
     failover: bool,
 }
@@ -475,6 +483,14 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
                 slot: slot.to_owned(),
             }
             .into());
+        }
+        None if request.missing == MissingSlot::Leave => {
+            return Ok(FoundSlot {
+                confirmed_flush_lsn: Lsn::ZERO,
+                created: false,
+                exists: false,
+                failover: request.failover,
+            });
         }
         None => {
             let sql = if request.failover {
@@ -503,6 +519,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
                     return Ok(FoundSlot {
                         confirmed_flush_lsn: position,
                         created: true,
+                        exists: true,
                         failover: request.failover,
                     });
                 }
@@ -581,6 +598,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
     Ok(FoundSlot {
         confirmed_flush_lsn: confirmed.map_or(Lsn::ZERO, lsn),
         created: false,
+        exists: true,
         failover,
     })
 }

@@ -18,6 +18,7 @@ impl SqlState {
     pub const CONNECTION_FAILURE: SqlState = SqlState(*b"08006");
     pub const PROTOCOL_VIOLATION: SqlState = SqlState(*b"08P01");
     pub const FEATURE_NOT_SUPPORTED: SqlState = SqlState(*b"0A000");
+    pub const UNIQUE_VIOLATION: SqlState = SqlState(*b"23505");
     pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState(*b"25006");
     pub const INVALID_AUTHORIZATION_SPECIFICATION: SqlState = SqlState(*b"28000");
     pub const INVALID_PASSWORD: SqlState = SqlState(*b"28P01");

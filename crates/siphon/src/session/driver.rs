@@ -161,10 +161,13 @@ async fn connect(
     // A slot this process streamed from is never created again behind its back.
     let missing = if carry.slot_seen {
         MissingSlot::Refuse
+    } else if settings.snapshot.initial {
+        // Created by the initial snapshot, below, with the snapshot it reads in.
+        MissingSlot::Leave
     } else {
         MissingSlot::Create
     };
-    let slot =
+    let mut slot =
         siphon_source::prepare_with(&settings.source, missing, metrics.health().setup_wait())
             .await?;
     // The publication may have been created again (or an outbox table added back) while
@@ -187,6 +190,10 @@ async fn connect(
         .await?;
     }
     carry.publication = Some(publication);
+    // -- Initial snapshot: sent and acknowledged before streaming starts (crate::snapshot).
+    if !carry.slot_seen {
+        crate::snapshot::before_streaming(settings, metrics, &mut slot).await?;
+    }
     let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
     let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);

@@ -124,6 +124,8 @@ pub struct PipelineSettings {
     pub intervals: siphon_core::Intervals,
     /// Exactly-once delivery (`kafka.delivery = "exactly-once"`; `None`: at-least-once).
     pub exactly_once: Option<ExactlyOnce>,
+    /// The initial snapshot and how re-sends read the outbox tables (`source.snapshot*`).
+    pub snapshot: crate::snapshot::Plan,
 }
 
 /// What exactly-once delivery needs (`kafka.delivery = "exactly-once"`).

@@ -9,7 +9,7 @@
 //! - Labels come from the event's own fields (the topic, the reason, the cause), never from a
 //!   second copy.
 
-use super::{Metrics, ProducerErrorKind, ReconnectCause, SkipKind};
+use super::{Metrics, ProducerErrorKind, ReconnectCause, SkipKind, TransferKind};
 use pgoutput::Lsn;
 use siphon_router::{LogLevel, SkipReason};
 use std::fmt::Display;
@@ -60,6 +60,24 @@ pub enum Event<'a> {
     DeliveryOverdue { unacked: usize },
     /// The producer is replaced; its undelivered records are sent again in their order.
     ProducerReplaced { resend: usize },
+    /// An initial snapshot or a re-send acknowledged another chunk of `rows` rows of `table`.
+    TransferProgress {
+        kind: TransferKind,
+        table: &'a dyn Display,
+        rows: u64,
+        /// Rows acknowledged so far (all tables).
+        sent: u64,
+        /// Rows it had to send when it started (an estimate: rows come and go meanwhile).
+        total: u64,
+        /// Rows a second since it started (in this process).
+        rate: f64,
+    },
+    /// An initial snapshot or a re-send finished: `sent` rows acknowledged in `elapsed`.
+    TransferFinished {
+        kind: TransferKind,
+        sent: u64,
+        elapsed: Duration,
+    },
     /// A session ended by a transient error; the next one starts after `delay`.
     Reconnecting {
         cause: ReconnectCause,
@@ -73,6 +91,42 @@ impl Event<'_> {
     /// Writes the log line and moves the metrics.
     pub fn emit(self, metrics: &Metrics) {
         match self {
+            Event::TransferProgress {
+                kind,
+                table,
+                rows,
+                sent,
+                total,
+                rate,
+            } => {
+                let remaining = total.saturating_sub(sent);
+                let eta = (rate > 0.0).then(|| Duration::from_secs_f64(remaining as f64 / rate));
+                metrics.transfer_progress(kind, rows, remaining, rate, eta);
+                info!(
+                    kind = kind.label(),
+                    %table,
+                    sent,
+                    total,
+                    rows_per_second = format_args!("{rate:.0}"),
+                    eta_seconds = eta.map_or(-1, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+                    "{} progress",
+                    kind.label()
+                );
+            }
+            Event::TransferFinished {
+                kind,
+                sent,
+                elapsed,
+            } => {
+                metrics.transfer_ended(kind);
+                info!(
+                    kind = kind.label(),
+                    sent,
+                    seconds = elapsed.as_secs(),
+                    "{} finished: every row acknowledged by Kafka",
+                    kind.label()
+                );
+            }
             Event::RowSkipped {
                 table,
                 reason,

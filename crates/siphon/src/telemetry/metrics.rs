@@ -101,6 +101,73 @@ impl ProducerErrorKind {
 }
 
 /// Which side broke a session that is then reconnected (`siphon_reconnects_total{cause}`).
+/// Rows read from the outbox tables outside the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferKind {
+    /// The initial snapshot of a slot Siphon created (`source.snapshot = "initial"`).
+    Snapshot,
+    /// `siphon resend`.
+    Resend,
+}
+
+impl TransferKind {
+    /// The `kind` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            TransferKind::Snapshot => "snapshot",
+            TransferKind::Resend => "resend",
+        }
+    }
+}
+
+/// The series of [`TransferKind`]s, labelled by kind.
+#[derive(Debug)]
+struct TransferMetrics {
+    rows_sent: Family<FixedLabels, Counter>,
+    remaining: Family<FixedLabels, Gauge>,
+    rate: Family<FixedLabels, Gauge<f64, AtomicU64>>,
+    eta: Family<FixedLabels, Gauge<f64, AtomicU64>>,
+    active: Family<FixedLabels, Gauge>,
+}
+
+impl TransferMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = TransferMetrics {
+            rows_sent: Family::default(),
+            remaining: Family::default(),
+            rate: Family::default(),
+            eta: Family::default(),
+            active: Family::default(),
+        };
+        registry.register(
+            "siphon_transfer_rows_sent",
+            "Outbox rows read outside the stream (initial snapshot, re-send) and acknowledged by Kafka, by kind",
+            metrics.rows_sent.clone(),
+        );
+        registry.register(
+            "siphon_transfer_rows_remaining",
+            "Rows the running snapshot or re-send still has to send (an estimate counted when it started), by kind",
+            metrics.remaining.clone(),
+        );
+        registry.register(
+            "siphon_transfer_rows_per_second",
+            "Rows acknowledged per second by the running snapshot or re-send, by kind",
+            metrics.rate.clone(),
+        );
+        registry.register(
+            "siphon_transfer_eta_seconds",
+            "Seconds the running snapshot or re-send needs at its current rate (-1: unknown, 0: none running), by kind",
+            metrics.eta.clone(),
+        );
+        registry.register(
+            "siphon_transfer_active",
+            "1 while an initial snapshot or a re-send runs, by kind",
+            metrics.active.clone(),
+        );
+        metrics
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReconnectCause {
     /// PostgreSQL: the replication connection or the SQL connection.
@@ -190,6 +257,8 @@ pub struct Metrics {
     broker_reachable: Gauge,
 
     commit_to_ack: Histogram,
+    /// Initial snapshots and re-sends (see [`TransferKind`]).
+    transfer: TransferMetrics,
 }
 
 impl Default for Metrics {
@@ -355,6 +424,8 @@ impl Metrics {
             commit_to_ack.clone(),
         );
 
+        let transfer = TransferMetrics::register(&mut registry);
+
         Metrics {
             registry,
             health,
@@ -385,6 +456,7 @@ impl Metrics {
             streaming,
             broker_reachable,
             commit_to_ack,
+            transfer,
         }
     }
 
@@ -491,6 +563,38 @@ impl Metrics {
             ReconnectCause::Sink => 1,
         };
         self.reconnects[i].inc();
+    }
+
+    /// A snapshot or re-send made progress: `rows` more rows acknowledged, `remaining` rows
+    /// left (an estimate), at `rate` rows a second, done in `eta` (unknown: `None`).
+    pub fn transfer_progress(
+        &self,
+        kind: TransferKind,
+        rows: u64,
+        remaining: u64,
+        rate: f64,
+        eta: Option<Duration>,
+    ) {
+        let labels = [("kind", kind.label())];
+        self.transfer.rows_sent.get_or_create(&labels).inc_by(rows);
+        self.transfer
+            .remaining
+            .get_or_create(&labels)
+            .set(i64::try_from(remaining).unwrap_or(i64::MAX));
+        self.transfer.rate.get_or_create(&labels).set(rate);
+        self.transfer
+            .eta
+            .get_or_create(&labels)
+            .set(eta.map_or(-1.0, |d| d.as_secs_f64()));
+        self.transfer.active.get_or_create(&labels).set(1);
+    }
+
+    /// A snapshot or re-send finished (or stopped): `siphon_transfer_active` is 0 again.
+    pub fn transfer_ended(&self, kind: TransferKind) {
+        let labels = [("kind", kind.label())];
+        self.transfer.active.get_or_create(&labels).set(0);
+        self.transfer.eta.get_or_create(&labels).set(0.0);
+        self.transfer.rate.get_or_create(&labels).set(0.0);
     }
 
     /// The Kafka producer was replaced by a new one (its unreported records are sent again).

@@ -27,8 +27,8 @@ mod pgtime;
 pub use event::Event;
 pub use http::{bind, serve};
 pub use metrics::{
-    Metrics, ProducerErrorKind, ReconnectCause, SkipKind, TopicMetrics, COMMIT_TO_ACK_BUCKETS,
-    MAX_TOPIC_LABELS, OVERFLOW_TOPIC,
+    Metrics, ProducerErrorKind, ReconnectCause, SkipKind, TopicMetrics, TransferKind,
+    COMMIT_TO_ACK_BUCKETS, MAX_TOPIC_LABELS, OVERFLOW_TOPIC,
 };
 pub use pgtime::pg_timestamp;
 

@@ -63,6 +63,12 @@ pub enum Query {
     PublicationStatus,
     PublicationTablesStatus,
     RetainedWal,
+    /// The transaction an initial snapshot reads in (`BEGIN`, `COMMIT`).
+    SnapshotTransaction,
+    /// Outbox rows read by an initial snapshot or a re-send.
+    OutboxRows,
+    /// The signal table (`source.signal_table`): reading or removing a request.
+    Signals,
 }
 
 impl fmt::Display for Operation {
@@ -109,6 +115,9 @@ impl fmt::Display for Query {
             Query::PublicationStatus => "reading pg_publication",
             Query::PublicationTablesStatus => "reading pg_publication_tables",
             Query::RetainedWal => "reading the slot's retained WAL",
+            Query::SnapshotTransaction => "opening or ending the snapshot's transaction",
+            Query::OutboxRows => "reading outbox rows (initial snapshot or re-send; check source.snapshot_filter or --where)",
+            Query::Signals => "reading or removing a row of the signal table (source.signal_table; Siphon's role needs SELECT and DELETE on it)",
         })
     }
 }

@@ -24,4 +24,7 @@ pub enum ProtocolFault {
     /// A row of an outbox relation came before the relation's description.
     #[error("row change of outbox relation {relation} at {lsn} without its description")]
     UndescribedOutboxRow { relation: Oid, lsn: Lsn },
+    /// `CREATE_REPLICATION_SLOT` answered without a consistent point.
+    #[error("CREATE_REPLICATION_SLOT answered without a consistent point")]
+    MissingConsistentPoint,
 }

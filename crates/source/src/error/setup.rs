@@ -54,6 +54,11 @@ pub enum SetupProblem {
     },
     /// The slot decodes two-phase transactions; `version` is the server's when known.
     TwoPhaseSlot { slot: String, version: Option<i32> },
+    /// The rows of an outbox table cannot be read in a stable order (initial snapshot, re-send).
+    SnapshotOrder {
+        table: TableName,
+        problem: crate::snapshot::OrderProblem,
+    },
 }
 
 /// What is wrong with an existing publication.
@@ -140,6 +145,10 @@ impl fmt::Display for SetupProblem {
             SetupProblem::TwoPhaseSlot { slot, version } => {
                 super::fixes::two_phase_slot(slot, *version, f)
             }
+            SetupProblem::SnapshotOrder { table, problem } => write!(
+                f,
+                "outbox table {table} {problem} (source.snapshot_tables.\"{table}\".order_by)"
+            ),
         }
     }
 }

@@ -1,0 +1,724 @@
+//! Sending outbox rows read outside the stream (initial snapshots and re-sends): each row is
+//! routed by the table's router into the record streaming makes of its INSERT, sent through a
+//! producer of its own within the in-flight window, and acknowledged chunk by chunk; after each
+//! chunk the progress (the last key acknowledged) is written to the state topic.
+//!
+//! # Invariants
+//! - Memory is bounded by one chunk of rows (read with one keyset query: at most `chunk_rows`
+//!   rows, and as many as fit in `max_in_flight_bytes` at the size of the chunk before) and
+//!   the in-flight window (`pipeline.max_in_flight_records` and `max_in_flight_bytes`).
+//! - Progress names only keys whose rows (and every row before them in key order) Kafka
+//!   acknowledged: a transfer resumed from it loses no row; rows after it may be sent twice.
+//! - A record Kafka did not take ends the transfer with an error (transient: it resumes from the
+//!   last progress written); nothing is skipped silently. A row the router cannot route follows
+//!   `pipeline.on_error`, as in the stream.
+//! - The records are the router's, byte for byte: the same topic, key, value and headers as
+//!   the stream makes of the row's INSERT, with only the headers of [`Stamp`] appended.
+
+use crate::session::position::PositionHeaders;
+use crate::session::{ErrorPolicy, Routers};
+use crate::telemetry::{Event, Metrics, TransferKind};
+use bytes::Bytes;
+use pgoutput::Lsn;
+use serde::{Deserialize, Serialize};
+use siphon_kafka_sink::{
+    Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic, StateTopicError,
+};
+use siphon_router::{Header, RouteError, Routed, RoutedRecord, TableBinding};
+use siphon_source::snapshot::{OutboxTable, RowReader};
+use siphon_source::{SourceError, TableName};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// The header a re-sent record carries, its value the re-send's id.
+pub const RESEND_HEADER: &str = "siphon.resend";
+
+/// The format of [`Progress`]; a record of another version is refused, not guessed at.
+const VERSION: u32 = 1;
+
+/// Why a snapshot or a re-send stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// Reading the rows.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// Creating the producer or a topic, or enqueueing a record.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// Kafka did not take a record (it is sent again when the transfer resumes).
+    #[error("a record for topic {topic} was not delivered: {error}")]
+    Delivery {
+        topic: String,
+        error: Box<DeliveryError>,
+    },
+    /// A row the router cannot route, with `pipeline.on_error = "fail"`.
+    #[error("{error} (a row of {table} with key {key:?} was not sent; fix it, or set pipeline.on_error = \"dead-letter\")")]
+    Row {
+        table: TableName,
+        key: Vec<String>,
+        error: Box<RouteError>,
+    },
+    /// The table's columns do not fit the router's options.
+    #[error("{0}")]
+    Unbindable(Box<RouteError>),
+    /// Reading or writing the progress in the state topic.
+    #[error("progress in the state topic: {0}")]
+    State(#[from] StateTopicError),
+    /// The progress record in the state topic cannot be read.
+    #[error("the progress record {key} in the state topic cannot be read ({source}); delete it (a tombstone) to start over")]
+    Unreadable {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The progress record in the state topic is of another format version.
+    #[error("the progress record {key} in the state topic has format version {version}, this Siphon reads {VERSION}: use the Siphon version that wrote it")]
+    Version { key: String, version: u32 },
+    /// The producer's delivery reports stopped coming (it was dropped), or a progress write
+    /// task was lost: a bug.
+    #[error("internal error: the transfer's producer or progress writer stopped")]
+    ReportsLost,
+    /// Progress is kept in the state topic, and there is none.
+    #[error("kafka.state_topic = \"\": {what} keeps its progress in the state topic; set kafka.state_topic")]
+    NoStateTopic { what: &'static str },
+}
+
+impl TransferError {
+    /// What the error means for the process.
+    pub fn consequence(&self) -> siphon_core::Consequence {
+        use siphon_core::Consequence;
+        match self {
+            TransferError::Source(e) => e.consequence(),
+            TransferError::Sink(e) if e.is_transient() => Consequence::Retry,
+            TransferError::Delivery { error, .. } => match **error {
+                DeliveryError::Transient(_) => Consequence::Retry,
+                DeliveryError::Definite(_) => Consequence::Fix,
+            },
+            TransferError::State(e) => e.consequence(),
+            TransferError::ReportsLost => Consequence::Bug,
+            _ => Consequence::Fix,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Where a transfer is, as kept in the state topic (JSON, the last record of its key wins).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub version: u32,
+    /// `snapshot` or `resend`.
+    pub kind: String,
+    /// The re-send's id (its start time); the snapshot's consistent point.
+    pub id: String,
+    pub system_id: Option<String>,
+    pub slot: String,
+    /// Whether every row was acknowledged.
+    pub done: bool,
+    /// The tables finished.
+    pub tables_done: Vec<String>,
+    /// The table being read and the last key acknowledged in it (`None`: none yet).
+    pub table: Option<String>,
+    pub after: Option<Vec<String>>,
+    /// The condition of a re-send (`--where`).
+    pub condition: Option<String>,
+    /// The last key a re-send reads (the last row matching when it started).
+    #[serde(default)]
+    pub until: Option<Vec<String>>,
+    /// Rows acknowledged so far, over every run.
+    pub rows_sent: u64,
+    /// Rows to send, counted when it started (an estimate).
+    pub rows_total: u64,
+    pub started_ms: u64,
+    pub updated_ms: u64,
+}
+
+impl Progress {
+    /// A transfer that starts now.
+    pub fn start(kind: TransferKind, id: String, system_id: Option<&str>, slot: &str) -> Self {
+        let now = now_ms();
+        Progress {
+            version: VERSION,
+            kind: kind.label().to_owned(),
+            id,
+            system_id: system_id.map(str::to_owned),
+            slot: slot.to_owned(),
+            done: false,
+            tables_done: Vec::new(),
+            table: None,
+            after: None,
+            condition: None,
+            until: None,
+            rows_sent: 0,
+            rows_total: 0,
+            started_ms: now,
+            updated_ms: now,
+        }
+    }
+
+    /// Rows a second, from its start to its last update.
+    pub fn rate(&self) -> f64 {
+        let seconds = self.updated_ms.saturating_sub(self.started_ms) as f64 / 1000.0;
+        if seconds > 0.0 {
+            self.rows_sent as f64 / seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Where reading `table` resumes: after the last key acknowledged, or from its first row.
+    pub fn resume_after(&self, table: &TableName) -> Option<Vec<String>> {
+        if self.table.as_deref() == Some(table.to_string().as_str()) {
+            self.after.clone()
+        } else {
+            None
+        }
+    }
+
+    /// Whether `table` was read to its end.
+    pub fn finished(&self, table: &TableName) -> bool {
+        self.tables_done.contains(&table.to_string())
+    }
+}
+
+/// Reads and writes [`Progress`] records under one key of the state topic.
+#[derive(Clone)]
+pub struct ProgressLog {
+    state: StateTopic,
+    key: String,
+}
+
+impl ProgressLog {
+    pub fn new(state: StateTopic, key: String) -> Self {
+        ProgressLog { state, key }
+    }
+
+    /// The record, if there is one.
+    pub async fn read(&self) -> Result<Option<Progress>, TransferError> {
+        let Some(bytes) = self.state.read(self.key.as_bytes()).await? else {
+            return Ok(None);
+        };
+        let progress: Progress =
+            serde_json::from_slice(&bytes).map_err(|source| TransferError::Unreadable {
+                key: self.key.clone(),
+                source,
+            })?;
+        if progress.version != VERSION {
+            return Err(TransferError::Version {
+                key: self.key.clone(),
+                version: progress.version,
+            });
+        }
+        Ok(Some(progress))
+    }
+
+    /// Writes `progress` and waits for the broker's acknowledgement.
+    pub async fn write(&self, progress: &Progress) -> Result<(), TransferError> {
+        let value = serde_json::to_vec(progress).map_err(|source| TransferError::Unreadable {
+            key: self.key.clone(),
+            source,
+        })?;
+        self.state.write(self.key.as_bytes(), &value).await?;
+        Ok(())
+    }
+}
+
+/// The headers appended to each record of a transfer.
+pub enum Stamp {
+    /// Initial snapshot: with `format.position_headers`, the position `0:<index>` (before every
+    /// streamed record), counted on from the rows sent before (the index of the next row).
+    Snapshot(Option<(PositionHeaders, u32)>),
+    /// Re-send: [`RESEND_HEADER`] with the re-send's id.
+    Resend(Bytes),
+}
+
+impl Stamp {
+    fn apply(&mut self, record: &mut RoutedRecord) {
+        match self {
+            Stamp::Snapshot(Some((position, next))) => {
+                position.stamp(Lsn::ZERO, *next, record);
+                *next = next.saturating_add(1);
+            }
+            Stamp::Snapshot(None) => {}
+            Stamp::Resend(id) => record.headers.push(Header {
+                name: Arc::from(RESEND_HEADER),
+                value: Some(id.clone()),
+            }),
+        }
+    }
+}
+
+/// A producer of the transfer's own, with the in-flight window.
+pub struct Sender {
+    sink: KafkaSink,
+    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    next_token: usize,
+    /// Size of each record in flight, by token.
+    in_flight: std::collections::HashMap<usize, usize>,
+    in_flight_bytes: usize,
+    max_records: usize,
+    max_bytes: usize,
+}
+
+impl Sender {
+    /// A producer for `config`, with at most `max_records` records of `max_bytes` bytes in
+    /// flight. Its records are counted by the `siphon_transfer_*` series only, not by the
+    /// stream's per-topic counters.
+    pub fn new(
+        config: &SinkConfig,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Self, SinkError> {
+        let (sink, deliveries) = KafkaSink::new(config, None)?;
+        Ok(Sender {
+            sink,
+            deliveries,
+            next_token: 0,
+            in_flight: std::collections::HashMap::new(),
+            in_flight_bytes: 0,
+            max_records: max_records.max(1),
+            max_bytes: max_bytes.max(1),
+        })
+    }
+
+    /// Hands `record` to the producer once the window has room for it.
+    pub async fn send(&mut self, record: RoutedRecord) -> Result<(), TransferError> {
+        let size = siphon_kafka_sink::producer::record_bytes(&record);
+        while !self.in_flight.is_empty()
+            && (self.in_flight.len() >= self.max_records
+                || self.in_flight_bytes + size > self.max_bytes)
+        {
+            self.settle_one().await?;
+        }
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1);
+        self.sink.send(token, &record).await?;
+        self.in_flight.insert(token, size);
+        self.in_flight_bytes += size;
+        Ok(())
+    }
+
+    /// Waits until every record sent was acknowledged.
+    pub async fn flush(&mut self) -> Result<(), TransferError> {
+        while !self.in_flight.is_empty() {
+            self.settle_one().await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for one delivery report.
+    async fn settle_one(&mut self) -> Result<(), TransferError> {
+        let delivery = loop {
+            tokio::select! {
+                () = self.sink.reports_ready() => self.sink.serve_reports(),
+                delivery = self.deliveries.recv() => match delivery {
+                    Some(delivery) => break delivery,
+                    None => return Err(TransferError::ReportsLost),
+                },
+            }
+        };
+        if let Some(size) = self.in_flight.remove(&delivery.token) {
+            self.in_flight_bytes -= size;
+        }
+        match delivery.result {
+            Ok(_) => Ok(()),
+            Err(failure) => {
+                // The others in flight may still arrive; the transfer resumes from its last
+                // progress, which names none of them.
+                self.sink.purge();
+                Err(TransferError::Delivery {
+                    topic: failure.record.topic.to_string(),
+                    error: Box::new(failure.error),
+                })
+            }
+        }
+    }
+}
+
+/// One table's rows, routed and sent chunk by chunk.
+pub struct Copy<'a> {
+    pub kind: TransferKind,
+    pub routers: &'a Routers,
+    pub on_error: &'a ErrorPolicy,
+    pub chunk_rows: usize,
+    pub stamp: Stamp,
+    /// The position dead-lettered rows name (the consistent point for a snapshot).
+    pub lsn: Lsn,
+    pub metrics: Arc<Metrics>,
+    /// Where progress is written after each chunk.
+    pub log: &'a ProgressLog,
+    /// When this run started, for the rate.
+    pub started: Instant,
+    /// Rows acknowledged before this run started.
+    pub sent_before: u64,
+    /// When progress was last written (and logged), and the rows sent then.
+    pub last_report: (Instant, u64),
+    /// At most this many rows a second (0: no limit).
+    pub max_rows_per_second: u64,
+    /// The bytes of row values a chunk should hold at most (`pipeline.max_in_flight_bytes`).
+    pub chunk_bytes: usize,
+    /// The progress write running beside the reading (`None` at first): each waits for the one
+    /// before it, so they reach the state topic in order.
+    pub writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
+}
+
+/// How often, at most, progress is written to the state topic and logged (each write waits for
+/// the broker): a crash repeats at most this long of work.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+
+impl Copy<'_> {
+    /// Reads the rows of `table` matching `filter` from where `progress` says (its first row
+    /// when it names another table) to key `until` (its end when `None`), sends them and
+    /// records the progress after chunks (every [`PROGRESS_INTERVAL`] at most); `progress` then
+    /// names the table as finished.
+    pub async fn table(
+        &mut self,
+        reader: &mut RowReader,
+        sender: &mut Sender,
+        table: &OutboxTable,
+        filter: Option<&str>,
+        until: Option<&[String]>,
+        progress: &mut Progress,
+    ) -> Result<(), TransferError> {
+        let name = table.table.to_string();
+        let mut after = progress.resume_after(&table.table);
+        progress.table = Some(name.clone());
+        progress.after = after.clone();
+        let router = self.routers.for_table(&table.table);
+        let binding = match router
+            .bind_with_not_null(&table.relation, &|column| table.not_null.contains(column))
+        {
+            Ok(binding) => Ok(binding),
+            Err(e) => match self.on_error {
+                ErrorPolicy::Fail => return Err(TransferError::Unbindable(Box::new(e))),
+                ErrorPolicy::DeadLetter(_) => Err(e),
+            },
+        };
+        // Chunks start small and grow to `chunk_rows` while their rows fit in `chunk_bytes`:
+        // memory holds one chunk, whatever the size of the rows.
+        let mut limit = FIRST_CHUNK_ROWS.min(self.chunk_rows).max(1);
+        loop {
+            let rows = reader
+                .read_chunk(table, filter, after.as_deref(), until, limit)
+                .await?;
+            let Some(last) = rows.last().map(|r| r.key.clone()) else {
+                break;
+            };
+            let count = rows.len() as u64;
+            limit = next_limit(&rows, self.chunk_rows, self.chunk_bytes);
+            debug!(table = %name, rows = count, "chunk read");
+            for row in rows {
+                let routed = match &binding {
+                    Ok(binding) => route(router, binding, &row.tuple),
+                    Err(e) => Err(e.clone()),
+                };
+                match routed {
+                    Ok(Some(mut record)) => {
+                        self.stamp.apply(&mut record);
+                        sender.send(record).await?;
+                    }
+                    Ok(None) => {}
+                    Err(error) => match self.on_error {
+                        ErrorPolicy::Fail => {
+                            return Err(TransferError::Row {
+                                table: table.table.clone(),
+                                key: row.key,
+                                error: Box::new(error),
+                            })
+                        }
+                        ErrorPolicy::DeadLetter(dead_letters) => {
+                            Event::RowDeadLettered {
+                                table: &name,
+                                lsn: self.lsn,
+                                error: &error,
+                                dead_letter_topic: dead_letters.topic(),
+                            }
+                            .emit(&self.metrics);
+                            let record = dead_letters.for_row(
+                                &table.relation,
+                                &row.tuple,
+                                &error,
+                                self.lsn,
+                                None,
+                            );
+                            sender.send(record).await?;
+                        }
+                    },
+                }
+            }
+            sender.flush().await?;
+            debug!(table = %name, rows = count, "chunk acknowledged");
+            progress.rows_sent += count;
+            progress.after = Some(last.clone());
+            if self.last_report.0.elapsed() >= PROGRESS_INTERVAL {
+                self.report(&name, progress).await?;
+            }
+            self.pace(progress).await;
+            after = Some(last);
+        }
+        progress.tables_done.push(name);
+        progress.table = None;
+        progress.after = None;
+        Ok(())
+    }
+}
+
+impl Copy<'_> {
+    /// Waits while this run is ahead of `max_rows_per_second`.
+    async fn pace(&self, progress: &Progress) {
+        if self.max_rows_per_second == 0 {
+            return;
+        }
+        let sent = progress.rows_sent.saturating_sub(self.sent_before);
+        let due = Duration::from_secs_f64(sent as f64 / self.max_rows_per_second as f64);
+        if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
+            tokio::time::sleep(ahead).await;
+        }
+    }
+
+    /// Writes `progress` to the state topic and logs it (rows of `table` lately). The write runs
+    /// beside the reading of the next chunks (a write waits for the broker), after the one
+    /// before it; a `done` progress is written before this returns.
+    pub async fn report(
+        &mut self,
+        table: &str,
+        progress: &mut Progress,
+    ) -> Result<(), TransferError> {
+        progress.updated_ms = now_ms();
+        if let Some(previous) = self.writing.take() {
+            previous.await.map_err(|_| TransferError::ReportsLost)??;
+        }
+        if progress.done {
+            self.log.write(progress).await?;
+        } else {
+            let (log, written) = (self.log.clone(), progress.clone());
+            self.writing = Some(tokio::spawn(async move { log.write(&written).await }));
+        }
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let rate = if elapsed > 0.0 {
+            progress.rows_sent.saturating_sub(self.sent_before) as f64 / elapsed
+        } else {
+            0.0
+        };
+        Event::TransferProgress {
+            kind: self.kind,
+            table: &table,
+            rows: progress.rows_sent.saturating_sub(self.last_report.1),
+            sent: progress.rows_sent,
+            total: progress.rows_total.max(progress.rows_sent),
+            rate,
+        }
+        .emit(&self.metrics);
+        self.last_report = (Instant::now(), progress.rows_sent);
+        Ok(())
+    }
+}
+
+/// Rows of a table's first chunk: its rows' size sets the next chunks' count.
+const FIRST_CHUNK_ROWS: usize = 16;
+
+/// The rows of the next chunk: as many as fit in `budget` bytes at the size of `rows` (at least
+/// one, at most `max_rows`).
+fn next_limit(rows: &[siphon_source::snapshot::Row], max_rows: usize, budget: usize) -> usize {
+    let bytes: usize = rows
+        .iter()
+        .flat_map(|r| &r.tuple.columns)
+        .map(|c| match c {
+            pgoutput::Column::Text(b) | pgoutput::Column::Binary(b) => b.len(),
+            _ => 0,
+        })
+        .sum();
+    let per_row = (bytes / rows.len().max(1)).max(1);
+    (budget / per_row).clamp(1, max_rows.max(1))
+}
+
+/// The record of an inserted row, as the stream's INSERT of it would be routed; `None` for a
+/// row the router skips.
+fn route(
+    router: &siphon_router::EventRouter,
+    binding: &TableBinding,
+    tuple: &pgoutput::TupleData,
+) -> Result<Option<RoutedRecord>, RouteError> {
+    match router.route(binding, siphon_router::Change::Insert(tuple))? {
+        Routed::Record(record) => Ok(Some(record)),
+        Routed::Skipped(reason) => {
+            warn!(?reason, "row skipped by the router");
+            Ok(None)
+        }
+    }
+}
+
+/// The initial snapshot's and the re-sends' progress recorded in the state topic for the slot
+/// of `settings` (for `siphon status`), with the server's system identifier.
+pub async fn recorded(
+    settings: &crate::session::PipelineSettings,
+) -> Result<Vec<Progress>, TransferError> {
+    let Some(state) = &settings.state_topic else {
+        return Ok(Vec::new());
+    };
+    let located = siphon_source::locate::locate(&settings.source.url).await?;
+    let system_id = siphon_source::locate::identity(&located.client)
+        .await
+        .map(|s| s.system_id);
+    let slot = &settings.source.slot;
+    let mut keys = vec![crate::snapshot::key(system_id.as_deref(), slot)];
+    keys.extend(
+        settings
+            .source
+            .tables
+            .iter()
+            .map(|t| crate::resend::key(system_id.as_deref(), slot, t)),
+    );
+    let mut found = Vec::new();
+    for key in keys {
+        if let Some(progress) = ProgressLog::new(state.clone(), key).read().await? {
+            found.push(progress);
+        }
+    }
+    Ok(found)
+}
+
+/// One line on `progress` for `siphon status`: what, where, how far, how fast, how long still.
+pub fn describe(progress: &Progress) -> String {
+    let what = match (
+        &progress.kind[..],
+        &progress.table,
+        progress.tables_done.last(),
+    ) {
+        ("resend", Some(table), _) | ("resend", None, Some(table)) => {
+            format!("resend {table} (id {})", progress.id)
+        }
+        (kind, _, _) => format!("{kind} (consistent point {})", progress.id),
+    };
+    let state = if progress.done { "done" } else { "unfinished" };
+    let rate = progress.rate();
+    let remaining = progress.rows_total.saturating_sub(progress.rows_sent);
+    let eta = if progress.done {
+        String::new()
+    } else if rate > 0.0 {
+        format!(", ETA {:.0} s at that rate", remaining as f64 / rate)
+    } else {
+        ", ETA unknown".to_owned()
+    };
+    let condition = progress
+        .condition
+        .as_deref()
+        .map_or_else(String::new, |c| format!(", where {c}"));
+    format!(
+        "{what}: {state}, {} of {} rows sent, {rate:.0} rows/s{eta}{condition}",
+        progress.rows_sent, progress.rows_total
+    )
+}
+
+/// How long a transfer ran, for its last log line.
+pub fn finished(kind: TransferKind, sent: u64, started: Instant, metrics: &Metrics) {
+    Event::TransferFinished {
+        kind,
+        sent,
+        elapsed: started.elapsed(),
+    }
+    .emit(metrics);
+}
+
+/// How long to wait before retrying a transfer that failed for now.
+pub const RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_resumes_after_the_last_key_of_its_table_only() {
+        let table = TableName::parse("public.outbox").expect("valid name");
+        let other = TableName::parse("public.other").expect("valid name");
+        let mut progress = Progress::start(TransferKind::Resend, "1".into(), Some("7"), "s");
+        assert_eq!(progress.resume_after(&table), None);
+        progress.table = Some("public.outbox".into());
+        progress.after = Some(vec!["42".into()]);
+        assert_eq!(progress.resume_after(&table), Some(vec!["42".to_owned()]));
+        assert_eq!(progress.resume_after(&other), None);
+        progress.tables_done.push("public.other".into());
+        assert!(progress.finished(&other));
+        assert!(!progress.finished(&table));
+        let json = serde_json::to_vec(&progress).expect("json");
+        let back: Progress = serde_json::from_slice(&json).expect("read back");
+        assert_eq!(back, progress);
+    }
+
+    #[test]
+    fn status_says_how_far_and_how_long_still() {
+        let mut progress = Progress::start(TransferKind::Resend, "17".into(), None, "s");
+        progress.table = Some("public.outbox".into());
+        progress.condition = Some("created_at >= '2026-12-01'".into());
+        progress.started_ms = 0;
+        progress.updated_ms = 10_000;
+        progress.rows_sent = 1_000;
+        progress.rows_total = 3_000;
+        assert_eq!(
+            describe(&progress),
+            "resend public.outbox (id 17): unfinished, 1000 of 3000 rows sent, 100 rows/s, ETA 20 s at that rate, where created_at >= '2026-12-01'"
+        );
+        progress.done = true;
+        progress.table = None;
+        progress.tables_done.push("public.outbox".into());
+        progress.rows_sent = 3_000;
+        assert!(describe(&progress).starts_with("resend public.outbox (id 17): done, 3000 of 3000"));
+    }
+
+    #[test]
+    fn only_what_a_retry_can_cure_is_retried() {
+        use siphon_core::Consequence;
+        let lost = TransferError::from(SourceError::from(
+            siphon_source::error::Interruption::StreamEnded,
+        ));
+        assert_eq!(lost.consequence(), Consequence::Retry);
+        let no_key = TransferError::from(SourceError::from(
+            siphon_source::error::SetupProblem::SnapshotOrder {
+                table: TableName::parse("outbox").expect("valid name"),
+                problem: siphon_source::snapshot::OrderProblem::NoPrimaryKey,
+            },
+        ));
+        assert_eq!(no_key.consequence(), Consequence::Fix);
+        assert!(no_key.to_string().contains("primary key"), "{no_key}");
+        assert_eq!(
+            TransferError::NoStateTopic { what: "x" }.consequence(),
+            Consequence::Fix
+        );
+        assert_eq!(TransferError::ReportsLost.consequence(), Consequence::Bug);
+    }
+
+    #[test]
+    fn chunks_hold_as_many_rows_as_fit_in_the_budget() {
+        let row = |bytes: usize| siphon_source::snapshot::Row {
+            tuple: pgoutput::TupleData {
+                columns: vec![
+                    pgoutput::Column::Text(Bytes::from(vec![b'x'; bytes])),
+                    pgoutput::Column::Null,
+                ],
+            },
+            key: vec!["1".into()],
+        };
+        assert_eq!(next_limit(&[row(100), row(300)], 1000, 10_000), 50);
+        assert_eq!(next_limit(&[row(10)], 1000, 1_000_000), 1000);
+        assert_eq!(next_limit(&[row(5_000_000)], 1000, 1_000_000), 1);
+        assert_eq!(next_limit(&[row(0)], 1000, 10), 10);
+    }
+
+    #[test]
+    fn the_rate_is_rows_over_the_time_taken() {
+        let mut progress = Progress::start(TransferKind::Snapshot, "0/0".into(), None, "s");
+        progress.started_ms = 1_000;
+        progress.updated_ms = 3_000;
+        progress.rows_sent = 500;
+        assert!((progress.rate() - 250.0).abs() < f64::EPSILON);
+        progress.updated_ms = 1_000;
+        assert_eq!(progress.rate(), 0.0);
+    }
+}
