@@ -13,9 +13,10 @@ use crate::TopicCreation;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
 use siphon_core::Consequence;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -107,6 +108,28 @@ impl StateTopicError {
     }
 }
 
+/// The readers' client context: client errors logged as the producer's are; the end of a
+/// partition, which a reader asks to be told of, is no error.
+pub(crate) struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(
+                RDKafkaErrorCode::PartitionEOF
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown,
+            ) => tracing::debug!(%error, reason, "Kafka reader"),
+            _ => tracing::warn!(%error, reason, "Kafka client error"),
+        }
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
+
+/// A reader of Siphon's compacted topics.
+pub(crate) type Reader = BaseConsumer<ReaderContext>;
+
 /// A compacted topic of Siphon's own.
 #[derive(Debug, Clone)]
 pub(crate) struct CompactedTopic {
@@ -183,7 +206,7 @@ impl CompactedTopic {
 
     /// A consumer of assigned partitions only (it never joins its group nor commits, and its
     /// metadata requests never create the topic), with `extra` properties.
-    pub(crate) fn consumer(&self, extra: &[(&str, &str)]) -> Result<BaseConsumer, StateTopicError> {
+    pub(crate) fn consumer(&self, extra: &[(&str, &str)]) -> Result<Reader, StateTopicError> {
         let mut properties = self.connection.clone();
         properties.insert("enable.auto.commit".into(), "false".into());
         properties.insert("enable.partition.eof".into(), "false".into());
@@ -192,13 +215,19 @@ impl CompactedTopic {
         for (key, value) in extra {
             properties.insert((*key).into(), (*value).into());
         }
-        self.client(&properties, StateOperation::Read)
+        let mut config = ClientConfig::new();
+        for (key, value) in &properties {
+            config.set(key, value);
+        }
+        config
+            .create_with_context(ReaderContext)
+            .map_err(|_| self.failed(StateOperation::Read, RDKafkaErrorCode::InvalidArgument))
     }
 
     /// The topic's partitions, `None` when it does not exist.
     pub(crate) fn partitions(
         &self,
-        consumer: &BaseConsumer,
+        consumer: &Reader,
         timeout: Duration,
     ) -> Result<Option<Vec<i32>>, StateTopicError> {
         let metadata = consumer

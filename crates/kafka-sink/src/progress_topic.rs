@@ -14,9 +14,9 @@
 //!   exists" is success); otherwise a missing topic is an error naming the fix.
 //! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
 
-use crate::compacted::{CompactedTopic, StateOperation, StateTopicError, STATE_TIMEOUT};
+use crate::compacted::{CompactedTopic, Reader, StateOperation, StateTopicError, STATE_TIMEOUT};
 use crate::TopicCreation;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
@@ -116,7 +116,7 @@ impl ProgressTopic {
     /// `Some(value)` (a tombstone's value is `None`), or `None` when the range has none.
     fn read_range(
         &self,
-        consumer: &BaseConsumer,
+        consumer: &Reader,
         partition: i32,
         (from, end): (i64, i64),
         key: &[u8],
@@ -159,7 +159,7 @@ impl ProgressTopic {
         }
     }
 
-    fn position(&self, consumer: &BaseConsumer, partition: i32) -> Result<i64, StateTopicError> {
+    fn position(&self, consumer: &Reader, partition: i32) -> Result<i64, StateTopicError> {
         let positions = consumer
             .position()
             .map_err(|e| self.compacted.kafka(StateOperation::Read, &e))?;
