@@ -871,13 +871,7 @@ impl<'a> SessionCore<'a> {
         let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
             return Err(PipelineError::RefusedInTransaction(fault));
         };
-        Event::RecordDeadLettered {
-            topic: &record.topic,
-            error: &fault,
-        }
-        .emit(&self.metrics);
-        let letter =
-            dead_letters.for_record(record, &fault, Stage::Produce, self.flow.commit_lsn(txn));
+        let letter = self.letter_for(dead_letters, txn, record, &fault);
         let bytes = record_bytes(&letter);
         let seq = self.flow.add(txn, bytes, now)?;
         count_topic(&mut self.topics, &self.metrics, &letter.topic, |counters| {
@@ -885,6 +879,23 @@ impl<'a> SessionCore<'a> {
         });
         self.hand_over(now, seq, letter, Some((index, bytes)));
         Ok(())
+    }
+
+    /// The dead letter of `record` of `txn`, which Kafka refuses for `fault` (told to the
+    /// telemetry).
+    fn letter_for(
+        &self,
+        dead_letters: &crate::dead_letter::DeadLetters,
+        txn: TxnId,
+        record: RoutedRecord,
+        fault: &RecordFault,
+    ) -> RoutedRecord {
+        Event::RecordDeadLettered {
+            topic: &record.topic,
+            error: fault,
+        }
+        .emit(&self.metrics);
+        dead_letters.for_record(record, fault, Stage::Produce, self.flow.commit_lsn(txn))
     }
 
     /// Hands a new record of `txn` to the producer (a dead letter of a row).
@@ -1120,13 +1131,7 @@ impl<'a> SessionCore<'a> {
         if record.topic == dead_letters.topic() {
             return Err(PipelineError::DeadLetterRefused(fault));
         }
-        Event::RecordDeadLettered {
-            topic: &record.topic,
-            error: &fault,
-        }
-        .emit(&self.metrics);
-        let letter =
-            dead_letters.for_record(record, &fault, Stage::Produce, self.flow.commit_lsn(txn));
+        let letter = self.letter_for(dead_letters, txn, record, &fault);
         count_topic(&mut self.topics, &self.metrics, &letter.topic, |counters| {
             counters.produced()
         });

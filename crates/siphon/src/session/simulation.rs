@@ -1671,34 +1671,9 @@ fn simulation_exactly_once_dead_letters_records_the_broker_refuses() {
     }
 }
 
-/// A record the producer refused to take (enqueue failed) is not waited for at shutdown: the
-/// stop is immediate, not the whole shutdown timeout later, and the record's transaction is not
-/// confirmed.
-#[test]
-fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
-    let router = Routers::new(
-        EventRouter::new(
-            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
-            Format::default(),
-        ),
-        HashMap::new(),
-    );
-    let prefixes = HashSet::new();
-    let metrics = Arc::new(Metrics::new());
-    let mut core = session_core(
-        &router,
-        &prefixes,
-        &ErrorPolicy::Fail,
-        Duration::from_secs(30),
-        metrics,
-        Lsn(0),
-        None,
-    );
-    let start = Instant::now();
-    let now = Now {
-        instant: start,
-        wall: SystemTime::now(),
-    };
+/// Binds the outbox table (answering the core's lookup) and feeds one transaction of one event,
+/// committed at 100 and ending at 110.
+fn bind_and_read_one_transaction(core: &mut SessionCore<'_>, now: Now) {
     core.handle(now, Input::Source(SourceEvent::Relation(relation())));
     let Some(Action::Lookup(Lookup::NotNullColumns(relation))) = core.poll_action() else {
         panic!("a lookup of the outbox table's columns");
@@ -1729,6 +1704,37 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
     ] {
         core.handle(now, Input::Source(event));
     }
+}
+
+/// A record the producer refused to take (enqueue failed) is not waited for at shutdown: the
+/// stop is immediate, not the whole shutdown timeout later, and the record's transaction is not
+/// confirmed.
+#[test]
+fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
+    let router = Routers::new(
+        EventRouter::new(
+            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
+            Format::default(),
+        ),
+        HashMap::new(),
+    );
+    let prefixes = HashSet::new();
+    let metrics = Arc::new(Metrics::new());
+    let mut core = session_core(
+        &router,
+        &prefixes,
+        &ErrorPolicy::Fail,
+        Duration::from_secs(30),
+        metrics,
+        Lsn(0),
+        None,
+    );
+    let start = Instant::now();
+    let now = Now {
+        instant: start,
+        wall: SystemTime::now(),
+    };
+    bind_and_read_one_transaction(&mut core, now);
     // The producer does not take the record, twice: the first time the producer is replaced at
     // once and the record sent again; the second time the replacement waits (no delivery in
     // between), with the record held.
@@ -1915,36 +1921,7 @@ fn exactly_once_core_with_one_record<'a>(
             Default::default(),
         )),
     );
-    core.handle(now, Input::Source(SourceEvent::Relation(relation())));
-    let Some(Action::Lookup(Lookup::NotNullColumns(relation))) = core.poll_action() else {
-        panic!("a lookup of the outbox table's columns");
-    };
-    core.handle(
-        now,
-        Input::Answer(Answer::NotNullColumns {
-            relation: Arc::clone(&relation),
-            columns: Ok(Default::default()),
-        }),
-    );
-    for event in [
-        SourceEvent::Begin {
-            xid: 1,
-            final_lsn: Lsn(100),
-            commit_time_us: 0,
-        },
-        SourceEvent::Change {
-            relation,
-            change: RowChange::Insert(row(1, 1, false)),
-            lsn: Lsn(90),
-        },
-        SourceEvent::Commit {
-            commit_lsn: Lsn(100),
-            end_lsn: Lsn(110),
-            commit_time_us: 0,
-        },
-    ] {
-        core.handle(now, Input::Source(event));
-    }
+    bind_and_read_one_transaction(&mut core, now);
     assert!(matches!(core.poll_action(), Some(Action::BeginTransaction)));
     let Some(Action::Send { token, .. }) = core.poll_action() else {
         panic!("the record is sent in the Kafka transaction");
