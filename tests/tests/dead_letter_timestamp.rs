@@ -42,9 +42,22 @@ fn row(n: u32, key: &str, occurred: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_refused_for_their_timestamp_are_dead_lettered_with_it_without_a_replacement_loop(
-) -> Result<()> {
+/// The services of one test: a topic refusing old records, Siphon routing with the event time
+/// and dead letters (exactly-once delivery if asked), and the rows written: refused records
+/// among accepted ones of the same aggregate, in one transaction and in the next.
+struct Refusing {
+    // Dropped first: Siphon stops before its database does.
+    siphon: SiphonProcess,
+    client: tokio_postgres::Client,
+    pg: Postgres,
+    broker: Broker,
+    events: String,
+    dead_letter_topic: String,
+    /// The end of the WAL once the rows were written.
+    end: u64,
+}
+
+async fn refusing(slot: &str, exactly_once: bool) -> Result<Refusing> {
     let (pg, broker) = (Postgres::start()?, Broker::start()?);
     let client = pg.connect().await?;
     client.batch_execute(OUTBOX).await?;
@@ -55,24 +68,32 @@ async fn records_refused_for_their_timestamp_are_dead_lettered_with_it_without_a
         "on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\"\n\n[router]\n{}\n\"table.field.event.timestamp\" = \"occurred\"",
         route_replacement(&broker)
     );
-    let config = siphon_config_at(
+    let mut config = siphon_config_at(
         &pg,
         &broker,
-        "ts",
+        slot,
         "\"message.timeout.ms\" = \"10000\"",
         &pipeline,
     );
+    if exactly_once {
+        let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
+        config = config.replacen(
+            &bootstrap,
+            &format!(
+                "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
+                broker.topic("siphon.progress")
+            ),
+            1,
+        );
+    }
     let siphon = SiphonProcess::start(&config)?;
     wait_until(
         Duration::from_secs(60),
         Duration::from_millis(100),
-        || async { slot_active(&client, "ts").await },
+        || async { slot_active(&client, slot).await },
     )
     .await
     .with_context(|| siphon.log())?;
-
-    // Refused records among accepted ones of the same aggregate, in one transaction and in
-    // the next.
     let old = "'2001-01-01 00:00:00+00'";
     client
         .batch_execute(&format!(
@@ -86,6 +107,29 @@ async fn records_refused_for_their_timestamp_are_dead_lettered_with_it_without_a
         ))
         .await?;
     let end = current_insert_lsn(&client).await?;
+    Ok(Refusing {
+        siphon,
+        client,
+        pg,
+        broker,
+        events,
+        dead_letter_topic,
+        end,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_refused_for_their_timestamp_are_dead_lettered_with_it_without_a_replacement_loop(
+) -> Result<()> {
+    let Refusing {
+        siphon,
+        client,
+        pg: _pg,
+        broker,
+        events,
+        dead_letter_topic,
+        end,
+    } = refusing("ts", false).await?;
 
     let dead = wait_for(
         Duration::from_secs(60),
@@ -197,53 +241,15 @@ async fn records_refused_for_their_timestamp_are_dead_lettered_with_it_without_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_exactly_once_refused_records_are_dead_lettered_once_and_the_rest_delivered_once(
 ) -> Result<()> {
-    let (pg, broker) = (Postgres::start()?, Broker::start()?);
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
-    let events = broker.topic("outbox.event.Order");
-    create_recent_only_topic(&broker.bootstrap(), &events).await?;
-    let dead_letter_topic = broker.topic("outbox.dlq");
-    let pipeline = format!(
-        "on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\"\n\n[router]\n{}\n\"table.field.event.timestamp\" = \"occurred\"",
-        route_replacement(&broker)
-    );
-    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
-    let config = siphon_config_at(
-        &pg,
-        &broker,
-        "tseos",
-        "\"message.timeout.ms\" = \"10000\"",
-        &pipeline,
-    )
-    .replacen(
-        &bootstrap,
-        &format!(
-            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
-            broker.topic("siphon.progress")
-        ),
-        1,
-    );
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, "tseos").await },
-    )
-    .await
-    .with_context(|| siphon.log())?;
-    let old = "'2001-01-01 00:00:00+00'";
-    client
-        .batch_execute(&format!(
-            "BEGIN; {} {} {} {} COMMIT; BEGIN; {} {} COMMIT; DELETE FROM outbox;",
-            row(1, "order-1", "now()"),
-            row(2, "order-1", old),
-            row(3, "order-1", "now()"),
-            row(4, "order-2", old),
-            row(5, "order-1", "now()"),
-            row(6, "order-2", old),
-        ))
-        .await?;
-    let end = current_insert_lsn(&client).await?;
+    let Refusing {
+        siphon,
+        client,
+        pg: _pg,
+        broker,
+        events,
+        dead_letter_topic,
+        end,
+    } = refusing("tseos", true).await?;
     wait_for_slot_past(&client, "tseos", end, Duration::from_secs(90))
         .await
         .with_context(|| siphon.log())?;
