@@ -259,11 +259,15 @@ impl KafkaTransactions {
         }
     }
 
-    /// When [`KafkaTransactions::check`] must be called at the latest (between transactions;
-    /// within one, the next record calls it anyway).
-    pub fn next_timeout(&self) -> Option<Instant> {
+    /// When [`KafkaTransactions::check`] can next find the open transaction due, with
+    /// `between` as [`KafkaTransactions::check`] takes it: the age bound between PostgreSQL
+    /// transactions, the split bound within one. A time at which `check` would change nothing
+    /// is never returned (a caller that wakes up at it would wake up again at once, and a
+    /// loop that serves timers first would read nothing meanwhile).
+    pub fn next_timeout(&self, between: bool) -> Option<Instant> {
+        let factor = if between { 1 } else { SPLIT_FACTOR };
         match self.state {
-            State::Open { since, .. } => Some(since + self.bounds.max_age),
+            State::Open { since, .. } => Some(since + self.bounds.max_age * factor),
             _ => None,
         }
     }
@@ -432,6 +436,28 @@ mod tests {
         txns.stop();
         assert_eq!(txns.commit_step(), None);
         assert_eq!(txns.acknowledged(Lsn(40)), None);
+    }
+
+    #[test]
+    fn the_timeout_is_one_at_which_the_check_commits() {
+        let t0 = Instant::now();
+        let mut txns = KafkaTransactions::new(bounds(), Lsn(10), None);
+        assert_eq!(txns.next_timeout(true), None);
+        txns.before_send(t0);
+        txns.sent(Lsn(30), 0, 1);
+        // Within a PostgreSQL transaction the age bound changes nothing: the timeout is the
+        // split bound, and the check at the age bound leaves the transaction open.
+        let within = txns.next_timeout(false).expect("open");
+        assert_eq!(within, t0 + bounds().max_age * SPLIT_FACTOR);
+        txns.check(t0 + bounds().max_age, false);
+        assert!(txns.can_send());
+        txns.check(within, false);
+        assert!(!txns.can_send(), "due at the split bound");
+        let mut txns = KafkaTransactions::new(bounds(), Lsn(10), None);
+        txns.before_send(t0);
+        let between = txns.next_timeout(true).expect("open");
+        txns.check(between, true);
+        assert!(!txns.can_send(), "due at the age bound between transactions");
     }
 
     #[test]

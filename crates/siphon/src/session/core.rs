@@ -298,10 +298,11 @@ impl<'a> SessionCore<'a> {
 
     /// When the core wants an [`Input::Tick`] at the latest.
     pub fn next_timeout(&self) -> Option<Instant> {
+        let between = self.txn.is_none();
         let commit = self
             .transactions
             .as_ref()
-            .and_then(KafkaTransactions::next_timeout);
+            .and_then(|t| t.next_timeout(between));
         [self.flow.next_timeout(), commit]
             .into_iter()
             .flatten()
