@@ -457,7 +457,10 @@ mod tests {
         txns.before_send(t0);
         let between = txns.next_timeout(true).expect("open");
         txns.check(between, true);
-        assert!(!txns.can_send(), "due at the age bound between transactions");
+        assert!(
+            !txns.can_send(),
+            "due at the age bound between transactions"
+        );
     }
 
     #[test]

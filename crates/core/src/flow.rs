@@ -254,7 +254,12 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
 
     /// When the flow wants to be called ([`Flow::after`]) at the latest.
     pub fn next_timeout(&self) -> Option<Instant> {
-        let rebuild = self.fence.filter(|f| f.replace).and(self.pacer.not_before);
+        // The replacement waits for its pacing only once every record reported: before that,
+        // its time passing changes nothing (and a timer in the past would fire again at once).
+        let rebuild = self
+            .fence
+            .filter(|f| f.replace && self.with_producer == 0)
+            .and(self.pacer.not_before);
         let stop = self.stopping.as_ref().map(|s| s.deadline);
         [rebuild, stop, self.delivery_deadline()]
             .into_iter()
@@ -747,6 +752,57 @@ mod tests {
             }
             Ok(())
         }
+    }
+
+    /// A replacement's pacing is no timer while the failed producer still has records to
+    /// report: the timer would be in the past, firing again and again, changing nothing.
+    #[test]
+    fn no_timer_in_the_past_while_the_failed_producer_reports() {
+        let mut flow = flow();
+        let mut now = Now::read();
+        let txn = flow.begin(Lsn(100), 0).expect("begin");
+        for record in 0..4u64 {
+            flow.send_new(now, txn, record).expect("send");
+        }
+        flow.commit(Lsn(150)).expect("commit");
+        let tokens: Vec<usize> = std::iter::from_fn(|| flow.poll_action())
+            .filter_map(|a| match a {
+                Action::Send { token, .. } => Some(token),
+                _ => None,
+            })
+            .collect();
+        // First failure: every record reports, the producer is replaced at once (booking the
+        // pacing for the next replacement), the records are sent again.
+        for (token, record) in tokens.iter().zip(0u64..) {
+            flow.outcome(Outcome::Failed {
+                token: *token,
+                record,
+                replace: true,
+            })
+            .expect("held");
+        }
+        flow.after(now);
+        let resent: Vec<usize> = std::iter::from_fn(|| flow.poll_action())
+            .filter_map(|a| match a {
+                Action::Send { token, .. } => Some(token),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(resent.len(), 4);
+        // Second failure of one record, the others still with the producer: purged, waiting.
+        flow.outcome(Outcome::Failed {
+            token: resent[0],
+            record: 0,
+            replace: true,
+        })
+        .expect("held");
+        flow.after(now);
+        now.instant += Duration::from_secs(60);
+        flow.after(now);
+        assert!(
+            flow.next_timeout().is_none_or(|t| t > now.instant),
+            "a timer in the past while records are with the producer"
+        );
     }
 
     proptest! {
