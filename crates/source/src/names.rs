@@ -206,3 +206,31 @@ pub enum Change {
     /// out of the publication and added back.
     TableAddedBack(TableName),
 }
+
+/// Why rows of a table cannot be read in a stable order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderProblem {
+    /// No primary key, and no `order_by` that could stand for one.
+    NoPrimaryKey,
+    /// An `order_by` column the table does not have.
+    MissingColumn { column: String },
+    /// An `order_by` column that may be NULL (keyset reads skip NULLs).
+    NullableColumn { column: String },
+}
+
+impl fmt::Display for OrderProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OrderProblem::NoPrimaryKey => f.write_str(
+                "has no primary key to read its rows in a stable order: add one, or name unique NOT NULL columns in order_by",
+            ),
+            OrderProblem::MissingColumn { column } => {
+                write!(f, "has no column {column:?} (order_by): fix the name")
+            }
+            OrderProblem::NullableColumn { column } => write!(
+                f,
+                "has a column {column:?} in order_by that may be NULL, and rows with NULL there would never be read: make it NOT NULL, or order by other columns"
+            ),
+        }
+    }
+}

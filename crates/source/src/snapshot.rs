@@ -27,50 +27,19 @@
 
 use crate::config::{quote_ident, quote_literal, Endpoint};
 use crate::error::{LoginTls, Operation, Query, SetupProblem, Subject};
-use crate::wire::{Login, QueryRow, Session};
+use crate::wire::{QueryRow, Session};
 use crate::{ConnectionParams, SourceConfig, SourceError, TableName};
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
 use std::collections::HashSet;
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 use tracing::info;
 
 /// The first version with `CREATE_REPLICATION_SLOT ... ( SNAPSHOT 'use' )` and
 /// `pg_publication_tables.attnames`.
 const OPTION_LIST_VERSION: i32 = 150_000;
 
-/// How long opening the connection may take when the URL sets no `connect_timeout`.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why rows of a table cannot be read in a stable order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OrderProblem {
-    /// No primary key, and no `order_by` that could stand for one.
-    NoPrimaryKey,
-    /// An `order_by` column the table does not have.
-    MissingColumn { column: String },
-    /// An `order_by` column that may be NULL (keyset reads skip NULLs).
-    NullableColumn { column: String },
-}
-
-impl fmt::Display for OrderProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OrderProblem::NoPrimaryKey => f.write_str(
-                "has no primary key to read its rows in a stable order: add one, or name unique NOT NULL columns in order_by",
-            ),
-            OrderProblem::MissingColumn { column } => {
-                write!(f, "has no column {column:?} (order_by): fix the name")
-            }
-            OrderProblem::NullableColumn { column } => write!(
-                f,
-                "has a column {column:?} in order_by that may be NULL, and rows with NULL there would never be read: make it NOT NULL, or order by other columns"
-            ),
-        }
-    }
-}
+pub use crate::names::OrderProblem;
 
 /// One column of the key rows are read in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,17 +178,7 @@ impl RowReader {
     /// Opens the connection to `endpoint` (a host of `config.url`).
     pub async fn connect(config: &SourceConfig, endpoint: &Endpoint) -> Result<Self, SourceError> {
         let params = ConnectionParams::from_url(&config.url)?;
-        let login = Login {
-            host: &endpoint.host,
-            hostaddr: endpoint.hostaddr,
-            port: endpoint.port,
-            user: &params.user,
-            password: &params.password,
-            database: &params.database,
-            application_name: &config.application_name,
-            tls: params.tls.replication_tls(&endpoint.host)?,
-            timeout: params.connect_timeout.unwrap_or(CONNECT_TIMEOUT),
-        };
+        let login = crate::stream::replication_login(config, &params, endpoint)?;
         let tls = LoginTls {
             mode: params.tls.mode,
             client_certificate: params.tls.client_cert.is_some(),

@@ -81,17 +81,7 @@ impl ReplicationStream {
         let params = ConnectionParams::from_url(&config.url)?;
         let endpoint = &slot.endpoint;
         let sslmode = params.tls.mode;
-        let login = Login {
-            host: &endpoint.host,
-            hostaddr: endpoint.hostaddr,
-            port: endpoint.port,
-            user: &params.user,
-            password: &params.password,
-            database: &params.database,
-            application_name: &config.application_name,
-            tls: params.tls.replication_tls(&endpoint.host)?,
-            timeout: params.connect_timeout.unwrap_or(CONNECT_TIMEOUT),
-        };
+        let login = replication_login(config, &params, endpoint)?;
         let subject = Subject {
             slot: Some(&config.slot),
             user: Some(&params.user),
@@ -249,6 +239,26 @@ impl ReplicationStream {
 /// How long opening the replication session (TCP, TLS, authentication) may take when the URL
 /// sets no `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The login of a replication connection to `endpoint` (a host of `config.url`, whose
+/// parameters are `params`).
+pub(crate) fn replication_login<'a>(
+    config: &'a SourceConfig,
+    params: &'a ConnectionParams,
+    endpoint: &'a crate::config::Endpoint,
+) -> Result<Login<'a>, SourceError> {
+    Ok(Login {
+        host: &endpoint.host,
+        hostaddr: endpoint.hostaddr,
+        port: endpoint.port,
+        user: &params.user,
+        password: &params.password,
+        database: &params.database,
+        application_name: &config.application_name,
+        tls: params.tls.replication_tls(&endpoint.host)?,
+        timeout: params.connect_timeout.unwrap_or(CONNECT_TIMEOUT),
+    })
+}
 
 /// `START_REPLICATION` for the slot and publication of `config`, from `start_lsn`.
 fn start_command(config: &SourceConfig, start_lsn: Lsn) -> String {

@@ -1536,15 +1536,16 @@ fn fail(seed: u64, mode: &str, reason: &str, trace: &[String]) -> ! {
     );
 }
 
-#[test]
-fn simulation_dead_letter_policy_keeps_every_promise() {
+/// Runs every seed in `mode`, failing on any broken promise or stop; returns how often each
+/// path of interest was taken, over all seeds.
+fn run_every_seed(mode: Mode, label: &str) -> BTreeMap<&'static str, u64> {
     let seeds = seeds();
     let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
     for &seed in &seeds {
-        match run_seed(seed, Mode::DeadLetter) {
+        match run_seed(seed, mode) {
             Ok((outcome, trace)) => {
                 if let Some(e) = outcome.error {
-                    fail(seed, "dead-letter", &format!("stopped: {e}"), &trace);
+                    fail(seed, label, &format!("stopped: {e}"), &trace);
                 }
                 if seeds.len() == 1 {
                     eprintln!("{}", trace.join("\n"));
@@ -1553,25 +1554,39 @@ fn simulation_dead_letter_policy_keeps_every_promise() {
                     *seen.entry(what).or_default() += n;
                 }
             }
-            Err((reason, trace)) => fail(seed, "dead-letter", &reason, &trace),
+            Err((reason, trace)) => fail(seed, label, &reason, &trace),
         }
     }
-    // The seeds together take every path the simulation is there to check.
-    if seeds.len() >= 100 {
-        for what in [
+    seen
+}
+
+/// The seeds together take every path in `paths` (checked when at least 100 seeds ran).
+fn assert_paths_taken(seen: &BTreeMap<&'static str, u64>, paths: &[&str]) {
+    if seeds().len() < 100 {
+        return;
+    }
+    for what in paths {
+        assert!(
+            seen.get(what).is_some_and(|&n| n > 0),
+            "never seen: {what} ({seen:?})"
+        );
+    }
+}
+
+#[test]
+fn simulation_dead_letter_policy_keeps_every_promise() {
+    let seen = run_every_seed(Mode::DeadLetter, "dead-letter");
+    assert_paths_taken(
+        &seen,
+        &[
             "topic creation",
             "topic creation failed for now",
             "handed back by a purge",
             "purge",
             "producer replaced",
             "delivery deadline overrun",
-        ] {
-            assert!(
-                seen.get(what).is_some_and(|&n| n > 0),
-                "never seen: {what} ({seen:?})"
-            );
-        }
-    }
+        ],
+    );
 }
 
 #[test]
@@ -1599,27 +1614,10 @@ fn simulation_fail_policy_stops_on_a_refused_record_without_loss() {
 
 #[test]
 fn simulation_exactly_once_keeps_every_promise() {
-    let seeds = seeds();
-    let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for &seed in &seeds {
-        match run_seed(seed, Mode::ExactlyOnce) {
-            Ok((outcome, trace)) => {
-                if let Some(e) = outcome.error {
-                    fail(seed, "exactly-once", &format!("stopped: {e}"), &trace);
-                }
-                if seeds.len() == 1 {
-                    eprintln!("{}", trace.join("\n"));
-                }
-                for (what, n) in outcome.seen {
-                    *seen.entry(what).or_default() += n;
-                }
-            }
-            Err((reason, trace)) => fail(seed, "exactly-once", &reason, &trace),
-        }
-    }
-    // The seeds together take every path the simulation is there to check.
-    if seeds.len() >= 100 {
-        for what in [
+    let seen = run_every_seed(Mode::ExactlyOnce, "exactly-once");
+    assert_paths_taken(
+        &seen,
+        &[
             "commit",
             "mid-transaction split",
             "failed commit",
@@ -1634,41 +1632,17 @@ fn simulation_exactly_once_keeps_every_promise() {
             "refused at enqueue",
             "topic creation refused",
             "repeats only read_uncommitted consumers see",
-        ] {
-            assert!(
-                seen.get(what).is_some_and(|&n| n > 0),
-                "never seen: {what} ({seen:?})"
-            );
-        }
-    }
+        ],
+    );
 }
 
 #[test]
 fn simulation_exactly_once_dead_letters_records_the_broker_refuses() {
-    let mut carried = 0;
-    for seed in seeds() {
-        match run_seed(seed, Mode::ExactlyOnceRefused) {
-            Ok((outcome, trace)) => {
-                if let Some(e) = outcome.error {
-                    fail(
-                        seed,
-                        "exactly-once refused",
-                        &format!("stopped: {e}"),
-                        &trace,
-                    );
-                }
-                carried += outcome
-                    .seen
-                    .get("records the broker refused carried to the next session")
-                    .copied()
-                    .unwrap_or(0);
-            }
-            Err((reason, trace)) => fail(seed, "exactly-once refused", &reason, &trace),
-        }
-    }
-    if seeds().len() >= 100 {
-        assert!(carried > 0, "no seed had the broker refuse a record");
-    }
+    let seen = run_every_seed(Mode::ExactlyOnceRefused, "exactly-once refused");
+    assert_paths_taken(
+        &seen,
+        &["records the broker refused carried to the next session"],
+    );
 }
 
 /// Binds the outbox table (answering the core's lookup) and feeds one transaction of one event,

@@ -57,7 +57,7 @@ pub enum SetupProblem {
     /// The rows of an outbox table cannot be read in a stable order (initial snapshot, re-send).
     SnapshotOrder {
         table: TableName,
-        problem: crate::snapshot::OrderProblem,
+        problem: crate::names::OrderProblem,
     },
 }
 
