@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// Rows read per chunk by default (`source.snapshot_chunk_rows`).
+pub const DEFAULT_SNAPSHOT_CHUNK_ROWS: usize = 1000;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -151,7 +154,7 @@ pub struct SnapshotTableSection {
 }
 
 fn default_snapshot_chunk_rows() -> usize {
-    crate::snapshot::DEFAULT_CHUNK_ROWS
+    DEFAULT_SNAPSHOT_CHUNK_ROWS
 }
 
 /// `source.non_transactional_messages`.

@@ -93,7 +93,7 @@ pub enum PipelineError {
     Progress(#[from] crate::progress_record::ProgressRecordError),
     /// The initial snapshot stopped (see [`crate::snapshot`]).
     #[error("initial snapshot: {0}")]
-    Snapshot(#[from] crate::transfer::TransferError),
+    Snapshot(#[from] crate::transfer_error::TransferError),
     /// The acknowledgement ledger was used against its rules: a bug.
     #[error("internal error in acknowledgement tracking: {0}")]
     Ledger(#[from] LedgerError),

@@ -25,6 +25,8 @@ pub mod dead_letter;
 pub mod error;
 pub mod import;
 pub mod message;
+pub mod pipeline;
+pub mod position;
 pub mod progress_record;
 pub mod publication_record;
 pub mod resend;
@@ -32,10 +34,12 @@ pub mod session;
 pub mod settings;
 pub mod signal;
 pub mod snapshot;
+pub mod snapshot_plan;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;
 pub mod transfer;
+pub mod transfer_error;
 
 impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
     fn delivered(&self, topic: &str) {

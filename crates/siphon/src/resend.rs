@@ -28,7 +28,7 @@
 //!   event again) and may interleave with live events written meanwhile. Consumers tell it by
 //!   the header, and drop or apply it by its `id`.
 
-use crate::session::PipelineSettings;
+use crate::pipeline::PipelineSettings;
 use crate::telemetry::{Metrics, TransferKind};
 use crate::transfer::{
     self, Copy, Progress, ProgressLog, Sender, Stamp, TransferError, RESEND_HEADER,
@@ -91,13 +91,7 @@ impl From<siphon_source::SourceError> for ResendError {
     }
 }
 
-/// The state topic key of the re-sends of `table` through `slot` on server `system_id`.
-pub fn key(system_id: Option<&str>, slot: &str, table: &TableName) -> String {
-    format!(
-        "siphon/resend/{}/{slot}/{table}",
-        system_id.unwrap_or("unknown")
-    )
-}
+pub use crate::transfer::resend_key as key;
 
 /// Runs the re-send to its end, retrying transient failures with backoff (each attempt
 /// resumes from the progress recorded); returns the rows sent by this run.

@@ -27,109 +27,19 @@
 //!   Siphon without `source.snapshot`) is streamed from as it is: the snapshot is taken only
 //!   when Siphon creates the slot.
 
-use crate::config::{Config, SnapshotMode};
 use crate::error::PipelineError;
-use crate::session::position::PositionHeaders;
-use crate::session::PipelineSettings;
+use crate::pipeline::PipelineSettings;
+use crate::position::PositionHeaders;
 use crate::telemetry::{Metrics, TransferKind};
 use crate::transfer::{self, Copy, Progress, ProgressLog, Sender, Stamp, TransferError};
-use anyhow::Context;
 use siphon_source::snapshot::RowReader;
-use siphon_source::{SlotState, TableName};
+use siphon_source::SlotState;
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::{info, warn};
 
-/// Rows read per chunk by default (`source.snapshot_chunk_rows`).
-pub const DEFAULT_CHUNK_ROWS: usize = 1000;
-
-/// How each outbox table is read by a snapshot or a re-send.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TablePlan {
-    pub table: TableName,
-    /// The SQL condition rows are read with (`None`: every row).
-    pub filter: Option<String>,
-    /// Columns read in order before the primary key's (`order_by`).
-    pub order_by: Vec<String>,
-}
-
-/// `source.snapshot*`, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
-    /// `source.snapshot = "initial"`.
-    pub initial: bool,
-    pub chunk_rows: usize,
-    pub tables: Vec<TablePlan>,
-    /// `source.signal_table`: where re-sends are asked for (see [`crate::signal`]).
-    pub signal_table: Option<TableName>,
-}
-
-impl Plan {
-    /// The plan of `config` for the outbox tables `tables`.
-    pub fn from_config(config: &Config, tables: &[TableName]) -> anyhow::Result<Plan> {
-        let source = &config.source;
-        let mut overrides = std::collections::HashMap::new();
-        for (name, section) in &source.snapshot_tables {
-            let table = TableName::parse(name)
-                .with_context(|| format!("[source.snapshot_tables.\"{name}\"]"))?;
-            if !tables.contains(&table) {
-                anyhow::bail!("[source.snapshot_tables.\"{name}\"] names a table that is not in source.tables; add it there or remove the section");
-            }
-            overrides.insert(table, section.clone());
-        }
-        let global = non_empty(&source.snapshot_filter);
-        let plans = tables
-            .iter()
-            .map(|table| {
-                let section = overrides.get(table);
-                TablePlan {
-                    table: table.clone(),
-                    filter: match section.and_then(|s| s.filter.as_deref()) {
-                        Some(filter) => non_empty(filter),
-                        None => global.clone(),
-                    },
-                    order_by: section.map(|s| s.order_by.clone()).unwrap_or_default(),
-                }
-            })
-            .collect();
-        if source.snapshot_chunk_rows == 0 {
-            anyhow::bail!("source.snapshot_chunk_rows must be at least 1");
-        }
-        let initial = source.snapshot == SnapshotMode::Initial;
-        if initial
-            && (config.kafka.state_topic.trim().is_empty()
-                || config.kafka.sink == crate::config::SinkKind::Discard)
-        {
-            anyhow::bail!("source.snapshot = \"initial\" keeps the snapshot's progress in the state topic: set kafka.state_topic (and kafka.sink = \"kafka\")");
-        }
-        let signal_table = match non_empty(&source.signal_table) {
-            Some(name) => Some(TableName::parse(&name).context("source.signal_table")?),
-            None => None,
-        };
-        if signal_table.is_some()
-            && (config.kafka.state_topic.trim().is_empty()
-                || config.kafka.sink == crate::config::SinkKind::Discard)
-        {
-            anyhow::bail!("source.signal_table: re-sends keep their progress in the state topic: set kafka.state_topic (and kafka.sink = \"kafka\")");
-        }
-        Ok(Plan {
-            initial,
-            chunk_rows: source.snapshot_chunk_rows,
-            tables: plans,
-            signal_table,
-        })
-    }
-}
-
-fn non_empty(text: &str) -> Option<String> {
-    let text = text.trim();
-    (!text.is_empty()).then(|| text.to_owned())
-}
-
-/// The state topic key of the initial snapshot of `slot` on the server with `system_id`.
-pub fn key(system_id: Option<&str>, slot: &str) -> String {
-    format!("siphon/snapshot/{}/{slot}", system_id.unwrap_or("unknown"))
-}
+pub use crate::snapshot_plan::{Plan, TablePlan, DEFAULT_CHUNK_ROWS};
+pub use crate::transfer::snapshot_key as key;
 
 /// Before streaming from `slot` (as `prepare` left it, with `MissingSlot::Leave` when a
 /// snapshot is configured): creates the slot with its snapshot and sends the snapshot, or
@@ -293,84 +203,4 @@ async fn send_all(
     copy.report("*", &mut progress).await?;
     transfer::finished(TransferKind::Snapshot, progress.rows_sent, started, metrics);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(extra: &str) -> anyhow::Result<Config> {
-        let text = format!(
-            "[source]\nurl = \"postgres://u@h/d\"\ntables = [\"public.outbox\", \"billing.outbox\"]\n{extra}\n[kafka]\nbootstrap_servers = \"k:9092\"\n"
-        );
-        Config::from_table(text.parse()?)
-    }
-
-    fn tables() -> Vec<TableName> {
-        ["public.outbox", "billing.outbox"]
-            .iter()
-            .map(|t| TableName::parse(t).expect("valid name"))
-            .collect()
-    }
-
-    #[test]
-    fn the_default_is_no_snapshot_and_every_row() {
-        let plan = Plan::from_config(&config("").expect("valid"), &tables()).expect("a plan");
-        assert!(!plan.initial);
-        assert_eq!(plan.chunk_rows, DEFAULT_CHUNK_ROWS);
-        assert!(plan
-            .tables
-            .iter()
-            .all(|t| t.filter.is_none() && t.order_by.is_empty()));
-    }
-
-    #[test]
-    fn a_table_s_filter_overrides_the_global_one() {
-        let config = config(
-            "snapshot = \"initial\"\nsnapshot_filter = \"published_at IS NULL\"\nsnapshot_chunk_rows = 50\n\
-             [source.snapshot_tables.\"billing.outbox\"]\nfilter = \"NOT processed\"\norder_by = [\"created_at\"]\n",
-        )
-        .expect("valid");
-        let plan = Plan::from_config(&config, &tables()).expect("a plan");
-        assert!(plan.initial);
-        assert_eq!(plan.chunk_rows, 50);
-        assert_eq!(
-            plan.tables[0].filter.as_deref(),
-            Some("published_at IS NULL")
-        );
-        assert_eq!(plan.tables[1].filter.as_deref(), Some("NOT processed"));
-        assert_eq!(plan.tables[1].order_by, ["created_at"]);
-        // An empty per-table filter reads every row of that table.
-        let config = self::config(
-            "snapshot_filter = \"published_at IS NULL\"\n[source.snapshot_tables.\"public.outbox\"]\nfilter = \"\"\n",
-        )
-        .expect("valid");
-        let plan = Plan::from_config(&config, &tables()).expect("a plan");
-        assert_eq!(plan.tables[0].filter, None);
-    }
-
-    #[test]
-    fn mistakes_are_named() {
-        let bad_mode = config("snapshot = \"always\"").expect_err("unknown mode");
-        assert!(
-            format!("{bad_mode:#}").contains("`initial`"),
-            "{bad_mode:#}"
-        );
-        let unknown = config("[source.snapshot_tables.\"public.outbox\"]\nfiltre = \"x\"\n")
-            .expect_err("unknown key");
-        assert!(format!("{unknown:#}").contains("filtre"), "{unknown:#}");
-        let other =
-            config("[source.snapshot_tables.\"public.other\"]\nfilter = \"x\"\n").expect("parses");
-        let error = Plan::from_config(&other, &tables()).expect_err("not an outbox table");
-        assert!(
-            error.to_string().contains("not in source.tables"),
-            "{error}"
-        );
-        let mut no_state = config("snapshot = \"initial\"").expect("parses");
-        no_state.kafka.state_topic = String::new();
-        let error = Plan::from_config(&no_state, &tables()).expect_err("no state topic");
-        assert!(error.to_string().contains("kafka.state_topic"), "{error}");
-        let zero = config("snapshot_chunk_rows = 0").expect("parses");
-        assert!(Plan::from_config(&zero, &tables()).is_err());
-    }
 }

@@ -15,18 +15,16 @@
 //! - The records are the router's, byte for byte: the same topic, key, value and headers as
 //!   the stream makes of the row's INSERT, with only the headers of [`Stamp`] appended.
 
-use crate::session::position::PositionHeaders;
-use crate::session::{ErrorPolicy, Routers};
+use crate::pipeline::{ErrorPolicy, Routers};
+use crate::position::PositionHeaders;
 use crate::telemetry::{Event, Metrics, TransferKind};
 use bytes::Bytes;
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
-use siphon_kafka_sink::{
-    Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic, StateTopicError,
-};
+use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
 use siphon_router::{Header, RouteError, Routed, RoutedRecord, TableBinding};
 use siphon_source::snapshot::{OutboxTable, RowReader};
-use siphon_source::{SourceError, TableName};
+use siphon_source::TableName;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
@@ -35,55 +33,9 @@ use tracing::{debug, warn};
 /// The header a re-sent record carries, its value the re-send's id.
 pub const RESEND_HEADER: &str = "siphon.resend";
 
+pub use crate::transfer_error::TransferError;
 /// The format of [`Progress`]; a record of another version is refused, not guessed at.
-const VERSION: u32 = 1;
-
-/// Why a snapshot or a re-send stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum TransferError {
-    /// Reading the rows.
-    #[error(transparent)]
-    Source(#[from] SourceError),
-    /// Creating the producer or a topic, or enqueueing a record.
-    #[error(transparent)]
-    Sink(#[from] SinkError),
-    /// Kafka did not take a record (it is sent again when the transfer resumes).
-    #[error("a record for topic {topic} was not delivered: {error}")]
-    Delivery {
-        topic: String,
-        error: Box<DeliveryError>,
-    },
-    /// A row the router cannot route, with `pipeline.on_error = "fail"`.
-    #[error("{error} (a row of {table} with key {key:?} was not sent; fix it, or set pipeline.on_error = \"dead-letter\")")]
-    Row {
-        table: TableName,
-        key: Vec<String>,
-        error: Box<RouteError>,
-    },
-    /// The table's columns do not fit the router's options.
-    #[error("{0}")]
-    Unbindable(Box<RouteError>),
-    /// Reading or writing the progress in the state topic.
-    #[error("progress in the state topic: {0}")]
-    State(#[from] StateTopicError),
-    /// The progress record in the state topic cannot be read.
-    #[error("the progress record {key} in the state topic cannot be read ({source}); delete it (a tombstone) to start over")]
-    Unreadable {
-        key: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The progress record in the state topic is of another format version.
-    #[error("the progress record {key} in the state topic has format version {version}, this Siphon reads {VERSION}: use the Siphon version that wrote it")]
-    Version { key: String, version: u32 },
-    /// The producer's delivery reports stopped coming (it was dropped), or a progress write
-    /// task was lost: a bug.
-    #[error("internal error: the transfer's producer or progress writer stopped")]
-    ReportsLost,
-    /// Progress is kept in the state topic, and there is none.
-    #[error("kafka.state_topic = \"\": {what} keeps its progress in the state topic; set kafka.state_topic")]
-    NoStateTopic { what: &'static str },
-}
+use crate::transfer_error::PROGRESS_VERSION as VERSION;
 
 impl TransferError {
     /// What the error means for the process.
@@ -558,7 +510,7 @@ fn route(
 /// The initial snapshot's and the re-sends' progress recorded in the state topic for the slot
 /// of `settings` (for `siphon status`), with the server's system identifier.
 pub async fn recorded(
-    settings: &crate::session::PipelineSettings,
+    settings: &crate::pipeline::PipelineSettings,
 ) -> Result<Vec<Progress>, TransferError> {
     let Some(state) = &settings.state_topic else {
         return Ok(Vec::new());
@@ -568,13 +520,13 @@ pub async fn recorded(
         .await
         .map(|s| s.system_id);
     let slot = &settings.source.slot;
-    let mut keys = vec![crate::snapshot::key(system_id.as_deref(), slot)];
+    let mut keys = vec![snapshot_key(system_id.as_deref(), slot)];
     keys.extend(
         settings
             .source
             .tables
             .iter()
-            .map(|t| crate::resend::key(system_id.as_deref(), slot, t)),
+            .map(|t| resend_key(system_id.as_deref(), slot, t)),
     );
     let mut found = Vec::new();
     for key in keys {
@@ -630,9 +582,23 @@ pub fn finished(kind: TransferKind, sent: u64, started: Instant, metrics: &Metri
 /// How long to wait before retrying a transfer that failed for now.
 pub const RETRY_PAUSE: Duration = Duration::from_secs(2);
 
+/// The state topic key of the initial snapshot of `slot` on the server with `system_id`.
+pub fn snapshot_key(system_id: Option<&str>, slot: &str) -> String {
+    format!("siphon/snapshot/{}/{slot}", system_id.unwrap_or("unknown"))
+}
+
+/// The state topic key of the re-sends of `table` through `slot` on server `system_id`.
+pub fn resend_key(system_id: Option<&str>, slot: &str, table: &TableName) -> String {
+    format!(
+        "siphon/resend/{}/{slot}/{table}",
+        system_id.unwrap_or("unknown")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use siphon_source::SourceError;
 
     #[test]
     fn progress_resumes_after_the_last_key_of_its_table_only() {

@@ -15,129 +15,21 @@
 
 pub mod core;
 pub mod driver;
-pub mod position;
 #[cfg(test)]
 mod simulation;
 pub mod transactional;
 
 pub use siphon_core::ledger;
 
-use crate::dead_letter::DeadLetters;
+pub use crate::pipeline::{
+    ErrorPolicy, ExactlyOnce, NonTransactionalPolicy, PipelineSettings, RoutedKind, Routers,
+};
+pub use crate::position;
 use pgoutput::Lsn;
-use siphon_kafka_sink::SinkConfig;
-use siphon_router::EventRouter;
-use siphon_source::{SourceConfig, TableName};
-use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+#[cfg(test)]
+use siphon_source::TableName;
 
 pub use driver::run_session;
-
-/// The router's records, as the core sees them.
-#[derive(Debug)]
-pub struct RoutedKind;
-
-impl siphon_core::Records for RoutedKind {
-    type Record = siphon_router::RoutedRecord;
-
-    fn topic(record: &Self::Record) -> &str {
-        &record.topic
-    }
-
-    fn size(record: &Self::Record) -> usize {
-        siphon_kafka_sink::producer::record_bytes(record)
-    }
-}
-
-/// What to do with a row or record that can never be delivered as it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ErrorPolicy {
-    /// Stop with an error naming the fix.
-    Fail,
-    /// Write it to the dead-letter topic, with the error in its headers, and go on.
-    DeadLetter(DeadLetters),
-}
-
-/// The routers: `[router]` for every outbox table (and logical-message outbox), and for a table
-/// with `[router.tables."schema.table"]` options, those on top of `[router]`.
-pub struct Routers {
-    default: EventRouter,
-    tables: HashMap<TableName, EventRouter>,
-}
-
-impl Routers {
-    /// `default` for every table but those in `tables`.
-    pub fn new(default: EventRouter, tables: HashMap<TableName, EventRouter>) -> Self {
-        Routers { default, tables }
-    }
-
-    /// The router for rows of `table`.
-    pub fn for_table(&self, table: &TableName) -> &EventRouter {
-        self.tables.get(table).unwrap_or(&self.default)
-    }
-
-    /// The `[router]` router (logical messages use it).
-    pub fn default_router(&self) -> &EventRouter {
-        &self.default
-    }
-
-    /// Malformed trace contexts left out so far, by all routers.
-    pub fn malformed_trace_contexts(&self) -> u64 {
-        self.tables
-            .values()
-            .map(EventRouter::malformed_trace_contexts)
-            .sum::<u64>()
-            + self.default.malformed_trace_contexts()
-    }
-}
-
-/// What to do with a non-transactional logical message of an outbox prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NonTransactionalPolicy {
-    /// Stop, naming the fix.
-    Error,
-    /// Skip it with a warning.
-    Skip,
-}
-
-/// Everything a session needs, built once from the configuration.
-pub struct PipelineSettings {
-    pub source: SourceConfig,
-    pub sink: SinkConfig,
-    pub router: Routers,
-    /// Prefixes of logical messages that carry outbox events.
-    pub message_prefixes: HashSet<String>,
-    pub non_transactional: NonTransactionalPolicy,
-    pub on_error: ErrorPolicy,
-    pub max_in_flight_records: usize,
-    pub max_in_flight_bytes: usize,
-    pub shutdown_timeout: Duration,
-    /// A record unacknowledged this long gives up its producer (see
-    /// [`siphon_kafka_sink::SinkConfig::delivery_timeout`]).
-    pub delivery_timeout: Option<Duration>,
-    /// A stream silent this long while the server has newer WAL is reconnected.
-    pub stall_timeout: Duration,
-    /// Every routed record carries its source position as headers (`format.position_headers`).
-    pub position_headers: bool,
-    /// Where the publication's membership is kept across restarts (`None`: not kept).
-    pub state_topic: Option<siphon_kafka_sink::StateTopic>,
-    /// The fixed intervals and timeouts of the session and the supervisor.
-    pub intervals: siphon_core::Intervals,
-    /// Exactly-once delivery (`kafka.delivery = "exactly-once"`; `None`: at-least-once).
-    pub exactly_once: Option<ExactlyOnce>,
-    /// The initial snapshot and how re-sends read the outbox tables (`source.snapshot*`).
-    pub snapshot: crate::snapshot::Plan,
-}
-
-/// What exactly-once delivery needs (`kafka.delivery = "exactly-once"`).
-#[derive(Debug, Clone)]
-pub struct ExactlyOnce {
-    /// `kafka.transactional_id`; `None`: derived from the server, the database and the slot.
-    pub transactional_id: Option<String>,
-    /// Where each Kafka transaction's progress is committed.
-    pub progress_topic: siphon_kafka_sink::ProgressTopic,
-    /// When a Kafka transaction is committed.
-    pub bounds: siphon_core::exactly_once::TransactionBounds,
-}
 
 /// Exactly-once: how the broker refused a record of a Kafka transaction.
 #[derive(Debug, Clone)]

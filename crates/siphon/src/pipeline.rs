@@ -1,0 +1,121 @@
+//! What a session runs with: the settings built once from the configuration (the routers,
+//! the error policy, the sink and source settings, exactly-once delivery), shared by the
+//! session and by the transfers that read outside the stream (initial snapshot, re-sends).
+//!
+//! # Invariants
+//! - Plain values: nothing here does IO, and nothing here imports the session or the
+//!   transfers (both import it).
+
+use crate::dead_letter::DeadLetters;
+use siphon_kafka_sink::SinkConfig;
+use siphon_router::EventRouter;
+use siphon_source::{SourceConfig, TableName};
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+/// The router's records, as the core sees them.
+#[derive(Debug)]
+pub struct RoutedKind;
+
+impl siphon_core::Records for RoutedKind {
+    type Record = siphon_router::RoutedRecord;
+
+    fn topic(record: &Self::Record) -> &str {
+        &record.topic
+    }
+
+    fn size(record: &Self::Record) -> usize {
+        siphon_kafka_sink::producer::record_bytes(record)
+    }
+}
+
+/// What to do with a row or record that can never be delivered as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorPolicy {
+    /// Stop with an error naming the fix.
+    Fail,
+    /// Write it to the dead-letter topic, with the error in its headers, and go on.
+    DeadLetter(DeadLetters),
+}
+
+/// The routers: `[router]` for every outbox table (and logical-message outbox), and for a table
+/// with `[router.tables."schema.table"]` options, those on top of `[router]`.
+pub struct Routers {
+    default: EventRouter,
+    tables: HashMap<TableName, EventRouter>,
+}
+
+impl Routers {
+    /// `default` for every table but those in `tables`.
+    pub fn new(default: EventRouter, tables: HashMap<TableName, EventRouter>) -> Self {
+        Routers { default, tables }
+    }
+
+    /// The router for rows of `table`.
+    pub fn for_table(&self, table: &TableName) -> &EventRouter {
+        self.tables.get(table).unwrap_or(&self.default)
+    }
+
+    /// The `[router]` router (logical messages use it).
+    pub fn default_router(&self) -> &EventRouter {
+        &self.default
+    }
+
+    /// Malformed trace contexts left out so far, by all routers.
+    pub fn malformed_trace_contexts(&self) -> u64 {
+        self.tables
+            .values()
+            .map(EventRouter::malformed_trace_contexts)
+            .sum::<u64>()
+            + self.default.malformed_trace_contexts()
+    }
+}
+
+/// What to do with a non-transactional logical message of an outbox prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonTransactionalPolicy {
+    /// Stop, naming the fix.
+    Error,
+    /// Skip it with a warning.
+    Skip,
+}
+
+/// Everything a session needs, built once from the configuration.
+pub struct PipelineSettings {
+    pub source: SourceConfig,
+    pub sink: SinkConfig,
+    pub router: Routers,
+    /// Prefixes of logical messages that carry outbox events.
+    pub message_prefixes: HashSet<String>,
+    pub non_transactional: NonTransactionalPolicy,
+    pub on_error: ErrorPolicy,
+    pub max_in_flight_records: usize,
+    pub max_in_flight_bytes: usize,
+    pub shutdown_timeout: Duration,
+    /// A record unacknowledged this long gives up its producer (see
+    /// [`siphon_kafka_sink::SinkConfig::delivery_timeout`]).
+    pub delivery_timeout: Option<Duration>,
+    /// A stream silent this long while the server has newer WAL is reconnected.
+    pub stall_timeout: Duration,
+    /// Every routed record carries its source position as headers (`format.position_headers`).
+    pub position_headers: bool,
+    /// Where the publication's membership is kept across restarts (`None`: not kept).
+    pub state_topic: Option<siphon_kafka_sink::StateTopic>,
+    /// The fixed intervals and timeouts of the session and the supervisor.
+    pub intervals: siphon_core::Intervals,
+    /// Exactly-once delivery (`kafka.delivery = "exactly-once"`; `None`: at-least-once).
+    pub exactly_once: Option<ExactlyOnce>,
+    /// The initial snapshot and how re-sends read the outbox tables (`source.snapshot*`).
+    pub snapshot: crate::snapshot_plan::Plan,
+}
+
+/// What exactly-once delivery needs (`kafka.delivery = "exactly-once"`).
+#[derive(Debug, Clone)]
+pub struct ExactlyOnce {
+    /// `kafka.transactional_id`; `None`: derived from the server, the database and the slot.
+    pub transactional_id: Option<String>,
+    /// Where each Kafka transaction's progress is committed.
+    pub progress_topic: siphon_kafka_sink::ProgressTopic,
+    /// When a Kafka transaction is committed.
+    pub bounds: siphon_core::exactly_once::TransactionBounds,
+}

@@ -1,0 +1,58 @@
+//! Why an initial snapshot or a re-send stopped.
+//!
+//! # Invariants
+//! - Below the transfers and the pipeline's errors (which carry it): it imports neither.
+
+use siphon_kafka_sink::{DeliveryError, SinkError, StateTopicError};
+use siphon_router::RouteError;
+use siphon_source::{SourceError, TableName};
+
+/// The format of a transfer's progress record; a record of another version is refused.
+pub const PROGRESS_VERSION: u32 = 1;
+
+/// Why a snapshot or a re-send stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// Reading the rows.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// Creating the producer or a topic, or enqueueing a record.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// Kafka did not take a record (it is sent again when the transfer resumes).
+    #[error("a record for topic {topic} was not delivered: {error}")]
+    Delivery {
+        topic: String,
+        error: Box<DeliveryError>,
+    },
+    /// A row the router cannot route, with `pipeline.on_error = "fail"`.
+    #[error("{error} (a row of {table} with key {key:?} was not sent; fix it, or set pipeline.on_error = \"dead-letter\")")]
+    Row {
+        table: TableName,
+        key: Vec<String>,
+        error: Box<RouteError>,
+    },
+    /// The table's columns do not fit the router's options.
+    #[error("{0}")]
+    Unbindable(Box<RouteError>),
+    /// Reading or writing the progress in the state topic.
+    #[error("progress in the state topic: {0}")]
+    State(#[from] StateTopicError),
+    /// The progress record in the state topic cannot be read.
+    #[error("the progress record {key} in the state topic cannot be read ({source}); delete it (a tombstone) to start over")]
+    Unreadable {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The progress record in the state topic is of another format version.
+    #[error("the progress record {key} in the state topic has format version {version}, this Siphon reads {PROGRESS_VERSION}: use the Siphon version that wrote it")]
+    Version { key: String, version: u32 },
+    /// The producer's delivery reports stopped coming (it was dropped), or a progress write
+    /// task was lost: a bug.
+    #[error("internal error: the transfer's producer or progress writer stopped")]
+    ReportsLost,
+    /// Progress is kept in the state topic, and there is none.
+    #[error("kafka.state_topic = \"\": {what} keeps its progress in the state topic; set kafka.state_topic")]
+    NoStateTopic { what: &'static str },
+}
