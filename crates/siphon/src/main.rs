@@ -261,14 +261,10 @@ fn resend(
     request: resend::Request,
     metrics_listen: Option<&str>,
 ) -> ExitCode {
-    let config = match config::Config::load(path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
-        }
+    let config = match load_with_logging(path) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    settings::init_logging(config.log.format);
     let result = (|| -> anyhow::Result<Result<u64, resend::ResendError>> {
         let settings = settings::build(&config)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -327,17 +323,28 @@ fn import_debezium(path: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The configuration at `path`, with logging set up as it says; a configuration that does not
+/// load is told on stderr (no logging yet) as exit status 1.
+fn load_with_logging(path: &Path) -> Result<config::Config, ExitCode> {
+    match config::Config::load(path) {
+        Ok(config) => {
+            settings::init_logging(config.log.format);
+            Ok(config)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
 fn run(path: &Path) -> ExitCode {
     // Before any thread starts.
     let allocator_tuned = alloc::tune();
-    let config = match config::Config::load(path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
-        }
+    let config = match load_with_logging(path) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    settings::init_logging(config.log.format);
     let result = (|| -> anyhow::Result<Result<(), error::PipelineError>> {
         let settings = settings::build(&config)?;
         // One thread for the data path: the replication reader, the session and its SQL tasks
