@@ -87,6 +87,13 @@ fn jvm_options() -> Vec<String> {
     }
 }
 
+/// Whether a node runs in a session of its own (`$SIPHON_BROKER_OWN_SESSION` = `1`), as a
+/// service does: Linux's scheduler then gives it its own share of the cores (autogroup), apart
+/// from the process that started it. The bench sets it.
+fn own_session() -> bool {
+    std::env::var("SIPHON_BROKER_OWN_SESSION").is_ok_and(|v| v == "1")
+}
+
 /// Where a node listens and how it takes part in its quorum.
 #[derive(Debug, Clone)]
 pub struct NodeSpec {
@@ -378,6 +385,19 @@ impl KafkaNode {
                     } else {
                         Err(std::io::Error::last_os_error())
                     }
+                });
+            }
+        }
+        if own_session() {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: setsid(2) is async-signal-safe, and nothing else runs in the child
+            // between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::setsid() < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
                 });
             }
         }

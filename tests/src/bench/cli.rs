@@ -70,9 +70,14 @@ pub struct Args {
     pub drain_timeout_secs: u64,
 
     /// Also drain the backlog with pg_recvlogical, Siphon to the broker and Siphon's discard
-    /// sink while two busy threads of the bench compete for the CPU, and compare them.
+    /// sink while a program of two busy threads competes for the CPU, and compare them.
     #[arg(long)]
     pub contention: bool,
+
+    /// With --contention: run the two busy threads inside the bench process instead of a
+    /// program of their own (as up to run 13).
+    #[arg(long)]
+    pub hog_in_process: bool,
 
     /// Skip the Debezium row (it needs Java and the jars of scripts/install-debezium.sh).
     #[arg(long)]

@@ -105,6 +105,9 @@ fn connect_notes(connect: &[(&'static str, Result<Drain, String>)]) -> String {
 pub struct Contention {
     /// Busy threads of the hog.
     pub threads: usize,
+    /// Whether they ran in the bench process (`--hog-in-process`) rather than a program of
+    /// their own.
+    pub in_process: bool,
     pub recvlogical: Drain,
     pub kafka: Drain,
     pub discard: Drain,
@@ -452,8 +455,13 @@ impl Results {
         out += "\n";
         if let Some(c) = &self.contention {
             out += &format!(
-                "\nunder contention ({} busy threads in the bench process; ratio to pg_recvlogical under the same hog):\n",
-                c.threads
+                "\nunder contention ({} busy threads {}; ratio to pg_recvlogical under the same hog):\n",
+                c.threads,
+                if c.in_process {
+                    "in the bench process"
+                } else {
+                    "in a program of their own"
+                }
             );
             out += &self.drain_table(&Self::contended_rows(c), c.recvlogical.secs);
             out += &format!(
@@ -652,6 +660,7 @@ impl Results {
                 .collect();
             json!({
                 "hog_threads": c.threads,
+                "hog_in_process": c.in_process,
                 "drains": rows,
                 "kafka_ratio_to_pg_recvlogical": ratio(c.recvlogical.secs, c.kafka.secs),
             })
@@ -1123,6 +1132,7 @@ mod tests {
     fn contended_rows_use_the_contended_reference() {
         let c = Contention {
             threads: 2,
+            in_process: false,
             recvlogical: drain(3.0, None, DrainEnd::ProcessExit),
             kafka: drain(6.0, Some(1000.0), DrainEnd::SlotConfirmed),
             discard: drain(3.0, Some(1000.0), DrainEnd::SlotConfirmed),

@@ -53,6 +53,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 fn main() {
+    if let Some(threads) = hog::program_threads() {
+        hog::run_program(threads);
+    }
     let args = cli::Args::parse();
     if let Err(e) = args.validate() {
         eprintln!("bench: ERROR: {e:#}");
@@ -63,6 +66,8 @@ fn main() {
     //
     // The harness starts the bench's broker with SIPHON_BROKER_JVM_OPTS.
     std::env::set_var("SIPHON_BROKER_JVM_OPTS", services::kafka_jvm_opts());
+    // ... in a session of its own, as the service it is (see `hog`).
+    std::env::set_var("SIPHON_BROKER_OWN_SESSION", "1");
     let svc = services::Services::start(
         args.pg_url.clone(),
         args.bootstrap.clone(),
@@ -372,9 +377,17 @@ async fn measure(
     };
 
     let contention = if args.contention {
-        eprintln!("bench: starting a CPU hog of {} busy threads", hog::THREADS);
-        let hog = hog::CpuHog::start(hog::THREADS)?;
-        // On an error below, `hog` is dropped with the future, which stops its threads.
+        let hog = if args.hog_in_process {
+            eprintln!(
+                "bench: starting {} busy threads in the bench process",
+                hog::THREADS
+            );
+            hog::Hog::in_process(hog::THREADS)?
+        } else {
+            eprintln!("bench: starting a program of {} busy threads", hog::THREADS);
+            hog::Hog::program(hog::THREADS)?
+        };
+        // On an error below, `hog` is dropped with the future, which stops it.
         eprintln!("bench: draining {hog_a} with pg_recvlogical under the hog ...");
         let recvlogical =
             drain::recvlogical(svc, &hog_a, workload::PUBLICATION, &end_text, timeout).await?;
@@ -410,6 +423,7 @@ async fn measure(
         eprintln!("bench: stopped the CPU hog");
         Some(report::Contention {
             threads: hog::THREADS,
+            in_process: args.hog_in_process,
             recvlogical,
             kafka,
             discard,
