@@ -395,7 +395,7 @@ pub struct Rebuilt {
 enum Backend {
     Kafka {
         client: Client,
-        topics: TopicCreator,
+        topics: Box<TopicCreator>,
     },
     Discard {
         deliveries: mpsc::UnboundedSender<Delivery>,
@@ -417,7 +417,10 @@ impl KafkaSink {
             let properties = config.client_properties()?;
             Backend::Kafka {
                 client: Client::create(&properties, &tx, &observer, 0)?,
-                topics: TopicCreator::new(&properties, config.topic_creation.clone())?,
+                topics: Box::new(TopicCreator::new(
+                    &properties,
+                    config.topic_creation.clone(),
+                )?),
             }
         };
         let sink = KafkaSink {
