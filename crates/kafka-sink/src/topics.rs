@@ -1,8 +1,10 @@
 //! Creation of output topics.
 //!
 //! # Invariants
-//! - A topic is created at most once per sink; "already exists" counts as success.
+//! - A topic is created at most once per sink, unless the producer lost it
+//!   ([`TopicCreator::forget`]); "already exists" counts as success.
 //! - A topic is only remembered as present after the broker confirmed it.
+//! - A forgotten topic is checked again before its next record, even with creation disabled.
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
@@ -12,7 +14,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,11 @@ pub struct TopicCreator {
     admin: Option<Arc<AdminClient<DefaultClientContext>>>,
     settings: TopicCreation,
     known: FxHashSet<String>,
+    /// Partitions of known topics, as the metadata showed them when they were last checked.
+    partitions: FxHashMap<String, i32>,
+    /// Topics the producer lost (its metadata lacked them): checked again before their next
+    /// record, whether creation is enabled or not.
+    forgotten: FxHashSet<String>,
 }
 
 /// Properties that only make sense for a producer; the admin client rejects or ignores them.
@@ -81,6 +88,8 @@ impl TopicCreator {
             admin,
             settings,
             known: FxHashSet::default(),
+            partitions: FxHashMap::default(),
+            forgotten: FxHashSet::default(),
         })
     }
 
@@ -89,14 +98,35 @@ impl TopicCreator {
         self.known.contains(topic)
     }
 
-    /// Remembers `topic` as present (after a [`TopicCreator::creation`] of it succeeded).
-    pub fn remember(&mut self, topic: &str) {
+    /// Remembers `topic` as present (after a [`TopicCreator::creation`] of it succeeded), with
+    /// `partitions` if the metadata showed them.
+    pub fn remember(&mut self, topic: &str, partitions: Option<i32>) {
         self.known.insert(topic.to_owned());
+        self.forgotten.remove(topic);
+        match partitions {
+            Some(n) => self.partitions.insert(topic.to_owned(), n),
+            None => self.partitions.remove(topic),
+        };
+    }
+
+    /// The producer lost `topic` (its metadata lacked the topic or a partition of it): it is
+    /// checked again (and created again if creation is enabled) before its next record.
+    pub fn forget(&mut self, topic: &str) {
+        self.known.remove(topic);
+        self.partitions.remove(topic);
+        self.forgotten.insert(topic.to_owned());
+    }
+
+    /// The partitions `topic` had when it was last checked.
+    pub fn partitions(&self, topic: &str) -> Option<i32> {
+        self.partitions.get(topic).copied()
     }
 
     /// The creation of `topic` as a future that borrows nothing from the creator, to be run
     /// beside the caller's loop; `None` when there is nothing to do (the topic is known, or
-    /// creation is disabled). On success the caller [`TopicCreator::remember`]s the topic.
+    /// creation is disabled and the topic was not forgotten). With creation disabled a
+    /// forgotten topic's future does nothing (the caller checks its metadata). On success the
+    /// caller [`TopicCreator::remember`]s the topic.
     ///
     /// The request is bounded by [`CREATE_TIMEOUT`]: with the brokers unreachable it fails
     /// with a transient [`SinkError`] once that passed.
@@ -107,10 +137,18 @@ impl TopicCreator {
         if self.known.contains(topic) {
             return None;
         }
-        let admin = Arc::clone(self.admin.as_ref()?);
+        let admin = self.admin.clone();
+        if admin.is_none() && !self.forgotten.contains(topic) {
+            return None;
+        }
         let settings = self.settings.clone();
         let topic = topic.to_owned();
-        Some(async move { create(&admin, &settings, &topic).await })
+        Some(async move {
+            match admin {
+                Some(admin) => create(&admin, &settings, &topic).await,
+                None => Ok(()),
+            }
+        })
     }
 
     /// Makes sure `topic` exists (creating it if needed).
@@ -118,7 +156,7 @@ impl TopicCreator {
         // Known topics (every record but a topic's first) take no allocation here.
         if let Some(creation) = self.creation(topic) {
             creation.await?;
-            self.remember(topic);
+            self.remember(topic, None);
         }
         Ok(())
     }
