@@ -4,7 +4,7 @@
 //! then drained once the broker answers again. Every event arrives, once; the test prints how
 //! long the drain took.
 //!
-//! The bound is 64 MB of peak RSS for the release binary, which idles at about 20 MB here:
+//! The bound is 72 MB of peak RSS for the release binary, which idles at about 20 MB here:
 //! the test bounds what the backlog adds to the idle process ([`GROWTH_BOUND_BYTES`]), so it
 //! holds the debug binary the test command builds (which idles at about 32 MB) to the same
 //! bound. It refuses to run with allocator variables in its environment (`MALLOC_*`,
@@ -15,7 +15,12 @@
 //! per-thread arenas play no part). What it was: the stream's read-ahead, one more window of
 //! undecoded rows (32 MiB), and glibc's raised mmap threshold, which kept freed record memory
 //! resident during the drain (6-7 MB). Read-ahead is now at most 4 MiB and the threshold
-//! fixed (`crates/siphon/src/alloc.rs`): 57 MB and 58 MB.
+//! fixed (`crates/siphon/src/alloc.rs`): 57 MB and 58 MB. Since the threshold is 1 MiB
+//! instead of 128 KiB (so that the Kafka client's request buffers, up to `message.max.bytes`,
+//! come from the heap instead of fresh mappings faulted in page by page: see `alloc.rs`),
+//! records of 512 KB come from the heap too: 57.5 MB while the broker took nothing, 64.1 MB at
+//! the end of the drain (release binary; the debug binary grows 39-43 MB), hence 72 MB (the
+//! regression it guards against, 85-93 MB, stays out of it).
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
@@ -31,14 +36,14 @@ use std::time::{Duration, Instant};
 const ROWS: i64 = 600;
 const ROW_BYTES: i64 = 512 * 1024;
 /// The peak RSS bound for the release binary.
-const BOUND_BYTES: u64 = 64 * 1024 * 1024;
+const BOUND_BYTES: u64 = 72 * 1024 * 1024;
 /// The release binary's RSS when idle (measured: 19.6-20.9 MB).
 const RELEASE_IDLE_BYTES: u64 = 20 * 1024 * 1024;
 /// What the backlog may add to the idle process.
 const GROWTH_BOUND_BYTES: u64 = BOUND_BYTES - RELEASE_IDLE_BYTES;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_payloads_behind_a_stopped_broker_stay_under_64_mb_at_the_default_window(
+async fn large_payloads_behind_a_stopped_broker_stay_under_72_mb_at_the_default_window(
 ) -> Result<()> {
     let tuning: Vec<String> = std::env::vars()
         .map(|(k, _)| k)

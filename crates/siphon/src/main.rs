@@ -360,8 +360,9 @@ fn run(path: &Path) -> ExitCode {
             info!(version = env!("CARGO_PKG_VERSION"), "siphon starting");
             if allocator_tuned {
                 tracing::debug!(
-                    bytes = alloc::MMAP_THRESHOLD_BYTES,
-                    "allocations of this size or more are mapped on their own"
+                    mmap_bytes = alloc::MMAP_THRESHOLD_BYTES,
+                    trim_bytes = alloc::TRIM_THRESHOLD_BYTES,
+                    "allocations of the first size or more are mapped on their own; free heap beyond the second is given back"
                 );
             }
             if settings.sink.discard {
