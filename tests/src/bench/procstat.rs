@@ -13,6 +13,8 @@ pub struct Usage {
     pub sys_secs: f64,
     /// Voluntary context switches (a thread blocked and was woken again) over all threads.
     pub voluntary_switches: u64,
+    /// Minor page faults (a page mapped on first touch, zeroed by the kernel) over all threads.
+    pub minor_faults: u64,
 }
 
 /// Reads `/proc/PID/status` and `/proc/PID/stat` of a live process.
@@ -22,11 +24,13 @@ pub fn sample(pid: u32) -> Result<Usage> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat"))?;
     let (user, sys) = cpu_ticks(&stat)?;
+    let minor_faults = stat_field(&stat, 7)?;
     Ok(Usage {
         peak_rss_bytes: peak_rss(&status)?,
         cpu_secs: (user + sys) as f64 / clock_ticks_per_sec(),
         sys_secs: sys as f64 / clock_ticks_per_sec(),
         voluntary_switches: voluntary_switches(pid),
+        minor_faults,
     })
 }
 
@@ -109,20 +113,23 @@ fn peak_rss(status: &str) -> Result<u64> {
 /// (utime, stime): fields 14 and 15 of /proc/PID/stat, in clock ticks. The command name
 /// (field 2) is in parentheses and may contain spaces, so fields are counted after its `)`.
 fn cpu_ticks(stat: &str) -> Result<(u64, u64)> {
+    // After ")": field 3 (state) is index 0, so utime (14) is index 11, stime (15) index 12.
+    Ok((stat_field(stat, 11)?, stat_field(stat, 12)?))
+}
+
+/// A numeric field of /proc/PID/stat by its index after the command name's `)` (field 3,
+/// the state, is index 0; minflt, field 10, index 7).
+fn stat_field(stat: &str, index: usize) -> Result<u64> {
     let after = stat
         .rfind(')')
         .map(|i| &stat[i + 1..])
         .context("malformed /proc/PID/stat")?;
-    // After ")": field 3 (state) is index 0, so utime (14) is index 11, stime (15) index 12.
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| -> Result<u64> {
-        fields
-            .get(i)
-            .context("/proc/PID/stat has too few fields")?
-            .parse::<u64>()
-            .context("CPU time in /proc/PID/stat is not a number")
-    };
-    Ok((field(11)?, field(12)?))
+    after
+        .split_whitespace()
+        .nth(index)
+        .context("/proc/PID/stat has too few fields")?
+        .parse::<u64>()
+        .context("a field of /proc/PID/stat is not a number")
 }
 
 fn clock_ticks_per_sec() -> f64 {
@@ -145,6 +152,8 @@ mod tests {
         assert_eq!(peak_rss(status).ok(), Some(2048 * 1024));
         let stat = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 4 0 1 2 3";
         assert_eq!(cpu_ticks(stat).ok(), Some((250, 50)));
+        // minflt, field 10.
+        assert_eq!(stat_field(stat, 7).ok(), Some(100));
     }
 
     #[test]

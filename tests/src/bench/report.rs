@@ -564,6 +564,7 @@ impl Results {
             "cpu_secs_per_million_events": d.usage.map(|u| u.cpu_secs * 1e6 / b.events as f64),
             "system_cpu_share": d.usage.map(|u| u.sys_secs / u.cpu_secs.max(f64::MIN_POSITIVE)),
             "voluntary_context_switches_per_event": d.usage.map(|u| u.voluntary_switches as f64 / b.events as f64),
+            "minor_page_faults_per_event": d.usage.map(|u| u.minor_faults as f64 / b.events as f64),
             "records_produced": d.records_produced,
             "first_record_seconds": d.first_record_secs,
             "walsender_cpu_secs": d.walsender_cpu,
@@ -877,6 +878,7 @@ mod tests {
                 cpu_secs: 1.0,
                 sys_secs: 0.25,
                 voluntary_switches: 10,
+                minor_faults: 100,
             }),
             records_produced: records,
             walsender_cpu: None,
@@ -938,6 +940,7 @@ mod tests {
                 cpu_secs: 0.5,
                 sys_secs: 0.1,
                 voluntary_switches: 10,
+                minor_faults: 100,
             },
             probe: Err("no probe".into()),
         }
