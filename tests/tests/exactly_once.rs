@@ -6,6 +6,8 @@
 //!   none rolled back), first deliveries in commit order per aggregate; a read_uncommitted
 //!   consumer sees the repeats that aborted transactions left in the log (what at-least-once
 //!   delivery would have shown to everyone).
+//! - One PostgreSQL transaction split over hundreds of Kafka transactions, killed inside it:
+//!   each event once, memory bounded by the window, not by the transaction.
 //! - A zombie: a Siphon frozen with an open transaction while a second one takes the slot is
 //!   fenced when it wakes: nothing it wrote after the second one started becomes visible.
 
@@ -266,6 +268,120 @@ async fn dead_letters_are_committed_with_their_transaction_once() -> Result<()> 
     assert_eq!(
         dead.keys().cloned().collect::<BTreeSet<_>>(),
         large,
+        "{}",
+        siphon.log()
+    );
+    Ok(())
+}
+
+/// Events of the transaction [`insert_one_large_transaction`] commits.
+const LARGE_TRANSACTION_EVENTS: u64 = 40_000;
+
+/// Commits one transaction of [`LARGE_TRANSACTION_EVENTS`] events (ids as [`event`] numbers
+/// them, 1 ..= N; 17 aggregates of each type) whose payloads carry 1,000 bytes each: about
+/// 45 MB of records, written with one statement.
+async fn insert_one_large_transaction(client: &Client) -> Result<()> {
+    client
+        .batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+             SELECT ('00000000-0000-4000-8000-' || lpad(s::text, 12, '0'))::uuid,
+                    CASE WHEN s % 3 = 0 THEN 'Customer' ELSE 'Order' END,
+                    CASE WHEN s % 3 = 0 THEN 'customer-' ELSE 'order-' END || (s % 17),
+                    'Event',
+                    jsonb_build_object('seq', s, 'pad', repeat('x', 1000))
+             FROM generate_series(1, {LARGE_TRANSACTION_EVENTS}) AS s;
+             DELETE FROM outbox;
+             COMMIT;"
+        ))
+        .await
+        .context("inserting one large transaction")
+}
+
+/// One PostgreSQL transaction far larger than the in-flight window and than a Kafka
+/// transaction's byte bound is split over hundreds of Kafka transactions. Killed with -9 once
+/// some of them committed, the next session resumes inside the PostgreSQL transaction: a
+/// read_committed consumer sees each event once, first deliveries in commit order per
+/// aggregate; and Siphon's memory grows by a bounded amount, not by the transaction's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_split_over_kafka_transactions_is_seen_once_across_kill_9() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let config = exactly_once_config(&pg, &broker, "eossplit")
+        .replacen(
+            "delivery = \"exactly-once\"",
+            "delivery = \"exactly-once\"\ntransaction_max_bytes = 32768",
+            1,
+        )
+        .replacen(
+            "max_in_flight_records = 500",
+            "max_in_flight_records = 500\nmax_in_flight_bytes = 131072",
+            1,
+        );
+    // The commit of each Kafka transaction is logged at debug.
+    let siphon = SiphonProcess::start_with(
+        &siphon_tests::siphon_bin()?,
+        &config,
+        &[("RUST_LOG", "siphon=debug,info")],
+    )?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "eossplit").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (idle_rss, _) = siphon.memory()?;
+
+    insert_one_large_transaction(&client).await?;
+    siphon
+        .wait_for_log("Kafka transaction commit ended", Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    // A few more commits, then the kill.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, peak_rss) = siphon.memory()?;
+    siphon.kill9()?;
+    let before_kill = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
+    assert!(
+        !before_kill.is_empty() && (before_kill.len() as u64) < LARGE_TRANSACTION_EVENTS,
+        "the kill did not fall inside the transaction ({} of {LARGE_TRANSACTION_EVENTS} committed), so the test shows nothing",
+        before_kill.len()
+    );
+    let growth = peak_rss.saturating_sub(idle_rss);
+    eprintln!(
+        "{} of {LARGE_TRANSACTION_EVENTS} events committed before the kill; RSS idle {:.1} MB, peak {:.1} MB",
+        before_kill.len(),
+        idle_rss as f64 / 1e6,
+        peak_rss as f64 / 1e6
+    );
+    // The transaction's records are ~45 MB; the window is 128 KiB.
+    assert!(
+        growth < 16_000_000,
+        "memory grew by {:.1} MB while one large transaction streamed",
+        growth as f64 / 1e6
+    );
+
+    siphon.start_again()?;
+    let expected: BTreeSet<String> = (1..=LARGE_TRANSACTION_EVENTS)
+        .map(|s| event(s, true).id)
+        .collect();
+    wait_for_all(&broker, &expected, Duration::from_secs(180))
+        .await
+        .with_context(|| siphon.log())?;
+    wait_for_slot_caught_up(&client, "eossplit").await?;
+    let committed_view = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
+    let seen = counts(&committed_view);
+    let repeated = seen.values().filter(|n| **n > 1).count();
+    assert_eq!(repeated, 0, "read_committed saw {repeated} events repeated");
+    assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    check_first_deliveries_in_order(&committed_view)?;
+    assert!(
+        siphon
+            .log()
+            .contains("resuming after the last committed progress"),
         "{}",
         siphon.log()
     );
