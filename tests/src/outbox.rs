@@ -271,6 +271,20 @@ pub fn siphon_config(pg: &Postgres, broker: &impl KafkaTarget, slot: &str, extra
     )
 }
 
+/// [`siphon_config`] with exactly-once delivery, the progress topic in `broker`'s namespace.
+pub fn exactly_once_config(pg: &Postgres, broker: &Broker, slot: &str) -> String {
+    let config = siphon_config(pg, broker, slot, "");
+    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
+    config.replacen(
+        &bootstrap,
+        &format!(
+            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
+            broker.topic("siphon.progress")
+        ),
+        1,
+    )
+}
+
 /// Siphon's defaults around slot `s`, publication `p` and `tables` (TOML strings, e.g.
 /// `"\"public.outbox\""`), connecting with `url`, records routed into `broker`'s namespace.
 pub fn defaults_config(url: &str, broker: &impl KafkaTarget, tables: &str) -> String {

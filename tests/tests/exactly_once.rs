@@ -13,28 +13,14 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction,
-    read_event_records_isolated, record_id, siphon_config, slot_active, slot_confirmed_lsn,
+    check_first_deliveries_in_order, current_insert_lsn, event, exactly_once_config,
+    insert_transaction, read_event_records_isolated, record_id, slot_active, slot_confirmed_lsn,
     wait_for_all, Event, OUTBOX_DDL,
 };
 use siphon_tests::{wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio_postgres::Client;
-
-/// [`siphon_config`] with exactly-once delivery, the progress topic in the test's namespace.
-fn exactly_once_config(pg: &Postgres, broker: &Broker, slot: &str) -> String {
-    let config = siphon_config(pg, broker, slot, "");
-    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
-    config.replacen(
-        &bootstrap,
-        &format!(
-            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
-            broker.topic("siphon.progress")
-        ),
-        1,
-    )
-}
 
 fn counts(records: &[ConsumedRecord]) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();

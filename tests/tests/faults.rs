@@ -4,8 +4,8 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, event, insert_transaction, phantom_ids, siphon_config,
-    slot_active, slot_retained_wal, wait_for_all, Event, OUTBOX_DDL,
+    check_first_deliveries_in_order, event, exactly_once_config, insert_transaction, phantom_ids,
+    siphon_config, slot_active, slot_retained_wal, wait_for_all, Event, OUTBOX_DDL,
 };
 use siphon_tests::{wait_for, wait_until, Broker, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
@@ -115,14 +115,37 @@ async fn a_postgres_restart_mid_stream_is_survived() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_outbox_does_not_hold_back_wal_of_a_busy_database() -> Result<()> {
+    quiet_outbox_beside_a_busy_database(Delivery::AtLeastOnce).await
+}
+
+/// The same with exactly-once delivery: no Kafka transaction is open while the outbox is
+/// quiet, and the slot still follows the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_outbox_does_not_hold_back_wal_with_exactly_once_delivery() -> Result<()> {
+    quiet_outbox_beside_a_busy_database(Delivery::ExactlyOnce).await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+/// About 200 MB of WAL from another table while the outbox stays idle: the slot follows the
+/// server. Then one outbox event still arrives.
+async fn quiet_outbox_beside_a_busy_database(delivery: Delivery) -> Result<()> {
     let pg = Postgres::start()?;
     let broker = Broker::start()?;
-    let client = pg.connect().await?;
+    let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     client
         .batch_execute("CREATE TABLE busy (id bigint PRIMARY KEY, filler text)")
         .await?;
-    let siphon = SiphonProcess::start(&siphon_config(&pg, &broker, "quiet", ""))?;
+    let config = match delivery {
+        Delivery::AtLeastOnce => siphon_config(&pg, &broker, "quiet", ""),
+        Delivery::ExactlyOnce => exactly_once_config(&pg, &broker, "quiet"),
+    };
+    let siphon = SiphonProcess::start(&config)?;
     wait_until(
         Duration::from_secs(60),
         Duration::from_millis(100),
@@ -169,7 +192,15 @@ async fn a_quiet_outbox_does_not_hold_back_wal_of_a_busy_database() -> Result<()
     })
     .await
     .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
-    eprintln!("wrote {written} bytes of WAL; the slot retains {retained}");
+    eprintln!("wrote {written} bytes of WAL; the slot retains {retained} ({delivery:?})");
+
+    // Streaming goes on: an event after the quiet stretch arrives.
+    let after = event(1, true);
+    insert_transaction(&mut client, std::slice::from_ref(&after), true).await?;
+    let expected: BTreeSet<String> = [after.id.clone()].into();
+    wait_for_all(&broker, &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     Ok(())
 }
 
