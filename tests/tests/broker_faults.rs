@@ -1,6 +1,6 @@
 //! Broker faults on a real three-node Apache Kafka cluster (KRaft, replication factor 3,
 //! `min.insync.replicas=2`, no unclean leader election): a partition leader killed with
-//! `kill -9`, two of three brokers down, a rolling restart, the cluster frozen past the delivery
+//! `kill -9`, two of three brokers down (also with exactly-once delivery), a rolling restart, the cluster frozen past the delivery
 //! deadline, a topic deleted and a topic given more partitions while Siphon writes.
 //!
 //! Each scenario runs against the same cluster (a JVM start costs seconds; the scenarios run one
@@ -36,10 +36,22 @@ struct Scenario {
     pg: Postgres,
     slot: String,
     target: Via,
+    exactly_once: bool,
 }
 
 impl Scenario {
     async fn start(cluster: &KafkaCluster, name: &str, properties: &str) -> Result<Self> {
+        Self::start_with(cluster, name, properties, false).await
+    }
+
+    /// Like [`Scenario::start`], with `kafka.delivery = "exactly-once"` when `exactly_once`
+    /// (the progress topic in the scenario's namespace).
+    async fn start_with(
+        cluster: &KafkaCluster,
+        name: &str,
+        properties: &str,
+        exactly_once: bool,
+    ) -> Result<Self> {
         let pg = Postgres::start()?;
         let client = pg.connect().await?;
         client.batch_execute(OUTBOX_DDL).await?;
@@ -57,12 +69,26 @@ impl Scenario {
             "max_in_flight_records = 500",
         )
         .replace("replication_factor = 1", "replication_factor = 3");
+        let config = if exactly_once {
+            let bootstrap = format!("bootstrap_servers = \"{}\"", target.bootstrap());
+            config.replacen(
+                &bootstrap,
+                &format!(
+                    "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
+                    target.topic("siphon.progress")
+                ),
+                1,
+            )
+        } else {
+            config
+        };
         let siphon = start_streaming(&client, &config, name).await?;
         Ok(Scenario {
             siphon,
             pg,
             slot: name.to_owned(),
             target,
+            exactly_once,
         })
     }
 
@@ -80,6 +106,13 @@ impl Scenario {
             .with_context(|| format!("siphon log:\n{}", self.siphon.log()))?;
         let phantom = phantom_ids(&records, &expected);
         ensure!(phantom.is_empty(), "events never committed: {phantom:?}");
+        // Read with read_committed: with exactly-once delivery, each event once.
+        ensure!(
+            !self.exactly_once || records.len() == expected.len(),
+            "exactly-once delivery, yet {} records for {} events",
+            records.len(),
+            expected.len()
+        );
         check_first_deliveries_in_order(&records)
             .with_context(|| format!("siphon log:\n{}", self.siphon.log()))?;
         let client = self.pg.connect().await?;
@@ -226,7 +259,18 @@ async fn leader_killed_mid_stream(cluster: &KafkaCluster) -> Result<()> {
 /// lost) while events are committed: the slot does not move past them, WAL is retained, no
 /// tight retry loop, and everything arrives after recovery.
 async fn two_of_three_down(cluster: &KafkaCluster) -> Result<()> {
-    let s = Scenario::start(cluster, "quorumlost", "").await?;
+    quorum_lost(cluster, "quorumlost", false).await
+}
+
+/// Scenario 2, with exactly-once delivery: the transaction coordinator's log and the progress
+/// topic lose their quorum too, so no Kafka transaction can end; Siphon waits with backoff and
+/// afterwards a read_committed consumer sees each event once.
+async fn two_of_three_down_exactly_once(cluster: &KafkaCluster) -> Result<()> {
+    quorum_lost(cluster, "quorumlosteos", true).await
+}
+
+async fn quorum_lost(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<()> {
+    let s = Scenario::start_with(cluster, name, "", exactly_once).await?;
     let client = s.pg.connect().await?;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
@@ -523,6 +567,7 @@ async fn broker_faults_on_a_three_node_cluster() -> Result<()> {
     }
     scenario!(leader_killed_mid_stream);
     scenario!(two_of_three_down);
+    scenario!(two_of_three_down_exactly_once);
     scenario!(rolling_restart);
     scenario!(cluster_frozen_past_the_deadline);
     scenario!(topic_deleted_while_writing);
