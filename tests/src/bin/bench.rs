@@ -174,6 +174,7 @@ async fn measure(
     let all_connect_slots =
         connect::Producer::ALL.map(|p| (p, slot(&format!("all_connect_{}", p.slug()))));
     let [hog_a, hog_b, hog_c] = ["a_hog", "b_hog", "c_hog"].map(slot);
+    let [hog_all_a, hog_all_b] = ["all_a_hog", "all_b_hog"].map(slot);
 
     let debezium = if args.no_debezium {
         Err("skipped: --no-debezium".to_owned())
@@ -214,6 +215,9 @@ async fn measure(
     }
     if args.contention {
         slots.extend([&hog_a, &hog_b, &hog_c]);
+        if !args.no_all_operations {
+            slots.extend([&hog_all_a, &hog_all_b]);
+        }
     }
     for slot in slots {
         workload::create_slot(db, slot).await?;
@@ -419,6 +423,41 @@ async fn measure(
         .await?;
         workload::drop_slot(db, &hog_c).await?;
         eprintln!("bench: siphon->discard (hog): {:.2} s", discard.secs);
+        let all_operations = if args.no_all_operations {
+            None
+        } else {
+            let shape = workload::Shape::AllOperations;
+            eprintln!(
+                "bench: draining {hog_all_a} with pg_recvlogical ({}) under the hog ...",
+                shape.slug()
+            );
+            let recvlogical =
+                drain::recvlogical(svc, &hog_all_a, shape.publication(), &end_text, timeout)
+                    .await?;
+            workload::drop_slot(db, &hog_all_a).await?;
+            eprintln!(
+                "bench: draining {hog_all_b} with siphon (kafka sink, {}) under the hog ...",
+                shape.slug()
+            );
+            let kafka = drain::siphon(
+                svc,
+                db,
+                &hog_all_b,
+                shape.publication(),
+                drain::Sink::Kafka,
+                end_lsn,
+                timeout,
+            )
+            .await?;
+            workload::drop_slot(db, &hog_all_b).await?;
+            eprintln!(
+                "bench: pg_recvlogical / siphon->kafka (hog, {}): {:.2} s / {:.2} s",
+                shape.slug(),
+                recvlogical.secs,
+                kafka.secs
+            );
+            Some(report::ContendedShape { recvlogical, kafka })
+        };
         hog.stop();
         eprintln!("bench: stopped the CPU hog");
         Some(report::Contention {
@@ -427,6 +466,7 @@ async fn measure(
             recvlogical,
             kafka,
             discard,
+            all_operations,
         })
     } else {
         None
