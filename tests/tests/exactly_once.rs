@@ -11,35 +11,18 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction,
-    read_event_records_isolated, record_id, siphon_config, slot_active, slot_confirmed_lsn,
-    wait_for_all, Event, OUTBOX_DDL,
+    check_first_deliveries_in_order, count_by_id, event, insert_transaction,
+    read_event_records_isolated, siphon_config, slot_active, wait_for_all, wait_for_slot_caught_up,
+    with_exactly_once, Event, OUTBOX_DDL,
 };
-use siphon_tests::{wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess};
-use std::collections::{BTreeMap, BTreeSet};
+use siphon_tests::{wait_until, Broker, Isolation, Postgres, SiphonProcess};
+use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio_postgres::Client;
 
 /// [`siphon_config`] with exactly-once delivery, the progress topic in the test's namespace.
 fn exactly_once_config(pg: &Postgres, broker: &Broker, slot: &str) -> String {
-    let config = siphon_config(pg, broker, slot, "");
-    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
-    config.replacen(
-        &bootstrap,
-        &format!(
-            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
-            broker.topic("siphon.progress")
-        ),
-        1,
-    )
-}
-
-fn counts(records: &[ConsumedRecord]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for record in records {
-        *counts.entry(record_id(record)).or_default() += 1;
-    }
-    counts
+    with_exactly_once(&siphon_config(pg, broker, slot, ""), broker)
 }
 
 /// Commits `transactions` transactions of 1 to 20 events (and one rolled back in ten) from
@@ -70,18 +53,6 @@ async fn write(
         tokio::time::sleep(pause).await;
     }
     Ok((committed, rolled_back))
-}
-
-/// Waits until the slot is confirmed up to the server's current position.
-async fn wait_for_slot_caught_up(client: &Client, slot: &str) -> Result<()> {
-    let target = current_insert_lsn(client).await?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { Ok(slot_confirmed_lsn(client, slot).await?.unwrap_or(0) >= target) },
-    )
-    .await
-    .context("the slot did not catch up")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +98,7 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let committed_view = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
-    let seen = counts(&committed_view);
+    let seen = count_by_id(&committed_view);
     let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
         repeated.is_empty(),
@@ -180,7 +151,7 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
     assert!(said.contains("delivery: exactly-once"), "{said}");
     assert!(said.contains("committed progress: "), "{said}");
     assert!(!said.contains("committed progress: none"), "{said}");
-    let seen = counts(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
+    let seen = count_by_id(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
     assert!(seen.values().all(|n| *n == 1), "repeats after the stop");
     Ok(())
 }
@@ -244,7 +215,8 @@ async fn dead_letters_are_committed_with_their_transaction_once() -> Result<()> 
         .await
         .with_context(|| siphon.log())?;
     wait_for_slot_caught_up(&client, "eosdlq").await?;
-    let events = counts(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
+    let events =
+        count_by_id(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
     assert!(events.values().all(|n| *n == 1), "repeats: {events:?}");
     assert_eq!(events.keys().cloned().collect::<BTreeSet<_>>(), small);
     let bootstrap = broker.bootstrap();
@@ -258,7 +230,7 @@ async fn dead_letters_are_committed_with_their_transaction_once() -> Result<()> 
         )
     })
     .await??;
-    let dead = counts(&dead);
+    let dead = count_by_id(&dead);
     assert!(
         dead.values().all(|n| *n == 1),
         "dead letters repeated: {dead:?}"
