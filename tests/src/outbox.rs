@@ -255,6 +255,18 @@ impl KafkaTarget for Via {
     }
 }
 
+/// Waits until the slot is confirmed up to the server's current position.
+pub async fn wait_for_slot_caught_up(client: &Client, slot: &str) -> Result<()> {
+    let target = current_insert_lsn(client).await?;
+    crate::wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { Ok(slot_confirmed_lsn(client, slot).await?.unwrap_or(0) >= target) },
+    )
+    .await
+    .context("the slot did not catch up")
+}
+
 /// A Siphon configuration for the scratch services: slot `slot`, publication `<slot>_pub`,
 /// topics created with 3 partitions, a short status interval, a 10 s delivery timeout, a
 /// 500-record window, records routed into the test's topic namespace
@@ -273,8 +285,14 @@ pub fn siphon_config(pg: &Postgres, broker: &impl KafkaTarget, slot: &str, extra
 
 /// [`siphon_config`] with exactly-once delivery, the progress topic in `broker`'s namespace.
 pub fn exactly_once_config(pg: &Postgres, broker: &Broker, slot: &str) -> String {
-    let config = siphon_config(pg, broker, slot, "");
+    with_exactly_once(&siphon_config(pg, broker, slot, ""), broker)
+}
+
+/// `config` (a [`siphon_config`]) with `kafka.delivery = "exactly-once"`, the progress topic in
+/// `broker`'s namespace.
+pub fn with_exactly_once(config: &str, broker: &impl KafkaTarget) -> String {
     let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
+    assert!(config.contains(&bootstrap), "not a siphon_config: {config}");
     config.replacen(
         &bootstrap,
         &format!(
@@ -456,6 +474,15 @@ pub fn record_id(record: &ConsumedRecord) -> String {
     String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned()
 }
 
+/// How many of `records` carry each `id` header.
+pub fn count_by_id(records: &[ConsumedRecord]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for record in records {
+        *counts.entry(record_id(record)).or_default() += 1;
+    }
+    counts
+}
+
 /// Waits (up to `timeout`) until every id in `expected` is in [`EVENT_TOPICS`] of `broker`;
 /// returns every record there (repeats and others included).
 pub async fn wait_for_all(
@@ -494,10 +521,7 @@ pub async fn wait_for_each_once(
     timeout: Duration,
 ) -> Result<Vec<ConsumedRecord>> {
     let records = wait_for_all(broker, expected, timeout).await?;
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for r in &records {
-        *counts.entry(record_id(r)).or_default() += 1;
-    }
+    let counts = count_by_id(&records);
     let repeated: Vec<&String> = counts
         .iter()
         .filter(|(_, n)| **n > 1)

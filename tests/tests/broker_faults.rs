@@ -17,7 +17,7 @@ use rdkafka::ClientConfig;
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, phantom_ids,
     record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal, start_streaming,
-    wait_for_all, wait_for_slot_past, Event, KafkaTarget, Via, OUTBOX_DDL,
+    wait_for_all, wait_for_slot_past, with_exactly_once, Event, KafkaTarget, Via, OUTBOX_DDL,
 };
 use siphon_tests::partition::partition_for_key;
 use siphon_tests::{wait_until, ConsumedRecord, KafkaCluster, Postgres, SiphonProcess};
@@ -70,15 +70,7 @@ impl Scenario {
         )
         .replace("replication_factor = 1", "replication_factor = 3");
         let config = if exactly_once {
-            let bootstrap = format!("bootstrap_servers = \"{}\"", target.bootstrap());
-            config.replacen(
-                &bootstrap,
-                &format!(
-                    "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
-                    target.topic("siphon.progress")
-                ),
-                1,
-            )
+            with_exactly_once(&config, &target)
         } else {
             config
         };

@@ -13,22 +13,14 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, current_insert_lsn, event, exactly_once_config,
-    insert_transaction, read_event_records_isolated, record_id, slot_active, slot_confirmed_lsn,
-    wait_for_all, Event, OUTBOX_DDL,
+    check_first_deliveries_in_order, count_by_id, event, exactly_once_config, insert_transaction,
+    read_event_records_isolated, slot_active, wait_for_all, wait_for_slot_caught_up, Event,
+    OUTBOX_DDL,
 };
-use siphon_tests::{wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess};
-use std::collections::{BTreeMap, BTreeSet};
+use siphon_tests::{wait_until, Broker, Isolation, Postgres, SiphonProcess};
+use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio_postgres::Client;
-
-fn counts(records: &[ConsumedRecord]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for record in records {
-        *counts.entry(record_id(record)).or_default() += 1;
-    }
-    counts
-}
 
 /// Commits `transactions` transactions of 1 to 20 events (and one rolled back in ten) from
 /// event `first` on, pausing `pause` between them; returns the committed and the rolled-back
@@ -58,18 +50,6 @@ async fn write(
         tokio::time::sleep(pause).await;
     }
     Ok((committed, rolled_back))
-}
-
-/// Waits until the slot is confirmed up to the server's current position.
-async fn wait_for_slot_caught_up(client: &Client, slot: &str) -> Result<()> {
-    let target = current_insert_lsn(client).await?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async { Ok(slot_confirmed_lsn(client, slot).await?.unwrap_or(0) >= target) },
-    )
-    .await
-    .context("the slot did not catch up")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,7 +95,7 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let committed_view = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
-    let seen = counts(&committed_view);
+    let seen = count_by_id(&committed_view);
     let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
         repeated.is_empty(),
@@ -168,7 +148,7 @@ async fn a_read_committed_consumer_sees_every_event_once_across_kill_9() -> Resu
     assert!(said.contains("delivery: exactly-once"), "{said}");
     assert!(said.contains("committed progress: "), "{said}");
     assert!(!said.contains("committed progress: none"), "{said}");
-    let seen = counts(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
+    let seen = count_by_id(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
     assert!(seen.values().all(|n| *n == 1), "repeats after the stop");
     Ok(())
 }
@@ -232,7 +212,8 @@ async fn dead_letters_are_committed_with_their_transaction_once() -> Result<()> 
         .await
         .with_context(|| siphon.log())?;
     wait_for_slot_caught_up(&client, "eosdlq").await?;
-    let events = counts(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
+    let events =
+        count_by_id(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
     assert!(events.values().all(|n| *n == 1), "repeats: {events:?}");
     assert_eq!(events.keys().cloned().collect::<BTreeSet<_>>(), small);
     let bootstrap = broker.bootstrap();
@@ -246,7 +227,7 @@ async fn dead_letters_are_committed_with_their_transaction_once() -> Result<()> 
         )
     })
     .await??;
-    let dead = counts(&dead);
+    let dead = count_by_id(&dead);
     assert!(
         dead.values().all(|n| *n == 1),
         "dead letters repeated: {dead:?}"
@@ -359,7 +340,7 @@ async fn a_transaction_split_over_kafka_transactions_is_seen_once_across_kill_9(
         .with_context(|| siphon.log())?;
     wait_for_slot_caught_up(&client, "eossplit").await?;
     let committed_view = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
-    let seen = counts(&committed_view);
+    let seen = count_by_id(&committed_view);
     let repeated = seen.values().filter(|n| **n > 1).count();
     assert_eq!(repeated, 0, "read_committed saw {repeated} events repeated");
     assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), expected);

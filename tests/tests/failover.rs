@@ -8,16 +8,23 @@
 //! the new primary has is delivered, in commit order per aggregate, and none comes from a
 //! transaction the new primary does not have.
 //!
+//! With `kafka.delivery = "exactly-once"` as well: the progress committed on the old primary's
+//! timeline holds on the new one up to where it branched off, so a read_committed consumer sees
+//! each of those events once.
+//!
 //! Runs when the harness's PostgreSQL has failover slots (17+); the test command runs the
 //! end-to-end suite against PostgreSQL 18 as well (`SIPHON_PG_BIN`).
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, event, phantom_ids, read_event_records, siphon_config,
-    slot_active, wait_for_all, OUTBOX_DDL,
+    check_first_deliveries_in_order, count_by_id, event, phantom_ids, read_event_records,
+    read_event_records_isolated, siphon_config, slot_active, wait_for_all, wait_for_slot_caught_up,
+    with_exactly_once, OUTBOX_DDL,
 };
-use siphon_tests::{siphon_bin, wait_until, Broker, Postgres, SiphonProcess};
-use std::collections::BTreeSet;
+use siphon_tests::{
+    siphon_bin, wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess,
+};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -126,18 +133,47 @@ async fn slot_synced_on(standby: &Client) -> Result<bool> {
     Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() -> Result<()> {
+/// Delivery of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+/// What a failover run left behind, once every event the new primary has arrived.
+struct Outcome {
+    /// Kept until the end: dropping them stops the servers.
+    _primary: Postgres,
+    standby: Postgres,
+    broker: Broker,
+    siphon: SiphonProcess,
+    /// The event ids of the transactions the new primary has.
+    expected: BTreeSet<String>,
+    /// Transactions whose commit returned on the old primary that the new one lacks.
+    lost_with_old_primary: Vec<u64>,
+    /// Every event record (read_committed), repeats included.
+    records: Vec<ConsumedRecord>,
+}
+
+/// The scenario of the module's documentation with `delivery`: `None` when the server has no
+/// failover slots (the test then says why and stops). Checks that every event the new primary
+/// has arrived, none from a transaction it lacks, first deliveries in commit order per
+/// aggregate, and Siphon streaming from the new primary.
+async fn promote_and_kill_the_old_primary(
+    test: &str,
+    delivery: Delivery,
+) -> Result<Option<Outcome>> {
     let primary = Postgres::start()?;
     let major = primary.major_version().await?;
     if major < 17 {
         // The test command runs it on 18 only (and skips it by name on 15).
-        return siphon_tests::prerequisite_missing(
-            "promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing",
+        siphon_tests::prerequisite_missing(
+            test,
             &format!(
                 "failover slots need PostgreSQL 17 or later (this is {major}; set SIPHON_PG_BIN)"
             ),
-        );
+        )?;
+        return Ok(None);
     }
     let db = primary.connect().await?;
     db.batch_execute(&format!(
@@ -166,6 +202,10 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
         )
         .replace("[source]\n", "[source]\nfailover = true\n");
     assert!(config.contains(&hosts) && config.contains("failover = true"));
+    let config = match delivery {
+        Delivery::AtLeastOnce => config,
+        Delivery::ExactlyOnce => with_exactly_once(&config, &broker),
+    };
     let siphon = SiphonProcess::start(&config)?;
     wait_until(
         Duration::from_secs(60),
@@ -264,8 +304,37 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
     );
     check_first_deliveries_in_order(&records)?;
     assert!(slot_active(&survivor, SLOT).await?, "{}", siphon.log());
+    Ok(Some(Outcome {
+        _primary: primary,
+        standby,
+        broker,
+        siphon,
+        expected,
+        lost_with_old_primary,
+        records,
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() -> Result<()> {
+    let Some(outcome) = promote_and_kill_the_old_primary(
+        "promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing",
+        Delivery::AtLeastOnce,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let Outcome {
+        standby,
+        siphon,
+        expected,
+        lost_with_old_primary,
+        records,
+        ..
+    } = &outcome;
     // The new primary has no standby of its own yet: status says what that means.
-    let after = status(&siphon)?;
+    let after = status(siphon)?;
     assert_eq!(
         after["host"],
         format!("127.0.0.1:{}", standby.port()),
@@ -280,11 +349,71 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
         "{after}"
     );
     eprintln!(
-        "failover: {} transactions kept, {} commits lost with the old primary, {} records ({} repeats)",
-        kept.len(),
+        "failover: {} events kept, {} commits lost with the old primary, {} records ({} repeats)",
+        expected.len(),
         lost_with_old_primary.len(),
         records.len(),
         records.len() - expected.len()
+    );
+    siphon.terminate()?;
+    Ok(())
+}
+
+/// With `kafka.delivery = "exactly-once"` the progress committed on the old primary's timeline
+/// still holds on the new primary's up to where the new timeline branched off: a read_committed
+/// consumer sees each event once across the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_exactly_once_a_read_committed_consumer_sees_each_event_once_across_a_promotion(
+) -> Result<()> {
+    let Some(outcome) = promote_and_kill_the_old_primary(
+        "with_exactly_once_a_read_committed_consumer_sees_each_event_once_across_a_promotion",
+        Delivery::ExactlyOnce,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let Outcome {
+        standby,
+        broker,
+        siphon,
+        expected,
+        lost_with_old_primary,
+        ..
+    } = &outcome;
+    let after = status(siphon)?;
+    assert_eq!(
+        after["host"],
+        format!("127.0.0.1:{}", standby.port()),
+        "{after}"
+    );
+    // Everything the new primary has is in: whatever the session still had open is committed
+    // before the records are counted once more.
+    let survivor = standby.connect().await?;
+    wait_for_slot_caught_up(&survivor, SLOT)
+        .await
+        .with_context(|| siphon.log())?;
+    let records = read_event_records_isolated(broker, Isolation::ReadCommitted).await?;
+    let seen = count_by_id(&records);
+    let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "failover with exactly-once: {} events kept, {} commits lost with the old primary, {} records read_committed, {} events seen more than once ({} repeats)",
+        expected.len(),
+        lost_with_old_primary.len(),
+        records.len(),
+        repeated.len(),
+        records.len() - seen.len()
+    );
+    assert!(
+        repeated.is_empty(),
+        "read_committed saw {} events more than once: {repeated:?}\n{}",
+        repeated.len(),
+        siphon.log()
+    );
+    assert_eq!(
+        seen.keys().cloned().collect::<BTreeSet<_>>(),
+        *expected,
+        "read_committed sees exactly the new primary's events"
     );
     siphon.terminate()?;
     Ok(())

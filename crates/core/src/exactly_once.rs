@@ -76,6 +76,17 @@ impl Progress {
         }
     }
 
+    /// The progress that covers every transaction committed before `lsn` and none committed
+    /// at or after it, `lsn` being where a WAL record ends (a timeline's switchpoint): it names
+    /// `lsn - 1`, where no commit record can start (no record is one byte long).
+    pub fn everything_before(lsn: Lsn) -> Progress {
+        Progress {
+            commit_lsn: Lsn(lsn.0.saturating_sub(1)),
+            through: Through::All,
+            end_lsn: Some(lsn),
+        }
+    }
+
     /// Whether the whole transaction committed at `commit_lsn` was committed to Kafka.
     pub fn covers_all_of(&self, commit_lsn: Lsn) -> bool {
         commit_lsn < self.commit_lsn
@@ -356,6 +367,16 @@ mod tests {
         assert!(!part.covers(Lsn(200), 4));
         assert!(!part.covers_all_of(Lsn(200)));
         assert!(part.covers_all_of(Lsn(199)));
+    }
+
+    #[test]
+    fn everything_before_a_switchpoint_is_every_transaction_committed_before_it() {
+        let before = Progress::everything_before(Lsn(0x300_0158));
+        assert!(before.covers(Lsn(0x300_0100), 9));
+        assert!(before.covers_all_of(Lsn(0x300_0130)));
+        assert!(!before.covers(Lsn(0x300_0158), 0));
+        assert!(!before.covers(Lsn(0x300_0160), 0));
+        assert!(!Progress::everything_before(Lsn(0)).covers(Lsn(1), 0));
     }
 
     #[test]

@@ -7,13 +7,17 @@
 //!   Kafka transaction, so it is committed or aborted with the records it describes.
 //! - A record of another version, or one that does not parse, is refused (the operator is told
 //!   which key to delete), never guessed at: guessing could skip events.
-//! - A progress is used to skip records only on the server timeline it was written on: after a
-//!   failover to a new timeline, positions past the branch point may name other transactions,
-//!   so the session then relies on the slot's position alone (and may repeat events).
+//! - A progress is used to skip records only where its positions name the same transactions
+//!   ([`usable_on`]): on the server timeline it was written on as it is; on a later timeline
+//!   whose history continues it (a promoted standby's) only up to where the later one branched
+//!   off, since positions past that switchpoint name other transactions; on any other timeline
+//!   (a sibling branch, or a history that cannot be read) not at all, the session then relying
+//!   on the slot's position alone (and possibly repeating events).
 
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
 use siphon_core::exactly_once::{Progress, Through};
+use siphon_source::timeline::TimelineHistory;
 use std::fmt;
 
 /// The format of [`Recorded`]; a record of another version is refused, not guessed at.
@@ -101,12 +105,79 @@ impl Recorded {
         })
     }
 
-    /// The progress to skip by on a server now on `timeline`, `None` when it was written on
-    /// another timeline (see the module's invariants).
-    pub fn progress_on(&self, timeline: u32) -> Option<Progress> {
-        (self.timeline == timeline)
-            .then(|| self.progress())
-            .flatten()
+    /// The progress to skip by on a server now on `timeline`, whose history is `history`
+    /// (`None`: unknown); see [`usable_on`].
+    pub fn progress_on(&self, timeline: u32, history: Option<&TimelineHistory>) -> OnTimeline {
+        match self.progress() {
+            Some(progress) => usable_on(progress, self.timeline, timeline, history),
+            None => OnTimeline::Unrelated,
+        }
+    }
+}
+
+/// How a progress recorded on one timeline may be used on the server's current one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeline {
+    /// Recorded on the current timeline: as it is.
+    Same(Progress),
+    /// Recorded on an earlier timeline the current one continues, which branched off at
+    /// `switchpoint`: what it covers before the switchpoint (`capped`: it went past it, so only
+    /// the transactions before it are skipped).
+    Earlier {
+        progress: Progress,
+        switchpoint: Lsn,
+        capped: bool,
+    },
+    /// Recorded on a timeline the current one does not continue (a sibling branch, a later
+    /// one), or the current one's history is unknown: not usable.
+    Unrelated,
+}
+
+impl OnTimeline {
+    /// The progress to skip by, if any.
+    pub fn progress(&self) -> Option<Progress> {
+        match self {
+            OnTimeline::Same(progress) | OnTimeline::Earlier { progress, .. } => Some(*progress),
+            OnTimeline::Unrelated => None,
+        }
+    }
+}
+
+/// What of `progress`, recorded on timeline `recorded_on`, may be skipped by on timeline
+/// `current`, whose history is `history` (`None`: unknown; a history of another timeline is
+/// unknown too). A record is covered by the result if and only if `progress` covers it and
+/// its transaction committed before the switchpoint where `recorded_on` stopped being part of
+/// `current` (WAL before it is the same on both timelines, WAL at or after it is not).
+pub fn usable_on(
+    progress: Progress,
+    recorded_on: u32,
+    current: u32,
+    history: Option<&TimelineHistory>,
+) -> OnTimeline {
+    if recorded_on == current {
+        return OnTimeline::Same(progress);
+    }
+    let switchpoint = match history
+        .filter(|h| h.timeline() == current)
+        .and_then(|h| h.shared_until(recorded_on))
+    {
+        Some(Some(switchpoint)) => switchpoint,
+        // `Some(None)` is the current timeline, handled above.
+        Some(None) | None => return OnTimeline::Unrelated,
+    };
+    if progress.commit_lsn < switchpoint {
+        // A commit record that starts before the switchpoint ends at or before it.
+        OnTimeline::Earlier {
+            progress,
+            switchpoint,
+            capped: false,
+        }
+    } else {
+        OnTimeline::Earlier {
+            progress: Progress::everything_before(switchpoint),
+            switchpoint,
+            capped: true,
+        }
     }
 }
 
@@ -187,6 +258,7 @@ impl DeliveryStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use siphon_source::timeline::Branch;
 
     #[test]
     fn a_progress_reads_back_as_written() {
@@ -205,8 +277,120 @@ mod tests {
             let recorded = Recorded::new("7311/s", "app", 3, &progress);
             let back = Recorded::parse("k", &recorded.to_json()).expect("parses");
             assert_eq!(back, recorded);
-            assert_eq!(back.progress_on(3), Some(progress));
-            assert_eq!(back.progress_on(4), None, "another timeline");
+            assert_eq!(back.progress_on(3, None), OnTimeline::Same(progress));
+            assert_eq!(
+                back.progress_on(4, None),
+                OnTimeline::Unrelated,
+                "another timeline, no history"
+            );
+        }
+    }
+
+    fn history(timeline: u32, branches: &[(u32, u64)]) -> TimelineHistory {
+        TimelineHistory::new(
+            timeline,
+            branches
+                .iter()
+                .map(|&(timeline, switchpoint)| Branch {
+                    timeline,
+                    switchpoint: Lsn(switchpoint),
+                })
+                .collect(),
+        )
+    }
+
+    fn at(commit: u64, through: Through) -> Progress {
+        Progress {
+            commit_lsn: Lsn(commit),
+            through,
+            end_lsn: None,
+        }
+    }
+
+    #[test]
+    fn a_progress_of_an_earlier_timeline_holds_up_to_its_switchpoint() {
+        // Timeline 1 ended at 1000 (2 began there), 2 at 2000 (3 began there).
+        let three = history(3, &[(1, 1000), (2, 2000)]);
+        let before = at(900, Through::Record(4));
+        assert_eq!(
+            usable_on(before, 1, 3, Some(&three)),
+            OnTimeline::Earlier {
+                progress: before,
+                switchpoint: Lsn(1000),
+                capped: false
+            }
+        );
+        // Past the switchpoint (the old primary went on alone): only what precedes it.
+        let past = usable_on(at(1500, Through::All), 1, 3, Some(&three));
+        assert_eq!(
+            past,
+            OnTimeline::Earlier {
+                progress: Progress::everything_before(Lsn(1000)),
+                switchpoint: Lsn(1000),
+                capped: true
+            }
+        );
+        let past = past.progress().expect("usable");
+        assert!(past.covers(Lsn(992), 0) && !past.covers(Lsn(1000), 0));
+        assert!(usable_on(at(1500, Through::All), 2, 3, Some(&three))
+            .progress()
+            .is_some_and(|p| p.covers_all_of(Lsn(1500))));
+        // The current timeline: as it is, history or not.
+        let late = at(5000, Through::All);
+        assert_eq!(usable_on(late, 3, 3, None), OnTimeline::Same(late));
+        // A sibling (4 branched off 2 elsewhere), a later timeline, an unknown history, the
+        // history of another timeline.
+        assert_eq!(usable_on(before, 4, 3, Some(&three)), OnTimeline::Unrelated);
+        assert_eq!(usable_on(before, 5, 3, Some(&three)), OnTimeline::Unrelated);
+        assert_eq!(usable_on(before, 1, 3, None), OnTimeline::Unrelated);
+        assert_eq!(usable_on(before, 1, 4, Some(&three)), OnTimeline::Unrelated);
+    }
+
+    proptest::proptest! {
+        /// A record is skipped on the current timeline exactly when the recorded progress
+        /// covers it and its transaction precedes the recorded timeline's switchpoint; a
+        /// timeline outside the history skips nothing.
+        #[test]
+        fn the_usable_progress_covers_what_the_recorded_one_covers_before_the_switchpoint(
+            steps in proptest::collection::vec((1u32..3, 1u64..400), 0..6),
+            current_gap in 1u32..3,
+            recorded_on in 1u32..20,
+            commit in 0u64..3000,
+            through in proptest::option::of(0u32..5),
+            probes in proptest::collection::vec((0u64..3000, 0u32..6), 1..40),
+        ) {
+            // A history of increasing timelines and switchpoints (records end at least 24
+            // bytes apart, as WAL records do).
+            let (mut timeline, mut lsn, mut branches) = (0u32, 0u64, Vec::new());
+            for (gap, length) in steps {
+                timeline += gap;
+                lsn += 24 + length;
+                branches.push((timeline, lsn));
+            }
+            let current = timeline + current_gap;
+            let history = history(current, &branches);
+            let recorded = at(commit, through.map_or(Through::All, Through::Record));
+            let usable = usable_on(recorded, recorded_on, current, Some(&history));
+            let shared_until = if recorded_on == current {
+                Some(u64::MAX)
+            } else {
+                branches.iter().find(|(t, _)| *t == recorded_on).map(|(_, sp)| *sp)
+            };
+            match shared_until {
+                None => proptest::prop_assert_eq!(usable, OnTimeline::Unrelated),
+                Some(switchpoint) => {
+                    let progress = usable.progress();
+                    proptest::prop_assert!(progress.is_some());
+                    let progress = progress.unwrap_or(recorded);
+                    for (probe, index) in probes {
+                        proptest::prop_assert_eq!(
+                            progress.covers(Lsn(probe), index),
+                            recorded.covers(Lsn(probe), index) && probe < switchpoint,
+                            "probe {} index {}", probe, index
+                        );
+                    }
+                }
+            }
         }
     }
 

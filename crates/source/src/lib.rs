@@ -14,7 +14,8 @@
 //!   the server shows of the slot's walsender.
 //! - [`locate`] finds the host of `source.url` to use (several hosts with
 //!   `target_session_attrs=read-write` find the primary after a failover) and tells servers
-//!   apart; [`failover`] checks what failover slots need from the primary.
+//!   apart; [`failover`] checks what failover slots need from the primary; [`timeline`] reads
+//!   the server's timeline history (which earlier timelines its WAL continues, and up to where).
 //! - [`membership`] records which catalog rows publish the outbox tables, so a publication
 //!   dropped and created again (or a table taken out and added back) between two looks is seen.
 //! - [`slot_wait`] says which transactions a slot being created waits for, while it waits.
@@ -60,6 +61,7 @@ pub mod sqlstate;
 pub mod stall;
 pub mod status;
 pub mod stream;
+pub mod timeline;
 pub mod tls;
 pub mod two_phase;
 mod unhandled;

@@ -196,6 +196,23 @@ impl fmt::Display for ServerIdentity {
     }
 }
 
+/// A timeline history file that is not one PostgreSQL writes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HistoryError {
+    #[error("the history of timeline {timeline} has an unreadable line {line}: {text:?}")]
+    Line {
+        timeline: u32,
+        line: usize,
+        text: String,
+    },
+    #[error("the history of timeline {timeline} lists timeline {listed} out of order (after {previous}, or not before {timeline})")]
+    Order {
+        timeline: u32,
+        listed: u32,
+        previous: u32,
+    },
+}
+
 /// How the outbox's publication membership changed between two looks, in a way that leaves
 /// events unpublished.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,6 +40,7 @@ impl SqlState {
     pub const CANNOT_CONNECT_NOW: SqlState = SqlState(*b"57P03");
     pub const DATABASE_DROPPED: SqlState = SqlState(*b"57P04");
     pub const IO_ERROR: SqlState = SqlState(*b"58030");
+    pub const UNDEFINED_FILE: SqlState = SqlState(*b"58P01");
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");
     pub const DATA_CORRUPTED: SqlState = SqlState(*b"XX001");
     pub const INDEX_CORRUPTED: SqlState = SqlState(*b"XX002");

@@ -210,8 +210,15 @@ async fn connect(
         Some(exactly_once) => {
             let source =
                 transactional::Source::new(settings, exactly_once, slot.identity.as_ref())?;
-            let opened =
-                transactional::open(settings, exactly_once, source, start, observer).await?;
+            let opened = transactional::open(
+                settings,
+                exactly_once,
+                source,
+                &slot.endpoint,
+                start,
+                observer,
+            )
+            .await?;
             let started = (opened.transactions, opened.source);
             (opened.sink, opened.deliveries, Some(started))
         }

@@ -9,12 +9,15 @@
 //! - The progress is read `read_committed` after that registration, so it names the last
 //!   record of the last committed Kafka transaction of this source: the session skips every
 //!   record at or before it.
+//! - A progress written on another timeline is used only as far as the current timeline's
+//!   history says its positions name the same transactions
+//!   ([`crate::progress_record::usable_on`]); the history is asked for only then.
 //! - Nothing here is retried in place: a failure ends the session (with the supervisor's
 //!   backoff), and the next one starts over with a new producer.
 
 use super::{ExactlyOnce, PipelineSettings};
 use crate::error::PipelineError;
-use crate::progress_record::{self, Recorded};
+use crate::progress_record::{self, OnTimeline, Recorded};
 use bytes::Bytes;
 use pgoutput::Lsn;
 use siphon_core::exactly_once::{KafkaTransactions, Progress};
@@ -97,11 +100,13 @@ pub struct Opened {
 }
 
 /// Creates the transactional producer of `source`, registers it (fencing older instances),
-/// and reads the last committed progress; the session starts at `start`.
+/// and reads the last committed progress; the session streams from `endpoint`, starting at
+/// `start`.
 pub async fn open(
     settings: &PipelineSettings,
     exactly_once: &ExactlyOnce,
     source: Source,
+    endpoint: &siphon_source::Endpoint,
     start: Lsn,
     observer: Arc<dyn DeliveryObserver>,
 ) -> Result<Opened, PipelineError> {
@@ -130,16 +135,37 @@ pub async fn open(
             info!(transactional_id = %source.transactional_id, "exactly-once delivery: no progress committed yet for this source");
             None
         }
-        Some(recorded) => match recorded.progress_on(source.timeline) {
-            Some(progress) => {
-                info!(transactional_id = %source.transactional_id, progress = %recorded, "exactly-once delivery: resuming after the last committed progress");
-                Some(progress)
-            }
-            None => {
-                warn!(progress = %recorded, timeline = source.timeline, "the last committed progress was written on another timeline (a failover?): resuming from the slot's position; events after it may be sent again");
+        Some(recorded) => {
+            // Another timeline's progress: how far the current one continues it.
+            let history = if recorded.timeline == source.timeline {
                 None
+            } else {
+                siphon_source::timeline::timeline_history(
+                    &settings.source,
+                    endpoint,
+                    source.timeline,
+                )
+                .await?
+            };
+            match recorded.progress_on(source.timeline, history.as_ref()) {
+                OnTimeline::Same(progress) => {
+                    info!(transactional_id = %source.transactional_id, progress = %recorded, "exactly-once delivery: resuming after the last committed progress");
+                    Some(progress)
+                }
+                OnTimeline::Earlier {
+                    progress,
+                    switchpoint,
+                    capped,
+                } => {
+                    info!(transactional_id = %source.transactional_id, progress = %recorded, recorded_on = recorded.timeline, timeline = source.timeline, %switchpoint, capped, "exactly-once delivery: resuming after the last committed progress, written on an earlier timeline of this one (a failover), as far as the two share their WAL");
+                    Some(progress)
+                }
+                OnTimeline::Unrelated => {
+                    warn!(progress = %recorded, recorded_on = recorded.timeline, timeline = source.timeline, history_known = history.is_some(), "the last committed progress was written on a timeline the server's timeline history does not continue: resuming from the slot's position; events after it may be sent again");
+                    None
+                }
             }
-        },
+        }
     };
     let transactions = KafkaTransactions::new(exactly_once.bounds, start, progress);
     Ok(Opened {

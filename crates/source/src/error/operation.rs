@@ -19,6 +19,8 @@ pub enum Operation {
     IdentifySystem,
     /// `ALTER_REPLICATION_SLOT ... ( FAILOVER true )` on the replication connection.
     AlterReplicationSlot,
+    /// `TIMELINE_HISTORY` on a replication connection.
+    TimelineHistory,
     /// Creating the replication slot (`pg_create_logical_replication_slot`).
     CreateReplicationSlot,
     /// Creating the publication; `command` is the statement, shown as the fix.
@@ -78,6 +80,7 @@ impl fmt::Display for Operation {
             Operation::ReplicationLogin => f.write_str("opening the replication connection"),
             Operation::IdentifySystem => f.write_str("IDENTIFY_SYSTEM"),
             Operation::AlterReplicationSlot => f.write_str("ALTER_REPLICATION_SLOT"),
+            Operation::TimelineHistory => f.write_str("TIMELINE_HISTORY"),
             Operation::CreateReplicationSlot => f.write_str("creating the replication slot"),
             Operation::CreatePublication { .. } => f.write_str("creating the publication"),
             Operation::StartReplication => f.write_str("START_REPLICATION"),

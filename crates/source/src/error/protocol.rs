@@ -27,4 +27,7 @@ pub enum ProtocolFault {
     /// `CREATE_REPLICATION_SLOT` answered without a consistent point.
     #[error("CREATE_REPLICATION_SLOT answered without a consistent point")]
     MissingConsistentPoint,
+    /// `TIMELINE_HISTORY` answered with a history file PostgreSQL does not write.
+    #[error("TIMELINE_HISTORY: {0}")]
+    TimelineHistory(#[source] crate::names::HistoryError),
 }

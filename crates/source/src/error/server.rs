@@ -124,6 +124,7 @@ impl ServerFailure {
         match &self.operation {
             O::ReplicationLogin
             | O::IdentifySystem
+            | O::TimelineHistory
             | O::AlterReplicationSlot
             | O::CreateReplicationSlot
             | O::StartReplication
