@@ -239,7 +239,7 @@ fn copy_record<M: Message>(message: &M) -> RoutedRecord {
         })
         .unwrap_or_default();
     RoutedRecord {
-        topic: message.topic().to_owned(),
+        topic: Arc::from(message.topic()),
         key: message.key().map(Bytes::copy_from_slice),
         value: message.payload().map(Bytes::copy_from_slice),
         headers,
@@ -785,7 +785,7 @@ mod tests {
             value: value.map(Bytes::from_static),
         };
         let exact = RoutedRecord {
-            topic: exact_topic.clone(),
+            topic: Arc::from(exact_topic.as_str()),
             key: Some(Bytes::from_static(b"key\0\xff")),
             value: Some(Bytes::from_static(b"{\"v\":\"\0\xfe\"}")),
             headers: vec![
@@ -797,7 +797,7 @@ mod tests {
             partition: Some(2),
         };
         let plain = RoutedRecord {
-            topic: plain_topic.clone(),
+            topic: Arc::from(plain_topic.as_str()),
             key: None,
             value: None,
             headers: vec![],

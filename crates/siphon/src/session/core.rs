@@ -433,10 +433,11 @@ impl<'a> SessionCore<'a> {
                 // A record that waited for its topic past the stop's deadline never reached
                 // the producer: the transaction must not commit without it.
                 Input::SendRefused { record, error, .. } => {
-                    return self.uncommittable(record.topic, AbortCause::NotTaken(error));
+                    return self
+                        .uncommittable(record.topic.to_string(), AbortCause::NotTaken(error));
                 }
                 Input::Purged { record, .. } => {
-                    return self.uncommittable(record.topic, AbortCause::Purged);
+                    return self.uncommittable(record.topic.to_string(), AbortCause::Purged);
                 }
                 _ => return,
             }
@@ -1025,10 +1026,10 @@ impl<'a> SessionCore<'a> {
             let position = self.positions.remove(&token);
             return Err(match failure.error {
                 DeliveryError::Definite(refusal) => {
-                    self.refused_in_transaction(position, failure.record.topic, refusal)
+                    self.refused_in_transaction(position, failure.record.topic.to_string(), refusal)
                 }
                 error => PipelineError::TransactionAborted {
-                    topic: failure.record.topic,
+                    topic: failure.record.topic.to_string(),
                     cause: AbortCause::Delivery(error),
                 },
             });
@@ -1100,7 +1101,7 @@ impl<'a> SessionCore<'a> {
         if self.transactions.is_some() {
             self.flow.reported_fatal(token);
             return Err(PipelineError::TransactionAborted {
-                topic: record.topic,
+                topic: record.topic.to_string(),
                 cause: AbortCause::Purged,
             });
         }
@@ -1129,7 +1130,7 @@ impl<'a> SessionCore<'a> {
         let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
             return Err(PipelineError::Refused(fault));
         };
-        if record.topic == dead_letters.topic() {
+        if &*record.topic == dead_letters.topic() {
             return Err(PipelineError::DeadLetterRefused(fault));
         }
         let letter = self.letter_for(dead_letters, txn, record, &fault);
@@ -1162,7 +1163,7 @@ impl<'a> SessionCore<'a> {
                     // transaction, whose progress counts it, must not commit.
                     self.flow.reported_fatal(token);
                     return Err(PipelineError::TransactionAborted {
-                        topic: record.topic,
+                        topic: record.topic.to_string(),
                         cause: AbortCause::NotTaken(error),
                     });
                 }
@@ -1182,7 +1183,7 @@ impl<'a> SessionCore<'a> {
                 if self.transactions.is_some() {
                     self.flow.reported_fatal(token);
                     return Err(PipelineError::TransactionAborted {
-                        topic: record.topic,
+                        topic: record.topic.to_string(),
                         cause: AbortCause::NotTaken(error),
                     });
                 }
