@@ -294,7 +294,8 @@ pub struct Rebuilt {
 
 enum Backend {
     Kafka {
-        client: Client,
+        // Boxed: the discarding backend is small.
+        client: Box<Client>,
         topics: TopicCreator,
     },
     Discard {
@@ -316,7 +317,7 @@ impl KafkaSink {
         } else {
             let properties = config.client_properties()?;
             Backend::Kafka {
-                client: Client::create(&properties, &tx, &observer, 0)?,
+                client: Box::new(Client::create(&properties, &tx, &observer, 0)?),
                 topics: TopicCreator::new(&properties, config.topic_creation.clone())?,
             }
         };
@@ -365,7 +366,7 @@ impl KafkaSink {
         let properties = self.config.client_properties()?;
         let generation = self.generation + 1;
         let fresh = Client::create(&properties, &self.deliveries, &self.observer, generation)?;
-        let old = std::mem::replace(client, fresh);
+        let old = std::mem::replace(&mut **client, fresh);
         old.producer
             .purge(PurgeConfig::default().queue().inflight());
         let retired_unreported = old.unreported.get();
@@ -489,8 +490,8 @@ impl KafkaSink {
                 return Ok(());
             }
         };
+        topics.ensure(&record.topic).await?;
         let topic: &str = record.topic.as_ref();
-        topics.ensure(topic).await?;
         let mut outgoing = Outgoing::new(record, token);
         loop {
             // Counted before librdkafka can report it; uncounted when it is not taken.

@@ -2,7 +2,8 @@
 //!
 //! # Invariants
 //! - A topic is created at most once per sink; "already exists" counts as success.
-//! - A topic is only remembered as present after the broker confirmed it.
+//! - A topic is only remembered as present after the broker confirmed it; a topic sent to is
+//!   kept among the recent ones only once it is known (or creation is disabled).
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
@@ -13,6 +14,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
 use rustc_hash::FxHashSet;
+use siphon_record::RecentTopics;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,9 @@ pub struct TopicCreator {
     admin: Option<Arc<AdminClient<DefaultClientContext>>>,
     settings: TopicCreation,
     known: FxHashSet<String>,
+    /// The topics sent to last, which need no creation: found again without hashing their
+    /// names.
+    ready: RecentTopics<()>,
 }
 
 /// Properties that only make sense for a producer; the admin client rejects or ignores them.
@@ -81,6 +86,7 @@ impl TopicCreator {
             admin,
             settings,
             known: FxHashSet::default(),
+            ready: RecentTopics::default(),
         })
     }
 
@@ -104,22 +110,28 @@ impl TopicCreator {
         &self,
         topic: &str,
     ) -> Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static> {
-        if self.known.contains(topic) {
+        let admin = self.admin.as_ref()?;
+        if self.ready.get(topic).is_some() || self.known.contains(topic) {
             return None;
         }
-        let admin = Arc::clone(self.admin.as_ref()?);
+        let admin = Arc::clone(admin);
         let settings = self.settings.clone();
         let topic = topic.to_owned();
         Some(async move { create(&admin, &settings, &topic).await })
     }
 
     /// Makes sure `topic` exists (creating it if needed).
-    pub async fn ensure(&mut self, topic: &str) -> Result<(), SinkError> {
-        // Known topics (every record but a topic's first) take no allocation here.
+    pub async fn ensure(&mut self, topic: &Arc<str>) -> Result<(), SinkError> {
+        // Known topics (every record but a topic's first) take no allocation here, and recent
+        // ones no hashing either.
+        if self.ready.get(topic).is_some() {
+            return Ok(());
+        }
         if let Some(creation) = self.creation(topic) {
             creation.await?;
             self.remember(topic);
         }
+        self.ready.keep(topic, ());
         Ok(())
     }
 }

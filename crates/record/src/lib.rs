@@ -1,5 +1,6 @@
 //! The Kafka record a routed outbox row becomes ([`RoutedRecord`], with its [`Header`]s), and
-//! the size it holds in the sink's in-flight window ([`record_bytes`]).
+//! the size it holds in the sink's in-flight window ([`record_bytes`]); [`RecentTopics`], which
+//! spares lookups by topic name per record the hashing of the name.
 //!
 //! The router makes records and the Kafka sink sends them; this crate is what they share, so
 //! the sink does not depend on the router.
@@ -9,6 +10,10 @@
 //!   from); cloning one copies no key, value or header bytes, nor the topic name.
 //! - [`record_bytes`] counts key, value, header names and header values, nothing else: the
 //!   same record always has the same size.
+
+mod recent_topics;
+
+pub use recent_topics::RecentTopics;
 
 use bytes::Bytes;
 use std::sync::Arc;
