@@ -4,7 +4,7 @@
 //! name is allocated, and librdkafka looks the topic up by name under its lock and lets it go
 //! again. Here each topic is looked up once, when its first record is enqueued
 //! (`rd_kafka_topic_new`), and its handle is given to `rd_kafka_produceva` for every record
-//! after that. Everything else is enqueued as `BaseProducer::send` does: key and value copied
+//! after that (a recent topic's is found without hashing the name, see [`RecentTopics`]). Everything else is enqueued as `BaseProducer::send` does: key and value copied
 //! (`RD_KAFKA_MSG_F_COPY`), the partition unassigned when the record names none, timestamp 0
 //! (the time of enqueueing) when it has none, and the caller's token as the opaque that
 //! `BaseProducer::poll` turns back into the token of the delivery report.
@@ -17,7 +17,8 @@
 //! - A topic handle lives no longer than its producer: [`TopicHandles`] holds a reference to
 //!   the producer, and destroys every handle before letting that reference go. A producer's
 //!   handles are its own: a rebuilt producer starts with none.
-//! - A handle is created only for a topic name that librdkafka accepted, and destroyed once.
+//! - A handle is created only for a topic name that librdkafka accepted, and destroyed once,
+//!   from the map (the copies kept as recent ones are never destroyed).
 //! - The only `unsafe` is librdkafka's calls on the producer's client, on handles owned here,
 //!   and on header lists owned here until librdkafka takes them.
 #![allow(unsafe_code)]
@@ -27,7 +28,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use rdkafka::IntoOpaque;
 use rustc_hash::FxHashMap;
-use siphon_record::{Header, RoutedRecord};
+use siphon_record::{Header, RecentTopics, RoutedRecord};
 use std::ffi::{c_void, CString};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
@@ -36,7 +37,9 @@ use std::sync::Arc;
 /// chooses.
 const PARTITION_UNASSIGNED: i32 = -1;
 
-/// A topic's handle on one producer.
+/// A topic's handle on one producer (a copy is the same handle, destroyed once by
+/// [`TopicHandles`]).
+#[derive(Clone, Copy)]
 struct TopicHandle(NonNull<rd::rd_kafka_topic_t>);
 
 // SAFETY: librdkafka's topic handles are reference-counted and locked internally; they may be
@@ -48,6 +51,8 @@ unsafe impl Sync for TopicHandle {}
 /// The topic handles of one producer, and the producer they belong to.
 pub(crate) struct TopicHandles<C: ProducerContext<DeliveryOpaque = usize> + 'static> {
     handles: FxHashMap<String, TopicHandle>,
+    /// The handles used last, found again without hashing their topics' names.
+    recent: RecentTopics<TopicHandle>,
     producer: Arc<BaseProducer<C>>,
 }
 
@@ -56,15 +61,26 @@ impl<C: ProducerContext<DeliveryOpaque = usize> + 'static> TopicHandles<C> {
     pub(crate) fn new(producer: Arc<BaseProducer<C>>) -> Self {
         TopicHandles {
             handles: FxHashMap::default(),
+            recent: RecentTopics::default(),
             producer,
         }
     }
 
     /// The handle of `topic`, created on first use.
-    fn handle(&mut self, topic: &str) -> Result<NonNull<rd::rd_kafka_topic_t>, KafkaError> {
-        if let Some(handle) = self.handles.get(topic) {
+    fn handle(&mut self, topic: &Arc<str>) -> Result<NonNull<rd::rd_kafka_topic_t>, KafkaError> {
+        if let Some(handle) = self.recent.get(topic) {
             return Ok(handle.0);
         }
+        let handle = match self.handles.get(&**topic) {
+            Some(handle) => *handle,
+            None => self.create(topic)?,
+        };
+        self.recent.keep(topic, handle);
+        Ok(handle.0)
+    }
+
+    /// A new handle of `topic`, kept until the producer goes.
+    fn create(&mut self, topic: &str) -> Result<TopicHandle, KafkaError> {
         let name = CString::new(topic).map_err(KafkaError::Nul)?;
         // SAFETY: the client pointer is valid while `self.producer` is, which this holds; the
         // name is a valid C string that librdkafka copies; a NULL configuration takes the
@@ -81,7 +97,8 @@ impl<C: ProducerContext<DeliveryOpaque = usize> + 'static> TopicHandles<C> {
             let code = unsafe { rd::rd_kafka_last_error() };
             return Err(KafkaError::MessageProduction(code.into()));
         };
-        self.handles.insert(topic.to_owned(), TopicHandle(handle));
+        let handle = TopicHandle(handle);
+        self.handles.insert(topic.to_owned(), handle);
         Ok(handle)
     }
 

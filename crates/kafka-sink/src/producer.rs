@@ -311,7 +311,7 @@ async fn refuse_missing_partition(
             topics.remember(&record.topic, Some(partitions));
             if refused(partitions) {
                 return Err(SinkError::MissingPartition {
-                    topic: record.topic.clone(),
+                    topic: record.topic.to_string(),
                     partition,
                     partitions,
                 });
@@ -339,7 +339,7 @@ fn copy_record<M: Message>(message: &M) -> RoutedRecord {
         })
         .unwrap_or_default();
     RoutedRecord {
-        topic: message.topic().to_owned(),
+        topic: Arc::from(message.topic()),
         key: message.key().map(Bytes::copy_from_slice),
         value: message.payload().map(Bytes::copy_from_slice),
         headers,
@@ -394,7 +394,8 @@ pub struct Rebuilt {
 
 enum Backend {
     Kafka {
-        client: Client,
+        // Boxed: the discarding backend is small.
+        client: Box<Client>,
         topics: Box<TopicCreator>,
     },
     Discard {
@@ -416,7 +417,7 @@ impl KafkaSink {
         } else {
             let properties = config.client_properties()?;
             Backend::Kafka {
-                client: Client::create(&properties, &tx, &observer, 0)?,
+                client: Box::new(Client::create(&properties, &tx, &observer, 0)?),
                 topics: Box::new(TopicCreator::new(
                     &properties,
                     config.topic_creation.clone(),
@@ -468,7 +469,7 @@ impl KafkaSink {
         let properties = self.config.client_properties()?;
         let generation = self.generation + 1;
         let fresh = Client::create(&properties, &self.deliveries, &self.observer, generation)?;
-        let old = std::mem::replace(client, fresh);
+        let old = std::mem::replace(&mut **client, fresh);
         old.producer
             .purge(PurgeConfig::default().queue().inflight());
         let retired_unreported = old.unreported.get();
@@ -619,8 +620,8 @@ impl KafkaSink {
                 return Ok(());
             }
         };
+        topics.ensure(&record.topic).await?;
         let topic: &str = record.topic.as_ref();
-        topics.ensure(topic).await?;
         refuse_missing_partition(client, topics, record).await?;
         let mut outgoing = Outgoing::new(record, token);
         loop {
@@ -922,7 +923,7 @@ mod tests {
             value: value.map(Bytes::from_static),
         };
         let exact = RoutedRecord {
-            topic: exact_topic.clone(),
+            topic: Arc::from(exact_topic.as_str()),
             key: Some(Bytes::from_static(b"key\0\xff")),
             value: Some(Bytes::from_static(b"{\"v\":\"\0\xfe\"}")),
             headers: vec![
@@ -934,7 +935,7 @@ mod tests {
             partition: Some(2),
         };
         let plain = RoutedRecord {
-            topic: plain_topic.clone(),
+            topic: Arc::from(plain_topic.as_str()),
             key: None,
             value: None,
             headers: vec![],

@@ -3,7 +3,9 @@
 //! # Invariants
 //! - A topic is created at most once per sink, unless the producer lost it
 //!   ([`TopicCreator::forget`]); "already exists" counts as success.
-//! - A topic is only remembered as present after the broker confirmed it.
+//! - A topic is only remembered as present after the broker confirmed it; a topic sent to is
+//!   kept among the recent ones only once it is known (or creation is disabled), and forgetting
+//!   a topic empties the recent ones.
 //! - A forgotten topic is checked again before its next record, even with creation disabled.
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
@@ -15,6 +17,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
 use rustc_hash::{FxHashMap, FxHashSet};
+use siphon_record::RecentTopics;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +38,9 @@ pub struct TopicCreator {
     /// Topics the producer lost (its metadata lacked them): checked again before their next
     /// record, whether creation is enabled or not.
     forgotten: FxHashSet<String>,
+    /// The topics sent to last, which need no creation: found again without hashing their
+    /// names.
+    ready: RecentTopics<()>,
 }
 
 /// Properties that only make sense for a producer; the admin client rejects or ignores them.
@@ -90,6 +96,7 @@ impl TopicCreator {
             known: FxHashSet::default(),
             partitions: FxHashMap::default(),
             forgotten: FxHashSet::default(),
+            ready: RecentTopics::default(),
         })
     }
 
@@ -112,6 +119,7 @@ impl TopicCreator {
     /// The producer lost `topic` (its metadata lacked the topic or a partition of it): it is
     /// checked again (and created again if creation is enabled) before its next record.
     pub fn forget(&mut self, topic: &str) {
+        self.ready.clear();
         self.known.remove(topic);
         self.partitions.remove(topic);
         self.forgotten.insert(topic.to_owned());
@@ -134,7 +142,7 @@ impl TopicCreator {
         &self,
         topic: &str,
     ) -> Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static> {
-        if self.known.contains(topic) {
+        if self.ready.get(topic).is_some() || self.known.contains(topic) {
             return None;
         }
         let admin = self.admin.clone();
@@ -152,12 +160,17 @@ impl TopicCreator {
     }
 
     /// Makes sure `topic` exists (creating it if needed).
-    pub async fn ensure(&mut self, topic: &str) -> Result<(), SinkError> {
-        // Known topics (every record but a topic's first) take no allocation here.
+    pub async fn ensure(&mut self, topic: &Arc<str>) -> Result<(), SinkError> {
+        // Known topics (every record but a topic's first) take no allocation here, and recent
+        // ones no hashing either.
+        if self.ready.get(topic).is_some() {
+            return Ok(());
+        }
         if let Some(creation) = self.creation(topic) {
             creation.await?;
             self.remember(topic, None);
         }
+        self.ready.keep(topic, ());
         Ok(())
     }
 }

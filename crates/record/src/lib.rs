@@ -1,14 +1,19 @@
 //! The Kafka record a routed outbox row becomes ([`RoutedRecord`], with its [`Header`]s), and
-//! the size it holds in the sink's in-flight window ([`record_bytes`]).
+//! the size it holds in the sink's in-flight window ([`record_bytes`]); [`RecentTopics`], which
+//! spares lookups by topic name per record the hashing of the name.
 //!
 //! The router makes records and the Kafka sink sends them; this crate is what they share, so
 //! the sink does not depend on the router.
 //!
 //! # Invariants
 //! - A record owns its bytes ([`Bytes`] and [`Arc<str>`] share nothing with the row it came
-//!   from); cloning one copies no key, value or header bytes.
+//!   from); cloning one copies no key, value or header bytes, nor the topic name.
 //! - [`record_bytes`] counts key, value, header names and header values, nothing else: the
 //!   same record always has the same size.
+
+mod recent_topics;
+
+pub use recent_topics::RecentTopics;
 
 use bytes::Bytes;
 use std::sync::Arc;
@@ -26,8 +31,9 @@ pub struct Header {
 /// A record ready to be produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedRecord {
-    /// The destination topic; a legal Kafka topic name.
-    pub topic: String,
+    /// The destination topic; a legal Kafka topic name. Shared: the records of one topic hold
+    /// the same name, so a record's topic is neither allocated nor copied.
+    pub topic: Arc<str>,
     /// The serialized key; `None` is a null key.
     pub key: Option<Bytes>,
     /// The serialized value; `None` is a null value (a tombstone).
@@ -61,7 +67,7 @@ mod tests {
     #[test]
     fn record_bytes_counts_key_value_and_headers() {
         let record = RoutedRecord {
-            topic: "a-long-topic-name-that-is-not-counted".to_owned(),
+            topic: Arc::from("a-long-topic-name-that-is-not-counted"),
             key: Some(Bytes::from_static(b"key")),
             value: Some(Bytes::from_static(b"value")),
             headers: vec![

@@ -735,7 +735,7 @@ fn topic_regex() {
             ..Row::default()
         },
     );
-    assert_eq!(rec.topic, "eu.events.Order.eu");
+    assert_eq!(&*rec.topic, "eu.events.Order.eu");
     // No whole match: RegexRouter keeps the routing value as the topic.
     let rec = route(
         &opts,
@@ -745,7 +745,7 @@ fn topic_regex() {
             ..Row::default()
         },
     );
-    assert_eq!(rec.topic, "Order-eu1");
+    assert_eq!(&*rec.topic, "Order-eu1");
     // Java's `.` stops at line terminators, so the value is not matched and, as a topic, refused.
     let err = route_err(
         &[
@@ -768,7 +768,7 @@ fn topic_regex() {
         format(JSON, JSON),
         Row::default(),
     );
-    assert_eq!(rec.topic, "created.Order");
+    assert_eq!(&*rec.topic, "created.Order");
 }
 
 // ---------------------------------------------------------------- null payloads and tombstones

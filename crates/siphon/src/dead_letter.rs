@@ -54,7 +54,7 @@ impl Stage {
 /// Builds dead-letter records for one topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetters {
-    topic: String,
+    topic: Arc<str>,
     /// The largest record built (key, value and headers).
     max_record_bytes: usize,
 }
@@ -138,7 +138,7 @@ impl DeadLetters {
             .saturating_sub(HEADROOM_BYTES)
             .min(MAX_VALUE_BYTES);
         DeadLetters {
-            topic,
+            topic: Arc::from(topic),
             max_record_bytes,
         }
     }
@@ -229,7 +229,7 @@ impl DeadLetters {
         let value = json_object(&row);
         push_omitted(&mut headers, &omitted, self.omitted_room());
         RoutedRecord {
-            topic: self.topic.clone(),
+            topic: Arc::clone(&self.topic),
             key: None,
             value: Some(Bytes::from(value)),
             headers,
@@ -249,7 +249,10 @@ impl DeadLetters {
         commit_lsn: Option<Lsn>,
     ) -> RoutedRecord {
         let mut headers = common_headers(error, self.max_error_bytes(), stage, commit_lsn);
-        headers.push(header("siphon.original.topic", original.topic.clone()));
+        headers.push(header(
+            "siphon.original.topic",
+            Bytes::copy_from_slice(original.topic.as_bytes()),
+        ));
         let headers_size: usize = headers.iter().map(header_bytes).sum();
         let mut room = self
             .max_record_bytes
@@ -281,7 +284,7 @@ impl DeadLetters {
         push_omitted(&mut headers, &omitted, self.omitted_room());
         headers.extend(kept_headers);
         RoutedRecord {
-            topic: self.topic.clone(),
+            topic: Arc::clone(&self.topic),
             key,
             value,
             headers,
@@ -355,7 +358,7 @@ mod tests {
             Lsn(0x1_0000_0010),
             Some(Lsn(0x20)),
         );
-        assert_eq!(r.topic, "dlq");
+        assert_eq!(&*r.topic, "dlq");
         assert_eq!(
             r.value.as_deref(),
             Some(&br#"{"id":"e-1","payload":"not json \"x\"","big":null}"#[..])

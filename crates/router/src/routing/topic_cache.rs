@@ -6,7 +6,8 @@
 //! same work. The cache keeps each value's topic once it passed the name check.
 //!
 //! Like the envelope schema cache, it lives as long as the router and is shared by its clones
-//! (which have the same options).
+//! (which have the same options). A topic is kept as an [`Arc<str>`] that every record routed
+//! to it shares: a record's topic costs no allocation and no copy.
 //!
 //! # Invariants
 //! - Holds only topics that passed [`crate::routing::topic::check_topic_name`], each under the routing
@@ -25,7 +26,7 @@ pub const CAPACITY: usize = 1024;
 /// The topics of the routing values seen, shared by a router's clones.
 #[derive(Debug, Clone, Default)]
 pub struct TopicCache {
-    topics: Arc<Mutex<FxHashMap<Box<str>, String>>>,
+    topics: Arc<Mutex<FxHashMap<Box<str>, Arc<str>>>>,
 }
 
 impl TopicCache {
@@ -37,16 +38,16 @@ impl TopicCache {
         &self,
         value: &str,
         route: impl FnOnce(&str) -> Result<String, E>,
-    ) -> Result<String, E> {
+    ) -> Result<Arc<str>, E> {
         let mut topics = self.topics.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(topic) = topics.get(value) {
-            return Ok(topic.clone());
+            return Ok(Arc::clone(topic));
         }
-        let topic = route(value)?;
+        let topic: Arc<str> = Arc::from(route(value)?);
         if topics.len() >= CAPACITY {
             topics.clear();
         }
-        topics.insert(value.into(), topic.clone());
+        topics.insert(value.into(), Arc::clone(&topic));
         Ok(topic)
     }
 
@@ -112,7 +113,7 @@ mod tests {
         for i in 0..CAPACITY * 3 + 7 {
             let value = i.to_string();
             let topic = cache.topic(&value, |v| Ok::<_, ()>(format!("t.{v}")));
-            assert_eq!(topic, Ok(format!("t.{i}")));
+            assert_eq!(topic.as_deref(), Ok(format!("t.{i}").as_str()));
             assert!(cache.len() <= CAPACITY);
         }
     }

@@ -36,6 +36,7 @@ use siphon_core::exactly_once::{KafkaTransactions, Progress, TransactionStep};
 use siphon_core::flow::{self, Flow, FlowError, FlowSettings, Outcome, ToDeadLetter};
 use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
+use siphon_record::RecentTopics;
 use siphon_router::{
     Change, EventRouter, RouteError, Routed, RoutedRecord, SourcePosition, TableBinding,
 };
@@ -180,21 +181,32 @@ enum Own {
     Finish(Result<(), PipelineError>),
 }
 
-/// Counts with the counters of `topic` from `cache`, taken from `metrics` the first time
-/// (one lookup when cached).
-fn count_topic(
-    cache: &mut FxHashMap<String, TopicMetrics>,
-    metrics: &Metrics,
-    topic: &str,
-    count: impl FnOnce(&TopicMetrics),
-) {
-    if let Some(counters) = cache.get(topic) {
-        count(counters);
-        return;
+/// Per-topic counters, taken from the metrics once per topic (no lock on the per-record path);
+/// recent topics' are found again without hashing their names.
+#[derive(Default)]
+struct TopicCounters {
+    by_topic: FxHashMap<String, TopicMetrics>,
+    recent: RecentTopics<TopicMetrics>,
+}
+
+impl TopicCounters {
+    /// Counts with the counters of `topic`, taken from `metrics` the first time.
+    fn count(&mut self, metrics: &Metrics, topic: &Arc<str>, count: impl FnOnce(&TopicMetrics)) {
+        if let Some(counters) = self.recent.get(topic) {
+            count(counters);
+            return;
+        }
+        let counters = match self.by_topic.get(&**topic) {
+            Some(counters) => counters.clone(),
+            None => {
+                let counters = metrics.topic(topic);
+                self.by_topic.insert(topic.to_string(), counters.clone());
+                counters
+            }
+        };
+        count(&counters);
+        self.recent.keep(topic, counters);
     }
-    let counters = metrics.topic(topic);
-    count(&counters);
-    cache.insert(topic.to_owned(), counters);
 }
 
 /// The session state machine.
@@ -235,8 +247,8 @@ pub struct SessionCore<'a> {
     parked: Option<(TxnId, u32, RoutedRecord)>,
     /// Exactly-once: the suspect sent alone in the Kafka transaction now open.
     solo: Option<(Lsn, u32)>,
-    /// Per-topic counters, looked up once per topic (no lock on the per-record path).
-    topics: FxHashMap<String, TopicMetrics>,
+    /// Per-topic counters.
+    topics: TopicCounters,
     /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
     /// the gauge is set only when it changes.
     oldest_reported: Option<Option<Instant>>,
@@ -279,7 +291,7 @@ impl<'a> SessionCore<'a> {
             positions: FxHashMap::default(),
             parked: None,
             solo: None,
-            topics: FxHashMap::default(),
+            topics: TopicCounters::default(),
             oldest_reported: None,
         }
     }
@@ -433,10 +445,11 @@ impl<'a> SessionCore<'a> {
                 // A record that waited for its topic past the stop's deadline never reached
                 // the producer: the transaction must not commit without it.
                 Input::SendRefused { record, error, .. } => {
-                    return self.uncommittable(record.topic, AbortCause::NotTaken(error));
+                    return self
+                        .uncommittable(record.topic.to_string(), AbortCause::NotTaken(error));
                 }
                 Input::Purged { record, .. } => {
-                    return self.uncommittable(record.topic, AbortCause::Purged);
+                    return self.uncommittable(record.topic.to_string(), AbortCause::Purged);
                 }
                 _ => return,
             }
@@ -820,7 +833,7 @@ impl<'a> SessionCore<'a> {
         }
         let bytes = record_bytes(&record);
         let added = self.flow.add(txn, bytes, now);
-        count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
+        self.topics.count(&self.metrics, &record.topic, |counters| {
             counters.routed();
             if added.is_ok() {
                 counters.produced();
@@ -875,9 +888,8 @@ impl<'a> SessionCore<'a> {
         let letter = self.letter_for(dead_letters, txn, record, &fault);
         let bytes = record_bytes(&letter);
         let seq = self.flow.add(txn, bytes, now)?;
-        count_topic(&mut self.topics, &self.metrics, &letter.topic, |counters| {
-            counters.produced()
-        });
+        self.topics
+            .count(&self.metrics, &letter.topic, |counters| counters.produced());
         self.hand_over(now, seq, letter, Some((index, bytes)));
         Ok(())
     }
@@ -912,9 +924,8 @@ impl<'a> SessionCore<'a> {
         }
         let bytes = record_bytes(&record);
         let seq = self.flow.add(txn, bytes, now)?;
-        count_topic(&mut self.topics, &self.metrics, &record.topic, |counters| {
-            counters.produced()
-        });
+        self.topics
+            .count(&self.metrics, &record.topic, |counters| counters.produced());
         self.hand_over(now, seq, record, Some((index, bytes)));
         Ok(())
     }
@@ -1025,10 +1036,10 @@ impl<'a> SessionCore<'a> {
             let position = self.positions.remove(&token);
             return Err(match failure.error {
                 DeliveryError::Definite(refusal) => {
-                    self.refused_in_transaction(position, failure.record.topic, refusal)
+                    self.refused_in_transaction(position, failure.record.topic.to_string(), refusal)
                 }
                 error => PipelineError::TransactionAborted {
-                    topic: failure.record.topic,
+                    topic: failure.record.topic.to_string(),
                     cause: AbortCause::Delivery(error),
                 },
             });
@@ -1100,7 +1111,7 @@ impl<'a> SessionCore<'a> {
         if self.transactions.is_some() {
             self.flow.reported_fatal(token);
             return Err(PipelineError::TransactionAborted {
-                topic: record.topic,
+                topic: record.topic.to_string(),
                 cause: AbortCause::Purged,
             });
         }
@@ -1129,13 +1140,12 @@ impl<'a> SessionCore<'a> {
         let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
             return Err(PipelineError::Refused(fault));
         };
-        if record.topic == dead_letters.topic() {
+        if &*record.topic == dead_letters.topic() {
             return Err(PipelineError::DeadLetterRefused(fault));
         }
         let letter = self.letter_for(dead_letters, txn, record, &fault);
-        count_topic(&mut self.topics, &self.metrics, &letter.topic, |counters| {
-            counters.produced()
-        });
+        self.topics
+            .count(&self.metrics, &letter.topic, |counters| counters.produced());
         // The letter joins the transaction before the refused record settles.
         self.flow.dead_lettered(now, seq, txn, letter)?;
         Ok(())
@@ -1162,7 +1172,7 @@ impl<'a> SessionCore<'a> {
                     // transaction, whose progress counts it, must not commit.
                     self.flow.reported_fatal(token);
                     return Err(PipelineError::TransactionAborted {
-                        topic: record.topic,
+                        topic: record.topic.to_string(),
                         cause: AbortCause::NotTaken(error),
                     });
                 }
@@ -1182,7 +1192,7 @@ impl<'a> SessionCore<'a> {
                 if self.transactions.is_some() {
                     self.flow.reported_fatal(token);
                     return Err(PipelineError::TransactionAborted {
-                        topic: record.topic,
+                        topic: record.topic.to_string(),
                         cause: AbortCause::NotTaken(error),
                     });
                 }

@@ -143,7 +143,7 @@ fn event_of(record: &RoutedRecord) -> Option<u64> {
 }
 
 fn is_poison(record: &RoutedRecord) -> bool {
-    record.topic != DEAD_LETTER_TOPIC
+    &*record.topic != DEAD_LETTER_TOPIC
         && record
             .value
             .as_deref()
@@ -298,7 +298,7 @@ impl Broker {
             return;
         };
         let key = record.key.as_deref().unwrap_or_default().to_vec();
-        self.log[p].push((record.topic.clone(), key, event, txn));
+        self.log[p].push((record.topic.to_string(), key, event, txn));
         if let Some(position) = record
             .headers
             .iter()
@@ -306,13 +306,13 @@ impl Broker {
             .and_then(|h| h.value.as_deref())
         {
             self.positions[p].push((
-                record.topic.clone(),
+                record.topic.to_string(),
                 event,
                 String::from_utf8_lossy(position).into_owned(),
                 txn,
             ));
         }
-        if record.topic == DEAD_LETTER_TOPIC {
+        if &*record.topic == DEAD_LETTER_TOPIC {
             self.dead.insert(event);
         } else {
             self.written.insert(event);
@@ -954,13 +954,13 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         record.topic
     ));
     if w.exactly_once
-        && record.topic != DEAD_LETTER_TOPIC
+        && &*record.topic != DEAD_LETTER_TOPIC
         && event_of(&record).is_some_and(|e| w.oversized.contains(&e))
     {
         w.trace
             .push(format!("#{token} refused at enqueue: too large"));
         w.saw("refused at enqueue");
-        let topic = record.topic.clone();
+        let topic = record.topic.to_string();
         core.handle(
             w.now(),
             Input::SendRefused {
@@ -978,7 +978,7 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
     if w.exactly_once && w.broker.kafka.begin_failed && w.broker.kafka.open.is_none() {
         // librdkafka takes no record outside a transaction.
         w.trace.push(format!("#{token} not taken: no transaction"));
-        let topic = record.topic.clone();
+        let topic = record.topic.to_string();
         core.handle(
             w.now(),
             Input::SendRefused {
@@ -1003,7 +1003,7 @@ fn send(w: &mut World, core: &mut SessionCore<'_>, token: usize, record: RoutedR
         }
     }
     if w.broker.failed {
-        let record_topic = record.topic.clone();
+        let record_topic = record.topic.to_string();
         core.handle(
             w.now(),
             Input::SendRefused {
@@ -1726,7 +1726,7 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
                 token,
                 error: SinkError::Kafka {
                     operation: Operation::Enqueue,
-                    topic: record.topic.clone(),
+                    topic: record.topic.to_string(),
                     code: RDKafkaErrorCode::AllBrokersDown,
                 },
                 record,

@@ -48,7 +48,8 @@ pub struct Source {
     pub timeline: u32,
     /// The progress record's key.
     pub key: String,
-    pub progress_topic: String,
+    /// The progress topic, which every progress record shares.
+    pub progress_topic: Arc<str>,
     pub transactional_id: String,
 }
 
@@ -71,7 +72,7 @@ impl Source {
                 .transactional_id
                 .clone()
                 .unwrap_or_else(|| progress_record::transactional_id(&system_id, &database, slot)),
-            progress_topic: exactly_once.progress_topic.topic().to_owned(),
+            progress_topic: Arc::from(exactly_once.progress_topic.topic()),
             database,
             timeline,
         })
@@ -81,7 +82,7 @@ impl Source {
     pub fn progress_record(&self, progress: &Progress) -> RoutedRecord {
         let recorded = Recorded::new(&self.name, &self.database, self.timeline, progress);
         RoutedRecord {
-            topic: self.progress_topic.clone(),
+            topic: Arc::clone(&self.progress_topic),
             key: Some(Bytes::from(self.key.clone())),
             value: Some(Bytes::from(recorded.to_json())),
             headers: Vec::new(),
