@@ -488,9 +488,9 @@ const REPLACED_LINE: &str = "Kafka producer failed; replacing it";
 const LOST_TOPIC_LINE: &str = "the Kafka producer lost the topic's metadata";
 
 /// No producer replacement, unless the producer lost the topic's metadata: then librdkafka
-/// fails the records it had queued for the topic, and when some of them already had sequence
-/// numbers (`enable.gapless.guarantee`) that is fatal to the producer, whose replacement sends
-/// them again in order: at most one replacement, then.
+/// fails the records it had queued for the topic while it goes on retrying those it had sent,
+/// so Siphon purges and replaces the producer and the replacement sends them again in order:
+/// one replacement, then.
 fn assert_no_replacement_without_a_lost_topic(log: &str) {
     let replacements = log.matches(REPLACED_LINE).count();
     let bound = usize::from(log.contains(LOST_TOPIC_LINE));

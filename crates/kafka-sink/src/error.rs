@@ -715,9 +715,16 @@ pub struct ProducerFailure {
 
 impl ProducerFailure {
     /// Whether the producer must be replaced before sending again (not for a record refused
-    /// only for its batch's sake, nor for one whose topic the producer's metadata lacked).
+    /// only for its batch's sake). A record whose topic the producer's metadata lacked needs it
+    /// too: librdkafka fails the records queued on the partitions it dropped but goes on with
+    /// those it had already sent, retrying them once the topic is back, so a later record of
+    /// the partition could be written before the failed one is sent again; the failed
+    /// producer is purged instead, and its replacement sends everything again in order.
     pub fn needs_rebuild(&self) -> bool {
-        self.consequence == Consequence::ProducerFailed
+        matches!(
+            self.consequence,
+            Consequence::ProducerFailed | Consequence::TopicUnknown
+        )
     }
 
     /// Whether the topic must be checked before the record is sent again
@@ -898,7 +905,7 @@ mod tests {
                 (ProducerFailed, DeliveryError::Transient(f)) => assert!(f.needs_rebuild()),
                 (RefusedWithOthers, DeliveryError::Transient(f)) => assert!(!f.needs_rebuild()),
                 (TopicUnknown, DeliveryError::Transient(f)) => {
-                    assert!(!f.needs_rebuild() && f.awaits_topic())
+                    assert!(f.needs_rebuild() && f.awaits_topic())
                 }
                 _ => panic!("{n}: {error:?}"),
             }
