@@ -618,6 +618,13 @@ impl Results {
         out
     }
 
+    /// [`Results::drain_json`] of each row, against a reference drain of `reference_secs`.
+    fn drains_json(&self, rows: &[(&str, &Drain)], reference_secs: f64) -> Vec<Value> {
+        rows.iter()
+            .map(|(name, d)| self.drain_json(name, d, reference_secs))
+            .collect()
+    }
+
     fn drain_json(&self, name: &str, d: &Drain, reference_secs: f64) -> Value {
         let b = &self.backlog;
         json!({
@@ -719,24 +726,12 @@ impl Results {
     /// The same as JSON.
     pub fn json(&self) -> Value {
         let b = &self.backlog;
-        let rows: Vec<Value> = self
-            .rows()
-            .iter()
-            .map(|(name, d)| self.drain_json(name, d, self.recvlogical.secs))
-            .collect();
+        let rows = self.drains_json(&self.rows(), self.recvlogical.secs);
         let contention = self.contention.as_ref().map(|c| {
-            let rows: Vec<Value> = Self::contended_rows(c)
-                .iter()
-                .map(|(name, d)| self.drain_json(name, d, c.recvlogical.secs))
-                .collect();
+            let rows = self.drains_json(&Self::contended_rows(c), c.recvlogical.secs);
             let all_operations = c.all_operations.as_ref().map(|all| {
-                let rows: Vec<Value> = all
-                    .rows()
-                    .iter()
-                    .map(|(name, d)| self.drain_json(name, d, all.recvlogical.secs))
-                    .collect();
                 json!({
-                    "drains": rows,
+                    "drains": self.drains_json(&all.rows(), all.recvlogical.secs),
                     "kafka_ratio_to_pg_recvlogical": all.ratio(),
                 })
             });
@@ -749,11 +744,7 @@ impl Results {
             })
         });
         let all_operations = self.all_operations.as_ref().map(|all| {
-            let rows: Vec<Value> = all
-                .rows()
-                .iter()
-                .map(|(name, d)| self.drain_json(name, d, all.recvlogical.secs))
-                .collect();
+            let rows = self.drains_json(&all.rows(), all.recvlogical.secs);
             json!({
                 "publication": super::workload::PUBLICATION_ALL,
                 "publish": "insert, update, delete",
