@@ -715,16 +715,9 @@ pub struct ProducerFailure {
 
 impl ProducerFailure {
     /// Whether the producer must be replaced before sending again (not for a record refused
-    /// only for its batch's sake). A record whose topic the producer's metadata lacked needs it
-    /// too: librdkafka fails the records queued on the partitions it dropped but goes on with
-    /// those it had already sent, retrying them once the topic is back, so a later record of
-    /// the partition could be written before the failed one is sent again; the failed
-    /// producer is purged instead, and its replacement sends everything again in order.
+    /// only for its batch's sake, nor for one whose topic the producer's metadata lacked).
     pub fn needs_rebuild(&self) -> bool {
-        matches!(
-            self.consequence,
-            Consequence::ProducerFailed | Consequence::TopicUnknown
-        )
+        self.consequence == Consequence::ProducerFailed
     }
 
     /// Whether the topic must be checked before the record is sent again
@@ -905,7 +898,7 @@ mod tests {
                 (ProducerFailed, DeliveryError::Transient(f)) => assert!(f.needs_rebuild()),
                 (RefusedWithOthers, DeliveryError::Transient(f)) => assert!(!f.needs_rebuild()),
                 (TopicUnknown, DeliveryError::Transient(f)) => {
-                    assert!(f.needs_rebuild() && f.awaits_topic())
+                    assert!(!f.needs_rebuild() && f.awaits_topic())
                 }
                 _ => panic!("{n}: {error:?}"),
             }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// Where a delivered record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -592,10 +592,7 @@ impl KafkaSink {
     /// [`KafkaSink::topic_creation`], which creates it again or checks it.
     pub fn forget_topic(&mut self, topic: &str) {
         if let Backend::Kafka { topics, .. } = &mut self.backend {
-            // Once per loss: the records that fail with it after the first find it forgotten.
-            if topics.knows(topic) {
-                info!(%topic, "the Kafka producer lost the topic's metadata (the topic is gone or not yet known to the broker); checking or creating it before its next record");
-            }
+            debug!(%topic, "the producer lost the topic's metadata; checking the topic before its next record");
             topics.forget(topic);
         }
     }
