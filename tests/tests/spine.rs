@@ -350,35 +350,14 @@ async fn outage_with_deadline(
     outage: &[u64],
     long: Option<(Duration, Duration)>,
 ) -> Result<String> {
+    let timeout_ms = long.map_or(10_000, |(d, _)| d.as_millis());
+    let bound = long.map_or(Duration::from_secs(60), |(_, b)| b);
+    let pg = Postgres::start()?;
     // A topic the broker creates itself (auto.create.topics.enable, on a producer's metadata
     // request) gets the partitions Siphon created it with: so does one an empty broker creates
     // again (with Kafka's default of one, records already given a partition it no longer has
     // would be refused, and Siphon stops).
-    outage_on(
-        &[("num.partitions", "3")],
-        comeback,
-        slot,
-        before,
-        outage,
-        long.map(|(deadline, bound)| (deadline, bound, Duration::from_secs(14))),
-    )
-    .await
-}
-
-/// [`outage_with_deadline`] on a broker started with `settings`; with `long: Some((deadline,
-/// bound, down))` the broker is started again `down` into the outage.
-async fn outage_on(
-    settings: &[(&str, &str)],
-    comeback: Comeback,
-    slot: &str,
-    before: &[u64],
-    outage: &[u64],
-    long: Option<(Duration, Duration, Duration)>,
-) -> Result<String> {
-    let timeout_ms = long.map_or(10_000, |(d, _, _)| d.as_millis());
-    let bound = long.map_or(Duration::from_secs(60), |(_, b, _)| b);
-    let pg = Postgres::start()?;
-    let broker = Broker::start_own(settings)?;
+    let broker = Broker::start_own(&[("num.partitions", "3")])?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let config = siphon_config_at(
@@ -421,8 +400,8 @@ async fn outage_on(
             .await
             .with_context(|| format!("no producer replacement; siphon log:\n{}", siphon.log()))?;
         tokio::time::sleep(Duration::from_secs(4)).await;
-    } else if let Some((_, _, down)) = long {
-        tokio::time::sleep(down).await;
+    } else {
+        tokio::time::sleep(Duration::from_secs(14)).await;
     }
     let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
     assert!(
@@ -609,38 +588,6 @@ async fn an_outage_shorter_than_the_delivery_deadline_needs_no_replacement() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_that_forgot_the_producer_is_written_to_without_a_replacement() -> Result<()> {
     an_outage_shorter_than_the_delivery_deadline(Comeback::Empty, "short_empty").await
-}
-
-/// A broker that comes back empty and creates no topic by itself
-/// (`auto.create.topics.enable=false`), more than librdkafka's `topic.metadata.propagation.max.ms`
-/// (30 s) after the producer last saw its topic change: the producer's first metadata answer
-/// says the topic does not exist, and librdkafka fails every record queued for it with
-/// `_UNKNOWN_PARTITION`. The topic still exists for Siphon (it is created again, as it was),
-/// so Siphon creates it again and sends everything, in order, without stopping and without
-/// replacing the producer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_broker_that_creates_no_topics_is_given_them_again() -> Result<()> {
-    let log = outage_on(
-        &[
-            ("num.partitions", "3"),
-            ("auto.create.topics.enable", "false"),
-        ],
-        Comeback::Empty,
-        "forgot_topics",
-        &[1],
-        &known_topic_events(),
-        Some((
-            Duration::from_secs(90),
-            Duration::from_secs(60),
-            Duration::from_secs(32),
-        )),
-    )
-    .await?;
-    assert!(
-        !log.contains(REPLACED_LINE),
-        "the producer was replaced; log:\n{log}"
-    );
-    Ok(())
 }
 
 /// A record waits for its topic to be created while the brokers are gone: the creation runs

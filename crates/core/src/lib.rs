@@ -17,7 +17,6 @@ mod in_flight;
 pub mod intervals;
 pub mod ledger;
 pub mod record;
-pub mod topic_check;
 pub mod topic_gate;
 pub mod unpublished;
 

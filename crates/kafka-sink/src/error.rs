@@ -12,10 +12,6 @@
 //!   `on_error` applies (stop naming the record, or dead-letter it);
 //! - the record was refused only because another record of its batch was
 //!   ([`Consequence::RefusedWithOthers`]): send it again as it is;
-//! - the producer's metadata did not have the record's topic or partition
-//!   ([`Consequence::TopicUnknown`]): the topic's fresh metadata decides
-//!   (`siphon_core::topic_check`): send it again once the topic exists, or refuse it for good
-//!   ([`SinkError::MissingPartition`]) when the topic exists without its partition;
 //! - the producer or its connection failed or timed out ([`Consequence::ProducerFailed`]):
 //!   rebuild the producer and send again (after a backoff);
 //! - the operator must change the configuration, the broker or its authorization
@@ -125,18 +121,6 @@ pub enum SinkError {
         transactional_id: String,
         code: RDKafkaErrorCode,
     },
-    /// The topic exists with `partitions` partitions, and the record names `partition`, which
-    /// it does not have (fresh metadata shows it: the record is refused for good).
-    #[error("the topic {topic} has {partitions} partition(s), and the record goes to partition {partition}: the topic was deleted while Siphon wrote to it and created again with fewer partitions, or the partition column names one it does not have. Nothing unacknowledged was confirmed: start Siphon again to send it to the topic as it is now, or add partitions, or check the partition column")]
-    MissingPartition {
-        topic: String,
-        partition: i32,
-        partitions: i32,
-    },
-    /// The topic does not exist (or has no partitions yet) after Siphon created it or waited
-    /// for it up to [`crate::topics::CREATE_TIMEOUT`]: tried again after a backoff.
-    #[error("Kafka topic {topic} does not exist (yet): waiting for it; create it, or let Siphon create it (kafka.topic_creation.enabled)")]
-    TopicMissing { topic: String },
     /// The wake-up for delivery reports could not be set up.
     #[error("Kafka unavailable: waiting for Kafka delivery reports: {0}")]
     Wakeup(#[from] WakeupError),
@@ -196,15 +180,12 @@ impl SinkError {
     pub fn consequence(&self) -> siphon_core::Consequence {
         use siphon_core::Consequence::{Fix, Retry};
         match self {
-            SinkError::Config(_)
-            | SinkError::Client { .. }
-            | SinkError::MissingPartition { .. } => Fix,
+            SinkError::Config(_) | SinkError::Client { .. } => Fix,
             SinkError::Kafka {
                 operation, code, ..
             } => kafka_consequence(*operation, *code),
             SinkError::Transaction { code, .. } => transaction_consequence(*code),
             SinkError::TopicRequest { .. }
-            | SinkError::TopicMissing { .. }
             | SinkError::Wakeup(_)
             | SinkError::RetiredStillReporting { .. } => Retry,
         }
@@ -224,22 +205,8 @@ impl SinkError {
             SinkError::Kafka {
                 operation: Operation::Enqueue | Operation::CreateTopic,
                 ..
-            } | SinkError::MissingPartition { .. }
+            }
         ) && self.consequence() == siphon_core::Consequence::Fix
-    }
-
-    /// Whether the producer did not take the record because its metadata lacked the record's
-    /// topic or partition ([`Consequence::TopicUnknown`]): the topic is checked again before
-    /// the record is sent again.
-    pub fn awaits_topic(&self) -> bool {
-        matches!(
-            self,
-            SinkError::Kafka {
-                operation: Operation::Enqueue,
-                code,
-                ..
-            } if consequence(*code) == Consequence::TopicUnknown
-        )
     }
 
     /// The operation that failed (`None` for a refused setting, or a rebuild asked too early).
@@ -248,10 +215,7 @@ impl SinkError {
             SinkError::Client { operation, .. }
             | SinkError::Kafka { operation, .. }
             | SinkError::Transaction { operation, .. } => Some(*operation),
-            SinkError::TopicRequest { .. } | SinkError::TopicMissing { .. } => {
-                Some(Operation::CreateTopic)
-            }
-            SinkError::MissingPartition { .. } => Some(Operation::Enqueue),
+            SinkError::TopicRequest { .. } => Some(Operation::CreateTopic),
             SinkError::Wakeup(_) => Some(Operation::WaitForReports),
             SinkError::Config(_) | SinkError::RetiredStillReporting { .. } => None,
         }
@@ -383,11 +347,6 @@ pub enum Consequence {
     RecordRefused,
     /// Refused only because another record of its batch was: send it again as it is.
     RefusedWithOthers,
-    /// librdkafka's metadata lacked the record's topic or partition (a local code): the topic
-    /// is checked again, then the record is sent again in its place, or refused for good if
-    /// the topic exists without its partition. Metadata in flux (a broker that came back
-    /// empty, a topic being created again) gives this for a moment.
-    TopicUnknown,
     /// The producer or its connection failed or timed out: rebuild it and send again.
     ProducerFailed,
     /// The configuration, the broker or an authorization must change: stop, naming the fix.
@@ -401,9 +360,9 @@ impl Consequence {
     pub fn general(self) -> siphon_core::Consequence {
         match self {
             Consequence::RecordRefused | Consequence::OperatorFix => siphon_core::Consequence::Fix,
-            Consequence::RefusedWithOthers
-            | Consequence::ProducerFailed
-            | Consequence::TopicUnknown => siphon_core::Consequence::Retry,
+            Consequence::RefusedWithOthers | Consequence::ProducerFailed => {
+                siphon_core::Consequence::Retry
+            }
         }
     }
 }
@@ -429,16 +388,14 @@ pub fn explicit(code: RDKafkaErrorCode) -> Option<Consequence> {
         | C::PolicyViolation
         | C::InvalidRecord
         | C::InvalidTopic
+        | C::UnknownTopic
+        | C::UnknownPartition
         | C::BadMessage
         | C::BadCompression
         | C::KeySerialization
         | C::ValueSerialization => RecordRefused,
 
         C::InvalidDifferentRecord => RefusedWithOthers,
-
-        // librdkafka's own view of the topic (`rd_kafka_msg_partitioner`, or the partitions it
-        // dropped when a metadata answer said the topic does not exist).
-        C::UnknownTopic | C::UnknownPartition => TopicUnknown,
 
         // The producer, its connection or the partition's leadership failed or timed out.
         C::MessageTimedOut
@@ -626,12 +583,10 @@ fn fix(code: RDKafkaErrorCode) -> &'static str {
         C::InvalidRecord | C::InvalidMessage | C::BadMessage => {
             "the broker rejected the record's content (a record validation such as compaction needing a key, or a corrupt batch): check the topic's cleanup.policy and the record"
         }
-        C::InvalidTopic => {
-            "check route.topic.replacement and the topic name rules"
+        C::InvalidTopic | C::UnknownTopic => {
+            "check route.topic.replacement and the topic name rules, or create the topic (if it was deleted while Siphon wrote to it, start Siphon again: what was not acknowledged is sent again)"
         }
-        C::UnknownTopic | C::UnknownPartition => {
-            "the producer does not know the topic or the partition (the topic is missing, being created, or its metadata is out of date): the topic is checked and the record sent again, or refused if the topic lacks its partition"
-        }
+        C::UnknownPartition => "the topic does not have the partition the record went to: it was deleted while Siphon wrote to it (and created again with fewer partitions), or the partition column names one it does not have. Nothing unacknowledged was confirmed: start Siphon again to send it to the topic as it is now, or add partitions, or check the partition column",
         C::BadCompression | C::UnsupportedCompressionType => {
             "check kafka.properties.\"compression.type\" against what the broker supports"
         }
@@ -653,7 +608,6 @@ fn fix(code: RDKafkaErrorCode) -> &'static str {
         _ => match consequence(code) {
             Consequence::RecordRefused => "the broker refuses the record: change the record or the topic's configuration",
             Consequence::RefusedWithOthers => "another record of the same batch was refused; this one can be sent again",
-            Consequence::TopicUnknown => "the topic is checked and the record sent again",
             Consequence::ProducerFailed => "the producer is rebuilt and the record sent again",
             Consequence::OperatorFix => {
                 "this error is not expected for a produce request; check the broker and kafka.properties, and report it if it persists"
@@ -708,22 +662,15 @@ pub struct ProducerFailure {
     pub topic: String,
     /// The librdkafka error code.
     pub code: RDKafkaErrorCode,
-    /// [`Consequence::ProducerFailed`], [`Consequence::RefusedWithOthers`] or
-    /// [`Consequence::TopicUnknown`].
+    /// [`Consequence::ProducerFailed`] or [`Consequence::RefusedWithOthers`].
     pub consequence: Consequence,
 }
 
 impl ProducerFailure {
     /// Whether the producer must be replaced before sending again (not for a record refused
-    /// only for its batch's sake, nor for one whose topic the producer's metadata lacked).
+    /// only for its batch's sake).
     pub fn needs_rebuild(&self) -> bool {
         self.consequence == Consequence::ProducerFailed
-    }
-
-    /// Whether the topic must be checked before the record is sent again
-    /// ([`Consequence::TopicUnknown`]).
-    pub fn awaits_topic(&self) -> bool {
-        self.consequence == Consequence::TopicUnknown
     }
 }
 
@@ -760,13 +707,13 @@ impl DeliveryError {
                     consequence,
                 })
             }
-            consequence @ (Consequence::ProducerFailed
-            | Consequence::RefusedWithOthers
-            | Consequence::TopicUnknown) => DeliveryError::Transient(ProducerFailure {
-                topic,
-                code,
-                consequence,
-            }),
+            consequence @ (Consequence::ProducerFailed | Consequence::RefusedWithOthers) => {
+                DeliveryError::Transient(ProducerFailure {
+                    topic,
+                    code,
+                    consequence,
+                })
+            }
         }
     }
 
@@ -865,8 +812,8 @@ mod tests {
         (-184, ProducerFailed),    // _QUEUE_FULL
         (-185, ProducerFailed),    // _TIMED_OUT
         (-187, ProducerFailed),    // _ALL_BROKERS_DOWN
-        (-188, TopicUnknown),      // _UNKNOWN_TOPIC
-        (-190, TopicUnknown),      // _UNKNOWN_PARTITION
+        (-188, RecordRefused),     // _UNKNOWN_TOPIC
+        (-190, RecordRefused),     // _UNKNOWN_PARTITION
         (-192, ProducerFailed),    // _MSG_TIMED_OUT
         (-195, ProducerFailed),    // _TRANSPORT
         (-199, RecordRefused),     // _BAD_MSG
@@ -897,9 +844,6 @@ mod tests {
                 (OperatorFix, DeliveryError::Definite(r)) => assert!(!r.on_error_applies()),
                 (ProducerFailed, DeliveryError::Transient(f)) => assert!(f.needs_rebuild()),
                 (RefusedWithOthers, DeliveryError::Transient(f)) => assert!(!f.needs_rebuild()),
-                (TopicUnknown, DeliveryError::Transient(f)) => {
-                    assert!(!f.needs_rebuild() && f.awaits_topic())
-                }
                 _ => panic!("{n}: {error:?}"),
             }
         }
@@ -952,9 +896,9 @@ mod tests {
             (CreateTopic, C::NotController, Retry, "Kafka unavailable"),
             (CreateTopic, C::PolicyViolation, Retry, "Kafka unavailable"),
             (Enqueue, C::MessageSizeTooLarge, Fix, "message.max.bytes"),
-            (Enqueue, C::UnknownPartition, Retry, "Kafka unavailable"),
+            (Enqueue, C::UnknownPartition, Fix, "partition"),
             (Enqueue, C::InvalidTopic, Fix, "route.topic.replacement"),
-            (Enqueue, C::UnknownTopic, Retry, "Kafka unavailable"),
+            (Enqueue, C::UnknownTopic, Fix, "route.topic.replacement"),
             (Enqueue, C::TopicAuthorizationFailed, Fix, "grant WRITE"),
             (Enqueue, C::Fatal, Retry, "Kafka unavailable"),
             (Enqueue, C::QueueFull, Retry, "Kafka unavailable"),

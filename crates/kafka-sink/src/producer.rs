@@ -27,7 +27,6 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
 use rustc_hash::FxHashMap;
-use siphon_core::topic_check::{verdict, TopicMetadata, Verdict};
 use siphon_record::{Header, RoutedRecord};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -226,105 +225,6 @@ impl Client {
     }
 }
 
-/// How long one metadata request of [`await_partitions`] and [`refuse_missing_partition`] may
-/// take.
-const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What fresh metadata (asked for through `producer`, which updates the producer's own view)
-/// says of `topic`.
-async fn topic_metadata(
-    producer: &Arc<BaseProducer<DeliveryContext>>,
-    topic: &str,
-) -> Result<TopicMetadata, SinkError> {
-    let producer = Arc::clone(producer);
-    let name = topic.to_owned();
-    let metadata = tokio::task::spawn_blocking(move || {
-        producer
-            .client()
-            .fetch_metadata(Some(&name), METADATA_TIMEOUT)
-    })
-    .await
-    .map_err(|_| SinkError::TopicMissing {
-        topic: topic.to_owned(),
-    })?
-    .map_err(|e| SinkError::topic_request(topic, &e))?;
-    let partitions = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none())
-        .map(|t| t.partitions().len());
-    Ok(match partitions {
-        Some(n) if n > 0 => TopicMetadata::Present {
-            partitions: i32::try_from(n).unwrap_or(i32::MAX),
-        },
-        _ => TopicMetadata::Missing,
-    })
-}
-
-/// Waits until `topic` shows partitions in the metadata (asked for through `producer`), for up
-/// to [`crate::topics::CREATE_TIMEOUT`]; returns how many.
-async fn await_partitions(
-    producer: Arc<BaseProducer<DeliveryContext>>,
-    topic: &str,
-) -> Result<i32, SinkError> {
-    let deadline = tokio::time::Instant::now() + crate::topics::CREATE_TIMEOUT;
-    let mut last = SinkError::TopicMissing {
-        topic: topic.to_owned(),
-    };
-    while tokio::time::Instant::now() < deadline {
-        match topic_metadata(&producer, topic).await {
-            Ok(TopicMetadata::Present { partitions }) => return Ok(partitions),
-            Ok(TopicMetadata::Missing) => {
-                last = SinkError::TopicMissing {
-                    topic: topic.to_owned(),
-                }
-            }
-            // Refused for good (authorization): no use waiting.
-            Err(e) if !e.is_transient() => return Err(e),
-            Err(e) => last = e,
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Err(last)
-}
-
-/// A record naming a partition its topic did not have when last checked is refused for good
-/// only if fresh metadata shows the topic without it ([`SinkError::MissingPartition`]);
-/// otherwise it goes to the producer, which decides with its own (now fresh) view.
-async fn refuse_missing_partition(
-    client: &Client,
-    topics: &mut TopicCreator,
-    record: &RoutedRecord,
-) -> Result<(), SinkError> {
-    let (Some(partition), Some(known)) = (record.partition, topics.partitions(&record.topic))
-    else {
-        return Ok(());
-    };
-    let refused = |partitions| {
-        verdict(Some(partition), TopicMetadata::Present { partitions }) == Verdict::Refuse
-    };
-    if !refused(known) {
-        return Ok(());
-    }
-    match topic_metadata(&client.producer, &record.topic).await {
-        Ok(TopicMetadata::Present { partitions }) => {
-            topics.remember(&record.topic, Some(partitions));
-            if refused(partitions) {
-                return Err(SinkError::MissingPartition {
-                    topic: record.topic.to_string(),
-                    partition,
-                    partitions,
-                });
-            }
-        }
-        // Missing, or no answer: not a refusal; the producer's own view decides.
-        Ok(TopicMetadata::Missing) | Err(_) => {
-            topics.remember(&record.topic, None);
-        }
-    }
-    Ok(())
-}
-
 /// Copies a failed message back into a record.
 fn copy_record<M: Message>(message: &M) -> RoutedRecord {
     let headers = message
@@ -396,7 +296,7 @@ enum Backend {
     Kafka {
         // Boxed: the discarding backend is small.
         client: Box<Client>,
-        topics: Box<TopicCreator>,
+        topics: TopicCreator,
     },
     Discard {
         deliveries: mpsc::UnboundedSender<Delivery>,
@@ -418,10 +318,7 @@ impl KafkaSink {
             let properties = config.client_properties()?;
             Backend::Kafka {
                 client: Box::new(Client::create(&properties, &tx, &observer, 0)?),
-                topics: Box::new(TopicCreator::new(
-                    &properties,
-                    config.topic_creation.clone(),
-                )?),
+                topics: TopicCreator::new(&properties, config.topic_creation.clone())?,
             }
         };
         let sink = KafkaSink {
@@ -550,50 +447,23 @@ impl KafkaSink {
         }
     }
 
-    /// The creation of `topic` if it is new to this sink, or its check if the producer lost it
-    /// ([`KafkaSink::forget_topic`]; see [`TopicCreator::creation`]): a future to run beside
-    /// the caller's loop, after which [`KafkaSink::topic_created`] is called with the
-    /// partitions it found. `None`: [`KafkaSink::send`] can take records for `topic` without
-    /// creating it.
-    ///
-    /// Once created, the topic's metadata is asked for through the producer itself (which
-    /// brings the producer's own view of the topic up to date) until the topic shows
-    /// partitions, for up to [`crate::topics::CREATE_TIMEOUT`]; a topic still missing then
-    /// fails for now ([`SinkError::TopicMissing`]).
+    /// The creation of `topic` if it is new to this sink (see [`TopicCreator::creation`]): a
+    /// future to run beside the caller's loop, after which [`KafkaSink::topic_created`] is
+    /// called. `None`: [`KafkaSink::send`] can take records for `topic` without creating it.
     pub fn topic_creation(
         &self,
         topic: &str,
-    ) -> Option<impl std::future::Future<Output = Result<Option<i32>, SinkError>> + Send + 'static>
-    {
+    ) -> Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static> {
         match &self.backend {
-            Backend::Kafka { topics, client } => {
-                let creation = topics.creation(topic)?;
-                let producer = Arc::clone(&client.producer);
-                let topic = topic.to_owned();
-                Some(async move {
-                    creation.await?;
-                    await_partitions(producer, &topic).await.map(Some)
-                })
-            }
+            Backend::Kafka { topics, .. } => topics.creation(topic),
             Backend::Discard { .. } => None,
         }
     }
 
-    /// Remembers `topic` as present: its [`KafkaSink::topic_creation`] succeeded (and found
-    /// `partitions`, if it looked).
-    pub fn topic_created(&mut self, topic: &str, partitions: Option<i32>) {
+    /// Remembers `topic` as present: its [`KafkaSink::topic_creation`] succeeded.
+    pub fn topic_created(&mut self, topic: &str) {
         if let Backend::Kafka { topics, .. } = &mut self.backend {
-            topics.remember(topic, partitions);
-        }
-    }
-
-    /// The producer's metadata lacked `topic` or a partition of it (a record failed with
-    /// [`crate::error::Consequence::TopicUnknown`]): its next record waits for
-    /// [`KafkaSink::topic_creation`], which creates it again or checks it.
-    pub fn forget_topic(&mut self, topic: &str) {
-        if let Backend::Kafka { topics, .. } = &mut self.backend {
-            debug!(%topic, "the producer lost the topic's metadata; checking the topic before its next record");
-            topics.forget(topic);
+            topics.remember(topic);
         }
     }
 
@@ -622,7 +492,6 @@ impl KafkaSink {
         };
         topics.ensure(&record.topic).await?;
         let topic: &str = record.topic.as_ref();
-        refuse_missing_partition(client, topics, record).await?;
         let mut outgoing = Outgoing::new(record, token);
         loop {
             // Counted before librdkafka can report it; uncounted when it is not taken.
@@ -837,16 +706,10 @@ mod tests {
         };
         let (mut creating, _deliveries) = KafkaSink::new(&config, None).expect("a producer");
         assert!(creating.topic_creation("t").is_some());
-        creating.topic_created("t", Some(3));
+        creating.topic_created("t");
         assert!(creating.topic_creation("t").is_none());
         assert!(creating.topic_creation("u").is_some());
-        sink.topic_created("t", None);
-        // A topic the producer lost is checked again, even with creation disabled.
-        sink.forget_topic("t");
-        assert!(sink.topic_creation("t").is_some());
-        assert!(sink.topic_creation("u").is_none());
-        sink.topic_created("t", Some(3));
-        assert!(sink.topic_creation("t").is_none());
+        sink.topic_created("t");
     }
 
     /// Serves reports until `count` are on the channel; each wait is for a wake-up.

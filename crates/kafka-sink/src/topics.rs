@@ -1,12 +1,9 @@
 //! Creation of output topics.
 //!
 //! # Invariants
-//! - A topic is created at most once per sink, unless the producer lost it
-//!   ([`TopicCreator::forget`]); "already exists" counts as success.
+//! - A topic is created at most once per sink; "already exists" counts as success.
 //! - A topic is only remembered as present after the broker confirmed it; a topic sent to is
-//!   kept among the recent ones only once it is known (or creation is disabled), and forgetting
-//!   a topic empties the recent ones.
-//! - A forgotten topic is checked again before its next record, even with creation disabled.
+//!   kept among the recent ones only once it is known (or creation is disabled).
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
@@ -16,7 +13,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use siphon_record::RecentTopics;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,11 +30,6 @@ pub struct TopicCreator {
     admin: Option<Arc<AdminClient<DefaultClientContext>>>,
     settings: TopicCreation,
     known: FxHashSet<String>,
-    /// Partitions of known topics, as the metadata showed them when they were last checked.
-    partitions: FxHashMap<String, i32>,
-    /// Topics the producer lost (its metadata lacked them): checked again before their next
-    /// record, whether creation is enabled or not.
-    forgotten: FxHashSet<String>,
     /// The topics sent to last, which need no creation: found again without hashing their
     /// names.
     ready: RecentTopics<()>,
@@ -94,8 +86,6 @@ impl TopicCreator {
             admin,
             settings,
             known: FxHashSet::default(),
-            partitions: FxHashMap::default(),
-            forgotten: FxHashSet::default(),
             ready: RecentTopics::default(),
         })
     }
@@ -105,36 +95,14 @@ impl TopicCreator {
         self.known.contains(topic)
     }
 
-    /// Remembers `topic` as present (after a [`TopicCreator::creation`] of it succeeded), with
-    /// `partitions` if the metadata showed them.
-    pub fn remember(&mut self, topic: &str, partitions: Option<i32>) {
+    /// Remembers `topic` as present (after a [`TopicCreator::creation`] of it succeeded).
+    pub fn remember(&mut self, topic: &str) {
         self.known.insert(topic.to_owned());
-        self.forgotten.remove(topic);
-        match partitions {
-            Some(n) => self.partitions.insert(topic.to_owned(), n),
-            None => self.partitions.remove(topic),
-        };
-    }
-
-    /// The producer lost `topic` (its metadata lacked the topic or a partition of it): it is
-    /// checked again (and created again if creation is enabled) before its next record.
-    pub fn forget(&mut self, topic: &str) {
-        self.ready.clear();
-        self.known.remove(topic);
-        self.partitions.remove(topic);
-        self.forgotten.insert(topic.to_owned());
-    }
-
-    /// The partitions `topic` had when it was last checked.
-    pub fn partitions(&self, topic: &str) -> Option<i32> {
-        self.partitions.get(topic).copied()
     }
 
     /// The creation of `topic` as a future that borrows nothing from the creator, to be run
     /// beside the caller's loop; `None` when there is nothing to do (the topic is known, or
-    /// creation is disabled and the topic was not forgotten). With creation disabled a
-    /// forgotten topic's future does nothing (the caller checks its metadata). On success the
-    /// caller [`TopicCreator::remember`]s the topic.
+    /// creation is disabled). On success the caller [`TopicCreator::remember`]s the topic.
     ///
     /// The request is bounded by [`CREATE_TIMEOUT`]: with the brokers unreachable it fails
     /// with a transient [`SinkError`] once that passed.
@@ -142,21 +110,14 @@ impl TopicCreator {
         &self,
         topic: &str,
     ) -> Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static> {
+        let admin = self.admin.as_ref()?;
         if self.ready.get(topic).is_some() || self.known.contains(topic) {
             return None;
         }
-        let admin = self.admin.clone();
-        if admin.is_none() && !self.forgotten.contains(topic) {
-            return None;
-        }
+        let admin = Arc::clone(admin);
         let settings = self.settings.clone();
         let topic = topic.to_owned();
-        Some(async move {
-            match admin {
-                Some(admin) => create(&admin, &settings, &topic).await,
-                None => Ok(()),
-            }
-        })
+        Some(async move { create(&admin, &settings, &topic).await })
     }
 
     /// Makes sure `topic` exists (creating it if needed).
@@ -168,7 +129,7 @@ impl TopicCreator {
         }
         if let Some(creation) = self.creation(topic) {
             creation.await?;
-            self.remember(topic, None);
+            self.remember(topic);
         }
         self.ready.keep(topic, ());
         Ok(())

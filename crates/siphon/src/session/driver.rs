@@ -34,7 +34,7 @@ use pgoutput::Lsn;
 use siphon_core::exactly_once::Progress;
 use siphon_core::topic_gate::{Creation as Outcome, Step, TopicGate};
 use siphon_core::Intervals;
-use siphon_kafka_sink::{BrokerProbe, DeliveryError, DeliveryObserver, KafkaSink, SinkError};
+use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink, SinkError};
 use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
 use siphon_source::Membership;
@@ -87,7 +87,7 @@ impl Drop for Creation {
 }
 
 /// The outcome of a topic creation run beside the loop: its id, the topic, the result.
-type Created = (u64, String, Result<Option<i32>, SinkError>);
+type Created = (u64, String, Result<(), SinkError>);
 
 /// Records the core sent that wait for a topic to be created ([`TopicGate`] decides), and the
 /// creation they wait for, run beside the loop.
@@ -115,9 +115,7 @@ impl Waiting {
         &mut self,
         id: u64,
         topic: String,
-        creation: Option<
-            impl std::future::Future<Output = Result<Option<i32>, SinkError>> + Send + 'static,
-        >,
+        creation: Option<impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static>,
     ) {
         let created = self.created_tx.clone();
         debug!(%topic, "creating a topic; records for it and after it wait");
@@ -126,7 +124,7 @@ impl Waiting {
             task: tokio::spawn(async move {
                 let result = match creation {
                     Some(creation) => creation.await,
-                    None => Ok(None),
+                    None => Ok(()),
                 };
                 // The receiver is gone only when the session ended.
                 let _ = created.send((id, topic, result));
@@ -551,11 +549,6 @@ impl Driver<'_> {
             }
             return;
         }
-        if let Err(failure) = &delivery.result {
-            if matches!(&failure.error, DeliveryError::Transient(f) if f.awaits_topic()) {
-                self.sink.forget_topic(&failure.record.topic);
-            }
-        }
         self.core.handle(now, Input::Delivery(delivery));
     }
 
@@ -621,9 +614,6 @@ impl Driver<'_> {
 
     /// A record the producer did not take (or could not be given) goes back to the core.
     fn refused(&mut self, token: usize, record: RoutedRecord, error: SinkError) {
-        if error.awaits_topic() {
-            self.sink.forget_topic(&record.topic);
-        }
         self.core.handle(
             Now::read(),
             Input::SendRefused {
@@ -644,17 +634,17 @@ impl Driver<'_> {
     /// A topic creation finished: the records waiting for it are sent in order, up to the next
     /// one whose topic is new; if it failed they go back to the core (see the module's
     /// invariants).
-    async fn on_created(&mut self, id: u64, topic: &str, result: Result<Option<i32>, SinkError>) {
+    async fn on_created(&mut self, id: u64, topic: &str, result: Result<(), SinkError>) {
         // The producer is told of a created topic only for the running creation, before the
         // gate asks which topics are new. A stopped creation's outcome changes nothing: its
         // records were handed back, and sent again they start a creation of their own.
-        if let (Ok(partitions), true) = (&result, self.waiting.gate.creating() == Some(id)) {
-            self.sink.topic_created(topic, *partitions);
+        if result.is_ok() && self.waiting.gate.creating() == Some(id) {
+            self.sink.topic_created(topic);
         }
         let sink = &self.sink;
         let is_new = |topic: &str| sink.topic_creation(topic).is_some();
         let outcome = match result {
-            Ok(_) => Outcome::Created,
+            Ok(()) => Outcome::Created,
             Err(error) if error.is_transient() => Outcome::FailedForNow(error),
             Err(error) => Outcome::Refused(error),
         };

@@ -120,7 +120,7 @@ pub async fn open(
     config.transactional_id = Some(source.transactional_id.clone());
     let (mut sink, deliveries) = KafkaSink::new(&config, Some(observer))?;
     // The progress topic exists: its records never wait for a creation on the session loop.
-    sink.topic_created(exactly_once.progress_topic.topic(), None);
+    sink.topic_created(exactly_once.progress_topic.topic());
     sink.init_transactions(INIT_TIMEOUT).await?;
     let value = exactly_once
         .progress_topic
