@@ -12,8 +12,8 @@
 //!   which the kept [`Arc`] keeps alive, so it cannot be another topic's); another allocation
 //!   of an equal name is not found (the caller's map answers it).
 //! - At most [`SLOTS`] topics are kept, the oldest kept replaced first.
-//! - A caller keeps a value only while the map it came from holds that value for the topic:
-//!   one that removes or replaces an entry [`RecentTopics::clear`]s the recent ones.
+//! - A caller keeps a value only while the map it came from holds that value for the topic
+//!   (maps whose entries are never removed or replaced, in this workspace).
 
 use std::sync::Arc;
 
@@ -48,11 +48,6 @@ impl<V> RecentTopics<V> {
             .map(|(_, value)| value)
     }
 
-    /// Forgets every topic kept.
-    pub fn clear(&mut self) {
-        self.slots = [const { None }; SLOTS];
-    }
-
     /// Keeps `value` for `topic`, in place of the oldest topic kept.
     pub fn keep(&mut self, topic: &Arc<str>, value: V) {
         self.slots[self.next] = Some((Arc::clone(topic), value));
@@ -79,15 +74,6 @@ mod tests {
         recent.keep(&customers, 2);
         assert_eq!(recent.get(&orders), Some(&1));
         assert_eq!(recent.get(&customers), Some(&2));
-    }
-
-    #[test]
-    fn cleared_it_keeps_nothing() {
-        let mut recent = RecentTopics::default();
-        let orders: Arc<str> = Arc::from("orders");
-        recent.keep(&orders, 1);
-        recent.clear();
-        assert_eq!(recent.get(&orders), None);
     }
 
     #[test]
