@@ -25,8 +25,8 @@ mod wakeup;
 pub use config::{ConfigError, ConfigReason, SinkConfig, TopicCreation};
 pub use error::{Consequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError};
 pub use producer::{
-    BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink, Rebuilt,
-    RetiredStatus,
+    AckCounter, BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink,
+    Rebuilt, RetiredStatus,
 };
 pub use progress_topic::ProgressTopic;
 pub use rdkafka::error::RDKafkaErrorCode;

@@ -14,6 +14,9 @@
 //! - Reports reach the channel only while the caller serves them
 //!   ([`KafkaSink::reports_ready`], then [`KafkaSink::serve_reports`]): there is no polling
 //!   thread. [`KafkaSink::send`] serves them itself while librdkafka's queue is full.
+//! - The observer's counter of the topic reported last is kept by the address of librdkafka's
+//!   topic object: a producer keeps a handle of every topic it was given until it is dropped
+//!   (`TopicHandles`), so an address names one topic for the life of the producer.
 
 use crate::error::Operation;
 use crate::produce::{Outgoing, TopicHandles};
@@ -23,7 +26,7 @@ use crate::{DeliveryError, SinkConfig, SinkError};
 use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
 use rustc_hash::FxHashMap;
@@ -66,8 +69,35 @@ pub struct DeliveryFailure {
 pub struct DeliveryContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
     observer: Option<Arc<dyn DeliveryObserver>>,
+    /// The observer's counter of the topic reported last, with the address of librdkafka's
+    /// topic object: reports come in runs of one topic, and reading the topic's name back from
+    /// librdkafka and looking it up cost more than the rest of a report's handling.
+    last_acked: Mutex<Option<(usize, AckCounter)>>,
     generation: u64,
     unreported: Arc<Unreported>,
+}
+
+impl DeliveryContext {
+    /// Counts one acknowledged record of `message`'s topic with the observer.
+    fn count_acked(&self, message: &BorrowedMessage<'_>) {
+        let Some(observer) = &self.observer else {
+            return;
+        };
+        // Only compared, never dereferenced.
+        let topic = message.topic_ptr() as usize;
+        let mut last = self
+            .last_acked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*last {
+            Some((address, counter)) if *address == topic => counter(),
+            _ => {
+                let counter = observer.acked_counter(message.topic());
+                counter();
+                *last = Some((topic, counter));
+            }
+        }
+    }
 }
 
 /// Records handed to one producer whose [`Delivery`] is not on the channel yet.
@@ -117,10 +147,14 @@ impl Unreported {
     }
 }
 
-/// Told about every delivered record, while reports are served: keep it cheap.
+/// Counts one acknowledged record of a topic.
+pub type AckCounter = Box<dyn Fn() + Send + Sync>;
+
+/// Told about every delivered record, while reports are served.
 pub trait DeliveryObserver: Send + Sync + 'static {
-    /// A record was acknowledged by the broker.
-    fn delivered(&self, topic: &str);
+    /// The counter that each record of `topic` acknowledged by the broker is counted with.
+    /// Asked when a report's topic differs from the previous report's; keep the counter cheap.
+    fn acked_counter(&self, topic: &str) -> AckCounter;
 }
 
 impl ClientContext for DeliveryContext {
@@ -149,8 +183,8 @@ impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, token: usize) {
-        if let (Ok(message), Some(observer)) = (result, &self.observer) {
-            observer.delivered(message.topic());
+        if let Ok(message) = result {
+            self.count_acked(message);
         }
         let given_timestamp = self.unreported.take_timestamp(token);
         let delivery = match result {
@@ -210,6 +244,7 @@ impl Client {
             .create_with_context(DeliveryContext {
                 deliveries: deliveries.clone(),
                 observer: observer.clone(),
+                last_acked: Mutex::new(None),
                 generation,
                 unreported: Arc::clone(&unreported),
             })

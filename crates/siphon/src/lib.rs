@@ -42,7 +42,8 @@ pub mod transfer;
 pub mod transfer_error;
 
 impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
-    fn delivered(&self, topic: &str) {
-        self.record_acked(topic);
+    fn acked_counter(&self, topic: &str) -> siphon_kafka_sink::AckCounter {
+        let topic = self.topic(topic);
+        Box::new(move || topic.acked())
     }
 }
