@@ -12,13 +12,22 @@
 //! timeline holds on the new one up to where it branched off, so a read_committed consumer sees
 //! each of those events once.
 //!
+//! Without `synchronized_standby_slots` (exactly-once): the standby's WAL receiver is stopped
+//! (`primary_conninfo = ''`) a second before the promotion, so the old primary sends Siphon WAL
+//! the standby never gets, and Siphon's position on the old primary is past the point the new
+//! timeline branches off (asserted). Events of transactions only the old primary had reach Kafka
+//! (phantoms, inherent to an asynchronous standby); the progress committed past the branch point
+//! is used only up to it, so a read_committed consumer sees each event the new primary has once,
+//! in commit order per aggregate, and each phantom at most once.
+//!
 //! Runs when the harness's PostgreSQL has failover slots (17+); the test command runs the
 //! end-to-end suite against PostgreSQL 18 as well (`SIPHON_PG_BIN`).
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, count_by_id, event, phantom_ids, read_event_records,
-    read_event_records_isolated, siphon_config, slot_active, wait_for_all, wait_for_slot_caught_up,
+    check_first_deliveries_in_order, count_by_id, current_insert_lsn, event, phantom_ids,
+    read_event_records, read_event_records_isolated, siphon_config, slot_active,
+    slot_confirmed_lsn, wait_for_all, wait_for_slot_caught_up, wait_for_slot_past,
     with_exactly_once, OUTBOX_DDL,
 };
 use siphon_tests::{
@@ -133,6 +142,36 @@ async fn slot_synced_on(standby: &Client) -> Result<bool> {
     Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }
 
+/// How the standby follows the primary in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standby {
+    /// Named in the primary's `synchronized_standby_slots`: Siphon gets no WAL the standby has
+    /// not flushed.
+    Synchronized,
+    /// Not named there (the setting is empty), and cut off from the primary before the
+    /// promotion: Siphon gets (and publishes, and confirms) WAL the standby never receives.
+    Lagging,
+}
+
+/// The text of a log without terminal colour codes.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-byte
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Delivery of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Delivery {
@@ -155,13 +194,61 @@ struct Outcome {
     records: Vec<ConsumedRecord>,
 }
 
-/// The scenario of the module's documentation with `delivery`: `None` when the server has no
-/// failover slots (the test then says why and stops). Checks that every event the new primary
-/// has arrived, none from a transaction it lacks, first deliveries in commit order per
-/// aggregate, and Siphon streaming from the new primary.
+/// `primary_conninfo = ''` on `standby`: its WAL receiver stops (and its slot synchronization
+/// with it); returns the end of the WAL it received, once the receiver is gone.
+async fn cut_off(standby: &Client) -> Result<u64> {
+    standby
+        .batch_execute("ALTER SYSTEM SET primary_conninfo = ''")
+        .await?;
+    standby.batch_execute("SELECT pg_reload_conf()").await?;
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            Ok(standby
+                .query_opt("SELECT 1 FROM pg_stat_wal_receiver", &[])
+                .await?
+                .is_none())
+        },
+    )
+    .await
+    .context("the standby's WAL receiver did not stop")?;
+    received_lsn(standby).await
+}
+
+/// `pg_last_wal_receive_lsn()` of a standby, as a number.
+async fn received_lsn(standby: &Client) -> Result<u64> {
+    let lsn: Option<i64> = standby
+        .query_one(
+            "SELECT (pg_last_wal_receive_lsn() - '0/0'::pg_lsn)::bigint",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(lsn.context("the standby never received WAL")? as u64)
+}
+
+/// Where the promoted `server`'s timeline 2 branched off timeline 1 (its history file).
+async fn switchpoint(server: &Client) -> Result<u64> {
+    let row = server
+        .query_one(
+            "SELECT (split_part(split_part(pg_read_file('pg_wal/00000002.history'), E'\n', 1), E'\t', 2)::pg_lsn - '0/0'::pg_lsn)::bigint",
+            &[],
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0) as u64)
+}
+
+/// The scenario of the module's documentation with `delivery` and the standby `following` the
+/// primary: `None` when the server has no failover slots (the test then says why and stops).
+/// Checks that every event the new primary has arrived, first deliveries in commit order per
+/// aggregate, and Siphon streaming from the new primary; with a synchronized standby none from
+/// a transaction the new primary lacks, with a lagging one some (Siphon's position on the old
+/// primary past the switchpoint).
 async fn promote_and_kill_the_old_primary(
     test: &str,
     delivery: Delivery,
+    following: Standby,
 ) -> Result<Option<Outcome>> {
     let primary = Postgres::start()?;
     let major = primary.major_version().await?;
@@ -181,11 +268,13 @@ async fn promote_and_kill_the_old_primary(
     ))
     .await?;
     let standby = Postgres::start_standby(&primary, STANDBY_SLOT)?;
-    db.batch_execute(&format!(
-        "ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'"
-    ))
-    .await?;
-    db.batch_execute("SELECT pg_reload_conf()").await?;
+    if following == Standby::Synchronized {
+        db.batch_execute(&format!(
+            "ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'"
+        ))
+        .await?;
+        db.batch_execute("SELECT pg_reload_conf()").await?;
+    }
     let broker = Broker::start()?;
 
     // The standby first: before the failover Siphon must pass over it (read-only) to the
@@ -229,11 +318,24 @@ async fn promote_and_kill_the_old_primary(
         "{before}"
     );
     assert_eq!(before["slot"]["failover"], true, "{before}");
-    assert_eq!(
-        before["synchronized_standby_slots"], STANDBY_SLOT,
-        "{before}"
-    );
-    assert_eq!(before["healthy"], true, "{before}");
+    match following {
+        Standby::Synchronized => {
+            assert_eq!(
+                before["synchronized_standby_slots"], STANDBY_SLOT,
+                "{before}"
+            );
+            assert_eq!(before["healthy"], true, "{before}");
+        }
+        Standby::Lagging => {
+            assert_eq!(before["synchronized_standby_slots"], "", "{before}");
+            assert!(
+                before["problems"][0]
+                    .as_str()
+                    .is_some_and(|p| p.contains("synchronized_standby_slots is empty")),
+                "{before}"
+            );
+        }
+    }
 
     let written = Arc::new(Mutex::new(Written::default()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -253,11 +355,33 @@ async fn promote_and_kill_the_old_primary(
     .await
     .with_context(|| siphon.log())?;
 
+    // Lagging: the standby stops receiving WAL; Siphon goes on with the primary's, past it.
+    let received = match following {
+        Standby::Synchronized => None,
+        Standby::Lagging => {
+            let received = cut_off(&standby_db).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let written_since = current_insert_lsn(&db).await?;
+            wait_for_slot_past(&db, SLOT, written_since, Duration::from_secs(60))
+                .await
+                .with_context(|| siphon.log())?;
+            Some(received)
+        }
+    };
+
     // The standby is promoted; the old primary keeps taking the writer's commits for a moment,
     // then crashes.
+    if let Some(received) = received {
+        assert_eq!(
+            received_lsn(&standby_db).await?,
+            received,
+            "the standby received WAL after it was cut off"
+        );
+    }
     drop(standby_db);
     standby.promote()?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let confirmed_on_old_primary = slot_confirmed_lsn(&db, SLOT).await?.unwrap_or(0);
     primary.kill9()?;
     let first_after_crash = next.load(Ordering::Relaxed) + 1;
     drop(db);
@@ -294,14 +418,31 @@ async fn promote_and_kill_the_old_primary(
         kept.iter().any(|txn| *txn >= first_after_crash),
         "the writer never committed on the new primary"
     );
+    if let Some(received) = received {
+        // The path under test: Siphon confirmed, on the old primary, WAL past the point the new
+        // timeline branched off (the end of what the standby had received).
+        let branched = switchpoint(&survivor).await?;
+        assert!(
+            received < confirmed_on_old_primary && branched < confirmed_on_old_primary,
+            "Siphon's position on the old primary ({confirmed_on_old_primary:#x}) is not past the switchpoint ({branched:#x}; the standby received {received:#x})"
+        );
+    }
     let records = wait_for_all(&broker, &expected, Duration::from_secs(120))
         .await
         .with_context(|| siphon.log())?;
     let phantom = phantom_ids(&records, &expected);
-    assert!(
-        phantom.is_empty(),
-        "events of transactions the new primary does not have reached Kafka: {phantom:?}\n(commits lost with the old primary: {lost_with_old_primary:?})"
-    );
+    match following {
+        Standby::Synchronized => assert!(
+            phantom.is_empty(),
+            "events of transactions the new primary does not have reached Kafka: {phantom:?}\n(commits lost with the old primary: {lost_with_old_primary:?})"
+        ),
+        // Inherent to an asynchronous standby: Siphon published events of transactions that
+        // went down with the old primary.
+        Standby::Lagging => assert!(
+            !phantom.is_empty(),
+            "no event of a transaction the new primary lacks reached Kafka: the old primary sent Siphon nothing past the standby"
+        ),
+    }
     check_first_deliveries_in_order(&records)?;
     assert!(slot_active(&survivor, SLOT).await?, "{}", siphon.log());
     Ok(Some(Outcome {
@@ -320,6 +461,7 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
     let Some(outcome) = promote_and_kill_the_old_primary(
         "promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing",
         Delivery::AtLeastOnce,
+        Standby::Synchronized,
     )
     .await?
     else {
@@ -368,6 +510,7 @@ async fn with_exactly_once_a_read_committed_consumer_sees_each_event_once_across
     let Some(outcome) = promote_and_kill_the_old_primary(
         "with_exactly_once_a_read_committed_consumer_sees_each_event_once_across_a_promotion",
         Delivery::ExactlyOnce,
+        Standby::Synchronized,
     )
     .await?
     else {
@@ -414,6 +557,76 @@ async fn with_exactly_once_a_read_committed_consumer_sees_each_event_once_across
         seen.keys().cloned().collect::<BTreeSet<_>>(),
         *expected,
         "read_committed sees exactly the new primary's events"
+    );
+    siphon.terminate()?;
+    Ok(())
+}
+
+/// Without `synchronized_standby_slots` the old primary sends Siphon WAL the standby never
+/// received: Siphon publishes (once) events of transactions the new primary lacks, and its
+/// progress on the old timeline goes past where the new one branched off. That progress is
+/// used only up to the switchpoint: a read_committed consumer sees each event the new primary
+/// has once, in commit order per aggregate, and each event it lacks at most once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_exactly_once_and_a_lagging_standby_progress_past_the_branch_point_is_capped(
+) -> Result<()> {
+    let Some(outcome) = promote_and_kill_the_old_primary(
+        "with_exactly_once_and_a_lagging_standby_progress_past_the_branch_point_is_capped",
+        Delivery::ExactlyOnce,
+        Standby::Lagging,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let Outcome {
+        standby,
+        broker,
+        siphon,
+        expected,
+        lost_with_old_primary,
+        ..
+    } = &outcome;
+    let after = status(siphon)?;
+    assert_eq!(
+        after["host"],
+        format!("127.0.0.1:{}", standby.port()),
+        "{after}"
+    );
+    let survivor = standby.connect().await?;
+    wait_for_slot_caught_up(&survivor, SLOT)
+        .await
+        .with_context(|| siphon.log())?;
+    let records = read_event_records_isolated(broker, Isolation::ReadCommitted).await?;
+    let seen = count_by_id(&records);
+    let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    let phantom: BTreeSet<&String> = seen.keys().filter(|id| !expected.contains(*id)).collect();
+    eprintln!(
+        "failover with exactly-once and a lagging standby: {} events kept, {} commits lost with the old primary, {} phantom events, {} records read_committed, {} events seen more than once",
+        expected.len(),
+        lost_with_old_primary.len(),
+        phantom.len(),
+        records.len(),
+        repeated.len(),
+    );
+    assert!(
+        repeated.is_empty(),
+        "read_committed saw {} events more than once: {repeated:?}\n{}",
+        repeated.len(),
+        siphon.log()
+    );
+    let missing: Vec<&String> = expected
+        .iter()
+        .filter(|id| !seen.contains_key(*id))
+        .collect();
+    assert!(missing.is_empty(), "read_committed lacks {missing:?}");
+    check_first_deliveries_in_order(&records)?;
+    // The session on the new primary resumed from the progress capped at the switchpoint.
+    let log = strip_ansi(&siphon.log());
+    assert!(
+        log.lines()
+            .any(|l| l.contains("written on an earlier timeline") && l.contains("capped=true")),
+        "{log}"
     );
     siphon.terminate()?;
     Ok(())
