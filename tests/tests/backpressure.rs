@@ -14,8 +14,8 @@ use siphon_tests::outbox::{
 };
 use siphon_tests::proxy::{advertised_ports, Direction, ProxiedBroker};
 use siphon_tests::{
-    create_topic, read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
-    SiphonProcess,
+    create_topic, read_topic_async, strip_ansi, wait_for, wait_until, Broker, ConsumedRecord,
+    Postgres, SiphonProcess,
 };
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -110,24 +110,6 @@ fn walsender_terminations(pg: &Postgres) -> Vec<String> {
         })
         .map(str::to_owned)
         .collect()
-}
-
-/// Removes ANSI colour sequences (the text log may carry them).
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The address of Siphon's metrics endpoint, from its log.

@@ -31,7 +31,7 @@ use siphon_tests::outbox::{
     with_exactly_once, OUTBOX_DDL,
 };
 use siphon_tests::{
-    siphon_bin, wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess,
+    siphon_bin, strip_ansi, wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -151,25 +151,6 @@ enum Standby {
     /// Not named there (the setting is empty), and cut off from the primary before the
     /// promotion: Siphon gets (and publishes, and confirms) WAL the standby never receives.
     Lagging,
-}
-
-/// The text of a log without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters final-byte
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Delivery of the run.

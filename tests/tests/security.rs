@@ -9,7 +9,9 @@
 use anyhow::{ensure, Context, Result};
 use siphon_tests::outbox::{event, insert_transaction, siphon_config, OUTBOX_DDL};
 use siphon_tests::postgres::PostgresOptions;
-use siphon_tests::{read_topic_async, wait_for, Broker, ConsumedRecord, Postgres, SiphonProcess};
+use siphon_tests::{
+    read_topic_async, strip_ansi, wait_for, Broker, ConsumedRecord, Postgres, SiphonProcess,
+};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
@@ -255,25 +257,6 @@ async fn wait_for_both_connections(
         },
     )
     .await
-}
-
-/// The text of a log without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters final-byte
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Starts Siphon, waits for it to exit and returns its log; fails unless it exits with status 2.
