@@ -107,6 +107,11 @@ pub struct Args {
     /// Events behind each slot in the --slots-scaling rounds (default: --events).
     #[arg(long)]
     pub scaling_events: Option<u64>,
+
+    /// Records written to the bench's own broker before anything is measured, to warm its JVM
+    /// up (see "The backlog" in docs/performance.md).
+    #[arg(long, default_value_t = crate::services::WARM_UP_RECORDS)]
+    pub warm_up_records: u64,
 }
 
 impl Args {

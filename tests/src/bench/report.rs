@@ -23,8 +23,17 @@ pub struct BrokerInfo {
     pub warm_up_records: Option<u64>,
 }
 
+/// How fast the machine ran a fixed piece of work before the first drain and after the last
+/// phase (`host.rs`): absolute figures are comparable between runs only when these are.
+#[derive(Debug, Clone, Copy)]
+pub struct HostSpeed {
+    pub calibration_ms_before: f64,
+    pub calibration_ms_after: f64,
+}
+
 pub struct Results {
     pub broker: BrokerInfo,
+    pub host: HostSpeed,
     pub backlog: Backlog,
     pub recvlogical: Drain,
     pub kafka: Drain,
@@ -478,6 +487,14 @@ impl Results {
             out += &format!(", peak RSS {:.0} MB", rss as f64 / MIB);
         }
         out += &format!(
+            "\nhost: a fixed loop took {:.0} ms before the drains and {:.0} ms after the last phase; the walsender took {:.2} s of CPU per million events feeding pg_recvlogical",
+            self.host.calibration_ms_before,
+            self.host.calibration_ms_after,
+            self.recvlogical
+                .walsender_cpu
+                .map_or(f64::NAN, |s| s * 1e6 / b.events.max(1) as f64),
+        );
+        out += &format!(
             "\nbacklog: {} events in {} transactions, {:.0} MB of WAL (written in {:.1} s)\n\n",
             b.events,
             b.transactions,
@@ -769,6 +786,14 @@ impl Results {
                 "peak_rss_mb": self.broker.peak_rss_bytes.map(|b| b as f64 / MIB),
                 "warm_up_records": self.broker.warm_up_records,
             },
+            "host": {
+                "calibration_ms_before": self.host.calibration_ms_before,
+                "calibration_ms_after": self.host.calibration_ms_after,
+                "walsender_cpu_secs_per_million_events_for_pg_recvlogical": self
+                    .recvlogical
+                    .walsender_cpu
+                    .map(|s| s * 1e6 / b.events.max(1) as f64),
+            },
             "backlog": {
                 "events": b.events,
                 "transactions": b.transactions,
@@ -967,6 +992,10 @@ mod tests {
                 name: "Apache Kafka 4.4.0 (test)".into(),
                 peak_rss_bytes: Some(512 * 1024 * 1024),
                 warm_up_records: None,
+            },
+            host: HostSpeed {
+                calibration_ms_before: 100.0,
+                calibration_ms_after: 110.0,
             },
             backlog: Backlog {
                 events: 1000,

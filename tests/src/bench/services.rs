@@ -103,17 +103,17 @@ impl Services {
     /// Warms the bench's own broker up before anything is measured: a JVM runs interpreted
     /// code until its JIT has compiled the hot paths, which a broker in production has long
     /// done. Creates [`WARM_UP_TOPIC`] (three partitions, as Siphon's topics in the bench) and
-    /// writes [`WARM_UP_RECORDS`] records of the backlog's size to it with Siphon's producer
+    /// writes `records` records of the backlog's size to it with Siphon's producer
     /// settings, then commits one Kafka transaction to it, so that the broker's transaction
     /// state log exists (it is created on the first transactional producer's registration)
     /// before the exactly-once drain. Returns the seconds it took. Blocks its worker thread
     /// while it writes.
-    pub async fn warm_up_broker(&self) -> Result<f64> {
+    pub async fn warm_up_broker(&self, records: u64) -> Result<f64> {
         let started = std::time::Instant::now();
         siphon_tests::create_topic(&self.bootstrap, WARM_UP_TOPIC, 3)
             .await
             .with_context(|| format!("creating {WARM_UP_TOPIC}"))?;
-        tokio::task::block_in_place(|| produce_warm_up(&self.bootstrap))?;
+        tokio::task::block_in_place(|| produce_warm_up(&self.bootstrap, records))?;
         tokio::task::block_in_place(|| commit_warm_up_transaction(&self.bootstrap))?;
         Ok(started.elapsed().as_secs_f64())
     }
@@ -132,7 +132,7 @@ impl Services {
 
 /// The topic [`Services::warm_up_broker`] writes to.
 pub const WARM_UP_TOPIC: &str = "siphon-bench-warm-up";
-/// Records [`Services::warm_up_broker`] writes.
+/// Records [`Services::warm_up_broker`] writes unless `--warm-up-records` says otherwise.
 pub const WARM_UP_RECORDS: u64 = 200_000;
 
 /// Registers a transactional producer and commits one transaction of a few records to
@@ -171,9 +171,9 @@ fn commit_warm_up_transaction(bootstrap: &str) -> Result<()> {
 }
 
 /// Writes the warm-up records: ~300-byte values with an `id` header and 1,000 keys, sent with
-/// the producer settings Siphon's promises rest on (idempotent, `acks=all`, `linger.ms=5`,
+/// Siphon's producer settings (idempotent, `acks=all`, one request in flight, `linger.ms=1`,
 /// the Java client's partitioner), then waits until every one was acknowledged.
-fn produce_warm_up(bootstrap: &str) -> Result<()> {
+fn produce_warm_up(bootstrap: &str, records: u64) -> Result<()> {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
     use rdkafka::ClientConfig;
@@ -183,12 +183,13 @@ fn produce_warm_up(bootstrap: &str) -> Result<()> {
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "5")
+        .set("linger.ms", "1")
+        .set("max.in.flight.requests.per.connection", "1")
         .set("partitioner", "murmur2_random")
         .create()
         .context("creating the warm-up producer")?;
     let value = format!("{{\"warmUp\": true, \"padding\": \"{}\"}}", "x".repeat(260));
-    for n in 0..WARM_UP_RECORDS {
+    for n in 0..records {
         let key = format!("agg-{}", n % 1000);
         let id = n.to_string();
         loop {

@@ -30,6 +30,8 @@ mod debezium;
 mod drain;
 #[path = "../bench/hog.rs"]
 mod hog;
+#[path = "../bench/host.rs"]
+mod host;
 #[path = "../bench/latency.rs"]
 mod latency;
 #[path = "../bench/probe.rs"]
@@ -120,10 +122,10 @@ async fn run(args: &cli::Args, svc: &services::Services) -> Result<()> {
         siphon_tests::siphon_bin()?.display()
     );
     if svc.owns_broker() {
-        let secs = svc.warm_up_broker().await?;
+        let secs = svc.warm_up_broker(args.warm_up_records).await?;
         eprintln!(
             "bench: warmed the broker up: {} records and one transaction to {} in {secs:.1} s",
-            services::WARM_UP_RECORDS,
+            args.warm_up_records,
             services::WARM_UP_TOPIC
         );
     }
@@ -163,6 +165,8 @@ async fn measure(
     svc: &services::Services,
     db: &tokio_postgres::Client,
 ) -> Result<report::Results> {
+    let calibration_ms_before = host::calibration_ms();
+    eprintln!("bench: host calibration: {calibration_ms_before:.0} ms");
     let timeout = Duration::from_secs(args.drain_timeout_secs);
     let slot = |s: &str| format!("{}{s}", workload::SLOT_PREFIX);
     let [slot_a, slot_b, slot_eos, slot_c, slot_dbz, slot_lat, slot_lat_eos] =
@@ -521,9 +525,11 @@ async fn measure(
             }
         })
     };
+    let calibration_ms_after = host::calibration_ms();
+    eprintln!("bench: host calibration at the end: {calibration_ms_after:.0} ms");
     let broker = report::BrokerInfo {
         name: svc.broker_name.clone(),
-        warm_up_records: svc.owns_broker().then_some(services::WARM_UP_RECORDS),
+        warm_up_records: svc.owns_broker().then_some(args.warm_up_records),
         peak_rss_bytes: svc
             .broker_pid
             .and_then(|pid| procstat::sample(pid).ok())
@@ -531,6 +537,10 @@ async fn measure(
     };
     Ok(report::Results {
         broker,
+        host: report::HostSpeed {
+            calibration_ms_before,
+            calibration_ms_after,
+        },
         backlog,
         recvlogical,
         kafka,

@@ -10,13 +10,13 @@
 //! - `siphon_replication_lag_bytes` is always `server WAL end - confirmed`, floored at 0, from
 //!   the last values given to [`Metrics::set_server_wal_end`] and [`Metrics::set_confirmed_lsn`].
 
+use super::latency_histogram::LatencyHistogram;
 use super::Health;
 use pgoutput::Lsn;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -256,7 +256,7 @@ pub struct Metrics {
     streaming: Gauge,
     broker_reachable: Gauge,
 
-    commit_to_ack: Histogram,
+    commit_to_ack: LatencyHistogram,
     /// Initial snapshots and re-sends (see [`TransferKind`]).
     transfer: TransferMetrics,
 }
@@ -417,7 +417,7 @@ impl Metrics {
         up.set(1);
         registry.register("siphon_up", "Always 1 while the process runs", up);
 
-        let commit_to_ack = Histogram::new(COMMIT_TO_ACK_BUCKETS);
+        let commit_to_ack = LatencyHistogram::new(&COMMIT_TO_ACK_BUCKETS);
         registry.register(
             "siphon_commit_to_ack_seconds",
             "Seconds from a transaction's commit in PostgreSQL to Kafka's acknowledgement of each of its records",
@@ -654,7 +654,7 @@ impl Metrics {
 
     /// One record's latency from its transaction's commit to Kafka's acknowledgement.
     pub fn observe_commit_to_ack(&self, latency: Duration) {
-        self.commit_to_ack.observe(latency.as_secs_f64());
+        self.commit_to_ack.observe(latency);
     }
 
     /// When the oldest record still waiting for an acknowledgement was handed to the producer;

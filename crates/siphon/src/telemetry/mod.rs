@@ -21,6 +21,7 @@
 
 mod event;
 mod http;
+mod latency_histogram;
 mod metrics;
 mod pgtime;
 
