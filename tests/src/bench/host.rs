@@ -20,6 +20,20 @@ const STEPS: u64 = 100_000_000;
 /// Repetitions; the fastest counts.
 const REPETITIONS: usize = 5;
 
+/// The processor's model name (`/proc/cpuinfo`), or `"unknown"`: VMs of one size land on
+/// different processors from day to day.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 /// Milliseconds the fixed work took (the fastest of [`REPETITIONS`]).
 pub fn calibration_ms() -> f64 {
     (0..REPETITIONS)

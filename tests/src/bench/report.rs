@@ -25,8 +25,10 @@ pub struct BrokerInfo {
 
 /// How fast the machine ran a fixed piece of work before the first drain and after the last
 /// phase (`host.rs`): absolute figures are comparable between runs only when these are.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct HostSpeed {
+    /// The processor's model name.
+    pub cpu: String,
     pub calibration_ms_before: f64,
     pub calibration_ms_after: f64,
 }
@@ -487,7 +489,8 @@ impl Results {
             out += &format!(", peak RSS {:.0} MB", rss as f64 / MIB);
         }
         out += &format!(
-            "\nhost: a fixed loop took {:.0} ms before the drains and {:.0} ms after the last phase; the walsender took {:.2} s of CPU per million events feeding pg_recvlogical",
+            "\nhost: {}; a fixed loop took {:.0} ms before the drains and {:.0} ms after the last phase; the walsender took {:.2} s of CPU per million events feeding pg_recvlogical",
+            self.host.cpu,
             self.host.calibration_ms_before,
             self.host.calibration_ms_after,
             self.recvlogical
@@ -787,6 +790,7 @@ impl Results {
                 "warm_up_records": self.broker.warm_up_records,
             },
             "host": {
+                "cpu": self.host.cpu,
                 "calibration_ms_before": self.host.calibration_ms_before,
                 "calibration_ms_after": self.host.calibration_ms_after,
                 "walsender_cpu_secs_per_million_events_for_pg_recvlogical": self
@@ -994,6 +998,7 @@ mod tests {
                 warm_up_records: None,
             },
             host: HostSpeed {
+                cpu: "Test CPU".into(),
                 calibration_ms_before: 100.0,
                 calibration_ms_after: 110.0,
             },

@@ -538,6 +538,7 @@ async fn measure(
     Ok(report::Results {
         broker,
         host: report::HostSpeed {
+            cpu: host::cpu_model(),
             calibration_ms_before,
             calibration_ms_after,
         },
