@@ -482,6 +482,32 @@ async fn promotion_and_kill_9_of_the_old_primary_lose_nothing_and_add_nothing() 
     Ok(())
 }
 
+/// What a read_committed consumer sees once Siphon, on the new primary, has caught up with it.
+struct ReadCommitted {
+    records: Vec<ConsumedRecord>,
+    /// How many times each event id was seen.
+    seen: BTreeMap<String, usize>,
+}
+
+/// Checks that Siphon streams from the promoted standby, waits until its slot there has caught
+/// up (whatever the session still had open is committed), and reads every event record
+/// read_committed.
+async fn read_committed_after_catch_up(outcome: &Outcome) -> Result<ReadCommitted> {
+    let after = status(&outcome.siphon)?;
+    assert_eq!(
+        after["host"],
+        format!("127.0.0.1:{}", outcome.standby.port()),
+        "{after}"
+    );
+    let survivor = outcome.standby.connect().await?;
+    wait_for_slot_caught_up(&survivor, SLOT)
+        .await
+        .with_context(|| outcome.siphon.log())?;
+    let records = read_event_records_isolated(&outcome.broker, Isolation::ReadCommitted).await?;
+    let seen = count_by_id(&records);
+    Ok(ReadCommitted { records, seen })
+}
+
 /// With `kafka.delivery = "exactly-once"` the progress committed on the old primary's timeline
 /// still holds on the new primary's up to where the new timeline branched off: a read_committed
 /// consumer sees each event once across the failover.
@@ -497,28 +523,13 @@ async fn with_exactly_once_a_read_committed_consumer_sees_each_event_once_across
     else {
         return Ok(());
     };
+    let ReadCommitted { records, seen } = read_committed_after_catch_up(&outcome).await?;
     let Outcome {
-        standby,
-        broker,
         siphon,
         expected,
         lost_with_old_primary,
         ..
     } = &outcome;
-    let after = status(siphon)?;
-    assert_eq!(
-        after["host"],
-        format!("127.0.0.1:{}", standby.port()),
-        "{after}"
-    );
-    // Everything the new primary has is in: whatever the session still had open is committed
-    // before the records are counted once more.
-    let survivor = standby.connect().await?;
-    wait_for_slot_caught_up(&survivor, SLOT)
-        .await
-        .with_context(|| siphon.log())?;
-    let records = read_event_records_isolated(broker, Isolation::ReadCommitted).await?;
-    let seen = count_by_id(&records);
     let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
     eprintln!(
         "failover with exactly-once: {} events kept, {} commits lost with the old primary, {} records read_committed, {} events seen more than once ({} repeats)",
@@ -560,26 +571,13 @@ async fn with_exactly_once_and_a_lagging_standby_progress_past_the_branch_point_
     else {
         return Ok(());
     };
+    let ReadCommitted { records, seen } = read_committed_after_catch_up(&outcome).await?;
     let Outcome {
-        standby,
-        broker,
         siphon,
         expected,
         lost_with_old_primary,
         ..
     } = &outcome;
-    let after = status(siphon)?;
-    assert_eq!(
-        after["host"],
-        format!("127.0.0.1:{}", standby.port()),
-        "{after}"
-    );
-    let survivor = standby.connect().await?;
-    wait_for_slot_caught_up(&survivor, SLOT)
-        .await
-        .with_context(|| siphon.log())?;
-    let records = read_event_records_isolated(broker, Isolation::ReadCommitted).await?;
-    let seen = count_by_id(&records);
     let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
     let phantom: BTreeSet<&String> = seen.keys().filter(|id| !expected.contains(*id)).collect();
     eprintln!(
