@@ -490,9 +490,12 @@ struct ReadCommitted {
 }
 
 /// Checks that Siphon streams from the promoted standby, waits until its slot there has caught
-/// up (whatever the session still had open is committed), and reads every event record
-/// read_committed.
-async fn read_committed_after_catch_up(outcome: &Outcome) -> Result<ReadCommitted> {
+/// up (whatever the session still had open is committed), reads every event record
+/// read_committed and checks that none was seen twice.
+async fn read_committed_once_after_catch_up(
+    outcome: &Outcome,
+    what: &str,
+) -> Result<ReadCommitted> {
     let after = status(&outcome.siphon)?;
     assert_eq!(
         after["host"],
@@ -505,6 +508,20 @@ async fn read_committed_after_catch_up(outcome: &Outcome) -> Result<ReadCommitte
         .with_context(|| outcome.siphon.log())?;
     let records = read_event_records_isolated(&outcome.broker, Isolation::ReadCommitted).await?;
     let seen = count_by_id(&records);
+    let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "{what}: {} events kept, {} commits lost with the old primary, {} records read_committed, {} events seen more than once",
+        outcome.expected.len(),
+        outcome.lost_with_old_primary.len(),
+        records.len(),
+        repeated.len(),
+    );
+    assert!(
+        repeated.is_empty(),
+        "read_committed saw {} events more than once: {repeated:?}\n{}",
+        repeated.len(),
+        outcome.siphon.log()
+    );
     Ok(ReadCommitted { records, seen })
 }
 
@@ -523,28 +540,11 @@ async fn with_exactly_once_a_read_committed_consumer_sees_each_event_once_across
     else {
         return Ok(());
     };
-    let ReadCommitted { records, seen } = read_committed_after_catch_up(&outcome).await?;
+    let ReadCommitted { seen, .. } =
+        read_committed_once_after_catch_up(&outcome, "failover with exactly-once").await?;
     let Outcome {
-        siphon,
-        expected,
-        lost_with_old_primary,
-        ..
+        siphon, expected, ..
     } = &outcome;
-    let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    eprintln!(
-        "failover with exactly-once: {} events kept, {} commits lost with the old primary, {} records read_committed, {} events seen more than once ({} repeats)",
-        expected.len(),
-        lost_with_old_primary.len(),
-        records.len(),
-        repeated.len(),
-        records.len() - seen.len()
-    );
-    assert!(
-        repeated.is_empty(),
-        "read_committed saw {} events more than once: {repeated:?}\n{}",
-        repeated.len(),
-        siphon.log()
-    );
     assert_eq!(
         seen.keys().cloned().collect::<BTreeSet<_>>(),
         *expected,
@@ -571,29 +571,16 @@ async fn with_exactly_once_and_a_lagging_standby_progress_past_the_branch_point_
     else {
         return Ok(());
     };
-    let ReadCommitted { records, seen } = read_committed_after_catch_up(&outcome).await?;
+    let ReadCommitted { records, seen } = read_committed_once_after_catch_up(
+        &outcome,
+        "failover with exactly-once and a lagging standby",
+    )
+    .await?;
     let Outcome {
-        siphon,
-        expected,
-        lost_with_old_primary,
-        ..
+        siphon, expected, ..
     } = &outcome;
-    let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    let phantom: BTreeSet<&String> = seen.keys().filter(|id| !expected.contains(*id)).collect();
-    eprintln!(
-        "failover with exactly-once and a lagging standby: {} events kept, {} commits lost with the old primary, {} phantom events, {} records read_committed, {} events seen more than once",
-        expected.len(),
-        lost_with_old_primary.len(),
-        phantom.len(),
-        records.len(),
-        repeated.len(),
-    );
-    assert!(
-        repeated.is_empty(),
-        "read_committed saw {} events more than once: {repeated:?}\n{}",
-        repeated.len(),
-        siphon.log()
-    );
+    let phantom = seen.keys().filter(|id| !expected.contains(*id)).count();
+    eprintln!("{phantom} phantom events, each seen once");
     let missing: Vec<&String> = expected
         .iter()
         .filter(|id| !seen.contains_key(*id))
