@@ -110,8 +110,18 @@ pub struct Args {
 
     /// Records written to the bench's own broker before anything is measured, to warm its JVM
     /// up (see "The backlog" in docs/performance.md).
-    #[arg(long, default_value_t = crate::services::WARM_UP_RECORDS)]
+    #[arg(long, default_value_t = crate::warm_up::WARM_UP_RECORDS)]
     pub warm_up_records: u64,
+
+    /// Then Siphon drains backlogs of its own to the bench's own broker, round after round,
+    /// until the broker's JIT compiler threads take at most 10 % of its CPU in a round, at most
+    /// this many rounds (0: none).
+    #[arg(long, default_value_t = crate::warm_up::MAX_DRAINS)]
+    pub warm_up_drains: u32,
+
+    /// Events behind each warm-up drain.
+    #[arg(long, default_value_t = crate::warm_up::DRAIN_EVENTS)]
+    pub warm_up_drain_events: u64,
 }
 
 impl Args {

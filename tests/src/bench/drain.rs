@@ -22,13 +22,23 @@ pub struct Drain {
     pub records_produced: Option<f64>,
     /// CPU seconds of the walsender(s) serving the slot (when the server runs on this host).
     pub walsender_cpu: Option<f64>,
-    /// CPU seconds of the broker during the drain (when its process on this host is known).
-    pub broker_cpu: Option<f64>,
+    /// CPU of the broker during the drain (when its process on this host is known).
+    pub broker_cpu: Option<BrokerCpu>,
     /// What ended the timing.
     pub end: DrainEnd,
     /// Seconds from the start to the first record on the broker, when the drain knows it (the
     /// Connect rows: the worker's start-up).
     pub first_record_secs: Option<f64>,
+}
+
+/// CPU seconds the broker's process used during a drain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BrokerCpu {
+    /// All its threads.
+    pub total: f64,
+    /// Its JIT compiler threads (part of `total`): a JVM that still compiles the paths a drain
+    /// takes is not yet in the steady state of a long-running broker.
+    pub jit: f64,
 }
 
 /// What a drain's time runs to.
@@ -47,7 +57,7 @@ pub enum DrainEnd {
 pub struct CpuWatch {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Option<f64>>,
-    broker: Option<(u32, f64)>,
+    broker: Option<(u32, BrokerCpu)>,
 }
 
 impl CpuWatch {
@@ -75,21 +85,31 @@ impl CpuWatch {
             }
             (!per_pid.is_empty()).then(|| per_pid.values().sum())
         });
-        let broker = svc
-            .broker_pid
-            .and_then(|pid| Some((pid, procstat::cpu_secs(pid)?)));
+        let broker = svc.broker_pid.and_then(|pid| Some((pid, broker_cpu(pid)?)));
         Ok(CpuWatch { stop, task, broker })
     }
 
-    /// (walsender CPU seconds, broker CPU seconds during the watch).
-    pub async fn finish(self) -> (Option<f64>, Option<f64>) {
+    /// (walsender CPU seconds, broker CPU during the watch).
+    pub async fn finish(self) -> (Option<f64>, Option<BrokerCpu>) {
         self.stop.store(true, Ordering::Relaxed);
         let walsender = self.task.await.ok().flatten();
-        let broker = self
-            .broker
-            .and_then(|(pid, before)| Some(procstat::cpu_secs(pid)? - before));
+        let broker = self.broker.and_then(|(pid, before)| {
+            let now = broker_cpu(pid)?;
+            Some(BrokerCpu {
+                total: now.total - before.total,
+                jit: now.jit - before.jit,
+            })
+        });
         (walsender, broker)
     }
+}
+
+/// The broker process's CPU seconds so far.
+fn broker_cpu(pid: u32) -> Option<BrokerCpu> {
+    Some(BrokerCpu {
+        total: procstat::cpu_secs(pid)?,
+        jit: procstat::jit_cpu_secs(pid)?,
+    })
 }
 
 /// Streams slot `slot` with pg_recvlogical (publication `publication`) into /dev/null until

@@ -96,6 +96,31 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
     Some((user + sys) as f64 / clock_ticks_per_sec())
 }
 
+/// CPU seconds a JVM's JIT compiler threads have used so far (HotSpot names them
+/// `C1 CompilerThreadN` and `C2 CompilerThreadN`; /proc keeps the first 15 bytes), if the
+/// process can be read. 0 for a process without such threads.
+pub fn jit_cpu_secs(pid: u32) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let ticks: u64 = tasks
+        .filter_map(|t| t.ok())
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|comm| is_jit_compiler_thread(comm.trim_end()))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|stat| cpu_ticks(&stat).ok())
+        .map(|(user, sys)| user + sys)
+        .sum();
+    Some(ticks as f64 / clock_ticks_per_sec())
+}
+
+/// Whether a thread's `comm` is one of HotSpot's JIT compiler threads.
+fn is_jit_compiler_thread(comm: &str) -> bool {
+    ["C1 CompilerThre", "C2 CompilerThre"]
+        .iter()
+        .any(|prefix| comm.starts_with(prefix))
+}
+
 /// `VmHWM:   12345 kB` in bytes.
 fn peak_rss(status: &str) -> Result<u64> {
     let Some(line) = status.lines().find(|l| l.starts_with("VmHWM:")) else {
@@ -145,6 +170,21 @@ fn clock_ticks_per_sec() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn knows_hotspot_compiler_threads_by_their_truncated_names() {
+        assert!(is_jit_compiler_thread("C2 CompilerThre"));
+        assert!(is_jit_compiler_thread("C1 CompilerThre"));
+        assert!(!is_jit_compiler_thread("data-plane-kafk"));
+        assert!(!is_jit_compiler_thread("GC Thread#0"));
+        assert!(!is_jit_compiler_thread("C2"));
+    }
+
+    #[test]
+    fn a_process_without_compiler_threads_used_no_jit_time() {
+        assert_eq!(jit_cpu_secs(std::process::id()), Some(0.0));
+        assert_eq!(jit_cpu_secs(u32::MAX), None);
+    }
 
     #[test]
     fn parses_status_and_stat() {

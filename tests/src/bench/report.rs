@@ -4,6 +4,7 @@ use super::chart::{Bar, Chart, Group, Series};
 use super::drain::{self, Drain, DrainEnd, Sink};
 use super::latency::{Latency, Quantiles};
 use super::probe::{self, ProbeStats};
+use super::warm_up::WarmUpDrains;
 use serde_json::{json, Value};
 
 pub struct Backlog {
@@ -21,6 +22,8 @@ pub struct BrokerInfo {
     pub peak_rss_bytes: Option<u64>,
     /// Records written to it before the drains to warm its JIT up (the bench's own broker).
     pub warm_up_records: Option<u64>,
+    /// Siphon's drains to it before the measured ones (the bench's own broker).
+    pub warm_up_drains: Option<WarmUpDrains>,
 }
 
 /// How fast the machine ran a fixed piece of work before the first drain and after the last
@@ -485,6 +488,17 @@ impl Results {
         if let Some(n) = self.broker.warm_up_records {
             out += &format!(", warmed up with {n} records");
         }
+        if let Some(d) = &self.broker.warm_up_drains {
+            out += &format!(
+                " and {} Siphon drains of {} events in {:.0} s (JIT {} of the broker's CPU in the last{})",
+                d.rounds.len(),
+                d.events,
+                d.secs,
+                d.last_jit_share()
+                    .map_or("unknown".to_owned(), |s| format!("{:.0} %", s * 100.0)),
+                if d.steady() { "" } else { ": not yet steady" }
+            );
+        }
         if let Some(rss) = self.broker.peak_rss_bytes {
             out += &format!(", peak RSS {:.0} MB", rss as f64 / MIB);
         }
@@ -595,7 +609,7 @@ impl Results {
         let b = &self.backlog;
         let w = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0).max(17);
         let mut out = format!(
-            "{:<w$} {:>9} {:>11} {:>7} {:>13} {:>16} | {:>18} {:>15}\n",
+            "{:<w$} {:>9} {:>11} {:>7} {:>13} {:>16} | {:>18} {:>22}\n",
             "",
             "seconds",
             "events/s",
@@ -603,7 +617,7 @@ impl Results {
             "peak RSS MB",
             "CPU s per 1M ev",
             "walsender CPU s/1M",
-            "broker CPU s/1M"
+            "broker CPU s/1M (JIT)"
         );
         for (name, d) in rows {
             let (rss, cpu) = match d.usage {
@@ -623,8 +637,11 @@ impl Results {
             } else {
                 ""
             };
+            let broker = d.broker_cpu.map_or("-".to_owned(), |c| {
+                format!("{} ({})", per_m(Some(c.total)), per_m(Some(c.jit)))
+            });
             out += &format!(
-                "{:<w$} {:>9} {:>11.0} {:>7.2} {:>13} {:>16} | {:>18} {:>15}\n",
+                "{:<w$} {:>9} {:>11.0} {:>7.2} {:>13} {:>16} | {:>18} {:>22}\n",
                 name,
                 format!("{:.2}{mark}", d.secs),
                 self.rate(d),
@@ -632,7 +649,7 @@ impl Results {
                 rss,
                 cpu,
                 per_m(d.walsender_cpu),
-                per_m(d.broker_cpu)
+                broker
             );
         }
         out
@@ -665,7 +682,8 @@ impl Results {
             "records_produced": d.records_produced,
             "first_record_seconds": d.first_record_secs,
             "walsender_cpu_secs": d.walsender_cpu,
-            "broker_cpu_secs": d.broker_cpu,
+            "broker_cpu_secs": d.broker_cpu.map(|c| c.total),
+            "broker_jit_cpu_secs": d.broker_cpu.map(|c| c.jit),
         })
     }
 
@@ -788,6 +806,13 @@ impl Results {
                 "name": self.broker.name,
                 "peak_rss_mb": self.broker.peak_rss_bytes.map(|b| b as f64 / MIB),
                 "warm_up_records": self.broker.warm_up_records,
+                "warm_up_drains": self.broker.warm_up_drains.as_ref().map(|d| json!({
+                    "events_each": d.events,
+                    "seconds": d.secs,
+                    "broker_cpu_secs": d.rounds.iter().map(|r| r.map(|c| c.total)).collect::<Vec<_>>(),
+                    "broker_jit_cpu_secs": d.rounds.iter().map(|r| r.map(|c| c.jit)).collect::<Vec<_>>(),
+                    "steady": d.steady(),
+                })),
             },
             "host": {
                 "cpu": self.host.cpu,
@@ -996,6 +1021,7 @@ mod tests {
                 name: "Apache Kafka 4.4.0 (test)".into(),
                 peak_rss_bytes: Some(512 * 1024 * 1024),
                 warm_up_records: None,
+                warm_up_drains: None,
             },
             host: HostSpeed {
                 cpu: "Test CPU".into(),

@@ -100,24 +100,6 @@ impl Services {
         self._broker.is_some()
     }
 
-    /// Warms the bench's own broker up before anything is measured: a JVM runs interpreted
-    /// code until its JIT has compiled the hot paths, which a broker in production has long
-    /// done. Creates [`WARM_UP_TOPIC`] (three partitions, as Siphon's topics in the bench) and
-    /// writes `records` records of the backlog's size to it with Siphon's producer
-    /// settings, then commits one Kafka transaction to it, so that the broker's transaction
-    /// state log exists (it is created on the first transactional producer's registration)
-    /// before the exactly-once drain. Returns the seconds it took. Blocks its worker thread
-    /// while it writes.
-    pub async fn warm_up_broker(&self, records: u64) -> Result<f64> {
-        let started = std::time::Instant::now();
-        siphon_tests::create_topic(&self.bootstrap, WARM_UP_TOPIC, 3)
-            .await
-            .with_context(|| format!("creating {WARM_UP_TOPIC}"))?;
-        tokio::task::block_in_place(|| produce_warm_up(&self.bootstrap, records))?;
-        tokio::task::block_in_place(|| commit_warm_up_transaction(&self.bootstrap))?;
-        Ok(started.elapsed().as_secs_f64())
-    }
-
     /// Connects to the database; the connection runs on a spawned task.
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
         let (client, connection) = tokio_postgres::connect(&self.pg_url, tokio_postgres::NoTls)
@@ -128,96 +110,6 @@ impl Services {
         });
         Ok(client)
     }
-}
-
-/// The topic [`Services::warm_up_broker`] writes to.
-pub const WARM_UP_TOPIC: &str = "siphon-bench-warm-up";
-/// Records [`Services::warm_up_broker`] writes unless `--warm-up-records` says otherwise.
-pub const WARM_UP_RECORDS: u64 = 200_000;
-
-/// Registers a transactional producer and commits one transaction of a few records to
-/// [`WARM_UP_TOPIC`].
-fn commit_warm_up_transaction(bootstrap: &str) -> Result<()> {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-    use rdkafka::ClientConfig;
-    use std::time::Duration;
-
-    let timeout = Duration::from_secs(60);
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("transactional.id", "siphon-bench-warm-up")
-        .create()
-        .context("creating the transactional warm-up producer")?;
-    producer
-        .init_transactions(timeout)
-        .context("registering the transactional warm-up producer")?;
-    producer
-        .begin_transaction()
-        .context("beginning the warm-up transaction")?;
-    for n in 0..10 {
-        let key = format!("agg-{n}");
-        producer
-            .send(
-                BaseRecord::to(WARM_UP_TOPIC)
-                    .key(&key)
-                    .payload("{\"warmUp\": \"transactional\"}"),
-            )
-            .map_err(|(e, _)| e)
-            .context("sending a transactional warm-up record")?;
-    }
-    producer
-        .commit_transaction(timeout)
-        .context("committing the warm-up transaction")
-}
-
-/// Writes the warm-up records: ~300-byte values with an `id` header and 1,000 keys, sent with
-/// Siphon's producer settings (idempotent, `acks=all`, one request in flight, `linger.ms=1`,
-/// the Java client's partitioner), then waits until every one was acknowledged.
-fn produce_warm_up(bootstrap: &str, records: u64) -> Result<()> {
-    use rdkafka::message::{Header, OwnedHeaders};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-    use rdkafka::ClientConfig;
-    use std::time::Duration;
-
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "1")
-        .set("max.in.flight.requests.per.connection", "1")
-        .set("partitioner", "murmur2_random")
-        .create()
-        .context("creating the warm-up producer")?;
-    let value = format!("{{\"warmUp\": true, \"padding\": \"{}\"}}", "x".repeat(260));
-    for n in 0..records {
-        let key = format!("agg-{}", n % 1000);
-        let id = n.to_string();
-        loop {
-            let record = BaseRecord::to(WARM_UP_TOPIC)
-                .key(&key)
-                .payload(&value)
-                .headers(OwnedHeaders::new().insert(Header {
-                    key: "id",
-                    value: Some(&id),
-                }));
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((e, _))
-                    if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                {
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => return Err(e).context("sending a warm-up record"),
-            }
-        }
-        if n % 1000 == 0 {
-            producer.poll(Duration::ZERO);
-        }
-    }
-    producer
-        .flush(Duration::from_secs(120))
-        .context("the warm-up records were not all acknowledged within 120 s")
 }
 
 /// The port of a bootstrap list's first address if that address is this host's loopback.

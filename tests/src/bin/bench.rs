@@ -12,7 +12,8 @@
 //! target/bench/result.json. It starts PostgreSQL and an Apache Kafka node (KRaft, with the JVM
 //! options of Kafka's own start scripts) through the test harness unless `--pg-url` /
 //! `--bootstrap` name existing ones, and stops everything it started. Its own broker is warmed
-//! up (its JIT compiles the hot paths) by a producer before anything is measured, and keeps
+//! up before anything is measured (`warm_up.rs`: records from a producer, then Siphon's own
+//! drains until the broker's JIT compilers are nearly idle), and keeps
 //! every record for the whole run: the contended drains and the latency phase write to it after
 //! the backlog's drains.
 
@@ -46,6 +47,8 @@ mod report;
 mod services;
 #[path = "../bench/slots.rs"]
 mod slots;
+#[path = "../bench/warm_up.rs"]
+mod warm_up;
 #[path = "../bench/workload.rs"]
 mod workload;
 
@@ -122,11 +125,11 @@ async fn run(args: &cli::Args, svc: &services::Services) -> Result<()> {
         siphon_tests::siphon_bin()?.display()
     );
     if svc.owns_broker() {
-        let secs = svc.warm_up_broker(args.warm_up_records).await?;
+        let secs = warm_up::records(svc, args.warm_up_records).await?;
         eprintln!(
             "bench: warmed the broker up: {} records and one transaction to {} in {secs:.1} s",
             args.warm_up_records,
-            services::WARM_UP_TOPIC
+            warm_up::WARM_UP_TOPIC
         );
     }
     let db = svc.connect().await?;
@@ -199,8 +202,26 @@ async fn measure(
         eprintln!("bench: Debezium on Connect rows {why}");
     }
 
-    // Every drain's slot exists before the backlog is written: each decodes the same WAL.
     workload::prepare(db).await?;
+    let warm_up_drains = if svc.owns_broker() && args.warm_up_drains > 0 {
+        eprintln!(
+            "bench: warming the broker up with Siphon's drains of {} events (at most {}) ...",
+            args.warm_up_drain_events, args.warm_up_drains
+        );
+        let drains = warm_up::siphon_drains(
+            svc,
+            db,
+            args.warm_up_drain_events,
+            args.txn_events,
+            args.warm_up_drains,
+            timeout,
+        )
+        .await?;
+        Some(drains)
+    } else {
+        None
+    };
+    // Every drain's slot exists before the backlog is written: each decodes the same WAL.
     let mut slots = vec![&slot_a, &slot_b, &slot_c];
     if !args.no_exactly_once {
         slots.push(&slot_eos);
@@ -530,6 +551,7 @@ async fn measure(
     let broker = report::BrokerInfo {
         name: svc.broker_name.clone(),
         warm_up_records: svc.owns_broker().then_some(args.warm_up_records),
+        warm_up_drains,
         peak_rss_bytes: svc
             .broker_pid
             .and_then(|pid| procstat::sample(pid).ok())
