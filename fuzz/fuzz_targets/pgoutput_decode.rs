@@ -10,7 +10,10 @@
 //! - a failed decode leaves the stream state as it was;
 //! - only a decoded Stream Start / Stream Stop changes the stream state;
 //! - outside a streamed block, a protocol-4 decoder without parallel streaming agrees with
-//!   `parse`.
+//!   `parse`;
+//! - `decode_skimming` agrees with `decode`: skimming nothing gives the same result, skimming
+//!   every relation the same except that a Delete comes as its relation and xid, and the
+//!   stream state follows the same way.
 //!
 //! `scripts/fuzz.sh` turns the captured fixtures into seeds of this layout.
 
@@ -18,7 +21,7 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use pgoutput::{Decoder, DecoderOptions, Message};
+use pgoutput::{Decoded, Decoder, DecoderOptions, Message, SkimmedDelete};
 
 /// Protocol versions to decode with: 1 to 4, plus one below and one above the known range.
 const VERSIONS: [u32; 6] = [0, 1, 2, 3, 4, 5];
@@ -78,7 +81,28 @@ fuzz_target!(|data: &[u8]| {
         for decoder in &mut decoders {
             let options = decoder.options();
             let before = decoder.state();
+            let mut never = decoder.clone();
+            let mut always = decoder.clone();
             let decoded = decoder.decode(message);
+            assert_eq!(
+                never.decode_skimming(message, |_| false),
+                decoded.clone().map(Decoded::Message),
+                "decode_skimming without skimming and decode disagree"
+            );
+            let skimmed = decoded.clone().map(|m| match m {
+                Message::Delete(d) => Decoded::SkimmedDelete(SkimmedDelete {
+                    xid: d.xid,
+                    relation_id: d.relation_id,
+                }),
+                other => Decoded::Message(other),
+            });
+            assert_eq!(
+                always.decode_skimming(message, |_| true),
+                skimmed,
+                "decode_skimming and decode disagree"
+            );
+            assert_eq!(never.state(), decoder.state());
+            assert_eq!(always.state(), decoder.state());
             inspect(&decoded);
             let after = decoder.state();
             match &decoded {

@@ -234,6 +234,92 @@ async fn taking_over_a_debezium_slot_delivers_the_backlog_once() -> Result<()> {
     Ok(())
 }
 
+/// The value of the metric series `series` (`name{labels}`, exactly) in a scrape.
+fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Through a publication of every operation (what a takeover from Debezium inherits), every
+/// DELETE of the outbox crosses the wire: each is read and skipped (counted as read and as a
+/// skipped DELETE, no record), another table's rows are skipped as such, and a transaction of
+/// DELETEs only is confirmed like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_through_an_all_operations_publication_are_read_and_skipped() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    client
+        .batch_execute(
+            "CREATE TABLE orders (id int PRIMARY KEY, status text);
+             CREATE PUBLICATION alldel_pub FOR ALL TABLES",
+        )
+        .await?;
+    let port = siphon_tests::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let siphon = SiphonProcess::start_with(
+        &siphon_tests::siphon_bin()?,
+        &siphon_config(&pg, &broker, "alldel", ""),
+        &[("SIPHON_METRICS_LISTEN", listen.as_str())],
+    )?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "alldel").await },
+    )
+    .await?;
+
+    // Ten transactions: an order, ten events, their DELETE.
+    let mut expected = std::collections::BTreeSet::new();
+    for txn in 0..10u64 {
+        client
+            .execute("INSERT INTO orders VALUES ($1, 'new')", &[&(txn as i32)])
+            .await?;
+        let events: Vec<Event> = (0..10).map(|i| event(txn * 10 + i + 1, true)).collect();
+        insert_transaction(&mut client, &events, true).await?;
+        expected.extend(events.into_iter().map(|e| e.id));
+    }
+    // Ten events inserted in one transaction and deleted in the next, which has nothing else.
+    let events: Vec<Event> = (101..=110).map(|seq| event(seq, true)).collect();
+    let tx = client.transaction().await?;
+    for e in &events {
+        tx.execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ($1::text::uuid, $2, $3, 'Event', $4::text::jsonb)",
+            &[&e.id, &e.aggregatetype, &e.aggregateid, &e.payload],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    client.batch_execute("DELETE FROM outbox").await?;
+    expected.extend(events.into_iter().map(|e| e.id));
+
+    siphon_tests::outbox::wait_for_all(&broker, &expected, Duration::from_secs(90))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    siphon_tests::outbox::wait_for_slot_caught_up(&client, "alldel")
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let (_, body) = siphon_tests::http::get(port, "/metrics")?;
+    for (series, value) in [
+        ("siphon_events_read_total", 230.0),
+        ("siphon_rows_skipped_total{reason=\"delete\"}", 110.0),
+        ("siphon_rows_skipped_total{reason=\"other_table\"}", 10.0),
+        ("siphon_rows_skipped_total{reason=\"update\"}", 0.0),
+        ("siphon_transactions_total", 22.0),
+        ("siphon_reconnects_total{cause=\"source\"}", 0.0),
+    ] {
+        assert_eq!(metric(&body, series), Some(value), "{series}\n{body}");
+    }
+    let routed: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("siphon_records_routed_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(routed, 110.0, "{body}");
+    Ok(())
+}
+
 /// A realistic Debezium connector configuration, converted by `siphon import-debezium`, runs
 /// as it is (with the connection details a connector file cannot carry given by environment).
 /// Its router names topics `${routedByValue}.events`: the row's aggregate type carries the

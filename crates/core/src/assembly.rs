@@ -13,6 +13,10 @@
 //!   pgoutput describes a relation before its first change in a session (and again after its
 //!   definition changes), so a change of a relation not in the cache is one of a forgotten
 //!   relation: a [`SourceEvent::OtherTableChange`], never a row of an outbox table.
+//! - A Delete comes as a [`SourceEvent::OutboxDelete`] only for a relation the pipeline said it
+//!   skips every DELETE of ([`Assembler::skip_deletes`]) since pgoutput last described it: a
+//!   new description, or forgetting the relation, ends that. Its old row is checked as every
+//!   message is (a malformed one is [`AssemblyError::Unhandled`] as before) but never built.
 //! - [`SourceEvent::Idle`] is only produced outside a transaction: its `wal_end` is then safe to
 //!   confirm once everything before it is delivered.
 //! - Framing errors (a change outside a transaction, a Begin inside one) are errors, never
@@ -25,7 +29,8 @@
 
 use bytes::Bytes;
 use pgoutput::{
-    DecodeError, Decoder, DecoderOptions, Lsn, Message, Oid, OldTuple, Relation, TupleData, Xid,
+    DecodeError, Decoded, Decoder, DecoderOptions, Lsn, Message, Oid, OldTuple, Relation,
+    TupleData, Xid,
 };
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -61,6 +66,9 @@ pub enum SourceEvent {
     /// A row of a relation whose description is not kept ([`Assembler::forget`]: not an outbox
     /// table) changed at `lsn`.
     OtherTableChange { relation_id: Oid, lsn: Lsn },
+    /// A row of a relation whose DELETEs the pipeline skips ([`Assembler::skip_deletes`]: a
+    /// bound outbox table) was deleted at `lsn`; its old row was checked, not decoded.
+    OutboxDelete { relation_id: Oid, lsn: Lsn },
     /// The transaction ends; `end_lsn` is the position to confirm once it is delivered.
     Commit {
         commit_lsn: Lsn,
@@ -77,6 +85,14 @@ pub enum SourceEvent {
         prefix: String,
         content: Bytes,
     },
+}
+
+/// A relation description the pipeline still needs.
+#[derive(Debug)]
+struct Kept {
+    relation: Arc<Relation>,
+    /// The pipeline skips every DELETE of the relation: its Delete messages are skimmed.
+    deletes_skipped: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -122,7 +138,7 @@ pub struct Assembler {
     decoder: Decoder,
     /// Keyed by OID with an integer hasher: one lookup per row change. Only the relations the
     /// pipeline has not forgotten (see the module's invariants).
-    relations: FxHashMap<Oid, Arc<Relation>>,
+    relations: FxHashMap<Oid, Kept>,
     open: Option<OpenTransaction>,
 }
 
@@ -155,6 +171,16 @@ impl Assembler {
     /// describes it again.
     pub fn forget(&mut self, relation: Oid) {
         self.relations.remove(&relation);
+    }
+
+    /// The pipeline skips every DELETE of relation `relation` (an outbox table it bound): until
+    /// pgoutput describes the relation again (or the pipeline forgets it), its Delete messages
+    /// come as [`SourceEvent::OutboxDelete`], their old row checked but not decoded. A relation
+    /// not kept is left as it is.
+    pub fn skip_deletes(&mut self, relation: Oid) {
+        if let Some(kept) = self.relations.get_mut(&relation) {
+            kept.deletes_skipped = true;
+        }
     }
 
     /// How many relation descriptions are kept.
@@ -247,14 +273,33 @@ impl Assembler {
         } else {
             payload
         };
-        let message = self
-            .decoder
-            .decode(payload)
-            .map_err(|e| AssemblyError::Unhandled {
-                payload: payload.clone(),
-                lsn,
-                decode: Some(e),
-            })?;
+        let unhandled = |e| AssemblyError::Unhandled {
+            payload: payload.clone(),
+            lsn,
+            decode: Some(e),
+        };
+        // A Delete is skimmed if the pipeline skips its relation's DELETEs; every other message
+        // is decoded as it is, on the decoder's plain path.
+        let message = if payload.first() == Some(&b'D') {
+            let relations = &self.relations;
+            let skim = |relation| {
+                relations
+                    .get(&relation)
+                    .is_some_and(|kept| kept.deletes_skipped)
+            };
+            match self
+                .decoder
+                .decode_skimming(payload, skim)
+                .map_err(unhandled)?
+            {
+                Decoded::Message(message) => message,
+                Decoded::SkimmedDelete(delete) => {
+                    return self.outbox_delete(delete.relation_id, lsn);
+                }
+            }
+        } else {
+            self.decoder.decode(payload).map_err(unhandled)?
+        };
         match message {
             Message::Begin(b) => self.begin(b.xid, b.final_lsn, b.commit_timestamp).map(Some),
             Message::Commit(c) => self
@@ -262,7 +307,11 @@ impl Assembler {
                 .map(Some),
             Message::Relation(relation) => {
                 let relation = Arc::new(relation);
-                self.relations.insert(relation.id, Arc::clone(&relation));
+                let kept = Kept {
+                    relation: Arc::clone(&relation),
+                    deletes_skipped: false,
+                };
+                self.relations.insert(relation.id, kept);
                 Ok(Some(SourceEvent::Relation(relation)))
             }
             Message::Insert(insert) => {
@@ -303,13 +352,25 @@ impl Assembler {
             return Err(AssemblyError::ChangeOutsideTransaction { relation_id });
         }
         Ok(Some(match self.relations.get(&relation_id) {
-            Some(relation) => SourceEvent::Change {
-                relation: Arc::clone(relation),
+            Some(kept) => SourceEvent::Change {
+                relation: Arc::clone(&kept.relation),
                 change,
                 lsn,
             },
             None => SourceEvent::OtherTableChange { relation_id, lsn },
         }))
+    }
+
+    /// A skimmed Delete of `relation_id`, whose DELETEs the pipeline skips.
+    fn outbox_delete(
+        &mut self,
+        relation_id: Oid,
+        lsn: Lsn,
+    ) -> Result<Option<SourceEvent>, AssemblyError> {
+        if self.open.is_none() {
+            return Err(AssemblyError::ChangeOutsideTransaction { relation_id });
+        }
+        Ok(Some(SourceEvent::OutboxDelete { relation_id, lsn }))
     }
 }
 
@@ -339,6 +400,149 @@ mod tests {
         b.extend((value.len() as u32).to_be_bytes());
         b.extend(value);
         Bytes::from(b)
+    }
+
+    fn delete_message(id: u32, key: &[u8]) -> Bytes {
+        let mut b = vec![b'D'];
+        b.extend(id.to_be_bytes());
+        b.push(b'K');
+        b.extend(1u16.to_be_bytes());
+        b.push(b't');
+        b.extend((key.len() as u32).to_be_bytes());
+        b.extend(key);
+        Bytes::from(b)
+    }
+
+    fn is_delete(event: Option<SourceEvent>, of: u32, key: &[u8]) -> bool {
+        matches!(
+            event,
+            Some(SourceEvent::Change {
+                relation,
+                change: RowChange::Delete(OldTuple::Key(t)),
+                ..
+            }) if relation.id == of && t.columns == vec![pgoutput::Column::Text(Bytes::copy_from_slice(key))]
+        )
+    }
+
+    /// The DELETEs of a relation the pipeline skips come without their old row, from
+    /// `skip_deletes` until the relation is described again or forgotten; its inserts, and
+    /// other relations' deletes, as before.
+    #[test]
+    fn deletes_of_a_relation_whose_deletes_are_skipped_come_without_their_row() {
+        const OUTBOX: u32 = 16_384;
+        const OTHER: u32 = 16_390;
+        let mut a = Assembler::new();
+        a.begin(7, Lsn(100), 1).unwrap();
+        a.data(&relation_message(OUTBOX), Lsn(1)).unwrap();
+        a.data(&relation_message(OTHER), Lsn(1)).unwrap();
+        assert!(is_delete(
+            a.data(&delete_message(OUTBOX, b"k1"), Lsn(2)).unwrap(),
+            OUTBOX,
+            b"k1"
+        ));
+        a.skip_deletes(OUTBOX);
+        assert_eq!(
+            a.data(&delete_message(OUTBOX, b"k2"), Lsn(3)).unwrap(),
+            Some(SourceEvent::OutboxDelete {
+                relation_id: OUTBOX,
+                lsn: Lsn(3)
+            })
+        );
+        assert!(matches!(
+            a.data(&insert_message(OUTBOX, b"e"), Lsn(4)).unwrap(),
+            Some(SourceEvent::Change {
+                change: RowChange::Insert(_),
+                ..
+            })
+        ));
+        assert!(
+            is_delete(
+                a.data(&delete_message(OTHER, b"o"), Lsn(5)).unwrap(),
+                OTHER,
+                b"o"
+            ),
+            "another relation's deletes are decoded"
+        );
+        a.forget(OTHER);
+        a.skip_deletes(OTHER);
+        assert_eq!(
+            a.data(&delete_message(OTHER, b"o"), Lsn(6)).unwrap(),
+            Some(SourceEvent::OtherTableChange {
+                relation_id: OTHER,
+                lsn: Lsn(6)
+            }),
+            "a relation not kept is not marked"
+        );
+        // Described again: decoded until the pipeline says it skips them again.
+        a.data(&relation_message(OUTBOX), Lsn(7)).unwrap();
+        assert!(is_delete(
+            a.data(&delete_message(OUTBOX, b"k3"), Lsn(8)).unwrap(),
+            OUTBOX,
+            b"k3"
+        ));
+        a.skip_deletes(OUTBOX);
+        assert!(matches!(
+            a.data(&delete_message(OUTBOX, b"k4"), Lsn(9)).unwrap(),
+            Some(SourceEvent::OutboxDelete { .. })
+        ));
+        a.commit(Lsn(100), Lsn(108), 1).unwrap();
+        assert_eq!(
+            a.data(&delete_message(OUTBOX, b"k5"), Lsn(110)),
+            Err(AssemblyError::ChangeOutsideTransaction {
+                relation_id: OUTBOX
+            }),
+            "a skimmed delete is framed as any change"
+        );
+        // Forgotten: its deletes are another table's.
+        a.begin(8, Lsn(200), 1).unwrap();
+        a.forget(OUTBOX);
+        assert_eq!(
+            a.data(&delete_message(OUTBOX, b"k6"), Lsn(150)).unwrap(),
+            Some(SourceEvent::OtherTableChange {
+                relation_id: OUTBOX,
+                lsn: Lsn(150)
+            })
+        );
+    }
+
+    /// A malformed Delete is refused with the decoder's error whether or not it is skimmed.
+    #[test]
+    fn a_malformed_skimmed_delete_is_refused_as_before() {
+        const OUTBOX: u32 = 16_384;
+        let malformed = {
+            let mut trailing = delete_message(OUTBOX, b"k").to_vec();
+            trailing.push(0);
+            let mut kind = delete_message(OUTBOX, b"k").to_vec();
+            kind[8] = b'x';
+            let mut cut = delete_message(OUTBOX, b"key").to_vec();
+            cut.pop();
+            let mut marker = delete_message(OUTBOX, b"k").to_vec();
+            marker[5] = b'N';
+            [trailing, kind, cut, marker].map(Bytes::from)
+        };
+        for payload in malformed {
+            let errors = [false, true].map(|skip| {
+                let mut a = Assembler::new();
+                a.begin(7, Lsn(100), 1).unwrap();
+                a.data(&relation_message(OUTBOX), Lsn(1)).unwrap();
+                if skip {
+                    a.skip_deletes(OUTBOX);
+                }
+                a.data(&payload, Lsn(2))
+            });
+            assert!(
+                matches!(
+                    &errors[0],
+                    Err(AssemblyError::Unhandled {
+                        decode: Some(_),
+                        ..
+                    })
+                ),
+                "{payload:?}: {:?}",
+                errors[0]
+            );
+            assert_eq!(errors[0], errors[1], "{payload:?}");
+        }
     }
 
     /// A cached relation read from a large receive buffer keeps none of it: its names are

@@ -10,11 +10,12 @@
 //! - Checking that nothing follows the message is the caller's job.
 
 use crate::reader::Reader;
-use crate::tuple::{self, read_new_tuple, read_old_tuple, read_tuple};
+use crate::tuple::{self, read_new_tuple, read_old_tuple, read_tuple, skip_old_tuple};
 use crate::{
-    Begin, BeginPrepare, Commit, CommitPrepared, DecodeError, Delete, Insert, LogicalMessage,
-    Origin, Prepare, Relation, RelationColumn, ReplicaIdentity, RollbackPrepared, StreamAbort,
-    StreamCommit, StreamPrepare, StreamStart, Truncate, Type, Update, Xid,
+    Begin, BeginPrepare, Commit, CommitPrepared, DecodeError, Decoded, Delete, Insert,
+    LogicalMessage, Message, Oid, Origin, Prepare, Relation, RelationColumn, ReplicaIdentity,
+    RollbackPrepared, SkimmedDelete, StreamAbort, StreamCommit, StreamPrepare, StreamStart,
+    Truncate, Type, Update, Xid,
 };
 
 /// Smallest encoding of a relation column: flags, an empty name, type oid and modifier.
@@ -127,6 +128,26 @@ pub(crate) fn delete(r: &mut Reader<'_>, xid: Option<Xid>) -> Result<Delete, Dec
         relation_id,
         old: read_old_tuple(r, marker)?,
     })
+}
+
+/// `D`, read as [`delete`] reads it, except that when `skim` is true for its relation the old
+/// tuple is only checked ([`skip_old_tuple`]: the same errors), not built.
+pub(crate) fn delete_skimming(
+    r: &mut Reader<'_>,
+    xid: Option<Xid>,
+    skim: impl FnOnce(Oid) -> bool,
+) -> Result<Decoded, DecodeError> {
+    let relation_id = r.u32("relation id")?;
+    let marker = r.u8("tuple marker")?;
+    if skim(relation_id) {
+        skip_old_tuple(r, marker)?;
+        return Ok(Decoded::SkimmedDelete(SkimmedDelete { xid, relation_id }));
+    }
+    Ok(Decoded::Message(Message::Delete(Delete {
+        xid,
+        relation_id,
+        old: read_old_tuple(r, marker)?,
+    })))
 }
 
 /// `T`

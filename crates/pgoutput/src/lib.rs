@@ -11,6 +11,9 @@
 //!   the buffer can hold.
 //! - A message must be consumed exactly: trailing bytes are an error.
 //! - Text fields are validated UTF-8 when decoded; column values are handed over raw.
+//! - [`Decoder::decode_skimming`] accepts and refuses exactly what [`Decoder::decode`] does, with
+//!   the same errors: a caller that has no use for a Delete's old row (Siphon skips the DELETEs
+//!   of an outbox table) has it checked without it being built.
 
 #![warn(missing_docs)]
 

@@ -262,6 +262,24 @@ pub struct Delete {
     pub old: OldTuple,
 }
 
+/// A `D` message read without its old row: see [`crate::Decoder::decode_skimming`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SkimmedDelete {
+    /// Transaction id, present only inside a streamed transaction (protocol 2+).
+    pub xid: Option<Xid>,
+    /// Oid of the relation, as in the [`Relation`] message sent before.
+    pub relation_id: Oid,
+}
+
+/// What [`crate::Decoder::decode_skimming`] made of one message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// The message, as [`crate::Decoder::decode`] decodes it.
+    Message(Message),
+    /// A Delete of a relation the caller skims: its old row was checked, not built.
+    SkimmedDelete(SkimmedDelete),
+}
+
 /// `T`: tables were truncated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Truncate {

@@ -12,11 +12,13 @@
 //! - The whole buffer must be consumed: trailing bytes are [`DecodeError::TrailingBytes`].
 //! - The stream state changes only when a Stream Start or Stream Stop decodes successfully;
 //!   a failed decode leaves the decoder as it was.
+//! - [`Decoder::decode_skimming`] reads what [`Decoder::decode`] reads, in the same order: a
+//!   skimmed Delete differs from the decoded one only in that its old row is not built.
 
 use crate::body;
 use crate::kind::{Kind, Placement};
 use crate::reader::Reader;
-use crate::{DecodeError, Message};
+use crate::{DecodeError, Decoded, Message, Oid, Xid};
 use bytes::Bytes;
 
 /// Protocol options the stream was started with.
@@ -94,6 +96,28 @@ impl Decoder {
         }
         Ok(message)
     }
+
+    /// [`Decoder::decode`], except that a Delete of a relation for which `skim` is true comes
+    /// as [`Decoded::SkimmedDelete`]: its old row is checked as `decode` checks it (a message
+    /// `decode` refuses is refused with the same error) but not built, so nothing is allocated
+    /// and nothing of `buf` is kept. `skim` is asked at most once, only for a Delete, with the
+    /// relation id read from it.
+    pub fn decode_skimming(
+        &mut self,
+        buf: &Bytes,
+        skim: impl FnOnce(Oid) -> bool,
+    ) -> Result<Decoded, DecodeError> {
+        if buf.first() != Some(&Kind::Delete.tag()) {
+            return self.decode(buf).map(Decoded::Message);
+        }
+        let mut r = Reader::new(buf);
+        r.u8("message tag")?;
+        let xid = stream_xid(&mut r, Kind::Delete, self.options, self.state)?;
+        let decoded = body::delete_skimming(&mut r, xid, skim)?;
+        r.finish(Kind::Delete.name())?;
+        // A Delete leaves the stream state as it is.
+        Ok(decoded)
+    }
 }
 
 /// Parses one message outside a streamed block, accepting every message kind of the latest
@@ -116,12 +140,7 @@ fn decode_message(
     let mut r = Reader::new(buf);
     let tag = r.u8("message tag").map_err(|_| DecodeError::Empty)?;
     let kind = Kind::from_tag(tag).ok_or(DecodeError::UnknownTag { tag })?;
-    check_allowed(kind, options, state)?;
-    let xid = if state.in_stream && kind.carries_stream_xid() {
-        Some(r.u32("xid")?)
-    } else {
-        None
-    };
+    let xid = stream_xid(&mut r, kind, options, state)?;
     let message = match kind {
         Kind::Begin => Message::Begin(body::begin(&mut r)?),
         Kind::Commit => Message::Commit(body::commit(&mut r)?),
@@ -148,6 +167,23 @@ fn decode_message(
     };
     r.finish(kind.name())?;
     Ok(message)
+}
+
+/// After the tag of a message of `kind`: checks that the kind is allowed, and reads the
+/// streamed transaction's xid where the message has one.
+#[inline(always)]
+fn stream_xid(
+    r: &mut Reader<'_>,
+    kind: Kind,
+    options: DecoderOptions,
+    state: StreamState,
+) -> Result<Option<Xid>, DecodeError> {
+    check_allowed(kind, options, state)?;
+    Ok(if state.in_stream && kind.carries_stream_xid() {
+        Some(r.u32("xid")?)
+    } else {
+        None
+    })
 }
 
 /// Rejects a message kind the protocol version or the stream state does not allow.

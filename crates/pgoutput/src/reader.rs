@@ -9,6 +9,7 @@
 //! - Byte strings and [`Text`] values handed out are `Bytes::slice`s of the input buffer: the
 //!   data is never copied.
 //! - No read allocates: lengths taken from the input are only used to slice.
+//! - A skip checks exactly what the matching read checks, with the same errors.
 
 use crate::{DecodeError, Lsn, Text};
 use bytes::Bytes;
@@ -112,6 +113,17 @@ impl<'a> Reader<'a> {
     ) -> Result<Bytes, DecodeError> {
         let n = self.length(length_field)?;
         self.bytes(n, data_field)
+    }
+
+    /// Skips an `Int32` length followed by that many bytes: [`Reader::counted_bytes`] (the same
+    /// checks, the same errors) without taking a slice of the input.
+    pub(crate) fn skip_counted(
+        &mut self,
+        length_field: &'static str,
+        data_field: &'static str,
+    ) -> Result<(), DecodeError> {
+        let n = self.length(length_field)?;
+        self.take(n, data_field).map(|_| ())
     }
 
     /// Reads a NUL-terminated UTF-8 `String`; the NUL is consumed but not part of the text.
@@ -250,5 +262,29 @@ mod tests {
         let data = r.counted_bytes("len", "data").unwrap();
         assert_eq!(&data[..], &[7, 8]);
         assert_eq!(data.as_ptr(), buf[4..].as_ptr());
+    }
+
+    /// Skipping checks what reading checks, with the same errors and the same position after.
+    #[test]
+    fn skip_counted_agrees_with_counted_bytes() {
+        let inputs: [&'static [u8]; 6] = [
+            &[0xff, 0xff, 0xff, 0xff],
+            &[0x7f, 0xff, 0xff, 0xff, 1],
+            &[0, 0, 0, 2, 7, 8],
+            &[0, 0, 0, 2, 7, 8, 9],
+            &[0, 0, 0],
+            &[0, 0, 0, 0],
+        ];
+        for input in inputs {
+            let buf = Bytes::from_static(input);
+            let mut read = Reader::new(&buf);
+            let mut skipped = Reader::new(&buf);
+            assert_eq!(
+                read.counted_bytes("len", "data").map(|_| ()),
+                skipped.skip_counted("len", "data"),
+                "{input:?}"
+            );
+            assert_eq!(read.remaining(), skipped.remaining(), "{input:?}");
+        }
     }
 }

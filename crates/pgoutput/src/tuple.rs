@@ -5,6 +5,9 @@
 //! - The column vector is pre-allocated for at most as many columns as the remaining bytes can
 //!   hold (each column takes at least one byte), whatever the count field claims.
 //! - The number of columns is not checked against the relation: this layer does not know it.
+//! - Skipping a tuple ([`skip_tuple`], [`skip_old_tuple`]) accepts and refuses exactly what
+//!   reading it accepts and refuses, with the same errors, and leaves the reader at the same
+//!   place.
 
 use crate::reader::Reader;
 use crate::{Column, DecodeError, OldTuple, TupleData};
@@ -39,6 +42,25 @@ pub(crate) fn read_tuple(r: &mut Reader<'_>) -> Result<TupleData, DecodeError> {
     Ok(TupleData { columns })
 }
 
+/// Checks one `TupleData` as [`read_tuple`] does (the same reads, the same errors) without
+/// building it: nothing is allocated and no value is sliced.
+pub(crate) fn skip_tuple(r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    let count = r.u16("tuple column count")?;
+    for _ in 0..count {
+        match r.u8("tuple column kind")? {
+            b'n' | b'u' => {}
+            b't' | b'b' => r.skip_counted("column value length", "column value")?,
+            other => {
+                return Err(DecodeError::InvalidValue {
+                    field: "tuple column kind",
+                    value: u64::from(other),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads the marker byte that must be `N`, then the new tuple.
 pub(crate) fn read_new_tuple(r: &mut Reader<'_>) -> Result<TupleData, DecodeError> {
     match r.u8("tuple marker")? {
@@ -52,6 +74,15 @@ pub(crate) fn read_old_tuple(r: &mut Reader<'_>, marker: u8) -> Result<OldTuple,
     match marker {
         KEY => Ok(OldTuple::Key(read_tuple(r)?)),
         OLD => Ok(OldTuple::Full(read_tuple(r)?)),
+        other => Err(invalid_marker(other)),
+    }
+}
+
+/// Checks an old tuple whose marker has already been read as [`read_old_tuple`] does, without
+/// building it (see [`skip_tuple`]).
+pub(crate) fn skip_old_tuple(r: &mut Reader<'_>, marker: u8) -> Result<(), DecodeError> {
+    match marker {
+        KEY | OLD => skip_tuple(r),
         other => Err(invalid_marker(other)),
     }
 }
@@ -109,6 +140,47 @@ mod tests {
                 needed: 1
             })
         );
+    }
+
+    /// Skipping and reading agree on every input: the same error, or success at the same
+    /// position.
+    #[test]
+    fn skipping_a_tuple_agrees_with_reading_it() {
+        let inputs: [&'static [u8]; 9] = [
+            b"\x00\x04nut\x00\x00\x00\x02hib\x00\x00\x00\x01\xff",
+            b"\x00\x04nut\x00\x00\x00\x02hib\x00\x00\x00\x01\xffrest",
+            b"\x00\x01x",
+            b"\xff\xffn",
+            b"\x00\x01t\xff\xff\xff\xff",
+            b"\x00\x01t\x00\x00\x00\x05ab",
+            b"\x00\x00",
+            b"\x00",
+            b"",
+        ];
+        for input in inputs {
+            let buf = Bytes::from_static(input);
+            for cut in 0..=buf.len() {
+                let buf = buf.slice(..cut);
+                let mut read = Reader::new(&buf);
+                let mut skipped = Reader::new(&buf);
+                assert_eq!(
+                    read_tuple(&mut read).map(|_| ()),
+                    skip_tuple(&mut skipped),
+                    "{buf:?}"
+                );
+                assert_eq!(read.remaining(), skipped.remaining(), "{buf:?}");
+                for marker in [KEY, OLD, NEW] {
+                    let mut read = Reader::new(&buf);
+                    let mut skipped = Reader::new(&buf);
+                    assert_eq!(
+                        read_old_tuple(&mut read, marker).map(|_| ()),
+                        skip_old_tuple(&mut skipped, marker),
+                        "{buf:?}"
+                    );
+                    assert_eq!(read.remaining(), skipped.remaining(), "{buf:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -106,6 +106,14 @@ impl EventRouter {
         }
     }
 
+    /// Whether [`EventRouter::route_at`] skips every DELETE whatever its row
+    /// (`Routed::Skipped(SkipReason::Delete)`, logged at [`EventRouter::log_level`]): true in
+    /// every configuration, as Debezium's router ignores deletes. A caller may then skip a
+    /// DELETE without decoding its old row, or binding it to a row at all.
+    pub fn skips_deletes(&self) -> bool {
+        true
+    }
+
     /// Resolves the configured columns in a table, once, when its `Relation` message arrives.
     ///
     /// Columns of the replica identity key are taken as NOT NULL and all others as nullable,
@@ -166,6 +174,7 @@ impl EventRouter {
             Change::Insert(row) => self
                 .route_insert(binding, row, position)
                 .map(Routed::Record),
+            // Whatever the configuration: `skips_deletes` says so to callers.
             Change::Delete(_) => Ok(Routed::Skipped(SkipReason::Delete)),
             Change::Update { .. } => match self.options().invalid_operation() {
                 InvalidOperationBehavior::Warn | InvalidOperationBehavior::Error => {

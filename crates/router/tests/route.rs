@@ -341,6 +341,29 @@ fn delete_is_skipped() {
         Ok(Routed::Skipped(SkipReason::Delete))
     );
     assert_eq!(r.log_level(SkipReason::Delete), LogLevel::Info);
+    assert!(r.skips_deletes());
+    // Whatever the options: the session then skips a DELETE without decoding its old row.
+    for options in [
+        &[("table.op.invalid.behavior", "fatal")][..],
+        &[("table.op.invalid.behavior", "error")],
+        &[("route.tombstone.on.empty.payload", "true")],
+        &[("table.expand.json.payload", "true")],
+    ] {
+        let r = router(options, json());
+        let binding = bound(&r, &outbox());
+        assert!(r.skips_deletes(), "{options:?}");
+        for old in [
+            row(vec![]),
+            outbox_row(t("Order"), Column::Null, Column::Null),
+        ] {
+            assert_eq!(
+                r.route(&binding, Change::Delete(&old)),
+                Ok(Routed::Skipped(SkipReason::Delete)),
+                "{options:?}"
+            );
+        }
+        assert_eq!(r.log_level(SkipReason::Delete), LogLevel::Info);
+    }
 }
 
 #[test]
@@ -683,7 +706,11 @@ proptest! {
                 1 => Change::Update { old: None, new: &tuple },
                 _ => Change::Delete(&tuple),
             };
-            if let Ok(Routed::Record(rec)) = r.route(&binding, change) {
+            let routed = r.route(&binding, change);
+            if op == 2 && r.skips_deletes() {
+                prop_assert_eq!(&routed, &Ok(Routed::Skipped(SkipReason::Delete)));
+            }
+            if let Ok(Routed::Record(rec)) = routed {
                 prop_assert!(rec.topic.starts_with("outbox.event."));
                 for bytes in [&rec.key, &rec.value].into_iter().flatten() {
                     if json_key && json_value {

@@ -38,6 +38,11 @@ impl Assembler {
         self.core.forget(relation);
     }
 
+    /// See [`siphon_core::assembly::Assembler::skip_deletes`].
+    pub fn skip_deletes(&mut self, relation: Oid) {
+        self.core.skip_deletes(relation);
+    }
+
     /// The server reports its WAL end; yields [`SourceEvent::Idle`] outside transactions.
     pub fn keepalive(&mut self, wal_end: Lsn) -> Option<SourceEvent> {
         self.core.keepalive(wal_end)

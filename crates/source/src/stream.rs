@@ -165,6 +165,13 @@ impl ReplicationStream {
         self.assembler.forget(relation);
     }
 
+    /// The pipeline skips every DELETE of relation `relation` (a bound outbox table): its
+    /// Delete messages come as [`SourceEvent::OutboxDelete`], their old row checked but not
+    /// decoded, until pgoutput describes the relation again (see [`crate::assembly`]).
+    pub fn skip_deletes(&mut self, relation: pgoutput::Oid) {
+        self.assembler.skip_deletes(relation);
+    }
+
     /// What to await while the pipeline takes no events: reads ahead within the budget and
     /// keeps the status updates going. Returns only on an error. Cancel-safe.
     pub async fn read_ahead(&mut self) -> SourceError {

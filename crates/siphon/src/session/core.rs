@@ -38,7 +38,7 @@ use siphon_kafka_sink::producer::record_bytes;
 use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
 use siphon_record::RecentTopics;
 use siphon_router::{
-    Change, EventRouter, RouteError, Routed, RoutedRecord, SourcePosition, TableBinding,
+    Change, EventRouter, RouteError, Routed, RoutedRecord, SkipReason, SourcePosition, TableBinding,
 };
 use siphon_source::error::ProtocolFault;
 use siphon_source::queries::OutboxColumns;
@@ -117,6 +117,10 @@ pub enum Action {
     /// The source need not keep this relation's description: not an outbox table (its rows
     /// come as [`SourceEvent::OtherTableChange`] from then on).
     ForgetRelation(Oid),
+    /// The source need not decode the old row of this relation's DELETEs: a bound outbox table,
+    /// whose router skips every DELETE (they come as [`SourceEvent::OutboxDelete`] from then on,
+    /// until the relation is described again).
+    SkipDeletes(Oid),
     /// Purge the current producer: its queued and in-flight records come back as failed
     /// reports.
     PurgeProducer,
@@ -174,6 +178,7 @@ enum Binding<'a> {
 enum Own {
     Lookup(Lookup),
     ForgetRelation(Oid),
+    SkipDeletes(Oid),
     BeginTransaction,
     /// A position a commit covered.
     Confirm(Lsn),
@@ -387,6 +392,7 @@ impl<'a> SessionCore<'a> {
                 flow::Action::Finish(result) => Action::Finish(result),
                 flow::Action::Other(Own::Lookup(lookup)) => Action::Lookup(lookup),
                 flow::Action::Other(Own::ForgetRelation(oid)) => Action::ForgetRelation(oid),
+                flow::Action::Other(Own::SkipDeletes(oid)) => Action::SkipDeletes(oid),
                 flow::Action::Replacing { resend } => {
                     Event::ProducerReplaced { resend }.emit(&self.metrics);
                     continue;
@@ -525,6 +531,9 @@ impl<'a> SessionCore<'a> {
             SourceEvent::OtherTableChange { relation_id, lsn } => {
                 self.on_other_table_change(relation_id, lsn)?
             }
+            SourceEvent::OutboxDelete { relation_id, lsn } => {
+                self.on_outbox_delete(relation_id, lsn)?
+            }
             SourceEvent::Commit { end_lsn, .. } => {
                 self.metrics.transaction();
                 self.txn = None;
@@ -570,7 +579,14 @@ impl<'a> SessionCore<'a> {
                 };
                 let router = self.settings.router.for_table(&table);
                 let binding = self.bind(router, &relation, &columns)?;
+                // Its DELETEs are skipped without a row (an unbindable table's are
+                // dead-lettered, with their row).
+                let skips_deletes =
+                    matches!(&binding, Binding::Bound { router, .. } if router.skips_deletes());
                 self.bindings.insert(relation.id, binding);
+                if skips_deletes {
+                    self.flow.push(Own::SkipDeletes(relation.id));
+                }
             }
             Answer::OutboxRelation { relation, outbox } => match outbox? {
                 Some(outbox) => {
@@ -720,6 +736,34 @@ impl<'a> SessionCore<'a> {
         }
         Event::OtherTableRow.emit(&self.metrics);
         Ok(())
+    }
+
+    /// A DELETE of a row of a bound outbox table, its old row not decoded (the source skims the
+    /// DELETEs of the relations named by [`Action::SkipDeletes`]): skipped as
+    /// [`SessionCore::on_change`] skips a DELETE, with the same counters and event. A relation
+    /// without such a binding cannot come here (a new description of it ends the skimming
+    /// before it is bound again); if one did, its DELETE may be due a dead letter, which needs
+    /// the row: the session reconnects, and the new one decodes it.
+    fn on_outbox_delete(&mut self, relation_id: Oid, lsn: Lsn) -> Result<(), PipelineError> {
+        self.metrics.event_read();
+        self.txn.ok_or(LedgerError::NoOpenTransaction)?;
+        match self.bindings.get(&relation_id) {
+            Some(Binding::Bound { binding, router }) if router.skips_deletes() => {
+                let reason = SkipReason::Delete;
+                Event::RowSkipped {
+                    table: &binding.table(),
+                    reason,
+                    level: router.log_level(reason),
+                }
+                .emit(&self.metrics);
+                Ok(())
+            }
+            _ => Err(SourceError::from(ProtocolFault::DeleteWithoutRow {
+                relation: relation_id,
+                lsn,
+            })
+            .into()),
+        }
     }
 
     fn on_change(

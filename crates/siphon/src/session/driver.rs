@@ -512,6 +512,7 @@ impl Driver<'_> {
                 Action::Confirm(lsn) => self.stream.confirm(lsn),
                 Action::Lookup(lookup) => self.spawn_lookup(lookup),
                 Action::ForgetRelation(relation) => self.stream.forget_relation(relation),
+                Action::SkipDeletes(relation) => self.stream.skip_deletes(relation),
                 Action::PurgeProducer => {
                     self.sink.purge();
                     self.hand_back_waiting().await;

@@ -24,6 +24,13 @@ pub enum ProtocolFault {
     /// A row of an outbox relation came before the relation's description.
     #[error("row change of outbox relation {relation} at {lsn} without its description")]
     UndescribedOutboxRow { relation: Oid, lsn: Lsn },
+    /// A DELETE of a relation came without its old row (the source skims the DELETEs of a
+    /// bound outbox table) while the session has no binding that skips it: reconnecting reads
+    /// it again, decoded.
+    #[error(
+        "DELETE of relation {relation} at {lsn} read without its old row, which its table needs"
+    )]
+    DeleteWithoutRow { relation: Oid, lsn: Lsn },
     /// `CREATE_REPLICATION_SLOT` answered without a consistent point.
     #[error("CREATE_REPLICATION_SLOT answered without a consistent point")]
     MissingConsistentPoint,
