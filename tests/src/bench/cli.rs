@@ -114,8 +114,8 @@ pub struct Args {
     pub warm_up_records: u64,
 
     /// Then Siphon drains backlogs of its own to the bench's own broker, round after round,
-    /// until the broker's JIT compiler threads take at most 10 % of its CPU in a round, at most
-    /// this many rounds (0: none).
+    /// until the broker's JIT compiler threads took at most 10 % of its CPU in two rounds in a
+    /// row, at most this many rounds (0: none).
     #[arg(long, default_value_t = crate::warm_up::MAX_DRAINS)]
     pub warm_up_drains: u32,
 

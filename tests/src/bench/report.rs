@@ -490,14 +490,20 @@ impl Results {
         }
         if let Some(d) = &self.broker.warm_up_drains {
             out += &format!(
-                " and {} Siphon drains of {} events in {:.0} s (JIT {} of the broker's CPU in the last{})",
+                " and {} Siphon drains of {} events in {:.0} s (JIT {} of the broker's CPU per drain{})",
                 d.rounds.len(),
                 d.events,
                 d.secs,
-                d.last_jit_share()
-                    .map_or("unknown".to_owned(), |s| format!("{:.0} %", s * 100.0)),
+                percentages(&d.jit_shares()),
                 if d.steady() { "" } else { ": not yet steady" }
             );
+            if let Some(shares) = d.exactly_once_jit_shares() {
+                out += &format!(
+                    " and {} exactly-once drains (JIT {})",
+                    shares.len(),
+                    percentages(&shares)
+                );
+            }
         }
         if let Some(rss) = self.broker.peak_rss_bytes {
             out += &format!(", peak RSS {:.0} MB", rss as f64 / MIB);
@@ -811,6 +817,8 @@ impl Results {
                     "seconds": d.secs,
                     "broker_cpu_secs": d.rounds.iter().map(|r| r.map(|c| c.total)).collect::<Vec<_>>(),
                     "broker_jit_cpu_secs": d.rounds.iter().map(|r| r.map(|c| c.jit)).collect::<Vec<_>>(),
+                    "exactly_once_broker_cpu_secs": d.exactly_once_rounds.as_ref().map(|rs| rs.iter().map(|r| r.map(|c| c.total)).collect::<Vec<_>>()),
+                    "exactly_once_broker_jit_cpu_secs": d.exactly_once_rounds.as_ref().map(|rs| rs.iter().map(|r| r.map(|c| c.jit)).collect::<Vec<_>>()),
                     "steady": d.steady(),
                 })),
             },
@@ -846,6 +854,15 @@ impl Results {
 }
 
 /// The latency phase's lines of the report.
+/// Shares as whole percentages, `?` for an unknown one: "36 %, 9 %, ?".
+fn percentages(shares: &[Option<f64>]) -> String {
+    shares
+        .iter()
+        .map(|s| s.map_or("?".to_owned(), |s| format!("{:.0} %", s * 100.0)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn latency_lines(l: &Latency) -> String {
     let mut out = match l.sink {
         Sink::KafkaExactlyOnce => format!(

@@ -214,6 +214,7 @@ async fn measure(
             args.warm_up_drain_events,
             args.txn_events,
             args.warm_up_drains,
+            !args.no_exactly_once,
             timeout,
         )
         .await?;
