@@ -1731,13 +1731,7 @@ fn bind_and_read_one_transaction(core: &mut SessionCore<'_>, now: Now) {
 /// confirmed.
 #[test]
 fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
-    let router = Routers::new(
-        EventRouter::new(
-            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
-            Format::default(),
-        ),
-        HashMap::new(),
-    );
+    let router = default_routers();
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
     let mut core = session_core(
@@ -1804,13 +1798,7 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
 /// confirms past them; a row of the outbox table without its description reconnects.
 #[test]
 fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
-    let router = Routers::new(
-        EventRouter::new(
-            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
-            Format::default(),
-        ),
-        HashMap::new(),
-    );
+    let router = default_routers();
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
     let mut core = session_core(
@@ -1952,13 +1940,7 @@ fn bind_outbox(core: &mut SessionCore<'_>, now: Now, relation: Arc<Relation>) ->
 /// counters, the same records and confirmations, a transaction of DELETEs only included.
 #[test]
 fn a_delete_read_without_its_row_is_skipped_as_one_read_with_it() {
-    let router = Routers::new(
-        EventRouter::new(
-            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
-            Format::default(),
-        ),
-        HashMap::new(),
-    );
+    let router = default_routers();
     let prefixes = HashSet::new();
     let now = Now {
         instant: Instant::now(),
@@ -2077,13 +2059,7 @@ fn a_delete_read_without_its_row_is_skipped_as_one_read_with_it() {
 /// an error that reconnects (the next session reads it again, decoded).
 #[test]
 fn deletes_that_need_their_row_are_not_skimmed() {
-    let router = Routers::new(
-        EventRouter::new(
-            RouterOptions::from_map(&BTreeMap::new()).expect("default options"),
-            Format::default(),
-        ),
-        HashMap::new(),
-    );
+    let router = default_routers();
     let prefixes = HashSet::new();
     let policy = ErrorPolicy::DeadLetter(DeadLetters::new(DEAD_LETTER_TOPIC.to_owned(), 1_000_000));
     let now = Now {
