@@ -32,3 +32,11 @@ pub fn get(port: u16, path: &str) -> Result<(u16, String)> {
         .unwrap_or_default();
     Ok((status, body))
 }
+
+/// The value of the series `series` (its name with labels, exactly as exposed) in a
+/// Prometheus text exposition.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -15,6 +15,9 @@
 //!   back the same broker with its data.
 //! - A node is ready only once a metadata round trip through it lists every broker expected
 //!   (never after a sleep); a node that exits while starting fails with its log's tail.
+//! - A node started again is ready only once, besides, every partition its data directory
+//!   holds is listed with a leader: a broker recovering its logs after `kill -9` answers
+//!   metadata before its topics can be read.
 //! - Every JVM carries `-Dsiphon.test.kafka=<dir>`, so a test command can find and kill what a
 //!   crashed test process left behind.
 //! - Dropping a handle SIGKILLs its JVMs and removes their directories, unless the thread is
@@ -470,9 +473,84 @@ impl KafkaNode {
 
     /// Starts the node again on the same ports and data, after [`KafkaNode::kill9`] or
     /// [`KafkaNode::stop`], and waits until it answers metadata listing `brokers` brokers.
+    /// Also waits until every partition the node's data directory holds is listed with a
+    /// leader.
     pub fn start_again(&self, brokers: usize) -> Result<()> {
+        let held = self.partitions_on_disk()?;
         self.spawn()?;
-        self.wait_ready(brokers)
+        self.wait_ready(brokers)?;
+        self.wait_led(&held)
+    }
+
+    /// The `(topic, partition)` logs in the data directory (`<topic>-<partition>`), without
+    /// the cluster's own metadata log and logs marked for deletion (`...-delete`) or stray.
+    fn partitions_on_disk(&self) -> Result<Vec<(String, i32)>> {
+        let data = self.data_dir();
+        let mut held = Vec::new();
+        for entry in
+            std::fs::read_dir(&data).with_context(|| format!("listing {}", data.display()))?
+        {
+            let entry = entry?;
+            if !entry.file_type()?.is_dir() {
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((topic, partition)) = name.rsplit_once('-') else {
+                continue;
+            };
+            let Ok(partition) = partition.parse::<i32>() else {
+                continue;
+            };
+            if topic != "__cluster_metadata" {
+                held.push((topic.to_owned(), partition));
+            }
+        }
+        held.sort();
+        Ok(held)
+    }
+
+    /// Waits until a metadata request to this node lists every partition of `held` with a
+    /// leader.
+    fn wait_led(&self, held: &[(String, i32)]) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut missing = held.to_vec();
+        let mut last_err = None;
+        while Instant::now() < deadline {
+            match crate::broker::broker_metadata(&self.bootstrap(), Duration::from_secs(2)) {
+                Ok(md) => {
+                    missing.retain(|(topic, partition)| {
+                        !md.topics().iter().any(|t| {
+                            t.name() == topic
+                                && t.error().is_none()
+                                && t.partitions().iter().any(|p| {
+                                    p.id() == *partition && p.error().is_none() && p.leader() >= 0
+                                })
+                        })
+                    });
+                    if missing.is_empty() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => last_err = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let err = anyhow!(
+            "{} of {} partitions still without a leader, e.g. {:?}",
+            missing.len(),
+            held.len(),
+            missing.first()
+        );
+        Err(match last_err {
+            Some(e) => err.context(e),
+            None => err,
+        }
+        .context(format!(
+            "Kafka node {} on {} restarted but did not lead or list its partitions within {READY_TIMEOUT:?} (log: {})",
+            self.spec.id,
+            self.bootstrap(),
+            self.log_path().display()
+        )))
     }
 
     /// Whether the JVM is alive.

@@ -8,6 +8,7 @@
 //! the test, and show up as a new walsender PID.
 
 use anyhow::{bail, ensure, Context, Result};
+use siphon_tests::http::metric;
 use siphon_tests::outbox::{
     current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at as config_for,
     slot_confirmed_lsn, start_streaming, wait_for_slot_past, OUTBOX_DDL,
@@ -144,13 +145,6 @@ async fn scrape(address: &str) -> Result<String> {
         response.lines().next()
     );
     Ok(response)
-}
-
-/// The value of the series `series` (name with labels, exactly as exposed).
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 fn id_of(record: &ConsumedRecord) -> String {

@@ -2,6 +2,7 @@
 //! partitions as the Java client chooses them, and taking over a slot Debezium created.
 
 use anyhow::{Context, Result};
+use siphon_tests::http::metric;
 use siphon_tests::outbox::{
     event, insert_transaction, siphon_config, slot_active, Event, OUTBOX_DDL,
 };
@@ -232,12 +233,6 @@ async fn taking_over_a_debezium_slot_delivers_the_backlog_once() -> Result<()> {
         "the existing slot was used"
     );
     Ok(())
-}
-
-/// The value of the metric series `series` (`name{labels}`, exactly) in a scrape.
-fn metric(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// Through a publication of every operation (what a takeover from Debezium inherits), every
