@@ -74,6 +74,21 @@ async fn metrics_readiness_and_status_follow_a_broker_outage() -> Result<()> {
         metric(&body, "siphon_commit_to_ack_seconds_count").unwrap_or(0.0) >= 20.0,
         "{body}"
     );
+    assert!(
+        metric(&body, "siphon_send_to_ack_seconds_count").unwrap_or(0.0) >= 20.0,
+        "{body}"
+    );
+    // One transaction read, timed from its commit to its BEGIN within the minute.
+    assert_eq!(
+        metric(&body, "siphon_commit_to_read_seconds_count"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "siphon_commit_to_read_seconds_bucket{le=\"60\"}"),
+        Some(1.0),
+        "{body}"
+    );
     assert_eq!(metric(&body, "siphon_streaming"), Some(1.0));
 
     // The broker goes away: not ready, the lag and the age of the oldest record rise.

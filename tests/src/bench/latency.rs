@@ -24,8 +24,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-/// Histogram name Siphon exports.
+/// Siphon's histogram of each record's commit -> acknowledgement.
 const HISTOGRAM: &str = "siphon_commit_to_ack_seconds";
+/// Siphon's histogram of each transaction's commit -> its BEGIN read by the session.
+const READ_HISTOGRAM: &str = "siphon_commit_to_read_seconds";
+/// Siphon's histogram of each record's hand-over to the producer -> acknowledgement.
+const SEND_HISTOGRAM: &str = "siphon_send_to_ack_seconds";
 /// Sequence numbers of warm-up events start here (never reached by measured events).
 const WARMUP_BASE: u64 = 900_000_000_000;
 /// Warm-up events (each with a key of its own, so they spread over the topic's partitions).
@@ -62,6 +66,14 @@ pub struct Latency {
     /// Siphon's histogram, bucket-interpolated; `max` is the upper bound of the last bucket.
     pub histogram: Option<Quantiles>,
     pub histogram_count: f64,
+    /// Siphon's histogram of each transaction's commit -> BEGIN read (PostgreSQL's share of
+    /// the above, and the read-ahead's), bucket-interpolated as `histogram`.
+    pub read_histogram: Option<Quantiles>,
+    pub read_histogram_count: f64,
+    /// Siphon's histogram of each record's hand-over to the producer -> acknowledgement (the
+    /// producer's and the broker's share), bucket-interpolated as `histogram`.
+    pub send_histogram: Option<Quantiles>,
+    pub send_histogram_count: f64,
     /// COMMIT returned -> consumer received, exact over the received records.
     pub end_to_end: Option<Quantiles>,
     pub received: u64,
@@ -173,21 +185,9 @@ pub async fn run(
     siphon.stop()?;
     workload::drop_slot(db, slot).await?;
 
-    let hist = promhist::difference(
-        &promhist::buckets(&after, HISTOGRAM),
-        &promhist::buckets(&before, HISTOGRAM),
-    );
-    let histogram_count = hist.last().map_or(0.0, |b| b.1);
-    let histogram = (|| {
-        Some(Quantiles {
-            p50: promhist::quantile(&hist, 0.50)?,
-            p90: promhist::quantile(&hist, 0.90)?,
-            p95: promhist::quantile(&hist, 0.95)?,
-            p99: promhist::quantile(&hist, 0.99)?,
-            p999: promhist::quantile(&hist, 0.999)?,
-            max: promhist::max_bound(&hist)?,
-        })
-    })();
+    let (histogram, histogram_count) = histogram_between(&before, &after, HISTOGRAM);
+    let (read_histogram, read_histogram_count) = histogram_between(&before, &after, READ_HISTOGRAM);
+    let (send_histogram, send_histogram_count) = histogram_between(&before, &after, SEND_HISTOGRAM);
     let first_commit = commits
         .values()
         .min()
@@ -228,12 +228,37 @@ pub async fn run(
         write_secs,
         histogram,
         histogram_count,
+        read_histogram,
+        read_histogram_count,
+        send_histogram,
+        send_histogram_count,
         end_to_end: exact_quantiles(&delays),
         received: delays.len() as u64,
         per_second,
         usage,
         probe,
     })
+}
+
+/// Quantiles of histogram `name` over the observations between two scrapes (estimates by
+/// linear interpolation within buckets), and how many observations there were.
+fn histogram_between(before: &str, after: &str, name: &str) -> (Option<Quantiles>, f64) {
+    let hist = promhist::difference(
+        &promhist::buckets(after, name),
+        &promhist::buckets(before, name),
+    );
+    let count = hist.last().map_or(0.0, |b| b.1);
+    let quantiles = (|| {
+        Some(Quantiles {
+            p50: promhist::quantile(&hist, 0.50)?,
+            p90: promhist::quantile(&hist, 0.90)?,
+            p95: promhist::quantile(&hist, 0.95)?,
+            p99: promhist::quantile(&hist, 0.99)?,
+            p999: promhist::quantile(&hist, 0.999)?,
+            max: promhist::max_bound(&hist)?,
+        })
+    })();
+    (quantiles, count)
 }
 
 /// Creates the probe's topic (one partition) and starts the probe; `Err` says why there is

@@ -885,6 +885,16 @@ fn latency_lines(l: &Latency) -> String {
         show_q(l.histogram, "max <=")
     );
     out += &format!(
+        "  commit->BEGIN read, Siphon histogram (the server's decoding and sending and the read-ahead; per transaction, estimates; {} observations): {}\n",
+        l.read_histogram_count,
+        show_q(l.read_histogram, "max <=")
+    );
+    out += &format!(
+        "  send->ack, Siphon histogram (the producer and the broker; estimates; {} observations): {}\n",
+        l.send_histogram_count,
+        show_q(l.send_histogram, "max <=")
+    );
+    out += &format!(
         "  COMMIT returned->consumer received, end to end (exact; {} of {} records): {}\n",
         l.received,
         l.events_written,
@@ -918,6 +928,10 @@ fn latency_json(l: &Latency) -> Value {
                 "events_per_sec": l.events_written as f64 / l.write_secs,
                 "histogram_commit_to_ack_seconds": q_json(l.histogram),
                 "histogram_observations": l.histogram_count,
+                "histogram_commit_to_read_seconds": q_json(l.read_histogram),
+                "histogram_read_observations": l.read_histogram_count,
+                "histogram_send_to_ack_seconds": q_json(l.send_histogram),
+                "histogram_send_observations": l.send_histogram_count,
                 "histogram_note": "estimates by linear interpolation within buckets; max is the upper bound of the highest non-empty bucket",
                 "end_to_end_seconds": q_json(l.end_to_end),
                 "end_to_end_received": l.received,
@@ -1082,6 +1096,10 @@ mod tests {
             write_secs: 1.0,
             histogram: Some(q),
             histogram_count: rate as f64,
+            read_histogram: Some(q),
+            read_histogram_count: rate as f64 / 100.0,
+            send_histogram: Some(q),
+            send_histogram_count: rate as f64,
             end_to_end: Some(q),
             received: rate,
             per_second: Vec::new(),

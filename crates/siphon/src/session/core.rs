@@ -520,6 +520,9 @@ impl<'a> SessionCore<'a> {
             } => {
                 self.txn = Some(self.flow.begin(final_lsn, commit_time_us)?);
                 self.begin = (final_lsn, xid, commit_time_us);
+                if let Ok(latency) = now.wall.duration_since(pg_timestamp(commit_time_us)) {
+                    self.metrics.observe_commit_to_read(latency);
+                }
                 self.next_index = 0;
             }
             SourceEvent::Relation(relation) => self.on_relation(relation),
@@ -1061,6 +1064,10 @@ impl<'a> SessionCore<'a> {
                 {
                     self.metrics.observe_commit_to_ack(latency);
                 }
+                self.metrics.observe_send_to_ack(
+                    now.instant
+                        .saturating_duration_since(settled.record.first_sent),
+                );
                 return Ok(());
             }
             Err(failure) => *failure,

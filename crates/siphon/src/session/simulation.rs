@@ -2359,3 +2359,92 @@ fn exactly_once_a_commit_failed_during_a_shutdown_ends_it() {
     );
     assert_eq!(core.watermark(), Lsn(0));
 }
+
+/// A transaction is timed from its commit to the moment the session reads its BEGIN
+/// (`siphon_commit_to_read_seconds`, once per transaction) and, for each of its records, to
+/// Kafka's acknowledgement (`siphon_commit_to_ack_seconds`); each record also from its
+/// hand-over to the producer to that acknowledgement (`siphon_send_to_ack_seconds`). All on
+/// the clocks the core is given.
+#[test]
+fn a_transaction_is_timed_from_its_commit_and_each_record_from_its_send() {
+    let router = default_routers();
+    let prefixes = HashSet::new();
+    let metrics = Arc::new(Metrics::new());
+    let mut core = session_core(
+        &router,
+        &prefixes,
+        &ErrorPolicy::Fail,
+        Duration::from_secs(30),
+        Arc::clone(&metrics),
+        Lsn(0),
+        None,
+    );
+    let commit_time_us = 800_000_000_000_000;
+    let committed = crate::telemetry::pg_timestamp(commit_time_us);
+    let start = Instant::now();
+    let at = |after_commit| Now {
+        instant: start + after_commit,
+        wall: committed + after_commit,
+    };
+    let relation = relation();
+    bind_outbox(&mut core, at(Duration::ZERO), Arc::clone(&relation));
+    for event in [
+        SourceEvent::Begin {
+            xid: 1,
+            final_lsn: Lsn(100),
+            commit_time_us,
+        },
+        SourceEvent::Change {
+            relation: Arc::clone(&relation),
+            change: RowChange::Insert(row(1, 1, false)),
+            lsn: Lsn(90),
+        },
+        SourceEvent::Change {
+            relation: Arc::clone(&relation),
+            change: RowChange::Insert(row(2, 1, false)),
+            lsn: Lsn(95),
+        },
+        SourceEvent::Commit {
+            commit_lsn: Lsn(100),
+            end_lsn: Lsn(110),
+            commit_time_us,
+        },
+    ] {
+        core.handle(at(Duration::from_millis(7)), Input::Source(event));
+    }
+    let tokens: Vec<_> = std::iter::from_fn(|| core.poll_action())
+        .filter_map(|action| match action {
+            Action::Send { token, .. } => Some(token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens.len(), 2);
+    for token in tokens {
+        core.handle(
+            at(Duration::from_millis(40)),
+            Input::Delivery(Delivery {
+                token,
+                generation: 0,
+                result: Ok(Delivered {
+                    partition: 0,
+                    offset: 0,
+                }),
+            }),
+        );
+    }
+    let text = metrics.encode();
+    for series in [
+        "siphon_commit_to_read_seconds_bucket{le=\"0.005\"} 0",
+        "siphon_commit_to_read_seconds_bucket{le=\"0.01\"} 1",
+        "siphon_commit_to_read_seconds_count 1",
+        "siphon_commit_to_ack_seconds_bucket{le=\"0.025\"} 0",
+        "siphon_commit_to_ack_seconds_bucket{le=\"0.05\"} 2",
+        "siphon_commit_to_ack_seconds_count 2",
+        // Sent at 7 ms, acknowledged at 40 ms.
+        "siphon_send_to_ack_seconds_bucket{le=\"0.025\"} 0",
+        "siphon_send_to_ack_seconds_bucket{le=\"0.05\"} 2",
+        "siphon_send_to_ack_seconds_count 2",
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series}:\n{text}");
+    }
+}

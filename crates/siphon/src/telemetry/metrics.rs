@@ -34,7 +34,8 @@ pub const MAX_TOPIC_LABELS: usize = 1000;
 /// The `topic` label value that counts records of topics past [`MAX_TOPIC_LABELS`].
 pub const OVERFLOW_TOPIC: &str = "<other>";
 
-/// Upper bounds (seconds) of the `siphon_commit_to_ack_seconds` buckets: 1 ms to 60 s.
+/// Upper bounds (seconds) of the `siphon_commit_to_ack_seconds`,
+/// `siphon_commit_to_read_seconds` and `siphon_send_to_ack_seconds` buckets: 1 ms to 60 s.
 pub const COMMIT_TO_ACK_BUCKETS: [f64; 15] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
@@ -257,6 +258,8 @@ pub struct Metrics {
     broker_reachable: Gauge,
 
     commit_to_ack: LatencyHistogram,
+    commit_to_read: LatencyHistogram,
+    send_to_ack: LatencyHistogram,
     /// Initial snapshots and re-sends (see [`TransferKind`]).
     transfer: TransferMetrics,
 }
@@ -423,6 +426,18 @@ impl Metrics {
             "Seconds from a transaction's commit in PostgreSQL to Kafka's acknowledgement of each of its records",
             commit_to_ack.clone(),
         );
+        let commit_to_read = LatencyHistogram::new(&COMMIT_TO_ACK_BUCKETS);
+        registry.register(
+            "siphon_commit_to_read_seconds",
+            "Seconds from a transaction's commit in PostgreSQL until Siphon reads its BEGIN from the replication stream (the server's decoding and sending, and Siphon's read-ahead), once per transaction",
+            commit_to_read.clone(),
+        );
+        let send_to_ack = LatencyHistogram::new(&COMMIT_TO_ACK_BUCKETS);
+        registry.register(
+            "siphon_send_to_ack_seconds",
+            "Seconds from a record first handed to the Kafka producer to Siphon taking its acknowledgement (the producer's batching and queues, the broker's round trip)",
+            send_to_ack.clone(),
+        );
 
         let transfer = TransferMetrics::register(&mut registry);
 
@@ -456,6 +471,8 @@ impl Metrics {
             streaming,
             broker_reachable,
             commit_to_ack,
+            commit_to_read,
+            send_to_ack,
             transfer,
         }
     }
@@ -655,6 +672,19 @@ impl Metrics {
     /// One record's latency from its transaction's commit to Kafka's acknowledgement.
     pub fn observe_commit_to_ack(&self, latency: Duration) {
         self.commit_to_ack.observe(latency);
+    }
+
+    /// One transaction's latency from its commit to Siphon reading its BEGIN: the part of
+    /// [`Metrics::observe_commit_to_ack`]'s latency spent before Siphon has the transaction.
+    pub fn observe_commit_to_read(&self, latency: Duration) {
+        self.commit_to_read.observe(latency);
+    }
+
+    /// One record's latency from its first hand-over to the producer to its acknowledgement:
+    /// the part of [`Metrics::observe_commit_to_ack`]'s latency spent in the producer and the
+    /// broker.
+    pub fn observe_send_to_ack(&self, latency: Duration) {
+        self.send_to_ack.observe(latency);
     }
 
     /// When the oldest record still waiting for an acknowledgement was handed to the producer;
@@ -917,6 +947,10 @@ mod tests {
             "siphon_in_flight_records 0",
             "# TYPE siphon_commit_to_ack_seconds histogram",
             "siphon_commit_to_ack_seconds_bucket{le=\"0.001\"} 0",
+            "# TYPE siphon_commit_to_read_seconds histogram",
+            "siphon_commit_to_read_seconds_count 0",
+            "# TYPE siphon_send_to_ack_seconds histogram",
+            "siphon_send_to_ack_seconds_count 0",
             "# HELP siphon_up Always 1 while the process runs.",
             "siphon_up 1",
         ] {
@@ -939,7 +973,7 @@ mod tests {
                 assert!(v.parse::<f64>().is_ok() || v == "+Inf", "{line}");
             }
         }
-        assert_eq!(helps, 23, "one HELP per metric family");
+        assert_eq!(helps, 25, "one HELP per metric family");
         assert_eq!(types, helps);
         assert!(!t.contains("# EOF"), "classic text format, not OpenMetrics");
     }
