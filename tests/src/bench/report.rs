@@ -499,7 +499,7 @@ impl Results {
             );
             if let Some(shares) = d.exactly_once_jit_shares() {
                 out += &format!(
-                    " and {} exactly-once drains (JIT {})",
+                    " alternating with {} exactly-once drains (JIT {})",
                     shares.len(),
                     percentages(&shares)
                 );
