@@ -903,6 +903,24 @@ impl World {
     }
 }
 
+/// [`session_core`] from position 0 that fails on a bad row, at-least-once, with a 30 s
+/// shutdown timeout.
+fn plain_core<'a>(
+    router: &'a Routers,
+    prefixes: &'a HashSet<String>,
+    metrics: Arc<Metrics>,
+) -> SessionCore<'a> {
+    session_core(
+        router,
+        prefixes,
+        &ErrorPolicy::Fail,
+        Duration::from_secs(30),
+        metrics,
+        Lsn(0),
+        None,
+    )
+}
+
 /// A core over the modelled outbox table, with a window of [`WINDOW`] records.
 fn session_core<'a>(
     router: &'a Routers,
@@ -1734,15 +1752,7 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
     let router = default_routers();
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
-    let mut core = session_core(
-        &router,
-        &prefixes,
-        &ErrorPolicy::Fail,
-        Duration::from_secs(30),
-        metrics,
-        Lsn(0),
-        None,
-    );
+    let mut core = plain_core(&router, &prefixes, metrics);
     let start = Instant::now();
     let now = Now {
         instant: start,
@@ -1801,15 +1811,7 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
     let router = default_routers();
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
-    let mut core = session_core(
-        &router,
-        &prefixes,
-        &ErrorPolicy::Fail,
-        Duration::from_secs(30),
-        Arc::clone(&metrics),
-        Lsn(0),
-        None,
-    );
+    let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
     let now = Now {
         instant: Instant::now(),
         wall: SystemTime::now(),
@@ -1948,15 +1950,7 @@ fn a_delete_read_without_its_row_is_skipped_as_one_read_with_it() {
     };
     let outcomes = [false, true].map(|skimmed| {
         let metrics = Arc::new(Metrics::new());
-        let mut core = session_core(
-            &router,
-            &prefixes,
-            &ErrorPolicy::Fail,
-            Duration::from_secs(30),
-            Arc::clone(&metrics),
-            Lsn(0),
-            None,
-        );
+        let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
         let relation = relation();
         let after_binding = bind_outbox(&mut core, now, Arc::clone(&relation));
         assert!(
@@ -2370,15 +2364,7 @@ fn a_transaction_is_timed_from_its_commit_and_each_record_from_its_send() {
     let router = default_routers();
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
-    let mut core = session_core(
-        &router,
-        &prefixes,
-        &ErrorPolicy::Fail,
-        Duration::from_secs(30),
-        Arc::clone(&metrics),
-        Lsn(0),
-        None,
-    );
+    let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
     let commit_time_us = 800_000_000_000_000;
     let committed = crate::telemetry::pg_timestamp(commit_time_us);
     let start = Instant::now();
