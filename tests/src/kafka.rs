@@ -482,8 +482,7 @@ impl KafkaNode {
         self.wait_led(&held)
     }
 
-    /// The `(topic, partition)` logs in the data directory (`<topic>-<partition>`), without
-    /// the cluster's own metadata log and logs marked for deletion (`...-delete`) or stray.
+    /// The `(topic, partition)` logs in the data directory ([`partition_log`]).
     fn partitions_on_disk(&self) -> Result<Vec<(String, i32)>> {
         let data = self.data_dir();
         let mut held = Vec::new();
@@ -494,16 +493,7 @@ impl KafkaNode {
             if !entry.file_type()?.is_dir() {
                 continue;
             }
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some((topic, partition)) = name.rsplit_once('-') else {
-                continue;
-            };
-            let Ok(partition) = partition.parse::<i32>() else {
-                continue;
-            };
-            if topic != "__cluster_metadata" {
-                held.push((topic.to_owned(), partition));
-            }
+            held.extend(partition_log(&entry.file_name().to_string_lossy()));
         }
         held.sort();
         Ok(held)
@@ -733,6 +723,15 @@ impl KafkaCluster {
     }
 }
 
+/// The `(topic, partition)` a log directory named `name` holds (`<topic>-<partition>`), or
+/// `None` for the cluster's metadata log and for logs marked for deletion, stray or future
+/// (`<topic>-<partition>.<id>-delete`).
+fn partition_log(name: &str) -> Option<(String, i32)> {
+    let (topic, partition) = name.rsplit_once('-')?;
+    let partition = partition.parse::<i32>().ok()?;
+    (topic != "__cluster_metadata").then(|| (topic.to_owned(), partition))
+}
+
 impl KafkaNode {
     /// The cluster id the node's data directory was formatted with (its `meta.properties`).
     pub fn cluster_id(&self) -> Result<String> {
@@ -764,5 +763,30 @@ impl KafkaNode {
             self.spec.id
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partition_log;
+
+    #[test]
+    fn log_directories_name_their_partitions() {
+        for (name, held) in [
+            ("orders-0", Some(("orders", 0))),
+            ("outbox.event.Order-12", Some(("outbox.event.Order", 12))),
+            ("with-dashes-in-it-3", Some(("with-dashes-in-it", 3))),
+            ("__consumer_offsets-49", Some(("__consumer_offsets", 49))),
+            ("__cluster_metadata-0", None),
+            ("orders-0.9f3c2b1a4d5e6f708192a3b4c5d6e7f8-delete", None),
+            ("orders-1.9f3c2b1a4d5e6f708192a3b4c5d6e7f8-stray", None),
+            ("meta.properties", None),
+        ] {
+            assert_eq!(
+                partition_log(name),
+                held.map(|(t, p)| (t.to_owned(), p)),
+                "{name}"
+            );
+        }
     }
 }
