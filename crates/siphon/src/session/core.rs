@@ -22,6 +22,7 @@
 //!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
 //!   the fix: never dropped silently.
 
+use super::elapsed::LastElapsed;
 use super::ledger::{LedgerError, TxnId};
 use super::position::PositionHeaders;
 use super::{NonTransactionalPolicy, RoutedKind, Routers, Suspect, Suspects};
@@ -45,7 +46,7 @@ use siphon_source::queries::OutboxColumns;
 use siphon_source::{DatabaseEncoding, RowChange, SourceError, SourceEvent, TableName};
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info};
 
 pub use siphon_core::Now;
@@ -257,6 +258,10 @@ pub struct SessionCore<'a> {
     /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
     /// the gauge is set only when it changes.
     oldest_reported: Option<Option<Instant>>,
+    /// The last commit->acknowledgement latency, by (commit time, arrival).
+    commit_to_ack: LastElapsed<(i64, SystemTime)>,
+    /// The last hand-over->acknowledgement latency, by (hand-over, arrival).
+    send_to_ack: LastElapsed<(Instant, Instant)>,
 }
 
 impl<'a> SessionCore<'a> {
@@ -298,6 +303,8 @@ impl<'a> SessionCore<'a> {
             solo: None,
             topics: TopicCounters::default(),
             oldest_reported: None,
+            commit_to_ack: LastElapsed::default(),
+            send_to_ack: LastElapsed::default(),
         }
     }
 
@@ -1058,16 +1065,21 @@ impl<'a> SessionCore<'a> {
         let failure = match delivery.result {
             Ok(_) => {
                 let settled = self.flow.delivered(token)?;
-                if let Ok(latency) = now
-                    .wall
-                    .duration_since(pg_timestamp(settled.commit_time_us))
-                {
+                let since_commit = self
+                    .commit_to_ack
+                    .get((settled.commit_time_us, now.wall), |(commit, arrival)| {
+                        arrival.duration_since(pg_timestamp(commit)).ok()
+                    });
+                if let Some(latency) = since_commit {
                     self.metrics.observe_commit_to_ack(latency);
                 }
-                self.metrics.observe_send_to_ack(
-                    now.instant
-                        .saturating_duration_since(settled.record.first_sent),
+                let since_send = self.send_to_ack.get(
+                    (settled.record.first_sent, now.instant),
+                    |(sent, arrival)| Some(arrival.saturating_duration_since(sent)),
                 );
+                if let Some(latency) = since_send {
+                    self.metrics.observe_send_to_ack(latency);
+                }
                 return Ok(());
             }
             Err(failure) => *failure,

@@ -15,6 +15,7 @@
 
 pub mod core;
 pub mod driver;
+mod elapsed;
 #[cfg(test)]
 mod simulation;
 pub mod transactional;
