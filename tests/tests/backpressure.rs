@@ -177,15 +177,25 @@ async fn wait_for_ids(
 /// (`INSERT .. SELECT generate_series`) and deletes them again. Ids encode the number as
 /// [`event`]'s do; the aggregate type is `Order`; payloads are jsonb of about 300 bytes.
 async fn commit_generated(client: &mut Client, first: i64, count: i64) -> Result<()> {
+    commit_generated_with_note(client, first, count, 240).await
+}
+
+/// [`commit_generated`] with a payload whose `note` is `note_len` bytes.
+async fn commit_generated_with_note(
+    client: &mut Client,
+    first: i64,
+    count: i64,
+    note_len: i32,
+) -> Result<()> {
     let tx = client.transaction().await?;
     tx.execute(
         "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
          SELECT ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid,
                 'Order', 'order-' || (g % 17), 'OrderPlaced',
                 jsonb_build_object('seq', g, 'customer', 'customer-' || (g % 1013),
-                                   'note', repeat('x', 240))
+                                   'note', repeat('x', $3))
          FROM generate_series($1::bigint, $2::bigint) AS g",
-        &[&first, &(first + count - 1)],
+        &[&first, &(first + count - 1), &note_len],
     )
     .await?;
     // By id range, through the primary key: `DELETE FROM outbox` would scan every dead row
@@ -394,8 +404,24 @@ async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Re
     Ok(())
 }
 
+/// The most bytes the kernel may buffer on a loopback TCP connection: the receiver's
+/// `tcp_rmem` maximum (autotuned up to it while the reader keeps up) and the sender's
+/// `tcp_wmem` maximum.
+fn socket_buffers_max() -> Result<usize> {
+    let max_of = |path: &str| -> Result<usize> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        text.split_whitespace()
+            .last()
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no maximum in {path}: {text:?}"))
+    };
+    Ok(max_of("/proc/sys/net/ipv4/tcp_rmem")? + max_of("/proc/sys/net/ipv4/tcp_wmem")?)
+}
+
 /// A broker throttled to 3 kB/s behind a window of 50 records, with a backlog of 30,000 events
-/// (far more than the window, the replication client's buffer and the socket buffers hold):
+/// (far more than the window, the replication client's buffer and the socket buffers hold: the
+/// payloads are sized from the kernel's socket buffer maxima, which a receive buffer
+/// autotuned during the first fast seconds can reach):
 /// for three times `wal_sender_timeout` the window stays full, the server is held back (it has
 /// not even sent the backlog), and the same walsender streams throughout. Once the throttle is
 /// lifted everything arrives, and the slot follows.
@@ -441,9 +467,20 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
         .await?
         .context("no walsender streaming")?;
 
+    // Twice what the socket buffers and the read-ahead (at most 4 MiB) can hold, in the
+    // payloads' notes (an event is about 170 bytes besides its note).
+    let backlog_bytes = 2 * (socket_buffers_max()? + 4 * 1024 * 1024);
+    let note_len =
+        i32::try_from(backlog_bytes / (TRANSACTIONS * PER_TRANSACTION) as usize)?.max(240);
     broker.proxy().set_rate(Direction::ToServer, Some(3_000));
     for t in 0..TRANSACTIONS {
-        commit_generated(&mut client, 2 + t * PER_TRANSACTION, PER_TRANSACTION).await?;
+        commit_generated_with_note(
+            &mut client,
+            2 + t * PER_TRANSACTION,
+            PER_TRANSACTION,
+            note_len,
+        )
+        .await?;
     }
     let end_of_backlog = current_insert_lsn(&client).await?;
 
