@@ -413,6 +413,12 @@ impl KafkaNode {
 
     /// Waits until a metadata request to this node lists `brokers` brokers.
     pub fn wait_ready(&self, brokers: usize) -> Result<()> {
+        self.wait_for_metadata(brokers, &[])
+    }
+
+    /// Waits until a metadata request to this node lists `brokers` brokers and every partition
+    /// of `held` with a leader; fails with the log's tail if the node exits meanwhile.
+    fn wait_for_metadata(&self, brokers: usize, held: &[(String, i32)]) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last_err = anyhow!("no metadata request made");
         while Instant::now() < deadline {
@@ -425,8 +431,30 @@ impl KafkaNode {
                 );
             }
             match crate::broker::broker_metadata(&self.bootstrap(), Duration::from_secs(2)) {
-                Ok(md) if md.brokers().len() >= brokers => return Ok(()),
-                Ok(md) => last_err = anyhow!("{} of {brokers} brokers listed", md.brokers().len()),
+                Ok(md) if md.brokers().len() < brokers => {
+                    last_err = anyhow!("{} of {brokers} brokers listed", md.brokers().len())
+                }
+                Ok(md) => {
+                    let leaderless = held.iter().filter(|(topic, partition)| {
+                        !md.topics().iter().any(|t| {
+                            t.name() == topic
+                                && t.error().is_none()
+                                && t.partitions().iter().any(|p| {
+                                    p.id() == *partition && p.error().is_none() && p.leader() >= 0
+                                })
+                        })
+                    });
+                    match leaderless.clone().next() {
+                        None => return Ok(()),
+                        Some(first) => {
+                            last_err = anyhow!(
+                                "{} of the {} partitions on disk not listed with a leader, e.g. {first:?}",
+                                leaderless.count(),
+                                held.len()
+                            )
+                        }
+                    }
+                }
                 Err(e) => last_err = e,
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -478,8 +506,7 @@ impl KafkaNode {
     pub fn start_again(&self, brokers: usize) -> Result<()> {
         let held = self.partitions_on_disk()?;
         self.spawn()?;
-        self.wait_ready(brokers)?;
-        self.wait_led(&held)
+        self.wait_for_metadata(brokers, &held)
     }
 
     /// The `(topic, partition)` logs in the data directory ([`partition_log`]).
@@ -490,57 +517,11 @@ impl KafkaNode {
             std::fs::read_dir(&data).with_context(|| format!("listing {}", data.display()))?
         {
             let entry = entry?;
-            if !entry.file_type()?.is_dir() {
-                continue;
+            if entry.file_type()?.is_dir() {
+                held.extend(partition_log(&entry.file_name().to_string_lossy()));
             }
-            held.extend(partition_log(&entry.file_name().to_string_lossy()));
         }
-        held.sort();
         Ok(held)
-    }
-
-    /// Waits until a metadata request to this node lists every partition of `held` with a
-    /// leader.
-    fn wait_led(&self, held: &[(String, i32)]) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut missing = held.to_vec();
-        let mut last_err = None;
-        while Instant::now() < deadline {
-            match crate::broker::broker_metadata(&self.bootstrap(), Duration::from_secs(2)) {
-                Ok(md) => {
-                    missing.retain(|(topic, partition)| {
-                        !md.topics().iter().any(|t| {
-                            t.name() == topic
-                                && t.error().is_none()
-                                && t.partitions().iter().any(|p| {
-                                    p.id() == *partition && p.error().is_none() && p.leader() >= 0
-                                })
-                        })
-                    });
-                    if missing.is_empty() {
-                        return Ok(());
-                    }
-                }
-                Err(e) => last_err = Some(e),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let err = anyhow!(
-            "{} of {} partitions still without a leader, e.g. {:?}",
-            missing.len(),
-            held.len(),
-            missing.first()
-        );
-        Err(match last_err {
-            Some(e) => err.context(e),
-            None => err,
-        }
-        .context(format!(
-            "Kafka node {} on {} restarted but did not lead or list its partitions within {READY_TIMEOUT:?} (log: {})",
-            self.spec.id,
-            self.bootstrap(),
-            self.log_path().display()
-        )))
     }
 
     /// Whether the JVM is alive.

@@ -245,8 +245,10 @@ async fn broker_kill_and_start_again() -> Result<()> {
     broker.check_metadata(Duration::from_secs(5))?;
 
     // Kafka keeps what it acknowledged across kill -9, and accepts writes again.
-    let before_kill = read_topic(&bootstrap, "harness.before-kill", Duration::from_secs(30))?;
-    assert_eq!(before_kill.len(), 1);
+    assert_eq!(
+        read_topic(&bootstrap, "harness.before-kill", Duration::from_secs(30))?.len(),
+        1
+    );
     let producer = producer(&bootstrap)?;
     producer
         .send(

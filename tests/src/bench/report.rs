@@ -885,7 +885,7 @@ fn latency_lines(l: &Latency) -> String {
         show_q(l.histogram, "max <=")
     );
     out += &format!(
-        "  commit->BEGIN read, Siphon histogram (the server's decoding and sending and the read-ahead; per transaction, estimates; {} observations): {}\n",
+        "  commit->BEGIN read, Siphon histogram (the commit's WAL flush, the server's decoding and sending, the read-ahead; per transaction, estimates; {} observations): {}\n",
         l.read_histogram_count,
         show_q(l.read_histogram, "max <=")
     );

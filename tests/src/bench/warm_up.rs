@@ -231,16 +231,14 @@ pub async fn siphon_drains(
         max_rounds,
         timeout,
     };
-    let (rounds, exactly_once_rounds) = if exactly_once {
-        let mut both = drains
-            .until_steady(&[drain::Sink::Kafka, drain::Sink::KafkaExactlyOnce])
-            .await?;
-        let exactly_once_rounds = both.pop();
-        (both.pop().unwrap_or_default(), exactly_once_rounds)
+    let sinks: &[drain::Sink] = if exactly_once {
+        &[drain::Sink::Kafka, drain::Sink::KafkaExactlyOnce]
     } else {
-        let mut one = drains.until_steady(&[drain::Sink::Kafka]).await?;
-        (one.pop().unwrap_or_default(), None)
+        &[drain::Sink::Kafka]
     };
+    let mut per_sink = drains.until_steady(sinks).await?.into_iter();
+    let rounds = per_sink.next().unwrap_or_default();
+    let exactly_once_rounds = per_sink.next();
     Ok(WarmUpDrains {
         events,
         rounds,
