@@ -429,7 +429,7 @@ impl Metrics {
         let commit_to_read = LatencyHistogram::new(&COMMIT_TO_ACK_BUCKETS);
         registry.register(
             "siphon_commit_to_read_seconds",
-            "Seconds from a transaction's commit in PostgreSQL until Siphon reads its BEGIN from the replication stream (the server's decoding and sending, and Siphon's read-ahead), once per transaction",
+            "Seconds from a transaction's commit in PostgreSQL until Siphon reads its BEGIN from the replication stream (the commit's WAL flush, the server's decoding and sending, and Siphon's read-ahead), once per transaction",
             commit_to_read.clone(),
         );
         let send_to_ack = LatencyHistogram::new(&COMMIT_TO_ACK_BUCKETS);
