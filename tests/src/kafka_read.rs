@@ -122,31 +122,7 @@ pub fn read_topic_isolated(
 ) -> Result<Vec<ConsumedRecord>> {
     let deadline = Instant::now() + timeout;
     let consumer = consumer_isolated(bootstrap, isolation)?;
-    // A topic just created (or a partition whose leader just moved) has no leader for a
-    // moment: ask again until it has one or the time is up.
-    let partitions: Vec<i32> = loop {
-        let md = consumer
-            .fetch_metadata(Some(topic), METADATA_TIMEOUT.min(timeout))
-            .with_context(|| format!("metadata for topic {topic:?} from {bootstrap}"))?;
-        let Some(md_topic) = md.topics().iter().find(|t| t.name() == topic) else {
-            return Ok(Vec::new());
-        };
-        let leaderless = match md_topic.error().map(RDKafkaErrorCode::from) {
-            None => md_topic.partitions().iter().any(|p| p.leader() < 0),
-            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Vec::new()),
-            Some(RDKafkaErrorCode::LeaderNotAvailable) => true,
-            Some(code) => bail!("metadata for topic {topic:?} from {bootstrap}: {code}"),
-        };
-        if !leaderless {
-            break md_topic.partitions().iter().map(|p| p.id()).collect();
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "topic {topic:?} on {bootstrap} has partitions without a leader after {timeout:?}"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let partitions = led_partitions(&consumer, bootstrap, topic, deadline, timeout)?;
     if partitions.is_empty() {
         return Ok(Vec::new());
     }
@@ -205,6 +181,92 @@ pub fn read_topic_isolated(
     Ok(records)
 }
 
+/// The partitions of `topic`, once each has a leader (a topic just created, or a partition whose
+/// leader just moved, has none for a moment); empty for a topic that does not exist.
+fn led_partitions(
+    consumer: &BaseConsumer,
+    bootstrap: &str,
+    topic: &str,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<i32>> {
+    loop {
+        let md = consumer
+            .fetch_metadata(Some(topic), METADATA_TIMEOUT.min(timeout))
+            .with_context(|| format!("metadata for topic {topic:?} from {bootstrap}"))?;
+        let Some(md_topic) = md.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(Vec::new());
+        };
+        let leaderless = match md_topic.error().map(RDKafkaErrorCode::from) {
+            None => md_topic.partitions().iter().any(|p| p.leader() < 0),
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Vec::new()),
+            Some(RDKafkaErrorCode::LeaderNotAvailable) => true,
+            Some(code) => bail!("metadata for topic {topic:?} from {bootstrap}: {code}"),
+        };
+        if !leaderless {
+            return Ok(md_topic.partitions().iter().map(|p| p.id()).collect());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "topic {topic:?} on {bootstrap} has partitions without a leader after {timeout:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until every Kafka transaction written to `topic` is decided and its markers are
+/// written: each partition's last stable offset (what a read_committed reader reads up to) has
+/// reached its end. A producer's commit returns once the coordinator has recorded the decision,
+/// before the markers reach the partitions, so a read_committed read just after a commit can
+/// stop short of records already committed. A topic that does not exist is settled.
+pub fn wait_for_transactions_settled(
+    bootstrap: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let committed = consumer_isolated(bootstrap, Isolation::ReadCommitted)?;
+    let uncommitted = consumer_isolated(bootstrap, Isolation::ReadUncommitted)?;
+    let partitions = led_partitions(&committed, bootstrap, topic, deadline, timeout)?;
+    loop {
+        let mut unsettled = Vec::new();
+        for &p in &partitions {
+            // The end first: a marker written between the two reads then counts as settled.
+            let (_, end) = uncommitted
+                .fetch_watermarks(topic, p, METADATA_TIMEOUT)
+                .with_context(|| format!("the end of {topic}/{p}"))?;
+            let (_, stable) = committed
+                .fetch_watermarks(topic, p, METADATA_TIMEOUT)
+                .with_context(|| format!("the last stable offset of {topic}/{p}"))?;
+            if stable < end {
+                unsettled.push((p, stable, end));
+            }
+        }
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{topic:?} on {bootstrap}: transactions still open or their markers unwritten after {timeout:?} \
+                 (partition, last stable offset, end): {unsettled:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// [`wait_for_transactions_settled`], then [`read_topic`] (read_committed): every record of
+/// every transaction committed before the call.
+pub fn read_topic_settled(
+    bootstrap: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<ConsumedRecord>> {
+    wait_for_transactions_settled(bootstrap, topic, timeout)?;
+    read_topic(bootstrap, topic, timeout)
+}
+
 /// [`read_topic`] on Tokio's blocking thread pool.
 pub async fn read_topic_async(
     bootstrap: &str,
@@ -215,6 +277,18 @@ pub async fn read_topic_async(
     tokio::task::spawn_blocking(move || read_topic(&bootstrap, &topic, timeout))
         .await
         .context("read_topic task failed")?
+}
+
+/// [`read_topic_settled`] on Tokio's blocking thread pool.
+pub async fn read_topic_settled_async(
+    bootstrap: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<ConsumedRecord>> {
+    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || read_topic_settled(&bootstrap, &topic, timeout))
+        .await
+        .context("read_topic_settled task failed")?
 }
 
 /// Names of all topics the broker reports, sorted.

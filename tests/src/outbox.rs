@@ -457,6 +457,21 @@ pub async fn read_event_records_isolated(
     Ok(all)
 }
 
+/// Every record in [`EVENT_TOPICS`] of `broker`, read_committed once every Kafka transaction
+/// written to them is decided and its markers are written ([`crate::wait_for_transactions_settled`]):
+/// for a read after the writer has stopped, when what is missing must count as lost.
+pub async fn read_event_records_settled(broker: &impl KafkaTarget) -> Result<Vec<ConsumedRecord>> {
+    for topic in EVENT_TOPICS {
+        let (bootstrap, topic) = (broker.bootstrap(), broker.topic(topic));
+        tokio::task::spawn_blocking(move || {
+            crate::wait_for_transactions_settled(&bootstrap, &topic, Duration::from_secs(120))
+        })
+        .await
+        .context("settling task failed")??;
+    }
+    read_event_records_isolated(broker, crate::Isolation::ReadCommitted).await
+}
+
 /// After a write of ledger transaction `txn` failed (PostgreSQL restarted under it): a new
 /// connection, and whether the transaction committed (its ledger row is there).
 pub async fn reconnect_and_check_ledger(pg: &Postgres, txn: i64) -> (Client, bool) {

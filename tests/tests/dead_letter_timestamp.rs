@@ -10,7 +10,8 @@
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{current_insert_lsn, route_replacement, siphon_config_at};
 use siphon_tests::outbox::{slot_active, wait_for_slot_past};
-use siphon_tests::{read_topic_async, wait_for, wait_until, Broker, Postgres, SiphonProcess};
+use siphon_tests::{read_topic_async, read_topic_settled_async, wait_for, wait_until};
+use siphon_tests::{Broker, Postgres, SiphonProcess};
 use std::time::Duration;
 
 const OUTBOX: &str = "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb, occurred timestamptz NOT NULL)";
@@ -262,18 +263,25 @@ async fn with_exactly_once_refused_records_are_dead_lettered_once_and_the_rest_d
         ids
     };
     let id = |n: u32| format!("00000000-0000-4000-8000-{n:012}");
-    let dead = read_topic_async(
+    // Read once the last commit's markers are written: the slot moves at the commit.
+    let dead = read_topic_settled_async(
         &broker.bootstrap(),
         &dead_letter_topic,
         Duration::from_secs(30),
     )
     .await?;
-    assert_eq!(ids(&dead), [2, 4, 6].map(id).to_vec(), "{}", siphon.log());
-    let delivered = read_topic_async(&broker.bootstrap(), &events, Duration::from_secs(30)).await?;
-    assert_eq!(
-        ids(&delivered),
-        [1, 3, 5].map(id).to_vec(),
-        "{}",
+    let (dead, want) = (ids(&dead), [2, 4, 6].map(id).to_vec());
+    assert!(
+        dead == want,
+        "dead letters {dead:?}, expected {want:?}; log:\n{}",
+        siphon.log()
+    );
+    let delivered =
+        read_topic_settled_async(&broker.bootstrap(), &events, Duration::from_secs(30)).await?;
+    let (delivered, want) = (ids(&delivered), [1, 3, 5].map(id).to_vec());
+    assert!(
+        delivered == want,
+        "delivered {delivered:?}, expected {want:?}; log:\n{}",
         siphon.log()
     );
     let restarts = siphon.log().matches("pipeline interrupted").count();

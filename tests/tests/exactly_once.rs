@@ -216,17 +216,12 @@ async fn dead_letters_are_committed_with_their_transaction_once() -> Result<()> 
         count_by_id(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
     assert!(events.values().all(|n| *n == 1), "repeats: {events:?}");
     assert_eq!(events.keys().cloned().collect::<BTreeSet<_>>(), small);
-    let bootstrap = broker.bootstrap();
-    let topic = dead_letter_topic.clone();
-    let dead = tokio::task::spawn_blocking(move || {
-        siphon_tests::read_topic_isolated(
-            &bootstrap,
-            &topic,
-            Duration::from_secs(60),
-            Isolation::ReadCommitted,
-        )
-    })
-    .await??;
+    let dead = siphon_tests::read_topic_settled_async(
+        &broker.bootstrap(),
+        &dead_letter_topic,
+        Duration::from_secs(60),
+    )
+    .await?;
     let dead = count_by_id(&dead);
     assert!(
         dead.values().all(|n| *n == 1),

@@ -10,15 +10,21 @@
 //!   connection, starts a second Siphon on the same slot and wakes the first: a zombie, fenced by
 //!   the second one's producer.
 //!
+//! The exactly-once run streams through a publication of all operations (what a Debezium takeover
+//! inherits): every DELETE of an outbox row crosses the wire, and one transaction in three holds
+//! only DELETEs (of the rows the transaction before it left), so the progress must move and the
+//! Kafka transactions commit and abort around transactions that produce nothing.
+//!
 //! A read_committed consumer must then see every committed event exactly once, none rolled back,
-//! first deliveries in commit order per aggregate. The same run in at-least-once mode (with the
-//! zombie, which then writes what it had in flight) shows the repeats exactly-once saves.
+//! no record for a DELETE, first deliveries in commit order per aggregate. The same run in
+//! at-least-once mode (insert-only publication; with the zombie, which then writes what it had
+//! in flight) shows the repeats exactly-once saves.
 
 use anyhow::{ensure, Context as _, Result};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, current_insert_lsn, event, read_event_records_isolated,
-    reconnect_and_check_ledger, record_id, siphon_config_at, slot_active, wait_for_slot_past,
-    KafkaTarget, Via,
+    read_event_records_settled, reconnect_and_check_ledger, record_id, siphon_config_at,
+    slot_active, wait_for_slot_past, KafkaTarget, Via,
 };
 use siphon_tests::{wait_until, Isolation, KafkaCluster, Postgres, SiphonProcess};
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,14 +33,39 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
-/// Commits (or rolls back) transaction `txn` of events `first..first + count`, with its ledger row.
+/// What one writer transaction does to the outbox.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// Inserts its events and deletes them (and anything left) before it commits.
+    InsertAndDelete,
+    /// Inserts its events and leaves them.
+    InsertOnly,
+    /// Inserts nothing and deletes what is left.
+    DeleteOnly,
+}
+
+impl Rows {
+    /// The shape of transaction `txn`: with `deletes_alone`, one in three holds only DELETEs
+    /// (of the rows the insert-only transaction before it left).
+    fn of(txn: i64, deletes_alone: bool) -> Rows {
+        match txn % 3 {
+            1 if deletes_alone => Rows::InsertOnly,
+            2 if deletes_alone => Rows::DeleteOnly,
+            _ => Rows::InsertAndDelete,
+        }
+    }
+}
+
+/// Commits (or rolls back) transaction `txn` of events `first..first + count` (none if
+/// [`Rows::DeleteOnly`]), with its ledger row.
 async fn write_transaction(
     client: &mut Client,
     txn: i64,
-    first: u64,
-    count: u64,
+    (first, count): (u64, u64),
+    rows: Rows,
     commit: bool,
 ) -> Result<()> {
+    let count = if rows == Rows::DeleteOnly { 0 } else { count };
     let tx = client.transaction().await?;
     let insert = tx
         .prepare(
@@ -50,7 +81,9 @@ async fn write_transaction(
         )
         .await?;
     }
-    tx.execute("DELETE FROM outbox", &[]).await?;
+    if rows != Rows::InsertOnly {
+        tx.execute("DELETE FROM outbox", &[]).await?;
+    }
     tx.execute("INSERT INTO ledger VALUES ($1)", &[&txn])
         .await?;
     if commit {
@@ -61,10 +94,12 @@ async fn write_transaction(
     Ok(())
 }
 
-/// Writes until `stop`: returns the ids committed and rolled back.
+/// Writes until `stop` (with `deletes_alone`, transactions of only DELETEs among the others):
+/// returns the ids committed and rolled back.
 async fn writer(
     pg: Arc<Postgres>,
     stop: Arc<AtomicBool>,
+    deletes_alone: bool,
 ) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
     let mut client = pg.connect_retrying().await;
     let (mut committed, mut rolled_back) = (BTreeSet::new(), BTreeSet::new());
@@ -72,10 +107,14 @@ async fn writer(
     let mut txn = 0i64;
     while !stop.load(Ordering::Relaxed) {
         txn += 1;
-        let count = 1 + (txn as u64 * 13) % 50;
+        let rows = Rows::of(txn, deletes_alone);
+        let count = match rows {
+            Rows::DeleteOnly => 0,
+            _ => 1 + (txn as u64 * 13) % 50,
+        };
         let commit = txn % 20 != 0;
         loop {
-            match write_transaction(&mut client, txn, next, count, commit).await {
+            match write_transaction(&mut client, txn, (next, count), rows, commit).await {
                 Ok(()) => break,
                 Err(_) => {
                     let done;
@@ -113,6 +152,8 @@ struct Seen {
     read_uncommitted: usize,
 }
 
+/// One chaos run; with `exactly_once`, through a publication of all operations that Siphon
+/// finds already there.
 async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<Seen> {
     let pg = Arc::new(Postgres::start()?);
     let client = pg.connect().await?;
@@ -122,6 +163,11 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
             siphon_tests::outbox::OUTBOX_DDL
         ))
         .await?;
+    if exactly_once {
+        client
+            .batch_execute(&format!("CREATE PUBLICATION {name}_pub FOR TABLE outbox"))
+            .await?;
+    }
     let target = Via {
         bootstrap: cluster.bootstrap(),
         namespace: format!("{name}."),
@@ -152,7 +198,7 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
         .with_context(|| siphon.log())?;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let writing = tokio::spawn(writer(Arc::clone(&pg), Arc::clone(&stop)));
+    let writing = tokio::spawn(writer(Arc::clone(&pg), Arc::clone(&stop), exactly_once));
     let started = Instant::now();
     let at = |secs: u64| {
         tokio::time::sleep_until(tokio::time::Instant::from_std(
@@ -224,7 +270,7 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
     wait_for_slot_past(&client, name, end, Duration::from_secs(180))
         .await
         .with_context(|| format!("the slot did not pass {end}; log:\n{}", live.log()))?;
-    let records = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
+    let records = read_event_records_settled(&target).await?;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for record in &records {
         *counts.entry(record_id(record)).or_default() += 1;
@@ -246,6 +292,17 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
     );
     check_first_deliveries_in_order(&records).with_context(|| name.to_owned())?;
     if exactly_once {
+        let deletes_published: bool = client
+            .query_one(
+                "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
+                &[&format!("{name}_pub")],
+            )
+            .await?
+            .get(0);
+        ensure!(
+            deletes_published,
+            "{name}: the publication no longer publishes DELETEs"
+        );
         let repeated: Vec<(&String, &usize)> =
             counts.iter().filter(|(_, n)| **n > 1).take(10).collect();
         ensure!(

@@ -26,12 +26,11 @@
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, count_by_id, current_insert_lsn, event, phantom_ids,
-    read_event_records, read_event_records_isolated, siphon_config, slot_active,
-    slot_confirmed_lsn, wait_for_all, wait_for_slot_caught_up, wait_for_slot_past,
-    with_exactly_once, OUTBOX_DDL,
+    read_event_records, read_event_records_settled, siphon_config, slot_active, slot_confirmed_lsn,
+    wait_for_all, wait_for_slot_caught_up, wait_for_slot_past, with_exactly_once, OUTBOX_DDL,
 };
 use siphon_tests::{
-    siphon_bin, strip_ansi, wait_until, Broker, ConsumedRecord, Isolation, Postgres, SiphonProcess,
+    siphon_bin, strip_ansi, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -506,7 +505,7 @@ async fn read_committed_once_after_catch_up(
     wait_for_slot_caught_up(&survivor, SLOT)
         .await
         .with_context(|| outcome.siphon.log())?;
-    let records = read_event_records_isolated(&outcome.broker, Isolation::ReadCommitted).await?;
+    let records = read_event_records_settled(&outcome.broker).await?;
     let seen = count_by_id(&records);
     let repeated: BTreeMap<&String, &usize> = seen.iter().filter(|(_, n)| **n > 1).collect();
     eprintln!(

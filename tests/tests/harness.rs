@@ -215,6 +215,44 @@ fn reading_a_missing_topic_yields_nothing() -> Result<()> {
     Ok(())
 }
 
+/// A read "once settled" waits for a transaction's decision: while one is open its records
+/// are past the last stable offset, the wait fails naming the partition; once committed, the
+/// wait returns and a read_committed read has them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_read_waits_until_every_transaction_is_decided() -> Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let broker = Broker::start()?;
+    let bootstrap = broker.bootstrap();
+    let topic = broker.topic("harness.settled");
+    siphon_tests::create_topic(&bootstrap, &topic, 2).await?;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("transactional.id", &topic)
+        .create()?;
+    let timeout = Duration::from_secs(30);
+    producer.init_transactions(timeout)?;
+    producer.begin_transaction()?;
+    for n in 0..4 {
+        let value = n.to_string();
+        producer
+            .send(BaseRecord::<str, str>::to(&topic).key("k").payload(&value))
+            .map_err(|(e, _)| e)?;
+    }
+    producer.flush(timeout)?;
+
+    let open =
+        siphon_tests::wait_for_transactions_settled(&bootstrap, &topic, Duration::from_secs(2))
+            .expect_err("a transaction is open");
+    assert!(open.to_string().contains("last stable offset"), "{open:#}");
+    assert!(read_topic(&bootstrap, &topic, timeout)?.is_empty());
+
+    producer.commit_transaction(timeout)?;
+    let records = siphon_tests::read_topic_settled(&bootstrap, &topic, timeout)?;
+    let values: Vec<_> = records.iter().filter_map(|r| r.value_str()).collect();
+    assert_eq!(values, ["0", "1", "2", "3"]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn broker_kill_and_start_again() -> Result<()> {
     // The shared broker refuses to be killed.
