@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use siphon_tests::outbox::{
     event, insert_transaction, siphon_config, slot_active, wait_for_all, Event, OUTBOX_DDL,
 };
-use siphon_tests::{free_port, wait_until, Broker, Postgres, SiphonProcess};
+use siphon_tests::{free_port, wait_for, wait_until, Broker, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -32,7 +32,13 @@ async fn metrics_readiness_and_status_follow_a_broker_outage() -> Result<()> {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let bin = siphon_tests::siphon_bin()?;
-    let config = siphon_config(&pg, &broker, "observed", "");
+    // The producer's statistics every second (10 s by default), for its latencies per broker.
+    let config = siphon_config(&pg, &broker, "observed", "").replacen(
+        "\"message.timeout.ms\" = \"10000\"",
+        "\"message.timeout.ms\" = \"10000\"\n\"statistics.interval.ms\" = \"1000\"",
+        1,
+    );
+    assert!(config.contains("statistics.interval.ms"), "{config}");
     let siphon =
         SiphonProcess::start_with(&bin, &config, &[("SIPHON_METRICS_LISTEN", listen.as_str())])?;
     wait_until(
@@ -90,6 +96,29 @@ async fn metrics_readiness_and_status_follow_a_broker_outage() -> Result<()> {
         "{body}"
     );
     assert_eq!(metric(&body, "siphon_streaming"), Some(1.0));
+    // The producer's own latencies, per broker and stage, from its statistics.
+    let round_trip =
+        "siphon_kafka_latency_seconds{broker=\"1\",stage=\"round_trip\",quantile=\"0.99\"}";
+    let body = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+        || async {
+            let (_, body) = get(port, "/metrics")?;
+            Ok(metric(&body, round_trip).is_some().then_some(body))
+        },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let rtt = metric(&body, round_trip).unwrap_or_default();
+    assert!(rtt > 0.0 && rtt < 10.0, "{body}");
+    assert!(
+        metric(
+            &body,
+            "siphon_kafka_latency_seconds{broker=\"1\",stage=\"partition_queue\",quantile=\"1\"}"
+        )
+        .is_some(),
+        "{body}"
+    );
 
     // The broker goes away: not ready, the lag and the age of the oldest record rise.
     broker.kill()?;

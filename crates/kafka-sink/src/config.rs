@@ -112,6 +112,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     // the same drain rate; docs/performance.md, run 13b).
     ("linger.ms", "1"),
     ("socket.keepalive.enable", "true"),
+    // Per-broker latencies for the metrics (`statistics`): one small JSON document per interval.
+    ("statistics.interval.ms", "10000"),
 ];
 
 /// Properties a user may not override: they carry the no-loss and ordering promises.

@@ -19,6 +19,7 @@ mod produce;
 pub mod producer;
 pub mod progress_topic;
 pub mod state_topic;
+pub mod statistics;
 pub mod topics;
 mod wakeup;
 
@@ -31,4 +32,5 @@ pub use producer::{
 pub use progress_topic::ProgressTopic;
 pub use rdkafka::error::RDKafkaErrorCode;
 pub use state_topic::{StateOperation, StateTopic, StateTopicError};
+pub use statistics::{BrokerLatencies, ProducerStage, StageLatency};
 pub use wakeup::{OsError, WakeupError};

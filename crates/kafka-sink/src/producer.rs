@@ -155,6 +155,10 @@ pub trait DeliveryObserver: Send + Sync + 'static {
     /// The counter that each record of `topic` acknowledged by the broker is counted with.
     /// Asked when a report's topic differs from the previous report's; keep the counter cheap.
     fn acked_counter(&self, topic: &str) -> AckCounter;
+
+    /// librdkafka's latencies per broker over its last statistics interval
+    /// (`statistics.interval.ms`), while reports are served.
+    fn broker_latencies(&self, _brokers: &[crate::BrokerLatencies]) {}
 }
 
 impl ClientContext for DeliveryContext {
@@ -175,6 +179,16 @@ impl ClientContext for DeliveryContext {
             L::Emerg | L::Alert | L::Critical => warn!(fac, "librdkafka: {log_message}"),
             // Errors (failed connects among them) also reach `error` above.
             _ => debug!(fac, "librdkafka: {log_message}"),
+        }
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        let Some(observer) = &self.observer else {
+            return;
+        };
+        match crate::statistics::broker_latencies(statistics) {
+            Ok(brokers) => observer.broker_latencies(&brokers),
+            Err(error) => debug!(%error, "librdkafka's statistics could not be read"),
         }
     }
 }

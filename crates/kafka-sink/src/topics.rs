@@ -62,6 +62,9 @@ pub(crate) fn is_producer_only(key: &str) -> bool {
             | "transaction.timeout.ms"
             | "enable.gapless.guarantee"
             | "sticky.partitioning.linger.ms"
+            // Only the producer's statistics are read (rdkafka's default context would log
+            // every other client's at info).
+            | "statistics.interval.ms"
     )
 }
 

@@ -46,4 +46,8 @@ impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
         let topic = self.topic(topic);
         Box::new(move || topic.acked())
     }
+
+    fn broker_latencies(&self, brokers: &[siphon_kafka_sink::BrokerLatencies]) {
+        telemetry::Event::KafkaLatencies { brokers }.emit(self);
+    }
 }

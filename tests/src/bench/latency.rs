@@ -30,6 +30,10 @@ const HISTOGRAM: &str = "siphon_commit_to_ack_seconds";
 const READ_HISTOGRAM: &str = "siphon_commit_to_read_seconds";
 /// Siphon's histogram of each record's hand-over to the producer -> acknowledgement.
 const SEND_HISTOGRAM: &str = "siphon_send_to_ack_seconds";
+/// The producer's latencies per broker and stage over its last statistics interval.
+const KAFKA_LATENCY: &str = "siphon_kafka_latency_seconds";
+/// The stages of [`KAFKA_LATENCY`], in the order a record passes them.
+pub const PRODUCER_STAGES: [&str; 3] = ["partition_queue", "request_queue", "round_trip"];
 /// Sequence numbers of warm-up events start here (never reached by measured events).
 const WARMUP_BASE: u64 = 900_000_000_000;
 /// Warm-up events (each with a key of its own, so they spread over the topic's partitions).
@@ -82,6 +86,45 @@ pub struct Latency {
     pub usage: Usage,
     /// The probe producer's send -> ack latency during the writes, or why it is missing.
     pub probe: std::result::Result<ProbeStats, String>,
+    /// The p99 of each of [`PRODUCER_STAGES`] (seconds, the largest over brokers) in each
+    /// statistics interval of Siphon's producer that ended during the writes.
+    pub producer_windows: [Vec<f64>; 3],
+}
+
+/// The p99 of each of [`PRODUCER_STAGES`] in a scrape (the largest over brokers; 0 if none).
+fn producer_p99s(metrics: &str) -> [f64; 3] {
+    PRODUCER_STAGES.map(|stage| {
+        let labels = format!("stage=\"{stage}\",quantile=\"0.99\"}}");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(KAFKA_LATENCY) && l.contains(&labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, f64::max)
+    })
+}
+
+/// Scrapes `metrics` every half second until `stop`: each stage's p99 in every statistics
+/// interval whose figures appeared meanwhile (a change of any stage's value is a new interval).
+async fn sample_producer_windows(metrics: String, stop: Arc<AtomicBool>) -> [Vec<f64>; 3] {
+    let mut windows: [Vec<f64>; 3] = Default::default();
+    let mut last = match promhist::scrape(&metrics).await {
+        Ok(text) => producer_p99s(&text),
+        Err(_) => [0.0; 3],
+    };
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Ok(text) = promhist::scrape(&metrics).await else {
+            continue;
+        };
+        let now = producer_p99s(&text);
+        if now != last {
+            for (window, value) in windows.iter_mut().zip(now) {
+                window.push(value);
+            }
+            last = now;
+        }
+    }
+    windows
 }
 
 /// Runs the phase on fresh slot `slot`: starts Siphon (`plan.sink`), warms up, writes at the
@@ -152,10 +195,17 @@ pub async fn run(
     }
     let probe = start_probe(&svc.bootstrap, &nonce).await;
     let before = promhist::scrape(&siphon.metrics).await?;
+    let sampling = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_producer_windows(
+        siphon.metrics.clone(),
+        sampling.clone(),
+    ));
 
     let started = Instant::now();
     let commits = write(svc, plan, txns, &nonce, &aggregatetype_sql).await;
     let write_secs = started.elapsed().as_secs_f64();
+    sampling.store(true, Ordering::Relaxed);
+    let producer_windows = sampler.await.unwrap_or_default();
     let probe = probe.and_then(|p| {
         tokio::task::block_in_place(|| p.finish()).map_err(|e| format!("the probe failed: {e:#}"))
     });
@@ -237,6 +287,7 @@ pub async fn run(
         per_second,
         usage,
         probe,
+        producer_windows,
     })
 }
 
@@ -418,4 +469,23 @@ fn consume(
         }
     }
     Ok(seen.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn producer_p99s_take_each_stage_largest_over_brokers() {
+        let text = "\
+# HELP siphon_kafka_latency_seconds stage partition_queue quantile=\"0.99\"
+siphon_kafka_latency_seconds{broker=\"1\",stage=\"partition_queue\",quantile=\"0.99\"} 0.002
+siphon_kafka_latency_seconds{broker=\"2\",stage=\"partition_queue\",quantile=\"0.99\"} 0.003
+siphon_kafka_latency_seconds{broker=\"1\",stage=\"partition_queue\",quantile=\"1\"} 0.9
+siphon_kafka_latency_seconds{broker=\"1\",stage=\"round_trip\",quantile=\"0.99\"} 0.015
+siphon_send_to_ack_seconds_count 4
+";
+        assert_eq!(producer_p99s(text), [0.003, 0.0, 0.015]);
+        assert_eq!(producer_p99s(""), [0.0; 3]);
+    }
 }

@@ -2,7 +2,7 @@
 
 use super::chart::{Bar, Chart, Group, Series};
 use super::drain::{self, Drain, DrainEnd, Sink};
-use super::latency::{Latency, Quantiles};
+use super::latency::{Latency, Quantiles, PRODUCER_STAGES};
 use super::probe::{self, ProbeStats};
 use super::warm_up::WarmUpDrains;
 use serde_json::{json, Value};
@@ -894,6 +894,7 @@ fn latency_lines(l: &Latency) -> String {
         l.send_histogram_count,
         show_q(l.send_histogram, "max <=")
     );
+    out += &producer_windows_line(&l.producer_windows);
     out += &format!(
         "  COMMIT returned->consumer received, end to end (exact; {} of {} records): {}\n",
         l.received,
@@ -915,6 +916,40 @@ fn latency_lines(l: &Latency) -> String {
     out
 }
 
+/// The median and the largest of `values` (0 when empty).
+fn median_and_max(values: &[f64]) -> (f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    (median, sorted.last().copied().unwrap_or(0.0))
+}
+
+/// The producer's stages inside send->ack, from its statistics intervals.
+fn producer_windows_line(windows: &[Vec<f64>; 3]) -> String {
+    let intervals = windows[0].len();
+    if intervals == 0 {
+        return "  inside send->ack, the producer's statistics: no interval ended during the writes\n"
+            .to_owned();
+    }
+    let stages: Vec<String> = PRODUCER_STAGES
+        .iter()
+        .zip(windows)
+        .map(|(stage, values)| {
+            let (median, max) = median_and_max(values);
+            format!(
+                "{} {:.1} / {:.1} ms",
+                stage.replace('_', " "),
+                median * 1e3,
+                max * 1e3
+            )
+        })
+        .collect();
+    format!(
+        "  inside send->ack, the producer's statistics (p99 per interval, median / largest of {intervals}): {}\n",
+        stages.join(", ")
+    )
+}
+
 /// The latency phase as JSON.
 fn latency_json(l: &Latency) -> Value {
     let exactly_once = l.sink == Sink::KafkaExactlyOnce;
@@ -932,6 +967,11 @@ fn latency_json(l: &Latency) -> Value {
                 "histogram_read_observations": l.read_histogram_count,
                 "histogram_send_to_ack_seconds": q_json(l.send_histogram),
                 "histogram_send_observations": l.send_histogram_count,
+                "producer_p99_seconds_per_statistics_interval": PRODUCER_STAGES
+                    .iter()
+                    .zip(&l.producer_windows)
+                    .map(|(stage, values)| ((*stage).to_owned(), json!(values)))
+                    .collect::<serde_json::Map<String, Value>>(),
                 "histogram_note": "estimates by linear interpolation within buckets; max is the upper bound of the highest non-empty bucket",
                 "end_to_end_seconds": q_json(l.end_to_end),
                 "end_to_end_received": l.received,
@@ -1100,6 +1140,7 @@ mod tests {
             read_histogram_count: rate as f64 / 100.0,
             send_histogram: Some(q),
             send_histogram_count: rate as f64,
+            producer_windows: [vec![0.001], vec![0.0001], vec![0.004]],
             end_to_end: Some(q),
             received: rate,
             per_second: Vec::new(),
@@ -1208,7 +1249,15 @@ mod tests {
         assert_eq!((shown.as_str(), pass), ("12.0 ms at 5000/s", None));
         let p99 = target(&r, "commit->ack p99 (histogram)").and_then(|t| t.0);
         assert!(p99.is_some_and(|v| (v - 8.0).abs() < 1e-9), "{p99:?}");
+        assert!(
+            table.contains("inside send->ack, the producer's statistics (p99 per interval, median / largest of 1): partition queue 1.0 / 1.0 ms, request queue 0.1 / 0.1 ms, round trip 4.0 / 4.0 ms"),
+            "{table}"
+        );
         let json = r.json();
+        assert_eq!(
+            json["latency"]["producer_p99_seconds_per_statistics_interval"]["round_trip"][0],
+            0.004
+        );
         assert_eq!(json["latency"]["delivery"], "at-least-once");
         assert_eq!(json["latency_exactly_once"]["delivery"], "exactly-once");
         assert_eq!(json["latency_exactly_once"]["planned_events_per_sec"], 5000);

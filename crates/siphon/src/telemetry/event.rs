@@ -56,6 +56,10 @@ pub enum Event<'a> {
         topic: &'a str,
         error: &'a dyn Display,
     },
+    /// The producer's statistics: its latencies per broker over the last interval.
+    KafkaLatencies {
+        brokers: &'a [siphon_kafka_sink::BrokerLatencies],
+    },
     /// A record waited longer than the delivery timeout: the producer is purged and replaced.
     DeliveryOverdue { unacked: usize },
     /// The producer is replaced; its undelivered records are sent again in their order.
@@ -177,6 +181,22 @@ impl Event<'_> {
             Event::RecordNotTaken { topic, error } => {
                 metrics.producer_error(ProducerErrorKind::Transient);
                 warn!(%topic, %error, "Kafka did not take a record; it is sent again after a pause");
+            }
+            Event::KafkaLatencies { brokers } => {
+                metrics.set_kafka_latencies(brokers);
+                for broker in brokers {
+                    for stage in &broker.stages {
+                        debug!(
+                            broker = broker.node_id,
+                            stage = stage.stage.label(),
+                            samples = stage.samples,
+                            p50 = ?stage.p50,
+                            p99 = ?stage.p99,
+                            max = ?stage.max,
+                            "Kafka producer latency"
+                        );
+                    }
+                }
             }
             Event::DeliveryOverdue { unacked } => {
                 metrics.producer_error(ProducerErrorKind::Transient);

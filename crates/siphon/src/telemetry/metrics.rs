@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 type TopicLabels = [(&'static str, String); 1];
 /// Labels of the series with one fixed-vocabulary label.
 type FixedLabels = [(&'static str, &'static str); 1];
+/// Labels of `siphon_kafka_latency_seconds`: the broker's node id, the stage, the quantile.
+type KafkaLatencyLabels = [(&'static str, String); 3];
 
 /// At most this many distinct `topic` label values are created.
 pub const MAX_TOPIC_LABELS: usize = 1000;
@@ -260,6 +262,7 @@ pub struct Metrics {
     commit_to_ack: LatencyHistogram,
     commit_to_read: LatencyHistogram,
     send_to_ack: LatencyHistogram,
+    kafka_latency: Family<KafkaLatencyLabels, Gauge<f64, AtomicU64>>,
     /// Initial snapshots and re-sends (see [`TransferKind`]).
     transfer: TransferMetrics,
 }
@@ -438,6 +441,12 @@ impl Metrics {
             "Seconds from a record first handed to the Kafka producer to Siphon taking its acknowledgement (the producer's batching and queues, the broker's round trip)",
             send_to_ack.clone(),
         );
+        let kafka_latency = Family::<KafkaLatencyLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "siphon_kafka_latency_seconds",
+            "The Kafka producer's own latencies per broker over its last statistics interval with requests (kafka.properties.\"statistics.interval.ms\", 10 s): stage partition_queue (a record waiting in its partition's queue for a produce request), request_queue (the request waiting for the socket), round_trip (the request to the broker and its answer); quantile 0.5, 0.99 and 1 (the largest)",
+            kafka_latency.clone(),
+        );
 
         let transfer = TransferMetrics::register(&mut registry);
 
@@ -473,6 +482,7 @@ impl Metrics {
             commit_to_ack,
             commit_to_read,
             send_to_ack,
+            kafka_latency,
             transfer,
         }
     }
@@ -713,6 +723,24 @@ impl Metrics {
         }
     }
 
+    /// The producer's latencies per broker (see [`siphon_kafka_sink::statistics`]).
+    pub fn set_kafka_latencies(&self, brokers: &[siphon_kafka_sink::BrokerLatencies]) {
+        for broker in brokers {
+            for stage in &broker.stages {
+                for (quantile, value) in [("0.5", stage.p50), ("0.99", stage.p99), ("1", stage.max)]
+                {
+                    self.kafka_latency
+                        .get_or_create(&[
+                            ("broker", broker.node_id.to_string()),
+                            ("stage", stage.stage.label().to_owned()),
+                            ("quantile", quantile.to_owned()),
+                        ])
+                        .set(value.as_secs_f64());
+                }
+            }
+        }
+    }
+
     /// Every series in the Prometheus text exposition format (version 0.0.4), with `# HELP`
     /// and `# TYPE` lines.
     pub fn encode(&self) -> String {
@@ -750,6 +778,54 @@ mod tests {
             })
             .unwrap_or_else(|| panic!("no series {series} in\n{text}"));
         line[series.len() + 1..].parse().unwrap()
+    }
+
+    #[test]
+    fn kafka_latencies_have_a_series_per_broker_stage_and_quantile() {
+        use siphon_kafka_sink::{BrokerLatencies, ProducerStage, StageLatency};
+        let m = Metrics::new();
+        let ms = Duration::from_millis;
+        let stage = |stage, p50, p99, max| StageLatency {
+            stage,
+            samples: 7,
+            p50: ms(p50),
+            p99: ms(p99),
+            max: ms(max),
+        };
+        m.set_kafka_latencies(&[BrokerLatencies {
+            node_id: 2,
+            stages: vec![
+                stage(ProducerStage::PartitionQueue, 1, 3, 4),
+                stage(ProducerStage::RoundTrip, 2, 18, 40),
+            ],
+        }]);
+        let t = m.encode();
+        let series = |stage: &str, quantile: &str| {
+            value(
+                &t,
+                &format!("siphon_kafka_latency_seconds{{broker=\"2\",stage=\"{stage}\",quantile=\"{quantile}\"}}"),
+            )
+        };
+        assert_eq!(series("partition_queue", "0.5"), 0.001);
+        assert_eq!(series("partition_queue", "1"), 0.004);
+        assert_eq!(series("round_trip", "0.99"), 0.018);
+        assert!(
+            !t.contains("stage=\"request_queue\""),
+            "a stage without samples has no series"
+        );
+        // A later interval moves the same series.
+        m.set_kafka_latencies(&[BrokerLatencies {
+            node_id: 2,
+            stages: vec![stage(ProducerStage::RoundTrip, 1, 5, 9)],
+        }]);
+        let t = m.encode();
+        assert_eq!(
+            value(
+                &t,
+                "siphon_kafka_latency_seconds{broker=\"2\",stage=\"round_trip\",quantile=\"0.99\"}"
+            ),
+            0.005
+        );
     }
 
     #[test]
@@ -973,6 +1049,7 @@ mod tests {
                 assert!(v.parse::<f64>().is_ok() || v == "+Inf", "{line}");
             }
         }
+        // siphon_kafka_latency_seconds is written once the producer reported its statistics.
         assert_eq!(helps, 25, "one HELP per metric family");
         assert_eq!(types, helps);
         assert!(!t.contains("# EOF"), "classic text format, not OpenMetrics");
