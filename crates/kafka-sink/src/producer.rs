@@ -75,6 +75,8 @@ pub struct DeliveryContext {
     last_acked: Mutex<Option<(usize, AckCounter)>>,
     generation: u64,
     unreported: Arc<Unreported>,
+    /// Whether librdkafka's partition-queue latency means anything (see [`crate::statistics`]).
+    partition_queue_measured: bool,
 }
 
 impl DeliveryContext {
@@ -186,7 +188,7 @@ impl ClientContext for DeliveryContext {
         let Some(observer) = &self.observer else {
             return;
         };
-        match crate::statistics::broker_latencies(statistics) {
+        match crate::statistics::broker_latencies(statistics, self.partition_queue_measured) {
             Ok(brokers) => observer.broker_latencies(&brokers),
             Err(error) => debug!(%error, "librdkafka's statistics could not be read"),
         }
@@ -261,6 +263,9 @@ impl Client {
                 last_acked: Mutex::new(None),
                 generation,
                 unreported: Arc::clone(&unreported),
+                partition_queue_measured: properties
+                    .get("message.timeout.ms")
+                    .is_some_and(|timeout| timeout != "0"),
             })
             .map_err(|e| SinkError::client(Operation::CreateProducer, &e))?;
         let producer = Arc::new(producer);

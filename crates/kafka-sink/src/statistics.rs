@@ -6,6 +6,9 @@
 //! librdkafka measures each over the interval since its previous statistics.
 //!
 //! # Invariants
+//! - The partition queue is reported only when the producer has a message timeout:
+//!   librdkafka measures it as the timeout's deadline less the time left, which says nothing
+//!   when `message.timeout.ms = 0` (Siphon's at-least-once producer, whose deadline Siphon keeps).
 //! - Only brokers of the cluster are reported (librdkafka's bootstrap and internal entries have
 //!   no node id), and only stages with at least one sample in the interval: a quiet interval
 //!   leaves the last figures as they were.
@@ -97,8 +100,12 @@ fn micros(value: i64) -> Duration {
     Duration::from_micros(u64::try_from(value).unwrap_or(0))
 }
 
-/// The brokers' latencies in librdkafka's statistics JSON, by node id.
-pub fn broker_latencies(json: &[u8]) -> Result<Vec<BrokerLatencies>, serde_json::Error> {
+/// The brokers' latencies in librdkafka's statistics JSON, by node id; the partition queue's
+/// only if `partition_queue_measured` (the producer has a message timeout).
+pub fn broker_latencies(
+    json: &[u8],
+    partition_queue_measured: bool,
+) -> Result<Vec<BrokerLatencies>, serde_json::Error> {
     let statistics: Statistics = serde_json::from_slice(json)?;
     let mut brokers: Vec<BrokerLatencies> = statistics
         .brokers
@@ -111,6 +118,9 @@ pub fn broker_latencies(json: &[u8]) -> Result<Vec<BrokerLatencies>, serde_json:
                 (ProducerStage::RoundTrip, broker.rtt),
             ]
             .into_iter()
+            .filter(|(stage, _)| {
+                partition_queue_measured || *stage != ProducerStage::PartitionQueue
+            })
             .filter(|(_, window)| window.cnt > 0)
             .map(|(stage, window)| StageLatency {
                 stage,
@@ -157,7 +167,7 @@ mod tests {
 
     #[test]
     fn cluster_brokers_with_samples_are_read_in_node_order() {
-        let brokers = broker_latencies(SAMPLE.as_bytes()).unwrap();
+        let brokers = broker_latencies(SAMPLE.as_bytes(), true).unwrap();
         assert_eq!(
             brokers,
             vec![
@@ -196,9 +206,19 @@ mod tests {
     }
 
     #[test]
+    fn without_a_message_timeout_the_partition_queue_is_left_out() {
+        let brokers = broker_latencies(SAMPLE.as_bytes(), false).unwrap();
+        let stages: Vec<ProducerStage> = brokers[0].stages.iter().map(|s| s.stage).collect();
+        assert_eq!(
+            stages,
+            [ProducerStage::RequestQueue, ProducerStage::RoundTrip]
+        );
+    }
+
+    #[test]
     fn statistics_without_brokers_have_none_and_garbage_is_an_error() {
-        assert_eq!(broker_latencies(br#"{"name": "p"}"#).unwrap(), vec![]);
-        assert!(broker_latencies(b"{\"brokers\": 3}").is_err());
-        assert!(broker_latencies(b"not json").is_err());
+        assert_eq!(broker_latencies(br#"{"name": "p"}"#, true).unwrap(), vec![]);
+        assert!(broker_latencies(b"{\"brokers\": 3}", true).is_err());
+        assert!(broker_latencies(b"not json", true).is_err());
     }
 }

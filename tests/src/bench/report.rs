@@ -936,6 +936,9 @@ fn producer_windows_line(windows: &[Vec<f64>; 3]) -> String {
         .zip(windows)
         .map(|(stage, values)| {
             let (median, max) = median_and_max(values);
+            if max == 0.0 {
+                return format!("{} not reported", stage.replace('_', " "));
+            }
             format!(
                 "{} {:.1} / {:.1} ms",
                 stage.replace('_', " "),
