@@ -32,8 +32,14 @@ const READ_HISTOGRAM: &str = "siphon_commit_to_read_seconds";
 const SEND_HISTOGRAM: &str = "siphon_send_to_ack_seconds";
 /// The producer's latencies per broker and stage over its last statistics interval.
 const KAFKA_LATENCY: &str = "siphon_kafka_latency_seconds";
-/// The stages of [`KAFKA_LATENCY`], in the order a record passes them.
-pub const PRODUCER_STAGES: [&str; 3] = ["partition_queue", "request_queue", "round_trip"];
+/// The series of [`KAFKA_LATENCY`] sampled, in the order a record passes the stages: (stage,
+/// quantile, name in the report and the JSON).
+pub const PRODUCER_SERIES: [(&str, &str, &str); 4] = [
+    ("partition_queue", "0.99", "partition_queue_p99"),
+    ("request_queue", "0.99", "request_queue_p99"),
+    ("round_trip", "0.99", "round_trip_p99"),
+    ("round_trip", "1", "round_trip_max"),
+];
 /// Sequence numbers of warm-up events start here (never reached by measured events).
 const WARMUP_BASE: u64 = 900_000_000_000;
 /// Warm-up events (each with a key of its own, so they spread over the topic's partitions).
@@ -86,15 +92,15 @@ pub struct Latency {
     pub usage: Usage,
     /// The probe producer's send -> ack latency during the writes, or why it is missing.
     pub probe: std::result::Result<ProbeStats, String>,
-    /// The p99 of each of [`PRODUCER_STAGES`] (seconds, the largest over brokers) in each
-    /// statistics interval of Siphon's producer that ended during the writes.
-    pub producer_windows: [Vec<f64>; 3],
+    /// Each of [`PRODUCER_SERIES`] (seconds, the largest over brokers) in each statistics
+    /// interval of Siphon's producer that ended during the writes.
+    pub producer_windows: [Vec<f64>; 4],
 }
 
-/// The p99 of each of [`PRODUCER_STAGES`] in a scrape (the largest over brokers; 0 if none).
-fn producer_p99s(metrics: &str) -> [f64; 3] {
-    PRODUCER_STAGES.map(|stage| {
-        let labels = format!("stage=\"{stage}\",quantile=\"0.99\"}}");
+/// Each of [`PRODUCER_SERIES`] in a scrape (the largest over brokers; 0 if none).
+fn producer_p99s(metrics: &str) -> [f64; 4] {
+    PRODUCER_SERIES.map(|(stage, quantile, _)| {
+        let labels = format!("stage=\"{stage}\",quantile=\"{quantile}\"}}");
         metrics
             .lines()
             .filter(|l| l.starts_with(KAFKA_LATENCY) && l.contains(&labels))
@@ -103,13 +109,13 @@ fn producer_p99s(metrics: &str) -> [f64; 3] {
     })
 }
 
-/// Scrapes `metrics` every half second until `stop`: each stage's p99 in every statistics
+/// Scrapes `metrics` every half second until `stop`: each of [`PRODUCER_SERIES`] in every statistics
 /// interval whose figures appeared meanwhile (a change of any stage's value is a new interval).
-async fn sample_producer_windows(metrics: String, stop: Arc<AtomicBool>) -> [Vec<f64>; 3] {
-    let mut windows: [Vec<f64>; 3] = Default::default();
+async fn sample_producer_windows(metrics: String, stop: Arc<AtomicBool>) -> [Vec<f64>; 4] {
+    let mut windows: [Vec<f64>; 4] = Default::default();
     let mut last = match promhist::scrape(&metrics).await {
         Ok(text) => producer_p99s(&text),
-        Err(_) => [0.0; 3],
+        Err(_) => [0.0; 4],
     };
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -485,7 +491,7 @@ siphon_kafka_latency_seconds{broker=\"1\",stage=\"partition_queue\",quantile=\"1
 siphon_kafka_latency_seconds{broker=\"1\",stage=\"round_trip\",quantile=\"0.99\"} 0.015
 siphon_send_to_ack_seconds_count 4
 ";
-        assert_eq!(producer_p99s(text), [0.003, 0.0, 0.015]);
-        assert_eq!(producer_p99s(""), [0.0; 3]);
+        assert_eq!(producer_p99s(text), [0.003, 0.0, 0.015, 0.0]);
+        assert_eq!(producer_p99s(""), [0.0; 4]);
     }
 }

@@ -2,7 +2,7 @@
 
 use super::chart::{Bar, Chart, Group, Series};
 use super::drain::{self, Drain, DrainEnd, Sink};
-use super::latency::{Latency, Quantiles, PRODUCER_STAGES};
+use super::latency::{Latency, Quantiles, PRODUCER_SERIES};
 use super::probe::{self, ProbeStats};
 use super::warm_up::WarmUpDrains;
 use serde_json::{json, Value};
@@ -925,30 +925,26 @@ fn median_and_max(values: &[f64]) -> (f64, f64) {
 }
 
 /// The producer's stages inside send->ack, from its statistics intervals.
-fn producer_windows_line(windows: &[Vec<f64>; 3]) -> String {
+fn producer_windows_line(windows: &[Vec<f64>; 4]) -> String {
     let intervals = windows[0].len();
     if intervals == 0 {
         return "  inside send->ack, the producer's statistics: no interval ended during the writes\n"
             .to_owned();
     }
-    let stages: Vec<String> = PRODUCER_STAGES
+    let stages: Vec<String> = PRODUCER_SERIES
         .iter()
         .zip(windows)
-        .map(|(stage, values)| {
+        .map(|((_, _, name), values)| {
+            let name = name.replace('_', " ");
             let (median, max) = median_and_max(values);
             if max == 0.0 {
-                return format!("{} not reported", stage.replace('_', " "));
+                return format!("{name} not reported");
             }
-            format!(
-                "{} {:.1} / {:.1} ms",
-                stage.replace('_', " "),
-                median * 1e3,
-                max * 1e3
-            )
+            format!("{name} {:.1} / {:.1} ms", median * 1e3, max * 1e3)
         })
         .collect();
     format!(
-        "  inside send->ack, the producer's statistics (p99 per interval, median / largest of {intervals}): {}\n",
+        "  inside send->ack, the producer's statistics (per interval, median / largest of {intervals}): {}\n",
         stages.join(", ")
     )
 }
@@ -970,10 +966,10 @@ fn latency_json(l: &Latency) -> Value {
                 "histogram_read_observations": l.read_histogram_count,
                 "histogram_send_to_ack_seconds": q_json(l.send_histogram),
                 "histogram_send_observations": l.send_histogram_count,
-                "producer_p99_seconds_per_statistics_interval": PRODUCER_STAGES
+                "producer_seconds_per_statistics_interval": PRODUCER_SERIES
                     .iter()
                     .zip(&l.producer_windows)
-                    .map(|(stage, values)| ((*stage).to_owned(), json!(values)))
+                    .map(|((_, _, name), values)| ((*name).to_owned(), json!(values)))
                     .collect::<serde_json::Map<String, Value>>(),
                 "histogram_note": "estimates by linear interpolation within buckets; max is the upper bound of the highest non-empty bucket",
                 "end_to_end_seconds": q_json(l.end_to_end),
@@ -1143,7 +1139,7 @@ mod tests {
             read_histogram_count: rate as f64 / 100.0,
             send_histogram: Some(q),
             send_histogram_count: rate as f64,
-            producer_windows: [vec![0.001], vec![0.0001], vec![0.004]],
+            producer_windows: [vec![0.001], vec![0.0001], vec![0.004], vec![0.009]],
             end_to_end: Some(q),
             received: rate,
             per_second: Vec::new(),
@@ -1253,12 +1249,12 @@ mod tests {
         let p99 = target(&r, "commit->ack p99 (histogram)").and_then(|t| t.0);
         assert!(p99.is_some_and(|v| (v - 8.0).abs() < 1e-9), "{p99:?}");
         assert!(
-            table.contains("inside send->ack, the producer's statistics (p99 per interval, median / largest of 1): partition queue 1.0 / 1.0 ms, request queue 0.1 / 0.1 ms, round trip 4.0 / 4.0 ms"),
+            table.contains("inside send->ack, the producer's statistics (per interval, median / largest of 1): partition queue p99 1.0 / 1.0 ms, request queue p99 0.1 / 0.1 ms, round trip p99 4.0 / 4.0 ms, round trip max 9.0 / 9.0 ms"),
             "{table}"
         );
         let json = r.json();
         assert_eq!(
-            json["latency"]["producer_p99_seconds_per_statistics_interval"]["round_trip"][0],
+            json["latency"]["producer_seconds_per_statistics_interval"]["round_trip_p99"][0],
             0.004
         );
         assert_eq!(json["latency"]["delivery"], "at-least-once");
