@@ -10,6 +10,7 @@
 //! its delivery report, inside the open transaction.
 
 use super::drain;
+use super::gc_log::{self, GcPauses};
 use super::probe::{Probe, ProbeStats};
 use super::procstat::{self, Usage};
 use super::promhist;
@@ -95,6 +96,8 @@ pub struct Latency {
     /// Each of [`PRODUCER_SERIES`] (seconds, the largest over brokers) in each statistics
     /// interval of Siphon's producer that ended during the writes.
     pub producer_windows: [Vec<f64>; 4],
+    /// The bench's own broker's GC pauses during the writes (None for another broker).
+    pub broker_gc: Option<GcPauses>,
 }
 
 /// Each of [`PRODUCER_SERIES`] in a scrape (the largest over brokers; 0 if none).
@@ -207,9 +210,11 @@ pub async fn run(
         sampling.clone(),
     ));
 
+    let gc_mark = svc.broker_gc_log.as_deref().and_then(gc_log::mark);
     let started = Instant::now();
     let commits = write(svc, plan, txns, &nonce, &aggregatetype_sql).await;
     let write_secs = started.elapsed().as_secs_f64();
+    let broker_gc = gc_mark.as_ref().and_then(gc_log::pauses_since);
     sampling.store(true, Ordering::Relaxed);
     let producer_windows = sampler.await.unwrap_or_default();
     let probe = probe.and_then(|p| {
@@ -294,6 +299,7 @@ pub async fn run(
         usage,
         probe,
         producer_windows,
+        broker_gc,
     })
 }
 

@@ -895,6 +895,12 @@ fn latency_lines(l: &Latency) -> String {
         show_q(l.send_histogram, "max <=")
     );
     out += &producer_windows_line(&l.producer_windows);
+    if let Some(gc) = l.broker_gc {
+        out += &format!(
+            "  the broker's GC during the writes: {} pauses, the longest {:.1} ms, {:.1} ms in all\n",
+            gc.count, gc.longest_ms, gc.total_ms
+        );
+    }
     out += &format!(
         "  COMMIT returned->consumer received, end to end (exact; {} of {} records): {}\n",
         l.received,
@@ -966,6 +972,11 @@ fn latency_json(l: &Latency) -> Value {
                 "histogram_read_observations": l.read_histogram_count,
                 "histogram_send_to_ack_seconds": q_json(l.send_histogram),
                 "histogram_send_observations": l.send_histogram_count,
+                "broker_gc_pauses": l.broker_gc.map(|gc| json!({
+                    "count": gc.count,
+                    "longest_ms": gc.longest_ms,
+                    "total_ms": gc.total_ms,
+                })),
                 "producer_seconds_per_statistics_interval": PRODUCER_SERIES
                     .iter()
                     .zip(&l.producer_windows)
@@ -1140,6 +1151,11 @@ mod tests {
             send_histogram: Some(q),
             send_histogram_count: rate as f64,
             producer_windows: [vec![0.001], vec![0.0001], vec![0.004], vec![0.009]],
+            broker_gc: Some(crate::gc_log::GcPauses {
+                count: 2,
+                longest_ms: 30.0,
+                total_ms: 41.5,
+            }),
             end_to_end: Some(q),
             received: rate,
             per_second: Vec::new(),
@@ -1252,7 +1268,14 @@ mod tests {
             table.contains("inside send->ack, the producer's statistics (per interval, median / largest of 1): partition queue p99 1.0 / 1.0 ms, request queue p99 0.1 / 0.1 ms, round trip p99 4.0 / 4.0 ms, round trip max 9.0 / 9.0 ms"),
             "{table}"
         );
+        assert!(
+            table.contains(
+                "the broker's GC during the writes: 2 pauses, the longest 30.0 ms, 41.5 ms in all"
+            ),
+            "{table}"
+        );
         let json = r.json();
+        assert_eq!(json["latency"]["broker_gc_pauses"]["longest_ms"], 30.0);
         assert_eq!(
             json["latency"]["producer_seconds_per_statistics_interval"]["round_trip_p99"][0],
             0.004

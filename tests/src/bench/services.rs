@@ -38,6 +38,8 @@ pub struct Services {
     pub broker_name: String,
     /// The broker's process on this host, when known: its CPU time and memory are reported.
     pub broker_pid: Option<u32>,
+    /// The GC log of the bench's own broker ([`super::gc_log`]).
+    pub broker_gc_log: Option<PathBuf>,
 }
 
 impl Services {
@@ -65,15 +67,16 @@ impl Services {
                 (Some(pg), url)
             }
         };
-        let (broker, bootstrap, broker_name, broker_pid) = match bootstrap {
+        let (broker, bootstrap, broker_name, broker_pid, broker_gc_log) = match bootstrap {
             Some(b) => {
                 let name = broker_name.unwrap_or_else(|| format!("Kafka at {b} (--bootstrap)"));
                 let pid = loopback_port(&b).and_then(procstat::listener_pid);
-                (None, b, name, pid)
+                (None, b, name, pid, None)
             }
             None => {
                 let broker = Broker::start_own(&[]).context("starting Apache Kafka")?;
                 let pid = broker.own_node()?.pid();
+                let gc_log = broker.own_node()?.dir().join(super::gc_log::FILE);
                 let name = broker_name.unwrap_or_else(|| {
                     format!(
                         "Apache Kafka {KAFKA_VERSION} (one KRaft node of the bench's own; JVM {})",
@@ -81,7 +84,7 @@ impl Services {
                     )
                 });
                 let b = broker.bootstrap();
-                (Some(broker), b, name, pid)
+                (Some(broker), b, name, pid, Some(gc_log))
             }
         };
         Ok(Services {
@@ -92,6 +95,7 @@ impl Services {
             recvlogical,
             broker_name,
             broker_pid,
+            broker_gc_log,
         })
     }
 

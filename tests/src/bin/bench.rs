@@ -29,6 +29,8 @@ mod connect;
 mod debezium;
 #[path = "../bench/drain.rs"]
 mod drain;
+#[path = "../bench/gc_log.rs"]
+mod gc_log;
 #[path = "../bench/hog.rs"]
 mod hog;
 #[path = "../bench/host.rs"]
@@ -70,7 +72,11 @@ fn main() {
     // environment changes below are then safe.
     //
     // The harness starts the bench's broker with SIPHON_BROKER_JVM_OPTS.
-    std::env::set_var("SIPHON_BROKER_JVM_OPTS", services::kafka_jvm_opts());
+    // With its GC log, as Kafka's start scripts write it: the latency phase reads its pauses.
+    std::env::set_var(
+        "SIPHON_BROKER_JVM_OPTS",
+        format!("{} {}", services::kafka_jvm_opts(), gc_log::JVM_OPTION),
+    );
     // ... in a session of its own, as the service it is (see `hog`).
     std::env::set_var("SIPHON_BROKER_OWN_SESSION", "1");
     let svc = services::Services::start(
