@@ -11,6 +11,7 @@
 
 use super::drain;
 use super::gc_log::{self, GcPauses};
+use super::pressure::{self, Stalls};
 use super::probe::{Probe, ProbeStats};
 use super::procstat::{self, Usage};
 use super::promhist;
@@ -98,6 +99,8 @@ pub struct Latency {
     pub producer_windows: [Vec<f64>; 4],
     /// The bench's own broker's GC pauses during the writes (None for another broker).
     pub broker_gc: Option<GcPauses>,
+    /// The machine's CPU and I/O stalls during the writes.
+    pub stalls: Stalls,
 }
 
 /// Each of [`PRODUCER_SERIES`] in a scrape (the largest over brokers; 0 if none).
@@ -211,10 +214,12 @@ pub async fn run(
     ));
 
     let gc_mark = svc.broker_gc_log.as_deref().and_then(gc_log::mark);
+    let pressure_mark = pressure::mark();
     let started = Instant::now();
     let commits = write(svc, plan, txns, &nonce, &aggregatetype_sql).await;
     let write_secs = started.elapsed().as_secs_f64();
     let broker_gc = gc_mark.as_ref().and_then(gc_log::pauses_since);
+    let stalls = pressure::since(&pressure_mark);
     sampling.store(true, Ordering::Relaxed);
     let producer_windows = sampler.await.unwrap_or_default();
     let probe = probe.and_then(|p| {
@@ -300,6 +305,7 @@ pub async fn run(
         probe,
         producer_windows,
         broker_gc,
+        stalls,
     })
 }
 

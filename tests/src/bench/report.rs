@@ -895,6 +895,12 @@ fn latency_lines(l: &Latency) -> String {
         show_q(l.send_histogram, "max <=")
     );
     out += &producer_windows_line(&l.producer_windows);
+    let share = |s: Option<f64>| s.map_or("unknown".to_owned(), |s| format!("{:.1}%", s * 100.0));
+    out += &format!(
+        "  the machine during the writes (pressure stall information, some task waiting): for a core {}, for I/O {}\n",
+        share(l.stalls.cpu),
+        share(l.stalls.io)
+    );
     if let Some(gc) = l.broker_gc {
         out += &format!(
             "  the broker's GC during the writes: {} pauses, the longest {:.1} ms, {:.1} ms in all\n",
@@ -972,6 +978,8 @@ fn latency_json(l: &Latency) -> Value {
                 "histogram_read_observations": l.read_histogram_count,
                 "histogram_send_to_ack_seconds": q_json(l.send_histogram),
                 "histogram_send_observations": l.send_histogram_count,
+                "stall_share_cpu": l.stalls.cpu,
+                "stall_share_io": l.stalls.io,
                 "broker_gc_pauses": l.broker_gc.map(|gc| json!({
                     "count": gc.count,
                     "longest_ms": gc.longest_ms,
@@ -1156,6 +1164,10 @@ mod tests {
                 longest_ms: 30.0,
                 total_ms: 41.5,
             }),
+            stalls: crate::pressure::Stalls {
+                cpu: Some(0.125),
+                io: None,
+            },
             end_to_end: Some(q),
             received: rate,
             per_second: Vec::new(),
@@ -1272,6 +1284,10 @@ mod tests {
             table.contains(
                 "the broker's GC during the writes: 2 pauses, the longest 30.0 ms, 41.5 ms in all"
             ),
+            "{table}"
+        );
+        assert!(
+            table.contains("(pressure stall information, some task waiting): for a core 12.5%, for I/O unknown"),
             "{table}"
         );
         let json = r.json();

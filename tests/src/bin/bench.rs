@@ -37,6 +37,8 @@ mod hog;
 mod host;
 #[path = "../bench/latency.rs"]
 mod latency;
+#[path = "../bench/pressure.rs"]
+mod pressure;
 #[path = "../bench/probe.rs"]
 mod probe;
 #[path = "../bench/procstat.rs"]
