@@ -21,8 +21,9 @@
 #      passes); RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
 #   3. Writes the seeds (fuzz/make_seeds.py): the captured pgoutput fixtures
 #      (crates/pgoutput/tests/fixtures/*.hex) as message sequences, and a few router inputs.
-#   4. Runs each target with -max_total_time, -rss_limit_mb=512 and -malloc_limit_mb=256
-#      (an input that makes the code allocate more than that is a failure).
+#   4. Runs the targets all at once, each with -max_total_time = SECONDS_PER_TARGET x targets
+#      / cores (at least SECONDS_PER_TARGET: about SECONDS_PER_TARGET of a core each), -rss_limit_mb=512 and -malloc_limit_mb=256 (an
+#      input that makes the code allocate more than that is a failure).
 #
 # Exits non-zero if any target finds a failing input (panic, crash, timeout, out of
 # memory); the input's path and how to replay it are printed. Everything it writes is
@@ -142,52 +143,85 @@ libfuzzer_flags=(
     -print_final_stats=1
 )
 
-failed=()
-for t in "${targets[@]}"; do
-    corpus=$work/corpus/$t
+# The targets run all at once, each for SECONDS_PER_TARGET x targets / cores of wall time (not
+# less than SECONDS_PER_TARGET): each still gets about SECONDS_PER_TARGET of a core, in less
+# wall time than one after another.
+cores=$(nproc 2>/dev/null || echo 1)
+side_by_side=$((${#targets[@]} < cores ? ${#targets[@]} : cores))
+wall=$(((seconds * ${#targets[@]} + side_by_side - 1) / side_by_side))
+libfuzzer_flags[0]=-max_total_time=$wall
+
+# Runs target $1; its summary lines go to $work/logs/$1.summary, its status to $1.status.
+run_target() {
+    local t=$1
+    local corpus=$work/corpus/$t
     # Targets without captured fixtures start from an empty seed directory.
     mkdir -p "$work/seeds/$t"
-    artifacts=$work/artifacts/$t
-    logfile=$work/logs/$t.log
+    local artifacts=$work/artifacts/$t
+    local logfile=$work/logs/$t.log
+    local summary=$work/logs/$t.summary
     mkdir -p "$corpus" "$artifacts" "$(dirname "$logfile")"
+    : >"$summary"
+    local before
     before=$(find "$artifacts" -type f | sort)
-    log "running $t for ${seconds}s (corpus: ${corpus#"$root"/}, log: ${logfile#"$root"/})"
-    rc=0
+    local rc=0
     # New inputs go to the first corpus directory; the seeds are read only.
-    cmd=(cargo fuzz run "${fuzz_args[@]}" "$t" "$corpus" "$work/seeds/$t" --
+    local cmd=(cargo fuzz run "${fuzz_args[@]}" "$t" "$corpus" "$work/seeds/$t" --
         "${libfuzzer_flags[@]}" -artifact_prefix="$artifacts/")
     if [[ ${SIPHON_FUZZ_VERBOSE:-0} == 1 ]]; then
         "${cmd[@]}" 2>&1 | tee "$logfile" || rc=${PIPESTATUS[0]}
     else
         "${cmd[@]}" >"$logfile" 2>&1 || rc=$?
     fi
-    # libFuzzer's first and last status lines: coverage (cov), features (ft), corpus size.
-    grep -E '^#[0-9]+[[:space:]]+INITED' "$logfile" | head -n1 | sed "s/^/fuzz: $t: /" || true
-    grep -E '^#[0-9]+[[:space:]]+(DONE|NEW|REDUCE|pulse|INITED)' "$logfile" | tail -n1 |
-        sed "s/^/fuzz: $t: /" || true
-    grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$logfile" |
-        sed "s/^/fuzz: $t: /" || true
-    new=$(comm -13 <(printf '%s\n' "$before") <(find "$artifacts" -type f | sort) | sed '/^$/d')
-    if ((rc != 0)) || [[ -n $new ]]; then
-        failed+=("$t")
-        # The panic message or sanitizer report, then the end of the log.
-        grep -E -A2 'panicked at|ERROR: (libFuzzer|AddressSanitizer)|^SUMMARY' "$logfile" |
-            head -n 20 | sed "s/^/fuzz: $t: | /" || true
-        printf 'fuzz: %s: | ...\n' "$t"
-        tail -n 25 "$logfile" | sed "s/^/fuzz: $t: | /"
-        if [[ -n $new ]]; then
-            while IFS= read -r input; do
-                log "$t FAILED: failing input: ${input#"$root"/}"
-                log "  replay:   RUSTC_BOOTSTRAP=1 PATH=$fuzz_root/bin:\$PATH cargo fuzz run --fuzz-dir fuzz --target-dir target/fuzz/build --sanitizer $sanitizer $t ${input#"$root"/}"
-                [[ $t == router_route ]] &&
-                    log "  as Rust:  RUSTC_BOOTSTRAP=1 PATH=$fuzz_root/bin:\$PATH cargo fuzz fmt --fuzz-dir fuzz --target-dir target/fuzz/build --sanitizer $sanitizer $t ${input#"$root"/}"
-            done <<<"$new"
+    {
+        # libFuzzer's first and last status lines: coverage (cov), features (ft), corpus size.
+        grep -E '^#[0-9]+[[:space:]]+INITED' "$logfile" | head -n1 | sed "s/^/fuzz: $t: /" || true
+        grep -E '^#[0-9]+[[:space:]]+(DONE|NEW|REDUCE|pulse|INITED)' "$logfile" | tail -n1 |
+            sed "s/^/fuzz: $t: /" || true
+        grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$logfile" |
+            sed "s/^/fuzz: $t: /" || true
+        local new
+        new=$(comm -13 <(printf '%s\n' "$before") <(find "$artifacts" -type f | sort) | sed '/^$/d')
+        if ((rc != 0)) || [[ -n $new ]]; then
+            # The panic message or sanitizer report, then the end of the log.
+            grep -E -A2 'panicked at|ERROR: (libFuzzer|AddressSanitizer)|^SUMMARY' "$logfile" |
+                head -n 20 | sed "s/^/fuzz: $t: | /" || true
+            printf 'fuzz: %s: | ...\n' "$t"
+            tail -n 25 "$logfile" | sed "s/^/fuzz: $t: | /"
+            if [[ -n $new ]]; then
+                while IFS= read -r input; do
+                    log "$t FAILED: failing input: ${input#"$root"/}"
+                    log "  replay:   RUSTC_BOOTSTRAP=1 PATH=$fuzz_root/bin:\$PATH cargo fuzz run --fuzz-dir fuzz --target-dir target/fuzz/build --sanitizer $sanitizer $t ${input#"$root"/}"
+                    [[ $t == router_route ]] &&
+                        log "  as Rust:  RUSTC_BOOTSTRAP=1 PATH=$fuzz_root/bin:\$PATH cargo fuzz fmt --fuzz-dir fuzz --target-dir target/fuzz/build --sanitizer $sanitizer $t ${input#"$root"/}"
+                done <<<"$new"
+            else
+                log "$t FAILED (exit $rc) without writing an input; see ${logfile#"$root"/}"
+            fi
+            echo failed >"$work/logs/$t.status"
         else
-            log "$t FAILED (exit $rc) without writing an input; see ${logfile#"$root"/}"
+            log "$t: ok, no failing input in ${wall}s (beside the other targets)"
+            echo ok >"$work/logs/$t.status"
         fi
-    else
-        log "$t: ok, no failing input in ${seconds}s"
-    fi
+    } >>"$summary"
+}
+
+log "running ${targets[*]} side by side for ${wall}s each on ${cores} cores (corpora in target/fuzz/corpus, logs in target/fuzz/logs)"
+mkdir -p "$work/logs"
+running=()
+for t in "${targets[@]}"; do
+    rm -f "$work/logs/$t.status"
+    run_target "$t" &
+    running+=($!)
+done
+for pid in "${running[@]}"; do
+    wait "$pid" || true
+done
+
+failed=()
+for t in "${targets[@]}"; do
+    cat "$work/logs/$t.summary"
+    [[ $(cat "$work/logs/$t.status" 2>/dev/null) == ok ]] || failed+=("$t")
 done
 
 if ((${#failed[@]} > 0)); then
