@@ -134,22 +134,22 @@ python3 "$root/fuzz/make_seeds.py" "$root/crates/pgoutput/tests/fixtures" \
 
 # ------------------------------------------------------------------- run ----
 
-# libFuzzer flags shared by every target.
-libfuzzer_flags=(
-    -max_total_time="$seconds"
-    -rss_limit_mb=512
-    -malloc_limit_mb=256
-    -timeout=10
-    -print_final_stats=1
-)
-
 # The targets run all at once, each for SECONDS_PER_TARGET x targets / cores of wall time (not
 # less than SECONDS_PER_TARGET): each still gets about SECONDS_PER_TARGET of a core, in less
 # wall time than one after another.
 cores=$(nproc 2>/dev/null || echo 1)
 side_by_side=$((${#targets[@]} < cores ? ${#targets[@]} : cores))
 wall=$(((seconds * ${#targets[@]} + side_by_side - 1) / side_by_side))
-libfuzzer_flags[0]=-max_total_time=$wall
+
+# libFuzzer flags shared by every target.
+libfuzzer_flags=(
+    -max_total_time="$wall"
+    -rss_limit_mb=512
+    -malloc_limit_mb=256
+    -timeout=10
+    -print_final_stats=1
+)
+
 
 # Runs target $1; its summary lines go to $work/logs/$1.summary, its status to $1.status.
 run_target() {

@@ -57,7 +57,7 @@ impl Rows {
 }
 
 /// Commits (or rolls back) transaction `txn` of events `first..first + count` (none if
-/// [`Rows::DeleteOnly`]), with its ledger row.
+/// [`Rows::DeleteOnly`]: the writer gives it none), with its ledger row.
 async fn write_transaction(
     client: &mut Client,
     txn: i64,
@@ -65,7 +65,6 @@ async fn write_transaction(
     rows: Rows,
     commit: bool,
 ) -> Result<()> {
-    let count = if rows == Rows::DeleteOnly { 0 } else { count };
     let tx = client.transaction().await?;
     let insert = tx
         .prepare(
