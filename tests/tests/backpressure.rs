@@ -113,6 +113,29 @@ fn walsender_terminations(pg: &Postgres) -> Vec<String> {
         .collect()
 }
 
+/// Siphon's log lines about a late status update to the server.
+fn late_status_updates(siphon: &SiphonProcess) -> Vec<String> {
+    siphon
+        .log()
+        .lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains("status update to the server went out late"))
+        .collect()
+}
+
+/// Nanoseconds the threads of process `pid` have spent runnable but waiting for a core, in
+/// total (the second field of each thread's `schedstat`): what grows while the process is
+/// starved of CPU, and not while it waits on its own.
+fn run_queue_wait_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 /// The address of Siphon's metrics endpoint, from its log.
 fn metrics_address(siphon: &SiphonProcess) -> Option<String> {
     siphon
@@ -671,18 +694,32 @@ async fn memory_stays_bounded_by_the_window_while_a_large_backlog_drains() -> Re
 
     let drain_start = Instant::now();
     let mut samples = Vec::new();
+    // The most Siphon's threads waited for a core between two samples, and when.
+    let mut run_queue_wait = run_queue_wait_ns(pid);
+    let mut most_starved = (Duration::ZERO, Duration::ZERO);
     loop {
         let (rss_kb, _) =
             memory_kb(pid).with_context(|| format!("siphon exited; log:\n{}", siphon.log()))?;
+        let waited = run_queue_wait_ns(pid);
+        let starved = Duration::from_nanos(waited.saturating_sub(run_queue_wait));
+        run_queue_wait = waited;
+        if starved > most_starved.0 {
+            most_starved = (starved, drain_start.elapsed());
+        }
         let confirmed = slot_confirmed_lsn(&client, SLOT).await?.unwrap_or(0);
         if let Some(now) = walsender(&client, SLOT).await? {
             let first = *streaming_pid.get_or_insert(now.pid);
             assert_eq!(
                 now.pid,
                 first,
-                "the replication connection changed {:?} into the drain; server log: {:#?}",
+                "the replication connection changed {:?} into the drain; server log: {:#?}; \
+                 Siphon's late status updates: {:#?}; at most {:?} of its threads' time waiting \
+                 for a core between two samples ({:?} into the drain)",
                 drain_start.elapsed(),
-                walsender_terminations(&pg)
+                walsender_terminations(&pg),
+                late_status_updates(&siphon),
+                most_starved.0,
+                most_starved.1,
             );
         }
         if let Ok(text) = scrape(&metrics_at).await {
@@ -728,13 +765,18 @@ async fn memory_stays_bounded_by_the_window_while_a_large_backlog_drains() -> Re
         "backlog of {} events ({:.0} MB of WAL) written in {write_time:?}; {} events drained in \
          {drain_time:?} through {BROKER_RATE} B/s ({:.0} MB forwarded); RSS peak {first_half:.1} MB \
          in the first half, {second_half:.1} MB in the second, VmHWM {hwm_mb:.1} MB; {} samples; \
-         at most {max_in_flight} records in flight",
+         at most {max_in_flight} records in flight; Siphon's threads waited for a core at most \
+         {:?} between two samples",
         TRANSACTIONS * PER_TRANSACTION,
         (backlog_end - start_lsn) as f64 / 1e6,
         DRAINED_TRANSACTIONS * PER_TRANSACTION,
         forwarded as f64 / 1e6,
-        samples.len()
+        samples.len(),
+        most_starved.0,
     );
+    for line in late_status_updates(&siphon) {
+        eprintln!("  {line}");
+    }
     for s in samples.iter().step_by(10) {
         eprintln!(
             "  {:>6.1}s  {:>6.1} MB  {:>5.1}%",

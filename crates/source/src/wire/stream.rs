@@ -59,6 +59,11 @@ const HOLD_LOW_WATER: usize = 64 * 1024;
 /// status updates stay at most this frequent.
 const PROMPT_STATUS: Duration = Duration::from_millis(100);
 
+/// A status update that goes out this much later than its interval is logged, with how long
+/// the stream went unpolled meanwhile: the server ends a replication connection that sends
+/// nothing for `wal_sender_timeout`, so a late update says how close that came, and why.
+const LATE_STATUS: Duration = Duration::from_secs(1);
+
 /// Most messages read ahead: small messages cost little in bytes, but a deeper read-ahead
 /// than this would only keep the server from being held back.
 pub const MAX_AHEAD_MESSAGES: usize = 4096;
@@ -102,6 +107,36 @@ pub struct WireStream {
     /// When a held read may go ahead (see [`READ_HOLD`]); `holding` says whether it is set.
     hold_timer: Pin<Box<Sleep>>,
     holding: bool,
+    /// What happened since the last status update, for the log of a late one.
+    since_status: SinceStatus,
+}
+
+/// How the stream was driven since the last status update.
+#[derive(Debug, Clone, Copy)]
+struct SinceStatus {
+    /// When the socket was last driven ([`WireStream::poll_io`]).
+    polled_at: Instant,
+    /// The longest stretch without the socket driven.
+    longest_unpolled: Duration,
+    /// Messages handed out.
+    handed_out: u64,
+}
+
+impl SinceStatus {
+    fn new(now: Instant) -> Self {
+        SinceStatus {
+            polled_at: now,
+            longest_unpolled: Duration::ZERO,
+            handed_out: 0,
+        }
+    }
+
+    fn polled(&mut self, now: Instant) {
+        self.longest_unpolled = self
+            .longest_unpolled
+            .max(now.saturating_duration_since(self.polled_at));
+        self.polled_at = now;
+    }
 }
 
 impl WireStream {
@@ -129,6 +164,7 @@ impl WireStream {
             last_status: Instant::now(),
             hold_timer: Box::pin(tokio::time::sleep(READ_HOLD)),
             holding: false,
+            since_status: SinceStatus::new(Instant::now()),
         };
         // The first status update goes out at once (as the server's own clients do).
         stream.queue_status(false);
@@ -248,6 +284,7 @@ impl WireStream {
                             data,
                         } => {
                             self.server_wal_end = self.server_wal_end.max(wal_end);
+                            self.since_status.handed_out += 1;
                             Received::Data { wal_start, data }
                         }
                         CopyData::KeepAlive {
@@ -325,7 +362,23 @@ impl WireStream {
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         frames::status_update(&mut self.out, self.applied, now_micros, reply_requested);
         self.queued = self.applied;
-        self.last_status = Instant::now();
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(self.last_status);
+        if gap > self.status_interval + LATE_STATUS {
+            let mut since = self.since_status;
+            since.polled(now);
+            tracing::warn!(
+                gap_ms = gap.as_millis() as u64,
+                unpolled_ms = since.longest_unpolled.as_millis() as u64,
+                handed_out = since.handed_out,
+                "a status update to the server went out late: the server ends a replication \
+                 connection that sends none for wal_sender_timeout; unpolled_ms is the longest \
+                 stretch in which the stream was not driven (the process starved of CPU, or its \
+                 loop busy elsewhere)"
+            );
+        }
+        self.since_status = SinceStatus::new(now);
+        self.last_status = now;
         let next = self.last_status + self.status_interval;
         self.status_timer.as_mut().reset(next);
     }
@@ -334,7 +387,12 @@ impl WireStream {
     /// (unless `read` says no) what the socket has is appended to `inbuf`. Ready when something
     /// was read.
     fn poll_io(&mut self, cx: &mut Context<'_>, read: Read) -> Poll<Result<(), WireError>> {
-        if self.status_timer.as_mut().poll(cx).is_ready() {
+        let now = Instant::now();
+        self.since_status.polled(now);
+        // The deadline is read off the clock as well: the runtime fires a timer only between
+        // polls of its tasks, so under a loop that always finds work (a backlog, on a starved
+        // machine) the timer's own wake-up can come seconds late.
+        if now >= self.status_timer.deadline() || self.status_timer.as_mut().poll(cx).is_ready() {
             self.queue_status(false);
             // Register the restarted timer's wake-up.
             let _ = self.status_timer.as_mut().poll(cx);
@@ -416,6 +474,7 @@ enum Read {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt as _;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
@@ -565,6 +624,39 @@ mod tests {
         .expect("the raised position is reported long before the 60 s status interval");
         assert_eq!((first, raised), (1, 1), "one update for all the raises");
         assert!(after >= PROMPT_STATUS / 2, "reported after {after:?}");
+    }
+
+    /// A loop that keeps driving the stream without ever handing the runtime a turn (what a
+    /// backlog drained on a starved machine looks like to the runtime, which fires timers only
+    /// between polls of its tasks) still sends its status updates on time.
+    #[tokio::test]
+    async fn status_updates_go_out_on_time_while_the_runtime_gets_no_turn() {
+        let interval = Duration::from_millis(20);
+        let (mut stream, mut server) = connected(1 << 20, interval).await;
+        let spin = Duration::from_millis(300);
+        let until = std::time::Instant::now() + spin;
+        while std::time::Instant::now() < until {
+            // Unconstrained: the runtime's cooperative budget would otherwise make the socket
+            // look busy after a few polls; this thread never yields, so no timer fires.
+            let next = tokio::task::unconstrained(stream.next(false)).now_or_never();
+            assert!(next.is_none(), "the server sent nothing: {next:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut buf = [0u8; 39];
+        let mut updates = 0;
+        while tokio::time::timeout(Duration::from_millis(50), server.read_exact(&mut buf))
+            .await
+            .is_ok()
+        {
+            assert_eq!(&buf[..6], &[b'd', 0, 0, 0, 38, b'r']);
+            updates += 1;
+        }
+        let due = (spin.as_millis() / interval.as_millis()) as usize;
+        assert!(
+            updates >= due / 2,
+            "{updates} status updates in {spin:?} at a {interval:?} interval (at least {} due)",
+            due / 2
+        );
     }
 
     #[tokio::test]
