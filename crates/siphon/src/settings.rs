@@ -285,7 +285,7 @@ fn exactly_once(config: &Config, sink: &SinkConfig) -> anyhow::Result<Option<Exa
     // A transaction may grow to SPLIT_FACTOR times its interval before the broker times it out.
     if interval * siphon_core::exactly_once::SPLIT_FACTOR * 2 > transaction_timeout {
         anyhow::bail!(
-            "kafka.transaction_interval_ms = {} is too close to the transaction timeout ({} ms): keep it below a tenth of kafka.properties.\"transaction.timeout.ms\"",
+            "kafka.transaction_interval_ms = {} is too close to the transaction timeout ({} ms): keep it at most an eighth of kafka.properties.\"transaction.timeout.ms\"",
             config.kafka.transaction_interval_ms,
             transaction_timeout.as_millis()
         );
