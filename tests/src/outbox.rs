@@ -10,7 +10,7 @@ use crate::{Broker, ConsumedRecord, KafkaCluster, Postgres, SiphonProcess};
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
 
 /// The outbox table users create (Debezium's outbox shape).
 pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
@@ -80,10 +80,8 @@ pub fn seq_of(id: &str) -> Option<u64> {
     id.rsplit('-').next()?.parse().ok()
 }
 
-/// One transaction that inserts `events` into the outbox and deletes them again, then commits
-/// or rolls back.
-pub async fn insert_transaction(client: &mut Client, events: &[Event], commit: bool) -> Result<()> {
-    let tx = client.transaction().await?;
+/// Inserts `events` into the outbox within `tx` (type `Event`), in order.
+pub async fn insert_events(tx: &Transaction<'_>, events: &[Event]) -> Result<()> {
     let stmt = tx
         .prepare(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
@@ -97,6 +95,14 @@ pub async fn insert_transaction(client: &mut Client, events: &[Event], commit: b
         )
         .await?;
     }
+    Ok(())
+}
+
+/// One transaction that inserts `events` into the outbox and deletes them again, then commits
+/// or rolls back.
+pub async fn insert_transaction(client: &mut Client, events: &[Event], commit: bool) -> Result<()> {
+    let tx = client.transaction().await?;
+    insert_events(&tx, events).await?;
     tx.execute("DELETE FROM outbox", &[]).await?;
     if commit {
         tx.commit().await?;

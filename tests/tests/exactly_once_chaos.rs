@@ -22,9 +22,9 @@
 
 use anyhow::{ensure, Context as _, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, current_insert_lsn, event, read_event_records_isolated,
-    read_event_records_settled, reconnect_and_check_ledger, record_id, siphon_config_at,
-    slot_active, wait_for_slot_past, KafkaTarget, Via,
+    check_first_deliveries_in_order, current_insert_lsn, event, insert_events,
+    read_event_records_isolated, read_event_records_settled, reconnect_and_check_ledger, record_id,
+    siphon_config_at, slot_active, wait_for_slot_past, Event, KafkaTarget, Via,
 };
 use siphon_tests::{wait_until, Isolation, KafkaCluster, Postgres, SiphonProcess};
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,20 +66,10 @@ async fn write_transaction(
     commit: bool,
 ) -> Result<()> {
     let tx = client.transaction().await?;
-    let insert = tx
-        .prepare(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-             VALUES ($1::text::uuid, $2, $3, 'Event', $4::text::jsonb)",
-        )
-        .await?;
-    for seq in first..first + count {
-        let e = event(seq, commit);
-        tx.execute(
-            &insert,
-            &[&e.id, &e.aggregatetype, &e.aggregateid, &e.payload],
-        )
-        .await?;
-    }
+    let events: Vec<Event> = (first..first + count)
+        .map(|seq| event(seq, commit))
+        .collect();
+    insert_events(&tx, &events).await?;
     if rows != Rows::InsertOnly {
         tx.execute("DELETE FROM outbox", &[]).await?;
     }

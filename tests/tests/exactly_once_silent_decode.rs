@@ -27,9 +27,9 @@
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
-    check_first_deliveries_in_order, count_by_id, event, exactly_once_config, insert_transaction,
-    read_event_records_isolated, read_event_records_settled, record_id, slot_active, wait_for_all,
-    Event, OUTBOX_DDL,
+    check_first_deliveries_in_order, count_by_id, event, exactly_once_config, insert_events,
+    insert_transaction, read_event_records_isolated, read_event_records_settled, record_id,
+    slot_active, wait_for_all, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
     read_topic_isolated, siphon_bin, strip_ansi, wait_for, wait_until, Broker, ConsumedRecord,
@@ -130,25 +130,10 @@ fn ids(events: &[Event]) -> BTreeSet<String> {
 async fn write_around_rows(client: &mut Client, rows: i64) -> Result<Duration> {
     let started = Instant::now();
     let tx = client.transaction().await?;
-    let insert = tx
-        .prepare(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-             VALUES ($1::text::uuid, $2, $3, 'Event', $4::text::jsonb)",
-        )
-        .await?;
-    let (a, b) = (event(A, true), event(B, true));
-    tx.execute(
-        &insert,
-        &[&a.id, &a.aggregatetype, &a.aggregateid, &a.payload],
-    )
-    .await?;
+    insert_events(&tx, &[event(A, true)]).await?;
     tx.batch_execute(&format!("COPY busy FROM PROGRAM 'seq 1 {rows}'"))
         .await?;
-    tx.execute(
-        &insert,
-        &[&b.id, &b.aggregatetype, &b.aggregateid, &b.payload],
-    )
-    .await?;
+    insert_events(&tx, &[event(B, true)]).await?;
     tx.execute("DELETE FROM outbox", &[]).await?;
     tx.commit().await?;
     Ok(started.elapsed())
