@@ -12,6 +12,9 @@
 //!   receive buffer never grows (and is never copied) with the read-ahead; a message read ahead
 //!   keeps only the chunk it was read into.
 //! - `reported` is the position of the last status update fully written to the socket.
+//! - A status update is queued whenever the socket is driven at or past its due time, whether
+//!   or not the runtime has fired the timer yet: an update is late only by the longest stretch
+//!   in which nothing drove the stream.
 
 use super::error::{ProtocolViolation, WireError};
 use super::frames::{self, CopyData, Frame};
