@@ -111,7 +111,7 @@ def list_binaries(cargo_args):
         if not msg.get("profile", {}).get("test"):
             continue
         target = msg["target"]
-        kind = "lib" if target["kind"] != ["test"] else "test"
+        kind = {"test": "test", "bin": "bin"}.get(target["kind"][0], "lib")
         package_dir = os.path.dirname(msg["manifest_path"])
         found.append((target["name"], kind, package_dir, msg["executable"]))
     return found
@@ -170,7 +170,8 @@ def main():
     jobs = []
     base_env = dict(os.environ)
     for name, kind, cwd, exe in binaries:
-        shown = f"{os.path.relpath(cwd)}:{name}" + (" (unit tests)" if kind == "lib" else "")
+        suffix = {"lib": " (unit tests)", "bin": " (binary's unit tests)"}.get(kind, "")
+        shown = f"{os.path.relpath(cwd)}:{name}{suffix}"
         jobs.append(
             Job(f"{shown} [PostgreSQL 15]", cwd, [exe, *test_args, *skips(SKIP_ON_15)], base_env)
         )
