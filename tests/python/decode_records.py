@@ -11,9 +11,11 @@ Protobuf data (the value, or the CloudEvent's data) is decoded when --protobuf i
 """
 
 import argparse
+import atexit
 import base64
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -23,6 +25,8 @@ from grpc_tools import protoc
 
 def compile_proto(proto_root):
     out = tempfile.mkdtemp(prefix="siphon-proto-")
+    # The generated module is loaded before the script exits; its directory goes then.
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
     status = protoc.main(
         [
