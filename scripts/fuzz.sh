@@ -22,8 +22,9 @@
 #   3. Writes the seeds (fuzz/make_seeds.py): the captured pgoutput fixtures
 #      (crates/pgoutput/tests/fixtures/*.hex) as message sequences, and a few router inputs.
 #   4. Runs the targets all at once, each with -max_total_time = SECONDS_PER_TARGET x targets
-#      / cores (at least SECONDS_PER_TARGET: about SECONDS_PER_TARGET of a core each), -rss_limit_mb=512 and -malloc_limit_mb=256 (an
-#      input that makes the code allocate more than that is a failure).
+#      / cores (at least SECONDS_PER_TARGET: about SECONDS_PER_TARGET of a core each),
+#      -rss_limit_mb=512 and -malloc_limit_mb=256 (an input that makes the code allocate more
+#      than that is a failure).
 #
 # Exits non-zero if any target finds a failing input (panic, crash, timeout, out of
 # memory); the input's path and how to replay it are printed. Everything it writes is
@@ -149,7 +150,6 @@ libfuzzer_flags=(
     -timeout=10
     -print_final_stats=1
 )
-
 
 # Runs target $1; its summary lines go to $work/logs/$1.summary, its status to $1.status.
 run_target() {

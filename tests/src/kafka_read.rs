@@ -273,8 +273,18 @@ pub async fn read_topic_async(
     topic: &str,
     timeout: Duration,
 ) -> Result<Vec<ConsumedRecord>> {
+    read_topic_isolated_async(bootstrap, topic, timeout, Isolation::ReadCommitted).await
+}
+
+/// [`read_topic_isolated`] on Tokio's blocking thread pool.
+pub async fn read_topic_isolated_async(
+    bootstrap: &str,
+    topic: &str,
+    timeout: Duration,
+    isolation: Isolation,
+) -> Result<Vec<ConsumedRecord>> {
     let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
-    tokio::task::spawn_blocking(move || read_topic(&bootstrap, &topic, timeout))
+    tokio::task::spawn_blocking(move || read_topic_isolated(&bootstrap, &topic, timeout, isolation))
         .await
         .context("read_topic task failed")?
 }

@@ -59,7 +59,7 @@ pub use broker::Broker;
 pub use kafka::{KafkaCluster, KafkaNode};
 pub use kafka_read::{
     create_topic, create_topic_replicated, list_topics, read_topic, read_topic_async,
-    read_topic_isolated, read_topic_settled, read_topic_settled_async,
+    read_topic_isolated, read_topic_isolated_async, read_topic_settled, read_topic_settled_async,
     wait_for_transactions_settled, ConsumedRecord, Isolation,
 };
 pub use ports::free_port;

@@ -82,6 +82,9 @@ pub fn seq_of(id: &str) -> Option<u64> {
 
 /// Inserts `events` into the outbox within `tx` (type `Event`), in order.
 pub async fn insert_events(tx: &Transaction<'_>, events: &[Event]) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
     let stmt = tx
         .prepare(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
@@ -453,11 +456,13 @@ pub async fn read_event_records_isolated(
     for topic in EVENT_TOPICS {
         let (bootstrap, topic) = (broker.bootstrap(), broker.topic(topic));
         all.extend(
-            tokio::task::spawn_blocking(move || {
-                crate::read_topic_isolated(&bootstrap, &topic, Duration::from_secs(120), isolation)
-            })
-            .await
-            .context("reading task failed")??,
+            crate::read_topic_isolated_async(
+                &bootstrap,
+                &topic,
+                Duration::from_secs(120),
+                isolation,
+            )
+            .await?,
         );
     }
     Ok(all)

@@ -32,8 +32,8 @@ use siphon_tests::outbox::{
     slot_active, wait_for_all, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
-    read_topic_isolated, siphon_bin, strip_ansi, wait_for, wait_until, Broker, ConsumedRecord,
-    Isolation, Postgres, SiphonProcess,
+    read_topic_isolated_async, siphon_bin, strip_ansi, wait_for, wait_until, Broker,
+    ConsumedRecord, Isolation, Postgres, SiphonProcess,
 };
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -186,11 +186,14 @@ async fn check_each_once(
 
 /// Every record of the topic A and B go to, read with `isolation`.
 async fn read_order_topic(broker: &Broker, isolation: Isolation) -> Result<Vec<ConsumedRecord>> {
-    let (bootstrap, topic) = (broker.bootstrap(), broker.topic("outbox.event.Order"));
-    tokio::task::spawn_blocking(move || {
-        read_topic_isolated(&bootstrap, &topic, Duration::from_secs(30), isolation)
-    })
-    .await?
+    let topic = broker.topic("outbox.event.Order");
+    read_topic_isolated_async(
+        &broker.bootstrap(),
+        &topic,
+        Duration::from_secs(30),
+        isolation,
+    )
+    .await
 }
 
 /// Waits until every event of `expected` is read_committed; fails at once when Siphon's log
