@@ -1,7 +1,7 @@
 //! Just enough of the Kafka wire protocol to answer Produce requests with a chosen error:
 //! request framing and headers, Produce requests (v3..=v12, flexible from v9), and Produce
 //! responses of the same versions; and to point clients at a proxy: the broker ports in
-//! Metadata and FindCoordinator responses.
+//! Metadata, FindCoordinator, Produce and Fetch responses.
 //!
 //! Produce v3 is the first version carrying record batches (message format v2), which every
 //! client the tests use speaks; librdkafka sends at most v10, one partition per request, and
@@ -450,6 +450,12 @@ pub const FETCH: i16 = 1;
 pub const METADATA: i16 = 3;
 /// The FindCoordinator API key.
 pub const FIND_COORDINATOR: i16 = 10;
+/// The EndTxn API key: a transactional producer's commit or abort, answered by the
+/// transaction coordinator.
+pub const END_TXN: i16 = 26;
+/// The InitProducerId API key: a transactional producer registering with its transaction
+/// coordinator.
+pub const INIT_PRODUCER_ID: i16 = 22;
 
 /// The offsets of the ports in a `NodeEndpoints` tagged field (KIP-951: the brokers a Produce
 /// or Fetch answer names as new leaders), read from the top-level tagged fields at `r`.
@@ -598,8 +604,8 @@ pub fn broker_port_offsets(api_key: i16, api_version: i16, body: &[u8]) -> Resul
 }
 
 /// Rewrites, in place, every broker port `from` that a Metadata, FindCoordinator, Produce or
-/// Fetch response `frame` (size prefix included) names into `to`; returns how many were rewritten. Ports are
-/// fixed-width, so the frame keeps its length.
+/// Fetch response `frame` (size prefix included) names into `to`; returns how many were
+/// rewritten. Ports are fixed-width, so the frame keeps its length.
 pub fn rewrite_broker_ports(
     api_key: i16,
     api_version: i16,
@@ -607,12 +613,26 @@ pub fn rewrite_broker_ports(
     from: u16,
     to: u16,
 ) -> Result<usize> {
+    rewrite_broker_port_map(api_key, api_version, frame, &[(from, to)])
+}
+
+/// Like [`rewrite_broker_ports`] for several `(from, to)` pairs at once: every broker port the
+/// response names that is the `from` of a pair becomes that pair's `to`. One pass: a port
+/// written is never rewritten again, so the pairs' order does not matter (with duplicate
+/// `from`s, the first pair wins).
+pub fn rewrite_broker_port_map(
+    api_key: i16,
+    api_version: i16,
+    frame: &mut [u8],
+    ports: &[(u16, u16)],
+) -> Result<usize> {
     ensure!(frame.len() >= 4, "frame shorter than its size prefix");
     let offsets = broker_port_offsets(api_key, api_version, &frame[4..])?;
     let mut rewritten = 0;
     for at in offsets {
         let field = &mut frame[4 + at..4 + at + 4];
-        if i32::from_be_bytes([field[0], field[1], field[2], field[3]]) == i32::from(from) {
+        let port = i32::from_be_bytes([field[0], field[1], field[2], field[3]]);
+        if let Some(&(_, to)) = ports.iter().find(|&&(from, _)| i32::from(from) == port) {
             field.copy_from_slice(&i32::from(to).to_be_bytes());
             rewritten += 1;
         }
@@ -666,6 +686,34 @@ mod tests {
             assert_eq!(
                 frame,
                 metadata_response(version, &[(1, "127.0.0.1", 9092), (2, "127.0.0.1", 4000)]),
+                "v{version}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_port_map_rewrites_every_broker_of_a_metadata_answer_in_one_pass() {
+        for version in 0..=13 {
+            let brokers = [
+                (1, "127.0.0.1", 9092),
+                (2, "127.0.0.1", 9093),
+                (3, "127.0.0.1", 9094),
+            ];
+            let mut frame = metadata_response(version, &brokers);
+            // Pair by pair, 9093 -> 9092 then 9092 -> 4000 would turn both into 4000.
+            let map = [(9093, 9092), (9092, 4000), (7777, 1)];
+            let n = rewrite_broker_port_map(METADATA, version, &mut frame, &map).unwrap();
+            assert_eq!(n, 2, "v{version}");
+            assert_eq!(
+                frame,
+                metadata_response(
+                    version,
+                    &[
+                        (1, "127.0.0.1", 4000),
+                        (2, "127.0.0.1", 9092),
+                        (3, "127.0.0.1", 9094)
+                    ]
+                ),
                 "v{version}"
             );
         }

@@ -14,7 +14,9 @@
 //! into its own in every Metadata and FindCoordinator answer, and in the new
 //! leaders that Produce and Fetch answers name (KIP-951): after bootstrap,
 //! every connection of the test's clients still goes through the proxy, while
-//! other tests reach the broker directly.
+//! other tests reach the broker directly. [`ClusterProxies`] does the same for
+//! a cluster: one proxy per node, each rewriting every node's port into that
+//! node's proxy's port.
 //!
 //! A proxy started with [`ThrottlingProxy::start_kafka`] also understands the
 //! Kafka protocol's framing: while a [`ProduceFault`] is set, it answers the
@@ -28,6 +30,13 @@
 //! connection of its own, so the broker writes those records after whatever
 //! was written meanwhile: a request delivered late.
 //!
+//! [`ThrottlingProxy::hold_next_answer`] stalls the other direction: the
+//! broker's first answer to a request of a given API key (EndTxn, say) is read
+//! but never passed on, and neither is anything after it on that connection,
+//! while the client's requests still reach the broker: a broker that did the
+//! work but whose answer is lost. The connection stays open until the broker
+//! or the client closes it.
+//!
 //! # Invariants
 //!
 //! - Only 127.0.0.1 is bound; the proxy's port is fixed for its lifetime.
@@ -37,6 +46,15 @@
 //!   gets an answer built by the proxy in its place, in order; or, for a
 //!   holding fault, no answer at all (the answers of the requests after it
 //!   still come in their order).
+//! - In Kafka mode, a broker answer held by [`ThrottlingProxy::hold_next_answer`]
+//!   never reaches the client, nor does anything after it on that connection;
+//!   requests are still forwarded. At most one answer is held per arming, over
+//!   all connections. The broker's side of a held connection is still read
+//!   (and dropped), so its end of stream closes the client's side at once.
+//! - An advertising proxy rewrites, in every Metadata, FindCoordinator,
+//!   Produce and Fetch answer, each broker port of its map into that port's
+//!   proxy port, in one pass (a rewritten port is not rewritten again); the
+//!   map's broker ports are distinct.
 //! - A held request reaches the broker only through
 //!   [`ThrottlingProxy::release_held`], unchanged, once, in the order the
 //!   requests were held; held requests outlive the client's connection.
@@ -63,7 +81,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::kafka_protocol::{
     encode_produce_response, parse_produce_request, parse_produce_response, request_header,
-    rewrite_broker_ports, PartitionResponse, TopicResponse, PRODUCE,
+    rewrite_broker_port_map, PartitionResponse, TopicResponse, PRODUCE,
 };
 
 /// Bytes read from a socket at once.
@@ -331,9 +349,14 @@ struct Shared {
     held: Mutex<Vec<Vec<u8>>>,
     /// Bit `v` set once a Produce request of version `v` (< 64) was seen.
     produce_versions: AtomicU64,
-    /// In Kafka mode, (the broker's port, the proxy's port): the broker port that Metadata
-    /// and FindCoordinator answers name is replaced with the proxy's.
-    advertise: Option<(u16, u16)>,
+    /// In Kafka mode, (a broker's port, its proxy's port) pairs: each broker port that
+    /// Metadata, FindCoordinator, Produce or Fetch answers name is replaced with its proxy's
+    /// (empty: answers are not rewritten).
+    advertise: Vec<(u16, u16)>,
+    /// Which request's answer is held next (see [`ThrottlingProxy::hold_next_answer`]).
+    answer_hold: Mutex<Option<AnswerHold>>,
+    /// Broker answers held so far.
+    answers_held: AtomicU64,
 }
 
 impl Shared {
@@ -344,6 +367,40 @@ impl Shared {
     fn held(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
         // A poisoned lock only means a panic elsewhere; the list stays whole.
         self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn answer_hold(&self) -> MutexGuard<'_, Option<AnswerHold>> {
+        // A poisoned lock only means a panic elsewhere; the value is replaced whole.
+        self.answer_hold.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the broker's answer to the request `frame` (after its size prefix) of
+    /// `api_key` is to be held; true at most once per arming, as the hold is disarmed here.
+    fn take_answer_hold(&self, api_key: i16, frame: &[u8]) -> bool {
+        let mut hold = self.answer_hold();
+        if !hold.as_ref().is_some_and(|h| h.matches(api_key, frame)) {
+            return false;
+        }
+        *hold = None;
+        true
+    }
+}
+
+/// Which request's answer a proxy holds next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AnswerHold {
+    api_key: i16,
+    /// Only a request whose bytes contain this (any request of the key when `None`).
+    marker: Option<Vec<u8>>,
+}
+
+impl AnswerHold {
+    fn matches(&self, api_key: i16, frame: &[u8]) -> bool {
+        api_key == self.api_key
+            && self
+                .marker
+                .as_ref()
+                .is_none_or(|m| !m.is_empty() && frame.windows(m.len()).any(|w| w == m.as_slice()))
     }
 }
 
@@ -366,28 +423,46 @@ impl ThrottlingProxy {
     /// needs to listen on `target` yet: a connection that cannot reach it is
     /// closed.
     pub fn start_on(port: u16, target: SocketAddr) -> Result<ThrottlingProxy> {
-        Self::start_mode(port, target, false, false)
+        Self::start_mode(port, target, false, Vec::new())
     }
 
     /// Starts a Kafka-mode proxy on a free port of 127.0.0.1, forwarding to
     /// the broker at `target`: see [`ThrottlingProxy::set_produce_fault`].
     pub fn start_kafka(target: SocketAddr) -> Result<ThrottlingProxy> {
-        Self::start_mode(crate::free_port(), target, true, false)
+        Self::start_mode(crate::free_port(), target, true, Vec::new())
     }
 
     /// Like [`ThrottlingProxy::start_kafka`], also advertising itself: every Metadata,
     /// FindCoordinator, Produce or Fetch answer naming the target's port names the proxy's port
-    /// instead, so a
-    /// client that bootstraps through the proxy keeps every connection on it.
+    /// instead, so a client that bootstraps through the proxy keeps every connection on it.
     pub fn start_kafka_advertised(target: SocketAddr) -> Result<ThrottlingProxy> {
-        Self::start_mode(crate::free_port(), target, true, true)
+        let port = crate::free_port();
+        Self::start_mode(port, target, true, vec![(target.port(), port)])
+    }
+
+    /// Starts a Kafka-mode proxy on 127.0.0.1:`port`, forwarding to the broker at `target`,
+    /// that rewrites ports by the map `ports` of (broker port, proxy port) pairs: in every
+    /// Metadata, FindCoordinator, Produce or Fetch answer, each broker port of the map becomes
+    /// its proxy port (see [`ClusterProxies`], which starts one such proxy per node of a
+    /// cluster). The map's broker ports must be distinct; it need not name `target`'s port.
+    pub fn start_kafka_advertising_on(
+        port: u16,
+        target: SocketAddr,
+        ports: &[(u16, u16)],
+    ) -> Result<ThrottlingProxy> {
+        for (i, (broker_port, _)) in ports.iter().enumerate() {
+            if ports[..i].iter().any(|(earlier, _)| earlier == broker_port) {
+                bail!("proxy port map {ports:?}: broker port {broker_port} is mapped twice");
+            }
+        }
+        Self::start_mode(port, target, true, ports.to_vec())
     }
 
     fn start_mode(
         port: u16,
         target: SocketAddr,
         kafka: bool,
-        advertised: bool,
+        advertise: Vec<(u16, u16)>,
     ) -> Result<ThrottlingProxy> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -410,7 +485,9 @@ impl ThrottlingProxy {
             injected: AtomicU64::new(0),
             held: Mutex::new(Vec::new()),
             produce_versions: AtomicU64::new(0),
-            advertise: advertised.then_some((target.port(), port)),
+            advertise,
+            answer_hold: Mutex::new(None),
+            answers_held: AtomicU64::new(0),
         });
         runtime.spawn(accept_loop(listener, target, Arc::clone(&shared)));
         Ok(ThrottlingProxy {
@@ -541,6 +618,40 @@ impl ThrottlingProxy {
         let seen = self.shared.produce_versions.load(Ordering::Relaxed);
         (0..64).filter(|v| seen & (1 << v) != 0).collect()
     }
+
+    /// Arms a hold (replacing any armed one): the broker's answer to the first request of API
+    /// key `api_key` (e.g. [`crate::kafka_protocol::END_TXN`]) sent from now on, on any
+    /// connection, is read but not passed on to the client, and from then on nothing more
+    /// reaches the client on that connection (answers go in request order), while the client's
+    /// requests are still forwarded; the connection stays open until the broker or the client
+    /// closes it. The hold is disarmed by that request. Only a Kafka-mode proxy looks.
+    pub fn hold_next_answer(&self, api_key: i16) {
+        *self.shared.answer_hold() = Some(AnswerHold {
+            api_key,
+            marker: None,
+        });
+    }
+
+    /// [`ThrottlingProxy::hold_next_answer`], only for a request whose bytes contain `marker`
+    /// (e.g. a transactional id, which tells one producer's InitProducerId from another's).
+    pub fn hold_next_answer_to(&self, api_key: i16, marker: &[u8]) {
+        *self.shared.answer_hold() = Some(AnswerHold {
+            api_key,
+            marker: Some(marker.to_vec()),
+        });
+    }
+
+    /// Disarms a hold armed by [`ThrottlingProxy::hold_next_answer`] that nothing hit yet;
+    /// connections already holding an answer stay as they are.
+    pub fn clear_answer_hold(&self) {
+        *self.shared.answer_hold() = None;
+    }
+
+    /// Broker answers held (by [`ThrottlingProxy::hold_next_answer`]) so far: counted when the
+    /// answer arrives from the broker.
+    pub fn answers_held(&self) -> u64 {
+        self.shared.answers_held.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for ThrottlingProxy {
@@ -622,8 +733,13 @@ async fn pump(
 
 /// Who answers one request of a Kafka-mode connection.
 enum Answer {
-    /// The broker: its next response frame, answering a request of this API key and version.
-    Broker(i16, i16),
+    /// The broker: its next response frame, answering a request of this API key and version;
+    /// held (not passed on, nor anything after it) when `hold`.
+    Broker {
+        api_key: i16,
+        api_version: i16,
+        hold: bool,
+    },
     /// The proxy, with these bytes, after this delay.
     Proxy(Vec<u8>, Option<Duration>),
 }
@@ -728,8 +844,14 @@ async fn kafka_requests(
             Ok(produce) => produce.acks != 0,
             Err(_) => true,
         };
-        let api = request_header(&frame[4..]).map_or((-1, -1), |h| (h.api_key, h.api_version));
-        if answered && answers.send(Answer::Broker(api.0, api.1)).is_err() {
+        let (api_key, api_version) =
+            request_header(&frame[4..]).map_or((-1, -1), |h| (h.api_key, h.api_version));
+        let answer = Answer::Broker {
+            api_key,
+            api_version,
+            hold: answered && shared.take_answer_hold(api_key, &frame[4..]),
+        };
+        if answered && answers.send(answer).is_err() {
             break;
         }
         if !write_limited(&mut to, &frame, shared, Direction::ToServer, &mut paused).await {
@@ -754,16 +876,24 @@ async fn kafka_responses(
                 }
                 frame
             }
-            Answer::Broker(api_key, api_version) => match read_frame(&mut from).await {
+            Answer::Broker {
+                api_key,
+                api_version,
+                hold,
+            } => match read_frame(&mut from).await {
+                Some(_) if hold => {
+                    shared.answers_held.fetch_add(1, Ordering::Relaxed);
+                    drop_answers(&mut from, &mut answers).await;
+                    break;
+                }
                 Some(mut frame) => {
-                    if let Some((broker_port, proxy_port)) = shared.advertise {
+                    if !shared.advertise.is_empty() {
                         // An answer the parser cannot read is passed on as it is.
-                        let _ = rewrite_broker_ports(
+                        let _ = rewrite_broker_port_map(
                             api_key,
                             api_version,
                             &mut frame,
-                            broker_port,
-                            proxy_port,
+                            &shared.advertise,
                         );
                     }
                     frame
@@ -776,6 +906,32 @@ async fn kafka_responses(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// After an answer was held: reads and drops whatever the broker sends and the answers still
+/// expected, until the broker's side ends or the request side has stopped (the client's
+/// side ended, or the broker's). Waits on both, so neither busy-loops nor misses the broker
+/// going away while no answer is due.
+async fn drop_answers(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    answers: &mut mpsc::UnboundedReceiver<Answer>,
+) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        // Both are cancel-safe: a byte read is dropped either way, and so is an answer.
+        tokio::select! {
+            read = from.read(&mut buf) => {
+                if matches!(read, Ok(0) | Err(_)) {
+                    return;
+                }
+            }
+            answer = answers.recv() => {
+                if answer.is_none() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// How long [`ProxiedBroker::start`] waits for the broker to answer metadata
@@ -858,6 +1014,81 @@ impl ProxiedBroker {
     /// Whether the broker answers metadata (directly, not through the proxy).
     pub fn is_running(&self) -> bool {
         self.broker.is_running()
+    }
+}
+
+/// One Kafka-mode proxy per node of a cluster, each advertising every node's proxy in place
+/// of the node: a client bootstrapped through [`ClusterProxies::bootstrap`] reaches every
+/// node only through that node's proxy. A restarted node keeps its port, so the proxies
+/// outlive node restarts (a connection whose node went away is closed).
+pub struct ClusterProxies {
+    /// (node id, the node's proxy), in the nodes' order.
+    proxies: Vec<(u32, ThrottlingProxy)>,
+}
+
+impl ClusterProxies {
+    /// Starts one proxy per node of `cluster`, in front of the node's client port.
+    pub fn start(cluster: &crate::KafkaCluster) -> Result<ClusterProxies> {
+        let nodes: Vec<(u32, SocketAddr)> = cluster
+            .nodes()
+            .iter()
+            .map(|node| {
+                (
+                    node.id(),
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, node.port())),
+                )
+            })
+            .collect();
+        Self::start_for(&nodes)
+    }
+
+    /// Starts one proxy per (node id, client address) of `nodes`, on a free port each, every
+    /// one rewriting each node's port into that node's proxy's port. Node ids and node ports
+    /// must be distinct.
+    pub fn start_for(nodes: &[(u32, SocketAddr)]) -> Result<ClusterProxies> {
+        for (i, (id, _)) in nodes.iter().enumerate() {
+            if nodes[..i].iter().any(|(earlier, _)| earlier == id) {
+                bail!("cluster proxies: node {id} is listed twice in {nodes:?}");
+            }
+        }
+        let ports: Vec<(u16, u16)> = nodes
+            .iter()
+            .map(|(_, address)| (address.port(), crate::free_port()))
+            .collect();
+        let proxies = nodes
+            .iter()
+            .zip(&ports)
+            .map(|(&(id, address), &(_, proxy_port))| {
+                let proxy =
+                    ThrottlingProxy::start_kafka_advertising_on(proxy_port, address, &ports)
+                        .with_context(|| format!("starting the proxy of node {id} ({address})"))?;
+                Ok((id, proxy))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ClusterProxies { proxies })
+    }
+
+    /// Every proxy's `127.0.0.1:PORT`, comma-separated, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        self.proxies
+            .iter()
+            .map(|(_, proxy)| proxy.address())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The proxy in front of node `node_id`.
+    pub fn proxy(&self, node_id: u32) -> Result<&ThrottlingProxy> {
+        self.proxies
+            .iter()
+            .find(|(id, _)| *id == node_id)
+            .map(|(_, proxy)| proxy)
+            .with_context(|| format!("no proxy for Kafka node {node_id}"))
+    }
+
+    /// (node id, its proxy) for every node, in the nodes' order.
+    pub fn proxies(&self) -> impl Iterator<Item = (u32, &ThrottlingProxy)> {
+        self.proxies.iter().map(|(id, proxy)| (*id, proxy))
     }
 }
 
@@ -1239,5 +1470,279 @@ mod tests {
                 .unwrap();
             assert_eq!(seen.recv().await, Some(4));
         }
+    }
+
+    /// A fake Kafka broker on `listener`: answers every request with a frame carrying its
+    /// correlation id and then `body(api_key)`, reports the (API key, correlation id) of every
+    /// request it reads, and closes every connection (as a killed broker would) once the
+    /// returned sender sends `true`.
+    fn fake_broker(
+        listener: TcpListener,
+        body: impl Fn(i16) -> Vec<u8> + Send + Sync + 'static,
+    ) -> (
+        tokio::sync::mpsc::UnboundedReceiver<(i16, i32)>,
+        watch::Sender<bool>,
+    ) {
+        let (seen, seen_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (kill, _) = watch::channel(false);
+        let killed = kill.subscribe();
+        let body = Arc::new(body);
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let seen = seen.clone();
+                let mut killed = killed.clone();
+                let body = Arc::clone(&body);
+                tokio::spawn(async move {
+                    let (mut from, mut to) = socket.into_split();
+                    loop {
+                        let frame = tokio::select! {
+                            frame = read_frame(&mut from) => frame,
+                            _ = killed.wait_for(|k| *k) => None,
+                        };
+                        let Some(frame) = frame else { return };
+                        let header = request_header(&frame[4..]).unwrap();
+                        let _ = seen.send((header.api_key, header.correlation_id));
+                        let mut answer = header.correlation_id.to_be_bytes().to_vec();
+                        answer.extend(body(header.api_key));
+                        let mut framed = (answer.len() as i32).to_be_bytes().to_vec();
+                        framed.extend(answer);
+                        to.write_all(&framed).await.unwrap();
+                    }
+                });
+            }
+        });
+        (seen_rx, kill)
+    }
+
+    /// A request frame (size prefix included) of `api_key` v0 with no body.
+    fn request(api_key: i16, correlation_id: i32) -> Vec<u8> {
+        let mut frame = 10i32.to_be_bytes().to_vec();
+        frame.extend(api_key.to_be_bytes());
+        frame.extend(0i16.to_be_bytes());
+        frame.extend(correlation_id.to_be_bytes());
+        frame.extend((-1i16).to_be_bytes()); // no client id
+        frame
+    }
+
+    /// The next answer on `conn` (after its size prefix), or `None` if none comes within
+    /// `wait`. Panics if the connection ends.
+    async fn next_answer(conn: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
+        let mut size = [0u8; 4];
+        match tokio::time::timeout(wait, conn.read_exact(&mut size)).await {
+            Err(_) => return None,
+            Ok(read) => read.expect("the connection stays open"),
+        };
+        let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
+        conn.read_exact(&mut answer).await.unwrap();
+        Some(answer)
+    }
+
+    fn correlation_id(answer: &[u8]) -> i32 {
+        i32::from_be_bytes([answer[0], answer[1], answer[2], answer[3]])
+    }
+
+    const API_VERSIONS: i16 = 18;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_answer_and_those_behind_it_never_reach_the_client() {
+        use crate::kafka_protocol::{END_TXN, METADATA};
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (mut seen, kill) = fake_broker(listener, |_| Vec::new());
+        let proxy = ThrottlingProxy::start_kafka(addr).unwrap();
+        let wait = Duration::from_secs(5);
+        let quiet = Duration::from_millis(300);
+
+        // Armed, then cleared: nothing is held.
+        proxy.hold_next_answer(END_TXN);
+        proxy.clear_answer_hold();
+        let mut conn = TcpStream::connect(("127.0.0.1", proxy.port()))
+            .await
+            .unwrap();
+        conn.write_all(&request(END_TXN, 1)).await.unwrap();
+        let answer = next_answer(&mut conn, wait).await.expect("not held");
+        assert_eq!(correlation_id(&answer), 1);
+
+        // Pipelined: another API's answer before the EndTxn passes; the EndTxn's and the
+        // one behind it do not.
+        proxy.hold_next_answer(END_TXN);
+        for (api_key, id) in [(METADATA, 2), (END_TXN, 3), (API_VERSIONS, 4)] {
+            conn.write_all(&request(api_key, id)).await.unwrap();
+        }
+        let answer = next_answer(&mut conn, wait).await.expect("answered");
+        assert_eq!(correlation_id(&answer), 2);
+        let more = next_answer(&mut conn, quiet).await;
+        assert_eq!(more, None, "an answer passed the hold");
+        // Requests still reach the broker after the hold; their answers do not come back.
+        conn.write_all(&request(METADATA, 5)).await.unwrap();
+        for expected in [(END_TXN, 1), (METADATA, 2), (END_TXN, 3), (API_VERSIONS, 4)] {
+            assert_eq!(seen.recv().await, Some(expected));
+        }
+        assert_eq!(
+            seen.recv().await,
+            Some((METADATA, 5)),
+            "forwarded after the hold"
+        );
+        assert_eq!(next_answer(&mut conn, quiet).await, None);
+        assert_eq!(proxy.answers_held(), 1);
+
+        // The hold was once: another connection's EndTxn is answered.
+        let mut other = TcpStream::connect(("127.0.0.1", proxy.port()))
+            .await
+            .unwrap();
+        other.write_all(&request(END_TXN, 6)).await.unwrap();
+        let answer = next_answer(&mut other, wait)
+            .await
+            .expect("the hold was once");
+        assert_eq!(correlation_id(&answer), 6);
+        assert_eq!(proxy.answers_held(), 1);
+
+        // The broker goes away with no answer due: the held client's side closes at once.
+        kill.send_replace(true);
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(wait, conn.read(&mut byte))
+            .await
+            .expect("the held connection is closed when the broker's is");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn holds_on_several_proxies_hold_only_where_the_answer_passes() {
+        use crate::kafka_protocol::END_TXN;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_seen, _kill) = fake_broker(listener, |_| Vec::new());
+        let proxies = [
+            ThrottlingProxy::start_kafka(addr).unwrap(),
+            ThrottlingProxy::start_kafka(addr).unwrap(),
+        ];
+        for proxy in &proxies {
+            proxy.hold_next_answer(END_TXN);
+        }
+        let mut conn = TcpStream::connect(("127.0.0.1", proxies[1].port()))
+            .await
+            .unwrap();
+        conn.write_all(&request(END_TXN, 1)).await.unwrap();
+        assert_eq!(
+            next_answer(&mut conn, Duration::from_millis(300)).await,
+            None
+        );
+        let held: Vec<u64> = proxies.iter().map(ThrottlingProxy::answers_held).collect();
+        assert_eq!(held, [0, 1]);
+        // The other proxy is still armed until cleared.
+        proxies[0].clear_answer_hold();
+        let mut conn = TcpStream::connect(("127.0.0.1", proxies[0].port()))
+            .await
+            .unwrap();
+        conn.write_all(&request(END_TXN, 2)).await.unwrap();
+        let answer = next_answer(&mut conn, Duration::from_secs(5)).await;
+        assert_eq!(answer.as_deref().map(correlation_id), Some(2));
+    }
+
+    /// A port no node of [`metadata_v0_body`] is mapped from (below the ports tests bind).
+    const UNMAPPED_PORT: u16 = 9094;
+
+    /// Answers as a Metadata v0 body (after the correlation id) listing nodes 1 and 2 at
+    /// `node_ports` and node 3 at [`UNMAPPED_PORT`]; no topics.
+    fn metadata_v0_body(node_ports: [u16; 2]) -> impl Fn(i16) -> Vec<u8> + Send + Sync {
+        move |_api_key| {
+            let mut body = 3i32.to_be_bytes().to_vec();
+            for (id, port) in [
+                (1i32, node_ports[0]),
+                (2, node_ports[1]),
+                (3, UNMAPPED_PORT),
+            ] {
+                body.extend(id.to_be_bytes());
+                body.extend(9i16.to_be_bytes());
+                body.extend(b"127.0.0.1");
+                body.extend(i32::from(port).to_be_bytes());
+            }
+            body.extend(0i32.to_be_bytes()); // topics
+            body
+        }
+    }
+
+    /// The (node id, port) pairs of a [`metadata_v0_body`] answer (after its size prefix).
+    fn metadata_v0_nodes(answer: &[u8]) -> Vec<(i32, u16)> {
+        let be32 = |at: usize| {
+            i32::from_be_bytes([answer[at], answer[at + 1], answer[at + 2], answer[at + 3]])
+        };
+        // Correlation id, node count, then 19 bytes per node: id, host (2 + 9), port.
+        (0..3)
+            .map(|i| {
+                let node = 8 + i * 19;
+                (be32(node), u16::try_from(be32(node + 15)).unwrap())
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_port_map_rewrites_every_node_of_one_metadata_answer() {
+        use crate::kafka_protocol::METADATA;
+        // The answers name 9092 and 9093, as a cluster listening there would.
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_seen, _kill) = fake_broker(listener, metadata_v0_body([9092, 9093]));
+        let port = crate::free_port();
+        let map = [(9092, 4001), (9093, 4002)];
+        let proxy = ThrottlingProxy::start_kafka_advertising_on(port, addr, &map).unwrap();
+        assert_eq!(proxy.port(), port);
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        conn.write_all(&request(METADATA, 1)).await.unwrap();
+        let answer = next_answer(&mut conn, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            metadata_v0_nodes(&answer),
+            [(1, 4001), (2, 4002), (3, UNMAPPED_PORT)]
+        );
+
+        let twice = [(9092, 4001), (9092, 4002)];
+        let started = ThrottlingProxy::start_kafka_advertising_on(crate::free_port(), addr, &twice);
+        assert!(started.is_err(), "a broker port mapped twice is refused");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_proxies_advertise_each_node_at_its_proxy() {
+        use crate::kafka_protocol::METADATA;
+        let mut listeners = Vec::new();
+        for _ in 0..2 {
+            listeners.push(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap());
+        }
+        let nodes: Vec<(u32, SocketAddr)> = (1..)
+            .zip(&listeners)
+            .map(|(id, l)| (id, l.local_addr().unwrap()))
+            .collect();
+        let node_ports = [nodes[0].1.port(), nodes[1].1.port()];
+        let _brokers: Vec<_> = listeners
+            .into_iter()
+            .map(|l| fake_broker(l, metadata_v0_body(node_ports)))
+            .collect();
+
+        let proxies = ClusterProxies::start_for(&nodes).unwrap();
+        let ports: Vec<u16> = proxies.proxies().map(|(_, p)| p.port()).collect();
+        assert_eq!(
+            proxies.bootstrap(),
+            format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1])
+        );
+        assert!(proxies.proxy(3).is_err());
+        for ((id, proxy), (node_id, node)) in proxies.proxies().zip(&nodes) {
+            assert_eq!(id, *node_id);
+            assert_eq!(proxy.target(), *node);
+            assert_eq!(proxies.proxy(id).unwrap().port(), proxy.port());
+            let mut conn = TcpStream::connect(("127.0.0.1", proxy.port()))
+                .await
+                .unwrap();
+            conn.write_all(&request(METADATA, 1)).await.unwrap();
+            let answer = next_answer(&mut conn, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(
+                metadata_v0_nodes(&answer),
+                [(1, ports[0]), (2, ports[1]), (3, UNMAPPED_PORT)],
+                "through node {id}'s proxy"
+            );
+        }
+        assert!(ClusterProxies::start_for(&[nodes[0], nodes[0]]).is_err());
     }
 }

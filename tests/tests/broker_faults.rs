@@ -1,7 +1,9 @@
 //! Broker faults on a real three-node Apache Kafka cluster (KRaft, replication factor 3,
 //! `min.insync.replicas=2`, no unclean leader election): a partition leader killed with
-//! `kill -9`, two of three brokers down (also with exactly-once delivery), a rolling restart, the cluster frozen past the delivery
-//! deadline, a topic deleted and a topic given more partitions while Siphon writes.
+//! `kill -9`, two of three brokers down (also with exactly-once delivery), a rolling restart,
+//! the cluster frozen past the delivery deadline, a topic deleted and a topic given more
+//! partitions while Siphon writes, and (exactly-once) the transaction coordinator's node killed
+//! between recording a commit and answering it.
 //!
 //! Each scenario runs against the same cluster (a JVM start costs seconds; the scenarios run one
 //! after another so that one's faults never land in another's timing), with a PostgreSQL, a slot
@@ -14,20 +16,36 @@ use anyhow::{ensure, Context as _, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;
+use siphon_tests::kafka_protocol::END_TXN;
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, phantom_ids,
     record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal, start_streaming,
     wait_for_all, wait_for_slot_past, with_exactly_once, Event, KafkaTarget, Via, OUTBOX_DDL,
 };
 use siphon_tests::partition::partition_for_key;
-use siphon_tests::{wait_until, ConsumedRecord, KafkaCluster, Postgres, SiphonProcess};
+use siphon_tests::proxy::ClusterProxies;
+use siphon_tests::{wait_for, wait_until, ConsumedRecord, KafkaCluster, Postgres, SiphonProcess};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The delivery deadline of every scenario (`kafka.properties."message.timeout.ms"`).
+/// The delivery deadline (`kafka.properties."message.timeout.ms"`) of the scenarios that ride
+/// over a fault: longer than a leader election or a controlled shutdown takes.
 const DEADLINE_MS: u64 = 10_000;
+
+/// The delivery deadline of the scenarios whose fault outlasts it (two of three down, the
+/// cluster frozen): their outages are a multiple of it, so a shorter one shows as many
+/// deadlines passing, with as many producer replacements, in less time.
+const OUTAGE_DEADLINE_MS: u64 = 5_000;
+
+/// How long the writer commits before a fault, with Siphon streaming: the topics exist and
+/// records are in flight when it strikes.
+const BEFORE_FAULT: Duration = Duration::from_secs(3);
+
+/// How long the writer goes on after the cluster is whole again: events committed after the
+/// recovery arrive too.
+const AFTER_RECOVERY: Duration = Duration::from_secs(3);
 
 /// One scenario's services: its PostgreSQL, its slot, its namespace on the cluster, Siphon.
 struct Scenario {
@@ -39,19 +57,41 @@ struct Scenario {
     exactly_once: bool,
 }
 
+/// How a scenario's Siphon is configured.
+struct Setup<'a> {
+    /// More `kafka.properties` lines.
+    properties: &'a str,
+    /// `kafka.delivery = "exactly-once"` (the progress topic in the scenario's namespace).
+    exactly_once: bool,
+    /// `message.timeout.ms`.
+    deadline_ms: u64,
+    /// Where Siphon's clients bootstrap; the cluster itself when `None`. The checks always
+    /// read from the cluster directly.
+    bootstrap: Option<String>,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Setup {
+            properties: "",
+            exactly_once: false,
+            deadline_ms: DEADLINE_MS,
+            bootstrap: None,
+        }
+    }
+}
+
 impl Scenario {
     async fn start(cluster: &KafkaCluster, name: &str, properties: &str) -> Result<Self> {
-        Self::start_with(cluster, name, properties, false).await
+        let setup = Setup {
+            properties,
+            ..Setup::default()
+        };
+        Self::start_with(cluster, name, setup).await
     }
 
-    /// Like [`Scenario::start`], with `kafka.delivery = "exactly-once"` when `exactly_once`
-    /// (the progress topic in the scenario's namespace).
-    async fn start_with(
-        cluster: &KafkaCluster,
-        name: &str,
-        properties: &str,
-        exactly_once: bool,
-    ) -> Result<Self> {
+    /// Like [`Scenario::start`], configured by `setup`.
+    async fn start_with(cluster: &KafkaCluster, name: &str, setup: Setup<'_>) -> Result<Self> {
         let pg = Postgres::start()?;
         let client = pg.connect().await?;
         client.batch_execute(OUTBOX_DDL).await?;
@@ -59,18 +99,26 @@ impl Scenario {
             bootstrap: cluster.bootstrap(),
             namespace: format!("{name}."),
         };
-        let kafka_properties = format!("\"message.timeout.ms\" = \"{DEADLINE_MS}\"\n{properties}");
+        let siphon_target = Via {
+            bootstrap: setup.bootstrap.unwrap_or_else(|| cluster.bootstrap()),
+            namespace: target.namespace.clone(),
+        };
+        let kafka_properties = format!(
+            "\"message.timeout.ms\" = \"{}\"\n{}",
+            setup.deadline_ms, setup.properties
+        );
         // Topics as a production cluster has them: three replicas.
         let config = siphon_config_at(
             &pg,
-            &target,
+            &siphon_target,
             name,
             &kafka_properties,
             "max_in_flight_records = 500",
         )
         .replace("replication_factor = 1", "replication_factor = 3");
+        let exactly_once = setup.exactly_once;
         let config = if exactly_once {
-            with_exactly_once(&config, &target)
+            with_exactly_once(&config, &siphon_target)
         } else {
             config
         };
@@ -225,7 +273,7 @@ async fn leader_killed_mid_stream(cluster: &KafkaCluster) -> Result<()> {
     let s = Scenario::start(cluster, "leaderkill", "").await?;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(BEFORE_FAULT).await;
     let topic = s.topic("outbox.event.Order");
     let leader = cluster.leader_of(&topic, 0)?;
     let leader_id = u32::try_from(leader)?;
@@ -238,17 +286,18 @@ async fn leader_killed_mid_stream(cluster: &KafkaCluster) -> Result<()> {
     )
     .await
     .context("no new leader was elected")?;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Records go to the new leader for a while before the old one comes back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.restart(leader_id)?;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(AFTER_RECOVERY).await;
     stop.store(true, Ordering::Relaxed);
     let committed = writer.await??;
     s.check_delivered(&committed).await?;
     Ok(())
 }
 
-/// Scenario 2: Two of three brokers down for 30 s (`NOT_ENOUGH_REPLICAS`, and the controller quorum
-/// lost) while events are committed: the slot does not move past them, WAL is retained, no
+/// Scenario 2: Two of three brokers down for three delivery deadlines (`NOT_ENOUGH_REPLICAS`, and
+/// the controller quorum lost) while events are committed: the slot does not move past them, WAL is retained, no
 /// tight retry loop, and everything arrives after recovery.
 async fn two_of_three_down(cluster: &KafkaCluster) -> Result<()> {
     quorum_lost(cluster, "quorumlost", false).await
@@ -261,12 +310,20 @@ async fn two_of_three_down_exactly_once(cluster: &KafkaCluster) -> Result<()> {
     quorum_lost(cluster, "quorumlosteos", true).await
 }
 
+/// How long two of three brokers stay down: three delivery deadlines.
+const QUORUM_OUTAGE: Duration = Duration::from_millis(3 * OUTAGE_DEADLINE_MS);
+
 async fn quorum_lost(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<()> {
-    let s = Scenario::start_with(cluster, name, "", exactly_once).await?;
+    let setup = Setup {
+        exactly_once,
+        deadline_ms: OUTAGE_DEADLINE_MS,
+        ..Setup::default()
+    };
+    let s = Scenario::start_with(cluster, name, setup).await?;
     let client = s.pg.connect().await?;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(BEFORE_FAULT).await;
 
     let down = [2u32, 3];
     for id in down {
@@ -277,7 +334,7 @@ async fn quorum_lost(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> 
     let replacements_before = s.producer_replacements();
     let outage = Instant::now();
     let mut highest_confirmed = 0;
-    while outage.elapsed() < Duration::from_secs(30) {
+    while outage.elapsed() < QUORUM_OUTAGE {
         let confirmed = slot_confirmed_lsn(&client, &s.slot).await?.unwrap_or(0);
         highest_confirmed = highest_confirmed.max(confirmed);
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -288,8 +345,9 @@ async fn quorum_lost(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> 
     let replacements = s.producer_replacements() - replacements_before;
     all_nodes_up(cluster)?;
     eprintln!(
-        "two of three brokers down for 30 s: {written} bytes of WAL written, {retained} bytes \
-         retained by the slot, {replacements} producer replacements, {log_lines} log lines"
+        "two of three brokers down for {QUORUM_OUTAGE:?}: {written} bytes of WAL written, \
+         {retained} bytes retained by the slot, {replacements} producer replacements, \
+         {log_lines} log lines"
     );
     ensure!(
         highest_confirmed <= outage_start_lsn,
@@ -301,20 +359,21 @@ async fn quorum_lost(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> 
         retained >= written,
         "the slot retains {retained} bytes, less than the {written} written during the outage"
     );
-    // The deadline (10 s) paces replacements, with backoff: at most one per deadline.
-    let bound = 30_000 / DEADLINE_MS as usize + 1;
+    // The deadline paces replacements, with backoff: at most one per deadline.
+    let bound = (QUORUM_OUTAGE.as_millis() / u128::from(OUTAGE_DEADLINE_MS)) as usize + 1;
     ensure!(
         replacements <= bound,
-        "{replacements} producer replacements in 30 s (at most {bound}); log:\n{}",
+        "{replacements} producer replacements in {QUORUM_OUTAGE:?} (at most {bound}); log:\n{}",
         s.siphon.log()
     );
+    // A retry loop without backoff writes thousands of lines; each replacement writes a few.
     ensure!(
         log_lines <= 60,
-        "{log_lines} log lines in 30 s: a retry loop?\n{}",
+        "{log_lines} log lines in {QUORUM_OUTAGE:?}: a retry loop?\n{}",
         s.siphon.log()
     );
 
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(AFTER_RECOVERY).await;
     stop.store(true, Ordering::Relaxed);
     let committed = writer.await??;
     s.check_delivered(&committed).await?;
@@ -327,7 +386,7 @@ async fn rolling_restart(cluster: &KafkaCluster) -> Result<()> {
     let s = Scenario::start(cluster, "rolling", "").await?;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(BEFORE_FAULT).await;
     let topics = vec![
         s.topic("outbox.event.Order"),
         s.topic("outbox.event.Customer"),
@@ -338,7 +397,7 @@ async fn rolling_restart(cluster: &KafkaCluster) -> Result<()> {
         cluster.restart(node.id())?;
         wait_fully_replicated(cluster, &topics).await?;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(AFTER_RECOVERY).await;
     stop.store(true, Ordering::Relaxed);
     let committed = writer.await??;
     s.check_delivered(&committed).await?;
@@ -356,18 +415,22 @@ async fn rolling_restart(cluster: &KafkaCluster) -> Result<()> {
 /// controller fences the silent node within its session timeout, the producer learns the new
 /// leader from metadata and sends the records there, in order, well before the deadline.)
 async fn cluster_frozen_past_the_deadline(cluster: &KafkaCluster) -> Result<()> {
-    let s = Scenario::start(cluster, "frozen", "").await?;
+    let setup = Setup {
+        deadline_ms: OUTAGE_DEADLINE_MS,
+        ..Setup::default()
+    };
+    let s = Scenario::start_with(cluster, "frozen", setup).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(BEFORE_FAULT).await;
     for node in cluster.nodes() {
         signal_node(cluster, node.id(), libc::SIGSTOP)?;
     }
-    tokio::time::sleep(Duration::from_millis(2 * DEADLINE_MS)).await;
+    tokio::time::sleep(Duration::from_millis(2 * OUTAGE_DEADLINE_MS)).await;
     for node in cluster.nodes() {
         signal_node(cluster, node.id(), libc::SIGCONT)?;
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(AFTER_RECOVERY).await;
     stop.store(true, Ordering::Relaxed);
     let committed = writer.await??;
     s.check_delivered(&committed).await?;
@@ -400,7 +463,7 @@ async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let last_seq = Arc::new(AtomicU64::new(0));
     let writer = start_writer_counting(&s.pg, 1, Arc::clone(&stop), Arc::clone(&last_seq)).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(BEFORE_FAULT).await;
     let topic = s.topic("outbox.event.Customer");
     let admin = admin(cluster)?;
     for result in admin
@@ -429,7 +492,7 @@ async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
         "the error does not name the deletion; log:\n{log}"
     );
     s.siphon.start_again()?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(AFTER_RECOVERY).await;
     stop.store(true, Ordering::Relaxed);
     let committed = writer.await??;
     let expected: BTreeSet<String> = committed
@@ -464,7 +527,7 @@ async fn partitions_raised_while_writing(cluster: &KafkaCluster) -> Result<()> {
     .await?;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(BEFORE_FAULT).await;
     let topic = s.topic("outbox.event.Order");
     let admin = admin(cluster)?;
     for result in admin
@@ -473,7 +536,8 @@ async fn partitions_raised_while_writing(cluster: &KafkaCluster) -> Result<()> {
     {
         result.map_err(|(name, code)| anyhow::anyhow!("adding partitions to {name}: {code}"))?;
     }
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Several metadata refreshes, and then events for every key on its new placement.
+    tokio::time::sleep(Duration::from_secs(6)).await;
     stop.store(true, Ordering::Relaxed);
     let committed = writer.await??;
     let expected: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
@@ -516,6 +580,66 @@ async fn partitions_raised_while_writing(cluster: &KafkaCluster) -> Result<()> {
     let client = s.pg.connect().await?;
     let end = current_insert_lsn(&client).await?;
     wait_for_slot_past(&client, &s.slot, end, Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+/// Scenario 6: Exactly-once, the transaction coordinator's node killed (`kill -9`) after it
+/// recorded a commit and before its answer reached Siphon. Every connection of Siphon's
+/// clients goes through a proxy per node; the proxy of the coordinator's node keeps back the
+/// answer to EndTxn, so the commit is in the coordinator's (replicated) log while Siphon has no
+/// answer, and then the node is killed. Another node takes the coordinator over and completes
+/// the commit; Siphon can learn the outcome only from it. A read_committed consumer sees each
+/// event once, first deliveries in commit order per key.
+async fn coordinator_killed_mid_commit(cluster: &KafkaCluster) -> Result<()> {
+    let proxies = ClusterProxies::start(cluster)?;
+    let setup = Setup {
+        exactly_once: true,
+        bootstrap: Some(proxies.bootstrap()),
+        ..Setup::default()
+    };
+    let s = Scenario::start_with(cluster, "coordkill", setup).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
+    tokio::time::sleep(BEFORE_FAULT).await;
+    // Only the coordinator answers EndTxn: the proxy it passes is the coordinator's node's.
+    for (_, proxy) in proxies.proxies() {
+        proxy.hold_next_answer(END_TXN);
+    }
+    let coordinator = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        || async {
+            Ok(proxies
+                .proxies()
+                .find(|(_, proxy)| proxy.answers_held() > 0)
+                .map(|(id, _)| id))
+        },
+    )
+    .await
+    .with_context(|| format!("no EndTxn answer reached a proxy; log:\n{}", s.siphon.log()))?;
+    // No other EndTxn is sent while this one waits for its answer.
+    for (_, proxy) in proxies.proxies() {
+        proxy.clear_answer_hold();
+    }
+    cluster.node(coordinator)?.kill9()?;
+    // The writer goes on while another node is the coordinator.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.restart(coordinator)?;
+    tokio::time::sleep(AFTER_RECOVERY).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    s.check_delivered(&committed).await?;
+    let held: u64 = proxies.proxies().map(|(_, p)| p.answers_held()).sum();
+    ensure!(held == 1, "{held} EndTxn answers held, not one");
+    eprintln!(
+        "coordkill: node {coordinator} killed with an EndTxn answer held; Siphon's warnings:\n{}",
+        s.siphon
+            .log()
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     Ok(())
 }
 
@@ -564,6 +688,7 @@ async fn broker_faults_on_a_three_node_cluster() -> Result<()> {
     scenario!(cluster_frozen_past_the_deadline);
     scenario!(topic_deleted_while_writing);
     scenario!(partitions_raised_while_writing);
+    scenario!(coordinator_killed_mid_commit);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }

@@ -10,13 +10,17 @@
 //!   each event once, memory bounded by the window, not by the transaction.
 //! - A zombie: a Siphon frozen with an open transaction while a second one takes the slot is
 //!   fenced when it wakes: nothing it wrote after the second one started becomes visible.
+//! - A transaction coordinator slow to register the producer: the stream, already holding the
+//!   slot, keeps its status updates going, and the server keeps the connection.
 
 use anyhow::{Context, Result};
+use siphon_tests::kafka_protocol::INIT_PRODUCER_ID;
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, count_by_id, event, exactly_once_config, insert_transaction,
-    read_event_records_isolated, slot_active, wait_for_all, wait_for_slot_caught_up, Event,
-    OUTBOX_DDL,
+    read_event_records_isolated, siphon_config_at, slot_active, start_streaming, wait_for_all,
+    wait_for_slot_caught_up, with_exactly_once, Event, OUTBOX_DDL,
 };
+use siphon_tests::proxy::ProxiedBroker;
 use siphon_tests::{wait_until, Broker, Isolation, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -346,6 +350,79 @@ async fn a_transaction_split_over_kafka_transactions_is_seen_once_across_kill_9(
             .contains("resuming after the last committed progress"),
         "{}",
         siphon.log()
+    );
+    Ok(())
+}
+
+/// The walsender's pid streaming from `slot`, if one is.
+async fn walsender_pid(client: &Client, slot: &str) -> Result<Option<i32>> {
+    let row = client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.and_then(|r| r.get(0)))
+}
+
+/// The session holds the slot (its stream started) before the producer registers with its
+/// transaction coordinator, and a coordinator can take long to answer (one loading its log
+/// answers "load in progress" for as long as that takes). Meanwhile the stream's status updates
+/// go on, so the server does not end the replication connection for `wal_sender_timeout`.
+///
+/// The proxy holds the broker's answer to InitProducerId until the producer gives up on it
+/// (`socket.timeout.ms`, 6 s) and asks again, three times the server's `wal_sender_timeout`
+/// (2 s). One walsender streams throughout, and the event written meanwhile arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_keeps_the_slot_while_the_producer_waits_for_its_coordinator() -> Result<()> {
+    let pg = Postgres::start()?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    client
+        .batch_execute("ALTER SYSTEM SET wal_sender_timeout = '2s'")
+        .await?;
+    client.batch_execute("SELECT pg_reload_conf()").await?;
+    let broker = ProxiedBroker::start_kafka_aware()?;
+    // Only the transactional producer's request names the slot (in its transactional id).
+    broker
+        .proxy()
+        .hold_next_answer_to(INIT_PRODUCER_ID, b"slowcoordinator");
+    let config = with_exactly_once(
+        &siphon_config_at(
+            &pg,
+            &broker,
+            "slowcoordinator",
+            "\"socket.timeout.ms\" = \"6000\"",
+            "",
+        ),
+        &broker,
+    );
+    let siphon = start_streaming(&client, &config, "slowcoordinator").await?;
+    let walsender = walsender_pid(&client, "slowcoordinator").await?;
+    let events = vec![event(1, true)];
+    let mut writer = pg.connect().await?;
+    insert_transaction(&mut writer, &events, true).await?;
+    let expected: BTreeSet<String> = events.iter().map(|e| e.id.clone()).collect();
+    let records = wait_for_all(&broker, &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    anyhow::ensure!(
+        broker.proxy().answers_held() == 1,
+        "the proxy held no InitProducerId answer: the test proved nothing"
+    );
+    let now = walsender_pid(&client, "slowcoordinator").await?;
+    anyhow::ensure!(
+        walsender.is_some() && now == walsender,
+        "the walsender changed from {walsender:?} to {now:?} while the producer registered; \
+         log:\n{}",
+        siphon.log()
+    );
+    let read = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
+    anyhow::ensure!(
+        read.len() == 1 && records.len() == 1,
+        "{} records read_committed, {} in the log, for one event",
+        read.len(),
+        records.len()
     );
     Ok(())
 }

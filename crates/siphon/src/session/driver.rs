@@ -21,6 +21,10 @@
 //!   as purged; one refused for good refuses each record of its topic, as at enqueue.
 //! - Delivery reports are served by this loop when librdkafka's queue wakes it
 //!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
+//! - From the moment the replication stream starts, whatever the session awaits, the stream is
+//!   driven beside it (reading ahead within its budget, status updates on time): also while
+//!   the exactly-once producer registers with its coordinator and the progress is read, before
+//!   the loop runs.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
 use super::position::PositionHeaders;
@@ -197,7 +201,7 @@ async fn connect(
     let start = carry.resume_from(slot.confirmed_flush_lsn, slot.identity.as_ref());
     let observer: Arc<dyn DeliveryObserver> = Arc::clone(metrics) as Arc<dyn DeliveryObserver>;
     let sql = Arc::new(Catalog::connect(&settings.source.url, &slot.endpoint).await?);
-    let stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
+    let mut stream = ReplicationStream::start(&settings.source, &slot, start, carry.stall).await?;
     // Exactly-once: the slot is held (the stream started) before older producers are fenced
     // and the progress is read (see `transactional`).
     let (sink, deliveries, exactly_once) = match &settings.exactly_once {
@@ -208,15 +212,21 @@ async fn connect(
         Some(exactly_once) => {
             let source =
                 transactional::Source::new(settings, exactly_once, slot.identity.as_ref())?;
-            let opened = transactional::open(
+            let opening = transactional::open(
                 settings,
                 exactly_once,
                 source,
                 &slot.endpoint,
                 start,
                 observer,
-            )
-            .await?;
+            );
+            // The coordinator may take its time (one loading its log answers "load in
+            // progress"): meanwhile the stream reads ahead within its budget and keeps its
+            // status updates going, or the server would end it after wal_sender_timeout.
+            let opened = tokio::select! {
+                opened = opening => opened?,
+                error = stream.read_ahead() => return Err(error.into()),
+            };
             let started = (opened.transactions, opened.source);
             (opened.sink, opened.deliveries, Some(started))
         }
