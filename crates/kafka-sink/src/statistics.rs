@@ -31,6 +31,13 @@ pub enum ProducerStage {
 }
 
 impl ProducerStage {
+    /// Every stage.
+    pub const ALL: [ProducerStage; 3] = [
+        ProducerStage::PartitionQueue,
+        ProducerStage::RequestQueue,
+        ProducerStage::RoundTrip,
+    ];
+
     /// The stage's name in metrics.
     pub fn label(self) -> &'static str {
         match self {

@@ -19,7 +19,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap;
+use siphon_kafka_sink::ProducerStage;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -29,6 +32,9 @@ type TopicLabels = [(&'static str, String); 1];
 type FixedLabels = [(&'static str, &'static str); 1];
 /// Labels of `siphon_kafka_latency_seconds`: the broker's node id, the stage, the quantile.
 type KafkaLatencyLabels = [(&'static str, String); 3];
+
+/// The `quantile` label values of `siphon_kafka_latency_seconds`.
+const KAFKA_LATENCY_QUANTILES: [&str; 3] = ["0.5", "0.99", "1"];
 
 /// At most this many distinct `topic` label values are created.
 pub const MAX_TOPIC_LABELS: usize = 1000;
@@ -263,6 +269,8 @@ pub struct Metrics {
     commit_to_read: LatencyHistogram,
     send_to_ack: LatencyHistogram,
     kafka_latency: Family<KafkaLatencyLabels, Gauge<f64, AtomicU64>>,
+    /// The brokers `kafka_latency` has series for (the last statistics' brokers).
+    kafka_latency_brokers: Mutex<BTreeSet<i32>>,
     /// Initial snapshots and re-sends (see [`TransferKind`]).
     transfer: TransferMetrics,
 }
@@ -483,6 +491,7 @@ impl Metrics {
             commit_to_read,
             send_to_ack,
             kafka_latency,
+            kafka_latency_brokers: Mutex::new(BTreeSet::new()),
             transfer,
         }
     }
@@ -723,22 +732,42 @@ impl Metrics {
         }
     }
 
-    /// The producer's latencies per broker (see [`siphon_kafka_sink::statistics`]).
+    /// The producer's latencies per broker (see [`siphon_kafka_sink::statistics`]). A stage
+    /// without samples keeps its last figures; a broker missing from the statistics (it left
+    /// the cluster) loses its series.
     pub fn set_kafka_latencies(&self, brokers: &[siphon_kafka_sink::BrokerLatencies]) {
+        let labels = |node_id: i32, stage: ProducerStage, quantile: &str| {
+            [
+                ("broker", node_id.to_string()),
+                ("stage", stage.label().to_owned()),
+                ("quantile", quantile.to_owned()),
+            ]
+        };
         for broker in brokers {
             for stage in &broker.stages {
-                for (quantile, value) in [("0.5", stage.p50), ("0.99", stage.p99), ("1", stage.max)]
-                {
+                let values = [stage.p50, stage.p99, stage.max];
+                for (quantile, value) in KAFKA_LATENCY_QUANTILES.into_iter().zip(values) {
                     self.kafka_latency
-                        .get_or_create(&[
-                            ("broker", broker.node_id.to_string()),
-                            ("stage", stage.stage.label().to_owned()),
-                            ("quantile", quantile.to_owned()),
-                        ])
+                        .get_or_create(&labels(broker.node_id, stage.stage, quantile))
                         .set(value.as_secs_f64());
                 }
             }
         }
+        let current: BTreeSet<i32> = brokers.iter().map(|b| b.node_id).collect();
+        // A poisoned lock only means a panic elsewhere; the set is replaced whole below.
+        let mut known = self
+            .kafka_latency_brokers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for &departed in known.difference(&current) {
+            for stage in ProducerStage::ALL {
+                for quantile in KAFKA_LATENCY_QUANTILES {
+                    self.kafka_latency
+                        .remove(&labels(departed, stage, quantile));
+                }
+            }
+        }
+        *known = current;
     }
 
     /// Every series in the Prometheus text exposition format (version 0.0.4), with `# HELP`
@@ -825,6 +854,20 @@ mod tests {
                 "siphon_kafka_latency_seconds{broker=\"2\",stage=\"round_trip\",quantile=\"0.99\"}"
             ),
             0.005
+        );
+        // Broker 2 left the cluster: its series go, broker 3's come.
+        m.set_kafka_latencies(&[BrokerLatencies {
+            node_id: 3,
+            stages: vec![stage(ProducerStage::RoundTrip, 1, 2, 3)],
+        }]);
+        let t = m.encode();
+        assert!(!t.contains("broker=\"2\""), "{t}");
+        assert_eq!(
+            value(
+                &t,
+                "siphon_kafka_latency_seconds{broker=\"3\",stage=\"round_trip\",quantile=\"1\"}"
+            ),
+            0.003
         );
     }
 
