@@ -108,6 +108,8 @@ pub struct NodeSpec {
     pub controller_port: u16,
     /// The port the node advertises to clients (its own port unless a proxy sits in front).
     pub advertised_port: u16,
+    /// A SASL_PLAINTEXT listener's port too, when set (see [`KafkaNode::start_single_with_sasl`]).
+    pub sasl_port: Option<u16>,
     /// `controller.quorum.voters`: `id@127.0.0.1:port` of every voter.
     pub voters: String,
     /// Extra `server.properties` lines.
@@ -163,21 +165,33 @@ pub const CLUSTER_SETTINGS: &[(&str, &str)] = &[
 
 impl NodeSpec {
     fn server_properties(&self, data_dir: &Path) -> String {
+        let sasl = self
+            .sasl_port
+            .map(|port| format!(",SASL_PLAINTEXT://127.0.0.1:{port}"))
+            .unwrap_or_default();
         let mut lines = vec![
             format!("node.id={}", self.id),
             format!("controller.quorum.voters={}", self.voters),
             format!(
-                "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}{sasl}",
                 self.port, self.controller_port
             ),
             format!(
-                "advertised.listeners=PLAINTEXT://127.0.0.1:{}",
+                "advertised.listeners=PLAINTEXT://127.0.0.1:{}{sasl}",
                 self.advertised_port
             ),
             format!("log.dirs={}", data_dir.display()),
         ];
         for (k, v) in COMMON_SETTINGS {
             lines.push(format!("{k}={v}"));
+        }
+        if self.sasl_port.is_some() {
+            // A later line overrides an earlier one of the same key.
+            lines.push(
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,\
+                 SASL_PLAINTEXT:SASL_PLAINTEXT"
+                    .to_owned(),
+            );
         }
         for (k, v) in &self.extra {
             lines.push(format!("{k}={v}"));
@@ -201,11 +215,68 @@ impl KafkaNode {
     /// A single node on free ports, its own quorum of one, with `extra` settings on top of
     /// [`SINGLE_NODE_SETTINGS`]; waits until it answers metadata.
     pub fn start_single(extra: &[(&str, &str)]) -> Result<KafkaNode> {
-        let node = Self::prepare_single(None, extra, None)?;
+        let node = Self::prepare_single(None, extra, None, None)?;
         node.format(&new_cluster_id(&node.libs)?)?;
         node.spawn()?;
         node.wait_ready(1)?;
         Ok(node)
+    }
+
+    /// A single node (as [`KafkaNode::start_single`]) that also listens for SASL_PLAINTEXT
+    /// clients ([`KafkaNode::sasl_bootstrap`], mechanism PLAIN, the `users` given as (name,
+    /// password)) and authorizes with Kafka's `StandardAuthorizer`: a SASL client, `User:<name>`,
+    /// may do only what ACLs grant it (none at first), while the PLAINTEXT listener's clients
+    /// (the tests' own, `User:ANONYMOUS`) are super users.
+    pub fn start_single_with_sasl(users: &[(&str, &str)]) -> Result<KafkaNode> {
+        let logins: String = users
+            .iter()
+            .map(|(name, password)| format!(" user_{name}=\"{password}\""))
+            .collect();
+        let jaas =
+            format!("org.apache.kafka.common.security.plain.PlainLoginModule required{logins};");
+        let extra = [
+            ("sasl.enabled.mechanisms", "PLAIN"),
+            ("listener.name.sasl_plaintext.plain.sasl.jaas.config", &jaas),
+            (
+                "authorizer.class.name",
+                "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            ),
+            ("super.users", "User:ANONYMOUS"),
+            ("allow.everyone.if.no.acl.found", "false"),
+        ];
+        let node = Self::prepare_single(None, &extra, None, Some(crate::free_port()))?;
+        node.format(&new_cluster_id(&node.libs)?)?;
+        node.spawn()?;
+        node.wait_ready(1)?;
+        Ok(node)
+    }
+
+    /// Grants `principal` (e.g. `User:siphon`) each of `acls`, written
+    /// `RESOURCE:PATTERN:OPERATION:NAME` (e.g. `TOPIC:PREFIXED:WRITE:orders.`), through the
+    /// PLAINTEXT listener with Kafka's own admin client (`tests/kafka/Acls.java`).
+    pub fn grant(&self, principal: &str, acls: &[&str]) -> Result<()> {
+        let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/Acls.java");
+        let output = Command::new(java())
+            .args(["-cp", &format!("{}/*", self.libs.display())])
+            .arg(&program)
+            .arg(self.bootstrap())
+            .arg(principal)
+            .args(acls)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", program.display()))?;
+        ensure!(
+            output.status.success(),
+            "granting {principal} {acls:?} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    /// `127.0.0.1:PORT` of the SASL_PLAINTEXT listener, if the node has one.
+    pub fn sasl_bootstrap(&self) -> Option<String> {
+        self.spec.sasl_port.map(|port| format!("127.0.0.1:{port}"))
     }
 
     /// Like [`KafkaNode::start_single`], advertising `advertised_port` (a proxy's) instead of
@@ -214,7 +285,7 @@ impl KafkaNode {
         advertised_port: u16,
         extra: &[(&str, &str)],
     ) -> Result<KafkaNode> {
-        let node = Self::prepare_single(Some(advertised_port), extra, None)?;
+        let node = Self::prepare_single(Some(advertised_port), extra, None, None)?;
         node.format(&new_cluster_id(&node.libs)?)?;
         node.spawn()?;
         node.wait_ready(1)?;
@@ -227,7 +298,7 @@ impl KafkaNode {
     /// dropped while the process runs.
     pub(crate) fn start_single_for_process(extra: &[(&str, &str)]) -> Result<KafkaNode> {
         let prefix = format!("{SHARED_DIR_PREFIX}{}-", std::process::id());
-        let mut node = Self::prepare_single(None, extra, Some(&prefix))?;
+        let mut node = Self::prepare_single(None, extra, Some(&prefix), None)?;
         node.die_with_thread = true;
         node.format(&new_cluster_id(&node.libs)?)?;
         node.spawn()?;
@@ -239,6 +310,7 @@ impl KafkaNode {
         advertised: Option<u16>,
         extra: &[(&str, &str)],
         dir_prefix: Option<&str>,
+        sasl_port: Option<u16>,
     ) -> Result<KafkaNode> {
         let port = crate::free_port();
         let controller_port = crate::free_port();
@@ -257,6 +329,7 @@ impl KafkaNode {
                 port,
                 controller_port,
                 advertised_port: advertised.unwrap_or(port),
+                sasl_port,
                 voters: format!("1@127.0.0.1:{controller_port}"),
                 extra: settings,
             },
@@ -619,6 +692,7 @@ impl KafkaCluster {
                     port,
                     controller_port,
                     advertised_port: port,
+                    sasl_port: None,
                     voters: voters.clone(),
                     extra: settings.clone(),
                 })

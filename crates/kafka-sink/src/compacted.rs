@@ -7,11 +7,14 @@
 //!   transactional id never reaches a consumer or an admin client.
 //! - Every failure carries the librdkafka code and the operation; a timeout code is
 //!   [`StateTopicError::TimedOut`]; none is classified by its text.
+//! - A connection refused for its SASL credentials is reported to the client's context (at
+//!   the latest when the client is dropped), not to the request, which fails as a transport
+//!   failure or a timeout. Every operation's result is settled once its clients are gone: such
+//!   a failure after a refusal is the refusal, a definite error naming the credentials.
 
 use crate::topics::is_producer_only;
 use crate::TopicCreation;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
@@ -20,6 +23,8 @@ use rdkafka::ClientContext;
 use siphon_core::Consequence;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long one read or write of the state topic may take.
@@ -82,6 +87,9 @@ fn hint(code: RDKafkaErrorCode) -> &'static str {
         | RDKafkaErrorCode::PolicyViolation => {
             ": check kafka.topic_creation.replication_factor, or create the topic yourself (cleanup.policy=compact, one partition)"
         }
+        RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
+            ": the brokers refused Siphon's credentials; check kafka.properties \"sasl.username\" and \"sasl.password\" (or SIPHON_KAFKA_PROPERTIES_SASL_PASSWORD), \"sasl.mechanisms\" and \"security.protocol\""
+        }
         _ => "",
     }
 }
@@ -97,6 +105,8 @@ impl StateTopicError {
                 RDKafkaErrorCode::TopicAuthorizationFailed
                 | RDKafkaErrorCode::ClusterAuthorizationFailed
                 | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
                 | RDKafkaErrorCode::InvalidConfig
                 | RDKafkaErrorCode::InvalidReplicationFactor
                 | RDKafkaErrorCode::PolicyViolation
@@ -108,12 +118,21 @@ impl StateTopicError {
     }
 }
 
-/// The readers' client context: client errors logged as the producer's are; the end of a
-/// partition, which a reader asks to be told of, is no error.
-pub(crate) struct ReaderContext;
+/// The context of every client of a compacted topic: client errors logged as the producer's
+/// are; the end of a partition, which a reader asks to be told of, is no error; a refused
+/// authentication is remembered for the topic (see the module's invariants).
+pub(crate) struct ReaderContext {
+    authentication_failed: Arc<AtomicBool>,
+}
 
 impl ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
+        ) {
+            self.authentication_failed.store(true, Ordering::Relaxed);
+        }
         match error.rdkafka_error_code() {
             Some(
                 RDKafkaErrorCode::PartitionEOF
@@ -137,6 +156,8 @@ pub(crate) struct CompactedTopic {
     /// Connection properties (bootstrap servers, security), without producer-only ones.
     pub(crate) connection: BTreeMap<String, String>,
     pub(crate) creation: TopicCreation,
+    /// Set once a client of this topic had its credentials refused.
+    authentication_failed: Arc<AtomicBool>,
 }
 
 impl CompactedTopic {
@@ -154,6 +175,7 @@ impl CompactedTopic {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             creation,
+            authentication_failed: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -163,7 +185,7 @@ impl CompactedTopic {
         configs: &[(&str, &str)],
         what: &str,
     ) -> Result<(), StateTopicError> {
-        let admin: AdminClient<DefaultClientContext> =
+        let admin: AdminClient<ReaderContext> =
             self.client(&self.connection, StateOperation::Create)?;
         let mut topic = NewTopic::new(
             &self.topic,
@@ -220,7 +242,7 @@ impl CompactedTopic {
             config.set(key, value);
         }
         config
-            .create_with_context(ReaderContext)
+            .create_with_context(self.context())
             .map_err(|_| self.failed(StateOperation::Read, RDKafkaErrorCode::InvalidArgument))
     }
 
@@ -243,7 +265,8 @@ impl CompactedTopic {
         }
     }
 
-    pub(crate) fn client<C: rdkafka::config::FromClientConfig>(
+    /// A client of the topic with `properties`, with the topic's context.
+    pub(crate) fn client<C: rdkafka::config::FromClientConfigAndContext<ReaderContext>>(
         &self,
         properties: &BTreeMap<String, String>,
         operation: StateOperation,
@@ -254,8 +277,14 @@ impl CompactedTopic {
         }
         // Only properties librdkafka refuses fail here.
         config
-            .create()
+            .create_with_context(self.context())
             .map_err(|_| self.failed(operation, RDKafkaErrorCode::InvalidArgument))
+    }
+
+    fn context(&self) -> ReaderContext {
+        ReaderContext {
+            authentication_failed: Arc::clone(&self.authentication_failed),
+        }
     }
 
     pub(crate) fn kafka(&self, operation: StateOperation, error: &KafkaError) -> StateTopicError {
@@ -288,10 +317,88 @@ impl CompactedTopic {
         }
     }
 
+    /// `result` of an operation whose clients are gone (so their contexts were told every
+    /// error librdkafka had queued): a transport failure or a timeout after the brokers refused
+    /// the credentials is that refusal (see the module's invariants).
+    pub(crate) fn settled<T>(
+        &self,
+        result: Result<T, StateTopicError>,
+    ) -> Result<T, StateTopicError> {
+        let operation = match &result {
+            Err(StateTopicError::TimedOut { operation, .. }) => *operation,
+            Err(StateTopicError::Kafka {
+                operation,
+                code: RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown,
+                ..
+            }) => *operation,
+            _ => return result,
+        };
+        if !self.authentication_failed.load(Ordering::Relaxed) {
+            return result;
+        }
+        Err(StateTopicError::Kafka {
+            topic: self.topic.clone(),
+            operation,
+            code: RDKafkaErrorCode::Authentication,
+        })
+    }
+
     /// The topic is missing and may not be created.
     pub(crate) fn missing(&self) -> StateTopicError {
         StateTopicError::Missing {
             topic: self.topic.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic() -> CompactedTopic {
+        CompactedTopic::new("siphon.state", &BTreeMap::new(), TopicCreation::default())
+    }
+
+    #[test]
+    fn transport_failures_after_refused_credentials_are_definite_and_name_them() {
+        let topic = topic();
+        let settled = |failure| topic.settled::<()>(Err(failure)).unwrap_err();
+        for failure in [
+            topic.failed(
+                StateOperation::Read,
+                RDKafkaErrorCode::BrokerTransportFailure,
+            ),
+            topic.timed_out(StateOperation::Read),
+        ] {
+            let failure = settled(failure);
+            assert_eq!(failure.consequence(), Consequence::Retry, "{failure}");
+        }
+        // The brokers refuse the credentials: librdkafka tells the client's context.
+        topic.context().error(
+            KafkaError::Global(RDKafkaErrorCode::Authentication),
+            "SASL authentication error: Authentication failed: Invalid username or password",
+        );
+        for failure in [
+            topic.failed(
+                StateOperation::Read,
+                RDKafkaErrorCode::BrokerTransportFailure,
+            ),
+            topic.failed(StateOperation::Create, RDKafkaErrorCode::AllBrokersDown),
+            topic.failed(StateOperation::Read, RDKafkaErrorCode::OperationTimedOut),
+            topic.timed_out(StateOperation::Write),
+        ] {
+            let failure = settled(failure);
+            assert_eq!(failure.consequence(), Consequence::Fix, "{failure}");
+            assert!(
+                failure.to_string().contains("\"sasl.password\""),
+                "{failure}"
+            );
+        }
+        // Other codes keep their own meaning.
+        let leader = settled(topic.failed(
+            StateOperation::Read,
+            RDKafkaErrorCode::NotLeaderForPartition,
+        ));
+        assert_eq!(leader.consequence(), Consequence::Retry);
     }
 }

@@ -55,16 +55,19 @@ impl ProgressTopic {
     /// a missing topic is [`StateTopicError::Missing`].
     pub async fn ensure(&self) -> Result<(), StateTopicError> {
         let compacted = &self.compacted;
-        if compacted.creation.enabled {
+        let ensured = if compacted.creation.enabled {
             // Compaction keeps one record per source; short segments let it run soon.
             compacted
                 .create(&[("segment.ms", "600000")], "progress")
                 .await
-        } else if compacted.exists().await? {
-            Ok(())
         } else {
-            Err(compacted.missing())
-        }
+            match compacted.exists().await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(compacted.missing()),
+                Err(e) => Err(e),
+            }
+        };
+        compacted.settled(ensured)
     }
 
     /// The value of the last committed record with `key` (see the module's invariants);
@@ -72,13 +75,14 @@ impl ProgressTopic {
     pub async fn read_committed(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateTopicError> {
         let this = self.clone();
         let key = key.to_vec();
-        tokio::task::spawn_blocking(move || this.read_blocking(&key))
+        let read = tokio::task::spawn_blocking(move || this.read_blocking(&key))
             .await
             .unwrap_or_else(|_| {
                 Err(self
                     .compacted
                     .failed(StateOperation::Read, RDKafkaErrorCode::Fail))
-            })
+            });
+        self.compacted.settled(read)
     }
 
     fn read_blocking(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateTopicError> {

@@ -12,7 +12,7 @@
 //! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
 //! - Errors carry the librdkafka code and the operation; none is classified by its text.
 
-use crate::compacted::CompactedTopic;
+use crate::compacted::{CompactedTopic, ReaderContext};
 pub use crate::compacted::{StateOperation, StateTopicError, STATE_TIMEOUT};
 use crate::TopicCreation;
 use rdkafka::consumer::Consumer;
@@ -63,18 +63,24 @@ impl StateTopic {
     pub async fn read(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateTopicError> {
         let this = self.clone();
         let key = key.to_vec();
-        tokio::task::spawn_blocking(move || this.read_blocking(&key))
+        let read = tokio::task::spawn_blocking(move || this.read_blocking(&key))
             .await
             .unwrap_or_else(|_| {
                 Err(self
                     .compacted
                     .failed(StateOperation::Read, RDKafkaErrorCode::Fail))
-            })
+            });
+        self.compacted.settled(read)
     }
 
     /// Writes `value` under `key` and waits for the broker's acknowledgement, creating the topic
     /// first when it is missing.
     pub async fn write(&self, key: &[u8], value: &[u8]) -> Result<(), StateTopicError> {
+        let written = self.write_once(key, value).await;
+        self.compacted.settled(written)
+    }
+
+    async fn write_once(&self, key: &[u8], value: &[u8]) -> Result<(), StateTopicError> {
         let compacted = &self.compacted;
         if compacted.creation.enabled {
             compacted.create(&[], "state").await?;
@@ -82,7 +88,8 @@ impl StateTopic {
             // A broker's auto-creation would make a topic that is not compacted.
             return Err(compacted.missing());
         }
-        let producer: FutureProducer = compacted.client(&self.producer, StateOperation::Write)?;
+        let producer: FutureProducer<ReaderContext> =
+            compacted.client(&self.producer, StateOperation::Write)?;
         let record = FutureRecord::to(&compacted.topic).key(key).payload(value);
         let sent = tokio::time::timeout(STATE_TIMEOUT, producer.send(record, STATE_TIMEOUT))
             .await
