@@ -226,15 +226,18 @@ impl KafkaNode {
     /// clients ([`KafkaNode::sasl_bootstrap`], mechanism PLAIN, the `users` given as (name,
     /// password)) and authorizes with Kafka's `StandardAuthorizer`: a SASL client, `User:<name>`,
     /// may do only what ACLs grant it (none at first), while the PLAINTEXT listener's clients
-    /// (the tests' own, `User:ANONYMOUS`) are super users.
-    pub fn start_single_with_sasl(users: &[(&str, &str)]) -> Result<KafkaNode> {
+    /// (the tests' own, `User:ANONYMOUS`) are super users. `extra` settings go on top.
+    pub fn start_single_with_sasl(
+        users: &[(&str, &str)],
+        extra: &[(&str, &str)],
+    ) -> Result<KafkaNode> {
         let logins: String = users
             .iter()
             .map(|(name, password)| format!(" user_{name}=\"{password}\""))
             .collect();
         let jaas =
             format!("org.apache.kafka.common.security.plain.PlainLoginModule required{logins};");
-        let extra = [
+        let mut settings = vec![
             ("sasl.enabled.mechanisms", "PLAIN"),
             ("listener.name.sasl_plaintext.plain.sasl.jaas.config", &jaas),
             (
@@ -244,7 +247,8 @@ impl KafkaNode {
             ("super.users", "User:ANONYMOUS"),
             ("allow.everyone.if.no.acl.found", "false"),
         ];
-        let node = Self::prepare_single(None, &extra, None, Some(crate::free_port()))?;
+        settings.extend_from_slice(extra);
+        let node = Self::prepare_single(None, &settings, None, Some(crate::free_port()))?;
         node.format(&new_cluster_id(&node.libs)?)?;
         node.spawn()?;
         node.wait_ready(1)?;

@@ -601,6 +601,11 @@ fn fix(code: RDKafkaErrorCode) -> &'static str {
             "check the kafka.properties security settings (sasl.*, security.protocol) against the broker's listener"
         }
         C::SSL => "check the kafka.properties ssl.* settings and the broker's certificate",
+        // librdkafka retries this produce error itself; a delivery fails with it only once the
+        // cluster's metadata has not shown the topic for topic.metadata.propagation.max.ms.
+        C::UnknownTopicOrPartition => {
+            "the cluster has no such topic: create it, or let Siphon create topics (kafka.topic_creation.enabled) or the broker (auto.create.topics.enable); the producer is rebuilt and the record sent again until it exists"
+        }
         C::InvalidRequiredAcks => "Siphon sends acks=all: the broker refuses it; check the broker's configuration",
         C::UnsupportedVersion | C::UnsupportedFeature | C::NotImplemented | C::InvalidRequest => {
             "the broker does not support a request the producer needs (idempotent produce): upgrade the broker or check kafka.properties \"api.version.*\" / \"broker.version.fallback\""

@@ -262,6 +262,9 @@ pub struct SessionCore<'a> {
     commit_to_ack: LastElapsed<(i64, SystemTime)>,
     /// The last hand-over->acknowledgement latency, by (hand-over, arrival).
     send_to_ack: LastElapsed<(Instant, Instant)>,
+    /// The first delivery failure since the last producer replacement that calls for one:
+    /// named in the replacement's warning.
+    replacement_cause: Option<String>,
 }
 
 impl<'a> SessionCore<'a> {
@@ -305,6 +308,7 @@ impl<'a> SessionCore<'a> {
             oldest_reported: None,
             commit_to_ack: LastElapsed::default(),
             send_to_ack: LastElapsed::default(),
+            replacement_cause: None,
         }
     }
 
@@ -401,7 +405,12 @@ impl<'a> SessionCore<'a> {
                 flow::Action::Other(Own::ForgetRelation(oid)) => Action::ForgetRelation(oid),
                 flow::Action::Other(Own::SkipDeletes(oid)) => Action::SkipDeletes(oid),
                 flow::Action::Replacing { resend } => {
-                    Event::ProducerReplaced { resend }.emit(&self.metrics);
+                    let cause = self.replacement_cause.take();
+                    Event::ProducerReplaced {
+                        resend,
+                        cause: cause.as_deref(),
+                    }
+                    .emit(&self.metrics);
                     continue;
                 }
                 flow::Action::Overdue { unacked } => {
@@ -1106,6 +1115,11 @@ impl<'a> SessionCore<'a> {
                     cause: AbortCause::Delivery(error),
                 },
             });
+        }
+        if self.replacement_cause.is_none()
+            && matches!(&failure.error, DeliveryError::Transient(kind) if kind.needs_rebuild())
+        {
+            self.replacement_cause = Some(failure.error.to_string());
         }
         let outcome = match failure.error {
             DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {

@@ -63,7 +63,12 @@ pub enum Event<'a> {
     /// A record waited longer than the delivery timeout: the producer is purged and replaced.
     DeliveryOverdue { unacked: usize },
     /// The producer is replaced; its undelivered records are sent again in their order.
-    ProducerReplaced { resend: usize },
+    /// `cause`: the first delivery failure that called for it (none after a purge for the
+    /// delivery deadline, which is told of itself).
+    ProducerReplaced {
+        resend: usize,
+        cause: Option<&'a str>,
+    },
     /// An initial snapshot or a re-send acknowledged another chunk of `rows` rows of `table`.
     TransferProgress {
         kind: TransferKind,
@@ -205,13 +210,20 @@ impl Event<'_> {
                     "a record was not acknowledged within kafka.properties.\"message.timeout.ms\"; purging the producer (nothing queued after it is sent) to replace it"
                 );
             }
-            Event::ProducerReplaced { resend } => {
+            Event::ProducerReplaced { resend, cause } => {
                 metrics.producer_rebuilt();
                 metrics.reconnect(ReconnectCause::Sink);
-                warn!(
-                    resend,
-                    "Kafka producer failed; replacing it and sending its undelivered records again in their order"
-                );
+                match cause {
+                    Some(cause) => warn!(
+                        resend,
+                        cause,
+                        "Kafka producer failed; replacing it and sending its undelivered records again in their order"
+                    ),
+                    None => warn!(
+                        resend,
+                        "Kafka producer failed; replacing it and sending its undelivered records again in their order"
+                    ),
+                }
             }
             Event::Reconnecting {
                 cause,

@@ -1,19 +1,26 @@
-//! A Kafka broker that authenticates and authorizes (SASL/PLAIN, Kafka's `StandardAuthorizer`,
-//! nothing allowed without an ACL), as production clusters run: Siphon's principal with no
-//! ACL, with a wrong password, with the ACLs for its own state but none for the outbox's
-//! topics, and allowed to create those topics but not to write to them; and, the control, with
-//! the ACLs the operations guide lists, everything delivered. Each is a definite error: Siphon stops with exit
+//! A Kafka broker set up as production clusters often are: it authenticates and authorizes
+//! (SASL/PLAIN, Kafka's `StandardAuthorizer`, nothing allowed without an ACL) and creates no
+//! topic on its own (`auto.create.topics.enable = false`). Siphon's principal with no ACL, with
+//! a wrong password, with the ACLs for its own state but none for the outbox's topics, and
+//! allowed to create those topics but not to write to them; the control, with the ACLs the
+//! operations guide lists, everything delivered; and an event for a topic nobody created while
+//! Siphon may not create topics (warned about with the fix, delivered once the topic exists). Each is a definite error: Siphon stops with exit
 //! status 2 and a message naming the fix, confirms nothing it did not deliver, and neither
 //! retries in a tight loop nor skips the events.
 //!
 //! One node (its own: the shared one has no authorizer) serves every scenario, one after another.
 
 use anyhow::{ensure, Context as _, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
 use siphon_tests::outbox::{
     current_insert_lsn, event, insert_transaction, siphon_config_at, slot_confirmed_lsn,
-    start_streaming, wait_for_all, wait_for_slot_past, Via, OUTBOX_DDL,
+    start_streaming, wait_for_all, wait_for_slot_past, KafkaTarget as _, Via, OUTBOX_DDL,
 };
-use siphon_tests::{KafkaNode, Postgres, SiphonProcess};
+use siphon_tests::{create_topic, KafkaNode, Postgres, SiphonProcess};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// Siphon's exit status for an error the operator must fix.
@@ -201,6 +208,105 @@ async fn the_documented_acls_suffice(node: &KafkaNode) -> Result<()> {
     Ok(())
 }
 
+/// Scenario 6: topics managed outside Siphon (`kafka.topic_creation.enabled = false`, and the
+/// broker creates none): an event routed to a topic nobody created. The events before it are
+/// delivered; Siphon keeps trying, with the producer replaced at most once per wait for the
+/// topic (`topic.metadata.propagation.max.ms`, 5 s here) and each replacement's warning naming
+/// the topic and the fix; it confirms nothing past the event; and once an operator creates the
+/// topic, that event and those after it arrive, without a restart.
+async fn a_topic_nobody_created(node: &KafkaNode) -> Result<()> {
+    let name = "unmanaged";
+    let (write, describe) = (
+        format!("TOPIC:PREFIXED:WRITE:{name}."),
+        format!("TOPIC:PREFIXED:DESCRIBE:{name}."),
+    );
+    let mut acls = STATE_ACLS.to_vec();
+    acls.extend([write.as_str(), describe.as_str()]);
+    node.grant(&format!("User:{USER}"), &acls)?;
+    let target = Via {
+        bootstrap: node.bootstrap(),
+        namespace: format!("{name}."),
+    };
+    // The topics an operator manages: Siphon's state topic (compacted) and one of the two.
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", node.bootstrap())
+        .create()?;
+    let state = NewTopic::new("siphon.state", 1, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact");
+    for result in admin.create_topics([&state], &AdminOptions::new()).await? {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => anyhow::bail!("creating {topic}: {code}"),
+        }
+    }
+    create_topic(&node.bootstrap(), &target.topic("outbox.event.Order"), 3).await?;
+    let pg = Postgres::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let siphon_target = Via {
+        bootstrap: node
+            .sasl_bootstrap()
+            .context("the node has no SASL listener")?,
+        namespace: format!("{name}."),
+    };
+    let properties = format!(
+        "{}\n\"topic.metadata.propagation.max.ms\" = \"5000\"",
+        sasl_properties(PASSWORD)
+    );
+    let config = siphon_config_at(&pg, &siphon_target, name, &properties, "").replace(
+        "[kafka.topic_creation]\n",
+        "[kafka.topic_creation]\nenabled = false\n",
+    );
+    let siphon = start_streaming(&client, &config, name).await?;
+    // Events 1 and 2 go to the Order topic, 3 to the missing Customer topic, 4 to Order.
+    let before = [event(1, true), event(2, true)];
+    insert_transaction(&mut client, &before, true).await?;
+    insert_transaction(&mut client, &[event(3, true)], true).await?;
+    let missing_end = current_insert_lsn(&client).await?;
+    insert_transaction(&mut client, &[event(4, true)], true).await?;
+    let end = current_insert_lsn(&client).await?;
+    let expected: BTreeSet<String> = before.iter().map(|e| e.id.clone()).collect();
+    wait_for_all(&target, &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let missing = target.topic("outbox.event.Customer");
+    let warning = format!("delivery to topic {missing} failed with UnknownTopicOrPartition");
+    siphon
+        .wait_for_log(&warning, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("no warning names {missing}; log:\n{}", siphon.log()))?;
+    let log = siphon.log();
+    ensure!(
+        log.contains("the cluster has no such topic: create it"),
+        "the warning does not name the fix:\n{log}"
+    );
+    let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
+    ensure!(
+        confirmed < missing_end,
+        "the slot was confirmed at {confirmed:X}, past event 3 (ending at {missing_end:X})"
+    );
+    // The operator creates the topic: Siphon, still running, delivers the rest.
+    create_topic(&node.bootstrap(), &missing, 3).await?;
+    let all: BTreeSet<String> = (1..=4).map(|seq| event(seq, true).id).collect();
+    wait_for_all(&target, &all, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    wait_for_slot_past(&client, name, end, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    ensure!(
+        siphon.is_running(),
+        "Siphon stopped; log:\n{}",
+        siphon.log()
+    );
+    let replacements = siphon
+        .log()
+        .matches("Kafka producer failed; replacing it")
+        .count();
+    eprintln!("{name}: {replacements} producer replacements until the topic existed");
+    Ok(())
+}
+
 /// Scenario 2: a wrong password (SASL authentication fails on every connection). librdkafka
 /// tells a client's context, while the request fails as a transport failure; Siphon stops once
 /// the state topic's read gives up (30 s).
@@ -218,21 +324,30 @@ async fn wrong_password(node: &KafkaNode) -> Result<()> {
 
 /// Runs every scenario on one node, one after another, and reports each; fails if any did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn authorization_failures_stop_siphon_naming_the_fix() -> Result<()> {
-    let node = KafkaNode::start_single_with_sasl(&[(USER, PASSWORD)])?;
+async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
+    let node = KafkaNode::start_single_with_sasl(
+        &[(USER, PASSWORD)],
+        &[("auto.create.topics.enable", "false")],
+    )?;
     let mut failures = Vec::new();
+    // SIPHON_FAULT_SCENARIOS="name,name" runs only those (when working on one).
+    let only = std::env::var("SIPHON_FAULT_SCENARIOS").unwrap_or_default();
     macro_rules! scenario {
         ($name:ident) => {{
             let started = Instant::now();
-            match $name(&node).await {
-                Ok(()) => eprintln!("PASS {} ({:?})", stringify!($name), started.elapsed()),
-                Err(e) => {
-                    eprintln!(
-                        "FAIL {} ({:?}): {e:#}",
-                        stringify!($name),
-                        started.elapsed()
-                    );
-                    failures.push(stringify!($name));
+            if !only.is_empty() && !only.split(',').any(|n| n.trim() == stringify!($name)) {
+                eprintln!("not run (SIPHON_FAULT_SCENARIOS): {}", stringify!($name));
+            } else {
+                match $name(&node).await {
+                    Ok(()) => eprintln!("PASS {} ({:?})", stringify!($name), started.elapsed()),
+                    Err(e) => {
+                        eprintln!(
+                            "FAIL {} ({:?}): {e:#}",
+                            stringify!($name),
+                            started.elapsed()
+                        );
+                        failures.push(stringify!($name));
+                    }
                 }
             }
         }};
@@ -242,6 +357,7 @@ async fn authorization_failures_stop_siphon_naming_the_fix() -> Result<()> {
     scenario!(no_acls_on_the_outbox_topics);
     scenario!(outbox_topics_not_writable);
     scenario!(the_documented_acls_suffice);
+    scenario!(a_topic_nobody_created);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }
