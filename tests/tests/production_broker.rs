@@ -16,10 +16,11 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use siphon_tests::outbox::{
-    current_insert_lsn, event, insert_transaction, siphon_config_at, slot_confirmed_lsn,
-    start_streaming, wait_for_all, wait_for_slot_past, KafkaTarget as _, Via, OUTBOX_DDL,
+    current_insert_lsn, event, insert_transaction, read_event_records_isolated, siphon_config_at,
+    slot_confirmed_lsn, start_streaming, wait_for_all, wait_for_slot_past, with_exactly_once,
+    KafkaTarget as _, Via, OUTBOX_DDL,
 };
-use siphon_tests::{create_topic, KafkaNode, Postgres, SiphonProcess};
+use siphon_tests::{create_topic, Isolation, KafkaNode, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,18 @@ async fn expect_definite_error(
     within: Duration,
     fix: &[&str],
 ) -> Result<String> {
+    expect_definite_error_with(node, name, password, false, within, fix).await
+}
+
+/// [`expect_definite_error`], with exactly-once delivery when `exactly_once`.
+async fn expect_definite_error_with(
+    node: &KafkaNode,
+    name: &str,
+    password: &str,
+    exactly_once: bool,
+    within: Duration,
+    fix: &[&str],
+) -> Result<String> {
     let pg = Postgres::start()?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
@@ -71,6 +84,11 @@ async fn expect_definite_error(
         namespace: format!("{name}."),
     };
     let config = siphon_config_at(&pg, &target, name, &sasl_properties(password), "");
+    let config = if exactly_once {
+        with_exactly_once(&config, &target)
+    } else {
+        config
+    };
     // The publication and the slot exist before the event, so the event is Siphon's to
     // deliver.
     client
@@ -307,6 +325,82 @@ async fn a_topic_nobody_created(node: &KafkaNode) -> Result<()> {
     Ok(())
 }
 
+/// The ACLs of a namespace's topics (outbox and progress topics): everything a topic of
+/// Siphon's own needs.
+fn namespace_acls(name: &str) -> Vec<String> {
+    ["READ", "WRITE", "DESCRIBE", "CREATE"]
+        .iter()
+        .map(|operation| format!("TOPIC:PREFIXED:{operation}:{name}."))
+        .collect()
+}
+
+/// Scenario 7: exactly-once delivery, every topic ACL granted but none on the transactional id.
+async fn exactly_once_without_the_transactional_id_acl(node: &KafkaNode) -> Result<()> {
+    let name = "eosnotxn";
+    let mut acls: Vec<String> = STATE_ACLS.iter().map(|a| (*a).to_owned()).collect();
+    acls.extend(namespace_acls(name));
+    node.grant(
+        &format!("User:{USER}"),
+        &acls.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    expect_definite_error_with(
+        node,
+        name,
+        PASSWORD,
+        true,
+        Duration::from_secs(90),
+        &["TransactionalIdAuthorizationFailed", "transactional id"],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Scenario 8, the control of 7: with WRITE and DESCRIBE on the transactional id too, an
+/// exactly-once Siphon delivers the event once, read_committed.
+async fn exactly_once_with_the_documented_acls(node: &KafkaNode) -> Result<()> {
+    let name = "eosgranted";
+    let mut acls: Vec<String> = STATE_ACLS.iter().map(|a| (*a).to_owned()).collect();
+    acls.extend(namespace_acls(name));
+    acls.push("TRANSACTIONAL_ID:PREFIXED:WRITE:siphon-".to_owned());
+    acls.push("TRANSACTIONAL_ID:PREFIXED:DESCRIBE:siphon-".to_owned());
+    node.grant(
+        &format!("User:{USER}"),
+        &acls.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    let pg = Postgres::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let siphon_target = Via {
+        bootstrap: node
+            .sasl_bootstrap()
+            .context("the node has no SASL listener")?,
+        namespace: format!("{name}."),
+    };
+    let config = with_exactly_once(
+        &siphon_config_at(&pg, &siphon_target, name, &sasl_properties(PASSWORD), ""),
+        &siphon_target,
+    );
+    let siphon = start_streaming(&client, &config, name).await?;
+    let events = [event(1, true)];
+    insert_transaction(&mut client, &events, true).await?;
+    let end = current_insert_lsn(&client).await?;
+    let target = Via {
+        bootstrap: node.bootstrap(),
+        namespace: format!("{name}."),
+    };
+    wait_for_slot_past(&client, name, end, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let read = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
+    ensure!(
+        read.len() == 1,
+        "{} records read_committed for one event; log:\n{}",
+        read.len(),
+        siphon.log()
+    );
+    Ok(())
+}
+
 /// Scenario 2: a wrong password (SASL authentication fails on every connection). librdkafka
 /// tells a client's context, while the request fails as a transport failure; Siphon stops once
 /// the state topic's read gives up (30 s).
@@ -358,6 +452,8 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
     scenario!(outbox_topics_not_writable);
     scenario!(the_documented_acls_suffice);
     scenario!(a_topic_nobody_created);
+    scenario!(exactly_once_without_the_transactional_id_acl);
+    scenario!(exactly_once_with_the_documented_acls);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }
