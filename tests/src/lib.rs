@@ -51,6 +51,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod python;
 pub mod rng;
+pub mod scenarios;
 pub mod siphon;
 pub mod tansu;
 pub mod wait;

@@ -655,31 +655,14 @@ fn admin(cluster: &KafkaCluster) -> Result<AdminClient<DefaultClientContext>> {
 async fn broker_faults_on_a_three_node_cluster() -> Result<()> {
     let cluster = KafkaCluster::start(&[])?;
     let mut failures = Vec::new();
-    // SIPHON_FAULT_SCENARIOS="name,name" runs only those (when working on one).
-    let only = std::env::var("SIPHON_FAULT_SCENARIOS").unwrap_or_default();
+    // Every node runs before each scenario (one may have left one down or frozen).
     macro_rules! scenario {
-        ($name:ident) => {{
-            if !only.is_empty() && !only.split(',').any(|n| n.trim() == stringify!($name)) {
-                eprintln!("not run (SIPHON_FAULT_SCENARIOS): {}", stringify!($name));
-            } else {
-                let started = Instant::now();
-                let outcome = match all_nodes_up(&cluster) {
-                    Ok(()) => $name(&cluster).await,
-                    Err(e) => Err(e),
-                };
-                match outcome {
-                    Ok(()) => eprintln!("PASS {} ({:?})", stringify!($name), started.elapsed()),
-                    Err(e) => {
-                        eprintln!(
-                            "FAIL {} ({:?}): {e:#}",
-                            stringify!($name),
-                            started.elapsed()
-                        );
-                        failures.push(stringify!($name));
-                    }
-                }
-            }
-        }};
+        ($name:ident) => {
+            siphon_tests::run_scenario!(failures, $name, async {
+                all_nodes_up(&cluster)?;
+                $name(&cluster).await
+            })
+        };
     }
     scenario!(leader_killed_mid_stream);
     scenario!(two_of_three_down);

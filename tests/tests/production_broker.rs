@@ -4,9 +4,10 @@
 //! a wrong password, with the ACLs for its own state but none for the outbox's topics, and
 //! allowed to create those topics but not to write to them; the control, with the ACLs the
 //! operations guide lists, everything delivered; and an event for a topic nobody created while
-//! Siphon may not create topics (warned about with the fix, delivered once the topic exists). Each is a definite error: Siphon stops with exit
-//! status 2 and a message naming the fix, confirms nothing it did not deliver, and neither
-//! retries in a tight loop nor skips the events.
+//! Siphon may not create topics (warned about with the fix, delivered once the topic exists);
+//! and exactly-once delivery without, then with, the transactional id's ACL. Each refusal is a
+//! definite error: Siphon stops with exit status 2 and a message naming the fix, confirms
+//! nothing it did not deliver, and neither retries in a tight loop nor skips the events.
 //!
 //! One node (its own: the shared one has no authorizer) serves every scenario, one after another.
 
@@ -23,6 +24,7 @@ use siphon_tests::outbox::{
 use siphon_tests::{create_topic, Isolation, KafkaNode, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use tokio_postgres::Client;
 
 /// Siphon's exit status for an error the operator must fix.
 const EXIT_DEFINITE: i32 = 2;
@@ -51,6 +53,66 @@ fn sasl_properties(password: &str) -> String {
     )
 }
 
+/// One scenario's PostgreSQL, and Siphon's configuration logging in as `User:siphon` on the
+/// node's SASL listener, its topics in the namespace `<name>.`.
+struct Setup {
+    pg: Postgres,
+    client: Client,
+    config: String,
+    /// The namespace, read through the PLAINTEXT listener (as a super user).
+    target: Via,
+}
+
+/// [`Setup`] for scenario `name` (its slot), logging in with `password`; exactly-once when
+/// `exactly_once`; `edit` may change the configuration text.
+async fn setup(
+    node: &KafkaNode,
+    name: &str,
+    password: &str,
+    exactly_once: bool,
+    edit: impl FnOnce(String) -> String,
+) -> Result<Setup> {
+    let pg = Postgres::start()?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let namespace = format!("{name}.");
+    let siphon_target = Via {
+        bootstrap: node
+            .sasl_bootstrap()
+            .context("the node has no SASL listener")?,
+        namespace: namespace.clone(),
+    };
+    let config = siphon_config_at(&pg, &siphon_target, name, &sasl_properties(password), "");
+    let config = if exactly_once {
+        with_exactly_once(&config, &siphon_target)
+    } else {
+        config
+    };
+    Ok(Setup {
+        pg,
+        client,
+        config: edit(config),
+        target: Via {
+            bootstrap: node.bootstrap(),
+            namespace,
+        },
+    })
+}
+
+/// Grants `User:siphon` each of `acls` (see [`KafkaNode::grant`]).
+fn grant<S: AsRef<str>>(node: &KafkaNode, acls: &[S]) -> Result<()> {
+    let acls: Vec<&str> = acls.iter().map(AsRef::as_ref).collect();
+    node.grant(&format!("User:{USER}"), &acls)
+}
+
+/// `TOPIC:PREFIXED:<operation>:<name>.` for each of `operations`.
+fn namespace_acls(name: &str, operations: &[&str]) -> Vec<String> {
+    operations
+        .iter()
+        .map(|operation| format!("TOPIC:PREFIXED:{operation}:{name}."))
+        .collect()
+}
+
 /// Starts Siphon as `User:siphon` with `password` on the node's SASL listener, with an outbox
 /// event committed before it starts; waits for it to stop and checks that it stopped with exit
 /// status 2 within `within`, that nothing was confirmed past the event, and that the log names
@@ -74,21 +136,12 @@ async fn expect_definite_error_with(
     within: Duration,
     fix: &[&str],
 ) -> Result<String> {
-    let pg = Postgres::start()?;
-    let mut client = pg.connect().await?;
-    client.batch_execute(OUTBOX_DDL).await?;
-    let target = Via {
-        bootstrap: node
-            .sasl_bootstrap()
-            .context("the node has no SASL listener")?,
-        namespace: format!("{name}."),
-    };
-    let config = siphon_config_at(&pg, &target, name, &sasl_properties(password), "");
-    let config = if exactly_once {
-        with_exactly_once(&config, &target)
-    } else {
-        config
-    };
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        ..
+    } = setup(node, name, password, exactly_once, |c| c).await?;
     // The publication and the slot exist before the event, so the event is Siphon's to
     // deliver.
     client
@@ -152,7 +205,7 @@ async fn no_acls(node: &KafkaNode) -> Result<()> {
 /// Scenario 3: the principal may keep its state but has no ACL on the outbox's topics (the
 /// grant forgotten): Siphon cannot create them.
 async fn no_acls_on_the_outbox_topics(node: &KafkaNode) -> Result<()> {
-    node.grant(&format!("User:{USER}"), STATE_ACLS)?;
+    grant(node, STATE_ACLS)?;
     expect_definite_error(
         node,
         "nooutboxacls",
@@ -167,13 +220,7 @@ async fn no_acls_on_the_outbox_topics(node: &KafkaNode) -> Result<()> {
 /// Scenario 4: the outbox's topics may be created and described but not written to.
 async fn outbox_topics_not_writable(node: &KafkaNode) -> Result<()> {
     let name = "notwritable";
-    node.grant(
-        &format!("User:{USER}"),
-        &[
-            &format!("TOPIC:PREFIXED:CREATE:{name}."),
-            &format!("TOPIC:PREFIXED:DESCRIBE:{name}."),
-        ],
-    )?;
+    grant(node, &namespace_acls(name, &["CREATE", "DESCRIBE"]))?;
     expect_definite_error(
         node,
         name,
@@ -189,33 +236,20 @@ async fn outbox_topics_not_writable(node: &KafkaNode) -> Result<()> {
 /// and confirms it.
 async fn the_documented_acls_suffice(node: &KafkaNode) -> Result<()> {
     let name = "granted";
-    node.grant(
-        &format!("User:{USER}"),
-        &[
-            &format!("TOPIC:PREFIXED:WRITE:{name}."),
-            &format!("TOPIC:PREFIXED:DESCRIBE:{name}."),
-            &format!("TOPIC:PREFIXED:CREATE:{name}."),
-        ],
+    grant(
+        node,
+        &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
-    let pg = Postgres::start()?;
-    let mut client = pg.connect().await?;
-    client.batch_execute(OUTBOX_DDL).await?;
-    let siphon_target = Via {
-        bootstrap: node
-            .sasl_bootstrap()
-            .context("the node has no SASL listener")?,
-        namespace: format!("{name}."),
-    };
-    let config = siphon_config_at(&pg, &siphon_target, name, &sasl_properties(PASSWORD), "");
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup(node, name, PASSWORD, false, |c| c).await?;
     let siphon = start_streaming(&client, &config, name).await?;
     let events = [event(1, true)];
     insert_transaction(&mut client, &events, true).await?;
     let end = current_insert_lsn(&client).await?;
-    // Read back as the tests' own (super) user.
-    let target = Via {
-        bootstrap: node.bootstrap(),
-        namespace: format!("{name}."),
-    };
     let expected = events.iter().map(|e| e.id.clone()).collect();
     wait_for_all(&target, &expected, Duration::from_secs(60))
         .await
@@ -234,17 +268,26 @@ async fn the_documented_acls_suffice(node: &KafkaNode) -> Result<()> {
 /// topic, that event and those after it arrive, without a restart.
 async fn a_topic_nobody_created(node: &KafkaNode) -> Result<()> {
     let name = "unmanaged";
-    let (write, describe) = (
-        format!("TOPIC:PREFIXED:WRITE:{name}."),
-        format!("TOPIC:PREFIXED:DESCRIBE:{name}."),
-    );
-    let mut acls = STATE_ACLS.to_vec();
-    acls.extend([write.as_str(), describe.as_str()]);
-    node.grant(&format!("User:{USER}"), &acls)?;
-    let target = Via {
-        bootstrap: node.bootstrap(),
-        namespace: format!("{name}."),
-    };
+    grant(node, STATE_ACLS)?;
+    grant(node, &namespace_acls(name, &["WRITE", "DESCRIBE"]))?;
+    // Topic creation off, and a shorter wait for a topic's metadata than librdkafka's 30 s.
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup(node, name, PASSWORD, false, |config| {
+        config
+            .replace(
+                "[kafka.topic_creation]\n",
+                "[kafka.topic_creation]\nenabled = false\n",
+            )
+            .replace(
+                "[kafka.properties]\n",
+                "[kafka.properties]\n\"topic.metadata.propagation.max.ms\" = \"5000\"\n",
+            )
+    })
+    .await?;
     // The topics an operator manages: Siphon's state topic (compacted) and one of the two.
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", node.bootstrap())
@@ -258,23 +301,6 @@ async fn a_topic_nobody_created(node: &KafkaNode) -> Result<()> {
         }
     }
     create_topic(&node.bootstrap(), &target.topic("outbox.event.Order"), 3).await?;
-    let pg = Postgres::start()?;
-    let mut client = pg.connect().await?;
-    client.batch_execute(OUTBOX_DDL).await?;
-    let siphon_target = Via {
-        bootstrap: node
-            .sasl_bootstrap()
-            .context("the node has no SASL listener")?,
-        namespace: format!("{name}."),
-    };
-    let properties = format!(
-        "{}\n\"topic.metadata.propagation.max.ms\" = \"5000\"",
-        sasl_properties(PASSWORD)
-    );
-    let config = siphon_config_at(&pg, &siphon_target, name, &properties, "").replace(
-        "[kafka.topic_creation]\n",
-        "[kafka.topic_creation]\nenabled = false\n",
-    );
     let siphon = start_streaming(&client, &config, name).await?;
     // Events 1 and 2 go to the Order topic, 3 to the missing Customer topic, 4 to Order.
     let before = [event(1, true), event(2, true)];
@@ -325,24 +351,14 @@ async fn a_topic_nobody_created(node: &KafkaNode) -> Result<()> {
     Ok(())
 }
 
-/// The ACLs of a namespace's topics (outbox and progress topics): everything a topic of
-/// Siphon's own needs.
-fn namespace_acls(name: &str) -> Vec<String> {
-    ["READ", "WRITE", "DESCRIBE", "CREATE"]
-        .iter()
-        .map(|operation| format!("TOPIC:PREFIXED:{operation}:{name}."))
-        .collect()
-}
+/// What the topics of an exactly-once namespace need (the outbox's and the progress topic).
+const EXACTLY_ONCE_TOPICS: &[&str] = &["READ", "WRITE", "DESCRIBE", "CREATE"];
 
 /// Scenario 7: exactly-once delivery, every topic ACL granted but none on the transactional id.
 async fn exactly_once_without_the_transactional_id_acl(node: &KafkaNode) -> Result<()> {
     let name = "eosnotxn";
-    let mut acls: Vec<String> = STATE_ACLS.iter().map(|a| (*a).to_owned()).collect();
-    acls.extend(namespace_acls(name));
-    node.grant(
-        &format!("User:{USER}"),
-        &acls.iter().map(String::as_str).collect::<Vec<_>>(),
-    )?;
+    grant(node, STATE_ACLS)?;
+    grant(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
     expect_definite_error_with(
         node,
         name,
@@ -359,35 +375,24 @@ async fn exactly_once_without_the_transactional_id_acl(node: &KafkaNode) -> Resu
 /// exactly-once Siphon delivers the event once, read_committed.
 async fn exactly_once_with_the_documented_acls(node: &KafkaNode) -> Result<()> {
     let name = "eosgranted";
-    let mut acls: Vec<String> = STATE_ACLS.iter().map(|a| (*a).to_owned()).collect();
-    acls.extend(namespace_acls(name));
-    acls.push("TRANSACTIONAL_ID:PREFIXED:WRITE:siphon-".to_owned());
-    acls.push("TRANSACTIONAL_ID:PREFIXED:DESCRIBE:siphon-".to_owned());
-    node.grant(
-        &format!("User:{USER}"),
-        &acls.iter().map(String::as_str).collect::<Vec<_>>(),
+    grant(node, STATE_ACLS)?;
+    grant(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
+    grant(
+        node,
+        &[
+            "TRANSACTIONAL_ID:PREFIXED:WRITE:siphon-",
+            "TRANSACTIONAL_ID:PREFIXED:DESCRIBE:siphon-",
+        ],
     )?;
-    let pg = Postgres::start()?;
-    let mut client = pg.connect().await?;
-    client.batch_execute(OUTBOX_DDL).await?;
-    let siphon_target = Via {
-        bootstrap: node
-            .sasl_bootstrap()
-            .context("the node has no SASL listener")?,
-        namespace: format!("{name}."),
-    };
-    let config = with_exactly_once(
-        &siphon_config_at(&pg, &siphon_target, name, &sasl_properties(PASSWORD), ""),
-        &siphon_target,
-    );
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup(node, name, PASSWORD, true, |c| c).await?;
     let siphon = start_streaming(&client, &config, name).await?;
-    let events = [event(1, true)];
-    insert_transaction(&mut client, &events, true).await?;
+    insert_transaction(&mut client, &[event(1, true)], true).await?;
     let end = current_insert_lsn(&client).await?;
-    let target = Via {
-        bootstrap: node.bootstrap(),
-        namespace: format!("{name}."),
-    };
     wait_for_slot_past(&client, name, end, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
@@ -402,14 +407,14 @@ async fn exactly_once_with_the_documented_acls(node: &KafkaNode) -> Result<()> {
 }
 
 /// Scenario 2: a wrong password (SASL authentication fails on every connection). librdkafka
-/// tells a client's context, while the request fails as a transport failure; Siphon stops once
-/// the state topic's read gives up (30 s).
+/// tells a client's context, while the request fails as a transport failure; Siphon stops as
+/// soon as its state topic's reader hears of the refusal, well before the read's 30 s.
 async fn wrong_password(node: &KafkaNode) -> Result<()> {
     expect_definite_error(
         node,
         "badpassword",
         "not-the-password",
-        Duration::from_secs(60),
+        Duration::from_secs(20),
         &["refused Siphon's credentials", "\"sasl.password\""],
     )
     .await?;
@@ -424,27 +429,10 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
         &[("auto.create.topics.enable", "false")],
     )?;
     let mut failures = Vec::new();
-    // SIPHON_FAULT_SCENARIOS="name,name" runs only those (when working on one).
-    let only = std::env::var("SIPHON_FAULT_SCENARIOS").unwrap_or_default();
     macro_rules! scenario {
-        ($name:ident) => {{
-            let started = Instant::now();
-            if !only.is_empty() && !only.split(',').any(|n| n.trim() == stringify!($name)) {
-                eprintln!("not run (SIPHON_FAULT_SCENARIOS): {}", stringify!($name));
-            } else {
-                match $name(&node).await {
-                    Ok(()) => eprintln!("PASS {} ({:?})", stringify!($name), started.elapsed()),
-                    Err(e) => {
-                        eprintln!(
-                            "FAIL {} ({:?}): {e:#}",
-                            stringify!($name),
-                            started.elapsed()
-                        );
-                        failures.push(stringify!($name));
-                    }
-                }
-            }
-        }};
+        ($name:ident) => {
+            siphon_tests::run_scenario!(failures, $name, $name(&node))
+        };
     }
     scenario!(no_acls);
     scenario!(wrong_password);

@@ -10,7 +10,9 @@
 //! - A connection refused for its SASL credentials is reported to the client's context (at
 //!   the latest when the client is dropped), not to the request, which fails as a transport
 //!   failure or a timeout. Every operation's result is settled once its clients are gone: such
-//!   a failure after a refusal is the refusal, a definite error naming the credentials.
+//!   a failure after a refusal is the refusal, a definite error naming the credentials. A
+//!   reader asking for the topic's partitions serves its queued errors every
+//!   [`METADATA_STEP`] while the brokers cannot be reached, so a refusal ends it within seconds.
 
 use crate::topics::is_producer_only;
 use crate::TopicCreation;
@@ -29,6 +31,9 @@ use std::time::Duration;
 
 /// How long one read or write of the state topic may take.
 pub const STATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one metadata request waits before the client's queued errors are looked at.
+const METADATA_STEP: Duration = Duration::from_secs(1);
 
 /// What was being done with the state topic when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,15 +251,41 @@ impl CompactedTopic {
             .map_err(|_| self.failed(StateOperation::Read, RDKafkaErrorCode::InvalidArgument))
     }
 
-    /// The topic's partitions, `None` when it does not exist.
+    /// The topic's partitions, `None` when it does not exist. Asked again in steps of
+    /// [`METADATA_STEP`] while the brokers cannot be reached, serving the client's queued
+    /// errors between steps: refused credentials end it at once (the refusal reaches only the
+    /// context), anything else at `timeout`. `consumer` must not be assigned partitions yet.
     pub(crate) fn partitions(
         &self,
         consumer: &Reader,
         timeout: Duration,
     ) -> Result<Option<Vec<i32>>, StateTopicError> {
-        let metadata = consumer
-            .fetch_metadata(Some(&self.topic), timeout)
-            .map_err(|e| self.kafka(StateOperation::Read, &e))?;
+        let deadline = std::time::Instant::now() + timeout;
+        let metadata = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match consumer.fetch_metadata(Some(&self.topic), left.min(METADATA_STEP)) {
+                Ok(metadata) => break metadata,
+                Err(e) => {
+                    let unreachable = matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::BrokerTransportFailure
+                                | RDKafkaErrorCode::AllBrokersDown
+                                | RDKafkaErrorCode::OperationTimedOut
+                        )
+                    );
+                    // Serves queued errors to the context (no partition is assigned, so no
+                    // record can be taken here).
+                    let _ = consumer.poll(Duration::ZERO);
+                    if !unreachable
+                        || self.authentication_failed.load(Ordering::Relaxed)
+                        || left <= METADATA_STEP
+                    {
+                        return Err(self.kafka(StateOperation::Read, &e));
+                    }
+                }
+            }
+        };
         let Some(topic) = metadata.topics().iter().find(|t| t.name() == self.topic) else {
             return Ok(None);
         };
