@@ -1524,6 +1524,16 @@ mod tests {
         frame
     }
 
+    /// The answer to one Metadata request sent through the proxy on `port`.
+    async fn metadata_through(port: u16) -> Vec<u8> {
+        use crate::kafka_protocol::METADATA;
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        conn.write_all(&request(METADATA, 1)).await.unwrap();
+        next_answer(&mut conn, Duration::from_secs(5))
+            .await
+            .expect("a Metadata answer")
+    }
+
     /// The next answer on `conn` (after its size prefix), or `None` if none comes within
     /// `wait`. Panics if the connection ends.
     async fn next_answer(conn: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
@@ -1678,7 +1688,6 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_port_map_rewrites_every_node_of_one_metadata_answer() {
-        use crate::kafka_protocol::METADATA;
         // The answers name 9092 and 9093, as a cluster listening there would.
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -1687,11 +1696,7 @@ mod tests {
         let map = [(9092, 4001), (9093, 4002)];
         let proxy = ThrottlingProxy::start_kafka_advertising_on(port, addr, &map).unwrap();
         assert_eq!(proxy.port(), port);
-        let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        conn.write_all(&request(METADATA, 1)).await.unwrap();
-        let answer = next_answer(&mut conn, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let answer = metadata_through(port).await;
         assert_eq!(
             metadata_v0_nodes(&answer),
             [(1, 4001), (2, 4002), (3, UNMAPPED_PORT)]
@@ -1704,7 +1709,6 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cluster_proxies_advertise_each_node_at_its_proxy() {
-        use crate::kafka_protocol::METADATA;
         let mut listeners = Vec::new();
         for _ in 0..2 {
             listeners.push(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap());
@@ -1730,13 +1734,7 @@ mod tests {
             assert_eq!(id, *node_id);
             assert_eq!(proxy.target(), *node);
             assert_eq!(proxies.proxy(id).unwrap().port(), proxy.port());
-            let mut conn = TcpStream::connect(("127.0.0.1", proxy.port()))
-                .await
-                .unwrap();
-            conn.write_all(&request(METADATA, 1)).await.unwrap();
-            let answer = next_answer(&mut conn, Duration::from_secs(5))
-                .await
-                .unwrap();
+            let answer = metadata_through(proxy.port()).await;
             assert_eq!(
                 metadata_v0_nodes(&answer),
                 [(1, ports[0]), (2, ports[1]), (3, UNMAPPED_PORT)],
