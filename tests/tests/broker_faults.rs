@@ -439,6 +439,14 @@ async fn cluster_frozen_past_the_deadline(cluster: &KafkaCluster) -> Result<()> 
         "the delivery deadline never fired, so this scenario proved nothing; log:\n{}",
         s.siphon.log()
     );
+    // The replacement's warning names the deadline as its cause.
+    ensure!(
+        s.siphon
+            .log()
+            .contains("a record was not acknowledged within the delivery deadline"),
+        "no replacement names the delivery deadline; log:\n{}",
+        s.siphon.log()
+    );
     // Nodes may have fenced each other while frozen; all back in sync before the next scenario.
     wait_fully_replicated(
         cluster,

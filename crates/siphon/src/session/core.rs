@@ -415,6 +415,12 @@ impl<'a> SessionCore<'a> {
                 }
                 flow::Action::Overdue { unacked } => {
                     Event::DeliveryOverdue { unacked }.emit(&self.metrics);
+                    // The purge that follows fails the records; the deadline is the cause.
+                    self.replacement_cause.get_or_insert_with(|| {
+                        "a record was not acknowledged within the delivery deadline \
+                         (kafka.properties.\"message.timeout.ms\")"
+                            .to_owned()
+                    });
                     continue;
                 }
             });

@@ -63,8 +63,7 @@ pub enum Event<'a> {
     /// A record waited longer than the delivery timeout: the producer is purged and replaced.
     DeliveryOverdue { unacked: usize },
     /// The producer is replaced; its undelivered records are sent again in their order.
-    /// `cause`: the first delivery failure that called for it (none after a purge for the
-    /// delivery deadline, which is told of itself).
+    /// `cause`: the first delivery failure that called for it, or the delivery deadline.
     ProducerReplaced {
         resend: usize,
         cause: Option<&'a str>,
