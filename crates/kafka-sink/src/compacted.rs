@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long one read or write of the state topic may take.
 pub const STATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -126,11 +126,11 @@ impl StateTopicError {
 /// The context of every client of a compacted topic: client errors logged as the producer's
 /// are; the end of a partition, which a reader asks to be told of, is no error; a refused
 /// authentication is remembered for the topic (see the module's invariants).
-pub(crate) struct ReaderContext {
+pub(crate) struct TopicClientContext {
     authentication_failed: Arc<AtomicBool>,
 }
 
-impl ClientContext for ReaderContext {
+impl ClientContext for TopicClientContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if matches!(
             error.rdkafka_error_code(),
@@ -149,10 +149,10 @@ impl ClientContext for ReaderContext {
     }
 }
 
-impl ConsumerContext for ReaderContext {}
+impl ConsumerContext for TopicClientContext {}
 
 /// A reader of Siphon's compacted topics.
-pub(crate) type Reader = BaseConsumer<ReaderContext>;
+pub(crate) type Reader = BaseConsumer<TopicClientContext>;
 
 /// A compacted topic of Siphon's own.
 #[derive(Debug, Clone)]
@@ -190,7 +190,7 @@ impl CompactedTopic {
         configs: &[(&str, &str)],
         what: &str,
     ) -> Result<(), StateTopicError> {
-        let admin: AdminClient<ReaderContext> =
+        let admin: AdminClient<TopicClientContext> =
             self.client(&self.connection, StateOperation::Create)?;
         let mut topic = NewTopic::new(
             &self.topic,
@@ -260,9 +260,9 @@ impl CompactedTopic {
         consumer: &Reader,
         timeout: Duration,
     ) -> Result<Option<Vec<i32>>, StateTopicError> {
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         let metadata = loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let left = deadline.saturating_duration_since(Instant::now());
             match consumer.fetch_metadata(Some(&self.topic), left.min(METADATA_STEP)) {
                 Ok(metadata) => break metadata,
                 Err(e) => {
@@ -297,7 +297,7 @@ impl CompactedTopic {
     }
 
     /// A client of the topic with `properties`, with the topic's context.
-    pub(crate) fn client<C: rdkafka::config::FromClientConfigAndContext<ReaderContext>>(
+    pub(crate) fn client<C: rdkafka::config::FromClientConfigAndContext<TopicClientContext>>(
         &self,
         properties: &BTreeMap<String, String>,
         operation: StateOperation,
@@ -312,8 +312,8 @@ impl CompactedTopic {
             .map_err(|_| self.failed(operation, RDKafkaErrorCode::InvalidArgument))
     }
 
-    fn context(&self) -> ReaderContext {
-        ReaderContext {
+    fn context(&self) -> TopicClientContext {
+        TopicClientContext {
             authentication_failed: Arc::clone(&self.authentication_failed),
         }
     }

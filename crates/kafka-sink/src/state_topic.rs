@@ -12,7 +12,7 @@
 //! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
 //! - Errors carry the librdkafka code and the operation; none is classified by its text.
 
-use crate::compacted::{CompactedTopic, ReaderContext};
+use crate::compacted::{CompactedTopic, TopicClientContext};
 pub use crate::compacted::{StateOperation, StateTopicError, STATE_TIMEOUT};
 use crate::TopicCreation;
 use rdkafka::consumer::Consumer;
@@ -88,7 +88,7 @@ impl StateTopic {
             // A broker's auto-creation would make a topic that is not compacted.
             return Err(compacted.missing());
         }
-        let producer: FutureProducer<ReaderContext> =
+        let producer: FutureProducer<TopicClientContext> =
             compacted.client(&self.producer, StateOperation::Write)?;
         let record = FutureRecord::to(&compacted.topic).key(key).payload(value);
         let sent = tokio::time::timeout(STATE_TIMEOUT, producer.send(record, STATE_TIMEOUT))
