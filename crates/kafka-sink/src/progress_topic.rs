@@ -61,11 +61,10 @@ impl ProgressTopic {
                 .create(&[("segment.ms", "600000")], "progress")
                 .await
         } else {
-            match compacted.exists().await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(compacted.missing()),
-                Err(e) => Err(e),
-            }
+            compacted
+                .exists()
+                .await
+                .and_then(|exists| exists.then_some(()).ok_or_else(|| compacted.missing()))
         };
         compacted.settled(ensured)
     }

@@ -212,17 +212,12 @@ impl Event<'_> {
             Event::ProducerReplaced { resend, cause } => {
                 metrics.producer_rebuilt();
                 metrics.reconnect(ReconnectCause::Sink);
-                match cause {
-                    Some(cause) => warn!(
-                        resend,
-                        cause,
-                        "Kafka producer failed; replacing it and sending its undelivered records again in their order"
-                    ),
-                    None => warn!(
-                        resend,
-                        "Kafka producer failed; replacing it and sending its undelivered records again in their order"
-                    ),
-                }
+                // A `None` cause is left out of the line.
+                warn!(
+                    resend,
+                    cause,
+                    "Kafka producer failed; replacing it and sending its undelivered records again in their order"
+                );
             }
             Event::Reconnecting {
                 cause,
