@@ -223,8 +223,9 @@ impl KafkaNode {
     }
 
     /// A single node (as [`KafkaNode::start_single`]) that also listens for SASL_PLAINTEXT
-    /// clients ([`KafkaNode::sasl_bootstrap`], mechanism PLAIN, the `users` given as (name,
-    /// password)) and authorizes with Kafka's `StandardAuthorizer`: a SASL client, `User:<name>`,
+    /// clients ([`KafkaNode::sasl_bootstrap`]; mechanism PLAIN with the `users` given as (name,
+    /// password), and SCRAM-SHA-256 with the credentials [`KafkaNode::set_scram_password`]
+    /// sets) and authorizes with Kafka's `StandardAuthorizer`: a SASL client, `User:<name>`,
     /// may do only what ACLs grant it (none at first), while the PLAINTEXT listener's clients
     /// (the tests' own, `User:ANONYMOUS`) are super users. `extra` settings go on top.
     pub fn start_single_with_sasl(
@@ -238,8 +239,12 @@ impl KafkaNode {
         let jaas =
             format!("org.apache.kafka.common.security.plain.PlainLoginModule required{logins};");
         let mut settings = vec![
-            ("sasl.enabled.mechanisms", "PLAIN"),
+            ("sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-256"),
             ("listener.name.sasl_plaintext.plain.sasl.jaas.config", &jaas),
+            (
+                "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config",
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            ),
             (
                 "authorizer.class.name",
                 "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
@@ -259,19 +264,39 @@ impl KafkaNode {
     /// `RESOURCE:PATTERN:OPERATION:NAME` (e.g. `TOPIC:PREFIXED:WRITE:orders.`), through the
     /// PLAINTEXT listener with Kafka's own admin client (`tests/kafka/Acls.java`).
     pub fn grant(&self, principal: &str, acls: &[&str]) -> Result<()> {
-        let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/Acls.java");
+        let mut args = vec![principal];
+        args.extend_from_slice(acls);
+        self.run_admin_program("Acls.java", &args)
+            .with_context(|| format!("granting {principal} {acls:?}"))
+    }
+
+    /// Sets `user`'s SCRAM-SHA-256 password (creating the credential, or replacing the password
+    /// as an operator rotating it does), through the PLAINTEXT listener with Kafka's own admin
+    /// client (`tests/kafka/ScramCredential.java`). Connections already logged in stay so until
+    /// they log in again.
+    pub fn set_scram_password(&self, user: &str, password: &str) -> Result<()> {
+        self.run_admin_program("ScramCredential.java", &[user, "SCRAM-SHA-256", password])
+            .with_context(|| format!("setting the SCRAM credential of {user}"))
+    }
+
+    /// Runs the Java program `tests/kafka/<program>` with the broker's jars, its bootstrap
+    /// address and `args`; fails with its stderr if it does.
+    fn run_admin_program(&self, program: &str, args: &[&str]) -> Result<()> {
+        let program = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("kafka")
+            .join(program);
         let output = Command::new(java())
             .args(["-cp", &format!("{}/*", self.libs.display())])
             .arg(&program)
             .arg(self.bootstrap())
-            .arg(principal)
-            .args(acls)
+            .args(args)
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("running {}", program.display()))?;
         ensure!(
             output.status.success(),
-            "granting {principal} {acls:?} failed ({}): {}",
+            "{} failed ({}): {}",
+            program.display(),
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );

@@ -14,6 +14,7 @@
 //!   reader asking for the topic's partitions serves its queued errors every
 //!   [`METADATA_STEP`] while the brokers cannot be reached, so a refusal ends it within seconds.
 
+use crate::error::{credentials_fix, is_refused_login};
 use crate::topics::is_producer_only;
 use crate::TopicCreation;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -93,7 +94,10 @@ fn hint(code: RDKafkaErrorCode) -> &'static str {
             ": check kafka.topic_creation.replication_factor, or create the topic yourself (cleanup.policy=compact, one partition)"
         }
         RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
-            ": the brokers refused Siphon's credentials; check kafka.properties \"sasl.username\" and \"sasl.password\" (or SIPHON_KAFKA_PROPERTIES_SASL_PASSWORD), \"sasl.mechanisms\" and \"security.protocol\""
+            concat!(
+                ": the brokers refused Siphon's credentials; ",
+                credentials_fix!()
+            )
         }
         _ => "",
     }
@@ -132,10 +136,7 @@ pub(crate) struct TopicClientContext {
 
 impl ClientContext for TopicClientContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(
-            error.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
-        ) {
+        if is_refused_login(&error) {
             self.authentication_failed.store(true, Ordering::Relaxed);
         }
         match error.rdkafka_error_code() {

@@ -83,6 +83,23 @@ impl fmt::Display for Operation {
     }
 }
 
+/// What to check when the brokers refuse Siphon's credentials (a macro, so that messages can
+/// `concat!` it).
+macro_rules! credentials_fix {
+    () => {
+        "check kafka.properties \"sasl.username\" and \"sasl.password\" (or SIPHON_KAFKA_PROPERTIES_SASL_PASSWORD), \"sasl.mechanisms\" and \"security.protocol\""
+    };
+}
+pub(crate) use credentials_fix;
+
+/// Whether `error` says the brokers refused a client's login (SASL).
+pub(crate) fn is_refused_login(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
+    )
+}
+
 /// Errors creating the producer, creating topics or enqueueing records.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
@@ -121,6 +138,10 @@ pub enum SinkError {
         transactional_id: String,
         code: RDKafkaErrorCode,
     },
+    /// The brokers refused the producer's login (SASL): the credentials are wrong, or were
+    /// changed on the brokers while Siphon ran. `reason` is librdkafka's, shown only.
+    #[error("the Kafka brokers refused Siphon's credentials ({reason}): {}", credentials_fix!())]
+    CredentialsRefused { reason: String },
     /// The wake-up for delivery reports could not be set up.
     #[error("Kafka unavailable: waiting for Kafka delivery reports: {0}")]
     Wakeup(#[from] WakeupError),
@@ -180,7 +201,9 @@ impl SinkError {
     pub fn consequence(&self) -> siphon_core::Consequence {
         use siphon_core::Consequence::{Fix, Retry};
         match self {
-            SinkError::Config(_) | SinkError::Client { .. } => Fix,
+            SinkError::Config(_)
+            | SinkError::Client { .. }
+            | SinkError::CredentialsRefused { .. } => Fix,
             SinkError::Kafka {
                 operation, code, ..
             } => kafka_consequence(*operation, *code),
@@ -217,7 +240,9 @@ impl SinkError {
             | SinkError::Transaction { operation, .. } => Some(*operation),
             SinkError::TopicRequest { .. } => Some(Operation::CreateTopic),
             SinkError::Wakeup(_) => Some(Operation::WaitForReports),
-            SinkError::Config(_) | SinkError::RetiredStillReporting { .. } => None,
+            SinkError::Config(_)
+            | SinkError::CredentialsRefused { .. }
+            | SinkError::RetiredStillReporting { .. } => None,
         }
     }
 

@@ -18,7 +18,7 @@
 //!   topic object: a producer keeps a handle of every topic it was given until it is dropped
 //!   (`TopicHandles`), so an address names one topic for the life of the producer.
 
-use crate::error::Operation;
+use crate::error::{is_refused_login, Operation};
 use crate::produce::{Outgoing, TopicHandles};
 use crate::topics::TopicCreator;
 use crate::wakeup::ReportWakeup;
@@ -77,6 +77,8 @@ pub struct DeliveryContext {
     unreported: Arc<Unreported>,
     /// Whether librdkafka's partition-queue latency means anything (see [`crate::statistics`]).
     partition_queue_measured: bool,
+    /// librdkafka's words for the first refusal of this producer's login, once there was one.
+    refused_login: Mutex<Option<String>>,
 }
 
 impl DeliveryContext {
@@ -165,6 +167,13 @@ pub trait DeliveryObserver: Send + Sync + 'static {
 
 impl ClientContext for DeliveryContext {
     fn error(&self, error: KafkaError, reason: &str) {
+        if is_refused_login(&error) {
+            let mut refused = self
+                .refused_login
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            refused.get_or_insert_with(|| reason.to_owned());
+        }
         // Connection failures are retried by librdkafka and reported once per change of state
         // by the pipeline's broker watch; anything else (authentication, TLS ...) is shown.
         match error.rdkafka_error_code() {
@@ -266,6 +275,7 @@ impl Client {
                 partition_queue_measured: properties
                     .get("message.timeout.ms")
                     .is_some_and(|timeout| timeout != "0"),
+                refused_login: Mutex::new(None),
             })
             .map_err(|e| SinkError::client(Operation::CreateProducer, &e))?;
         let producer = Arc::new(producer);
@@ -668,6 +678,37 @@ impl KafkaSink {
         }
     }
 
+    /// The brokers refused the login of the current or the retired producer (wrong
+    /// credentials, or credentials changed on the brokers while it ran): a definite error,
+    /// told by librdkafka to the producer's context while reports are served (the records
+    /// themselves only time out). `None` while no login was refused.
+    pub fn refused_login(&self) -> Option<SinkError> {
+        let Backend::Kafka { client, .. } = &self.backend else {
+            return None;
+        };
+        std::iter::once(&**client)
+            .chain(self.retired.as_ref().map(|retired| &retired.client))
+            .find_map(|client| {
+                client
+                    .producer
+                    .context()
+                    .refused_login
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone()
+            })
+            .map(|reason| SinkError::CredentialsRefused { reason })
+    }
+
+    /// The current producer's context.
+    #[cfg(test)]
+    fn producer_context(&self) -> &DeliveryContext {
+        match &self.backend {
+            Backend::Kafka { client, .. } => client.producer.context(),
+            Backend::Discard { .. } => panic!("a discarding sink has no producer"),
+        }
+    }
+
     /// The producer's fatal error, if it has one (it must then be rebuilt).
     pub fn fatal_error(&self) -> Option<String> {
         match &self.backend {
@@ -982,5 +1023,39 @@ mod tests {
             rebuilt.retired_unreported, 0,
             "nothing was sent on generation 1"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_login_is_a_definite_error_naming_the_credentials() {
+        let (mut sink, _deliveries) = unreachable_sink();
+        // A connection failure is not a refusal.
+        sink.producer_context().error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "Connection refused",
+        );
+        assert!(sink.refused_login().is_none());
+        let reason = "SASL authentication error: Authentication failed during re-authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256";
+        sink.producer_context()
+            .error(KafkaError::Global(RDKafkaErrorCode::Authentication), reason);
+        let refusal = sink.refused_login().expect("a refusal");
+        assert_eq!(refusal.consequence(), siphon_core::Consequence::Fix);
+        let message = refusal.to_string();
+        for needle in [
+            reason,
+            "\"sasl.password\"",
+            "SIPHON_KAFKA_PROPERTIES_SASL_PASSWORD",
+        ] {
+            assert!(message.contains(needle), "{message}");
+        }
+        // The refused producer retires; the refusal stays known while it reports.
+        sink.send(0, &record(0)).await.unwrap();
+        sink.rebuild().unwrap();
+        assert!(sink.refused_login().is_some());
+        // A producer of its own: the refusal goes with the retired one.
+        tokio::time::timeout(Duration::from_secs(30), sink.retired_reported())
+            .await
+            .expect("the retired producer reports everything");
+        sink.release_retired();
+        assert!(sink.refused_login().is_none());
     }
 }

@@ -461,7 +461,9 @@ impl Driver<'_> {
                 // below.
                 () = self.sink.reports_ready() => {
                     self.sink.serve_reports();
-                    None
+                    // A refused login is told only to the producer's context, while reports
+                    // are served; its records would wait for the delivery deadline.
+                    self.sink.refused_login().map(|e| Input::SourceFailed(e.into()))
                 }
                 Some(delivery) = self.deliveries.recv() => {
                     let now = Now::read();
