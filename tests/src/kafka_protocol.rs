@@ -457,6 +457,42 @@ pub const END_TXN: i16 = 26;
 /// coordinator.
 pub const INIT_PRODUCER_ID: i16 = 22;
 
+/// The offset, in a response `body` (after the 4-byte size), of the top-level error code of an
+/// EndTxn (flexible from v3) or InitProducerId (flexible from v2) response of `api_version`:
+/// both begin with the throttle time and the error code.
+pub fn top_level_error_offset(api_key: i16, api_version: i16, body: &[u8]) -> Result<usize> {
+    let flexible = match api_key {
+        END_TXN => api_version >= 3,
+        INIT_PRODUCER_ID => api_version >= 2,
+        other => anyhow::bail!("no top-level error code known for API key {other}"),
+    };
+    let mut r = Reader::new(body);
+    r.i32()?; // correlation id
+    if flexible {
+        r.tagged_fields()?;
+    }
+    r.i32()?; // throttle time
+    let at = r.at;
+    r.i16()?;
+    Ok(at)
+}
+
+/// Replaces, in place, the top-level error code of an EndTxn or InitProducerId response `frame`
+/// (size prefix included) with `code`; returns the code the broker had written.
+pub fn replace_error_code(
+    api_key: i16,
+    api_version: i16,
+    frame: &mut [u8],
+    code: i16,
+) -> Result<i16> {
+    ensure!(frame.len() >= 4, "frame shorter than its size prefix");
+    let at = 4 + top_level_error_offset(api_key, api_version, &frame[4..])?;
+    let field = &mut frame[at..at + 2];
+    let was = i16::from_be_bytes([field[0], field[1]]);
+    field.copy_from_slice(&code.to_be_bytes());
+    Ok(was)
+}
+
 /// The offsets of the ports in a `NodeEndpoints` tagged field (KIP-951: the brokers a Produce
 /// or Fetch answer names as new leaders), read from the top-level tagged fields at `r`.
 fn node_endpoint_port_offsets(r: &mut Reader<'_>, offsets: &mut Vec<usize>) -> Result<()> {
@@ -857,6 +893,34 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_error_code_of_an_end_txn_answer_is_replaced_in_every_encoding() {
+        for version in 0..=5 {
+            let mut w = Writer::default();
+            w.i32(42); // correlation id
+            if version >= 3 {
+                w.empty_tagged_fields();
+            }
+            w.i32(7); // throttle time
+            w.i16(0); // no error
+            if version >= 3 {
+                w.empty_tagged_fields();
+            }
+            let mut frame = w.framed();
+            let was = replace_error_code(END_TXN, version, &mut frame, 90).unwrap();
+            assert_eq!(was, 0, "v{version}");
+            let body = &frame[4..];
+            let at = top_level_error_offset(END_TXN, version, body).unwrap();
+            assert_eq!(
+                i16::from_be_bytes([body[at], body[at + 1]]),
+                90,
+                "v{version}"
+            );
+            assert_eq!(i32::from_be_bytes(body[at - 4..at].try_into().unwrap()), 7);
+        }
+        assert!(top_level_error_offset(PRODUCE, 9, &[0; 16]).is_err());
+    }
 
     fn request(version: i16) -> ProduceRequest {
         ProduceRequest {

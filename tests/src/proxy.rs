@@ -80,8 +80,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::kafka_protocol::{
-    encode_produce_response, parse_produce_request, parse_produce_response, request_header,
-    rewrite_broker_port_map, PartitionResponse, TopicResponse, PRODUCE,
+    encode_produce_response, parse_produce_request, parse_produce_response, replace_error_code,
+    request_header, rewrite_broker_port_map, PartitionResponse, TopicResponse, PRODUCE,
 };
 
 /// Bytes read from a socket at once.
@@ -353,10 +353,13 @@ struct Shared {
     /// Metadata, FindCoordinator, Produce or Fetch answers name is replaced with its proxy's
     /// (empty: answers are not rewritten).
     advertise: Vec<(u16, u16)>,
-    /// Which request's answer is held next (see [`ThrottlingProxy::hold_next_answer`]).
+    /// Which request's answer is held or failed next (see [`ThrottlingProxy::hold_next_answer`]
+    /// and [`ThrottlingProxy::fail_next_answer_to`]).
     answer_hold: Mutex<Option<AnswerHold>>,
     /// Broker answers held so far.
     answers_held: AtomicU64,
+    /// Broker answers passed on with another error code so far.
+    answers_failed: AtomicU64,
 }
 
 impl Shared {
@@ -374,24 +377,33 @@ impl Shared {
         self.answer_hold.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the broker's answer to the request `frame` (after its size prefix) of
-    /// `api_key` is to be held; true at most once per arming, as the hold is disarmed here.
-    fn take_answer_hold(&self, api_key: i16, frame: &[u8]) -> bool {
+    /// What becomes of the broker's answer to the request `frame` (after its size prefix) of
+    /// `api_key`; `Some` at most once per arming, as the rule is disarmed here.
+    fn take_answer_hold(&self, api_key: i16, frame: &[u8]) -> Option<AnswerAction> {
         let mut hold = self.answer_hold();
         if !hold.as_ref().is_some_and(|h| h.matches(api_key, frame)) {
-            return false;
+            return None;
         }
-        *hold = None;
-        true
+        hold.take().map(|h| h.action)
     }
 }
 
-/// Which request's answer a proxy holds next.
+/// What a proxy does with the broker's answer to a request it matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerAction {
+    /// Keeps it (and everything after it on the connection) from the client.
+    Hold,
+    /// Passes it on with this top-level error code instead of the broker's.
+    Fail(i16),
+}
+
+/// Which request's answer a proxy holds or fails next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AnswerHold {
     api_key: i16,
     /// Only a request whose bytes contain this (any request of the key when `None`).
     marker: Option<Vec<u8>>,
+    action: AnswerAction,
 }
 
 impl AnswerHold {
@@ -488,6 +500,7 @@ impl ThrottlingProxy {
             advertise,
             answer_hold: Mutex::new(None),
             answers_held: AtomicU64::new(0),
+            answers_failed: AtomicU64::new(0),
         });
         runtime.spawn(accept_loop(listener, target, Arc::clone(&shared)));
         Ok(ThrottlingProxy {
@@ -629,6 +642,7 @@ impl ThrottlingProxy {
         *self.shared.answer_hold() = Some(AnswerHold {
             api_key,
             marker: None,
+            action: AnswerAction::Hold,
         });
     }
 
@@ -638,7 +652,27 @@ impl ThrottlingProxy {
         *self.shared.answer_hold() = Some(AnswerHold {
             api_key,
             marker: Some(marker.to_vec()),
+            action: AnswerAction::Hold,
         });
+    }
+
+    /// Arms a failure (replacing any armed hold or failure): the first request of API key
+    /// `api_key` (EndTxn or InitProducerId) sent from now on whose bytes contain `marker` is
+    /// forwarded, so the broker acts on it, and the broker's answer reaches the client with
+    /// `error_code` in place of its own top-level error code: e.g. a commit the coordinator
+    /// completed, answered to the client as failed. Only a Kafka-mode proxy looks.
+    pub fn fail_next_answer_to(&self, api_key: i16, marker: &[u8], error_code: i16) {
+        *self.shared.answer_hold() = Some(AnswerHold {
+            api_key,
+            marker: Some(marker.to_vec()),
+            action: AnswerAction::Fail(error_code),
+        });
+    }
+
+    /// Broker answers passed on with another error code (by
+    /// [`ThrottlingProxy::fail_next_answer_to`]) so far.
+    pub fn answers_failed(&self) -> u64 {
+        self.shared.answers_failed.load(Ordering::Relaxed)
     }
 
     /// Disarms a hold armed by [`ThrottlingProxy::hold_next_answer`] that nothing hit yet;
@@ -734,11 +768,11 @@ async fn pump(
 /// Who answers one request of a Kafka-mode connection.
 enum Answer {
     /// The broker: its next response frame, answering a request of this API key and version;
-    /// held (not passed on, nor anything after it) when `hold`.
+    /// held (not passed on, nor anything after it) or failed as `action` says.
     Broker {
         api_key: i16,
         api_version: i16,
-        hold: bool,
+        action: Option<AnswerAction>,
     },
     /// The proxy, with these bytes, after this delay.
     Proxy(Vec<u8>, Option<Duration>),
@@ -849,7 +883,9 @@ async fn kafka_requests(
         let answer = Answer::Broker {
             api_key,
             api_version,
-            hold: answered && shared.take_answer_hold(api_key, &frame[4..]),
+            action: answered
+                .then(|| shared.take_answer_hold(api_key, &frame[4..]))
+                .flatten(),
         };
         if answered && answers.send(answer).is_err() {
             break;
@@ -879,14 +915,20 @@ async fn kafka_responses(
             Answer::Broker {
                 api_key,
                 api_version,
-                hold,
+                action,
             } => match read_frame(&mut from).await {
-                Some(_) if hold => {
+                Some(_) if action == Some(AnswerAction::Hold) => {
                     shared.answers_held.fetch_add(1, Ordering::Relaxed);
                     drop_answers(&mut from, &mut answers).await;
                     break;
                 }
                 Some(mut frame) => {
+                    if let Some(AnswerAction::Fail(code)) = action {
+                        // An answer the parser cannot read is passed on as it is, uncounted.
+                        if replace_error_code(api_key, api_version, &mut frame, code).is_ok() {
+                            shared.answers_failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     if !shared.advertise.is_empty() {
                         // An answer the parser cannot read is passed on as it is.
                         let _ = rewrite_broker_port_map(

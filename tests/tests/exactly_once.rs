@@ -12,9 +12,11 @@
 //!   fenced when it wakes: nothing it wrote after the second one started becomes visible.
 //! - A transaction coordinator slow to register the producer: the stream, already holding the
 //!   slot, keeps its status updates going, and the server keeps the connection.
+//! - A commit the coordinator completed, answered to the producer as failed (retriable, fatal,
+//!   abortable): each event once, nothing sent again after the session that failed.
 
 use anyhow::{Context, Result};
-use siphon_tests::kafka_protocol::INIT_PRODUCER_ID;
+use siphon_tests::kafka_protocol::{END_TXN, INIT_PRODUCER_ID};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, count_by_id, event, exactly_once_config, insert_transaction,
     read_event_records_isolated, siphon_config_at, slot_active, start_streaming, wait_for_all,
@@ -424,5 +426,73 @@ async fn the_stream_keeps_the_slot_while_the_producer_waits_for_its_coordinator(
         read.len(),
         records.len()
     );
+    Ok(())
+}
+
+/// How the coordinator's answer to a commit it completed reaches the producer, as Kafka's error
+/// code, and what librdkafka makes of it.
+const FAILED_COMMIT_ANSWERS: &[(&str, i16)] = &[
+    // Retried by librdkafka on a coordinator it looks up again, which answers the retry of a
+    // completed commit with success: no error reaches Siphon.
+    ("NOT_COORDINATOR", 16),
+    // Fatal: the producer is unusable, the session ends.
+    ("PRODUCER_FENCED", 90),
+    // Abortable, needing a new epoch: the commit fails, the session ends.
+    ("UNKNOWN_PRODUCER_ID", 59),
+];
+
+/// A commit whose outcome Siphon does not know: the coordinator completes it (the request
+/// reaches the broker), but its answer reaches the producer as an error
+/// ([`FAILED_COMMIT_ANSWERS`], one per transaction). Whatever librdkafka makes of it, a failed
+/// commit ends the session and the next one reads the last committed progress, which the
+/// completed commit moved past the transaction's events: a read_committed consumer sees each
+/// event once, none sent again in a second Kafka transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_completed_but_answered_as_failed_is_not_sent_again() -> Result<()> {
+    let slot = "failedcommit";
+    let pg = Postgres::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let broker = ProxiedBroker::start_kafka_aware()?;
+    let config = with_exactly_once(&siphon_config_at(&pg, &broker, slot, "", ""), &broker);
+    let siphon = start_streaming(&client, &config, slot).await?;
+    let mut expected = BTreeSet::new();
+    let mut next = 1;
+    for (failed, (name, code)) in
+        (0u64..).zip([("none", 0)].iter().chain(FAILED_COMMIT_ANSWERS).copied())
+    {
+        if code != 0 {
+            // Only the transactional producer's requests name the slot (in its transactional id).
+            broker
+                .proxy()
+                .fail_next_answer_to(END_TXN, slot.as_bytes(), code);
+        }
+        let events: Vec<Event> = (next..next + 5).map(|seq| event(seq, true)).collect();
+        next += 5;
+        insert_transaction(&mut client, &events, true).await?;
+        expected.extend(events.iter().map(|e| e.id.clone()));
+        wait_for_all(&broker, &expected, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("after {name}; siphon log:\n{}", siphon.log()))?;
+        wait_for_slot_caught_up(&client, slot)
+            .await
+            .with_context(|| format!("after {name}; siphon log:\n{}", siphon.log()))?;
+        anyhow::ensure!(
+            broker.proxy().answers_failed() == failed,
+            "{} commit answers failed after {name}, not {failed}: the test proved nothing",
+            broker.proxy().answers_failed()
+        );
+    }
+    let read = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
+    let counts = count_by_id(&read);
+    let repeated: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
+    anyhow::ensure!(
+        repeated.is_empty() && counts.len() == expected.len(),
+        "read_committed: {} of {} events, repeated: {repeated:?}; log:\n{}",
+        counts.len(),
+        expected.len(),
+        siphon.log()
+    );
+    check_first_deliveries_in_order(&read)?;
     Ok(())
 }

@@ -311,7 +311,8 @@ pub fn transaction_fix(operation: Operation, code: RDKafkaErrorCode) -> &'static
         {
             ": the transaction coordinator did not answer; if it persists, check that the brokers' transaction.state.log.replication.factor and transaction.state.log.min.isr fit the cluster (a single broker needs 1 and 1)"
         }
-        C::ProducerFenced | C::InvalidProducerEpoch => {
+        // librdkafka reports its transactional producer's fencing as its own `Fenced`.
+        C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch => {
             ": another producer with the same transactional id started; is a second Siphon running with the same kafka.transactional_id?"
         }
         _ => "",
@@ -1084,6 +1085,7 @@ mod tests {
             RDKafkaErrorCode::ProducerFenced,
             RDKafkaErrorCode::InvalidProducerEpoch,
             RDKafkaErrorCode::OperationTimedOut,
+            RDKafkaErrorCode::Fenced,
         ] {
             assert_eq!(
                 failed(Operation::CommitTransaction, code).consequence(),
@@ -1091,5 +1093,10 @@ mod tests {
                 "{code:?}"
             );
         }
+        let fenced = failed(Operation::CommitTransaction, RDKafkaErrorCode::Fenced);
+        assert!(
+            fenced.to_string().contains("is a second Siphon running"),
+            "{fenced}"
+        );
     }
 }
