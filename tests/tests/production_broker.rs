@@ -5,8 +5,9 @@
 //! allowed to create those topics but not to write to them; the control, with the ACLs the
 //! operations guide lists, everything delivered; and an event for a topic nobody created while
 //! Siphon may not create topics (warned about with the fix, delivered once the topic exists);
-//! exactly-once delivery without, then with, the transactional id's ACL; and a password rotated
-//! on the brokers while Siphon runs (SCRAM-SHA-256, logins renewed every few seconds). Each
+//! exactly-once delivery without, then with, the transactional id's ACL, and with a topic nobody
+//! created; and a password rotated on the brokers while Siphon runs (SCRAM-SHA-256, logins
+//! renewed every few seconds). Each
 //! refusal is a definite error: Siphon stops with exit status 2 and a message naming the fix, confirms
 //! nothing it did not deliver, and neither retries in a tight loop nor skips the events.
 //!
@@ -22,7 +23,7 @@ use siphon_tests::outbox::{
     slot_confirmed_lsn, start_streaming, wait_for_all, wait_for_slot_past, with_exactly_once,
     KafkaTarget as _, Via, OUTBOX_DDL,
 };
-use siphon_tests::{create_topic, Isolation, KafkaNode, Postgres, SiphonProcess};
+use siphon_tests::{create_topic, wait_until, Isolation, KafkaNode, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
@@ -261,6 +262,44 @@ async fn the_documented_acls_suffice(node: &KafkaNode) -> Result<()> {
     Ok(())
 }
 
+/// Creates each of `topics` compacted with one partition, as an operator creates Siphon's own
+/// topics (one that exists already is left as it is).
+async fn create_compacted_topics(node: &KafkaNode, topics: &[&str]) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", node.bootstrap())
+        .create()?;
+    let topics: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|topic| {
+            NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact")
+        })
+        .collect();
+    for result in admin
+        .create_topics(topics.iter(), &AdminOptions::new())
+        .await?
+    {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => anyhow::bail!("creating {topic}: {code}"),
+        }
+    }
+    Ok(())
+}
+
+/// `config` with topic creation off, and a shorter wait for a topic's metadata than
+/// librdkafka's 30 s.
+fn without_topic_creation(config: String) -> String {
+    config
+        .replace(
+            "[kafka.topic_creation]\n",
+            "[kafka.topic_creation]\nenabled = false\n",
+        )
+        .replace(
+            "[kafka.properties]\n",
+            "[kafka.properties]\n\"topic.metadata.propagation.max.ms\" = \"5000\"\n",
+        )
+}
+
 /// Scenario 6: topics managed outside Siphon (`kafka.topic_creation.enabled = false`, and the
 /// broker creates none): an event routed to a topic nobody created. The events before it are
 /// delivered; Siphon keeps trying, with the producer replaced at most once per wait for the
@@ -271,36 +310,14 @@ async fn a_topic_nobody_created(node: &KafkaNode) -> Result<()> {
     let name = "unmanaged";
     grant(node, STATE_ACLS)?;
     grant(node, &namespace_acls(name, &["WRITE", "DESCRIBE"]))?;
-    // Topic creation off, and a shorter wait for a topic's metadata than librdkafka's 30 s.
     let Setup {
         pg: _pg,
         mut client,
         config,
         target,
-    } = setup(node, name, PASSWORD, false, |config| {
-        config
-            .replace(
-                "[kafka.topic_creation]\n",
-                "[kafka.topic_creation]\nenabled = false\n",
-            )
-            .replace(
-                "[kafka.properties]\n",
-                "[kafka.properties]\n\"topic.metadata.propagation.max.ms\" = \"5000\"\n",
-            )
-    })
-    .await?;
-    // The topics an operator manages: Siphon's state topic (compacted) and one of the two.
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", node.bootstrap())
-        .create()?;
-    let state = NewTopic::new("siphon.state", 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact");
-    for result in admin.create_topics([&state], &AdminOptions::new()).await? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => anyhow::bail!("creating {topic}: {code}"),
-        }
-    }
+    } = setup(node, name, PASSWORD, false, without_topic_creation).await?;
+    // The topics an operator manages: Siphon's state topic and one of the two.
+    create_compacted_topics(node, &["siphon.state"]).await?;
     create_topic(&node.bootstrap(), &target.topic("outbox.event.Order"), 3).await?;
     let siphon = start_streaming(&client, &config, name).await?;
     // Events 1 and 2 go to the Order topic, 3 to the missing Customer topic, 4 to Order.
@@ -378,13 +395,7 @@ async fn exactly_once_with_the_documented_acls(node: &KafkaNode) -> Result<()> {
     let name = "eosgranted";
     grant(node, STATE_ACLS)?;
     grant(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
-    grant(
-        node,
-        &[
-            "TRANSACTIONAL_ID:PREFIXED:WRITE:siphon-",
-            "TRANSACTIONAL_ID:PREFIXED:DESCRIBE:siphon-",
-        ],
-    )?;
+    grant(node, TRANSACTIONAL_ID_ACLS)?;
     let Setup {
         pg: _pg,
         mut client,
@@ -419,6 +430,95 @@ async fn wrong_password(node: &KafkaNode) -> Result<()> {
         &["refused Siphon's credentials", "\"sasl.password\""],
     )
     .await?;
+    Ok(())
+}
+
+/// The transactional id's ACLs, as docs/operations.md lists them.
+const TRANSACTIONAL_ID_ACLS: &[&str] = &[
+    "TRANSACTIONAL_ID:PREFIXED:WRITE:siphon-",
+    "TRANSACTIONAL_ID:PREFIXED:DESCRIBE:siphon-",
+];
+
+/// Scenario 10: scenario 6 with exactly-once delivery. The record for the missing topic fails
+/// its Kafka transaction, which is aborted with everything in it; each session ends and the
+/// next starts after a growing delay, from the last committed progress. Nothing is confirmed
+/// past the event, nothing is visible twice to read_committed consumers, and once the topic
+/// exists the events arrive once, without a restart.
+async fn a_topic_nobody_created_with_exactly_once(node: &KafkaNode) -> Result<()> {
+    let name = "eosunmanaged";
+    grant(node, STATE_ACLS)?;
+    grant(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
+    grant(node, TRANSACTIONAL_ID_ACLS)?;
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup(node, name, PASSWORD, true, without_topic_creation).await?;
+    create_compacted_topics(node, &["siphon.state", &target.topic("siphon.progress")]).await?;
+    create_topic(&node.bootstrap(), &target.topic("outbox.event.Order"), 3).await?;
+    let siphon = start_streaming(&client, &config, name).await?;
+    // Events 1 and 2 go to the Order topic, 3 to the missing Customer topic, 4 to Order.
+    let before = [event(1, true), event(2, true)];
+    insert_transaction(&mut client, &before, true).await?;
+    let before_end = current_insert_lsn(&client).await?;
+    wait_for_slot_past(&client, name, before_end, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    insert_transaction(&mut client, &[event(3, true)], true).await?;
+    let missing_end = current_insert_lsn(&client).await?;
+    insert_transaction(&mut client, &[event(4, true)], true).await?;
+    let end = current_insert_lsn(&client).await?;
+    let missing = target.topic("outbox.event.Customer");
+    let interruption = "pipeline interrupted; reconnecting";
+    wait_until(
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        || async { Ok(siphon.log().matches(interruption).count() >= 2) },
+    )
+    .await
+    .with_context(|| format!("no two sessions ended; log:\n{}", siphon.log()))?;
+    let log = siphon.log();
+    for needle in [
+        missing.as_str(),
+        "UnknownTopicOrPartition",
+        "the cluster has no such topic: create it",
+    ] {
+        ensure!(
+            log.contains(needle),
+            "the log does not say {needle:?}:\n{log}"
+        );
+    }
+    let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
+    ensure!(
+        confirmed < missing_end,
+        "the slot was confirmed at {confirmed:X}, past event 3 (ending at {missing_end:X})"
+    );
+    // The operator creates the topic: Siphon, still running, delivers the rest.
+    create_topic(&node.bootstrap(), &missing, 3).await?;
+    wait_for_slot_past(&client, name, end, Duration::from_secs(90))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let read = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
+    let ids: Vec<String> = read
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+        .collect();
+    let distinct: BTreeSet<&String> = ids.iter().collect();
+    ensure!(
+        ids.len() == 4 && distinct.len() == 4,
+        "read_committed: {ids:?} for four events; log:\n{}",
+        siphon.log()
+    );
+    ensure!(
+        siphon.is_running(),
+        "Siphon stopped; log:\n{}",
+        siphon.log()
+    );
+    eprintln!(
+        "{name}: {} sessions ended until the topic existed",
+        siphon.log().matches(interruption).count()
+    );
     Ok(())
 }
 
@@ -538,6 +638,7 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
     scenario!(exactly_once_without_the_transactional_id_acl);
     scenario!(exactly_once_with_the_documented_acls);
     scenario!(password_rotated_while_running);
+    scenario!(a_topic_nobody_created_with_exactly_once);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }
