@@ -16,7 +16,7 @@ use anyhow::{ensure, Context as _, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;
-use siphon_tests::kafka_protocol::END_TXN;
+use siphon_tests::kafka_protocol::{END_TXN, INIT_PRODUCER_ID};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, phantom_ids,
     record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal, start_streaming,
@@ -651,6 +651,74 @@ async fn coordinator_killed_mid_commit(cluster: &KafkaCluster) -> Result<()> {
     Ok(())
 }
 
+/// Exactly-once: Siphon killed (`kill -9`) while a writer goes on, so a backlog and its open
+/// Kafka transaction wait for the next start; at that start the proxy of the transaction
+/// coordinator's node keeps back the answer to the new producer's InitProducerId (which fences
+/// the old producer and aborts its transaction), and the node is killed. The producer registers
+/// with the node that takes the coordinator over, the stream keeps the slot meanwhile, and a
+/// read_committed consumer sees each event once, first deliveries in commit order per key.
+async fn coordinator_killed_while_registering(cluster: &KafkaCluster) -> Result<()> {
+    let name = "coordreg";
+    let proxies = ClusterProxies::start(cluster)?;
+    let setup = Setup {
+        exactly_once: true,
+        bootstrap: Some(proxies.bootstrap()),
+        ..Setup::default()
+    };
+    let s = Scenario::start_with(cluster, name, setup).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&s.pg, 1, Arc::clone(&stop)).await?;
+    tokio::time::sleep(BEFORE_FAULT).await;
+    s.siphon.kill9()?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Only the coordinator answers InitProducerId for a transactional id (which names the
+    // slot): the proxy it passes is the coordinator's node's.
+    for (_, proxy) in proxies.proxies() {
+        proxy.hold_next_answer_to(INIT_PRODUCER_ID, name.as_bytes());
+    }
+    s.siphon.start_again()?;
+    let coordinator = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        || async {
+            Ok(proxies
+                .proxies()
+                .find(|(_, proxy)| proxy.answers_held() > 0)
+                .map(|(id, _)| id))
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "no InitProducerId answer reached a proxy; log:\n{}",
+            s.siphon.log()
+        )
+    })?;
+    for (_, proxy) in proxies.proxies() {
+        proxy.clear_answer_hold();
+    }
+    cluster.node(coordinator)?.kill9()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.restart(coordinator)?;
+    tokio::time::sleep(AFTER_RECOVERY).await;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    s.check_delivered(&committed).await?;
+    let held: u64 = proxies.proxies().map(|(_, p)| p.answers_held()).sum();
+    ensure!(held == 1, "{held} InitProducerId answers held, not one");
+    eprintln!(
+        "{name}: node {coordinator} killed with an InitProducerId answer held, {} events; Siphon's warnings:\n{}",
+        committed.len(),
+        s.siphon
+            .log()
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
+
 fn admin(cluster: &KafkaCluster) -> Result<AdminClient<DefaultClientContext>> {
     ClientConfig::new()
         .set("bootstrap.servers", cluster.bootstrap())
@@ -680,6 +748,7 @@ async fn broker_faults_on_a_three_node_cluster() -> Result<()> {
     scenario!(topic_deleted_while_writing);
     scenario!(partitions_raised_while_writing);
     scenario!(coordinator_killed_mid_commit);
+    scenario!(coordinator_killed_while_registering);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }
