@@ -3,7 +3,7 @@
 //! `kill -9`, two of three brokers down (also with exactly-once delivery), a rolling restart,
 //! the cluster frozen past the delivery deadline, a topic deleted and a topic given more
 //! partitions while Siphon writes, and (exactly-once) the transaction coordinator's node killed
-//! between recording a commit and answering it.
+//! between recording a commit and answering it, and while a restarted Siphon registers.
 //!
 //! Each scenario runs against the same cluster (a JVM start costs seconds; the scenarios run one
 //! after another so that one's faults never land in another's timing), with a PostgreSQL, a slot
