@@ -6,8 +6,8 @@
 //! operations guide lists, everything delivered; and an event for a topic nobody created while
 //! Siphon may not create topics (warned about with the fix, delivered once the topic exists);
 //! exactly-once delivery without, then with, the transactional id's ACL, and with a topic nobody
-//! created; and a password rotated on the brokers while Siphon runs (SCRAM-SHA-256, logins
-//! renewed every few seconds). Each
+//! created; dead letters without, then with, their topic's ACLs; and a password rotated on the
+//! brokers while Siphon runs (SCRAM-SHA-256, logins renewed every few seconds). Each
 //! refusal is a definite error: Siphon stops with exit status 2 and a message naming the fix, confirms
 //! nothing it did not deliver, and neither retries in a tight loop nor skips the events.
 //!
@@ -23,7 +23,9 @@ use siphon_tests::outbox::{
     slot_confirmed_lsn, start_streaming, wait_for_all, wait_for_slot_past, with_exactly_once,
     KafkaTarget as _, Via, OUTBOX_DDL,
 };
-use siphon_tests::{create_topic, wait_until, Isolation, KafkaNode, Postgres, SiphonProcess};
+use siphon_tests::{
+    create_topic, read_topic_async, wait_until, Isolation, KafkaNode, Postgres, SiphonProcess,
+};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
@@ -522,6 +524,112 @@ async fn a_topic_nobody_created_with_exactly_once(node: &KafkaNode) -> Result<()
     Ok(())
 }
 
+/// The dead-letter topic of scenario 11: outside its namespace, so the namespace's PREFIXED ACLs
+/// do not cover it.
+const DEAD_LETTER_TOPIC: &str = "deadletters-of-siphon";
+
+/// Scenario 11: dead letters (`pipeline.on_error = "dead-letter"`) to a topic Siphon's principal
+/// has no ACL on. A row that cannot be routed (its aggregatetype NULL) cannot be dead-lettered,
+/// and it is not skipped: Siphon stops with exit status 2 naming the ACL to grant, confirming
+/// nothing past it. Started again once the operations guide's ACLs on that topic are granted
+/// (WRITE, DESCRIBE, CREATE), it dead-letters the row and delivers the events around it.
+async fn dead_letters_without_then_with_their_topics_acls(node: &KafkaNode) -> Result<()> {
+    let name = "deadletter";
+    grant(node, STATE_ACLS)?;
+    grant(
+        node,
+        &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
+    )?;
+    let dead_letters = |config: String| {
+        config.replace(
+            "[pipeline]\n",
+            &format!(
+                "[pipeline]\non_error = \"dead-letter\"\ndead_letter_topic = \"{DEAD_LETTER_TOPIC}\"\n"
+            ),
+        )
+    };
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup(node, name, PASSWORD, false, dead_letters).await?;
+    client
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregatetype DROP NOT NULL")
+        .await?;
+    let siphon = start_streaming(&client, &config, name).await?;
+    insert_transaction(&mut client, &[event(1, true)], true).await?;
+    let poison = "00000000-0000-4000-8000-999999999999";
+    client
+        .batch_execute(&format!(
+            "INSERT INTO outbox VALUES ('{poison}', NULL, 'order-x', 'Created', '{{}}')"
+        ))
+        .await?;
+    let poison_end = current_insert_lsn(&client).await?;
+    insert_transaction(&mut client, &[event(2, true)], true).await?;
+    let end = current_insert_lsn(&client).await?;
+    let within = Duration::from_secs(60);
+    let status = siphon.wait_exit(within).with_context(|| {
+        format!(
+            "Siphon did not stop within {within:?}; log:\n{}",
+            siphon.log()
+        )
+    })?;
+    let log = siphon.log();
+    ensure!(
+        status.code() == Some(EXIT_DEFINITE),
+        "exit status {status:?}; log:\n{log}"
+    );
+    for needle in [DEAD_LETTER_TOPIC, "grant CREATE"] {
+        ensure!(
+            log.contains(needle),
+            "the log does not say {needle:?}:\n{log}"
+        );
+    }
+    let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
+    ensure!(
+        confirmed < poison_end,
+        "the slot was confirmed at {confirmed:X}, past the row not dead-lettered (ending at {poison_end:X})"
+    );
+
+    let topic_acls: Vec<String> = ["WRITE", "DESCRIBE", "CREATE"]
+        .iter()
+        .map(|operation| format!("TOPIC:LITERAL:{operation}:{DEAD_LETTER_TOPIC}"))
+        .collect();
+    grant(node, &topic_acls)?;
+    siphon.start_again()?;
+    let both: BTreeSet<String> = (1..=2).map(|seq| event(seq, true).id).collect();
+    wait_for_all(&target, &both, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    wait_for_slot_past(&client, name, end, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let dead = read_topic_async(
+        &node.bootstrap(),
+        DEAD_LETTER_TOPIC,
+        Duration::from_secs(20),
+    )
+    .await?;
+    let ids: Vec<String> = dead
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+        .collect();
+    ensure!(
+        !dead.is_empty()
+            && dead.iter().all(|r| {
+                let row: serde_json::Value =
+                    serde_json::from_slice(r.value.as_deref().unwrap_or_default())
+                        .unwrap_or_default();
+                row["id"] == poison
+            }),
+        "dead letters: {ids:?}, values {:?}; log:\n{}",
+        dead.iter().map(|r| r.value.clone()).collect::<Vec<_>>(),
+        siphon.log()
+    );
+    Ok(())
+}
+
 /// How long a SCRAM login lasts on the node before the broker asks for a new one
 /// (`connections.max.reauth.ms` for that mechanism): a rotated password reaches connections
 /// already open within it.
@@ -639,6 +747,7 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
     scenario!(exactly_once_with_the_documented_acls);
     scenario!(password_rotated_while_running);
     scenario!(a_topic_nobody_created_with_exactly_once);
+    scenario!(dead_letters_without_then_with_their_topics_acls);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }
