@@ -453,17 +453,21 @@ pub const FIND_COORDINATOR: i16 = 10;
 /// The EndTxn API key: a transactional producer's commit or abort, answered by the
 /// transaction coordinator.
 pub const END_TXN: i16 = 26;
+/// The SaslHandshake API key: the first request of a SASL login (and of each login again).
+pub const SASL_HANDSHAKE: i16 = 17;
 /// The InitProducerId API key: a transactional producer registering with its transaction
 /// coordinator.
 pub const INIT_PRODUCER_ID: i16 = 22;
 
 /// The offset, in a response `body` (after the 4-byte size), of the top-level error code of an
-/// EndTxn (flexible from v3) or InitProducerId (flexible from v2) response of `api_version`:
-/// both begin with the throttle time and the error code.
+/// EndTxn (flexible from v3) or InitProducerId (flexible from v2) response of `api_version`,
+/// both of which begin with the throttle time and the error code, or of a SaslHandshake
+/// response (v0-v1, never flexible), which begins with the error code.
 pub fn top_level_error_offset(api_key: i16, api_version: i16, body: &[u8]) -> Result<usize> {
-    let flexible = match api_key {
-        END_TXN => api_version >= 3,
-        INIT_PRODUCER_ID => api_version >= 2,
+    let (flexible, throttled) = match api_key {
+        END_TXN => (api_version >= 3, true),
+        INIT_PRODUCER_ID => (api_version >= 2, true),
+        SASL_HANDSHAKE => (false, false),
         other => anyhow::bail!("no top-level error code known for API key {other}"),
     };
     let mut r = Reader::new(body);
@@ -471,13 +475,16 @@ pub fn top_level_error_offset(api_key: i16, api_version: i16, body: &[u8]) -> Re
     if flexible {
         r.tagged_fields()?;
     }
-    r.i32()?; // throttle time
+    if throttled {
+        r.i32()?; // throttle time
+    }
     let at = r.at;
     r.i16()?;
     Ok(at)
 }
 
-/// Replaces, in place, the top-level error code of an EndTxn or InitProducerId response `frame`
+/// Replaces, in place, the top-level error code of an EndTxn, InitProducerId or SaslHandshake
+/// response `frame`
 /// (size prefix included) with `code`; returns the code the broker had written.
 pub fn replace_error_code(
     api_key: i16,
@@ -919,6 +926,18 @@ mod tests {
             );
             assert_eq!(i32::from_be_bytes(body[at - 4..at].try_into().unwrap()), 7);
         }
+        // SaslHandshake: the error code first, then the broker's mechanisms.
+        let mut w = Writer::default();
+        w.i32(43);
+        w.i16(0);
+        w.array_len(1, false);
+        w.nullable_string(Some("SCRAM-SHA-256"), false);
+        let mut frame = w.framed();
+        assert_eq!(
+            replace_error_code(SASL_HANDSHAKE, 1, &mut frame, 33).unwrap(),
+            0
+        );
+        assert_eq!(i16::from_be_bytes([frame[8], frame[9]]), 33);
         assert!(top_level_error_offset(PRODUCE, 9, &[0; 16]).is_err());
     }
 

@@ -657,7 +657,7 @@ impl ThrottlingProxy {
     }
 
     /// Arms a failure (replacing any armed hold or failure): the first request of API key
-    /// `api_key` (EndTxn or InitProducerId) sent from now on whose bytes contain `marker` is
+    /// `api_key` (EndTxn, InitProducerId or SaslHandshake) sent from now on whose bytes contain `marker` is
     /// forwarded, so the broker acts on it, and the broker's answer reaches the client with
     /// `error_code` in place of its own top-level error code: e.g. a commit the coordinator
     /// completed, answered to the client as failed. Only a Kafka-mode proxy looks.

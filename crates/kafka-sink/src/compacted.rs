@@ -10,11 +10,13 @@
 //! - A connection refused for its SASL credentials is reported to the client's context (at
 //!   the latest when the client is dropped), not to the request, which fails as a transport
 //!   failure or a timeout. Every operation's result is settled once its clients are gone: such
-//!   a failure after a refusal is the refusal, a definite error naming the credentials. A
-//!   reader asking for the topic's partitions serves its queued errors every
-//!   [`METADATA_STEP`] while the brokers cannot be reached, so a refusal ends it within seconds.
+//!   a failure after refusals that went on (see [`crate::login`]; one may be a handshake cut by
+//!   a broker going away) is the refusal, a definite error naming the credentials. A reader
+//!   asking for the topic's partitions serves its queued errors every [`METADATA_STEP`] while
+//!   the brokers cannot be reached, so a refusal ends it within seconds.
 
-use crate::error::{credentials_fix, is_refused_login};
+use crate::error::{credentials_fix, is_connection_failure, is_refused_login};
+use crate::login::LoginRefusals;
 use crate::topics::is_producer_only;
 use crate::TopicCreation;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -26,7 +28,6 @@ use rdkafka::ClientContext;
 use siphon_core::Consequence;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -131,13 +132,15 @@ impl StateTopicError {
 /// are; the end of a partition, which a reader asks to be told of, is no error; a refused
 /// authentication is remembered for the topic (see the module's invariants).
 pub(crate) struct TopicClientContext {
-    authentication_failed: Arc<AtomicBool>,
+    logins: Arc<LoginRefusals>,
 }
 
 impl ClientContext for TopicClientContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if is_refused_login(&error) {
-            self.authentication_failed.store(true, Ordering::Relaxed);
+            self.logins.refused(Instant::now(), reason);
+        } else if is_connection_failure(&error) {
+            self.logins.connection_failed();
         }
         match error.rdkafka_error_code() {
             Some(
@@ -162,8 +165,8 @@ pub(crate) struct CompactedTopic {
     /// Connection properties (bootstrap servers, security), without producer-only ones.
     pub(crate) connection: BTreeMap<String, String>,
     pub(crate) creation: TopicCreation,
-    /// Set once a client of this topic had its credentials refused.
-    authentication_failed: Arc<AtomicBool>,
+    /// Its clients' refused logins.
+    logins: Arc<LoginRefusals>,
 }
 
 impl CompactedTopic {
@@ -181,7 +184,7 @@ impl CompactedTopic {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             creation,
-            authentication_failed: Arc::new(AtomicBool::new(false)),
+            logins: Arc::default(),
         }
     }
 
@@ -263,9 +266,13 @@ impl CompactedTopic {
     ) -> Result<Option<Vec<i32>>, StateTopicError> {
         let deadline = Instant::now() + timeout;
         let metadata = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let asked = Instant::now();
+            let left = deadline.saturating_duration_since(asked);
             match consumer.fetch_metadata(Some(&self.topic), left.min(METADATA_STEP)) {
-                Ok(metadata) => break metadata,
+                Ok(metadata) => {
+                    self.logins.asked(asked, true);
+                    break metadata;
+                }
                 Err(e) => {
                     let unreachable = matches!(
                         e.rdkafka_error_code(),
@@ -278,10 +285,10 @@ impl CompactedTopic {
                     // Serves queued errors to the context (no partition is assigned, so no
                     // record can be taken here).
                     let _ = consumer.poll(Duration::ZERO);
-                    if !unreachable
-                        || self.authentication_failed.load(Ordering::Relaxed)
-                        || left <= METADATA_STEP
-                    {
+                    if unreachable {
+                        self.logins.asked(asked, false);
+                    }
+                    if !unreachable || self.logins.definite().is_some() || left <= METADATA_STEP {
                         return Err(self.kafka(StateOperation::Read, &e));
                     }
                 }
@@ -315,7 +322,7 @@ impl CompactedTopic {
 
     fn context(&self) -> TopicClientContext {
         TopicClientContext {
-            authentication_failed: Arc::clone(&self.authentication_failed),
+            logins: Arc::clone(&self.logins),
         }
     }
 
@@ -365,7 +372,7 @@ impl CompactedTopic {
             }) => *operation,
             _ => return result,
         };
-        if !self.authentication_failed.load(Ordering::Relaxed) {
+        if self.logins.definite().is_none() {
             return result;
         }
         Err(StateTopicError::Kafka {
@@ -405,11 +412,17 @@ mod tests {
             let failure = settled(failure);
             assert_eq!(failure.consequence(), Consequence::Retry, "{failure}");
         }
-        // The brokers refuse the credentials: librdkafka tells the client's context.
-        topic.context().error(
-            KafkaError::Global(RDKafkaErrorCode::Authentication),
-            "SASL authentication error: Authentication failed: Invalid username or password",
-        );
+        // The brokers refuse the credentials: librdkafka tells the client's context, each
+        // time a client logs in. One refusal may be a handshake cut short; not yet definite.
+        let reason =
+            "SASL authentication error: Authentication failed: Invalid username or password";
+        topic
+            .context()
+            .error(KafkaError::Global(RDKafkaErrorCode::Authentication), reason);
+        let failure = settled(topic.timed_out(StateOperation::Read));
+        assert_eq!(failure.consequence(), Consequence::Retry, "{failure}");
+        // The brokers, asked after the refusal, do not answer.
+        topic.logins.asked(Instant::now(), false);
         for failure in [
             topic.failed(
                 StateOperation::Read,

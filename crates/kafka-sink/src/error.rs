@@ -100,6 +100,14 @@ pub(crate) fn is_refused_login(error: &KafkaError) -> bool {
     )
 }
 
+/// Whether `error` says a connection to a broker failed (or none is up).
+pub(crate) fn is_connection_failure(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown)
+    )
+}
+
 /// Errors creating the producer, creating topics or enqueueing records.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {

@@ -18,7 +18,8 @@
 //!   topic object: a producer keeps a handle of every topic it was given until it is dropped
 //!   (`TopicHandles`), so an address names one topic for the life of the producer.
 
-use crate::error::{is_refused_login, Operation};
+use crate::error::{is_connection_failure, is_refused_login, Operation};
+use crate::login::LoginRefusals;
 use crate::produce::{Outgoing, TopicHandles};
 use crate::topics::TopicCreator;
 use crate::wakeup::ReportWakeup;
@@ -34,7 +35,7 @@ use siphon_record::{Header, RoutedRecord};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -77,8 +78,8 @@ pub struct DeliveryContext {
     unreported: Arc<Unreported>,
     /// Whether librdkafka's partition-queue latency means anything (see [`crate::statistics`]).
     partition_queue_measured: bool,
-    /// librdkafka's words for the first refusal of this producer's login, once there was one.
-    refused_login: Mutex<Option<String>>,
+    /// This producer's refused logins since its last acknowledged record.
+    logins: LoginRefusals,
 }
 
 impl DeliveryContext {
@@ -168,11 +169,9 @@ pub trait DeliveryObserver: Send + Sync + 'static {
 impl ClientContext for DeliveryContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if is_refused_login(&error) {
-            let mut refused = self
-                .refused_login
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            refused.get_or_insert_with(|| reason.to_owned());
+            self.logins.refused(Instant::now(), reason);
+        } else if is_connection_failure(&error) {
+            self.logins.connection_failed();
         }
         // Connection failures are retried by librdkafka and reported once per change of state
         // by the pipeline's broker watch; anything else (authentication, TLS ...) is shown.
@@ -210,6 +209,7 @@ impl ProducerContext for DeliveryContext {
     fn delivery(&self, result: &DeliveryResult<'_>, token: usize) {
         if let Ok(message) = result {
             self.count_acked(message);
+            self.logins.acknowledged();
         }
         let given_timestamp = self.unreported.take_timestamp(token);
         let delivery = match result {
@@ -275,7 +275,7 @@ impl Client {
                 partition_queue_measured: properties
                     .get("message.timeout.ms")
                     .is_some_and(|timeout| timeout != "0"),
-                refused_login: Mutex::new(None),
+                logins: LoginRefusals::default(),
             })
             .map_err(|e| SinkError::client(Operation::CreateProducer, &e))?;
         let producer = Arc::new(producer);
@@ -678,25 +678,18 @@ impl KafkaSink {
         }
     }
 
-    /// The brokers refused the login of the current or the retired producer (wrong
-    /// credentials, or credentials changed on the brokers while it ran): a definite error,
-    /// told by librdkafka to the producer's context while reports are served (the records
-    /// themselves only time out). `None` while no login was refused.
+    /// The brokers refuse the login of the current or the retired producer (wrong credentials,
+    /// or credentials changed on the brokers while it ran): a definite error, told by librdkafka
+    /// to the producer's context while reports are served (the records themselves only time
+    /// out), once the broker probe ([`BrokerProbe`]) asked after the refusal went unanswered
+    /// (see [`crate::login`]).
     pub fn refused_login(&self) -> Option<SinkError> {
         let Backend::Kafka { client, .. } = &self.backend else {
             return None;
         };
         std::iter::once(&**client)
             .chain(self.retired.as_ref().map(|retired| &retired.client))
-            .find_map(|client| {
-                client
-                    .producer
-                    .context()
-                    .refused_login
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone()
-            })
+            .find_map(|client| client.producer.context().logins.definite())
             .map(|reason| SinkError::CredentialsRefused { reason })
     }
 
@@ -748,10 +741,15 @@ impl BrokerProbe {
         let Some(producer) = &self.producer else {
             return true;
         };
-        let producer = Arc::clone(producer);
-        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout).is_ok())
-            .await
-            .unwrap_or(false)
+        let asking = Arc::clone(producer);
+        let asked = Instant::now();
+        let answered = tokio::task::spawn_blocking(move || {
+            asking.client().fetch_metadata(None, timeout).is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        producer.context().logins.asked(asked, answered);
+        answered
     }
 }
 
@@ -1035,8 +1033,17 @@ mod tests {
         );
         assert!(sink.refused_login().is_none());
         let reason = "SASL authentication error: Authentication failed during re-authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256";
-        sink.producer_context()
-            .error(KafkaError::Global(RDKafkaErrorCode::Authentication), reason);
+        let refuse = || {
+            sink.producer_context()
+                .error(KafkaError::Global(RDKafkaErrorCode::Authentication), reason)
+        };
+        refuse();
+        assert!(
+            sink.refused_login().is_none(),
+            "one refusal may be a cut handshake"
+        );
+        // The brokers, asked after the refusal, do not answer (nothing listens).
+        assert!(!sink.prober().probe(Duration::from_millis(200)).await);
         let refusal = sink.refused_login().expect("a refusal");
         assert_eq!(refusal.consequence(), siphon_core::Consequence::Fix);
         let message = refusal.to_string();

@@ -479,7 +479,10 @@ impl Driver<'_> {
                 () = sleep_until(timer), if timer.is_some() => Some(Input::Tick),
                 _ = tick.tick() => {
                     self.on_tick();
-                    None
+                    // The broker probe may have settled a refused login since reports were
+                    // last served.
+                    self.sink.serve_reports();
+                    self.sink.refused_login().map(|e| Input::SourceFailed(e.into()))
                 }
                 // While the pipeline takes no events this only reads ahead within the budget (so
                 // the server keeps decoding) and keeps the status updates going.
