@@ -114,6 +114,17 @@ fn grant<S: AsRef<str>>(node: &KafkaNode, acls: &[S]) -> Result<()> {
     node.grant(&format!("User:{USER}"), &acls)
 }
 
+/// Grants `User:siphon` the ACLs for its own state ([`STATE_ACLS`]) and each of `acls`, in one
+/// run of the admin client.
+fn grant_with_state<S: AsRef<str>>(node: &KafkaNode, acls: &[S]) -> Result<()> {
+    let all: Vec<&str> = STATE_ACLS
+        .iter()
+        .copied()
+        .chain(acls.iter().map(AsRef::as_ref))
+        .collect();
+    grant(node, &all)
+}
+
 /// `TOPIC:PREFIXED:<operation>:<name>.` for each of `operations`.
 fn namespace_acls(name: &str, operations: &[&str]) -> Vec<String> {
     operations
@@ -229,7 +240,7 @@ async fn no_acls_on_the_outbox_topics(node: &KafkaNode) -> Result<()> {
 /// Scenario 4: the outbox's topics may be created and described but not written to.
 async fn outbox_topics_not_writable(node: &KafkaNode) -> Result<()> {
     let name = "notwritable";
-    grant(node, &namespace_acls(name, &["CREATE", "DESCRIBE"]))?;
+    grant_with_state(node, &namespace_acls(name, &["CREATE", "DESCRIBE"]))?;
     expect_definite_error(
         node,
         name,
@@ -245,8 +256,7 @@ async fn outbox_topics_not_writable(node: &KafkaNode) -> Result<()> {
 /// and confirms it.
 async fn the_documented_acls_suffice(node: &KafkaNode) -> Result<()> {
     let name = "granted";
-    grant(node, STATE_ACLS)?;
-    grant(
+    grant_with_state(
         node,
         &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
@@ -316,8 +326,7 @@ fn without_topic_creation(config: String) -> String {
 /// topic, that event and those after it arrive, without a restart.
 async fn a_topic_nobody_created(node: &KafkaNode) -> Result<()> {
     let name = "unmanaged";
-    grant(node, STATE_ACLS)?;
-    grant(node, &namespace_acls(name, &["WRITE", "DESCRIBE"]))?;
+    grant_with_state(node, &namespace_acls(name, &["WRITE", "DESCRIBE"]))?;
     let Setup {
         pg: _pg,
         mut client,
@@ -383,8 +392,7 @@ const EXACTLY_ONCE_TOPICS: &[&str] = &["READ", "WRITE", "DESCRIBE", "CREATE"];
 /// Scenario 7: exactly-once delivery, every topic ACL granted but none on the transactional id.
 async fn exactly_once_without_the_transactional_id_acl(node: &KafkaNode) -> Result<()> {
     let name = "eosnotxn";
-    grant(node, STATE_ACLS)?;
-    grant(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
+    grant_with_state(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
     expect_definite_error_with(
         node,
         name,
@@ -401,9 +409,9 @@ async fn exactly_once_without_the_transactional_id_acl(node: &KafkaNode) -> Resu
 /// exactly-once Siphon delivers the event once, read_committed.
 async fn exactly_once_with_the_documented_acls(node: &KafkaNode) -> Result<()> {
     let name = "eosgranted";
-    grant(node, STATE_ACLS)?;
-    grant(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
-    grant(node, TRANSACTIONAL_ID_ACLS)?;
+    let mut acls = namespace_acls(name, EXACTLY_ONCE_TOPICS);
+    acls.extend(TRANSACTIONAL_ID_ACLS.iter().map(|acl| acl.to_string()));
+    grant_with_state(node, &acls)?;
     let Setup {
         pg: _pg,
         mut client,
@@ -454,9 +462,9 @@ const TRANSACTIONAL_ID_ACLS: &[&str] = &[
 /// exists the events arrive once, without a restart.
 async fn a_topic_nobody_created_with_exactly_once(node: &KafkaNode) -> Result<()> {
     let name = "eosunmanaged";
-    grant(node, STATE_ACLS)?;
-    grant(node, &namespace_acls(name, EXACTLY_ONCE_TOPICS))?;
-    grant(node, TRANSACTIONAL_ID_ACLS)?;
+    let mut acls = namespace_acls(name, EXACTLY_ONCE_TOPICS);
+    acls.extend(TRANSACTIONAL_ID_ACLS.iter().map(|acl| acl.to_string()));
+    grant_with_state(node, &acls)?;
     let Setup {
         pg: _pg,
         mut client,
@@ -541,8 +549,7 @@ const DEAD_LETTER_TOPIC: &str = "deadletters-of-siphon";
 /// (WRITE, DESCRIBE, CREATE), it dead-letters the row and delivers the events around it.
 async fn dead_letters_without_then_with_their_topics_acls(node: &KafkaNode) -> Result<()> {
     let name = "deadletter";
-    grant(node, STATE_ACLS)?;
-    grant(
+    grant_with_state(
         node,
         &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
@@ -649,8 +656,7 @@ const SCRAM_SESSION: Duration = Duration::from_secs(3);
 async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
     let name = "rotated";
     let (old, new) = ("rotated-secret-1", "rotated-secret-2");
-    grant(node, STATE_ACLS)?;
-    grant(
+    grant_with_state(
         node,
         &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
@@ -732,8 +738,7 @@ async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
 async fn a_login_refused_once_is_not_a_refusal(node: &KafkaNode) -> Result<()> {
     let name = "refusedonce";
     let password = "refused-once-secret";
-    grant(node, STATE_ACLS)?;
-    grant(
+    grant_with_state(
         node,
         &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
