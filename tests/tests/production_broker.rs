@@ -177,6 +177,25 @@ async fn expect_definite_error_with(
     let end = current_insert_lsn(&client).await?;
     let started = Instant::now();
     let siphon = SiphonProcess::start(&config)?;
+    let log = expect_stopped_naming(&siphon, name, started, within, fix)?;
+    let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
+    ensure!(
+        confirmed < end,
+        "the slot was confirmed at {confirmed:X}, past the undelivered event ending at {end:X}"
+    );
+    Ok(log)
+}
+
+/// Waits up to `within` for `siphon` to stop, and checks that it stopped with exit status 2 and a
+/// log naming each of `fix`; reports how long after `since` (the fault: a start without an ACL,
+/// a rotated password) it stopped. Returns the log.
+fn expect_stopped_naming(
+    siphon: &SiphonProcess,
+    name: &str,
+    since: Instant,
+    within: Duration,
+    fix: &[&str],
+) -> Result<String> {
     let status = siphon.wait_exit(within).with_context(|| {
         format!(
             "Siphon did not stop within {within:?}; log:\n{}",
@@ -185,8 +204,8 @@ async fn expect_definite_error_with(
     })?;
     let log = siphon.log();
     eprintln!(
-        "{name}: stopped after {:?} with {status}",
-        started.elapsed()
+        "{name}: stopped {:?} after the fault with {status}",
+        since.elapsed()
     );
     ensure!(
         status.code() == Some(EXIT_DEFINITE),
@@ -198,11 +217,6 @@ async fn expect_definite_error_with(
             "the log does not say {needle:?}:\n{log}"
         );
     }
-    let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
-    ensure!(
-        confirmed < end,
-        "the slot was confirmed at {confirmed:X}, past the undelivered event ending at {end:X}"
-    );
     Ok(log)
 }
 
@@ -581,24 +595,14 @@ async fn dead_letters_without_then_with_their_topics_acls(node: &KafkaNode) -> R
     let poison_end = current_insert_lsn(&client).await?;
     insert_transaction(&mut client, &[event(2, true)], true).await?;
     let end = current_insert_lsn(&client).await?;
-    let within = Duration::from_secs(60);
-    let status = siphon.wait_exit(within).with_context(|| {
-        format!(
-            "Siphon did not stop within {within:?}; log:\n{}",
-            siphon.log()
-        )
-    })?;
-    let log = siphon.log();
-    ensure!(
-        status.code() == Some(EXIT_DEFINITE),
-        "exit status {status:?}; log:\n{log}"
-    );
-    for needle in [DEAD_LETTER_TOPIC, "grant CREATE"] {
-        ensure!(
-            log.contains(needle),
-            "the log does not say {needle:?}:\n{log}"
-        );
-    }
+    let written = Instant::now();
+    expect_stopped_naming(
+        &siphon,
+        name,
+        written,
+        Duration::from_secs(60),
+        &[DEAD_LETTER_TOPIC, "grant CREATE"],
+    )?;
     let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
     ensure!(
         confirmed < poison_end,
@@ -686,28 +690,13 @@ async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
     let end = current_insert_lsn(&client).await?;
     // The delivery deadline is librdkafka's 5 minutes: a stop within this bound is the refusal's
     // (about 5 s: the refusal, then the broker probe asked after it unanswered).
-    let within = Duration::from_secs(60);
-    let status = siphon.wait_exit(within).with_context(|| {
-        format!(
-            "Siphon did not stop within {within:?} of the rotation; log:\n{}",
-            siphon.log()
-        )
-    })?;
-    let log = siphon.log();
-    eprintln!(
-        "{name}: stopped {:?} after the rotation with {status}",
-        rotated.elapsed()
-    );
-    ensure!(
-        status.code() == Some(EXIT_DEFINITE),
-        "exit status {status:?}; log:\n{log}"
-    );
-    for needle in ["refused Siphon's credentials", "\"sasl.password\""] {
-        ensure!(
-            log.contains(needle),
-            "the log does not say {needle:?}:\n{log}"
-        );
-    }
+    expect_stopped_naming(
+        &siphon,
+        name,
+        rotated,
+        Duration::from_secs(60),
+        &["refused Siphon's credentials", "\"sasl.password\""],
+    )?;
     // Event 2 may have gone out on a connection logged in before the rotation; if the slot
     // passed it, it must be in the topic.
     let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
