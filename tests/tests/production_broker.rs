@@ -647,6 +647,14 @@ async fn dead_letters_without_then_with_their_topics_acls(node: &KafkaNode) -> R
     Ok(())
 }
 
+/// `config` logging in with SCRAM-SHA-256 instead of PLAIN.
+fn scram_sha_256(config: String) -> String {
+    config.replace(
+        "\"sasl.mechanisms\" = \"PLAIN\"",
+        "\"sasl.mechanisms\" = \"SCRAM-SHA-256\"",
+    )
+}
+
 /// How long a SCRAM login lasts on the node before the broker asks for a new one
 /// (`connections.max.reauth.ms` for that mechanism): a rotated password reaches connections
 /// already open within it.
@@ -665,18 +673,12 @@ async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
         &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
     node.set_scram_password(USER, old)?;
-    let scram = |config: String| {
-        config.replace(
-            "\"sasl.mechanisms\" = \"PLAIN\"",
-            "\"sasl.mechanisms\" = \"SCRAM-SHA-256\"",
-        )
-    };
     let Setup {
         pg: _pg,
         mut client,
         config,
         target,
-    } = setup(node, name, old, false, scram).await?;
+    } = setup(node, name, old, false, scram_sha_256).await?;
     let siphon = start_streaming(&client, &config, name).await?;
     insert_transaction(&mut client, &[event(1, true)], true).await?;
     let first: BTreeSet<String> = [event(1, true).id].into();
@@ -736,14 +738,7 @@ async fn a_login_refused_once_is_not_a_refusal(node: &KafkaNode) -> Result<()> {
         .sasl_bootstrap()
         .context("the node has no SASL listener")?;
     let proxy = ThrottlingProxy::start_kafka_advertised(sasl.parse()?)?;
-    let through_the_proxy = |config: String| {
-        config
-            .replace(
-                "\"sasl.mechanisms\" = \"PLAIN\"",
-                "\"sasl.mechanisms\" = \"SCRAM-SHA-256\"",
-            )
-            .replace(&sasl, &proxy.address())
-    };
+    let through_the_proxy = |config: String| scram_sha_256(config).replace(&sasl, &proxy.address());
     let Setup {
         pg: _pg,
         mut client,
