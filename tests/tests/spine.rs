@@ -11,7 +11,8 @@ use siphon_tests::outbox::{
     slot_confirmed_lsn, start_streaming, wait_for_slot_past, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
-    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
+    read_topic_async, strip_ansi, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
+    SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -70,6 +71,15 @@ async fn wait_for_records(
 }
 
 const TOPICS: [&str; 2] = ["outbox.event.Order", "outbox.event.Customer"];
+
+/// Settings of a broker of the test's own that is killed and started again: after `kill -9` a
+/// node registers with its controller again only once its previous run's session has expired
+/// (`broker.session.timeout.ms`, 9 s by default), so 3 s (heartbeats every 500 ms, as in the
+/// three-node cluster) brings it back in a few seconds rather than a dozen.
+const QUICK_REREGISTRATION: [(&str, &str); 2] = [
+    ("broker.session.timeout.ms", "3000"),
+    ("broker.heartbeat.interval.ms", "500"),
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_events_arrive_exactly_and_in_order_and_the_slot_follows() -> Result<()> {
@@ -248,7 +258,7 @@ async fn an_acknowledged_transaction_reaches_the_slot_long_before_the_status_int
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     let pg = Postgres::start()?;
-    let broker = Broker::start_own(&[])?;
+    let broker = Broker::start_own(&QUICK_REREGISTRATION)?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let siphon = start_streaming(
@@ -269,7 +279,9 @@ async fn the_slot_waits_for_the_broker_and_nothing_is_lost() -> Result<()> {
     for seq in 3..=6 {
         insert_transaction(&mut client, &[event(seq * 3 + 1, true)], true).await?;
     }
-    for _ in 0..10 {
+    // 3 s, 15 status intervals: a slot confirmed on reading rather than on the broker's
+    // acknowledgement would be past the transactions within one.
+    for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let confirmed = slot_confirmed_lsn(&client, "outage").await?.unwrap_or(0);
         assert!(
@@ -339,10 +351,11 @@ async fn outage_past_the_delivery_deadline(
     Ok(())
 }
 
-/// Like [`outage_past_the_delivery_deadline`]; with `long: Some((deadline, bound))` the
-/// delivery deadline is `deadline`, the broker is started again 14 s into the outage (before
-/// the deadline), and every event must arrive within `bound` of its return. Returns Siphon's
-/// log.
+/// Like [`outage_past_the_delivery_deadline`] (whose delivery deadline is 5 s: it fires a few
+/// seconds into the outage); with `long: Some((deadline, bound))` the delivery deadline is
+/// `deadline`, the broker is started again 2 s after Siphon's broker probe found it unreachable
+/// (before the deadline), and every event must arrive within `bound` of its return. Returns
+/// Siphon's log.
 async fn outage_with_deadline(
     comeback: Comeback,
     slot: &str,
@@ -350,14 +363,15 @@ async fn outage_with_deadline(
     outage: &[u64],
     long: Option<(Duration, Duration)>,
 ) -> Result<String> {
-    let timeout_ms = long.map_or(10_000, |(d, _)| d.as_millis());
+    let timeout_ms = long.map_or(5_000, |(d, _)| d.as_millis());
     let bound = long.map_or(Duration::from_secs(60), |(_, b)| b);
     let pg = Postgres::start()?;
     // A topic the broker creates itself (auto.create.topics.enable, on a producer's metadata
     // request) gets the partitions Siphon created it with: so does one an empty broker creates
     // again (with Kafka's default of one, records already given a partition it no longer has
     // would be refused, and Siphon stops).
-    let broker = Broker::start_own(&[("num.partitions", "3")])?;
+    let broker =
+        Broker::start_own(&[QUICK_REREGISTRATION.as_slice(), &[("num.partitions", "3")]].concat())?;
     let mut client = pg.connect().await?;
     client.batch_execute(OUTBOX_DDL).await?;
     let config = siphon_config_at(
@@ -369,8 +383,10 @@ async fn outage_with_deadline(
         // after the topic last changed for the producer: an empty broker that has not created
         // the topic again yet, on a slow machine. That is the deleted-topic path
         // (broker_faults.rs `topic_deleted_while_writing`), not what these outages test.
+        // Reconnection attempts at most 1 s apart (librdkafka backs off up to 10 s by default):
+        // the producer finds the returned broker within a second, whenever its last attempt was.
         &format!(
-            "\"message.timeout.ms\" = \"{timeout_ms}\"\n\"topic.metadata.propagation.max.ms\" = \"180000\""
+            "\"message.timeout.ms\" = \"{timeout_ms}\"\n\"topic.metadata.propagation.max.ms\" = \"180000\"\n\"reconnect.backoff.max.ms\" = \"1000\""
         ),
         "max_in_flight_records = 5",
     );
@@ -406,10 +422,19 @@ async fn outage_with_deadline(
             .wait_for_log(REPLACED_LINE, Duration::from_secs(40))
             .await
             .with_context(|| format!("no producer replacement; siphon log:\n{}", siphon.log()))?;
-        tokio::time::sleep(Duration::from_secs(4)).await;
     } else {
-        tokio::time::sleep(Duration::from_secs(14)).await;
+        // Siphon sees the broker gone (its probe runs every 2 s), as it would a long outage.
+        wait_until(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async { brokers_unreachable(&siphon) },
+        )
+        .await
+        .with_context(|| format!("the outage went unnoticed; siphon log:\n{}", siphon.log()))?;
     }
+    // The replacement producer (or the first one) has taken the records and failed to reach
+    // the broker too: a refused connection fails at once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let confirmed = slot_confirmed_lsn(&client, slot).await?.unwrap_or(0);
     assert!(
         confirmed < first_undelivered,
@@ -469,6 +494,24 @@ async fn outage_with_deadline(
 
 /// The log line Siphon writes each time it replaces its producer.
 const REPLACED_LINE: &str = "Kafka producer failed; replacing it";
+
+/// Whether Siphon's broker probe last found the brokers unreachable (its
+/// `siphon_broker_reachable` metric is 0).
+fn brokers_unreachable(siphon: &SiphonProcess) -> Result<bool> {
+    let port: u16 = siphon
+        .log()
+        .lines()
+        .rev()
+        .map(strip_ansi)
+        .filter(|l| l.contains("serving /metrics"))
+        .find_map(|l| {
+            let (_, port) = l.split_once("addr=127.0.0.1:")?;
+            port.split_whitespace().next()?.parse().ok()
+        })
+        .context("no metrics address in the log")?;
+    let (_, body) = siphon_tests::http::get(port, "/metrics")?;
+    Ok(siphon_tests::http::metric(&body, "siphon_broker_reachable") == Some(0.0))
+}
 
 /// 26 events of one topic, which Siphon created before the outage.
 fn known_topic_events() -> Vec<u64> {
@@ -561,13 +604,14 @@ async fn the_discard_sink_acknowledges_without_sending() -> Result<()> {
 /// The delivery deadline of [`an_outage_shorter_than_the_delivery_deadline`].
 const LONG_DEADLINE: Duration = Duration::from_secs(90);
 
-/// An outage shorter than the delivery deadline (the broker is started again 14 s into it, the
-/// deadline is 90 s, room for a slow machine's broker start): everything arrives well before the deadline, without replacing the
-/// producer, whether the broker comes back with its data (it kept the producer's id and
-/// sequence numbers) or empty. An empty broker has forgotten the producer, but Kafka takes the
-/// sequence numbers of a producer it has no state for as they come (the state of a producer
-/// whose records were all deleted is gone the same way), so the records the producer had queued
-/// are written as soon as it reconnects; the topic it writes to is created again by the broker.
+/// An outage shorter than the delivery deadline (the broker is started again 2 s after Siphon
+/// found it unreachable, the deadline is 90 s, room for a slow machine's broker start):
+/// everything arrives well before the deadline, without replacing the producer, whether the
+/// broker comes back with its data (it kept the producer's id and sequence numbers) or empty.
+/// An empty broker has forgotten the producer, but Kafka takes the sequence numbers of a
+/// producer it has no state for as they come (the state of a producer whose records were all
+/// deleted is gone the same way), so the records the producer had queued are written as soon
+/// as it reconnects; the topic it writes to is created again by the broker.
 async fn an_outage_shorter_than_the_delivery_deadline(
     comeback: Comeback,
     slot: &str,
