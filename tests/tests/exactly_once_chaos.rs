@@ -16,9 +16,10 @@
 //! Kafka transactions commit and abort around transactions that produce nothing.
 //!
 //! A read_committed consumer must then see every committed event exactly once, none rolled back,
-//! no record for a DELETE, first deliveries in commit order per aggregate. The same run in
-//! at-least-once mode (insert-only publication; with the zombie, which then writes what it had
-//! in flight) shows the repeats exactly-once saves.
+//! no record for a DELETE, first deliveries in commit order per aggregate. An at-least-once run
+//! beside it, on the same cluster and through the same faults at the same moments (insert-only
+//! publication; with the zombie, which then writes what it had in flight), shows the repeats
+//! exactly-once saves.
 
 use anyhow::{ensure, Context as _, Result};
 use siphon_tests::outbox::{
@@ -31,6 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 
 /// What one writer transaction does to the outbox.
@@ -141,104 +143,230 @@ struct Seen {
     read_uncommitted: usize,
 }
 
-/// One chaos run; with `exactly_once`, through a publication of all operations that Siphon
-/// finds already there.
-async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<Seen> {
-    let pg = Arc::new(Postgres::start()?);
-    let client = pg.connect().await?;
-    client
-        .batch_execute(&format!(
-            "{}; CREATE TABLE ledger (txn bigint PRIMARY KEY);",
-            siphon_tests::outbox::OUTBOX_DDL
-        ))
-        .await?;
-    if exactly_once {
-        client
-            .batch_execute(&format!("CREATE PUBLICATION {name}_pub FOR TABLE outbox"))
-            .await?;
-    }
-    let target = Via {
-        bootstrap: cluster.bootstrap(),
-        namespace: format!("{name}."),
-    };
-    let mut config = siphon_config_at(
-        &pg,
-        &target,
-        name,
-        "\"message.timeout.ms\" = \"15000\"",
-        "max_in_flight_records = 500",
-    )
-    .replace("replication_factor = 1", "replication_factor = 3");
-    if exactly_once {
-        let bootstrap = format!("bootstrap_servers = \"{}\"", cluster.bootstrap());
-        config = config.replacen(
-            &bootstrap,
-            &format!(
-                "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
-                target.topic("siphon.progress")
-            ),
-            1,
-        );
-    }
-    let siphon = SiphonProcess::start(&config)?;
-    let active = || async { slot_active(&client, name).await };
-    wait_until(Duration::from_secs(90), Duration::from_millis(100), active)
-        .await
-        .with_context(|| siphon.log())?;
+/// When each fault strikes, in seconds after the writers started; the writers stop at
+/// [`WRITING_SECS`]. Each fault strikes once the cluster and Siphon are back from the one
+/// before (a broker is down 4 s and takes a few more to rejoin).
+const FAULTS: [(u64, &str); 8] = [
+    (4, "siphon"),
+    (8, "broker 1"),
+    (16, "siphon"),
+    (20, "postgres"),
+    (26, "broker 2"),
+    (34, "zombie"),
+    (42, "broker 3"),
+    (50, "siphon"),
+];
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let writing = tokio::spawn(writer(Arc::clone(&pg), Arc::clone(&stop), exactly_once));
+/// How long the writers commit.
+const WRITING_SECS: u64 = 56;
+
+/// One chaos run under way: its PostgreSQL, its Siphon (and the second one the zombie fault
+/// starts on the same slot) and its writer.
+struct Run {
+    name: &'static str,
+    exactly_once: bool,
+    pg: Arc<Postgres>,
+    target: Via,
+    config: String,
+    siphon: SiphonProcess,
+    zombie: Option<SiphonProcess>,
+    stop: Arc<AtomicBool>,
+    writing: JoinHandle<Result<(BTreeSet<String>, BTreeSet<String>)>>,
+}
+
+impl Run {
+    /// Starts a run's PostgreSQL, Siphon and writer; with `exactly_once`, through a publication
+    /// of all operations that Siphon finds already there.
+    async fn start(cluster: &KafkaCluster, name: &'static str, exactly_once: bool) -> Result<Run> {
+        let pg = Arc::new(Postgres::start()?);
+        let client = pg.connect().await?;
+        client
+            .batch_execute(&format!(
+                "{}; CREATE TABLE ledger (txn bigint PRIMARY KEY);",
+                siphon_tests::outbox::OUTBOX_DDL
+            ))
+            .await?;
+        if exactly_once {
+            client
+                .batch_execute(&format!("CREATE PUBLICATION {name}_pub FOR TABLE outbox"))
+                .await?;
+        }
+        let target = Via {
+            bootstrap: cluster.bootstrap(),
+            namespace: format!("{name}."),
+        };
+        let mut config = siphon_config_at(
+            &pg,
+            &target,
+            name,
+            "\"message.timeout.ms\" = \"15000\"",
+            "max_in_flight_records = 500",
+        )
+        .replace("replication_factor = 1", "replication_factor = 3");
+        if exactly_once {
+            let bootstrap = format!("bootstrap_servers = \"{}\"", cluster.bootstrap());
+            config = config.replacen(
+                &bootstrap,
+                &format!(
+                    "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"",
+                    target.topic("siphon.progress")
+                ),
+                1,
+            );
+        }
+        let siphon = SiphonProcess::start(&config)?;
+        let active = || async { slot_active(&client, name).await };
+        wait_until(Duration::from_secs(90), Duration::from_millis(100), active)
+            .await
+            .with_context(|| siphon.log())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writing = tokio::spawn(writer(Arc::clone(&pg), Arc::clone(&stop), exactly_once));
+        Ok(Run {
+            name,
+            exactly_once,
+            pg,
+            target,
+            config,
+            siphon,
+            zombie: None,
+            stop,
+            writing,
+        })
+    }
+
+    /// The instance streaming: the second one once the zombie fault started it.
+    fn live(&self) -> &SiphonProcess {
+        self.zombie.as_ref().unwrap_or(&self.siphon)
+    }
+
+    /// `kill -9` of the live instance, started again 300 ms later.
+    async fn kill_siphon(&self) -> Result<()> {
+        self.live().kill9()?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.live().start_again()
+    }
+
+    /// Freezes Siphon with whatever it has open, has the server end its replication
+    /// connection, lets a second instance take the slot, then wakes the first.
+    async fn make_zombie(&mut self) -> Result<()> {
+        let name = self.name;
+        signal(&self.siphon, libc::SIGSTOP)?;
+        let admin = self.pg.connect_retrying().await;
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&name],
+            )
+            .await?;
+        let second = SiphonProcess::start(&self.config)?;
+        wait_until(
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async { slot_active(&admin, name).await },
+        )
+        .await
+        .with_context(|| second.log())?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        signal(&self.siphon, libc::SIGCONT)?;
+        self.zombie = Some(second);
+        Ok(())
+    }
+
+    /// Once the writer stopped: everything arrives, the slot passes the end of the WAL, and
+    /// the records are checked.
+    async fn finish(mut self) -> Result<Seen> {
+        let name = self.name;
+        let (committed, rolled_back) = (&mut self.writing).await??;
+        let live = self.live();
+        let client = self.pg.connect_retrying().await;
+        let end = current_insert_lsn(&client).await?;
+        wait_for_slot_past(&client, name, end, Duration::from_secs(180))
+            .await
+            .with_context(|| format!("the slot did not pass {end}; log:\n{}", live.log()))?;
+        let records = read_event_records_settled(&self.target).await?;
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for record in &records {
+            *counts.entry(record_id(record)).or_default() += 1;
+        }
+        let ids: BTreeSet<String> = counts.keys().cloned().collect();
+        let missing: Vec<&String> = committed.difference(&ids).take(10).collect();
+        ensure!(
+            missing.is_empty(),
+            "{name}: committed events missing: {missing:?}"
+        );
+        let phantom: Vec<&String> = ids.difference(&committed).take(10).collect();
+        ensure!(
+            phantom.is_empty(),
+            "{name}: events never committed: {phantom:?}"
+        );
+        ensure!(
+            rolled_back.iter().all(|id| !counts.contains_key(id)),
+            "{name}: a rolled-back event reached Kafka"
+        );
+        check_first_deliveries_in_order(&records).with_context(|| name.to_owned())?;
+        if self.exactly_once {
+            let deletes_published: bool = client
+                .query_one(
+                    "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
+                    &[&format!("{name}_pub")],
+                )
+                .await?
+                .get(0);
+            ensure!(
+                deletes_published,
+                "{name}: the publication no longer publishes DELETEs"
+            );
+            let repeated: Vec<(&String, &usize)> =
+                counts.iter().filter(|(_, n)| **n > 1).take(10).collect();
+            ensure!(
+                repeated.is_empty(),
+                "{name}: read_committed saw repeats: {repeated:?}\nsiphon log:\n{}",
+                live.log()
+            );
+        }
+        let uncommitted =
+            read_event_records_isolated(&self.target, Isolation::ReadUncommitted).await?;
+        Ok(Seen {
+            committed: committed.len(),
+            read_committed: records.len(),
+            read_uncommitted: uncommitted.len(),
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_once_for_read_committed_through_kill_9_broker_kills_postgres_restart_and_a_zombie(
+) -> Result<()> {
+    let cluster = KafkaCluster::start(&[])?;
+    // Both runs at once, on the one cluster: each broker kill is a fault for both.
+    let mut runs = [
+        Run::start(&cluster, "eoschaos", true).await?,
+        Run::start(&cluster, "alochaos", false).await?,
+    ];
     let started = Instant::now();
     let at = |secs: u64| {
         tokio::time::sleep_until(tokio::time::Instant::from_std(
             started + Duration::from_secs(secs),
         ))
     };
-    let mut zombie: Option<SiphonProcess> = None;
-    for (when, fault) in [
-        (4, "siphon"),
-        (8, "broker 1"),
-        (16, "siphon"),
-        (20, "postgres"),
-        (26, "broker 2"),
-        (34, "zombie"),
-        (42, "broker 3"),
-        (50, "siphon"),
-    ] {
+    for (when, fault) in FAULTS {
         at(when).await;
-        eprintln!("{name}: {fault} at {:?}", started.elapsed());
+        eprintln!("{fault} at {:?}", started.elapsed());
         match fault {
             "siphon" => {
-                // The live instance: the second one once the zombie scenario started it.
-                let live = zombie.as_ref().unwrap_or(&siphon);
-                live.kill9()?;
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                live.start_again()?;
+                for run in &runs {
+                    run.kill_siphon().await?;
+                }
             }
-            "postgres" => pg.restart()?,
+            "postgres" => {
+                for run in &runs {
+                    run.pg.restart()?;
+                }
+            }
             "zombie" => {
-                // Frozen with whatever it has open, its replication connection ended by the
-                // server, the slot taken by a second instance; then woken.
-                signal(&siphon, libc::SIGSTOP)?;
-                let admin = pg.connect_retrying().await;
-                admin
-                    .execute(
-                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                         WHERE slot_name = $1 AND active_pid IS NOT NULL",
-                        &[&name],
-                    )
-                    .await?;
-                let second = SiphonProcess::start(&config)?;
-                wait_until(
-                    Duration::from_secs(60),
-                    Duration::from_millis(100),
-                    || async { slot_active(&admin, name).await },
-                )
-                .await
-                .with_context(|| second.log())?;
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                signal(&siphon, libc::SIGCONT)?;
-                zombie = Some(second);
+                let [exactly_once, at_least_once] = &mut runs;
+                tokio::try_join!(exactly_once.make_zombie(), at_least_once.make_zombie())?;
             }
             broker => {
                 let id: u32 = broker.trim_start_matches("broker ").parse()?;
@@ -248,78 +376,12 @@ async fn run(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<S
             }
         }
     }
-    at(56).await;
-    stop.store(true, Ordering::Relaxed);
-    let (committed, rolled_back) = writing.await??;
-
-    // Everything arrives, the slot passes the end of the WAL.
-    let live = zombie.as_ref().unwrap_or(&siphon);
-    let client = pg.connect_retrying().await;
-    let end = current_insert_lsn(&client).await?;
-    wait_for_slot_past(&client, name, end, Duration::from_secs(180))
-        .await
-        .with_context(|| format!("the slot did not pass {end}; log:\n{}", live.log()))?;
-    let records = read_event_records_settled(&target).await?;
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for record in &records {
-        *counts.entry(record_id(record)).or_default() += 1;
+    at(WRITING_SECS).await;
+    for run in &runs {
+        run.stop.store(true, Ordering::Relaxed);
     }
-    let ids: BTreeSet<String> = counts.keys().cloned().collect();
-    let missing: Vec<&String> = committed.difference(&ids).take(10).collect();
-    ensure!(
-        missing.is_empty(),
-        "{name}: committed events missing: {missing:?}"
-    );
-    let phantom: Vec<&String> = ids.difference(&committed).take(10).collect();
-    ensure!(
-        phantom.is_empty(),
-        "{name}: events never committed: {phantom:?}"
-    );
-    ensure!(
-        rolled_back.iter().all(|id| !counts.contains_key(id)),
-        "{name}: a rolled-back event reached Kafka"
-    );
-    check_first_deliveries_in_order(&records).with_context(|| name.to_owned())?;
-    if exactly_once {
-        let deletes_published: bool = client
-            .query_one(
-                "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
-                &[&format!("{name}_pub")],
-            )
-            .await?
-            .get(0);
-        ensure!(
-            deletes_published,
-            "{name}: the publication no longer publishes DELETEs"
-        );
-        let repeated: Vec<(&String, &usize)> =
-            counts.iter().filter(|(_, n)| **n > 1).take(10).collect();
-        ensure!(
-            repeated.is_empty(),
-            "{name}: read_committed saw repeats: {repeated:?}\nsiphon log:\n{}",
-            live.log()
-        );
-    }
-    let uncommitted = read_event_records_isolated(&target, Isolation::ReadUncommitted).await?;
-    Ok(Seen {
-        committed: committed.len(),
-        read_committed: records.len(),
-        read_uncommitted: uncommitted.len(),
-    })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_event_once_for_read_committed_through_kill_9_broker_kills_postgres_restart_and_a_zombie(
-) -> Result<()> {
-    let cluster = KafkaCluster::start(&[])?;
-    let exactly = run(&cluster, "eoschaos", true).await?;
-    for node in cluster.nodes() {
-        if !node.is_running() {
-            node.spawn()?;
-        }
-        node.wait_ready(cluster.nodes().len())?;
-    }
-    let at_least = run(&cluster, "alochaos", false).await?;
+    let [exactly_once, at_least_once] = runs;
+    let (exactly, at_least) = tokio::try_join!(exactly_once.finish(), at_least_once.finish())?;
     eprintln!(
         "exactly-once: {} events committed, read_committed {} records (repeats: {}), read_uncommitted {} records",
         exactly.committed,
