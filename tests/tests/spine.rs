@@ -386,7 +386,9 @@ async fn outage_with_deadline(
         // Reconnection attempts at most 1 s apart (librdkafka backs off up to 10 s by default):
         // the producer finds the returned broker within a second, whenever its last attempt was.
         &format!(
-            "\"message.timeout.ms\" = \"{timeout_ms}\"\n\"topic.metadata.propagation.max.ms\" = \"180000\"\n\"reconnect.backoff.max.ms\" = \"1000\""
+            "\"message.timeout.ms\" = \"{timeout_ms}\"\n\
+             \"topic.metadata.propagation.max.ms\" = \"180000\"\n\
+             \"reconnect.backoff.max.ms\" = \"1000\""
         ),
         "max_in_flight_records = 5",
     );
