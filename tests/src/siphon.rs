@@ -163,6 +163,20 @@ impl SiphonProcess {
             .unwrap_or_default()
     }
 
+    /// The address (`127.0.0.1:PORT`) of the metrics endpoint the current process announced in
+    /// its log, once it did.
+    pub fn metrics_address(&self) -> Option<String> {
+        self.log()
+            .lines()
+            .rev()
+            .map(strip_ansi)
+            .filter(|l| l.contains("serving /metrics"))
+            .find_map(|l| {
+                let rest = &l[l.find("addr=")? + "addr=".len()..];
+                Some(rest.split_whitespace().next()?.to_owned())
+            })
+    }
+
     /// The current process id, if a process is alive.
     pub fn pid(&self) -> Option<u32> {
         let mut guard = self.lock();

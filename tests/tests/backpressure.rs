@@ -145,20 +145,6 @@ fn run_queue_wait_ns(pid: u32) -> u64 {
         .sum()
 }
 
-/// The address of Siphon's metrics endpoint, from its log.
-fn metrics_address(siphon: &SiphonProcess) -> Option<String> {
-    siphon
-        .log()
-        .lines()
-        .rev()
-        .map(strip_ansi)
-        .filter(|l| l.contains("serving /metrics"))
-        .find_map(|l| {
-            let rest = &l[l.find("addr=")? + "addr=".len()..];
-            Some(rest.split_whitespace().next()?.to_owned())
-        })
-}
-
 /// `GET /metrics` from Siphon.
 async fn scrape(address: &str) -> Result<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -420,7 +406,9 @@ async fn an_eleven_second_broker_outage_keeps_the_replication_connection() -> Re
         source_reconnects.is_empty(),
         "reconnects caused by PostgreSQL: {source_reconnects:#?}"
     );
-    let address = metrics_address(&siphon).context("no metrics address in the log")?;
+    let address = siphon
+        .metrics_address()
+        .context("no metrics address in the log")?;
     let metrics = scrape(&address).await?;
     assert_eq!(
         metric(&metrics, "siphon_reconnects_total{cause=\"source\"}"),
@@ -484,7 +472,9 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
         SLOT,
     )
     .await?;
-    let metrics_at = metrics_address(&siphon).context("no metrics address in the log")?;
+    let metrics_at = siphon
+        .metrics_address()
+        .context("no metrics address in the log")?;
 
     // One event delivered unthrottled: the topic exists and the producer is connected.
     commit_generated(&mut client, 1, 1).await?;
@@ -703,7 +693,7 @@ async fn a_large_backlog_drains_in_memory_bounded_by_the_window() -> Result<()> 
     let metrics_at = wait_for(
         Duration::from_secs(30),
         Duration::from_millis(50),
-        || async { Ok(metrics_address(&siphon)) },
+        || async { Ok(siphon.metrics_address()) },
     )
     .await
     .context("no metrics address in the log")?;

@@ -613,41 +613,11 @@ async fn coordinator_killed_mid_commit(cluster: &KafkaCluster) -> Result<()> {
     for (_, proxy) in proxies.proxies() {
         proxy.hold_next_answer(END_TXN);
     }
-    let coordinator = wait_for(
-        Duration::from_secs(30),
-        Duration::from_millis(5),
-        || async {
-            Ok(proxies
-                .proxies()
-                .find(|(_, proxy)| proxy.answers_held() > 0)
-                .map(|(id, _)| id))
-        },
-    )
-    .await
-    .with_context(|| format!("no EndTxn answer reached a proxy; log:\n{}", s.siphon.log()))?;
-    // No other EndTxn is sent while this one waits for its answer.
-    for (_, proxy) in proxies.proxies() {
-        proxy.clear_answer_hold();
-    }
-    cluster.node(coordinator)?.kill9()?;
-    // The writer goes on while another node is the coordinator.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    cluster.restart(coordinator)?;
-    tokio::time::sleep(AFTER_RECOVERY).await;
+    let coordinator = kill_the_node_holding_an_answer(cluster, &proxies, &s, "EndTxn").await?;
     stop.store(true, Ordering::Relaxed);
     let committed = writer.await??;
     s.check_delivered(&committed).await?;
-    let held: u64 = proxies.proxies().map(|(_, p)| p.answers_held()).sum();
-    ensure!(held == 1, "{held} EndTxn answers held, not one");
-    eprintln!(
-        "coordkill: node {coordinator} killed with an EndTxn answer held; Siphon's warnings:\n{}",
-        s.siphon
-            .log()
-            .lines()
-            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    report_the_held_answer(&proxies, &s, coordinator, "EndTxn")?;
     Ok(())
 }
 
@@ -677,6 +647,25 @@ async fn coordinator_killed_while_registering(cluster: &KafkaCluster) -> Result<
         proxy.hold_next_answer_to(INIT_PRODUCER_ID, name.as_bytes());
     }
     s.siphon.start_again()?;
+    let coordinator =
+        kill_the_node_holding_an_answer(cluster, &proxies, &s, "InitProducerId").await?;
+    stop.store(true, Ordering::Relaxed);
+    let committed = writer.await??;
+    s.check_delivered(&committed).await?;
+    report_the_held_answer(&proxies, &s, coordinator, "InitProducerId")?;
+    Ok(())
+}
+
+/// Once a proxy of `proxies` holds the answer to the `request` they were armed for: disarms
+/// them all (no other such request is sent while this one waits for its answer), kills that
+/// proxy's node (`kill -9`), lets the writer go on for 3 s while another node is the
+/// coordinator, starts the node again and lets the writer go on. Returns the node's id.
+async fn kill_the_node_holding_an_answer(
+    cluster: &KafkaCluster,
+    proxies: &ClusterProxies,
+    s: &Scenario,
+    request: &str,
+) -> Result<u32> {
     let coordinator = wait_for(
         Duration::from_secs(30),
         Duration::from_millis(5),
@@ -690,7 +679,7 @@ async fn coordinator_killed_while_registering(cluster: &KafkaCluster) -> Result<
     .await
     .with_context(|| {
         format!(
-            "no InitProducerId answer reached a proxy; log:\n{}",
+            "no {request} answer reached a proxy; log:\n{}",
             s.siphon.log()
         )
     })?;
@@ -701,14 +690,21 @@ async fn coordinator_killed_while_registering(cluster: &KafkaCluster) -> Result<
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.restart(coordinator)?;
     tokio::time::sleep(AFTER_RECOVERY).await;
-    stop.store(true, Ordering::Relaxed);
-    let committed = writer.await??;
-    s.check_delivered(&committed).await?;
+    Ok(coordinator)
+}
+
+/// Checks that the proxies held exactly one answer (to `request`), and shows Siphon's warnings.
+fn report_the_held_answer(
+    proxies: &ClusterProxies,
+    s: &Scenario,
+    coordinator: u32,
+    request: &str,
+) -> Result<()> {
     let held: u64 = proxies.proxies().map(|(_, p)| p.answers_held()).sum();
-    ensure!(held == 1, "{held} InitProducerId answers held, not one");
+    ensure!(held == 1, "{held} {request} answers held, not one");
     eprintln!(
-        "{name}: node {coordinator} killed with an InitProducerId answer held, {} events; Siphon's warnings:\n{}",
-        committed.len(),
+        "{}: node {coordinator} killed with the {request} answer held; Siphon's warnings:\n{}",
+        s.slot,
         s.siphon
             .log()
             .lines()

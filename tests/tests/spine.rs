@@ -11,8 +11,7 @@ use siphon_tests::outbox::{
     slot_confirmed_lsn, start_streaming, wait_for_slot_past, Event, OUTBOX_DDL,
 };
 use siphon_tests::{
-    read_topic_async, strip_ansi, wait_for, wait_until, Broker, ConsumedRecord, Postgres,
-    SiphonProcess,
+    read_topic_async, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -501,15 +500,8 @@ const REPLACED_LINE: &str = "Kafka producer failed; replacing it";
 /// `siphon_broker_reachable` metric is 0).
 fn brokers_unreachable(siphon: &SiphonProcess) -> Result<bool> {
     let port: u16 = siphon
-        .log()
-        .lines()
-        .rev()
-        .map(strip_ansi)
-        .filter(|l| l.contains("serving /metrics"))
-        .find_map(|l| {
-            let (_, port) = l.split_once("addr=127.0.0.1:")?;
-            port.split_whitespace().next()?.parse().ok()
-        })
+        .metrics_address()
+        .and_then(|address| address.rsplit_once(':')?.1.parse().ok())
         .context("no metrics address in the log")?;
     let (_, body) = siphon_tests::http::get(port, "/metrics")?;
     Ok(siphon_tests::http::metric(&body, "siphon_broker_reachable") == Some(0.0))
