@@ -19,8 +19,9 @@ use rdkafka::ClientConfig;
 use siphon_tests::kafka_protocol::{END_TXN, INIT_PRODUCER_ID};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, phantom_ids,
-    record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal, start_streaming,
-    wait_for_all, wait_for_slot_past, with_exactly_once, Event, KafkaTarget, Via, OUTBOX_DDL,
+    record_id, record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal,
+    start_streaming, wait_for_all, wait_for_slot_past, with_exactly_once, Event, KafkaTarget, Via,
+    OUTBOX_DDL,
 };
 use siphon_tests::partition::partition_for_key;
 use siphon_tests::proxy::ClusterProxies;
@@ -465,7 +466,8 @@ async fn cluster_frozen_past_the_deadline(cluster: &KafkaCluster) -> Result<()> 
 /// exit status 2 naming the deletion, without confirming anything unacknowledged (Debezium's
 /// task fails too, after `delivery.timeout.ms`); started again, it sends every event the topic
 /// lacks. What the deleted topic held is gone with it; every event committed after the deletion,
-/// and every event of the other topic, arrives.
+/// and every event of the other topic, arrives in commit order per key. Events the deleted topic
+/// held may come again, and after later events of their key (see the check below).
 async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
     let s = Scenario::start(cluster, "deleted", "").await?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -514,7 +516,15 @@ async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
     let all: BTreeSet<String> = committed.iter().map(|e| e.id.clone()).collect();
     let phantom = phantom_ids(&records, &all);
     ensure!(phantom.is_empty(), "events never committed: {phantom:?}");
-    check_first_deliveries_in_order(&records)?;
+    // An event the deleted topic held (acknowledged there, the slot not yet past it) is sent
+    // again after the restart, and may land behind later events of its key that the first
+    // Siphon wrote into the topic the broker created again before it noticed: order holds for
+    // the events the topic is expected to have.
+    let kept: Vec<ConsumedRecord> = records
+        .into_iter()
+        .filter(|r| expected.contains(&record_id(r)))
+        .collect();
+    check_first_deliveries_in_order(&kept)?;
     let client = s.pg.connect().await?;
     let end = current_insert_lsn(&client).await?;
     wait_for_slot_past(&client, &s.slot, end, Duration::from_secs(60)).await?;

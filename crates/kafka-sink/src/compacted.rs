@@ -10,10 +10,11 @@
 //! - A connection refused for its SASL credentials is reported to the client's context (at
 //!   the latest when the client is dropped), not to the request, which fails as a transport
 //!   failure or a timeout. Every operation's result is settled once its clients are gone: such
-//!   a failure after refusals that went on (see [`crate::login`]; one may be a handshake cut by
-//!   a broker going away) is the refusal, a definite error naming the credentials. A reader
-//!   asking for the topic's partitions serves its queued errors every [`METADATA_STEP`] while
-//!   the brokers cannot be reached, so a refusal ends it within seconds.
+//!   a failure after a definite refusal (one after which the brokers, asked again, did not
+//!   answer: see [`crate::login`]; a single refusal may be a handshake cut by a broker going
+//!   away) is the refusal, a definite error naming the credentials. A reader asking for the
+//!   topic's partitions asks again every [`METADATA_STEP`] while the brokers cannot be reached,
+//!   serving its queued errors between steps, so a refusal ends it within seconds.
 
 use crate::error::{credentials_fix, is_connection_failure, is_refused_login};
 use crate::login::LoginRefusals;

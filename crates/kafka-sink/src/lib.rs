@@ -15,7 +15,7 @@
 mod compacted;
 pub mod config;
 pub mod error;
-pub mod login;
+mod login;
 mod produce;
 pub mod producer;
 pub mod progress_topic;

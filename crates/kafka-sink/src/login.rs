@@ -48,7 +48,9 @@ impl LoginRefusals {
     }
 
     fn forget(&self) {
-        *self.lock() = None;
+        // Under the lock, so that a refusal recorded meanwhile is never hidden.
+        let mut refusal = self.lock();
+        *refusal = None;
         self.any.store(false, Ordering::Relaxed);
     }
 
