@@ -461,9 +461,7 @@ impl Driver<'_> {
                 // below.
                 () = self.sink.reports_ready() => {
                     self.sink.serve_reports();
-                    // A refused login is told only to the producer's context, while reports
-                    // are served; its records would wait for the delivery deadline.
-                    self.sink.refused_login().map(|e| Input::SourceFailed(e.into()))
+                    None
                 }
                 Some(delivery) = self.deliveries.recv() => {
                     let now = Now::read();
@@ -479,8 +477,10 @@ impl Driver<'_> {
                 () = sleep_until(timer), if timer.is_some() => Some(Input::Tick),
                 _ = tick.tick() => {
                     self.on_tick();
-                    // The broker probe may have settled a refused login since reports were
-                    // last served.
+                    // A refused login is told only to the producer's context (its records
+                    // would wait for the delivery deadline), and only the broker probe makes
+                    // it definite, so it is looked at here, off the reports' path; reports are
+                    // served first, so that a connection failure queued since forgets it.
                     self.sink.serve_reports();
                     self.sink.refused_login().map(|e| Input::SourceFailed(e.into()))
                 }
