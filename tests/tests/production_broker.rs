@@ -691,7 +691,7 @@ async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
     insert_transaction(&mut client, &[event(2, true)], true).await?;
     let end = current_insert_lsn(&client).await?;
     // The delivery deadline is librdkafka's 5 minutes: a stop within this bound is the refusal's
-    // (about 5 s: the refusal, then the broker probe asked after it unanswered).
+    // (5-8 s: the refusal, the broker probe asked after it unanswered, the status tick).
     expect_stopped_naming(
         &siphon,
         name,
