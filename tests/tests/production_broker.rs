@@ -721,34 +721,34 @@ async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
     Ok(())
 }
 
-/// Scenario 12: a login refused once, then accepted. Siphon logs in (SCRAM-SHA-256, again every
-/// [`SCRAM_SESSION`]) through a proxy that answers the next SaslHandshake with an error, as a
-/// broker restarting with another listener configuration may; librdkafka reports a handshake
-/// cut short by a broker going away the same way, as an authentication failure. The next login
-/// succeeds, so Siphon goes on and delivers.
-async fn a_login_refused_once_is_not_a_refusal(node: &KafkaNode) -> Result<()> {
-    let name = "refusedonce";
-    let password = "refused-once-secret";
+/// Siphon logging in through a proxy (SCRAM-SHA-256, again every [`SCRAM_SESSION`]), event 1
+/// delivered, then the next login refused once: the proxy answers a SaslHandshake with an
+/// error, as a broker restarting with another listener configuration may; librdkafka reports a
+/// handshake cut short by a broker going away the same way, as an authentication failure.
+/// What scenarios 12 and 13 start from.
+struct RefusedOnce {
+    setup: Setup,
+    proxy: ThrottlingProxy,
+    siphon: SiphonProcess,
+}
+
+async fn a_login_refused_once(node: &KafkaNode, name: &str) -> Result<RefusedOnce> {
+    let password = format!("{name}-secret");
     grant_with_state(
         node,
         &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
-    node.set_scram_password(USER, password)?;
+    node.set_scram_password(USER, &password)?;
     let sasl = node
         .sasl_bootstrap()
         .context("the node has no SASL listener")?;
     let proxy = ThrottlingProxy::start_kafka_advertised(sasl.parse()?)?;
     let through_the_proxy = |config: String| scram_sha_256(config).replace(&sasl, &proxy.address());
-    let Setup {
-        pg: _pg,
-        mut client,
-        config,
-        target,
-    } = setup(node, name, password, false, through_the_proxy).await?;
-    let siphon = start_streaming(&client, &config, name).await?;
-    insert_transaction(&mut client, &[event(1, true)], true).await?;
+    let mut setup = setup(node, name, &password, false, through_the_proxy).await?;
+    let siphon = start_streaming(&setup.client, &setup.config, name).await?;
+    insert_transaction(&mut setup.client, &[event(1, true)], true).await?;
     let first: BTreeSet<String> = [event(1, true).id].into();
-    wait_for_all(&target, &first, Duration::from_secs(60))
+    wait_for_all(&setup.target, &first, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
 
@@ -776,13 +776,28 @@ async fn a_login_refused_once_is_not_a_refusal(node: &KafkaNode) -> Result<()> {
         )
     })?;
     proxy.clear_answer_hold();
-    insert_transaction(&mut client, &[event(2, true)], true).await?;
-    let end = current_insert_lsn(&client).await?;
+    Ok(RefusedOnce {
+        setup,
+        proxy,
+        siphon,
+    })
+}
+
+/// After [`a_login_refused_once`]: event 2 reaches the topic and the slot passes it, and
+/// Siphon is still running past the time a refusal that stands is told in.
+async fn delivers_event_2_and_runs_on(name: &str, refused: &mut RefusedOnce) -> Result<()> {
+    let RefusedOnce {
+        setup: Setup { client, target, .. },
+        siphon,
+        ..
+    } = refused;
+    insert_transaction(client, &[event(2, true)], true).await?;
+    let end = current_insert_lsn(client).await?;
     let both: BTreeSet<String> = (1..=2).map(|seq| event(seq, true).id).collect();
-    wait_for_all(&target, &both, Duration::from_secs(60))
+    wait_for_all(target, &both, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
-    wait_for_slot_past(&client, name, end, Duration::from_secs(60))
+    wait_for_slot_past(client, name, end, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     // Past the time refusals must go on for, and a login again.
@@ -793,6 +808,48 @@ async fn a_login_refused_once_is_not_a_refusal(node: &KafkaNode) -> Result<()> {
         siphon.log()
     );
     Ok(())
+}
+
+/// Scenario 12: a login refused once, then accepted: Siphon goes on and delivers.
+async fn a_login_refused_once_is_not_a_refusal(node: &KafkaNode) -> Result<()> {
+    let name = "refusedonce";
+    let mut refused = a_login_refused_once(node, name).await?;
+    delivers_event_2_and_runs_on(name, &mut refused).await
+}
+
+/// How long the broker hangs in scenario 13: several broker probes, each unanswered, and less
+/// than librdkafka's connection set-up timeout (30 s), so no connection failure is reported
+/// meanwhile.
+const HUNG_FOR: Duration = Duration::from_secs(15);
+
+/// Scenario 13: a login refused once, then the broker hangs: it accepts connections and
+/// answers nothing (a process stopped, a network partitioned), so no request is answered and
+/// no connection fails. That is not a refusal: Siphon waits for the broker, and delivers once
+/// it answers again.
+async fn a_login_refused_once_then_a_hung_broker_is_not_a_refusal(node: &KafkaNode) -> Result<()> {
+    let name = "refusedhung";
+    let mut refused = a_login_refused_once(node, name).await?;
+    refused.proxy.pause();
+    let hung = Instant::now();
+    while hung.elapsed() < HUNG_FOR {
+        if !refused.siphon.is_running() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let running = refused.siphon.is_running();
+    refused.proxy.resume();
+    ensure!(
+        running
+            && !refused
+                .siphon
+                .log()
+                .contains("refused Siphon's credentials"),
+        "a broker hanging after a refused login stopped Siphon after {:?}; log:\n{}",
+        hung.elapsed(),
+        refused.siphon.log()
+    );
+    delivers_event_2_and_runs_on(name, &mut refused).await
 }
 
 /// Runs every scenario on one node, one after another, and reports each; fails if any did.
@@ -826,6 +883,7 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
     scenario!(a_topic_nobody_created_with_exactly_once);
     scenario!(dead_letters_without_then_with_their_topics_acls);
     scenario!(a_login_refused_once_is_not_a_refusal);
+    scenario!(a_login_refused_once_then_a_hung_broker_is_not_a_refusal);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }

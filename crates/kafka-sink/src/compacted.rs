@@ -11,14 +11,16 @@
 //!   the latest when the client is dropped), not to the request, which fails as a transport
 //!   failure or a timeout. Every operation's result is settled once its clients are gone: such
 //!   a failure after a definite refusal (one after which the brokers, asked again, did not
-//!   answer: see [`crate::login`]; a single refusal may be a handshake cut by a broker going
-//!   away) is the refusal, a definite error naming the credentials. A reader asking for the
-//!   topic's partitions asks again every [`METADATA_STEP`] while the brokers cannot be reached,
-//!   serving its queued errors between steps, so a refusal ends it within seconds.
+//!   answer and refused a fresh login too: see [`crate::login`]; a single refusal may be a
+//!   handshake cut by a broker going away) is the refusal, a definite error naming the
+//!   credentials. A reader asking for the topic's partitions asks again every
+//!   [`METADATA_STEP`] while the brokers cannot be reached, serving its queued errors between
+//!   steps and trying a fresh login once a refusal waits for one, so a refusal ends it within
+//!   seconds.
 
 use crate::error::{credentials_fix, is_connection_failure, is_refused_login};
 use crate::login::LoginRefusals;
-use crate::topics::is_producer_only;
+use crate::topics::connection_properties;
 use crate::TopicCreation;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::config::ClientConfig;
@@ -177,15 +179,12 @@ impl CompactedTopic {
         client_properties: &BTreeMap<String, String>,
         creation: TopicCreation,
     ) -> Self {
+        let connection = connection_properties(client_properties);
         CompactedTopic {
             topic: topic.to_owned(),
-            connection: client_properties
-                .iter()
-                .filter(|(k, _)| !is_producer_only(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            logins: Arc::new(LoginRefusals::new(connection.clone())),
+            connection,
             creation,
-            logins: Arc::default(),
         }
     }
 
@@ -288,6 +287,7 @@ impl CompactedTopic {
                     let _ = consumer.poll(Duration::ZERO);
                     if unreachable {
                         self.logins.asked(asked, false);
+                        self.logins.confirm(left.min(METADATA_STEP * 2));
                     }
                     if !unreachable || self.logins.definite().is_some() || left <= METADATA_STEP {
                         return Err(self.kafka(StateOperation::Read, &e));
@@ -394,6 +394,7 @@ impl CompactedTopic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::login::FreshLogin;
 
     fn topic() -> CompactedTopic {
         CompactedTopic::new("siphon.state", &BTreeMap::new(), TopicCreation::default())
@@ -424,6 +425,16 @@ mod tests {
         assert_eq!(failure.consequence(), Consequence::Retry, "{failure}");
         // The brokers, asked after the refusal, do not answer.
         topic.logins.asked(Instant::now(), false);
+        let failure = settled(topic.timed_out(StateOperation::Read));
+        assert_eq!(
+            failure.consequence(),
+            Consequence::Retry,
+            "brokers that hang refuse nothing: {failure}"
+        );
+        // A fresh login is refused too.
+        topic
+            .logins
+            .tried(FreshLogin::Refused("refused afresh".into()));
         for failure in [
             topic.failed(
                 StateOperation::Read,

@@ -150,6 +150,10 @@ pub enum SinkError {
     /// changed on the brokers while Siphon ran. `reason` is librdkafka's, shown only.
     #[error("the Kafka brokers refused Siphon's credentials ({reason}): {}", credentials_fix!())]
     CredentialsRefused { reason: String },
+    /// A topic Siphon wrote to is gone: deleted while Siphon wrote to it. What it held is gone
+    /// with it; nothing unacknowledged was confirmed.
+    #[error("Kafka topic {topic:?} was deleted while Siphon wrote to it: the records it held are gone with it, and nothing it did not acknowledge was confirmed. Start Siphon again: it creates the topic (kafka.topic_creation) and sends, in commit order, every event the replication slot was not confirmed past")]
+    TopicDeleted { topic: String },
     /// The wake-up for delivery reports could not be set up.
     #[error("Kafka unavailable: waiting for Kafka delivery reports: {0}")]
     Wakeup(#[from] WakeupError),
@@ -211,7 +215,8 @@ impl SinkError {
         match self {
             SinkError::Config(_)
             | SinkError::Client { .. }
-            | SinkError::CredentialsRefused { .. } => Fix,
+            | SinkError::CredentialsRefused { .. }
+            | SinkError::TopicDeleted { .. } => Fix,
             SinkError::Kafka {
                 operation, code, ..
             } => kafka_consequence(*operation, *code),
@@ -250,6 +255,7 @@ impl SinkError {
             SinkError::Wakeup(_) => Some(Operation::WaitForReports),
             SinkError::Config(_)
             | SinkError::CredentialsRefused { .. }
+            | SinkError::TopicDeleted { .. }
             | SinkError::RetiredStillReporting { .. } => None,
         }
     }

@@ -21,7 +21,7 @@
 use crate::error::{is_connection_failure, is_refused_login, Operation};
 use crate::login::LoginRefusals;
 use crate::produce::{Outgoing, TopicHandles};
-use crate::topics::TopicCreator;
+use crate::topics::{connection_properties, TopicCreator};
 use crate::wakeup::ReportWakeup;
 use crate::{DeliveryError, SinkConfig, SinkError};
 use bytes::Bytes;
@@ -275,7 +275,7 @@ impl Client {
                 partition_queue_measured: properties
                     .get("message.timeout.ms")
                     .is_some_and(|timeout| timeout != "0"),
-                logins: LoginRefusals::default(),
+                logins: LoginRefusals::new(connection_properties(properties)),
             })
             .map_err(|e| SinkError::client(Operation::CreateProducer, &e))?;
         let producer = Arc::new(producer);
@@ -404,7 +404,8 @@ impl KafkaSink {
     /// Replaces a failed producer with a new one on the same delivery channel. The old one's
     /// queued and in-flight records are purged: each comes back as a failed [`Delivery`] (with
     /// its record and the old generation) to be sent again, in the order it was sent. Topics
-    /// already created stay known.
+    /// known to exist are looked up again before their next record, and one deleted meanwhile
+    /// fails it ([`SinkError::TopicDeleted`]) instead of being created again.
     ///
     /// At most one retired producer waits for its reports: while the one retired by the
     /// previous rebuild has records to report this returns
@@ -412,7 +413,7 @@ impl KafkaSink {
     /// [`KafkaSink::retired_reported`] first. A retired producer that has reported everything
     /// is let go here.
     pub fn rebuild(&mut self) -> Result<Rebuilt, SinkError> {
-        let Backend::Kafka { client, .. } = &mut self.backend else {
+        let Backend::Kafka { client, topics } = &mut self.backend else {
             return Ok(Rebuilt {
                 generation: self.generation,
                 retired_unreported: 0,
@@ -431,6 +432,8 @@ impl KafkaSink {
         let generation = self.generation + 1;
         let fresh = Client::create(&properties, &self.deliveries, &self.observer, generation)?;
         let old = std::mem::replace(&mut **client, fresh);
+        // The replacement may be for a topic deleted while records were written to it.
+        topics.check_again();
         old.producer
             .purge(PurgeConfig::default().queue().inflight());
         let retired_unreported = old.unreported.get();
@@ -742,20 +745,25 @@ impl BrokerProbe {
             return true;
         };
         let asking = Arc::clone(producer);
-        let asked = Instant::now();
-        let answered = tokio::task::spawn_blocking(move || {
-            asking.client().fetch_metadata(None, timeout).is_ok()
+        tokio::task::spawn_blocking(move || {
+            let asked = Instant::now();
+            let answered = asking.client().fetch_metadata(None, timeout).is_ok();
+            let logins = &asking.context().logins;
+            logins.asked(asked, answered);
+            if !answered {
+                logins.confirm(timeout);
+            }
+            answered
         })
         .await
-        .unwrap_or(false);
-        producer.context().logins.asked(asked, answered);
-        answered
+        .unwrap_or(false)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::login::FreshLogin;
     use crate::{Consequence, TopicCreation};
 
     /// A sink whose brokers never answer (nothing listens on the port), so records stay queued.
@@ -1042,8 +1050,17 @@ mod tests {
             sink.refused_login().is_none(),
             "one refusal may be a cut handshake"
         );
-        // The brokers, asked after the refusal, do not answer (nothing listens).
+        // The brokers, asked after the refusal, do not answer (nothing listens), nor do they
+        // answer a fresh login: they may hang.
         assert!(!sink.prober().probe(Duration::from_millis(200)).await);
+        assert!(
+            sink.refused_login().is_none(),
+            "brokers that do not answer refuse nothing"
+        );
+        // A fresh login is refused too.
+        sink.producer_context()
+            .logins
+            .tried(FreshLogin::Refused("refused afresh".into()));
         let refusal = sink.refused_login().expect("a refusal");
         assert_eq!(refusal.consequence(), siphon_core::Consequence::Fix);
         let message = refusal.to_string();
