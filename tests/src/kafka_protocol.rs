@@ -459,6 +459,28 @@ pub const SASL_HANDSHAKE: i16 = 17;
 /// coordinator.
 pub const INIT_PRODUCER_ID: i16 = 22;
 
+/// Whether an EndTxn request `frame` (the bytes after the 4-byte size) commits (`true`) or
+/// aborts its transaction (flexible from v3; the request header's client id is never compact).
+pub fn end_txn_commits(frame: &[u8]) -> Result<bool> {
+    let mut r = Reader::new(frame);
+    let api_key = r.i16()?;
+    ensure!(
+        api_key == END_TXN,
+        "not an EndTxn request: API key {api_key}"
+    );
+    let version = r.i16()?;
+    r.i32()?; // correlation id
+    r.nullable_string(false)?; // client id
+    let flexible = version >= 3;
+    if flexible {
+        r.tagged_fields()?;
+    }
+    r.string(flexible)?; // transactional id
+    r.i64()?; // producer id
+    r.i16()?; // producer epoch
+    Ok(r.take(1)?[0] != 0)
+}
+
 /// The offset, in a response `body` (after the 4-byte size), of the top-level error code of an
 /// EndTxn (flexible from v3) or InitProducerId (flexible from v2) response of `api_version`,
 /// both of which begin with the throttle time and the error code, or of a SaslHandshake
@@ -900,6 +922,35 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn an_end_txn_request_says_whether_it_commits_in_every_encoding() {
+        for version in 0..=5 {
+            for commits in [true, false] {
+                let mut w = Writer::default();
+                w.i16(END_TXN);
+                w.i16(version);
+                w.i32(42); // correlation id
+                w.nullable_string(Some("rdkafka"), false); // client id
+                let flexible = version >= 3;
+                if flexible {
+                    w.empty_tagged_fields();
+                }
+                w.nullable_string(Some("siphon-slot"), flexible);
+                w.i64(1_000); // producer id
+                w.i16(3); // producer epoch
+                w.out.push(u8::from(commits));
+                if flexible {
+                    w.empty_tagged_fields();
+                }
+                let frame = w.framed();
+                assert_eq!(end_txn_commits(&frame[4..]).unwrap(), commits, "v{version}");
+            }
+        }
+        let mut w = Writer::default();
+        w.i16(INIT_PRODUCER_ID);
+        assert!(end_txn_commits(&w.framed()[4..]).is_err());
+    }
 
     #[test]
     fn the_error_code_of_an_end_txn_answer_is_replaced_in_every_encoding() {

@@ -403,6 +403,8 @@ struct AnswerHold {
     api_key: i16,
     /// Only a request whose bytes contain this (any request of the key when `None`).
     marker: Option<Vec<u8>>,
+    /// Only an EndTxn request that aborts its transaction.
+    aborts_only: bool,
     action: AnswerAction,
 }
 
@@ -413,6 +415,8 @@ impl AnswerHold {
                 .marker
                 .as_ref()
                 .is_none_or(|m| !m.is_empty() && frame.windows(m.len()).any(|w| w == m.as_slice()))
+            && (!self.aborts_only
+                || crate::kafka_protocol::end_txn_commits(frame).is_ok_and(|commits| !commits))
     }
 }
 
@@ -642,6 +646,7 @@ impl ThrottlingProxy {
         *self.shared.answer_hold() = Some(AnswerHold {
             api_key,
             marker: None,
+            aborts_only: false,
             action: AnswerAction::Hold,
         });
     }
@@ -652,6 +657,18 @@ impl ThrottlingProxy {
         *self.shared.answer_hold() = Some(AnswerHold {
             api_key,
             marker: Some(marker.to_vec()),
+            aborts_only: false,
+            action: AnswerAction::Hold,
+        });
+    }
+
+    /// [`ThrottlingProxy::hold_next_answer_to`] for EndTxn, only for a request that aborts its
+    /// transaction (the coordinator aborts it; the producer never hears).
+    pub fn hold_next_abort_answer_to(&self, marker: &[u8]) {
+        *self.shared.answer_hold() = Some(AnswerHold {
+            api_key: crate::kafka_protocol::END_TXN,
+            marker: Some(marker.to_vec()),
+            aborts_only: true,
             action: AnswerAction::Hold,
         });
     }
@@ -665,6 +682,7 @@ impl ThrottlingProxy {
         *self.shared.answer_hold() = Some(AnswerHold {
             api_key,
             marker: Some(marker.to_vec()),
+            aborts_only: false,
             action: AnswerAction::Fail(error_code),
         });
     }

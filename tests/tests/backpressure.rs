@@ -9,6 +9,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use siphon_tests::http::metric;
+use siphon_tests::kafka_protocol::INIT_PRODUCER_ID;
 use siphon_tests::outbox::{
     current_insert_lsn, event, insert_transaction, siphon_config, siphon_config_at as config_for,
     slot_confirmed_lsn, start_streaming, wait_for_slot_past, OUTBOX_DDL,
@@ -817,5 +818,131 @@ async fn a_large_backlog_drains_in_memory_bounded_by_the_window() -> Result<()> 
     siphon.terminate()?;
     let status = siphon.wait_exit(Duration::from_secs(60))?;
     assert!(status.success(), "siphon exit status {status:?}");
+    Ok(())
+}
+
+/// How long the broker leaves the producer's registration unanswered in
+/// [`a_producer_registration_held_with_a_backlog_keeps_memory_bounded`]: librdkafka's request
+/// timeout there (`socket.timeout.ms`), after which it connects again and asks again.
+const REGISTRATION_HELD: Duration = Duration::from_secs(20);
+
+/// A backlog of transactions of 1,000 events waits behind the slot when Siphon starts, and the
+/// broker does not answer the idempotent producer's registration (InitProducerId, held by the
+/// proxy) for [`REGISTRATION_HELD`]: librdkafka keeps every record until its producer has an
+/// id, so nothing is acknowledged meanwhile. Siphon reads until the window (10,000 records) is
+/// full and stops there: its resident memory stays under [`RSS_BOUND_MB`] the whole time (the
+/// hold and the drain after it), nothing is confirmed before the registration is answered, and
+/// then the slot is confirmed to the backlog's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_registration_held_with_a_backlog_keeps_memory_bounded() -> Result<()> {
+    const SLOT: &str = "heldregistration";
+    const PER_TRANSACTION: i64 = 1_000;
+    // Twice what the socket buffers and the read-ahead (at most 4 MiB) can hold behind the
+    // window, at 370 bytes an event, as in the drain test above.
+    let rest_bytes = 2 * (socket_buffers_max()? + 4 * 1024 * 1024);
+    let transactions = 10 + i64::try_from(rest_bytes.div_ceil(370 * PER_TRANSACTION as usize))?;
+    let pg = Postgres::start()?;
+    short_wal_sender_timeout(&pg).await?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    client
+        .batch_execute(&format!("CREATE PUBLICATION {SLOT}_pub FOR TABLE outbox"))
+        .await?;
+    client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&SLOT],
+        )
+        .await?;
+    let start_lsn = slot_confirmed_lsn(&client, SLOT)
+        .await?
+        .context("slot not created")?;
+    for t in 0..transactions {
+        commit_generated(&mut client, 1 + t * PER_TRANSACTION, PER_TRANSACTION).await?;
+    }
+    let backlog_end = current_insert_lsn(&client).await?;
+
+    let broker = ProxiedBroker::start()?;
+    create_topic_behind_proxy(&broker, &broker.topic(ORDERS)).await?;
+    broker.proxy().hold_next_answer(INIT_PRODUCER_ID);
+    let siphon = SiphonProcess::start(&config_for(
+        &pg,
+        &broker,
+        SLOT,
+        &format!(
+            "\"message.timeout.ms\" = \"300000\"\n\"socket.timeout.ms\" = \"{}\"",
+            REGISTRATION_HELD.as_millis()
+        ),
+        "",
+    ))?;
+    let pid = siphon.pid().context("siphon is not running")?;
+    let metrics_at = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { Ok(siphon.metrics_address()) },
+    )
+    .await
+    .context("no metrics address in the log")?;
+
+    let started = Instant::now();
+    let mut peak_rss_kb = 0;
+    // The most records in flight before the first confirmation, and when that came.
+    let mut in_flight_while_held = 0.0f64;
+    let mut first_confirmed = None;
+    loop {
+        let (rss_kb, _) =
+            memory_kb(pid).with_context(|| format!("siphon exited; log:\n{}", siphon.log()))?;
+        peak_rss_kb = peak_rss_kb.max(rss_kb);
+        let confirmed = slot_confirmed_lsn(&client, SLOT).await?.unwrap_or(0);
+        if confirmed > start_lsn {
+            first_confirmed.get_or_insert(started.elapsed());
+        } else if let Ok(text) = scrape(&metrics_at).await {
+            in_flight_while_held =
+                in_flight_while_held.max(metric(&text, "siphon_in_flight_records").unwrap_or(0.0));
+        }
+        if confirmed >= backlog_end {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(240),
+            "the slot reached {confirmed:X} of {backlog_end:X} in 240 s; siphon log:\n{}",
+            siphon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, hwm_kb) = memory_kb(pid)?;
+    let peak_mb = peak_rss_kb.max(hwm_kb) as f64 / 1024.0;
+    eprintln!(
+        "backlog of {} events ({:.0} MB of WAL); registration answers held: {}; first \
+         confirmation after {first_confirmed:?}, at most {in_flight_while_held} records in \
+         flight before it; drained after {:?}; RSS peak {peak_mb:.1} MB",
+        transactions * PER_TRANSACTION,
+        (backlog_end - start_lsn) as f64 / 1e6,
+        broker.proxy().answers_held(),
+        started.elapsed(),
+    );
+    ensure!(
+        broker.proxy().answers_held() >= 1,
+        "no registration answer was held: the test proved nothing"
+    );
+    let first_confirmed = first_confirmed.context("never confirmed")?;
+    ensure!(
+        first_confirmed >= REGISTRATION_HELD / 2,
+        "the slot was confirmed {first_confirmed:?} after the start, before the registration \
+         could be answered; siphon log:\n{}",
+        siphon.log()
+    );
+    ensure!(
+        (9_000.0..=10_000.0).contains(&in_flight_while_held),
+        "{in_flight_while_held} records in flight at most while the registration was held, not \
+         the full window of 10,000"
+    );
+    ensure!(
+        peak_mb <= RSS_BOUND_MB,
+        "siphon's resident memory reached {peak_mb:.1} MB, over the {RSS_BOUND_MB} MB bound"
+    );
+    siphon.terminate()?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    ensure!(status.success(), "siphon exit status {status:?}");
     Ok(())
 }

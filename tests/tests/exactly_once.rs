@@ -496,3 +496,109 @@ async fn a_commit_completed_but_answered_as_failed_is_not_sent_again() -> Result
     check_first_deliveries_in_order(&read)?;
     Ok(())
 }
+
+/// How long a Kafka transaction stays open in [`an_abort_whose_answer_is_lost_loses_and_repeats_nothing`]:
+/// `kafka.transaction_interval_ms`, long enough to end the session inside it.
+const LONG_TRANSACTION: Duration = Duration::from_secs(10);
+
+/// A session ends with a Kafka transaction open (its replication connection terminated by the
+/// server), so Siphon aborts it, and the coordinator's answer to the abort never reaches the
+/// producer (the proxy holds it; the abort itself is carried out). Siphon does not know the
+/// abort's outcome: the next session registers again and sends the aborted events again from
+/// the last committed progress. A read_committed consumer sees each event once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_whose_answer_is_lost_loses_and_repeats_nothing() -> Result<()> {
+    let slot = "lostabort";
+    let pg = Postgres::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let broker = ProxiedBroker::start_kafka_aware()?;
+    let config = with_exactly_once(
+        &siphon_config_at(
+            &pg,
+            &broker,
+            slot,
+            // At least 8 times the interval.
+            "\"transaction.timeout.ms\" = \"120000\"",
+            "",
+        ),
+        &broker,
+    )
+    .replacen(
+        "delivery = \"exactly-once\"",
+        &format!(
+            "delivery = \"exactly-once\"\ntransaction_interval_ms = {}",
+            LONG_TRANSACTION.as_millis()
+        ),
+        1,
+    );
+    let siphon = start_streaming(&client, &config, slot).await?;
+
+    // The first events, sent in a Kafka transaction that stays open.
+    let first: Vec<Event> = (1..=5).map(|seq| event(seq, true)).collect();
+    insert_transaction(&mut client, &first, true).await?;
+    let sent: BTreeSet<String> = first.iter().map(|e| e.id.clone()).collect();
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let uncommitted =
+                read_event_records_isolated(&broker, Isolation::ReadUncommitted).await?;
+            Ok(sent.is_subset(&count_by_id(&uncommitted).into_keys().collect()))
+        },
+    )
+    .await
+    .with_context(|| format!("the events were not sent; log:\n{}", siphon.log()))?;
+    let read = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
+    anyhow::ensure!(
+        read.is_empty(),
+        "the transaction was committed before the session ended: the test proves nothing"
+    );
+
+    // The session ends with the transaction open; the abort's answer is held.
+    broker.proxy().hold_next_abort_answer_to(slot.as_bytes());
+    let terminated: bool = client
+        .query_one(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+        .get(0);
+    anyhow::ensure!(terminated, "no walsender to terminate");
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { Ok(broker.proxy().answers_held() >= 1) },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "no abort's answer was held: the test proved nothing; log:\n{}",
+            siphon.log()
+        )
+    })?;
+
+    // The next session sends the aborted events again, and later ones after them.
+    let second: Vec<Event> = (6..=10).map(|seq| event(seq, true)).collect();
+    insert_transaction(&mut client, &second, true).await?;
+    let expected: BTreeSet<String> = first.iter().chain(&second).map(|e| e.id.clone()).collect();
+    wait_for_all(&broker, &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    wait_for_slot_caught_up(&client, slot)
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let read = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
+    let counts = count_by_id(&read);
+    let repeated: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
+    anyhow::ensure!(
+        repeated.is_empty() && counts.len() == expected.len(),
+        "read_committed: {} of {} events, repeated: {repeated:?}; log:\n{}",
+        counts.len(),
+        expected.len(),
+        siphon.log()
+    );
+    check_first_deliveries_in_order(&read)?;
+    anyhow::ensure!(siphon.is_running(), "log:\n{}", siphon.log());
+    Ok(())
+}
