@@ -189,13 +189,6 @@ impl SinkConfig {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        if self.topic_creation.enabled {
-            // Siphon creates its topics itself. A topic deleted while it writes is then not
-            // created again by the producer's metadata requests (with the broker's default
-            // partition count, later records written into it before the lost ones are sent
-            // again): its records fail, and Siphon stops naming the deletion.
-            props.insert("allow.auto.create.topics".into(), "false".into());
-        }
         for (key, value) in &self.properties {
             // librdkafka's aliases of required properties are the same property.
             let canonical = match key.as_str() {
@@ -339,12 +332,6 @@ mod tests {
             "user properties override defaults"
         );
         assert_eq!(props["bootstrap.servers"], "127.0.0.1:9092");
-        // Siphon creates its topics: its producer does not, through the broker's auto-creation.
-        assert_eq!(props["allow.auto.create.topics"], "false");
-        let mut without_creation = config(&[]);
-        without_creation.topic_creation.enabled = false;
-        let props = without_creation.client_properties().unwrap();
-        assert!(!props.contains_key("allow.auto.create.topics"), "{props:?}");
     }
 
     #[test]

@@ -150,10 +150,6 @@ pub enum SinkError {
     /// changed on the brokers while Siphon ran. `reason` is librdkafka's, shown only.
     #[error("the Kafka brokers refused Siphon's credentials ({reason}): {}", credentials_fix!())]
     CredentialsRefused { reason: String },
-    /// A topic Siphon wrote to is gone: deleted while Siphon wrote to it. What it held is gone
-    /// with it; nothing unacknowledged was confirmed.
-    #[error("Kafka topic {topic:?} was deleted while Siphon wrote to it: the records it held are gone with it, and nothing it did not acknowledge was confirmed. Start Siphon again: it creates the topic (kafka.topic_creation) and sends, in commit order, every event the replication slot was not confirmed past")]
-    TopicDeleted { topic: String },
     /// The wake-up for delivery reports could not be set up.
     #[error("Kafka unavailable: waiting for Kafka delivery reports: {0}")]
     Wakeup(#[from] WakeupError),
@@ -215,8 +211,7 @@ impl SinkError {
         match self {
             SinkError::Config(_)
             | SinkError::Client { .. }
-            | SinkError::CredentialsRefused { .. }
-            | SinkError::TopicDeleted { .. } => Fix,
+            | SinkError::CredentialsRefused { .. } => Fix,
             SinkError::Kafka {
                 operation, code, ..
             } => kafka_consequence(*operation, *code),
@@ -255,7 +250,6 @@ impl SinkError {
             SinkError::Wakeup(_) => Some(Operation::WaitForReports),
             SinkError::Config(_)
             | SinkError::CredentialsRefused { .. }
-            | SinkError::TopicDeleted { .. }
             | SinkError::RetiredStillReporting { .. } => None,
         }
     }

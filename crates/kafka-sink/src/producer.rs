@@ -404,8 +404,7 @@ impl KafkaSink {
     /// Replaces a failed producer with a new one on the same delivery channel. The old one's
     /// queued and in-flight records are purged: each comes back as a failed [`Delivery`] (with
     /// its record and the old generation) to be sent again, in the order it was sent. Topics
-    /// known to exist are looked up again before their next record, and one deleted meanwhile
-    /// fails it ([`SinkError::TopicDeleted`]) instead of being created again.
+    /// already created stay known.
     ///
     /// At most one retired producer waits for its reports: while the one retired by the
     /// previous rebuild has records to report this returns
@@ -413,7 +412,7 @@ impl KafkaSink {
     /// [`KafkaSink::retired_reported`] first. A retired producer that has reported everything
     /// is let go here.
     pub fn rebuild(&mut self) -> Result<Rebuilt, SinkError> {
-        let Backend::Kafka { client, topics } = &mut self.backend else {
+        let Backend::Kafka { client, .. } = &mut self.backend else {
             return Ok(Rebuilt {
                 generation: self.generation,
                 retired_unreported: 0,
@@ -432,8 +431,6 @@ impl KafkaSink {
         let generation = self.generation + 1;
         let fresh = Client::create(&properties, &self.deliveries, &self.observer, generation)?;
         let old = std::mem::replace(&mut **client, fresh);
-        // The replacement may be for a topic deleted while records were written to it.
-        topics.check_again();
         old.producer
             .purge(PurgeConfig::default().queue().inflight());
         let retired_unreported = old.unreported.get();

@@ -4,10 +4,6 @@
 //! - A topic is created at most once per sink; "already exists" counts as success.
 //! - A topic is only remembered as present after the broker confirmed it; a topic sent to is
 //!   kept among the recent ones only once it is known (or creation is disabled).
-//! - After [`TopicCreator::check_again`] (a producer replaced) no topic is known: one that was
-//!   is looked up before its next record, never created again. Missing, it was deleted while
-//!   Siphon wrote to it ([`SinkError::TopicDeleted`]): creating it again would put the records
-//!   sent after the deletion before those the deletion lost and that are sent again.
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
@@ -22,7 +18,7 @@ use siphon_record::RecentTopics;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{debug, info};
+use tracing::info;
 
 /// How long one topic creation may take (the request, and the broker's operation) before it
 /// fails with a code retrying may cure ([`SinkError::consequence`] is `Retry`).
@@ -34,8 +30,6 @@ pub struct TopicCreator {
     admin: Option<Arc<AdminClient<DefaultClientContext>>>,
     settings: TopicCreation,
     known: FxHashSet<String>,
-    /// Topics known before [`TopicCreator::check_again`], not looked up since.
-    known_before: FxHashSet<String>,
     /// The topics sent to last, which need no creation: found again without hashing their
     /// names.
     ready: RecentTopics<()>,
@@ -107,7 +101,6 @@ impl TopicCreator {
             admin,
             settings,
             known: FxHashSet::default(),
-            known_before: FxHashSet::default(),
             ready: RecentTopics::default(),
         })
     }
@@ -119,18 +112,7 @@ impl TopicCreator {
 
     /// Remembers `topic` as present (after a [`TopicCreator::creation`] of it succeeded).
     pub fn remember(&mut self, topic: &str) {
-        self.known_before.remove(topic);
         self.known.insert(topic.to_owned());
-    }
-
-    /// Forgets which topics are present (a producer was replaced, which may be for a deleted
-    /// topic): each is looked up again before its next record (see the module's invariants).
-    pub fn check_again(&mut self) {
-        if self.admin.is_none() {
-            return;
-        }
-        self.known_before.extend(self.known.drain());
-        self.ready = RecentTopics::default();
     }
 
     /// The creation of `topic` as a future that borrows nothing from the creator, to be run
@@ -149,15 +131,8 @@ impl TopicCreator {
         }
         let admin = Arc::clone(admin);
         let settings = self.settings.clone();
-        let known_before = self.known_before.contains(topic);
         let topic = topic.to_owned();
-        Some(async move {
-            if known_before {
-                still_present(admin, topic).await
-            } else {
-                create(&admin, &settings, &topic).await
-            }
-        })
+        Some(async move { create(&admin, &settings, &topic).await })
     }
 
     /// Makes sure `topic` exists (creating it if needed).
@@ -174,39 +149,6 @@ impl TopicCreator {
         self.ready.keep(topic, ());
         Ok(())
     }
-}
-
-/// How long looking a topic up again may take; past it the topic counts as present.
-const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Whether `topic`, known to this sink before, is still there: its metadata, asked for without
-/// creating it (the admin client's `allow.auto.create.topics` is off while Siphon creates
-/// topics). Only the brokers' answer that it does not exist fails it; brokers that do not
-/// answer, or any other answer, leave it to the producer as before.
-async fn still_present(
-    admin: Arc<AdminClient<DefaultClientContext>>,
-    topic: String,
-) -> Result<(), SinkError> {
-    let asked = topic.clone();
-    let missing = tokio::task::spawn_blocking(move || {
-        match admin.inner().fetch_metadata(Some(&asked), LOOKUP_TIMEOUT) {
-            Ok(metadata) => metadata.topics().iter().any(|t| {
-                t.name() == asked
-                    && t.error().map(RDKafkaErrorCode::from)
-                        == Some(RDKafkaErrorCode::UnknownTopicOrPartition)
-            }),
-            Err(error) => {
-                debug!(topic = %asked, %error, "a topic could not be looked up again");
-                false
-            }
-        }
-    })
-    .await
-    .unwrap_or(false);
-    if missing {
-        return Err(SinkError::TopicDeleted { topic });
-    }
-    Ok(())
 }
 
 /// Creates `topic` with `settings`; "already exists" is success.
@@ -244,50 +186,4 @@ async fn create(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn creator() -> TopicCreator {
-        let port = siphon_tests::free_port();
-        let properties =
-            BTreeMap::from([("bootstrap.servers".to_owned(), format!("127.0.0.1:{port}"))]);
-        TopicCreator::new(&properties, TopicCreation::default()).expect("an admin client")
-    }
-
-    #[test]
-    fn a_known_topic_is_looked_up_again_after_a_replacement_and_a_new_one_is_not_known() {
-        let mut creator = creator();
-        let topic: Arc<str> = Arc::from("orders");
-        assert!(creator.creation(&topic).is_some(), "new: to be created");
-        creator.remember(&topic);
-        creator.ready.keep(&topic, ());
-        assert!(creator.knows(&topic));
-        assert!(creator.creation(&topic).is_none());
-        creator.check_again();
-        assert!(!creator.knows(&topic));
-        assert!(
-            creator.ready.get(&topic).is_none(),
-            "the recent ones are forgotten too"
-        );
-        assert!(creator.known_before.contains(&*topic));
-        assert!(creator.creation(&topic).is_some(), "looked up again");
-        creator.remember(&topic);
-        assert!(creator.creation(&topic).is_none());
-        assert!(creator.known_before.is_empty());
-    }
-
-    #[test]
-    fn without_creation_nothing_is_looked_up_again() {
-        let properties = BTreeMap::from([("bootstrap.servers".to_owned(), "127.0.0.1:1".into())]);
-        let settings = TopicCreation {
-            enabled: false,
-            ..TopicCreation::default()
-        };
-        let mut creator = TopicCreator::new(&properties, settings).expect("a creator");
-        creator.check_again();
-        assert!(creator.creation("orders").is_none());
-    }
 }
