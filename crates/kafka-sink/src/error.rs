@@ -599,6 +599,14 @@ pub fn explicit(code: RDKafkaErrorCode) -> Option<Consequence> {
 }
 
 /// What to change so that a record refused with `code` is accepted (for messages).
+/// What a producer failure with `code` means for the record (see [`fix`] for the rest).
+fn failure_fix(code: RDKafkaErrorCode) -> &'static str {
+    match code {
+        RDKafkaErrorCode::UnknownPartition => "the topic no longer has the partition the producer placed the record in (deleted and created again with fewer partitions); the record is placed again on the topic as it is now, after everything before it",
+        other => fix(other),
+    }
+}
+
 fn fix(code: RDKafkaErrorCode) -> &'static str {
     use RDKafkaErrorCode as C;
     match code {
@@ -620,7 +628,7 @@ fn fix(code: RDKafkaErrorCode) -> &'static str {
         C::InvalidTopic | C::UnknownTopic => {
             "check route.topic.replacement and the topic name rules, or create the topic (if it was deleted while Siphon wrote to it, start Siphon again: what was not acknowledged is sent again)"
         }
-        C::UnknownPartition => "the topic does not have the partition the record went to: it was deleted while Siphon wrote to it (and created again with fewer partitions), or the partition column names one it does not have. Nothing unacknowledged was confirmed: start Siphon again to send it to the topic as it is now, or add partitions, or check the partition column",
+        C::UnknownPartition => "the topic does not have the partition the record's partition column names (or no longer has it: deleted and created again with fewer partitions). Nothing unacknowledged was confirmed: check the partition column, or add partitions",
         C::BadCompression | C::UnsupportedCompressionType => {
             "check kafka.properties.\"compression.type\" against what the broker supports"
         }
@@ -695,7 +703,7 @@ impl Refusal {
 /// A delivery the producer failed: rebuilding the producer (for
 /// [`Consequence::ProducerFailed`]) and sending the record again can succeed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("delivery to topic {topic} failed with {code:?} (code {number}): {what}", number = *code as i32, what = fix(*code))]
+#[error("delivery to topic {topic} failed with {code:?} (code {number}): {what}", number = *code as i32, what = failure_fix(*code))]
 pub struct ProducerFailure {
     /// The record's topic.
     pub topic: String,
@@ -733,6 +741,24 @@ impl DeliveryError {
         // failure (rebuilt and resent after a backoff) rather than refuse the record.
         let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
         Self::from_code(topic, code)
+    }
+
+    /// Classifies a failed delivery of a record for `topic` that the producer placed itself
+    /// (the record names no partition). A partition the topic no longer has is then not the
+    /// record's fault: the topic lost partitions under the producer (deleted and created again
+    /// with fewer). The producer is replaced and the record placed again, after everything
+    /// before it, on the topic as it is now.
+    pub fn from_kafka_placed(topic: &str, err: &KafkaError) -> Self {
+        match err.rdkafka_error_code() {
+            Some(code @ RDKafkaErrorCode::UnknownPartition) => {
+                DeliveryError::Transient(ProducerFailure {
+                    topic: topic.to_owned(),
+                    code,
+                    consequence: Consequence::ProducerFailed,
+                })
+            }
+            _ => Self::from_kafka(topic, err),
+        }
     }
 
     /// Classifies a failed delivery of a record for `topic` with `code`.
@@ -888,6 +914,46 @@ mod tests {
         }
         let policy = DeliveryError::from_code("orders", RDKafkaErrorCode::PolicyViolation);
         assert!(policy.to_string().contains("policy"), "{policy}");
+    }
+
+    #[test]
+    fn a_partition_gone_is_the_records_fault_only_when_it_named_it() {
+        let gone = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition);
+        // The partition column named it: the record is refused, naming the column.
+        match DeliveryError::from_kafka("orders", &gone) {
+            DeliveryError::Definite(refusal) => {
+                assert!(refusal.on_error_applies());
+                assert!(
+                    refusal.to_string().contains("partition column"),
+                    "{refusal}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // The partitioner chose it: the topic lost partitions under the producer.
+        match DeliveryError::from_kafka_placed("orders", &gone) {
+            DeliveryError::Transient(failure) => {
+                assert!(failure.needs_rebuild());
+                assert!(
+                    failure
+                        .to_string()
+                        .contains("placed again on the topic as it is now"),
+                    "{failure}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Any other code is classified as for any record.
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::MessageTimedOut,
+        ] {
+            let error = KafkaError::MessageProduction(code);
+            assert_eq!(
+                DeliveryError::from_kafka_placed("orders", &error),
+                DeliveryError::from_kafka("orders", &error)
+            );
+        }
     }
 
     /// What a failed operation means, by operation and code, and the fix its message names.

@@ -30,7 +30,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use siphon_record::{Header, RoutedRecord};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -116,6 +116,12 @@ struct Unreported {
     /// Whether `timestamps` ever held anything: records without a timestamp of their own (the
     /// default routing) never take the lock.
     stamped: AtomicBool,
+    /// The tokens of those records that name their partition (a partition column): a failed
+    /// one is sent again to the same partition, and its partition missing is the record's
+    /// fault; any other is placed again by the partitioner.
+    named_partitions: Mutex<FxHashSet<usize>>,
+    /// Whether `named_partitions` ever held anything (as `stamped`).
+    partitioned: AtomicBool,
 }
 
 impl Unreported {
@@ -137,6 +143,25 @@ impl Unreported {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&token)
+    }
+
+    /// Keeps that the record `token` names its partition, until its report.
+    fn name_partition(&self, token: usize) {
+        self.partitioned.store(true, Ordering::Relaxed);
+        self.named_partitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(token);
+    }
+
+    /// Whether the record `token` named its partition, forgotten.
+    fn take_named_partition(&self, token: usize) -> bool {
+        self.partitioned.load(Ordering::Relaxed)
+            && self
+                .named_partitions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&token)
     }
 
     fn add(&self) {
@@ -212,6 +237,7 @@ impl ProducerContext for DeliveryContext {
             self.logins.acknowledged();
         }
         let given_timestamp = self.unreported.take_timestamp(token);
+        let named_partition = self.unreported.take_named_partition(token);
         let delivery = match result {
             Ok(message) => Delivery {
                 token,
@@ -222,7 +248,7 @@ impl ProducerContext for DeliveryContext {
                 }),
             },
             Err((error, message)) => {
-                let mut record = copy_record(message);
+                let mut record = copy_record(message, named_partition);
                 if let Some(timestamp) = given_timestamp {
                     record.timestamp_ms = Some(timestamp);
                 }
@@ -230,7 +256,11 @@ impl ProducerContext for DeliveryContext {
                     token,
                     generation: self.generation,
                     result: Err(Box::new(DeliveryFailure {
-                        error: DeliveryError::from_kafka(message.topic(), error),
+                        error: if named_partition {
+                            DeliveryError::from_kafka(message.topic(), error)
+                        } else {
+                            DeliveryError::from_kafka_placed(message.topic(), error)
+                        },
                         record,
                     })),
                 }
@@ -289,8 +319,9 @@ impl Client {
     }
 }
 
-/// Copies a failed message back into a record.
-fn copy_record<M: Message>(message: &M) -> RoutedRecord {
+/// Copies a failed message back into a record, which keeps its partition if it named one
+/// (`named_partition`).
+fn copy_record<M: Message>(message: &M, named_partition: bool) -> RoutedRecord {
     let headers = message
         .headers()
         .map(|h| {
@@ -308,9 +339,9 @@ fn copy_record<M: Message>(message: &M) -> RoutedRecord {
         value: message.payload().map(Bytes::copy_from_slice),
         headers,
         timestamp_ms: message.timestamp().to_millis(),
-        // The partition it was sent to (chosen by the partitioner or the record), so that a
-        // resend lands in the same place; unassigned (-1) leaves the choice to the producer.
-        partition: (message.partition() >= 0).then(|| message.partition()),
+        // A partition the record named is kept; one the partitioner chose is chosen again, on
+        // the topic as it is then (the same for a key while the partition count stays).
+        partition: (named_partition && message.partition() >= 0).then(|| message.partition()),
     }
 }
 
@@ -563,9 +594,13 @@ impl KafkaSink {
             if let Some(timestamp) = record.timestamp_ms {
                 client.unreported.stamp(token, timestamp);
             }
+            if record.partition.is_some() {
+                client.unreported.name_partition(token);
+            }
             let outcome = client.handles.produce(outgoing);
             if outcome.is_err() {
                 client.unreported.take_timestamp(token);
+                client.unreported.take_named_partition(token);
                 client.unreported.remove();
             }
             match outcome {
