@@ -644,28 +644,10 @@ async fn a_large_backlog_drains_in_memory_bounded_by_the_window() -> Result<()> 
     const PER_TRANSACTION: i64 = 1_000;
     const DRAINED_TRANSACTIONS: i64 = 300;
     const BROKER_RATE: u64 = 2_000_000;
-    // Behind the prefix, twice what the socket buffers and the read-ahead (at most 4 MiB) can
-    // hold, at 370 bytes an event (what its record holds; the stream carries at least that).
-    let rest_bytes = 2 * (socket_buffers_max()? + 4 * 1024 * 1024);
-    let transactions =
-        DRAINED_TRANSACTIONS + i64::try_from(rest_bytes.div_ceil(370 * PER_TRANSACTION as usize))?;
-    let pg = Postgres::start()?;
-    short_wal_sender_timeout(&pg).await?;
-    let mut client = pg.connect().await?;
-    client.batch_execute(OUTBOX_DDL).await?;
+    // Behind the prefix, twice what the socket buffers and the read-ahead can hold.
+    let transactions = DRAINED_TRANSACTIONS + transactions_past_the_buffers(PER_TRANSACTION)?;
     // Slot and publication first: the backlog is behind the slot before Siphon ever runs.
-    client
-        .batch_execute(&format!("CREATE PUBLICATION {SLOT}_pub FOR TABLE outbox"))
-        .await?;
-    client
-        .execute(
-            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&SLOT],
-        )
-        .await?;
-    let start_lsn = slot_confirmed_lsn(&client, SLOT)
-        .await?
-        .context("slot not created")?;
+    let (pg, mut client, start_lsn) = outbox_behind_a_new_slot(SLOT).await?;
     let written = Instant::now();
     let mut prefix_end = 0;
     for t in 0..transactions {
@@ -691,13 +673,7 @@ async fn a_large_backlog_drains_in_memory_bounded_by_the_window() -> Result<()> 
         "",
     ))?;
     let pid = siphon.pid().context("siphon is not running")?;
-    let metrics_at = wait_for(
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || async { Ok(siphon.metrics_address()) },
-    )
-    .await
-    .context("no metrics address in the log")?;
+    let metrics_at = metrics_address(&siphon).await?;
     let mut max_in_flight = 0.0f64;
     let mut streaming_pid = None;
 
@@ -821,6 +797,49 @@ async fn a_large_backlog_drains_in_memory_bounded_by_the_window() -> Result<()> 
     Ok(())
 }
 
+/// The metrics endpoint `siphon` announces in its log, once it did (within 30 s).
+async fn metrics_address(siphon: &SiphonProcess) -> Result<String> {
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { Ok(siphon.metrics_address()) },
+    )
+    .await
+    .context("no metrics address in the log")
+}
+
+/// A cluster with the outbox table, and a publication and a slot named `slot` on it: what is
+/// committed next waits behind the slot. The slot's start position with it.
+async fn outbox_behind_a_new_slot(slot: &str) -> Result<(Postgres, Client, u64)> {
+    let pg = Postgres::start()?;
+    short_wal_sender_timeout(&pg).await?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    client
+        .batch_execute(&format!("CREATE PUBLICATION {slot}_pub FOR TABLE outbox"))
+        .await?;
+    client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await?;
+    let start_lsn = slot_confirmed_lsn(&client, slot)
+        .await?
+        .context("slot not created")?;
+    Ok((pg, client, start_lsn))
+}
+
+/// Transactions of `per_transaction` events that hold twice what the socket buffers and the
+/// read-ahead (at most 4 MiB) can, at 370 bytes an event (what its record holds; the stream
+/// carries at least that): so much that the stream never runs dry while the window is full.
+fn transactions_past_the_buffers(per_transaction: i64) -> Result<i64> {
+    let bytes = 2 * (socket_buffers_max()? + 4 * 1024 * 1024);
+    Ok(i64::try_from(
+        bytes.div_ceil(370 * usize::try_from(per_transaction)?),
+    )?)
+}
+
 /// How long the broker leaves the producer's registration unanswered in
 /// [`a_producer_registration_held_with_a_backlog_keeps_memory_bounded`]: librdkafka's request
 /// timeout there (`socket.timeout.ms`), after which it connects again and asks again.
@@ -837,26 +856,9 @@ const REGISTRATION_HELD: Duration = Duration::from_secs(20);
 async fn a_producer_registration_held_with_a_backlog_keeps_memory_bounded() -> Result<()> {
     const SLOT: &str = "heldregistration";
     const PER_TRANSACTION: i64 = 1_000;
-    // Twice what the socket buffers and the read-ahead (at most 4 MiB) can hold behind the
-    // window, at 370 bytes an event, as in the drain test above.
-    let rest_bytes = 2 * (socket_buffers_max()? + 4 * 1024 * 1024);
-    let transactions = 10 + i64::try_from(rest_bytes.div_ceil(370 * PER_TRANSACTION as usize))?;
-    let pg = Postgres::start()?;
-    short_wal_sender_timeout(&pg).await?;
-    let mut client = pg.connect().await?;
-    client.batch_execute(OUTBOX_DDL).await?;
-    client
-        .batch_execute(&format!("CREATE PUBLICATION {SLOT}_pub FOR TABLE outbox"))
-        .await?;
-    client
-        .execute(
-            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&SLOT],
-        )
-        .await?;
-    let start_lsn = slot_confirmed_lsn(&client, SLOT)
-        .await?
-        .context("slot not created")?;
+    // Behind the window, twice what the socket buffers and the read-ahead can hold.
+    let transactions = 10 + transactions_past_the_buffers(PER_TRANSACTION)?;
+    let (pg, mut client, start_lsn) = outbox_behind_a_new_slot(SLOT).await?;
     for t in 0..transactions {
         commit_generated(&mut client, 1 + t * PER_TRANSACTION, PER_TRANSACTION).await?;
     }
@@ -876,13 +878,7 @@ async fn a_producer_registration_held_with_a_backlog_keeps_memory_bounded() -> R
         "",
     ))?;
     let pid = siphon.pid().context("siphon is not running")?;
-    let metrics_at = wait_for(
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || async { Ok(siphon.metrics_address()) },
-    )
-    .await
-    .context("no metrics address in the log")?;
+    let metrics_at = metrics_address(&siphon).await?;
 
     let started = Instant::now();
     let mut peak_rss_kb = 0;

@@ -429,6 +429,26 @@ async fn the_stream_keeps_the_slot_while_the_producer_waits_for_its_coordinator(
     Ok(())
 }
 
+/// A read_committed consumer of `broker` sees each of the `expected` events once, and their
+/// first deliveries in commit order.
+async fn each_event_once_in_order(
+    broker: &ProxiedBroker,
+    expected: &BTreeSet<String>,
+    siphon: &SiphonProcess,
+) -> Result<()> {
+    let read = read_event_records_isolated(broker, Isolation::ReadCommitted).await?;
+    let counts = count_by_id(&read);
+    let repeated: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
+    anyhow::ensure!(
+        repeated.is_empty() && counts.len() == expected.len(),
+        "read_committed: {} of {} events, repeated: {repeated:?}; log:\n{}",
+        counts.len(),
+        expected.len(),
+        siphon.log()
+    );
+    check_first_deliveries_in_order(&read)
+}
+
 /// How the coordinator's answer to a commit it completed reaches the producer, as Kafka's error
 /// code, and what librdkafka makes of it.
 const FAILED_COMMIT_ANSWERS: &[(&str, i16)] = &[
@@ -483,17 +503,7 @@ async fn a_commit_completed_but_answered_as_failed_is_not_sent_again() -> Result
             broker.proxy().answers_failed()
         );
     }
-    let read = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
-    let counts = count_by_id(&read);
-    let repeated: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
-    anyhow::ensure!(
-        repeated.is_empty() && counts.len() == expected.len(),
-        "read_committed: {} of {} events, repeated: {repeated:?}; log:\n{}",
-        counts.len(),
-        expected.len(),
-        siphon.log()
-    );
-    check_first_deliveries_in_order(&read)?;
+    each_event_once_in_order(&broker, &expected, &siphon).await?;
     Ok(())
 }
 
@@ -588,17 +598,7 @@ async fn an_abort_whose_answer_is_lost_loses_and_repeats_nothing() -> Result<()>
     wait_for_slot_caught_up(&client, slot)
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
-    let read = read_event_records_isolated(&broker, Isolation::ReadCommitted).await?;
-    let counts = count_by_id(&read);
-    let repeated: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
-    anyhow::ensure!(
-        repeated.is_empty() && counts.len() == expected.len(),
-        "read_committed: {} of {} events, repeated: {repeated:?}; log:\n{}",
-        counts.len(),
-        expected.len(),
-        siphon.log()
-    );
-    check_first_deliveries_in_order(&read)?;
+    each_event_once_in_order(&broker, &expected, &siphon).await?;
     anyhow::ensure!(siphon.is_running(), "log:\n{}", siphon.log());
     Ok(())
 }
