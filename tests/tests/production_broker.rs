@@ -22,9 +22,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use siphon_tests::kafka_protocol::SASL_HANDSHAKE;
 use siphon_tests::outbox::{
-    current_insert_lsn, event, insert_transaction, read_event_records_isolated, siphon_config_at,
-    slot_confirmed_lsn, start_streaming, wait_for_all, wait_for_slot_past, with_exactly_once,
-    KafkaTarget as _, Via, OUTBOX_DDL,
+    check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction,
+    read_event_records_isolated, siphon_config_at, slot_confirmed_lsn, start_streaming,
+    wait_for_all, wait_for_slot_past, with_exactly_once, KafkaTarget as _, Via, OUTBOX_DDL,
 };
 use siphon_tests::proxy::ThrottlingProxy;
 use siphon_tests::{
@@ -852,6 +852,93 @@ async fn a_login_refused_once_then_a_hung_broker_is_not_a_refusal(node: &KafkaNo
     delivers_event_2_and_runs_on(name, &mut refused).await
 }
 
+/// Scenario 14: the outbox topic deleted while Siphon writes to it, on brokers that create no
+/// topic themselves (`auto.create.topics.enable = false`, as on this node), with dead letters
+/// on. The records sent after the deletion fail for their topic missing, which is not their
+/// fault: none is dead-lettered; the producer is replaced, Siphon creates the topic again and
+/// they arrive, in commit order, beside those of another topic. What the deleted topic held is
+/// gone with it. (librdkafka gives a topic that stops existing
+/// `topic.metadata.propagation.max.ms` to come back: 3 s here, 30 s by default.)
+async fn a_topic_deleted_on_brokers_that_create_none(node: &KafkaNode) -> Result<()> {
+    let name = "deletednone";
+    let dead_letter_acls = ["WRITE", "DESCRIBE", "CREATE"]
+        .iter()
+        .map(|operation| format!("TOPIC:LITERAL:{operation}:{DEAD_LETTER_TOPIC}"));
+    let acls: Vec<String> = namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"])
+        .into_iter()
+        .chain(dead_letter_acls)
+        .collect();
+    grant_with_state(node, &acls)?;
+    let edit = |config: String| {
+        config
+            .replace(
+                "[pipeline]\n",
+                &format!(
+                    "[pipeline]\non_error = \"dead-letter\"\ndead_letter_topic = \"{DEAD_LETTER_TOPIC}\"\n"
+                ),
+            )
+            .replace(
+                "[kafka.properties]\n",
+                "[kafka.properties]\n\"topic.metadata.propagation.max.ms\" = \"3000\"\n",
+            )
+    };
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup(node, name, PASSWORD, false, edit).await?;
+    let siphon = start_streaming(&client, &config, name).await?;
+    insert_transaction(&mut client, &[event(1, true)], true).await?;
+    let first: BTreeSet<String> = [event(1, true).id].into();
+    wait_for_all(&target, &first, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+
+    // Event 1's topic deleted; events 2 to 8 of it and of another topic committed after.
+    let topic = target.topic("outbox.event.Order");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", node.bootstrap())
+        .create()?;
+    for result in admin
+        .delete_topics(&[topic.as_str()], &AdminOptions::new())
+        .await?
+    {
+        result.map_err(|(name, code)| anyhow::anyhow!("deleting {name}: {code}"))?;
+    }
+    for seq in 2..=8 {
+        insert_transaction(&mut client, &[event(seq, true)], true).await?;
+    }
+    let end = current_insert_lsn(&client).await?;
+    let after: BTreeSet<String> = (2..=8).map(|seq| event(seq, true).id).collect();
+    let records = wait_for_all(&target, &after, Duration::from_secs(90))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    check_first_deliveries_in_order(&records)?;
+    let dead = read_topic_async(
+        &node.bootstrap(),
+        DEAD_LETTER_TOPIC,
+        Duration::from_secs(30),
+    )
+    .await?;
+    let dead_ids: Vec<String> = dead
+        .iter()
+        .filter_map(|r| r.header("id"))
+        .map(|id| String::from_utf8_lossy(id).into_owned())
+        .filter(|id| after.contains(id))
+        .collect();
+    ensure!(
+        dead_ids.is_empty(),
+        "records dead-lettered for their topic missing: {dead_ids:?}; log:\n{}",
+        siphon.log()
+    );
+    ensure!(siphon.is_running(), "log:\n{}", siphon.log());
+    wait_for_slot_past(&client, name, end, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    Ok(())
+}
+
 /// Runs every scenario on one node, one after another, and reports each; fails if any did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
@@ -884,6 +971,7 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
     scenario!(dead_letters_without_then_with_their_topics_acls);
     scenario!(a_login_refused_once_is_not_a_refusal);
     scenario!(a_login_refused_once_then_a_hung_broker_is_not_a_refusal);
+    scenario!(a_topic_deleted_on_brokers_that_create_none);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }

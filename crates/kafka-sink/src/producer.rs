@@ -80,9 +80,42 @@ pub struct DeliveryContext {
     partition_queue_measured: bool,
     /// This producer's refused logins since its last acknowledged record.
     logins: LoginRefusals,
+    /// Topics a record failed for as missing (deleted, or brokers that lost them), not yet
+    /// taken by [`KafkaSink::rebuild`].
+    missing_topics: Mutex<Vec<String>>,
 }
 
 impl DeliveryContext {
+    /// Keeps `topic` as missing when `error` (of a record that named its partition or not,
+    /// `named_partition`) says it is.
+    fn note_missing_topic(&self, topic: &str, error: &DeliveryError, named_partition: bool) {
+        use RDKafkaErrorCode as C;
+        let missing = match error.code() {
+            C::UnknownTopicOrPartition | C::UnknownTopic => true,
+            C::UnknownPartition => !named_partition,
+            _ => false,
+        };
+        if missing {
+            let mut topics = self
+                .missing_topics
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !topics.iter().any(|t| t == topic) {
+                topics.push(topic.to_owned());
+            }
+        }
+    }
+
+    /// The topics kept as missing, forgotten.
+    fn take_missing_topics(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .missing_topics
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
     /// Counts one acknowledged record of `message`'s topic with the observer.
     fn count_acked(&self, message: &BorrowedMessage<'_>) {
         let Some(observer) = &self.observer else {
@@ -255,13 +288,14 @@ impl ProducerContext for DeliveryContext {
                 Delivery {
                     token,
                     generation: self.generation,
-                    result: Err(Box::new(DeliveryFailure {
-                        error: if named_partition {
+                    result: Err(Box::new({
+                        let error = if named_partition {
                             DeliveryError::from_kafka(message.topic(), error)
                         } else {
                             DeliveryError::from_kafka_placed(message.topic(), error)
-                        },
-                        record,
+                        };
+                        self.note_missing_topic(message.topic(), &error, named_partition);
+                        DeliveryFailure { error, record }
                     })),
                 }
             }
@@ -306,6 +340,7 @@ impl Client {
                     .get("message.timeout.ms")
                     .is_some_and(|timeout| timeout != "0"),
                 logins: LoginRefusals::new(connection_properties(properties)),
+                missing_topics: Mutex::default(),
             })
             .map_err(|e| SinkError::client(Operation::CreateProducer, &e))?;
         let producer = Arc::new(producer);
@@ -435,7 +470,8 @@ impl KafkaSink {
     /// Replaces a failed producer with a new one on the same delivery channel. The old one's
     /// queued and in-flight records are purged: each comes back as a failed [`Delivery`] (with
     /// its record and the old generation) to be sent again, in the order it was sent. Topics
-    /// already created stay known.
+    /// already created stay known, but for those a record failed for as missing: they are
+    /// created again (if missing) before their next record.
     ///
     /// At most one retired producer waits for its reports: while the one retired by the
     /// previous rebuild has records to report this returns
@@ -443,7 +479,7 @@ impl KafkaSink {
     /// [`KafkaSink::retired_reported`] first. A retired producer that has reported everything
     /// is let go here.
     pub fn rebuild(&mut self) -> Result<Rebuilt, SinkError> {
-        let Backend::Kafka { client, .. } = &mut self.backend else {
+        let Backend::Kafka { client, topics } = &mut self.backend else {
             return Ok(Rebuilt {
                 generation: self.generation,
                 retired_unreported: 0,
@@ -462,6 +498,18 @@ impl KafkaSink {
         let generation = self.generation + 1;
         let fresh = Client::create(&properties, &self.deliveries, &self.observer, generation)?;
         let old = std::mem::replace(&mut **client, fresh);
+        // Topics records failed for as missing are created again before their next record
+        // (an outbox topic deleted, or brokers back without their data, that do not create
+        // topics themselves), including those the retired producer reported since the last
+        // rebuild.
+        let retired = self.retired.as_ref().map(|r| &r.client);
+        for topic in std::iter::once(&old)
+            .chain(retired)
+            .flat_map(|c| c.producer.context().take_missing_topics())
+        {
+            warn!(topic = %topic, "records failed for their topic missing: it is looked up, and created again if missing, before the next record is sent to it");
+            topics.forget(&topic);
+        }
         old.producer
             .purge(PurgeConfig::default().queue().inflight());
         let retired_unreported = old.unreported.get();

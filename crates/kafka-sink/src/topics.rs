@@ -1,9 +1,12 @@
 //! Creation of output topics.
 //!
 //! # Invariants
-//! - A topic is created at most once per sink; "already exists" counts as success.
+//! - A topic is created at most once per sink unless it goes missing; "already exists" counts
+//!   as success.
 //! - A topic is only remembered as present after the broker confirmed it; a topic sent to is
-//!   kept among the recent ones only once it is known (or creation is disabled).
+//!   kept among the recent ones only once it is known (or creation is disabled). A topic
+//!   records failed for as missing is forgotten ([`TopicCreator::forget`]), with the recent
+//!   ones, and created again before its next record.
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
@@ -115,6 +118,14 @@ impl TopicCreator {
         self.known.insert(topic.to_owned());
     }
 
+    /// Forgets that `topic` is present (records failed for it missing): its next record waits
+    /// for a creation, which finds it there ("already exists") or creates it again.
+    pub fn forget(&mut self, topic: &str) {
+        self.known.remove(topic);
+        // The recent ones hold only known topics.
+        self.ready = RecentTopics::default();
+    }
+
     /// The creation of `topic` as a future that borrows nothing from the creator, to be run
     /// beside the caller's loop; `None` when there is nothing to do (the topic is known, or
     /// creation is disabled). On success the caller [`TopicCreator::remember`]s the topic.
@@ -186,4 +197,30 @@ async fn create(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_gone_missing_is_forgotten_and_created_before_its_next_record() {
+        let port = siphon_tests::free_port();
+        let properties =
+            BTreeMap::from([("bootstrap.servers".to_owned(), format!("127.0.0.1:{port}"))]);
+        let mut creator =
+            TopicCreator::new(&properties, TopicCreation::default()).expect("an admin client");
+        let topic: Arc<str> = Arc::from("orders");
+        assert!(creator.creation(&topic).is_some(), "new: to be created");
+        creator.remember(&topic);
+        creator.ready.keep(&topic, ());
+        assert!(creator.creation(&topic).is_none());
+        creator.forget(&topic);
+        assert!(!creator.knows(&topic));
+        assert!(
+            creator.ready.get(&topic).is_none(),
+            "not among the recent ones"
+        );
+        assert!(creator.creation(&topic).is_some(), "created again");
+    }
 }

@@ -13,7 +13,8 @@
 //!   of an equal name is not found (the caller's map answers it).
 //! - At most [`SLOTS`] topics are kept, the oldest kept replaced first.
 //! - A caller keeps a value only while the map it came from holds that value for the topic
-//!   (maps whose entries are never removed or replaced, in this workspace).
+//!   (maps whose entries are never replaced, in this workspace, and whose removals empty the
+//!   cache with them).
 
 use std::sync::Arc;
 
