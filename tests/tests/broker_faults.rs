@@ -19,8 +19,9 @@ use rdkafka::ClientConfig;
 use siphon_tests::kafka_protocol::{END_TXN, INIT_PRODUCER_ID};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction, phantom_ids,
-    record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal, start_streaming,
-    wait_for_all, wait_for_slot_past, with_exactly_once, Event, KafkaTarget, Via, OUTBOX_DDL,
+    record_id, record_seq, siphon_config_at, slot_confirmed_lsn, slot_retained_wal,
+    start_streaming, wait_for_all, wait_for_slot_past, with_exactly_once, Event, KafkaTarget, Via,
+    OUTBOX_DDL,
 };
 use siphon_tests::partition::partition_for_key;
 use siphon_tests::proxy::ClusterProxies;
@@ -469,7 +470,31 @@ async fn cluster_frozen_past_the_deadline(cluster: &KafkaCluster) -> Result<()> 
 /// the deletion, and every event of the other topic, arrives, and every record of either topic
 /// is in commit order per key.
 async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
-    let s = Scenario::start(cluster, "deleted", "").await?;
+    let log = topic_deleted(cluster, "deleted", false).await?;
+    // The path this scenario is about was taken (a cluster creating topics with as many
+    // partitions as before would prove nothing).
+    ensure!(
+        log.contains("the topic no longer has the partition the producer placed the record in"),
+        "no record failed for a partition the topic lost; log:\n{log}"
+    );
+    Ok(())
+}
+
+/// Scenario 5a with exactly-once delivery: the failed records abort their Kafka transaction,
+/// the session starts again from the last committed progress, and a read_committed consumer
+/// sees each event committed after the deletion once, in commit order.
+async fn topic_deleted_while_writing_exactly_once(cluster: &KafkaCluster) -> Result<()> {
+    topic_deleted(cluster, "deletedeos", true).await.map(drop)
+}
+
+/// Deletes the Customer topic while a writer commits events of both topics; returns Siphon's
+/// log once every event committed after the deletion, and every Order event, arrived.
+async fn topic_deleted(cluster: &KafkaCluster, name: &str, exactly_once: bool) -> Result<String> {
+    let setup = Setup {
+        exactly_once,
+        ..Setup::default()
+    };
+    let s = Scenario::start_with(cluster, name, setup).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let last_seq = Arc::new(AtomicU64::new(0));
     let writer = start_writer_counting(&s.pg, 1, Arc::clone(&stop), Arc::clone(&last_seq)).await?;
@@ -499,21 +524,28 @@ async fn topic_deleted_while_writing(cluster: &KafkaCluster) -> Result<()> {
     let phantom = phantom_ids(&records, &all);
     ensure!(phantom.is_empty(), "events never committed: {phantom:?}");
     check_first_deliveries_in_order(&records)?;
+    if exactly_once {
+        // Read with read_committed: each event once.
+        let mut seen = BTreeSet::new();
+        let repeated: Vec<String> = records
+            .iter()
+            .map(record_id)
+            .filter(|id| !seen.insert(id.clone()))
+            .collect();
+        ensure!(
+            repeated.is_empty(),
+            "exactly-once delivery, yet events repeated: {repeated:?}"
+        );
+    }
     let log = s.siphon.log();
     ensure!(
         s.siphon.is_running(),
         "Siphon stopped after the deletion; log:\n{log}"
     );
-    // The path this scenario is about was taken (a cluster creating topics with as many
-    // partitions as before would prove nothing).
-    ensure!(
-        log.contains("the topic no longer has the partition the producer placed the record in"),
-        "no record failed for a partition the topic lost; log:\n{log}"
-    );
     let client = s.pg.connect().await?;
     let end = current_insert_lsn(&client).await?;
     wait_for_slot_past(&client, &s.slot, end, Duration::from_secs(60)).await?;
-    Ok(())
+    Ok(log)
 }
 
 /// Scenario 5b: A topic whose partition count is raised (3 to 6) while Siphon writes: no event is lost,
@@ -737,6 +769,7 @@ async fn broker_faults_on_a_three_node_cluster() -> Result<()> {
     scenario!(rolling_restart);
     scenario!(cluster_frozen_past_the_deadline);
     scenario!(topic_deleted_while_writing);
+    scenario!(topic_deleted_while_writing_exactly_once);
     scenario!(partitions_raised_while_writing);
     scenario!(coordinator_killed_mid_commit);
     scenario!(coordinator_killed_while_registering);
