@@ -108,6 +108,18 @@ async fn setup(
     })
 }
 
+/// Siphon started on scenario `name`'s `setup`, and the scenario's first event committed and
+/// delivered through it.
+async fn event_1_delivered(setup: &mut Setup, name: &str) -> Result<SiphonProcess> {
+    let siphon = start_streaming(&setup.client, &setup.config, name).await?;
+    insert_transaction(&mut setup.client, &[event(1, true)], true).await?;
+    let first: BTreeSet<String> = [event(1, true).id].into();
+    wait_for_all(&setup.target, &first, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    Ok(siphon)
+}
+
 /// Grants `User:siphon` each of `acls` (see [`KafkaNode::grant`]).
 fn grant<S: AsRef<str>>(node: &KafkaNode, acls: &[S]) -> Result<()> {
     let acls: Vec<&str> = acls.iter().map(AsRef::as_ref).collect();
@@ -673,18 +685,14 @@ async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
         &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
     )?;
     node.set_scram_password(USER, old)?;
+    let mut setup = setup(node, name, old, false, scram_sha_256).await?;
+    let siphon = event_1_delivered(&mut setup, name).await?;
     let Setup {
         pg: _pg,
         mut client,
         config,
         target,
-    } = setup(node, name, old, false, scram_sha_256).await?;
-    let siphon = start_streaming(&client, &config, name).await?;
-    insert_transaction(&mut client, &[event(1, true)], true).await?;
-    let first: BTreeSet<String> = [event(1, true).id].into();
-    wait_for_all(&target, &first, Duration::from_secs(60))
-        .await
-        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    } = setup;
 
     node.set_scram_password(USER, new)?;
     let rotated = Instant::now();
@@ -745,12 +753,7 @@ async fn a_login_refused_once(node: &KafkaNode, name: &str) -> Result<RefusedOnc
     let proxy = ThrottlingProxy::start_kafka_advertised(sasl.parse()?)?;
     let through_the_proxy = |config: String| scram_sha_256(config).replace(&sasl, &proxy.address());
     let mut setup = setup(node, name, &password, false, through_the_proxy).await?;
-    let siphon = start_streaming(&setup.client, &setup.config, name).await?;
-    insert_transaction(&mut setup.client, &[event(1, true)], true).await?;
-    let first: BTreeSet<String> = [event(1, true).id].into();
-    wait_for_all(&setup.target, &first, Duration::from_secs(60))
-        .await
-        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let siphon = event_1_delivered(&mut setup, name).await?;
 
     // Kafka's UNSUPPORTED_SASL_MECHANISM, for the next login of any of Siphon's clients; armed
     // again while the refusal has not reached a context that tells of it (the clients that
@@ -882,18 +885,14 @@ async fn a_topic_deleted_on_brokers_that_create_none(node: &KafkaNode) -> Result
                 "[kafka.properties]\n\"topic.metadata.propagation.max.ms\" = \"3000\"\n",
             )
     };
+    let mut setup = setup(node, name, PASSWORD, false, edit).await?;
+    let siphon = event_1_delivered(&mut setup, name).await?;
     let Setup {
         pg: _pg,
         mut client,
-        config,
         target,
-    } = setup(node, name, PASSWORD, false, edit).await?;
-    let siphon = start_streaming(&client, &config, name).await?;
-    insert_transaction(&mut client, &[event(1, true)], true).await?;
-    let first: BTreeSet<String> = [event(1, true).id].into();
-    wait_for_all(&target, &first, Duration::from_secs(60))
-        .await
-        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+        ..
+    } = setup;
 
     // Event 1's topic deleted; events 2 to 8 of it and of another topic committed after.
     let topic = target.topic("outbox.event.Order");
