@@ -598,7 +598,6 @@ pub fn explicit(code: RDKafkaErrorCode) -> Option<Consequence> {
     Some(consequence)
 }
 
-/// What to change so that a record refused with `code` is accepted (for messages).
 /// What a producer failure with `code` means for the record (see [`fix`] for the rest).
 fn failure_fix(code: RDKafkaErrorCode) -> &'static str {
     match code {
@@ -607,6 +606,7 @@ fn failure_fix(code: RDKafkaErrorCode) -> &'static str {
     }
 }
 
+/// What to change so that a record refused with `code` is accepted (for messages).
 fn fix(code: RDKafkaErrorCode) -> &'static str {
     use RDKafkaErrorCode as C;
     match code {
@@ -743,14 +743,15 @@ impl DeliveryError {
         Self::from_code(topic, code)
     }
 
-    /// Classifies a failed delivery of a record for `topic` that the producer placed itself
-    /// (the record names no partition). A partition the topic no longer has is then not the
-    /// record's fault: the topic lost partitions under the producer (deleted and created again
-    /// with fewer). The producer is replaced and the record placed again, after everything
-    /// before it, on the topic as it is now.
-    pub fn from_kafka_placed(topic: &str, err: &KafkaError) -> Self {
+    /// Classifies a failed delivery report of a record for `topic`, which named its partition
+    /// (a partition column) or not (`named_partition`). For a record the producer placed
+    /// itself, a partition the topic no longer has is not the record's fault: the topic lost
+    /// partitions under the producer (deleted and created again with fewer). The producer is
+    /// replaced and the record placed again, after everything before it, on the topic as it is
+    /// now.
+    pub fn from_report(topic: &str, err: &KafkaError, named_partition: bool) -> Self {
         match err.rdkafka_error_code() {
-            Some(code @ RDKafkaErrorCode::UnknownPartition) => {
+            Some(code @ RDKafkaErrorCode::UnknownPartition) if !named_partition => {
                 DeliveryError::Transient(ProducerFailure {
                     topic: topic.to_owned(),
                     code,
@@ -758,6 +759,22 @@ impl DeliveryError {
                 })
             }
             _ => Self::from_kafka(topic, err),
+        }
+    }
+
+    /// Whether the failure says the record's topic is missing (deleted, or brokers back
+    /// without their data), rather than anything about the record: a partition the producer
+    /// placed it in is gone, or the topic is unknown.
+    pub fn says_topic_missing(&self) -> bool {
+        use RDKafkaErrorCode as C;
+        match self {
+            DeliveryError::Transient(failure) => {
+                matches!(
+                    failure.code,
+                    C::UnknownTopicOrPartition | C::UnknownPartition
+                )
+            }
+            DeliveryError::Definite(refusal) => refusal.code == C::UnknownTopic,
         }
     }
 
@@ -920,7 +937,9 @@ mod tests {
     fn a_partition_gone_is_the_records_fault_only_when_it_named_it() {
         let gone = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition);
         // The partition column named it: the record is refused, naming the column.
-        match DeliveryError::from_kafka("orders", &gone) {
+        let named = DeliveryError::from_report("orders", &gone, true);
+        assert!(!named.says_topic_missing());
+        match named {
             DeliveryError::Definite(refusal) => {
                 assert!(refusal.on_error_applies());
                 assert!(
@@ -931,7 +950,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // The partitioner chose it: the topic lost partitions under the producer.
-        match DeliveryError::from_kafka_placed("orders", &gone) {
+        let placed = DeliveryError::from_report("orders", &gone, false);
+        assert!(placed.says_topic_missing());
+        match placed {
             DeliveryError::Transient(failure) => {
                 assert!(failure.needs_rebuild());
                 assert!(
@@ -950,7 +971,7 @@ mod tests {
         ] {
             let error = KafkaError::MessageProduction(code);
             assert_eq!(
-                DeliveryError::from_kafka_placed("orders", &error),
+                DeliveryError::from_report("orders", &error, false),
                 DeliveryError::from_kafka("orders", &error)
             );
         }

@@ -86,23 +86,17 @@ pub struct DeliveryContext {
 }
 
 impl DeliveryContext {
-    /// Keeps `topic` as missing when `error` (of a record that named its partition or not,
-    /// `named_partition`) says it is.
-    fn note_missing_topic(&self, topic: &str, error: &DeliveryError, named_partition: bool) {
-        use RDKafkaErrorCode as C;
-        let missing = match error.code() {
-            C::UnknownTopicOrPartition | C::UnknownTopic => true,
-            C::UnknownPartition => !named_partition,
-            _ => false,
-        };
-        if missing {
-            let mut topics = self
-                .missing_topics
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !topics.iter().any(|t| t == topic) {
-                topics.push(topic.to_owned());
-            }
+    /// Keeps `topic` as missing when `error` says it is.
+    fn note_missing_topic(&self, topic: &str, error: &DeliveryError) {
+        if !error.says_topic_missing() {
+            return;
+        }
+        let mut topics = self
+            .missing_topics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !topics.iter().any(|t| t == topic) {
+            topics.push(topic.to_owned());
         }
     }
 
@@ -289,12 +283,9 @@ impl ProducerContext for DeliveryContext {
                     token,
                     generation: self.generation,
                     result: Err(Box::new({
-                        let error = if named_partition {
-                            DeliveryError::from_kafka(message.topic(), error)
-                        } else {
-                            DeliveryError::from_kafka_placed(message.topic(), error)
-                        };
-                        self.note_missing_topic(message.topic(), &error, named_partition);
+                        let error =
+                            DeliveryError::from_report(message.topic(), error, named_partition);
+                        self.note_missing_topic(message.topic(), &error);
                         DeliveryFailure { error, record }
                     })),
                 }
