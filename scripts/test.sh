@@ -86,6 +86,13 @@ print_summary() {
             printf '  failing tests:\n'
             grep -E '^test .* \.\.\. FAILED$' "$root/target/test-output.log" |
                 sed -E 's/^test (.*) \.\.\. FAILED$/    \1/' | sort -u || true
+            # Why: each failed scenario's line and each test's error, cut to a line's
+            # length, so a summary read without the log still names the cause.
+            printf '  why:\n'
+            awk '/^FAIL [a-z_0-9]+ \(/ || /^Error: / { print; next }
+                 /^thread .* panicked at / { print; if ((getline line) > 0) print line }' \
+                "$root/target/test-output.log" | sed 's/\x1b\[[0-9;]*m//g' |
+                cut -c1-400 | sed 's/^/    /' | head -n 20 || true
         fi
     fi
     if ((rc == 0)); then

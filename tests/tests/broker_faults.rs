@@ -507,6 +507,10 @@ async fn topic_deleted(cluster: &KafkaCluster, name: &str, exactly_once: bool) -
     {
         result.map_err(|(name, code)| anyhow::anyhow!("deleting {name}: {code}"))?;
     }
+    // The controller answers once the deletion is in its log; each broker applies it a moment
+    // later, and a record a broker acknowledged before that is gone with the topic. Every event
+    // committed from a second after the answer on must arrive.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let committed_before_deletion = last_seq.load(Ordering::Relaxed);
     // Long enough for the topic to be created again and written to.
     tokio::time::sleep(BEFORE_FAULT * 3).await;

@@ -23,7 +23,7 @@ use rdkafka::ClientConfig;
 use siphon_tests::kafka_protocol::SASL_HANDSHAKE;
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, current_insert_lsn, event, insert_transaction,
-    read_event_records_isolated, siphon_config_at, slot_confirmed_lsn, start_streaming,
+    read_event_records_isolated, record_id, siphon_config_at, slot_confirmed_lsn, start_streaming,
     wait_for_all, wait_for_slot_past, with_exactly_once, KafkaTarget as _, Via, OUTBOX_DDL,
 };
 use siphon_tests::proxy::ThrottlingProxy;
@@ -678,14 +678,31 @@ const SCRAM_SESSION: Duration = Duration::from_secs(3);
 /// rather than at the delivery deadline, confirming nothing it did not deliver; started again
 /// with the new password it delivers the rest.
 async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
-    let name = "rotated";
-    let (old, new) = ("rotated-secret-1", "rotated-secret-2");
-    grant_with_state(
-        node,
-        &namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
-    )?;
+    password_rotated(node, "rotated", false).await
+}
+
+/// Scenario 16: scenario 9 with exactly-once delivery. The transactional producer's session ends
+/// on the refusal with its Kafka transaction open; the transaction is never committed, and
+/// started again with the new password Siphon delivers the rest: a read_committed consumer
+/// sees each event once, in commit order.
+async fn password_rotated_while_running_exactly_once(node: &KafkaNode) -> Result<()> {
+    password_rotated(node, "rotatedeos", true).await
+}
+
+/// Scenario 9 (and 16 when `exactly_once`) for the namespace and slot `name`.
+async fn password_rotated(node: &KafkaNode, name: &str, exactly_once: bool) -> Result<()> {
+    let (old, new) = (format!("{name}-secret-1"), format!("{name}-secret-2"));
+    let (old, new) = (old.as_str(), new.as_str());
+    let acls = if exactly_once {
+        let mut acls = namespace_acls(name, EXACTLY_ONCE_TOPICS);
+        acls.extend(TRANSACTIONAL_ID_ACLS.iter().map(|acl| acl.to_string()));
+        acls
+    } else {
+        namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"])
+    };
+    grant_with_state(node, &acls)?;
     node.set_scram_password(USER, old)?;
-    let mut setup = setup(node, name, old, false, scram_sha_256).await?;
+    let mut setup = setup(node, name, old, exactly_once, scram_sha_256).await?;
     let siphon = event_1_delivered(&mut setup, name).await?;
     let Setup {
         pg: _pg,
@@ -726,6 +743,18 @@ async fn password_rotated_while_running(node: &KafkaNode) -> Result<()> {
     wait_for_slot_past(&client, name, end, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    if exactly_once {
+        // Events 1 and 2 have keys of their own: each once is the whole check.
+        let read = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
+        let mut ids: Vec<String> = read.iter().map(record_id).collect();
+        ids.sort_unstable();
+        let expected: Vec<String> = (1..=2).map(|seq| event(seq, true).id).collect();
+        ensure!(
+            ids == expected,
+            "read_committed: {ids:?}, not each event once; log:\n{}",
+            siphon.log()
+        );
+    }
     Ok(())
 }
 
@@ -864,28 +893,18 @@ async fn a_login_refused_once_then_a_hung_broker_is_not_a_refusal(node: &KafkaNo
 /// `topic.metadata.propagation.max.ms` to come back: 3 s here, 30 s by default.)
 async fn a_topic_deleted_on_brokers_that_create_none(node: &KafkaNode) -> Result<()> {
     let name = "deletednone";
-    let dead_letter_acls = ["WRITE", "DESCRIBE", "CREATE"]
-        .iter()
-        .map(|operation| format!("TOPIC:LITERAL:{operation}:{DEAD_LETTER_TOPIC}"));
-    let acls: Vec<String> = namespace_acls(name, &["WRITE", "DESCRIBE", "CREATE"])
-        .into_iter()
-        .chain(dead_letter_acls)
-        .collect();
-    grant_with_state(node, &acls)?;
-    let edit = |config: String| {
-        config
-            .replace(
-                "[pipeline]\n",
-                &format!(
-                    "[pipeline]\non_error = \"dead-letter\"\ndead_letter_topic = \"{DEAD_LETTER_TOPIC}\"\n"
-                ),
-            )
-            .replace(
-                "[kafka.properties]\n",
-                "[kafka.properties]\n\"topic.metadata.propagation.max.ms\" = \"3000\"\n",
-            )
-    };
-    let mut setup = setup(node, name, PASSWORD, false, edit).await?;
+    grant_with_state(
+        node,
+        &namespace_and_dead_letter_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
+    )?;
+    let mut setup = setup(
+        node,
+        name,
+        PASSWORD,
+        false,
+        dead_letters_and_a_short_topic_wait,
+    )
+    .await?;
     let siphon = event_1_delivered(&mut setup, name).await?;
     let Setup {
         pg: _pg,
@@ -895,16 +914,7 @@ async fn a_topic_deleted_on_brokers_that_create_none(node: &KafkaNode) -> Result
     } = setup;
 
     // Event 1's topic deleted; events 2 to 8 of it and of another topic committed after.
-    let topic = target.topic("outbox.event.Order");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", node.bootstrap())
-        .create()?;
-    for result in admin
-        .delete_topics(&[topic.as_str()], &AdminOptions::new())
-        .await?
-    {
-        result.map_err(|(name, code)| anyhow::anyhow!("deleting {name}: {code}"))?;
-    }
+    delete_topic(node, &target.topic("outbox.event.Order")).await?;
     for seq in 2..=8 {
         insert_transaction(&mut client, &[event(seq, true)], true).await?;
     }
@@ -914,24 +924,140 @@ async fn a_topic_deleted_on_brokers_that_create_none(node: &KafkaNode) -> Result
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     check_first_deliveries_in_order(&records)?;
-    let dead = read_topic_async(
-        &node.bootstrap(),
-        DEAD_LETTER_TOPIC,
-        Duration::from_secs(30),
-    )
-    .await?;
-    let dead_ids: Vec<String> = dead
-        .iter()
-        .filter_map(|r| r.header("id"))
-        .map(|id| String::from_utf8_lossy(id).into_owned())
-        .filter(|id| after.contains(id))
-        .collect();
+    let dead_ids = dead_lettered_among(node, &after).await?;
     ensure!(
         dead_ids.is_empty(),
         "records dead-lettered for their topic missing: {dead_ids:?}; log:\n{}",
         siphon.log()
     );
     ensure!(siphon.is_running(), "log:\n{}", siphon.log());
+    wait_for_slot_past(&client, name, end, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    Ok(())
+}
+
+/// `pipeline.on_error = "dead-letter"` to [`DEAD_LETTER_TOPIC`], and librdkafka's wait for a
+/// topic that stops existing (`topic.metadata.propagation.max.ms`) at 3 s instead of 30 s.
+fn dead_letters_and_a_short_topic_wait(config: String) -> String {
+    config
+        .replace(
+            "[pipeline]\n",
+            &format!(
+                "[pipeline]\non_error = \"dead-letter\"\ndead_letter_topic = \"{DEAD_LETTER_TOPIC}\"\n"
+            ),
+        )
+        .replace(
+            "[kafka.properties]\n",
+            "[kafka.properties]\n\"topic.metadata.propagation.max.ms\" = \"3000\"\n",
+        )
+}
+
+/// [`namespace_acls`] for `operations`, and every ACL the dead-letter topic needs.
+fn namespace_and_dead_letter_acls(name: &str, operations: &[&str]) -> Vec<String> {
+    let dead_letter_acls = ["WRITE", "DESCRIBE", "CREATE"]
+        .iter()
+        .map(|operation| format!("TOPIC:LITERAL:{operation}:{DEAD_LETTER_TOPIC}"));
+    namespace_acls(name, operations)
+        .into_iter()
+        .chain(dead_letter_acls)
+        .collect()
+}
+
+/// Deletes `topic` on the node (as its super user).
+async fn delete_topic(node: &KafkaNode, topic: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", node.bootstrap())
+        .create()?;
+    for result in admin.delete_topics(&[topic], &AdminOptions::new()).await? {
+        result.map_err(|(name, code)| anyhow::anyhow!("deleting {name}: {code}"))?;
+    }
+    Ok(())
+}
+
+/// The ids of the dead letters on the node that are among `ids`.
+async fn dead_lettered_among(node: &KafkaNode, ids: &BTreeSet<String>) -> Result<Vec<String>> {
+    let dead = read_topic_async(
+        &node.bootstrap(),
+        DEAD_LETTER_TOPIC,
+        Duration::from_secs(30),
+    )
+    .await?;
+    Ok(dead
+        .iter()
+        .filter_map(|r| r.header("id"))
+        .map(|id| String::from_utf8_lossy(id).into_owned())
+        .filter(|id| ids.contains(id))
+        .collect())
+}
+
+/// Scenario 15: scenario 14 where the topics are an operator's: created before Siphon starts,
+/// and Siphon's principal may write to and describe them but not create them (topic creation
+/// is on; Siphon never needed CREATE for topics that exist). The outbox topic is deleted while
+/// Siphon writes, with dead letters on. Siphon cannot create it again, and the records for it
+/// are not at fault: none is dead-lettered and none is confirmed; Siphon stops with exit status
+/// 2 naming the topic and the ACL (or creating the topic) as the fix. Started again once the
+/// operator creates the topic, it delivers them.
+async fn a_topic_deleted_that_siphon_may_not_create(node: &KafkaNode) -> Result<()> {
+    let name = "deletednocreate";
+    grant_with_state(
+        node,
+        &namespace_and_dead_letter_acls(name, &["WRITE", "DESCRIBE"]),
+    )?;
+    let mut setup = setup(
+        node,
+        name,
+        PASSWORD,
+        false,
+        dead_letters_and_a_short_topic_wait,
+    )
+    .await?;
+    let order = setup.target.topic("outbox.event.Order");
+    let customer = setup.target.topic("outbox.event.Customer");
+    create_topic(&node.bootstrap(), &order, 3).await?;
+    create_topic(&node.bootstrap(), &customer, 3).await?;
+    let siphon = event_1_delivered(&mut setup, name).await?;
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup;
+
+    delete_topic(node, &order).await?;
+    let deleted = Instant::now();
+    let before_event_2 = current_insert_lsn(&client).await?;
+    for seq in 2..=8 {
+        insert_transaction(&mut client, &[event(seq, true)], true).await?;
+    }
+    let end = current_insert_lsn(&client).await?;
+    let after: BTreeSet<String> = (2..=8).map(|seq| event(seq, true).id).collect();
+    expect_stopped_naming(
+        &siphon,
+        name,
+        deleted,
+        Duration::from_secs(60),
+        &[&order, "CREATE"],
+    )?;
+    let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
+    ensure!(
+        confirmed <= before_event_2,
+        "the slot was confirmed at {confirmed:X}, past event 2 (from {before_event_2:X}), whose topic is gone"
+    );
+    let dead = dead_lettered_among(node, &after).await?;
+    ensure!(
+        dead.is_empty(),
+        "records dead-lettered for their topic missing: {dead:?}; log:\n{}",
+        siphon.log()
+    );
+
+    // The operator creates the topic again: started again, Siphon delivers the rest in order.
+    create_topic(&node.bootstrap(), &order, 3).await?;
+    let siphon = start_streaming(&client, &config, name).await?;
+    let records = wait_for_all(&target, &after, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    check_first_deliveries_in_order(&records)?;
     wait_for_slot_past(&client, name, end, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
@@ -966,11 +1092,13 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
     scenario!(exactly_once_without_the_transactional_id_acl);
     scenario!(exactly_once_with_the_documented_acls);
     scenario!(password_rotated_while_running);
+    scenario!(password_rotated_while_running_exactly_once);
     scenario!(a_topic_nobody_created_with_exactly_once);
     scenario!(dead_letters_without_then_with_their_topics_acls);
     scenario!(a_login_refused_once_is_not_a_refusal);
     scenario!(a_login_refused_once_then_a_hung_broker_is_not_a_refusal);
     scenario!(a_topic_deleted_on_brokers_that_create_none);
+    scenario!(a_topic_deleted_that_siphon_may_not_create);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }

@@ -230,14 +230,24 @@ impl SinkError {
     /// Whether the record being sent is what Kafka refuses (its enqueueing, or the creation of
     /// its topic, failed for good): the pipeline's `on_error` applies to it, as to a record
     /// refused in its delivery report.
+    ///
+    /// A refusal the operator must cure (an ACL, the producer's or the topics' settings) is
+    /// not the record's: it stops Siphon, naming the fix, even with dead letters on.
     pub fn refuses_record(&self) -> bool {
-        matches!(
-            self,
+        match self {
             SinkError::Kafka {
-                operation: Operation::Enqueue | Operation::CreateTopic,
+                operation: Operation::Enqueue,
+                code,
                 ..
-            }
-        ) && self.consequence() == siphon_core::Consequence::Fix
+            } => consequence(*code) == Consequence::RecordRefused,
+            // Only the topic's name is the record's (its aggregate type, routed).
+            SinkError::Kafka {
+                operation: Operation::CreateTopic,
+                code,
+                ..
+            } => *code == RDKafkaErrorCode::InvalidTopic,
+            _ => false,
+        }
     }
 
     /// The operation that failed (`None` for a refused setting, or a rebuild asked too early).
@@ -332,8 +342,9 @@ pub fn transaction_fix(operation: Operation, code: RDKafkaErrorCode) -> &'static
 fn topic_fix(code: RDKafkaErrorCode) -> Option<&'static str> {
     use RDKafkaErrorCode as C;
     match code {
+        // Only for a topic the brokers do not show: one that exists needs no CREATE.
         C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed => Some(
-            "create it yourself, grant CREATE to Siphon's principal, or set kafka.topic_creation.enabled = false",
+            "the brokers do not show it as existing; create it, or grant CREATE (and DESCRIBE) on it to Siphon's principal",
         ),
         C::InvalidTopic | C::InvalidPartitions | C::InvalidReplicationFactor | C::InvalidConfig => {
             Some("check kafka.topic_creation (partitions, replication_factor) and the topic name")
@@ -601,7 +612,7 @@ pub fn explicit(code: RDKafkaErrorCode) -> Option<Consequence> {
 /// What a producer failure with `code` means for the record (see [`fix`] for the rest).
 fn failure_fix(code: RDKafkaErrorCode) -> &'static str {
     match code {
-        RDKafkaErrorCode::UnknownPartition => "the topic no longer has the partition the producer placed the record in (deleted and created again with fewer partitions); the record is placed again on the topic as it is now, after everything before it",
+        RDKafkaErrorCode::UnknownPartition => "the topic no longer has the partition the producer placed the record in (the topic was deleted, or deleted and created again with fewer partitions); the record is placed again on the topic as it is now, after everything before it",
         other => fix(other),
     }
 }
@@ -1043,9 +1054,21 @@ mod tests {
                 expected == Retry,
                 "{operation:?} {code:?}"
             );
+            // What only the operator can cure is not the record's fault.
+            let records_fault = matches!(
+                (operation, code),
+                (CreateTopic, C::InvalidTopic)
+                    | (
+                        Enqueue,
+                        C::MessageSizeTooLarge
+                            | C::UnknownPartition
+                            | C::InvalidTopic
+                            | C::UnknownTopic
+                    )
+            );
             assert_eq!(
                 error.refuses_record(),
-                expected == Fix,
+                records_fault,
                 "{operation:?} {code:?}"
             );
             assert_eq!(

@@ -7,6 +7,8 @@
 //!   kept among the recent ones only once it is known (or creation is disabled). A topic
 //!   records failed for as missing is forgotten ([`TopicCreator::forget`]), with the recent
 //!   ones, and created again before its next record.
+//! - A creation refused for authorization counts as success when the brokers show the topic:
+//!   topics an operator created need no CREATE ACL. The lookup never creates a topic.
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
@@ -94,6 +96,8 @@ impl TopicCreator {
             for (key, value) in &connection_properties(properties) {
                 config.set(key, value);
             }
+            // Its lookups of a topic ([`exists`]) must not have the brokers create it.
+            config.set("allow.auto.create.topics", "false");
             Some(Arc::new(config.create().map_err(|e| {
                 SinkError::client(Operation::CreateAdminClient, &e)
             })?))
@@ -143,7 +147,7 @@ impl TopicCreator {
         let admin = Arc::clone(admin);
         let settings = self.settings.clone();
         let topic = topic.to_owned();
-        Some(async move { create(&admin, &settings, &topic).await })
+        Some(async move { create(admin, &settings, &topic).await })
     }
 
     /// Makes sure `topic` exists (creating it if needed).
@@ -162,9 +166,11 @@ impl TopicCreator {
     }
 }
 
-/// Creates `topic` with `settings`; "already exists" is success.
+/// Creates `topic` with `settings`; "already exists" is success, and so is a creation refused
+/// for authorization when the topic exists ([`exists`]): brokers check the CREATE ACL before
+/// they look for the topic, and topics an operator created need none.
 async fn create(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: Arc<AdminClient<DefaultClientContext>>,
     settings: &TopicCreation,
     topic: &str,
 ) -> Result<(), SinkError> {
@@ -186,6 +192,13 @@ async fn create(
                 info!(topic = %name, partitions = settings.partitions, replication_factor = settings.replication_factor, "created topic")
             }
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((
+                name,
+                code @ (RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed),
+            )) if exists(Arc::clone(&admin), &name).await? => {
+                info!(topic = %name, %code, "the topic exists; Siphon's principal may not create topics, which only a missing one needs");
+            }
             // What the code means (refused for good, or worth another try) is the error's.
             Err((name, code)) => {
                 return Err(SinkError::Kafka {
@@ -197,6 +210,30 @@ async fn create(
         }
     }
     Ok(())
+}
+
+/// Whether the brokers show `topic` with its partitions (through `admin`'s client, which
+/// creates no topic by asking). `false` when they do not, or will not describe it to Siphon;
+/// unreachable brokers are a transient error, as for the creation.
+async fn exists(
+    admin: Arc<AdminClient<DefaultClientContext>>,
+    topic: &str,
+) -> Result<bool, SinkError> {
+    let name = topic.to_owned();
+    let metadata = tokio::task::spawn_blocking(move || {
+        admin.inner().fetch_metadata(Some(&name), CREATE_TIMEOUT)
+    })
+    .await
+    .map_err(|_| SinkError::Kafka {
+        operation: Operation::CreateTopic,
+        topic: topic.to_owned(),
+        code: RDKafkaErrorCode::Fail,
+    })?
+    .map_err(|e| SinkError::topic_request(topic, &e))?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()))
 }
 
 #[cfg(test)]

@@ -353,7 +353,12 @@ pub async fn run_session(
     carry.server = server;
     carry.stall = driver.stream.stall_escalation();
     metrics.set_oldest_unacked_since(None);
-    if outcome.is_err() && driver.transactional.is_some() {
+    // With its login refused the producer cannot reach the coordinator: no abort to wait for.
+    let login_refused = matches!(
+        &outcome,
+        Err(PipelineError::Sink(SinkError::CredentialsRefused { .. }))
+    );
+    if outcome.is_err() && driver.transactional.is_some() && !login_refused {
         // The open transaction's records are never shown to read_committed consumers; the
         // next session's registration would abort it too, this only ends it sooner.
         if let Err(e) = driver

@@ -395,7 +395,8 @@ struct World {
     exactly_once: bool,
     /// Exactly-once: events the producer refuses to take (too large): dead-lettered.
     oversized: HashSet<u64>,
-    /// Exactly-once: a topic whose creation is refused for good (its events dead-lettered).
+    /// Exactly-once: a topic whose creation is refused for good for its name (its events
+    /// dead-lettered: the name is the record's).
     refused_topic: Option<&'static str>,
     /// A broken promise or a model rule the core broke, found while carrying out its actions.
     violation: Option<String>,
@@ -1443,7 +1444,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                     Creation::Refused(SinkError::Kafka {
                         operation: Operation::CreateTopic,
                         topic: topic.to_owned(),
-                        code: RDKafkaErrorCode::TopicAuthorizationFailed,
+                        code: RDKafkaErrorCode::InvalidTopic,
                     })
                 } else if faults && w.rng.chance(25) {
                     w.trace.push(format!("creation of {topic} failed for now"));
