@@ -893,18 +893,7 @@ async fn a_login_refused_once_then_a_hung_broker_is_not_a_refusal(node: &KafkaNo
 /// `topic.metadata.propagation.max.ms` to come back: 3 s here, 30 s by default.)
 async fn a_topic_deleted_on_brokers_that_create_none(node: &KafkaNode) -> Result<()> {
     let name = "deletednone";
-    grant_with_state(
-        node,
-        &namespace_and_dead_letter_acls(name, &["WRITE", "DESCRIBE", "CREATE"]),
-    )?;
-    let mut setup = setup(
-        node,
-        name,
-        PASSWORD,
-        false,
-        dead_letters_and_a_short_topic_wait,
-    )
-    .await?;
+    let mut setup = deletion_setup(node, name, &["WRITE", "DESCRIBE", "CREATE"]).await?;
     let siphon = event_1_delivered(&mut setup, name).await?;
     let Setup {
         pg: _pg,
@@ -964,6 +953,20 @@ fn namespace_and_dead_letter_acls(name: &str, operations: &[&str]) -> Vec<String
         .collect()
 }
 
+/// [`Setup`] of a deletion scenario: `operations` on the namespace, every ACL on the dead-letter
+/// topic, and [`dead_letters_and_a_short_topic_wait`].
+async fn deletion_setup(node: &KafkaNode, name: &str, operations: &[&str]) -> Result<Setup> {
+    grant_with_state(node, &namespace_and_dead_letter_acls(name, operations))?;
+    setup(
+        node,
+        name,
+        PASSWORD,
+        false,
+        dead_letters_and_a_short_topic_wait,
+    )
+    .await
+}
+
 /// Deletes `topic` on the node (as its super user).
 async fn delete_topic(node: &KafkaNode, topic: &str) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -1000,18 +1003,7 @@ async fn dead_lettered_among(node: &KafkaNode, ids: &BTreeSet<String>) -> Result
 /// operator creates the topic, it delivers them.
 async fn a_topic_deleted_that_siphon_may_not_create(node: &KafkaNode) -> Result<()> {
     let name = "deletednocreate";
-    grant_with_state(
-        node,
-        &namespace_and_dead_letter_acls(name, &["WRITE", "DESCRIBE"]),
-    )?;
-    let mut setup = setup(
-        node,
-        name,
-        PASSWORD,
-        false,
-        dead_letters_and_a_short_topic_wait,
-    )
-    .await?;
+    let mut setup = deletion_setup(node, name, &["WRITE", "DESCRIBE"]).await?;
     let order = setup.target.topic("outbox.event.Order");
     let customer = setup.target.topic("outbox.event.Customer");
     create_topic(&node.bootstrap(), &order, 3).await?;
@@ -1064,6 +1056,70 @@ async fn a_topic_deleted_that_siphon_may_not_create(node: &KafkaNode) -> Result<
     Ok(())
 }
 
+/// Scenario 17: every topic Siphon writes created by an operator beforehand (the state topic,
+/// exactly-once's progress topic, the outbox's topics), and Siphon's principal allowed to read,
+/// write and describe them but to create none, with topic creation on (the default). Brokers
+/// check CREATE before they look for a topic, so each creation Siphon asks for is refused; the
+/// topics exist, so Siphon goes on: exactly-once, read_committed sees each event once.
+async fn topics_an_operator_created_need_no_create_acl(node: &KafkaNode) -> Result<()> {
+    let name = "nocreate";
+    // A state topic of its own in the namespace: the other scenarios' ACLs on `siphon.state`
+    // include CREATE.
+    let state_topic = format!("{name}.state");
+    let mut acls: Vec<String> = STATE_ACLS
+        .iter()
+        .filter(|acl| acl.starts_with("GROUP:") || acl.starts_with("CLUSTER:"))
+        .map(|acl| acl.to_string())
+        .collect();
+    acls.extend(namespace_acls(name, &["READ", "WRITE", "DESCRIBE"]));
+    acls.extend(TRANSACTIONAL_ID_ACLS.iter().map(|acl| acl.to_string()));
+    grant(node, &acls)?;
+    let own_state_topic = |config: String| {
+        config.replacen(
+            "[kafka]\n",
+            &format!("[kafka]\nstate_topic = \"{state_topic}\"\n"),
+            1,
+        )
+    };
+    let Setup {
+        pg: _pg,
+        mut client,
+        config,
+        target,
+    } = setup(node, name, PASSWORD, true, own_state_topic).await?;
+    ensure!(
+        config.contains(&state_topic),
+        "no [kafka] table in:\n{config}"
+    );
+    create_compacted_topics(node, &[&state_topic, &target.topic("siphon.progress")]).await?;
+    for aggregate in ["Order", "Customer"] {
+        create_topic(
+            &node.bootstrap(),
+            &target.topic(&format!("outbox.event.{aggregate}")),
+            3,
+        )
+        .await?;
+    }
+    let siphon = start_streaming(&client, &config, name).await?;
+    for seq in 1..=3 {
+        insert_transaction(&mut client, &[event(seq, true)], true).await?;
+    }
+    let end = current_insert_lsn(&client).await?;
+    wait_for_slot_past(&client, name, end, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
+    let read = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
+    let mut ids: Vec<String> = read.iter().map(record_id).collect();
+    ids.sort_unstable();
+    let expected: Vec<String> = (1..=3).map(|seq| event(seq, true).id).collect();
+    ensure!(
+        ids == expected,
+        "read_committed: {ids:?}, not each of the three events once; log:\n{}",
+        siphon.log()
+    );
+    Ok(())
+}
+
 /// Runs every scenario on one node, one after another, and reports each; fails if any did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
@@ -1099,6 +1155,7 @@ async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
     scenario!(a_login_refused_once_then_a_hung_broker_is_not_a_refusal);
     scenario!(a_topic_deleted_on_brokers_that_create_none);
     scenario!(a_topic_deleted_that_siphon_may_not_create);
+    scenario!(topics_an_operator_created_need_no_create_acl);
     ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
     Ok(())
 }

@@ -188,7 +188,9 @@ impl CompactedTopic {
         }
     }
 
-    /// Creates the topic, compacted with one partition and `configs`, unless it exists.
+    /// Creates the topic, compacted with one partition and `configs`, unless it exists. A
+    /// creation refused for authorization is success when the topic exists: brokers check
+    /// CREATE before they look for the topic, and a topic an operator created needs none.
     pub(crate) async fn create(
         &self,
         configs: &[(&str, &str)],
@@ -218,6 +220,15 @@ impl CompactedTopic {
                     tracing::info!(topic = %self.topic, "created the {what} topic (compacted, one partition)")
                 }
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((
+                    _,
+                    code @ (RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed),
+                )) => {
+                    if !self.exists().await? {
+                        return Err(self.failed(StateOperation::Create, code));
+                    }
+                }
                 Err((_, code)) => return Err(self.failed(StateOperation::Create, code)),
             }
         }
