@@ -744,17 +744,23 @@ async fn password_rotated(node: &KafkaNode, name: &str, exactly_once: bool) -> R
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     if exactly_once {
-        // Events 1 and 2 have keys of their own: each once is the whole check.
-        let read = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
-        let mut ids: Vec<String> = read.iter().map(record_id).collect();
-        ids.sort_unstable();
-        let expected: Vec<String> = (1..=2).map(|seq| event(seq, true).id).collect();
-        ensure!(
-            ids == expected,
-            "read_committed: {ids:?}, not each event once; log:\n{}",
-            siphon.log()
-        );
+        events_once_read_committed(&target, 2, &siphon).await?;
     }
+    Ok(())
+}
+
+/// Checks that a read_committed consumer of `target` sees events 1 to `last` each once (each
+/// with a key of its own: no order to check), and nothing else.
+async fn events_once_read_committed(target: &Via, last: u64, siphon: &SiphonProcess) -> Result<()> {
+    let read = read_event_records_isolated(target, Isolation::ReadCommitted).await?;
+    let mut ids: Vec<String> = read.iter().map(record_id).collect();
+    ids.sort_unstable();
+    let expected: Vec<String> = (1..=last).map(|seq| event(seq, true).id).collect();
+    ensure!(
+        ids == expected,
+        "read_committed: {ids:?}, not events 1 to {last} once each; log:\n{}",
+        siphon.log()
+    );
     Ok(())
 }
 
@@ -1108,16 +1114,7 @@ async fn topics_an_operator_created_need_no_create_acl(node: &KafkaNode) -> Resu
     wait_for_slot_past(&client, name, end, Duration::from_secs(60))
         .await
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
-    let read = read_event_records_isolated(&target, Isolation::ReadCommitted).await?;
-    let mut ids: Vec<String> = read.iter().map(record_id).collect();
-    ids.sort_unstable();
-    let expected: Vec<String> = (1..=3).map(|seq| event(seq, true).id).collect();
-    ensure!(
-        ids == expected,
-        "read_committed: {ids:?}, not each of the three events once; log:\n{}",
-        siphon.log()
-    );
-    Ok(())
+    events_once_read_committed(&target, 3, &siphon).await
 }
 
 /// Runs every scenario on one node, one after another, and reports each; fails if any did.
