@@ -7,11 +7,15 @@
 //! Siphon may not create topics (warned about with the fix, delivered once the topic exists);
 //! exactly-once delivery without, then with, the transactional id's ACL, and with a topic nobody
 //! created; dead letters without, then with, their topic's ACLs; a password rotated on the
-//! brokers while Siphon runs (SCRAM-SHA-256, logins renewed every few seconds), and the
-//! control, a login refused once (a handshake answered with an error), which changes nothing.
-//! Each
-//! refusal is a definite error: Siphon stops with exit status 2 and a message naming the fix, confirms
-//! nothing it did not deliver, and neither retries in a tight loop nor skips the events.
+//! brokers while Siphon runs (SCRAM-SHA-256, logins renewed every few seconds; also with
+//! exactly-once delivery), and the controls, a login refused once (a handshake answered with an
+//! error), then accepted or followed by a broker that hangs, which change nothing; an outbox
+//! topic deleted while Siphon writes, on brokers that create no topic, when Siphon may create it
+//! again (it does) and when it may not (it stops, naming CREATE, with nothing dead-lettered);
+//! and every topic created by an operator while Siphon may create none (it needs no CREATE).
+//! Each refusal is a definite error: Siphon stops with exit status 2 and a message naming the
+//! fix, confirms nothing it did not deliver, and neither retries in a tight loop nor skips the
+//! events.
 //!
 //! One node (its own: the shared one has no authorizer) serves every scenario, one after another.
 
