@@ -1028,8 +1028,9 @@ async fn a_topic_deleted_that_siphon_may_not_create(node: &KafkaNode) -> Result<
 
     delete_topic(node, &order).await?;
     let deleted = Instant::now();
-    let before_event_2 = current_insert_lsn(&client).await?;
-    for seq in 2..=8 {
+    insert_transaction(&mut client, &[event(2, true)], true).await?;
+    let event_2_end = current_insert_lsn(&client).await?;
+    for seq in 3..=8 {
         insert_transaction(&mut client, &[event(seq, true)], true).await?;
     }
     let end = current_insert_lsn(&client).await?;
@@ -1043,8 +1044,8 @@ async fn a_topic_deleted_that_siphon_may_not_create(node: &KafkaNode) -> Result<
     )?;
     let confirmed = slot_confirmed_lsn(&client, name).await?.unwrap_or(0);
     ensure!(
-        confirmed <= before_event_2,
-        "the slot was confirmed at {confirmed:X}, past event 2 (from {before_event_2:X}), whose topic is gone"
+        confirmed < event_2_end,
+        "the slot was confirmed at {confirmed:X}, past event 2 (ending at {event_2_end:X}), whose topic is gone"
     );
     let dead = dead_lettered_among(node, &after).await?;
     ensure!(
