@@ -20,7 +20,7 @@
 
 use crate::error::{credentials_fix, is_connection_failure, is_refused_login};
 use crate::login::LoginRefusals;
-use crate::topics::connection_properties;
+use crate::topics::{connection_properties, refused_before_lookup};
 use crate::TopicCreation;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::config::ClientConfig;
@@ -220,11 +220,7 @@ impl CompactedTopic {
                     tracing::info!(topic = %self.topic, "created the {what} topic (compacted, one partition)")
                 }
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((
-                    _,
-                    code @ (RDKafkaErrorCode::TopicAuthorizationFailed
-                    | RDKafkaErrorCode::ClusterAuthorizationFailed),
-                )) => {
+                Err((_, code)) if refused_before_lookup(code) => {
                     if !self.exists().await? {
                         return Err(self.failed(StateOperation::Create, code));
                     }

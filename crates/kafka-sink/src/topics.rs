@@ -192,11 +192,9 @@ async fn create(
                 info!(topic = %name, partitions = settings.partitions, replication_factor = settings.replication_factor, "created topic")
             }
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((
-                name,
-                code @ (RDKafkaErrorCode::TopicAuthorizationFailed
-                | RDKafkaErrorCode::ClusterAuthorizationFailed),
-            )) if exists(Arc::clone(&admin), &name).await? => {
+            Err((name, code))
+                if refused_before_lookup(code) && exists(Arc::clone(&admin), &name).await? =>
+            {
                 info!(topic = %name, %code, "the topic exists; Siphon's principal may not create topics, which only a missing one needs");
             }
             // What the code means (refused for good, or worth another try) is the error's.
@@ -210,6 +208,15 @@ async fn create(
         }
     }
     Ok(())
+}
+
+/// Whether a creation refused with `code` may be of a topic that exists: brokers check the
+/// CREATE ACL before they look for the topic, so the refusal says nothing of it.
+pub(crate) fn refused_before_lookup(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed
+    )
 }
 
 /// Whether the brokers show `topic` with its partitions (through `admin`'s client, which
@@ -239,6 +246,20 @@ async fn exists(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_authorization_refusal_leaves_the_topic_to_be_looked_up() {
+        use RDKafkaErrorCode as C;
+        assert!(refused_before_lookup(C::TopicAuthorizationFailed));
+        assert!(refused_before_lookup(C::ClusterAuthorizationFailed));
+        for code in [
+            C::InvalidTopic,
+            C::InvalidReplicationFactor,
+            C::RequestTimedOut,
+        ] {
+            assert!(!refused_before_lookup(code), "{code:?}");
+        }
+    }
 
     #[test]
     fn a_topic_gone_missing_is_forgotten_and_created_before_its_next_record() {
