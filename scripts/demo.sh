@@ -4,6 +4,11 @@
 # outbox (INSERT then DELETE in the same transaction), prints what reached Kafka, and stops
 # everything it started.
 #
+# It installs only what it uses: the build's packages, PostgreSQL, a JDK and Apache Kafka's jars
+# (scripts/install-deps.sh with the test-only parts switched off). It prints how long each step
+# took (install, build, starting PostgreSQL, Kafka and Siphon), so a first run shows where the
+# time goes: on a fresh machine, the first build of the Kafka client library takes most of it.
+#
 # Usage: scripts/demo.sh
 set -euo pipefail
 
@@ -12,16 +17,33 @@ cd "$root"
 
 say() { printf '\n==> %s\n' "$*"; }
 
+# timed LABEL CMD...: runs CMD, prints how long it took and keeps it for the summary.
+timings=()
+quiet() { "$@" >/dev/null; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+timed() {
+    local label=$1 t0 ms
+    shift
+    t0=$(now_ms)
+    "$@"
+    ms=$(($(now_ms) - t0))
+    timings+=("$(printf '%-22s %4d.%d s' "$label" $((ms / 1000)) $((ms % 1000 / 100)))")
+    printf '    %s: %d.%d s\n' "$label" $((ms / 1000)) $((ms % 1000 / 100))
+}
+
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
 
-say "installing what is missing"
-scripts/install-deps.sh
+say "installing what is missing (build packages, PostgreSQL, a JDK, Apache Kafka's jars)"
+# The test-only dependencies (Tansu, PostgreSQL 18, the Debezium oracle and Kafka Connect, the
+# tests' Python decoders, a German locale) are left out: the demo starts none of them.
+timed install env SIPHON_TANSU_VARIANTS= SIPHON_PG18=0 SIPHON_DEBEZIUM_ORACLE=0 \
+    SIPHON_PYTHON_DECODERS=0 SIPHON_GERMAN_LOCALE=0 scripts/install-deps.sh
 
-say "building siphon"
-cargo build --quiet -p siphon -p siphon-tests --bins
+say "building siphon and the demo's topic reader (the first build compiles librdkafka: minutes)"
+timed build cargo build --quiet -p siphon -p siphon-tests --bin siphon --bin read-topic
 
 work=$(mktemp -d /tmp/siphon-demo-XXXXXX)
 chmod 755 "$work" # the PostgreSQL OS user must reach its data directory
@@ -37,13 +59,17 @@ cleanup() {
     scripts/broker.sh kill "$work/kafka" "$kafka_port" >/dev/null 2>&1 || true
     scripts/postgres.sh kill "$work/pg" "$pg_port" >/dev/null 2>&1 || true
     rm -rf "$work"
+    if ((${#timings[@]} > 0)); then
+        printf '\n==> where the time went\n'
+        printf '    %s\n' "${timings[@]}"
+    fi
 }
 trap cleanup EXIT
 
 say "starting PostgreSQL on 127.0.0.1:$pg_port and Apache Kafka on 127.0.0.1:$kafka_port"
-scripts/postgres.sh start "$work/pg" "$pg_port" >/dev/null
+timed "start PostgreSQL" quiet scripts/postgres.sh start "$work/pg" "$pg_port"
 # Formats a KRaft node and waits until it answers a Metadata request (a JVM start: seconds).
-scripts/broker.sh start "$work/kafka" "$kafka_port"
+timed "start Apache Kafka" scripts/broker.sh start "$work/kafka" "$kafka_port"
 url="postgres://siphon:siphon@127.0.0.1:$pg_port/siphon"
 psql -q "$url" -f examples/sql/outbox.sql
 
@@ -63,12 +89,17 @@ TOML
 say "starting siphon (log: $work/siphon.log)"
 target/debug/siphon run --config "$work/siphon.toml" >"$work/siphon.log" 2>&1 &
 siphon_pid=$!
-for _ in $(seq 100); do
-    active=$(psql -qtA "$url" -c "SELECT active FROM pg_replication_slots WHERE slot_name = 'siphon'")
-    [[ $active == t ]] && break
-    kill -0 "$siphon_pid" 2>/dev/null || { cat "$work/siphon.log"; exit 1; }
-    sleep 0.2
-done
+# Siphon is started when its slot is active: it created the slot and publication and streams.
+wait_streaming() {
+    local active
+    for _ in $(seq 100); do
+        active=$(psql -qtA "$url" -c "SELECT active FROM pg_replication_slots WHERE slot_name = 'siphon'")
+        [[ $active == t ]] && return 0
+        kill -0 "$siphon_pid" 2>/dev/null || { cat "$work/siphon.log"; exit 1; }
+        sleep 0.2
+    done
+}
+timed "start Siphon" wait_streaming
 
 say "committing three orders and a customer through the outbox, and one rolled-back order"
 psql -q "$url" <<'SQL'

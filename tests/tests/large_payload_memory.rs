@@ -10,17 +10,15 @@
 //! bound. It refuses to run with allocator variables in its environment (`MALLOC_*`,
 //! `GLIBC_TUNABLES`), which Siphon would inherit.
 //!
-//! Measured before the fix (release binary): 85 MB while the broker took nothing, 91 MB at
-//! the end of the drain; the same with `MALLOC_ARENA_MAX=1` or `2` (the C allocator's
-//! per-thread arenas play no part). What it was: the stream's read-ahead, one more window of
-//! undecoded rows (32 MiB), and glibc's raised mmap threshold, which kept freed record memory
-//! resident during the drain (6-7 MB). Read-ahead is now at most 4 MiB and the threshold
-//! fixed (`crates/siphon/src/alloc.rs`): 57 MB and 58 MB. Since the threshold is 1 MiB
-//! instead of 128 KiB (so that the Kafka client's request buffers, up to `message.max.bytes`,
-//! come from the heap instead of fresh mappings faulted in page by page: see `alloc.rs`),
-//! records of 512 KB come from the heap too: 57.5 MB while the broker took nothing, 64.1 MB at
-//! the end of the drain (release binary; the debug binary grows 39-43 MB), hence 72 MB (the
-//! regression it guards against, 85-93 MB, stays out of it).
+//! What the bound guards: the stream's read-ahead is at most 4 MiB (`READ_AHEAD_MAX_BYTES`
+//! in `crates/siphon/src/settings.rs`), and glibc's mmap threshold is fixed
+//! (`crates/siphon/src/alloc.rs`) so that freed record memory does not stay resident during
+//! the drain. A read-ahead of one more window of undecoded rows (32 MiB) together with a
+//! raised mmap threshold takes the release binary to 85-93 MB, above the bound. The C allocator's
+//! per-thread arenas play no part (`MALLOC_ARENA_MAX` changes nothing). The threshold is
+//! 1 MiB, so records of 512 KB come from the heap: a healthy release binary peaks at about
+//! 58 MB while the broker takes nothing and 64 MB at the end of the drain (the debug binary
+//! grows 39-43 MB), below 72 MB.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
@@ -37,7 +35,7 @@ const ROWS: i64 = 600;
 const ROW_BYTES: i64 = 512 * 1024;
 /// The peak RSS bound for the release binary.
 const BOUND_BYTES: u64 = 72 * 1024 * 1024;
-/// The release binary's RSS when idle (measured: 19.6-20.9 MB).
+/// The release binary's RSS when idle (19.6-20.9 MB here).
 const RELEASE_IDLE_BYTES: u64 = 20 * 1024 * 1024;
 /// What the backlog may add to the idle process.
 const GROWTH_BOUND_BYTES: u64 = BOUND_BYTES - RELEASE_IDLE_BYTES;

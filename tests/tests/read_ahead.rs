@@ -25,8 +25,8 @@ const WINDOW_BYTES: u64 = 8 * 1024 * 1024;
 /// What the process may hold beyond the window: its code, runtime, librdkafka's and the SQL
 /// client's buffers (25-30 MB of RSS when idle here), the rows read ahead of the window (at
 /// most one more window: 8 MB, plus 6 rows inside the replication client: 3 MB) and the
-/// allocator's slack. Before the read-ahead was bounded by bytes, the whole 100 MB backlog was
-/// read ahead (VmHWM 132 MB).
+/// allocator's slack. A read-ahead not bounded by bytes would read the whole 100 MB backlog
+/// ahead, far above the bound.
 const FIXED_OVERHEAD_BYTES: u64 = 48 * 1024 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,9 +30,9 @@ const TRANSACTIONS: usize = 600;
 const OTHER_ROW_BYTES: i32 = 130_000;
 /// The in-flight window (`pipeline.max_in_flight_bytes`).
 const WINDOW_BYTES: u64 = 8 * 1024 * 1024;
-/// What the process may hold beyond the window, as in `read_ahead.rs`. Measured: a peak of
-/// 27-39 MB; 89 MB when each outbox record (its key) and each cached relation (its names) kept
-/// the buffer it was received into.
+/// What the process may hold beyond the window, as in `read_ahead.rs`. A healthy process peaks
+/// at 27-39 MB; one whose outbox records (their keys) and cached relations (their names) kept
+/// the buffer they were received into would reach about 89 MB.
 const FIXED_OVERHEAD_BYTES: u64 = 48 * 1024 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

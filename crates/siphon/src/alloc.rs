@@ -5,18 +5,16 @@
 //! kernel when freed, but after the first such free it raises that threshold to the freed
 //! size (up to 32 MiB): from then on records of a few hundred kB (a row read from the stream,
 //! the record built from it, the Kafka client's copy) come from the heap, whose freed chunks
-//! stay resident between large ones. Measured with 600 rows of 512 KB behind a broker that
-//! takes nothing and then drained: 6-7 MB more peak RSS than the records alive at any time.
-//! [`tune`] fixes the threshold, which also stops the raising.
+//! stay resident between large ones, adding to the peak RSS beyond the records alive at any
+//! time. [`tune`] fixes the threshold, which also stops the raising.
 //!
 //! The threshold is 1 MiB, not glibc's initial 128 KiB: librdkafka allocates each produce
 //! request's buffer at up to `message.max.bytes` (1,000,000 by default), and with a 128 KiB
 //! threshold every such buffer was a fresh mapping whose pages the kernel faulted in and
-//! zeroed as records were copied into it: one minor fault per 4 KiB sent, ~26,000 faults and
-//! about a third of Siphon's system time in a 300,000-event drain to Kafka
-//! (`docs/performance.md`, run 14). The trim threshold is fixed at 8 MiB for the same reason:
-//! with the threshold fixed glibc keeps its 128 KiB default, and the heap's top was given back
-//! and faulted in again as the in-flight window emptied and filled (another ~4,000).
+//! zeroed as records were copied into it: one minor fault per 4 KiB sent. The trim threshold
+//! is fixed at 8 MiB for the same reason: with the threshold fixed glibc keeps its 128 KiB
+//! default, and the heap's top would be given back and faulted in again as the in-flight
+//! window empties and fills.
 //!
 //! # Invariants
 //! - [`tune`] runs before any thread is started (the thresholds apply to every thread's

@@ -75,7 +75,7 @@ pub struct Args {
     pub contention: bool,
 
     /// With --contention: run the two busy threads inside the bench process instead of a
-    /// program of their own (as up to run 13).
+    /// program of their own.
     #[arg(long)]
     pub hog_in_process: bool,
 

@@ -6,8 +6,7 @@
 //! cores between sessions first (autogroup) and then between the threads of each, so a hog
 //! inside the bench's own process would compete with the bench's other children (the broker
 //! it started, the client it measures) inside one share, and not with PostgreSQL, which runs
-//! in its own session. `--hog-in-process` keeps the threads in the bench process, as up to
-//! run 13.
+//! in its own session. `--hog-in-process` keeps the threads in the bench process.
 //!
 //! # Invariants
 //! - The threads run from the start until the hog is stopped or dropped; dropping it (an

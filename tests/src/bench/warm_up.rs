@@ -16,13 +16,12 @@
 //!    after round, until the broker's JIT compiler threads took at most [`STEADY_JIT_SHARE`]
 //!    of the broker's CPU in each of [`STEADY_ROUNDS`] rounds in a row, or `max_rounds` ran:
 //!    the requests, partitions, records and rate of the measured drains. One quiet round is
-//!    not enough: HotSpot compiles in bursts, and a round at 9 % has been followed by a
-//!    measured drain at 40 %. When the bench measures exactly-once delivery too, the rounds
+//!    not enough: HotSpot compiles in bursts, and a quiet round can be followed by a busy
+//!    one. When the bench measures exactly-once delivery too, the rounds
 //!    alternate an at-least-once and an exactly-once drain until both kinds are steady: the
 //!    transactional produce path is another path taken once per request, and warmed one kind
-//!    after the other, the kind warmed first paid for the JIT again in its measured drain (run
-//!    19: 1.62 of the broker's 4.45 s), the other kind's requests having changed what the
-//!    compiled code had seen.
+//!    after the other, the kind warmed first pays for the JIT again in its measured drain, the
+//!    other kind's requests having changed what the compiled code had seen.
 //!
 //! # Invariants
 //! - [`siphon_drains`] runs before the measured drains' slots are created: none of them
