@@ -65,7 +65,7 @@ pub use kafka_read::{
 };
 pub use ports::free_port;
 pub use postgres::Postgres;
-pub use siphon::{siphon_bin, strip_ansi, SiphonProcess};
+pub use siphon::{run_siphon, siphon_bin, strip_ansi, SiphonProcess};
 pub use wait::{wait_for, wait_until};
 
 use std::path::{Path, PathBuf};

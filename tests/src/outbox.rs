@@ -120,17 +120,37 @@ pub async fn insert_transaction(client: &mut Client, events: &[Event], commit: b
 /// the table (TOAST), but pgoutput sends each row whole: a large-record workload.
 pub async fn insert_large_rows(client: &Client, transactions: i64, row_bytes: i32) -> Result<()> {
     for txn in 0..transactions {
-        client
-            .execute(
-                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
-                 SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
-                        'Order', 'order-' || (g % 17), 'Event', \
-                        jsonb_build_object('seq', g, 'data', repeat('x', $3::int)) \
-                 FROM generate_series($1::bigint, $2::bigint) g",
-                &[&(txn * 10 + 1), &(txn * 10 + 10), &row_bytes],
-            )
-            .await?;
+        insert_order_rows(client, txn * 10 + 1, txn * 10 + 10, row_bytes).await?;
     }
+    Ok(())
+}
+
+/// Commits `small` rows with a payload of a few bytes (ids 1 ..= `small`), then `large` rows
+/// whose payload carries `row_bytes` bytes (the ids after): a mix of sizes that a row count
+/// estimated from the first rows does not bound.
+pub async fn insert_small_then_large_rows(
+    client: &Client,
+    small: i64,
+    large: i64,
+    row_bytes: i32,
+) -> Result<()> {
+    insert_order_rows(client, 1, small, 1).await?;
+    insert_order_rows(client, small + 1, small + large, row_bytes).await
+}
+
+/// Commits `Order` rows `from ..= to` in one transaction, each payload carrying `row_bytes`
+/// bytes.
+async fn insert_order_rows(client: &Client, from: i64, to: i64, row_bytes: i32) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
+                    'Order', 'order-' || (g % 17), 'Event', \
+                    jsonb_build_object('seq', g, 'data', repeat('x', $3::int)) \
+             FROM generate_series($1::bigint, $2::bigint) g",
+            &[&from, &to, &row_bytes],
+        )
+        .await?;
     Ok(())
 }
 

@@ -60,6 +60,24 @@ pub fn siphon_bin() -> Result<PathBuf> {
     )
 }
 
+/// Runs `siphon SUBCOMMAND --config CONFIG ARGS...` to its end: its exit status, and what it
+/// printed (stdout, then stderr).
+pub fn run_siphon(
+    subcommand: &str,
+    config: &Path,
+    args: &[&str],
+) -> Result<(std::process::ExitStatus, String)> {
+    let output = std::process::Command::new(siphon_bin()?)
+        .args([subcommand, "--config"])
+        .arg(config)
+        .args(args)
+        .output()
+        .with_context(|| format!("running siphon {subcommand}"))?;
+    let said = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    Ok((output.status, said))
+}
+
 /// `VmRSS` and `VmHWM` (current and peak resident memory) of process `pid`,
 /// in bytes, from `/proc/PID/status`.
 pub fn process_memory(pid: u32) -> Result<(u64, u64)> {
@@ -131,14 +149,18 @@ impl SiphonProcess {
     /// Runs `siphon SUBCOMMAND --config <this process's config>` to its end: whether it
     /// succeeded, and what it printed (stdout, then stderr).
     pub fn command(&self, subcommand: &str) -> Result<(bool, String)> {
-        let output = std::process::Command::new(siphon_bin()?)
-            .args([subcommand, "--config"])
-            .arg(self.config_path())
-            .output()
-            .with_context(|| format!("running siphon {subcommand}"))?;
-        let said = String::from_utf8_lossy(&output.stdout).into_owned()
-            + &String::from_utf8_lossy(&output.stderr);
-        Ok((output.status.success(), said))
+        let (status, said) = self.command_with(subcommand, &[])?;
+        Ok((status.success(), said))
+    }
+
+    /// Runs `siphon SUBCOMMAND --config <this process's config> ARGS...` to its end: its exit
+    /// status, and what it printed (stdout, then stderr).
+    pub fn command_with(
+        &self,
+        subcommand: &str,
+        args: &[&str],
+    ) -> Result<(std::process::ExitStatus, String)> {
+        run_siphon(subcommand, &self.config_path(), args)
     }
 
     /// The config file passed with `--config`.

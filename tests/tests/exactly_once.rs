@@ -14,16 +14,26 @@
 //!   slot, keeps its status updates going, and the server keeps the connection.
 //! - A commit the coordinator completed, answered to the producer as failed (retriable, fatal,
 //!   abortable): each event once, nothing sent again after the session that failed.
+//! - The progress topic given more partitions (the source's key then hashes to another one):
+//!   `siphon status` and the next session read the newest progress.
+//! - The progress topic and the state topic deleted while Siphon streams: created again
+//!   compacted, nothing lost.
 
 use anyhow::{Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
 use siphon_tests::kafka_protocol::{END_TXN, INIT_PRODUCER_ID};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, count_by_id, event, exactly_once_config, insert_transaction,
     read_event_records_isolated, siphon_config_at, slot_active, start_streaming, wait_for_all,
     wait_for_slot_caught_up, with_exactly_once, Event, OUTBOX_DDL,
 };
+use siphon_tests::partition::partition_for_key;
 use siphon_tests::proxy::ProxiedBroker;
-use siphon_tests::{wait_until, Broker, Isolation, Postgres, SiphonProcess};
+use siphon_tests::{
+    list_topics, read_topic_isolated, wait_until, Broker, Isolation, Postgres, SiphonProcess,
+};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio_postgres::Client;
@@ -600,5 +610,236 @@ async fn an_abort_whose_answer_is_lost_loses_and_repeats_nothing() -> Result<()>
         .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     each_event_once_in_order(&broker, &expected, &siphon).await?;
     anyhow::ensure!(siphon.is_running(), "log:\n{}", siphon.log());
+    Ok(())
+}
+
+fn admin(broker: &Broker) -> Result<AdminClient<DefaultClientContext>> {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .context("creating an admin client")
+}
+
+/// Waits until Siphon streams on `slot` (after a start).
+async fn wait_streaming(client: &Client, siphon: &SiphonProcess, slot: &str) -> Result<()> {
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(client, slot).await },
+    )
+    .await
+    .with_context(|| siphon.log())
+}
+
+/// Stops Siphon with SIGTERM and waits for it to exit.
+fn stop(siphon: &SiphonProcess) -> Result<()> {
+    siphon.terminate()?;
+    siphon.wait_exit(Duration::from_secs(60))?;
+    Ok(())
+}
+
+/// An LSN as PostgreSQL prints it (`16/B374D848`), as a number.
+fn lsn(text: &str) -> Option<u64> {
+    let (high, low) = text.split_once('/')?;
+    Some((u64::from_str_radix(high, 16).ok()? << 32) | u64::from_str_radix(low, 16).ok()?)
+}
+
+/// A progress topic given more partitions after Siphon committed progress to it, so many that
+/// the source's key hashes to a partition other than the first: after more events, `siphon
+/// status` and the session after a restart name the newest progress, not the first one found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_topic_given_more_partitions_resumes_from_the_newest_progress() -> Result<()> {
+    let slot = "eosgrown";
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let progress_topic = broker.topic("siphon.progress");
+    let siphon = SiphonProcess::start(&exactly_once_config(&pg, &broker, slot))?;
+    wait_streaming(&client, &siphon, slot).await?;
+    let first: Vec<Event> = (1..=5).map(|seq| event(seq, true)).collect();
+    insert_transaction(&mut client, &first, true).await?;
+    let mut expected: BTreeSet<String> = first.iter().map(|e| e.id.clone()).collect();
+    wait_for_all(&broker, &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    stop(&siphon)?;
+
+    // The source's key (the server's system identifier, the database, the slot).
+    let row = client
+        .query_one(
+            "SELECT system_identifier::text, current_database()::text FROM pg_control_system()",
+            &[],
+        )
+        .await?;
+    let key = format!(
+        "siphon/progress/{}/{}/{slot}",
+        row.get::<_, String>(0),
+        row.get::<_, String>(1)
+    );
+    let partitions = (2..=16)
+        .find(|n| partition_for_key(key.as_bytes(), *n) != 0)
+        .context("no partition count moves the key")?;
+    for result in admin(&broker)?
+        .create_partitions(
+            &[NewPartitions::new(&progress_topic, partitions as usize)],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        result.map_err(|(name, code)| anyhow::anyhow!("adding partitions to {name}: {code}"))?;
+    }
+
+    siphon.start_again()?;
+    wait_streaming(&client, &siphon, slot).await?;
+    let second: Vec<Event> = (6..=10).map(|seq| event(seq, true)).collect();
+    insert_transaction(&mut client, &second, true).await?;
+    expected.extend(second.iter().map(|e| e.id.clone()));
+    wait_for_all(&broker, &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    stop(&siphon)?;
+
+    // The newest committed progress of the key, wherever it is.
+    let bootstrap = broker.bootstrap();
+    let records = tokio::task::spawn_blocking(move || {
+        read_topic_isolated(
+            &bootstrap,
+            &progress_topic,
+            Duration::from_secs(20),
+            Isolation::ReadCommitted,
+        )
+    })
+    .await??;
+    let newest = records
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(key.as_bytes()))
+        .filter_map(|r| {
+            let value: serde_json::Value = serde_json::from_slice(r.value.as_deref()?).ok()?;
+            value["commit_lsn"].as_str().map(str::to_owned)
+        })
+        .max_by_key(|commit| lsn(commit))
+        .context("no progress committed")?;
+    let (_, status) = siphon.command("status")?;
+    anyhow::ensure!(
+        status.contains("committed progress: ") && status.contains(&format!("(commit {newest}")),
+        "siphon status does not name the newest progress (commit {newest}):\n{status}"
+    );
+    siphon.start_again()?;
+    wait_streaming(&client, &siphon, slot).await?;
+    // The second session resumed from the first one's progress; the third one's follows.
+    let resuming = "resuming after the last committed progress";
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { Ok(siphon.log().matches(resuming).count() >= 2) },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let log = siphon.log();
+    let resumed = log
+        .lines()
+        .rfind(|l| l.contains(resuming))
+        .context("no session resumed")?;
+    anyhow::ensure!(
+        resumed.contains(&format!("(commit {newest}")),
+        "the session did not resume from the newest progress (commit {newest}): {resumed}"
+    );
+    Ok(())
+}
+
+/// The topic's `cleanup.policy`, `None` while the topic does not exist.
+async fn cleanup_policy(broker: &Broker, topic: &str) -> Result<Option<String>> {
+    if !list_topics(&broker.bootstrap())?.iter().any(|t| t == topic) {
+        return Ok(None);
+    }
+    let described = admin(broker)?
+        .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
+        .await?;
+    let Some(Ok(resource)) = described.into_iter().next() else {
+        return Ok(None);
+    };
+    Ok(resource
+        .get("cleanup.policy")
+        .and_then(|entry| entry.value.clone()))
+}
+
+/// The progress topic and the state topic deleted while Siphon streams with exactly-once
+/// delivery (between transactions, after events were delivered), and events committed after
+/// the deletion: the progress topic is created again compacted while Siphon runs, the state
+/// topic compacted at the next start, and every committed event arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn siphons_own_topics_deleted_while_streaming_come_back_compacted() -> Result<()> {
+    let slot = "eosdeleted";
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let (progress_topic, state_topic) = (
+        broker.topic("siphon.progress"),
+        broker.topic("siphon.state"),
+    );
+    // The producer refreshes its metadata every second, as a long-running one does every
+    // five minutes: the refresh finds the topics gone.
+    let config = exactly_once_config(&pg, &broker, slot)
+        .replacen(
+            "[kafka]\n",
+            &format!("[kafka]\nstate_topic = \"{state_topic}\"\n"),
+            1,
+        )
+        .replacen(
+            "[kafka.properties]\n",
+            "[kafka.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"\n",
+            1,
+        );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_streaming(&client, &siphon, slot).await?;
+    for topic in [&progress_topic, &state_topic] {
+        wait_until(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async { Ok(cleanup_policy(&broker, topic).await?.as_deref() == Some("compact")) },
+        )
+        .await
+        .with_context(|| format!("{topic} is not compacted at the start"))?;
+    }
+    // Events before the deletion, the deletion while Siphon is idle, and events after it.
+    let (before, _) = write(pg.connect().await?, 0, 20, Duration::from_millis(20)).await?;
+    let mut expected: BTreeSet<String> = before.iter().map(|e| e.id.clone()).collect();
+    wait_for_all(&broker, &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    for result in admin(&broker)?
+        .delete_topics(
+            &[progress_topic.as_str(), state_topic.as_str()],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        result.map_err(|(name, code)| anyhow::anyhow!("deleting {name}: {code}"))?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (after, _) = write(pg.connect().await?, 1000, 40, Duration::from_millis(50)).await?;
+    expected.extend(after.iter().map(|e| e.id.clone()));
+    wait_for_all(&broker, &expected, Duration::from_secs(120))
+        .await
+        .with_context(|| siphon.log())?;
+    wait_for_slot_caught_up(&client, slot)
+        .await
+        .with_context(|| siphon.log())?;
+    let policy = cleanup_policy(&broker, &progress_topic).await?;
+    anyhow::ensure!(
+        policy.as_deref() == Some("compact"),
+        "the progress topic came back with cleanup.policy {policy:?}; log:\n{}",
+        siphon.log()
+    );
+    // The state topic is written at the next start.
+    stop(&siphon)?;
+    siphon.start_again()?;
+    wait_streaming(&client, &siphon, slot).await?;
+    let policy = cleanup_policy(&broker, &state_topic).await?;
+    anyhow::ensure!(
+        policy.as_deref() == Some("compact"),
+        "the state topic came back with cleanup.policy {policy:?}; log:\n{}",
+        siphon.log()
+    );
     Ok(())
 }

@@ -7,6 +7,9 @@
 //! publication and slot made just before the first start, start cleanly. An outbox table taken
 //! out of the publication and added back while Siphon is stopped is caught at the next start:
 //! the membership the last run saw, recorded in the Kafka state topic, names other catalog rows.
+//! The slot and the publication dropped while Siphon is stopped (to take a snapshot again, or
+//! after a roll-back) leave no gap: the new slot starts after the drop, so the start records
+//! the publication it finds instead of comparing.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{defaults_config, slot_confirmed_lsn};
@@ -259,6 +262,60 @@ async fn publishing_rows_replaced_while_streaming_then_a_restart_streams_on() ->
         .batch_execute(&insert("outbox", "after-restart"))
         .await?;
     wait_for_key(&stopped.broker, &stopped.siphon, "after-restart").await?;
+    anyhow::ensure!(stopped.siphon.is_running(), "{}", stopped.siphon.log());
+    Ok(())
+}
+
+/// Waits until slot `s` exists (Siphon's start created it).
+async fn wait_for_slot(stopped: &Stopped) -> Result<()> {
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { Ok(slot_confirmed_lsn(&stopped.client, "s").await?.is_some()) },
+    )
+    .await
+    .with_context(|| stopped.siphon.log())
+}
+
+/// The slot and the publication dropped while Siphon is stopped, as docs/operations.md says to
+/// take a snapshot again (and as a roll-back to a polling relay leaves them), twice: the state
+/// topic still holds the publication the last run saw, but a slot that does not exist yet has
+/// no gap. The first start (no snapshot) creates slot and publication, records the new
+/// publication and streams; after the second drop `siphon accept-publication-change` succeeds
+/// without a slot, saying the next start creates it, and a start with `source.snapshot =
+/// "initial"` sends the row committed while the slot was missing, then streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_and_publication_dropped_while_stopped_start_afresh() -> Result<()> {
+    let stopped = streamed_and_stopped(OUTBOX).await?;
+    let client = &stopped.client;
+    let drop_both = "SELECT pg_drop_replication_slot('s'); DROP PUBLICATION p";
+
+    client.batch_execute(drop_both).await?;
+    stopped.siphon.start_again()?;
+    wait_for_slot(&stopped).await?;
+    client.batch_execute(&insert("outbox", "new-slot")).await?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "new-slot").await?;
+    anyhow::ensure!(stopped.siphon.is_running(), "{}", stopped.siphon.log());
+    stopped.siphon.terminate()?;
+    let status = stopped.siphon.wait_exit(Duration::from_secs(30))?;
+    anyhow::ensure!(status.success(), "{status:?}: {}", stopped.siphon.log());
+
+    client.batch_execute(drop_both).await?;
+    client.batch_execute(&insert("outbox", "no-slot")).await?;
+    let (accepted, said) = stopped.siphon.command("accept-publication-change")?;
+    anyhow::ensure!(
+        accepted && said.contains(r#"slot s does not exist: Siphon's next start creates it"#),
+        "{said}"
+    );
+    let with_snapshot = config(&stopped.pg, &stopped.broker, r#""public.outbox""#)
+        .replace("tables = [", "snapshot = \"initial\"\ntables = [");
+    std::fs::write(stopped.siphon.config_path(), with_snapshot)?;
+    stopped.siphon.start_again()?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "no-slot").await?;
+    client
+        .batch_execute(&insert("outbox", "snapshot-taken"))
+        .await?;
+    wait_for_key(&stopped.broker, &stopped.siphon, "snapshot-taken").await?;
     anyhow::ensure!(stopped.siphon.is_running(), "{}", stopped.siphon.log());
     Ok(())
 }

@@ -8,7 +8,7 @@ use siphon_tests::outbox::{
     read_event_records, record_id, siphon_config, slot_active, wait_for_all,
 };
 use siphon_tests::{
-    siphon_bin, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
+    siphon_bin, strip_ansi, wait_for, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -391,5 +391,263 @@ async fn a_signal_row_asks_the_running_siphon_for_a_resend() -> Result<()> {
     let log = siphon.log();
     assert!(log.contains("re-send requested by a signal row"), "{log}");
     assert!(log.contains("re-send of the signal done"), "{log}");
+    Ok(())
+}
+
+/// Creates Debezium's signalling table.
+async fn create_signal_table(client: &Client) -> Result<()> {
+    client
+        .batch_execute(
+            "CREATE TABLE siphon_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))",
+        )
+        .await?;
+    Ok(())
+}
+
+/// Inserts an `execute-snapshot` signal row `id` for `public.outbox` with `filter`.
+async fn insert_signal(client: &Client, id: &str, filter: &str) -> Result<()> {
+    let data = serde_json::json!({
+        "data-collections": ["public.outbox"],
+        "additional-conditions": [{"data-collection": "public.outbox", "filter": filter}],
+    })
+    .to_string();
+    client
+        .execute(
+            "INSERT INTO siphon_signal (id, type, data) VALUES ($1, 'execute-snapshot', $2)",
+            &[&id, &data],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until signal row `id` is gone.
+async fn wait_signal_removed(client: &Client, siphon: &SiphonProcess, id: &str) -> Result<()> {
+    wait_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            Ok(client
+                .query_opt("SELECT 1 FROM siphon_signal WHERE id = $1", &[&id])
+                .await?
+                .is_none())
+        },
+    )
+    .await
+    .with_context(|| siphon.log())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_row_or_a_where_cannot_run_sql_of_its_own() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let admin = pg.connect().await?;
+    create_signal_table(&admin).await?;
+    // A slot of another consumer, which the injected SQL would drop.
+    admin
+        .batch_execute(
+            "SELECT pg_create_logical_replication_slot('other_consumer', 'pgoutput'); \
+             CREATE SEQUENCE side_effects",
+        )
+        .await?;
+    let (client, siphon) = streaming_with(
+        &pg,
+        &broker,
+        "resend_injection",
+        20,
+        "signal_table = \"public.siphon_signal\"\n",
+    )
+    .await?;
+    // Closing the parenthesis to run statements of the writer's choosing.
+    insert_signal(
+        &client,
+        "inject-1",
+        "true); CREATE TABLE injected (x int); SELECT pg_drop_replication_slot('other_consumer'); SELECT (true",
+    )
+    .await?;
+    // One expression, but a call a signal row may not make.
+    insert_signal(
+        &client,
+        "inject-2",
+        "pg_drop_replication_slot('other_consumer') IS NULL",
+    )
+    .await?;
+    // A request that is allowed, after them: the watcher went on.
+    insert_signal(
+        &client,
+        "inject-3",
+        "(payload->>'seq')::bigint BETWEEN 5 AND 7",
+    )
+    .await?;
+    wait_signal_removed(&client, &siphon, "inject-3").await?;
+    let records = wait_for_resent(&broker, 5..=7).await?;
+    let resent = resent_by_seq(&records);
+    assert!(resent.keys().all(|s| (5..=7).contains(s)), "{resent:?}");
+    let injected: Option<String> = admin
+        .query_one("SELECT to_regclass('public.injected')::text", &[])
+        .await?
+        .get(0);
+    assert_eq!(injected, None, "the signal row's SQL created a table");
+    let other = admin
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'other_consumer'",
+            &[],
+        )
+        .await?;
+    assert!(other.is_some(), "the signal row's SQL dropped a slot");
+    let log = siphon.log();
+    assert!(
+        log.contains("signal inject-1") && log.contains("not one SQL expression"),
+        "{log}"
+    );
+    assert!(
+        log.contains("signal inject-2") && log.contains("pg_drop_replication_slot"),
+        "{log}"
+    );
+    assert!(siphon.is_running(), "{log}");
+
+    // The command line: the same check, and transfers only read (nextval writes).
+    for (condition, says) in [
+        (
+            "true); CREATE TABLE injected (x int); SELECT (true",
+            "not one SQL expression",
+        ),
+        ("nextval('side_effects') > 0", "read-only transaction"),
+    ] {
+        let (status, said) = siphon.command_with(
+            "resend",
+            &["--table", "public.outbox", "--where", condition],
+        )?;
+        assert_eq!(status.code(), Some(2), "{condition}: {said}");
+        assert!(said.contains(says), "{condition}: {said}");
+    }
+    let injected: Option<String> = admin
+        .query_one("SELECT to_regclass('public.injected')::text", &[])
+        .await?
+        .get(0);
+    assert_eq!(injected, None, "--where's SQL created a table");
+    let used: bool = admin
+        .query_one("SELECT is_called FROM side_effects", &[])
+        .await?
+        .get(0);
+    assert!(!used, "a re-send wrote (nextval ran)");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_resend_of_small_then_large_rows_holds_one_window_in_memory() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let client = pg.connect().await?;
+    client.batch_execute(RETAINED_OUTBOX_DDL).await?;
+    create_signal_table(&client).await?;
+    // Written before Siphon's slot exists: only the re-send sends them.
+    siphon_tests::outbox::insert_small_then_large_rows(&client, 16, 300, 400_000).await?;
+    let config = siphon_config(&pg, &broker, "resend_memory", "").replacen(
+        "[source]\n",
+        "[source]\nsignal_table = \"public.siphon_signal\"\n",
+        1,
+    );
+    let config = config.replace(
+        "[pipeline]\n",
+        "[pipeline]\nmax_in_flight_bytes = 8388608\n",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "resend_memory").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    insert_signal(&client, "all", "aggregatetype = 'Order'").await?;
+    wait_signal_removed(&client, &siphon, "all").await?;
+    let (_, peak) = siphon.memory()?;
+    let records = wait_for_resent(&broker, 1..=316).await?;
+    assert_eq!(resent_by_seq(&records).len(), 316);
+    eprintln!(
+        "re-send of 16 small rows and 300 of 400 kB (an 8 MiB window): peak RSS {:.1} MB",
+        peak as f64 / 1e6
+    );
+    assert!(
+        peak < 80_000_000,
+        "peak RSS {:.1} MB: the re-send held more than a window of rows",
+        peak as f64 / 1e6
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_at_a_rate_sends_no_more_rows_in_any_second() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    // Chunks of 200 rows: a chunk sent at once would put 200 rows in one second.
+    let (_client, siphon) = streaming_with_history(&pg, &broker, "resend_rate", 300).await?;
+    let log = siphon.dir().join("resend.log");
+    let mut resend = start_resend(&siphon.config_path(), 1, 300, 100, &log)?;
+    let finished = wait_exit(&mut resend, Duration::from_secs(60)).await;
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(finished?, "siphon resend failed:\n{said}");
+    let records = wait_for_resent(&broker, 1..=300).await?;
+    let mut handed: Vec<i64> = records
+        .iter()
+        .filter(|r| is_resent(r))
+        .filter_map(|r| r.timestamp)
+        .collect();
+    handed.sort_unstable();
+    assert_eq!(handed.len(), 300, "each row re-sent once, with its time");
+    let busiest = (0..handed.len())
+        .map(|i| {
+            handed[i..]
+                .iter()
+                .take_while(|t| **t < handed[i] + 1_000)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    let spread = handed[handed.len() - 1] - handed[0];
+    eprintln!("re-send of 300 rows at 100 rows/s: {busiest} rows in the busiest second, {spread} ms from first to last");
+    assert!(busiest <= 110, "{busiest} rows in one second at 100 rows/s");
+    assert!(spread >= 2_500, "300 rows at 100 rows/s took {spread} ms");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_without_a_free_replication_connection_says_so_and_waits() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    // One replication connection: the stream's.
+    pg.connect()
+        .await?
+        .batch_execute("ALTER SYSTEM SET max_wal_senders = 1")
+        .await?;
+    pg.restart()?;
+    let (_client, siphon) = streaming_with_history(&pg, &broker, "resend_senders", 30).await?;
+    let log = siphon.dir().join("resend.log");
+    let mut resend = start_resend(&siphon.config_path(), 1, 30, 0, &log)?;
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let said = strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
+            anyhow::ensure!(
+                said.matches("PostgreSQL has no free connection").count() >= 2,
+                "not said twice yet"
+            );
+            Ok(Some(said))
+        },
+    )
+    .await
+    .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())
+    .and_then(|said| {
+        anyhow::ensure!(said.contains("raise max_wal_senders"), "{said}");
+        Ok(())
+    })?;
+    assert!(resend.try_wait()?.is_none(), "the re-send gave up");
+    // The stream's connection freed: the re-send goes on by itself.
+    siphon.terminate()?;
+    let finished = wait_exit(&mut resend, Duration::from_secs(90)).await;
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(finished?, "siphon resend failed:\n{said}");
+    wait_for_resent(&broker, 1..=30).await?;
     Ok(())
 }

@@ -579,6 +579,59 @@ async fn a_least_privilege_role_streams_when_the_owner_created_the_publication()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_row_siphon_may_not_delete_stops_siphon_naming_the_grant() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut db = pg.connect().await?;
+    db.batch_execute(OUTBOX_DDL).await?;
+    db.batch_execute(
+        "CREATE PUBLICATION signal_grant_pub FOR TABLE outbox; \
+         CREATE TABLE siphon_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))",
+    )
+    .await?;
+    // Reading the signal table and the outbox is granted; removing a signal row is forgotten.
+    create_cdc_role(
+        &db,
+        "REPLICATION",
+        "GRANT SELECT ON outbox, siphon_signal TO siphon_cdc",
+    )
+    .await?;
+    let config = config_with_url(&pg, &broker, "signal_grant", &cdc_url(&pg)).replacen(
+        "[source]\n",
+        "[source]\nsignal_table = \"public.siphon_signal\"\n",
+        1,
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await?;
+    let ids = write_events(&mut db, 5).await?;
+    wait_for_events(&broker, &ids).await?;
+    db.execute(
+        "INSERT INTO siphon_signal (id, type, data) VALUES ('replay-1', 'execute-snapshot', $1)",
+        &[&r#"{"data-collections": ["public.outbox"]}"#],
+    )
+    .await?;
+    // Acting on it would repeat the re-send at every look: Siphon stops at once instead.
+    let status = siphon
+        .wait_exit(Duration::from_secs(30))
+        .with_context(|| siphon.log())?;
+    let log = strip_ansi(&siphon.log());
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{log}");
+    assert!(
+        log.contains(r#"GRANT SELECT, DELETE ON "public"."siphon_signal" TO "siphon_cdc""#),
+        "{log}"
+    );
+    assert!(!log.contains("re-send started"), "{log}");
+    let records = wait_for_events(&broker, &ids).await?;
+    assert!(
+        records.iter().all(|r| r.header("siphon.resend").is_none()),
+        "a re-send ran"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_that_owns_the_outbox_creates_the_publication_itself() -> Result<()> {
     let pg = Postgres::start()?;
     let broker = Broker::start()?;

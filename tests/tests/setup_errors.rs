@@ -1,5 +1,6 @@
 //! Definite errors: Siphon stops with exit status 2 and a message naming the fix, instead of
-//! retrying forever or skipping data.
+//! retrying forever or skipping data. Settings that can never work are refused before anything
+//! connects, by `siphon check-config` and by `siphon run` alike (exit status 1).
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::defaults_config;
@@ -27,6 +28,82 @@ fn expect_definite_error(pg: &Postgres, broker: &Broker) -> Result<String> {
         "exit status {status:?}; log:\n{log}"
     );
     Ok(log)
+}
+
+/// Settings refused before connecting, each naming the key and the fix: a shutdown timeout
+/// written as "forever" (`i64::MAX` seconds: it passed `check-config`, then SIGTERM panicked
+/// on an `Instant` overflow), the same through its environment variable, a delivery timeout
+/// beyond librdkafka's range, and a `transactional.id` property with at-least-once delivery
+/// (it passed, then the producer failed without naming the property).
+#[test]
+fn out_of_range_and_reserved_settings_are_refused_before_connecting() -> Result<()> {
+    const EXIT_CONFIG: i32 = 1;
+    let base = "[source]\nurl = \"postgres://siphon@127.0.0.1:1/app\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n";
+    const FOREVER: &str = "9223372036854775807";
+    // (the file's extra lines, environment variables, what the refusal says)
+    type Case = (
+        String,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+    );
+    let cases: [Case; 4] = [
+        (
+            format!("[pipeline]\nshutdown_timeout_secs = {FOREVER}\n"),
+            &[],
+            "pipeline.shutdown_timeout_secs = 9223372036854775807 is out of range: it must be 0 to 86400",
+        ),
+        (
+            String::new(),
+            &[("SIPHON_PIPELINE_SHUTDOWN_TIMEOUT_SECS", FOREVER)],
+            "pipeline.shutdown_timeout_secs = 9223372036854775807 is out of range",
+        ),
+        (
+            format!("[kafka.properties]\n\"message.timeout.ms\" = {FOREVER}\n"),
+            &[],
+            "kafka.properties.\"message.timeout.ms\" = \"9223372036854775807\" is out of range: it must be 0 to 2147483647 milliseconds",
+        ),
+        (
+            "[kafka.properties]\n\"transactional.id\" = \"orders\"\n".to_owned(),
+            &[],
+            "kafka.properties.\"transactional.id\" is set by Siphon itself: remove the property and use kafka.delivery = \"exactly-once\"",
+        ),
+    ];
+    let bin = siphon_tests::siphon_bin()?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("siphon.toml");
+    for (extra, env, needle) in &cases {
+        let text = format!("{base}{extra}");
+        std::fs::write(&path, &text)?;
+        let output = std::process::Command::new(&bin)
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .envs(env.iter().copied())
+            .output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(EXIT_CONFIG),
+            "check-config {text} {env:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(needle),
+            "check-config {text} {env:?}: {stderr}"
+        );
+        let run = SiphonProcess::start_with(&bin, &text, env)?;
+        let status = run.wait_exit(Duration::from_secs(20))?;
+        assert_eq!(
+            status.code(),
+            Some(EXIT_CONFIG),
+            "run {text} {env:?}: {}",
+            run.log()
+        );
+        assert!(
+            run.log().contains(needle),
+            "run {text} {env:?}: {}",
+            run.log()
+        );
+    }
+    Ok(())
 }
 
 /// `source.failover = true`: refused with the fix before PostgreSQL 17; from 17 an existing slot

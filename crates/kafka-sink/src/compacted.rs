@@ -1,8 +1,22 @@
 //! What the state topic and the progress topic share: a compacted topic of Siphon's own,
-//! reached with the sink's connection properties, created compacted with one partition, and
-//! its failures typed by operation and librdkafka code.
+//! reached with the sink's connection properties, created compacted with one partition, its
+//! records all in one partition, and its failures typed by operation and librdkafka code.
+//!
+//! # One partition for every record
+//! Kafka orders records within a partition only. A partitioner that hashes the key over the
+//! partitions moves a key when partitions are added (an operator's `kafka-topics --alter
+//! --partitions`, or a topic auto-created with the brokers' `num.partitions`): the key's older
+//! records stay in the partition it left, and nothing says which of the two is newer (record
+//! timestamps come from writers' clocks, and a record's content need not grow). So Siphon writes
+//! every record of its own topics to [`OWN_PARTITION`], explicitly, whatever the partition
+//! count: a key never moves, and its last record there is its newest. Readers look at
+//! [`OWN_PARTITION`] first and take its record of the key; the other partitions are looked at
+//! only when it has none (records a partitioner placed: written by a tool, or by a Siphon that
+//! let the partitioner place them).
 //!
 //! # Invariants
+//! - Every record Siphon writes to its own topics goes to [`OWN_PARTITION`]; readers go through
+//!   [`reading_order`].
 //! - Clients built here carry the connection properties only (no producer settings): a
 //!   transactional id never reaches a consumer or an admin client.
 //! - Every failure carries the librdkafka code and the operation; a timeout code is
@@ -33,6 +47,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The partition every record of Siphon's own topics is written to (see the module docs).
+pub const OWN_PARTITION: i32 = 0;
+
+/// `partitions` in the order a reader looks for a key: [`OWN_PARTITION`] first, whose record
+/// of the key is the newest whenever it has one, then the others in order.
+pub(crate) fn reading_order(mut partitions: Vec<i32>) -> Vec<i32> {
+    partitions.sort_unstable_by_key(|p| (*p != OWN_PARTITION, *p));
+    partitions
+}
 
 /// How long one read or write of the state topic may take.
 pub const STATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -402,6 +426,13 @@ impl CompactedTopic {
 mod tests {
     use super::*;
     use crate::login::FreshLogin;
+
+    #[test]
+    fn readers_look_at_the_own_partition_first() {
+        assert_eq!(reading_order(vec![3, 1, 0, 2]), vec![0, 1, 2, 3]);
+        assert_eq!(reading_order(vec![2, 1]), vec![1, 2]);
+        assert_eq!(reading_order(Vec::new()), Vec::<i32>::new());
+    }
 
     fn topic() -> CompactedTopic {
         CompactedTopic::new("siphon.state", &BTreeMap::new(), TopicCreation::default())

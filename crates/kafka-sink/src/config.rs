@@ -3,6 +3,12 @@
 //! # Invariants
 //! - The properties that Siphon's guarantees rest on (`enable.idempotence`, `acks`) cannot be
 //!   weakened by user properties.
+//! - The properties Siphon sets from its own settings ([`SET_BY_SIPHON`]) are refused in
+//!   `kafka.properties`, naming the setting to use: a user's value would be ignored or would
+//!   fail later without naming the property.
+//! - A timeout property Siphon reads itself is within librdkafka's range for it
+//!   ([`TIMEOUT_RANGE_MS`], [`TRANSACTION_TIMEOUT_RANGE_MS`]), so every deadline made from it
+//!   fits an `Instant`.
 //! - A refused property is reported with its key, its value and why ([`ConfigReason`]); the
 //!   message is rendered from them.
 
@@ -27,11 +33,14 @@ pub enum ConfigReason {
     /// A delivery timeout (`message.timeout.ms` or its alias) that is not a number of
     /// milliseconds.
     NotMilliseconds,
+    /// A number of milliseconds outside the range librdkafka accepts for the property.
+    OutOfRange { min: u64, max: u64 },
     /// It would weaken a property Siphon's no-loss or ordering promise rests on; Siphon always
     /// uses `required`.
     Weakens { required: &'static str },
-    /// `bootstrap.servers`: the brokers are set with `kafka.bootstrap_servers`.
-    BootstrapServers,
+    /// Siphon sets the property itself from `setting` (e.g. `bootstrap.servers` from
+    /// `kafka.bootstrap_servers`).
+    SetBySiphon { setting: &'static str },
 }
 
 impl ConfigError {
@@ -55,12 +64,17 @@ impl fmt::Display for ConfigError {
                 f,
                 "kafka.properties.\"{key}\" = \"{value}\" is not a number of milliseconds"
             ),
+            ConfigReason::OutOfRange { min, max } => write!(
+                f,
+                "kafka.properties.\"{key}\" = \"{value}\" is out of range: it must be {min} to {max} milliseconds"
+            ),
             ConfigReason::Weakens { required } => write!(
                 f,
                 "kafka.properties.\"{key}\" = \"{value}\" would allow lost or reordered records; Siphon always uses {key}={required}: remove the property"
             ),
-            ConfigReason::BootstrapServers => f.write_str(
-                "set the brokers with kafka.bootstrap_servers, not kafka.properties.\"bootstrap.servers\"",
+            ConfigReason::SetBySiphon { setting } => write!(
+                f,
+                "kafka.properties.\"{key}\" is set by Siphon itself: remove the property and use {setting}"
             ),
         }
     }
@@ -108,8 +122,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     // Same partition for the same key as the Java client.
     ("partitioner", "murmur2_random"),
     // One request is in flight per connection: records batch while it is answered, so a longer
-    // linger only adds latency (5 ms: commit->ack p99 19.4 ms at 10,000 events/s, 1 ms: 9.5 ms,
-    // the same drain rate; docs/performance.md, run 13b).
+    // linger only delays each request's first record, at the same drain rate.
     ("linger.ms", "1"),
     ("socket.keepalive.enable", "true"),
     // Per-broker latencies for the metrics (`statistics`): one small JSON document per interval.
@@ -131,6 +144,37 @@ const REQUIRED: &[(&str, &str)] = &[
     ("enable.gapless.guarantee", "true"),
     ("max.in.flight.requests.per.connection", "1"),
 ];
+
+/// Properties Siphon sets itself, and the setting that sets each.
+const SET_BY_SIPHON: &[(&str, &str)] = &[
+    ("bootstrap.servers", "kafka.bootstrap_servers"),
+    (
+        "transactional.id",
+        "kafka.delivery = \"exactly-once\" for Kafka transactions (kafka.transactional_id chooses the id; at-least-once delivery has none)",
+    ),
+];
+
+/// `message.timeout.ms` (and its alias): librdkafka's range (0: no deadline).
+pub const TIMEOUT_RANGE_MS: (u64, u64) = (0, i32::MAX as u64);
+
+/// `transaction.timeout.ms`: librdkafka's range.
+pub const TRANSACTION_TIMEOUT_RANGE_MS: (u64, u64) = (1_000, i32::MAX as u64);
+
+/// `value` of `key` as milliseconds within `(min, max)`.
+fn milliseconds(key: &str, value: &str, (min, max): (u64, u64)) -> Result<u64, ConfigError> {
+    let ms: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::new(key, value, ConfigReason::NotMilliseconds))?;
+    if !(min..=max).contains(&ms) {
+        return Err(ConfigError::new(
+            key,
+            value,
+            ConfigReason::OutOfRange { min, max },
+        ));
+    }
+    Ok(ms)
+}
 
 /// The delivery deadline when `kafka.properties` sets none (librdkafka's own default).
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_millis(300_000);
@@ -160,10 +204,7 @@ impl SinkConfig {
         else {
             return Ok(Some(DEFAULT_DELIVERY_TIMEOUT));
         };
-        let ms: u64 = value
-            .trim()
-            .parse()
-            .map_err(|_| ConfigError::new(key, value, ConfigReason::NotMilliseconds))?;
+        let ms = milliseconds(key, value, TIMEOUT_RANGE_MS)?;
         Ok((ms > 0).then(|| Duration::from_millis(ms)))
     }
 
@@ -173,13 +214,9 @@ impl SinkConfig {
         let key = "transaction.timeout.ms";
         match self.properties.get(key) {
             None => Ok(DEFAULT_TRANSACTION_TIMEOUT),
-            Some(value) => value
-                .trim()
-                .parse()
-                .ok()
-                .filter(|ms| *ms > 0)
-                .map(Duration::from_millis)
-                .ok_or_else(|| ConfigError::new(key, value, ConfigReason::NotMilliseconds)),
+            Some(value) => {
+                milliseconds(key, value, TRANSACTION_TIMEOUT_RANGE_MS).map(Duration::from_millis)
+            }
         }
     }
 
@@ -203,8 +240,9 @@ impl SinkConfig {
                     return Err(ConfigError::new(key, value, reason));
                 }
             }
-            if key == "bootstrap.servers" {
-                return Err(ConfigError::new(key, value, ConfigReason::BootstrapServers));
+            if let Some((_, setting)) = SET_BY_SIPHON.iter().find(|(k, _)| k == key) {
+                let reason = ConfigReason::SetBySiphon { setting };
+                return Err(ConfigError::new(key, value, reason));
             }
             props.insert(key.clone(), value.clone());
         }
@@ -223,6 +261,15 @@ impl SinkConfig {
             let timeout = deadline.map_or(transaction_timeout, |d| d.min(transaction_timeout));
             props.insert("message.timeout.ms".into(), timeout.as_millis().to_string());
             props.insert("transactional.id".into(), id.clone());
+            if self.topic_creation.enabled {
+                // This producer writes the progress topic, which Siphon creates compacted at
+                // each session's start, and Siphon creates every other topic it writes: a
+                // broker's auto-creation (a metadata refresh after the progress topic was
+                // deleted) would make it again as an ordinary topic, whose retention removes
+                // the progress. The records fail instead, the transaction is aborted, and the
+                // next session creates the topic compacted.
+                props.insert("allow.auto.create.topics".into(), "false".into());
+            }
         }
         props.insert("bootstrap.servers".into(), self.bootstrap_servers.clone());
         Ok(props)
@@ -273,7 +320,91 @@ mod tests {
         let err = config(&[("transaction.timeout.ms", "0")])
             .transaction_timeout()
             .unwrap_err();
-        assert_eq!(err.reason, ConfigReason::NotMilliseconds);
+        assert_eq!(
+            err.reason,
+            ConfigReason::OutOfRange {
+                min: 1000,
+                max: 2_147_483_647
+            }
+        );
+    }
+
+    /// The timeouts Siphon reads itself at their edges: 0, 1, the largest allowed, one more,
+    /// `i64::MAX`.
+    #[test]
+    fn timeouts_are_range_checked() {
+        let max = i32::MAX as u64;
+        let delivery = |v: &str| config(&[("message.timeout.ms", v)]).client_properties();
+        let transaction = |v: &str| config(&[("transaction.timeout.ms", v)]).transaction_timeout();
+        let cases: &[(u64, bool, bool)] = &[
+            // (value, delivery timeout accepted, transaction timeout accepted)
+            (0, true, false),
+            (1, true, false),
+            (1_000, true, true),
+            (max, true, true),
+            (max + 1, false, false),
+            (i64::MAX as u64, false, false),
+        ];
+        for &(value, delivery_ok, transaction_ok) in cases {
+            let text = value.to_string();
+            match delivery(&text) {
+                Ok(_) => assert!(delivery_ok, "message.timeout.ms = {value} accepted"),
+                Err(e) => {
+                    assert!(!delivery_ok, "message.timeout.ms = {value}: {e}");
+                    assert!(
+                        e.to_string().contains("\"message.timeout.ms\"")
+                            && e.to_string().contains("0 to 2147483647 milliseconds"),
+                        "{e}"
+                    );
+                }
+            }
+            match transaction(&text) {
+                Ok(_) => assert!(transaction_ok, "transaction.timeout.ms = {value} accepted"),
+                Err(e) => {
+                    assert!(!transaction_ok, "transaction.timeout.ms = {value}: {e}");
+                    assert!(e.to_string().contains("1000 to 2147483647"), "{e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_transactional_id_property_is_refused_naming_exactly_once() {
+        let err = config(&[("transactional.id", "my-app")])
+            .client_properties()
+            .unwrap_err();
+        assert_eq!(err.key, "transactional.id");
+        let text = err.to_string();
+        assert!(
+            text.contains("kafka.properties.\"transactional.id\"")
+                && text.contains("remove the property")
+                && text.contains("kafka.delivery = \"exactly-once\""),
+            "{text}"
+        );
+        // Also for a transactional producer: Siphon's own id would replace it without a word.
+        let mut eos = config(&[("transactional.id", "my-app")]);
+        eos.transactional_id = Some("siphon-1-db-slot".into());
+        assert!(eos.client_properties().is_err());
+    }
+
+    #[test]
+    fn a_transactional_producer_never_has_the_brokers_create_topics_siphon_creates() {
+        let mut eos = config(&[("allow.auto.create.topics", "true")]);
+        eos.transactional_id = Some("t".into());
+        assert_eq!(
+            eos.client_properties().unwrap()["allow.auto.create.topics"],
+            "false"
+        );
+        // With topic creation off, the brokers' auto-creation is the only one there is.
+        eos.topic_creation.enabled = false;
+        assert_eq!(
+            eos.client_properties().unwrap()["allow.auto.create.topics"],
+            "true"
+        );
+        assert!(!config(&[])
+            .client_properties()
+            .unwrap()
+            .contains_key("allow.auto.create.topics"));
     }
 
     #[test]
@@ -375,7 +506,12 @@ mod tests {
         let err = config(&[("bootstrap.servers", "elsewhere:9092")])
             .client_properties()
             .unwrap_err();
-        assert_eq!(err.reason, ConfigReason::BootstrapServers);
+        assert_eq!(
+            err.reason,
+            ConfigReason::SetBySiphon {
+                setting: "kafka.bootstrap_servers"
+            }
+        );
         assert!(err.to_string().contains("kafka.bootstrap_servers"), "{err}");
     }
 }

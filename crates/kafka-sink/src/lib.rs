@@ -24,6 +24,7 @@ pub mod statistics;
 pub mod topics;
 mod wakeup;
 
+pub use compacted::OWN_PARTITION;
 pub use config::{ConfigError, ConfigReason, SinkConfig, TopicCreation};
 pub use error::{Consequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError};
 pub use producer::{

@@ -8,13 +8,18 @@
 //!   to the high watermark it found first (waiting, within [`STATE_TIMEOUT`], for open
 //!   transactions of other sources below it to end), so a committed progress is never missed
 //!   behind another source's open transaction, and an aborted one is never seen.
+//! - Progress records are written to [`crate::OWN_PARTITION`] (by the session, which builds them), so
+//!   partitions added to the topic never move a key; the reader takes the key's last record in
+//!   that partition, and looks at the others only when it has none (see `crate::compacted`).
 //! - Reading takes time in proportion to the records written since the key's last record, not
 //!   to the topic's size: it reads backwards from the end in growing windows.
 //! - The topic is created compacted, with one partition, when topic creation is on ("already
 //!   exists" is success); otherwise a missing topic is an error naming the fix.
 //! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
 
-use crate::compacted::{CompactedTopic, Reader, StateOperation, StateTopicError, STATE_TIMEOUT};
+use crate::compacted::{
+    reading_order, CompactedTopic, Reader, StateOperation, StateTopicError, STATE_TIMEOUT,
+};
 use crate::TopicCreation;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
@@ -94,9 +99,9 @@ impl ProgressTopic {
         let Some(partitions) = compacted.partitions(&consumer, STATE_TIMEOUT)? else {
             return Ok(None);
         };
-        // The key lands in one partition; which one depends on the writer's partitioner, so a
-        // topic created with more than one is searched whole (the first with the key wins).
-        for partition in partitions {
+        // The own partition first: its record of the key is the newest. The others hold only
+        // records a partitioner placed.
+        for partition in reading_order(partitions) {
             let (low, high) = consumer
                 .fetch_watermarks(&compacted.topic, partition, left(deadline))
                 .map_err(|e| compacted.kafka(StateOperation::Read, &e))?;

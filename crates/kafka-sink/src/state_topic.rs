@@ -5,6 +5,9 @@
 //! - [`StateTopic::read`] returns the value of the last record with the key among every record
 //!   written before the call began (it reads each partition up to the high watermark it found
 //!   first); a record without a value (a tombstone) reads as `None`.
+//! - Records are written to [`OWN_PARTITION`], so partitions added to the topic never move a
+//!   key; the reader takes the key's last record in that partition, and a record in another
+//!   only when it has none (see `crate::compacted`).
 //! - [`StateTopic::write`] returns only after the broker acknowledged the record (idempotent,
 //!   `acks=all`), so a later [`StateTopic::read`] sees it.
 //! - The topic is created compacted, with one partition, the first time a record is written to
@@ -12,7 +15,7 @@
 //! - Every call is bounded by [`STATE_TIMEOUT`] and runs off the async runtime's threads.
 //! - Errors carry the librdkafka code and the operation; none is classified by its text.
 
-use crate::compacted::{CompactedTopic, TopicClientContext};
+use crate::compacted::{reading_order, CompactedTopic, TopicClientContext, OWN_PARTITION};
 pub use crate::compacted::{StateOperation, StateTopicError, STATE_TIMEOUT};
 use crate::TopicCreation;
 use rdkafka::consumer::Consumer;
@@ -47,6 +50,9 @@ impl StateTopic {
         );
         producer.insert("linger.ms".into(), "0".into());
         producer.remove("transactional.id");
+        // The topic is created compacted (or found) before each write: a broker's
+        // auto-creation would make it as an ordinary topic.
+        producer.insert("allow.auto.create.topics".into(), "false".into());
         StateTopic {
             compacted: CompactedTopic::new(topic, client_properties, creation),
             producer,
@@ -90,7 +96,10 @@ impl StateTopic {
         }
         let producer: FutureProducer<TopicClientContext> =
             compacted.client(&self.producer, StateOperation::Write)?;
-        let record = FutureRecord::to(&compacted.topic).key(key).payload(value);
+        let record = FutureRecord::to(&compacted.topic)
+            .partition(OWN_PARTITION)
+            .key(key)
+            .payload(value);
         let sent = tokio::time::timeout(STATE_TIMEOUT, producer.send(record, STATE_TIMEOUT))
             .await
             .map_err(|_| compacted.timed_out(StateOperation::Write))?;
@@ -129,8 +138,8 @@ impl StateTopic {
         consumer
             .assign(&assignment)
             .map_err(|e| compacted.kafka(StateOperation::Read, &e))?;
-        // Within a partition the last record wins; the key lands in one partition.
-        let mut value = None;
+        // Within a partition the last record wins; the own partition's wins over the others'.
+        let mut values: BTreeMap<i32, Option<Vec<u8>>> = BTreeMap::new();
         while !ends.is_empty() {
             if left().is_zero() {
                 return Err(compacted.timed_out(StateOperation::Read));
@@ -140,7 +149,7 @@ impl StateTopic {
             };
             let message = polled.map_err(|e| compacted.kafka(StateOperation::Read, &e))?;
             if message.key() == Some(key) {
-                value = message.payload().map(<[u8]>::to_vec);
+                values.insert(message.partition(), message.payload().map(<[u8]>::to_vec));
             }
             if ends
                 .get(&message.partition())
@@ -149,6 +158,10 @@ impl StateTopic {
                 ends.remove(&message.partition());
             }
         }
-        Ok(value)
+        let partitions = reading_order(values.keys().copied().collect());
+        Ok(partitions
+            .first()
+            .and_then(|partition| values.remove(partition))
+            .flatten())
     }
 }

@@ -25,7 +25,8 @@
 //! - `routing`: Debezium's routing policy: `options` (the Debezium option names, defaults and
 //!   validation, with their behaviour values in `policy`), `binding` (finding the configured
 //!   columns in a table), `topic` (`route.topic.regex`, `route.topic.replacement` and Kafka's
-//!   topic name rules) with `topic_cache`, `schema_cache` (the envelope schema Debezium builds
+//!   topic name rules) with `topic_cache`, `own_topics` (Siphon's own topics, which no row may
+//!   be routed to), `schema_cache` (the envelope schema Debezium builds
 //!   once and reuses, name included), `route` (a change to Debezium's record or a skip) and
 //!   `error` (configuration and routing errors, each naming the fix).
 //! - `extension`: the formats beyond Debezium's, applied to the Debezium record: `protobuf`
@@ -86,6 +87,7 @@ pub use routing::options::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, JsonEmptyArrayBehavior,
     JsonNullBehavior, Placement, RouterOptions,
 };
+pub use routing::own_topics::{OwnTopicRole, OwnTopics};
 pub use routing::route::{Change, LogLevel, Routed, RouterContext, SkipReason};
 pub use routing::topic::{check_topic_name, java_regex, JavaRegexError, TopicRouter};
 pub use siphon_record::{record_bytes, Header, RoutedRecord};

@@ -14,6 +14,7 @@ use crate::format::expand::ExpansionError;
 use crate::routing::binding::TableBinding;
 use crate::routing::error::{ConfigError, RouteError};
 use crate::routing::options::{InvalidOperationBehavior, RouterOptions};
+use crate::routing::own_topics::OwnTopics;
 use crate::routing::route::{Change, Debezium, LogLevel, Routed, RouterContext, SkipReason};
 use pgoutput::{Relation, TupleData};
 use siphon_record::RoutedRecord;
@@ -51,6 +52,13 @@ impl EventRouter {
         extensions.check(self.debezium.options())?;
         self.extensions.config = extensions;
         Ok(self)
+    }
+
+    /// The router refusing every row routed to one of Siphon's own topics with
+    /// [`RouteError::OwnTopic`] (see [`OwnTopics`]); set it before the first row is routed.
+    pub fn with_own_topics(mut self, own_topics: OwnTopics) -> Self {
+        self.debezium = self.debezium.with_own_topics(own_topics);
+        self
     }
 
     /// The formats beyond Debezium's.

@@ -6,11 +6,15 @@
 //! # Invariants
 //! - Unknown keys are an error naming the key; missing required keys name what is missing.
 //! - Every key can be overridden by an environment variable `SIPHON_<SECTION>_<KEY>`.
+//! - Every integer key is within its range ([`ranges::RANGES`]), checked before anything else
+//!   reads it.
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
+
+pub mod ranges;
 
 /// Rows read per chunk by default (`source.snapshot_chunk_rows`).
 pub const DEFAULT_SNAPSHOT_CHUNK_ROWS: usize = 1000;
@@ -719,6 +723,7 @@ pub fn apply_env(
 impl Config {
     /// Parses a configuration document (after environment overrides).
     pub fn from_table(doc: toml::Table) -> anyhow::Result<Config> {
+        ranges::check(&doc)?;
         let config: Config = toml::Value::Table(doc)
             .try_into()
             .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.message()))?;
@@ -743,9 +748,6 @@ impl Config {
             bail!(
                 "source.tables is empty and no source.message_prefixes are set: list the outbox tables, e.g. tables = [\"public.outbox\"], or the prefixes of a logical-message outbox, e.g. message_prefixes = [\"outbox\"]"
             );
-        }
-        if self.pipeline.max_in_flight_records == 0 || self.pipeline.max_in_flight_bytes == 0 {
-            bail!("pipeline.max_in_flight_records and pipeline.max_in_flight_bytes must be at least 1");
         }
         Ok(())
     }
@@ -908,6 +910,184 @@ mod tests {
         let mut keys = Vec::new();
         walk("", &doc, &mut keys);
         keys
+    }
+
+    /// `config` with `key` (`section.key`, `section.sub.key`) set to `value`.
+    fn with_value(key: &str, value: i64) -> anyhow::Result<Config> {
+        let mut doc: toml::Table = MINIMAL.parse()?;
+        let parts: Vec<&str> = key.split('.').collect();
+        let mut table = &mut doc;
+        for part in &parts[..parts.len() - 1] {
+            table = table
+                .entry((*part).to_owned())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .expect("a table");
+        }
+        table.insert(
+            parts[parts.len() - 1].to_owned(),
+            toml::Value::Integer(value),
+        );
+        Config::from_table(doc)
+    }
+
+    /// Each integer key at its edges: 0, 1, the largest value allowed, one more, and
+    /// `i64::MAX` (how Java users write "forever"); -1 too where it means the broker's default.
+    /// A refusal names the key and its range.
+    #[test]
+    fn every_integer_key_is_range_checked_at_its_edges() {
+        // (key, largest allowed, 0 accepted, 1 accepted, -1 accepted, the range in the message)
+        let table: &[(&str, i64, bool, bool, bool, &str)] = &[
+            (
+                "source.status_interval_ms",
+                3_600_000,
+                false,
+                false,
+                false,
+                "10 to 3600000",
+            ),
+            (
+                "source.stall_timeout_secs",
+                86_400,
+                false,
+                true,
+                false,
+                "1 to 86400",
+            ),
+            (
+                "source.snapshot_chunk_rows",
+                1_000_000,
+                false,
+                true,
+                false,
+                "1 to 1000000",
+            ),
+            (
+                "kafka.topic_creation.partitions",
+                100_000,
+                false,
+                true,
+                true,
+                "-1 (the broker's default) or 1 to 100000",
+            ),
+            (
+                "kafka.topic_creation.replication_factor",
+                32_767,
+                false,
+                true,
+                true,
+                "-1 (the broker's default) or 1 to 32767",
+            ),
+            (
+                "kafka.transaction_interval_ms",
+                3_600_000,
+                false,
+                true,
+                false,
+                "1 to 3600000",
+            ),
+            (
+                "kafka.transaction_max_bytes",
+                1 << 30,
+                false,
+                true,
+                false,
+                "1 to 1073741824",
+            ),
+            ("format.java_version", 99, false, false, false, "8 to 99"),
+            (
+                "pipeline.max_in_flight_records",
+                1_000_000,
+                false,
+                true,
+                false,
+                "1 to 1000000",
+            ),
+            (
+                "pipeline.max_in_flight_bytes",
+                4 << 30,
+                false,
+                true,
+                false,
+                "1 to 4294967296",
+            ),
+            (
+                "pipeline.shutdown_timeout_secs",
+                86_400,
+                true,
+                true,
+                false,
+                "0 to 86400",
+            ),
+            (
+                "pipeline.max_backoff_secs",
+                3_600,
+                false,
+                true,
+                false,
+                "1 to 3600",
+            ),
+        ];
+        let defaults = toml::Table::try_from(parse(MINIMAL, &[]).unwrap()).unwrap();
+        let integer_keys: Vec<String> = all_keys()
+            .into_iter()
+            .filter(|key| {
+                // `router` is a table of options, not a key.
+                let Some((path, last)) = key.rsplit_once('.') else {
+                    return false;
+                };
+                let mut node = &defaults;
+                for part in path.split('.') {
+                    node = node[part].as_table().unwrap();
+                }
+                node[last].is_integer()
+            })
+            .collect();
+        let mut integer_keys = integer_keys;
+        integer_keys.sort();
+        let mut tested: Vec<&str> = table.iter().map(|row| row.0).collect();
+        tested.sort_unstable();
+        assert_eq!(integer_keys, tested, "every integer key is in the table");
+        let mut ranged: Vec<&str> = ranges::RANGES.iter().map(|r| r.key).collect();
+        ranged.sort_unstable();
+        assert_eq!(ranged, tested, "every integer key has one range");
+        for &(key, max, zero, one, minus_one, range) in table {
+            for (value, accepted) in [
+                (0, zero),
+                (1, one),
+                (-1, minus_one),
+                (max, true),
+                (max + 1, false),
+                (i64::MAX, false),
+                (i64::MIN, false),
+            ] {
+                match with_value(key, value) {
+                    Ok(_) => assert!(accepted, "{key} = {value} was accepted"),
+                    Err(e) => {
+                        let text = format!("{e:#}");
+                        assert!(!accepted, "{key} = {value}: {text}");
+                        assert_eq!(
+                            text,
+                            format!("{key} = {value} is out of range: it must be {range}")
+                        );
+                    }
+                }
+            }
+        }
+        // An environment variable is checked the same way.
+        let err = parse(
+            MINIMAL,
+            &[(
+                "SIPHON_PIPELINE_SHUTDOWN_TIMEOUT_SECS",
+                "9223372036854775807",
+            )],
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}")
+                .contains("pipeline.shutdown_timeout_secs = 9223372036854775807 is out of range"),
+            "{err:#}"
+        );
     }
 
     #[test]

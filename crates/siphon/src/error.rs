@@ -12,30 +12,12 @@ use crate::telemetry::ReconnectCause;
 use pgoutput::Lsn;
 use siphon_core::ledger::LedgerError;
 use siphon_core::Consequence;
-use siphon_kafka_sink::{Refusal, SinkError};
+use siphon_kafka_sink::SinkError;
 use siphon_router::RouteError;
 use siphon_source::stall::Seen;
 use siphon_source::SourceError;
-use std::fmt;
 
-/// A record Kafka will not take as it is.
-#[derive(Debug, Clone)]
-pub enum RecordFault {
-    /// The broker refused it (delivery report).
-    Broker(Refusal),
-    /// The producer refused to enqueue it (too large for `message.max.bytes` ...), or the broker
-    /// refused to create its topic ([`SinkError::refuses_record`]): the producer's error.
-    Enqueue(SinkError),
-}
-
-impl fmt::Display for RecordFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RecordFault::Broker(refusal) => refusal.fmt(f),
-            RecordFault::Enqueue(error) => error.fmt(f),
-        }
-    }
-}
+pub use crate::record_fault::RecordFault;
 
 /// Why a pipeline session ended.
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,8 @@
 pub mod alloc;
 pub mod config;
 pub mod dead_letter;
+#[cfg(test)]
+mod doc_links;
 pub mod error;
 pub mod import;
 pub mod message;
@@ -29,6 +31,7 @@ pub mod pipeline;
 pub mod position;
 pub mod progress_record;
 pub mod publication_record;
+pub mod record_fault;
 pub mod resend;
 pub mod session;
 pub mod settings;

@@ -12,6 +12,7 @@ use siphon::{
     alloc, config, error, import, progress_record, publication_record, resend, settings, status,
     supervisor, telemetry, transfer,
 };
+use siphon_source::row_condition::{ConditionSource, RowCondition};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -52,7 +53,9 @@ enum Command {
     },
     /// After a publication gap (an outbox table taken out of the publication and added back, or
     /// the publication created again) was dealt with: record the publication as it is now, so
-    /// that Siphon starts again. Creates nothing; the slot must exist.
+    /// that Siphon starts again. Creates no slot: when the slot does not exist (dropped to take
+    /// a snapshot again, or not created yet), Siphon's next start creates it and needs nothing
+    /// accepted, since a new slot has no gap.
     AcceptPublicationChange {
         /// Configuration file (TOML).
         #[arg(long, short, env = "SIPHON_CONFIG")]
@@ -121,7 +124,21 @@ fn main() -> ExitCode {
                             return ExitCode::FAILURE;
                         }
                     },
-                    condition,
+                    condition: match condition
+                        .as_deref()
+                        .map(str::trim)
+                        .filter(|c| !c.is_empty())
+                    {
+                        None => None,
+                        Some(text) => match RowCondition::parse(text, ConditionSource::Operator) {
+                            Ok(condition) => Some(condition),
+                            Err(e) => {
+                                eprintln!("error: --where: {e}");
+                                return ExitCode::from(EXIT_DEFINITE);
+                            }
+                        },
+                    },
+                    signal: None,
                     restart,
                     max_rows_per_second,
                 },
@@ -236,7 +253,7 @@ fn accept_publication_change(path: &Path) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let slot =
-            siphon_source::prepare(&settings.source, siphon_source::MissingSlot::Refuse).await?;
+            siphon_source::prepare(&settings.source, siphon_source::MissingSlot::Leave).await?;
         publication_record::accept(
             state,
             slot.identity.as_ref().map(|s| s.system_id.as_str()),
@@ -251,6 +268,12 @@ fn accept_publication_change(path: &Path) -> anyhow::Result<ExitCode> {
             settings.source.slot,
             state.topic()
         );
+        if !slot.exists {
+            println!(
+                "slot {} does not exist: Siphon's next start creates it (and takes the initial snapshot if source.snapshot = \"initial\"); a new slot has no publication gap, so that start records the publication itself",
+                settings.source.slot
+            );
+        }
         anyhow::Ok(ExitCode::SUCCESS)
     })
 }
@@ -356,7 +379,8 @@ fn run(path: &Path) -> ExitCode {
             .context("starting the async runtime")?;
         runtime.block_on(async move {
             let (stop_tx, stop_rx) = watch::channel(false);
-            tokio::spawn(settings::forward_signals(stop_tx));
+            let stop_tx = Arc::new(stop_tx);
+            tokio::spawn(settings::forward_signals(Arc::clone(&stop_tx)));
             info!(version = env!("CARGO_PKG_VERSION"), "siphon starting");
             if allocator_tuned {
                 tracing::debug!(
@@ -385,18 +409,40 @@ fn run(path: &Path) -> ExitCode {
             }
             // Re-sends asked for in the signal table, beside the stream (with settings of their
             // own: the supervisor owns these).
-            if let Some(signals) = settings.snapshot.signal_table.clone() {
-                let own = settings::build(&config)?;
-                let max_backoff = std::time::Duration::from_secs(config.pipeline.max_backoff_secs);
-                tokio::spawn(siphon::signal::watch(own, Arc::clone(&metrics), signals, max_backoff, stop_rx.clone()));
-            }
-            Ok(supervisor::supervise(
+            let signals = match settings.snapshot.signal_table.clone() {
+                Some(signals) => {
+                    let own = settings::build(&config)?;
+                    let max_backoff = std::time::Duration::from_secs(config.pipeline.max_backoff_secs);
+                    Some(tokio::spawn(siphon::signal::watch(own, Arc::clone(&metrics), signals, max_backoff, stop_rx.clone())))
+                }
+                None => None,
+            };
+            let supervised = supervisor::supervise(
                 settings,
                 metrics,
                 std::time::Duration::from_secs(config.pipeline.max_backoff_secs),
                 stop_rx,
-            )
-            .await)
+            );
+            tokio::pin!(supervised);
+            let refused = async {
+                match signals {
+                    Some(watcher) => match watcher.await {
+                        Ok(Err(e)) => e,
+                        _ => std::future::pending().await,
+                    },
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                result = &mut supervised => Ok(result),
+                // The signal table refused what only the operator can cure: stop, naming it.
+                e = refused => {
+                    tracing::error!(error = %e, "the signal table cannot be used; stopping");
+                    let _ = stop_tx.send(true);
+                    let _ = supervised.await;
+                    Ok(Err(error::PipelineError::Source(e)))
+                }
+            }
         })
     })();
     match result {

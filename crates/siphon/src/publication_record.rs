@@ -16,6 +16,10 @@
 //!   of the running session that finds other rows without a gap records them too: a later start
 //!   compares with the last membership seen. (Reconnects within one process compare with the
 //!   previous session's look and need no broker to start streaming.)
+//! - A slot that does not exist yet or that this start created has no gap (nothing was
+//!   committed in it before it existed): the membership is recorded without comparing, since
+//!   the record may be that of a slot of the same name dropped since (the documented way to
+//!   take a snapshot again).
 //! - A gap found is a definite error; only `siphon accept-publication-change` (after the
 //!   operator dealt with the gap) records the membership as it is now.
 //! - Nothing is recorded or compared when the server's system identifier is unknown (a warning
@@ -244,13 +248,15 @@ async fn read(
 
 /// Compares the membership `now` (publication `publication`, seen through `slot` on
 /// `system_id`) with the recorded one: a gap is [`RecordError::GapWhileStopped`]; otherwise
-/// `now` is recorded when it differs.
+/// `now` is recorded when it differs. A `new_slot` (one this start created, or will create)
+/// has no gap: `now` replaces the record without a comparison.
 pub async fn check_and_record(
     state: &StateTopic,
     system_id: Option<&str>,
     slot: &str,
     publication: &str,
     now: &Membership,
+    new_slot: bool,
 ) -> Result<(), RecordError> {
     if now.tables.is_empty() {
         return Ok(());
@@ -260,6 +266,9 @@ pub async fn check_and_record(
         return Ok(());
     }
     let current = Recorded::new(system_id, slot, publication, now);
+    if new_slot {
+        return write(state, &current).await;
+    }
     if let Some(recorded) = read(state, system_id, slot).await? {
         if recorded.publication == publication {
             if let Some(change) = membership::change(&recorded.membership(), now) {

@@ -35,6 +35,7 @@ use crate::transfer::{
 };
 use bytes::Bytes;
 use siphon_core::Backoff;
+use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::RowReader;
 use siphon_source::TableName;
 use std::sync::Arc;
@@ -45,8 +46,11 @@ use tracing::{info, warn};
 #[derive(Debug, Clone)]
 pub struct Request {
     pub table: TableName,
-    /// The SQL condition (`--where`); `None`: every row of the table.
-    pub condition: Option<String>,
+    /// The condition (`--where`); `None`: every row of the table.
+    pub condition: Option<RowCondition>,
+    /// The id of the signal row that asks for it (`None`: the command line): a re-send of a
+    /// signal recorded as done is not run again.
+    pub signal: Option<String>,
     /// Start a new re-send even if another condition's is unfinished.
     pub restart: bool,
     /// At most this many rows a second (0: as fast as Kafka acknowledges).
@@ -156,10 +160,17 @@ async fn attempt(
     let table = reader
         .describe(&request.table, &settings.source.publication, &order_by)
         .await?;
-    let condition = request.condition.as_deref();
+    let condition = request.condition.as_ref();
+    let written = condition.map(RowCondition::text);
     let mut progress = match log.read().await? {
         Some(progress)
-            if !progress.done && !restart && progress.condition.as_deref() == condition =>
+            if progress.done && request.signal.is_some() && progress.signal == request.signal =>
+        {
+            info!(id = %progress.id, table = %request.table, signal = ?request.signal, "the signal's re-send was carried out already");
+            return Ok(0);
+        }
+        Some(progress)
+            if !progress.done && !restart && progress.condition.as_deref() == written =>
         {
             info!(id = %progress.id, table = %request.table, rows_sent = progress.rows_sent, "resuming the unfinished re-send after its last acknowledged key");
             progress
@@ -179,7 +190,8 @@ async fn attempt(
                 system_id.as_deref(),
                 &settings.source.slot,
             );
-            progress.condition = request.condition.clone();
+            progress.condition = written.map(str::to_owned);
+            progress.signal = request.signal.clone();
             progress.until = reader.last_key(&table, condition).await?;
             progress.rows_total = match &progress.until {
                 Some(until) => reader.count(&table, condition, None, Some(until)).await?,
@@ -196,6 +208,8 @@ async fn attempt(
         &settings.sink,
         settings.max_in_flight_records,
         settings.max_in_flight_bytes,
+        &settings.on_error,
+        Arc::clone(metrics),
     )
     .map_err(TransferError::from)?;
     let until = progress.until.clone();
@@ -211,7 +225,7 @@ async fn attempt(
         started,
         sent_before,
         last_report: (started, sent_before),
-        max_rows_per_second: request.max_rows_per_second,
+        pace: transfer::Pace::new(request.max_rows_per_second),
         writing: None,
         chunk_bytes: settings.max_in_flight_bytes,
     };

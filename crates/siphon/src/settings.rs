@@ -13,7 +13,8 @@ use anyhow::Context;
 use siphon_kafka_sink::{ProgressTopic, SinkConfig, StateTopic, TopicCreation};
 use siphon_router::{
     default_cloudevents_source, CloudEventsMode, CloudEventsOptions, Encoding, EventExtensions,
-    EventRouter, Format, JavaNumbers, RouterContext, RouterOptions, TraceOptions,
+    EventRouter, Format, JavaNumbers, OwnTopicRole, OwnTopics, RouterContext, RouterOptions,
+    TraceOptions,
 };
 use siphon_source::{SourceConfig, TableName};
 use std::collections::{BTreeMap, HashMap};
@@ -24,8 +25,8 @@ use tracing::info;
 /// The most bytes of undecoded messages read from the replication stream ahead of the
 /// in-flight window (the window's size when that is smaller). Records wait in the window, so
 /// a large window needs no more read ahead: 4 MiB is still 4,096 messages of 1 kB (the count
-/// limit), and 8 rows of 512 KB. Equal to the default 32 MiB window it doubled the peak RSS
-/// of large rows behind a broker that took nothing (85 MB instead of 57 MB).
+/// limit), and 8 rows of 512 KB. A read-ahead as large as the default 32 MiB window would
+/// hold a second window's worth of large rows behind a broker that takes nothing.
 pub const READ_AHEAD_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// The Debezium encoding; `protobuf` values are written by the router's extension, which
@@ -111,6 +112,25 @@ fn run_id() -> String {
     )
 }
 
+/// Siphon's own topics as configured, which no outbox row may be routed to (the progress topic
+/// even with at-least-once delivery: another source may share it).
+fn own_topics(config: &Config) -> OwnTopics {
+    OwnTopics::new([
+        (
+            config.kafka.progress_topic.trim().to_owned(),
+            OwnTopicRole::Progress,
+        ),
+        (
+            config.kafka.state_topic.trim().to_owned(),
+            OwnTopicRole::State,
+        ),
+        (
+            config.pipeline.dead_letter_topic.clone(),
+            OwnTopicRole::DeadLetter,
+        ),
+    ])
+}
+
 /// One router from `options`: with Debezium's context headers when `topic.prefix` (the logical
 /// name they carry) is set or `extended.headers.enabled` is explicitly true, as in Debezium 3.2+.
 fn build_router(
@@ -148,7 +168,9 @@ fn build_router(
     } else {
         EventRouter::new(options, format)
     };
-    Ok(router.with_extensions(extensions)?)
+    Ok(router
+        .with_own_topics(own_topics(config))
+        .with_extensions(extensions)?)
 }
 
 /// The routers: `[router]`, and for each `[router.tables."schema.table"]` its options on top of
@@ -196,7 +218,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         slot: config.source.slot.clone(),
         publication: config.source.publication.clone(),
         tables,
-        status_interval: Duration::from_millis(config.source.status_interval_ms.max(10)),
+        status_interval: Duration::from_millis(config.source.status_interval_ms),
         idle_wakeup_interval: Duration::from_secs(10),
         // Read-ahead of the replication stream: at most one more in-flight window of bytes,
         // and at most READ_AHEAD_MAX_BYTES.
@@ -246,7 +268,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
             NonTransactional::Skip => NonTransactionalPolicy::Skip,
         },
         on_error,
-        stall_timeout: Duration::from_secs(config.source.stall_timeout_secs.max(1)),
+        stall_timeout: Duration::from_secs(config.source.stall_timeout_secs),
         max_in_flight_records: config.pipeline.max_in_flight_records,
         max_in_flight_bytes: config.pipeline.max_in_flight_bytes,
         shutdown_timeout: Duration::from_secs(config.pipeline.shutdown_timeout_secs),
@@ -274,11 +296,6 @@ fn exactly_once(config: &Config, sink: &SinkConfig) -> anyhow::Result<Option<Exa
     let progress = config.kafka.progress_topic.trim();
     if progress.is_empty() {
         anyhow::bail!("kafka.progress_topic is \"\": exactly-once delivery commits its progress there; name a topic (default \"siphon.progress\")");
-    }
-    if config.kafka.transaction_interval_ms == 0 || config.kafka.transaction_max_bytes == 0 {
-        anyhow::bail!(
-            "kafka.transaction_interval_ms and kafka.transaction_max_bytes must be above 0"
-        );
     }
     let transaction_timeout = sink.transaction_timeout()?;
     let interval = Duration::from_millis(config.kafka.transaction_interval_ms);
@@ -342,7 +359,7 @@ pub fn init_logging(format: LogFormat) {
 }
 
 /// Sets `stop` on the first SIGTERM or SIGINT.
-pub async fn forward_signals(stop: watch::Sender<bool>) {
+pub async fn forward_signals(stop: std::sync::Arc<watch::Sender<bool>>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

@@ -17,12 +17,20 @@
 //!   request, whatever the number of instances.
 //! - A row is removed only once its request finished (every row acknowledged) or was refused for
 //!   good (logged as an error naming the row): a crash in between finds it again, and the re-send
-//!   resumes from its last acknowledged chunk.
+//!   resumes from its last acknowledged chunk; a re-send recorded as done for the row's id is
+//!   not run again.
+//! - A request is carried out once: before each, Siphon checks that its role may delete the
+//!   row afterwards. A privilege missing, or any other error only the operator can cure, stops
+//!   Siphon (exit status 2) naming the fix; only transient errors are tried again, at the next
+//!   look.
+//! - A row's condition is checked as a signal's ([`ConditionSource::Signal`]): one expression
+//!   comparing columns with constants, never SQL of the row's writer's choosing.
 //! - Streaming does not wait for a re-send: it runs as a task of its own with its own producer.
 
 use crate::resend::{self, Request};
 use crate::session::PipelineSettings;
 use crate::telemetry::Metrics;
+use siphon_source::row_condition::{ConditionError, ConditionSource, RowCondition};
 use siphon_source::signal::SignalRow;
 use siphon_source::TableName;
 use std::sync::Arc;
@@ -40,10 +48,16 @@ pub enum SignalError {
     Shape { id: String, reason: String },
     #[error("signal {id}: {name:?} is not a table name")]
     Table { id: String, name: String },
+    #[error("signal {id}: {source}")]
+    Condition {
+        id: String,
+        #[source]
+        source: ConditionError,
+    },
 }
 
 /// The re-sends a signal row asks for: each table with its condition.
-pub fn requests(row: &SignalRow) -> Result<Vec<(TableName, Option<String>)>, SignalError> {
+pub fn requests(row: &SignalRow) -> Result<Vec<(TableName, Option<RowCondition>)>, SignalError> {
     let shape = |reason: &str| SignalError::Shape {
         id: row.id.clone(),
         reason: reason.to_owned(),
@@ -96,27 +110,34 @@ pub fn requests(row: &SignalRow) -> Result<Vec<(TableName, Option<String>)>, Sig
                 .find(|(t, _)| *t == table)
                 .map(|(_, f)| f.clone())
                 .or_else(|| common.clone())
-                .filter(|f| !f.trim().is_empty());
+                .filter(|f| !f.trim().is_empty())
+                .map(|f| RowCondition::parse(&f, ConditionSource::Signal))
+                .transpose()
+                .map_err(|source| SignalError::Condition {
+                    id: row.id.clone(),
+                    source,
+                })?;
             Ok((table, filter))
         })
         .collect()
 }
 
-/// Carries out the requests of `signals` (see the module's docs) until `shutdown`.
+/// Carries out the requests of `signals` (see the module's docs) until `shutdown`; returns an
+/// error only the operator can cure (Siphon then stops).
 pub async fn watch(
     settings: PipelineSettings,
     metrics: Arc<Metrics>,
     signals: TableName,
     max_backoff: Duration,
     mut shutdown: watch::Receiver<bool>,
-) {
+) -> Result<(), siphon_source::SourceError> {
     let mut interval = tokio::time::interval(POLL);
     // Kept between looks; opened again after an error.
     let mut client = None;
     loop {
         tokio::select! {
             _ = interval.tick() => {}
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => return Ok(()),
         }
         if !metrics.health().is_streaming() {
             continue;
@@ -124,11 +145,15 @@ pub async fn watch(
         let carried_out = tokio::select! {
             result = next(&settings, &metrics, &signals, max_backoff, &mut client) => result,
             // A re-send stopped here resumes from its progress when the row is found again.
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => return Ok(()),
         };
-        if let Err(e) = carried_out {
-            client = None;
-            warn!(table = %signals, error = %e, "the signal table could not be read or updated; trying again");
+        match carried_out {
+            Ok(()) => {}
+            Err(e) if e.is_transient() => {
+                client = None;
+                warn!(table = %signals, error = %e, "the signal table could not be read or updated; trying again at the next look");
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -152,6 +177,8 @@ async fn next(
     let Some(row) = siphon_source::signal::next(client, signals).await? else {
         return Ok(());
     };
+    // A row that could not be removed afterwards would be carried out again at every look.
+    siphon_source::signal::check_privileges(client, signals).await?;
     info!(signal = %row.id, table = %signals, "re-send requested by a signal row");
     match requests(&row) {
         Ok(list) => {
@@ -159,6 +186,7 @@ async fn next(
                 let request = Request {
                     table: table.clone(),
                     condition,
+                    signal: Some(row.id.clone()),
                     restart: false,
                     max_rows_per_second: 0,
                 };
@@ -194,10 +222,17 @@ mod tests {
 
     #[test]
     fn debezium_execute_snapshot_data_is_read() {
+        let texts = |data: &str| -> Vec<(TableName, Option<String>)> {
+            requests(&row(data))
+                .expect("valid")
+                .into_iter()
+                .map(|(table, condition)| (table, condition.map(|c| c.sql().to_owned())))
+                .collect()
+        };
         let data = r#"{"data-collections": ["public.outbox", "billing.outbox"], "type": "incremental",
             "additional-conditions": [{"data-collection": "public.outbox", "filter": "created_at >= '2026-12-01'"}]}"#;
         assert_eq!(
-            requests(&row(data)).expect("valid"),
+            texts(data),
             vec![
                 (
                     name("public.outbox"),
@@ -209,8 +244,26 @@ mod tests {
         // Debezium 1.x's single condition.
         let data = r#"{"data-collections": ["outbox"], "additional-condition": "id > 5"}"#;
         assert_eq!(
-            requests(&row(data)).expect("valid"),
+            texts(data),
             vec![(name("public.outbox"), Some("id > 5".into()))]
+        );
+    }
+
+    #[test]
+    fn a_signal_s_condition_cannot_carry_sql_of_its_own() {
+        let data = r#"{"data-collections": ["public.outbox"], "additional-conditions": [{"data-collection": "public.outbox",
+            "filter": "true); CREATE TABLE injected (x int); SELECT (true"}]}"#;
+        let error = requests(&row(data)).expect_err("not one expression");
+        assert!(error.to_string().contains("signal s1"), "{error}");
+        assert!(
+            error.to_string().contains("not one SQL expression"),
+            "{error}"
+        );
+        let data = r#"{"data-collections": ["public.outbox"], "additional-condition": "pg_drop_replication_slot('x') IS NULL"}"#;
+        let error = requests(&row(data)).expect_err("a function a signal may not call");
+        assert!(
+            error.to_string().contains("pg_drop_replication_slot"),
+            "{error}"
         );
     }
 

@@ -132,7 +132,7 @@ async fn send_all(
         let until = if reader.in_snapshot() {
             None
         } else {
-            match reader.last_key(&outbox, table.filter.as_deref()).await? {
+            match reader.last_key(&outbox, table.filter.as_ref()).await? {
                 Some(last) => Some(last),
                 None => continue,
             }
@@ -140,7 +140,7 @@ async fn send_all(
         total += reader
             .count(
                 &outbox,
-                table.filter.as_deref(),
+                table.filter.as_ref(),
                 after.as_deref(),
                 until.as_deref(),
             )
@@ -159,6 +159,8 @@ async fn send_all(
         &settings.sink,
         settings.max_in_flight_records,
         settings.max_in_flight_bytes,
+        &settings.on_error,
+        Arc::clone(metrics),
     )?;
     let position = settings
         .position_headers
@@ -184,7 +186,7 @@ async fn send_all(
         started,
         sent_before: progress.rows_sent,
         last_report: (started, progress.rows_sent),
-        max_rows_per_second: 0,
+        pace: crate::transfer::Pace::new(0),
         writing: None,
         chunk_bytes: settings.max_in_flight_bytes,
     };
@@ -193,7 +195,7 @@ async fn send_all(
             reader,
             &mut sender,
             outbox,
-            filter.as_deref(),
+            filter.as_ref(),
             until.as_deref(),
             &mut progress,
         )

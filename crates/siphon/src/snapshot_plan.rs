@@ -6,6 +6,7 @@
 
 use crate::config::{Config, SnapshotMode};
 use anyhow::Context;
+use siphon_source::row_condition::{ConditionSource, RowCondition};
 use siphon_source::TableName;
 
 pub use crate::config::DEFAULT_SNAPSHOT_CHUNK_ROWS as DEFAULT_CHUNK_ROWS;
@@ -14,8 +15,8 @@ pub use crate::config::DEFAULT_SNAPSHOT_CHUNK_ROWS as DEFAULT_CHUNK_ROWS;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TablePlan {
     pub table: TableName,
-    /// The SQL condition rows are read with (`None`: every row).
-    pub filter: Option<String>,
+    /// The condition rows are read with (`None`: every row).
+    pub filter: Option<RowCondition>,
     /// Columns read in order before the primary key's (`order_by`).
     pub order_by: Vec<String>,
 }
@@ -44,24 +45,23 @@ impl Plan {
             }
             overrides.insert(table, section.clone());
         }
-        let global = non_empty(&source.snapshot_filter);
+        let global = condition(&source.snapshot_filter).context("source.snapshot_filter")?;
         let plans = tables
             .iter()
             .map(|table| {
                 let section = overrides.get(table);
-                TablePlan {
+                Ok(TablePlan {
                     table: table.clone(),
                     filter: match section.and_then(|s| s.filter.as_deref()) {
-                        Some(filter) => non_empty(filter),
+                        Some(filter) => condition(filter).with_context(|| {
+                            format!("[source.snapshot_tables.\"{table}\"] filter")
+                        })?,
                         None => global.clone(),
                     },
                     order_by: section.map(|s| s.order_by.clone()).unwrap_or_default(),
-                }
+                })
             })
-            .collect();
-        if source.snapshot_chunk_rows == 0 {
-            anyhow::bail!("source.snapshot_chunk_rows must be at least 1");
-        }
+            .collect::<anyhow::Result<_>>()?;
         let initial = source.snapshot == SnapshotMode::Initial;
         if initial
             && (config.kafka.state_topic.trim().is_empty()
@@ -85,6 +85,14 @@ impl Plan {
             tables: plans,
             signal_table,
         })
+    }
+}
+
+/// The operator's condition `text` (`None` when empty), checked as one expression.
+fn condition(text: &str) -> anyhow::Result<Option<RowCondition>> {
+    match non_empty(text) {
+        Some(text) => Ok(Some(RowCondition::parse(&text, ConditionSource::Operator)?)),
+        None => Ok(None),
     }
 }
 
@@ -132,11 +140,9 @@ mod tests {
         let plan = Plan::from_config(&config, &tables()).expect("a plan");
         assert!(plan.initial);
         assert_eq!(plan.chunk_rows, 50);
-        assert_eq!(
-            plan.tables[0].filter.as_deref(),
-            Some("published_at IS NULL")
-        );
-        assert_eq!(plan.tables[1].filter.as_deref(), Some("NOT processed"));
+        let sql = |i: usize| plan.tables[i].filter.as_ref().map(RowCondition::sql);
+        assert_eq!(sql(0), Some("published_at IS NULL"));
+        assert_eq!(sql(1), Some("NOT processed"));
         assert_eq!(plan.tables[1].order_by, ["created_at"]);
         // An empty per-table filter reads every row of that table.
         let config = self::config(
@@ -145,6 +151,26 @@ mod tests {
         .expect("valid");
         let plan = Plan::from_config(&config, &tables()).expect("a plan");
         assert_eq!(plan.tables[0].filter, None);
+    }
+
+    #[test]
+    fn a_filter_is_one_expression() {
+        for (extra, key) in [
+            (
+                "snapshot_filter = \"true; DROP TABLE outbox\"\n",
+                "source.snapshot_filter",
+            ),
+            (
+                "[source.snapshot_tables.\"public.outbox\"]\nfilter = \"x) OR (true\"\n",
+                "[source.snapshot_tables.\"public.outbox\"] filter",
+            ),
+        ] {
+            let error = Plan::from_config(&config(extra).expect("parses"), &tables())
+                .expect_err("not one expression");
+            let message = format!("{error:#}");
+            assert!(message.contains(key), "{message}");
+            assert!(message.contains("not one SQL expression"), "{message}");
+        }
     }
 
     #[test]
@@ -168,7 +194,7 @@ mod tests {
         no_state.kafka.state_topic = String::new();
         let error = Plan::from_config(&no_state, &tables()).expect_err("no state topic");
         assert!(error.to_string().contains("kafka.state_topic"), "{error}");
-        let zero = config("snapshot_chunk_rows = 0").expect("parses");
-        assert!(Plan::from_config(&zero, &tables()).is_err());
+        // A chunk of no rows is refused with the other ranges (crate::config::ranges).
+        assert!(config("snapshot_chunk_rows = 0").is_err());
     }
 }

@@ -10,19 +10,23 @@
 //! - Progress names only keys whose rows (and every row before them in key order) Kafka
 //!   acknowledged: a transfer resumed from it loses no row; rows after it may be sent twice.
 //! - A record Kafka did not take ends the transfer with an error (transient: it resumes from the
-//!   last progress written); nothing is skipped silently. A row the router cannot route follows
-//!   `pipeline.on_error`, as in the stream.
+//!   last progress written); nothing is skipped silently. A row the router cannot route, and a
+//!   record Kafka refuses for its own sake ([`RecordFault`]), follow `pipeline.on_error` as in
+//!   the stream: dead-lettered, or the transfer stops naming it.
 //! - The records are the router's, byte for byte: the same topic, key, value and headers as
 //!   the stream makes of the row's INSERT, with only the headers of [`Stamp`] appended.
 
+use crate::dead_letter::Stage;
 use crate::pipeline::{ErrorPolicy, Routers};
 use crate::position::PositionHeaders;
+use crate::record_fault::RecordFault;
 use crate::telemetry::{Event, Metrics, TransferKind};
 use bytes::Bytes;
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
 use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
 use siphon_router::{Header, RouteError, Routed, RoutedRecord, TableBinding};
+use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::{OutboxTable, RowReader};
 use siphon_source::TableName;
 use std::sync::Arc;
@@ -79,8 +83,11 @@ pub struct Progress {
     /// The table being read and the last key acknowledged in it (`None`: none yet).
     pub table: Option<String>,
     pub after: Option<Vec<String>>,
-    /// The condition of a re-send (`--where`).
+    /// The condition of a re-send (`--where`), as written.
     pub condition: Option<String>,
+    /// The id of the signal row that asked for the re-send.
+    #[serde(default)]
+    pub signal: Option<String>,
     /// The last key a re-send reads (the last row matching when it started).
     #[serde(default)]
     pub until: Option<Vec<String>>,
@@ -107,6 +114,7 @@ impl Progress {
             table: None,
             after: None,
             condition: None,
+            signal: None,
             until: None,
             rows_sent: 0,
             rows_total: 0,
@@ -207,7 +215,10 @@ impl Stamp {
     }
 }
 
-/// A producer of the transfer's own, with the in-flight window.
+/// A producer of the transfer's own, with the in-flight window. A record Kafka refuses for its
+/// own sake ([`RecordFault`]) follows `pipeline.on_error` as in the stream: with dead letters
+/// its letter is sent in its place (acknowledged before the chunk counts as done); otherwise
+/// the transfer stops naming it.
 pub struct Sender {
     sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
@@ -217,6 +228,10 @@ pub struct Sender {
     in_flight_bytes: usize,
     max_records: usize,
     max_bytes: usize,
+    on_error: ErrorPolicy,
+    metrics: Arc<Metrics>,
+    /// Dead letters of refused records, still to be sent.
+    letters: Vec<RoutedRecord>,
 }
 
 impl Sender {
@@ -227,6 +242,8 @@ impl Sender {
         config: &SinkConfig,
         max_records: usize,
         max_bytes: usize,
+        on_error: &ErrorPolicy,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, SinkError> {
         let (sink, deliveries) = KafkaSink::new(config, None)?;
         Ok(Sender {
@@ -237,11 +254,41 @@ impl Sender {
             in_flight_bytes: 0,
             max_records: max_records.max(1),
             max_bytes: max_bytes.max(1),
+            on_error: on_error.clone(),
+            metrics,
+            letters: Vec::new(),
         })
     }
 
-    /// Hands `record` to the producer once the window has room for it.
+    /// Hands `record` to the producer once the window has room for it (and the dead letters
+    /// of records refused meanwhile).
     pub async fn send(&mut self, record: RoutedRecord) -> Result<(), TransferError> {
+        self.hand(record).await?;
+        self.send_letters().await
+    }
+
+    /// Waits until every record sent (and every dead letter) was acknowledged.
+    pub async fn flush(&mut self) -> Result<(), TransferError> {
+        loop {
+            while !self.in_flight.is_empty() {
+                self.settle_one().await?;
+            }
+            if self.letters.is_empty() {
+                return Ok(());
+            }
+            self.send_letters().await?;
+        }
+    }
+
+    async fn send_letters(&mut self) -> Result<(), TransferError> {
+        while let Some(letter) = self.letters.pop() {
+            self.hand(letter).await?;
+        }
+        Ok(())
+    }
+
+    /// Hands one record to the producer once the window has room for it.
+    async fn hand(&mut self, record: RoutedRecord) -> Result<(), TransferError> {
         let size = siphon_kafka_sink::producer::record_bytes(&record);
         while !self.in_flight.is_empty()
             && (self.in_flight.len() >= self.max_records
@@ -251,18 +298,17 @@ impl Sender {
         }
         let token = self.next_token;
         self.next_token = self.next_token.wrapping_add(1);
-        self.sink.send(token, &record).await?;
-        self.in_flight.insert(token, size);
-        self.in_flight_bytes += size;
-        Ok(())
-    }
-
-    /// Waits until every record sent was acknowledged.
-    pub async fn flush(&mut self) -> Result<(), TransferError> {
-        while !self.in_flight.is_empty() {
-            self.settle_one().await?;
+        match self.sink.send(token, &record).await {
+            Ok(()) => {
+                self.in_flight.insert(token, size);
+                self.in_flight_bytes += size;
+                Ok(())
+            }
+            Err(error) => match RecordFault::of_enqueue(error) {
+                Ok(fault) => self.refused(record, fault),
+                Err(error) => Err(error.into()),
+            },
         }
-        Ok(())
     }
 
     /// Waits for one delivery report.
@@ -279,17 +325,42 @@ impl Sender {
         if let Some(size) = self.in_flight.remove(&delivery.token) {
             self.in_flight_bytes -= size;
         }
-        match delivery.result {
-            Ok(_) => Ok(()),
-            Err(failure) => {
+        let Err(failure) = delivery.result else {
+            return Ok(());
+        };
+        let failure = *failure;
+        match RecordFault::of_delivery(failure.error) {
+            Ok(fault) => self.refused(failure.record, fault),
+            Err(error) => {
                 // The others in flight may still arrive; the transfer resumes from its last
                 // progress, which names none of them.
                 self.sink.purge();
                 Err(TransferError::Delivery {
                     topic: failure.record.topic.to_string(),
-                    error: Box::new(failure.error),
+                    error: Box::new(error),
                 })
             }
+        }
+    }
+
+    /// `record` is refused for `fault`: its dead letter is queued, or the transfer stops.
+    fn refused(&mut self, record: RoutedRecord, fault: RecordFault) -> Result<(), TransferError> {
+        match &self.on_error {
+            ErrorPolicy::DeadLetter(dead_letters) if &*record.topic != dead_letters.topic() => {
+                Event::RecordDeadLettered {
+                    topic: &record.topic,
+                    error: &fault,
+                }
+                .emit(&self.metrics);
+                self.letters
+                    .push(dead_letters.for_record(record, &fault, Stage::Produce, None));
+                Ok(())
+            }
+            ErrorPolicy::DeadLetter(_) => Err(TransferError::DeadLetterRefused(Box::new(fault))),
+            ErrorPolicy::Fail => Err(TransferError::Refused {
+                topic: record.topic.to_string(),
+                fault: Box::new(fault),
+            }),
         }
     }
 }
@@ -312,13 +383,65 @@ pub struct Copy<'a> {
     pub sent_before: u64,
     /// When progress was last written (and logged), and the rows sent then.
     pub last_report: (Instant, u64),
-    /// At most this many rows a second (0: no limit).
-    pub max_rows_per_second: u64,
+    /// At most so many rows a second, row by row.
+    pub pace: Pace,
     /// The bytes of row values a chunk should hold at most (`pipeline.max_in_flight_bytes`).
     pub chunk_bytes: usize,
     /// The progress write running beside the reading (`None` at first): each waits for the one
     /// before it, so they reach the state topic in order.
     pub writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
+}
+
+/// A rate of rows handed to the producer, kept row by row (the generic cell rate algorithm):
+/// each row is due one interval (`1 / rate`) after the row before was due, or after it was
+/// handed if that was later. A run that fell behind (a chunk read, a wait for Kafka) never
+/// catches up in a burst, and a timer that wakes late costs no rate: any second holds at most
+/// `rate` rows, [`PACE_TOLERANCE`]'s worth more, and one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// Rows a second; 0: no limit.
+    rate: u64,
+    /// When the next row is due, in theory (`None`: no row handed yet).
+    due: Option<Instant>,
+}
+
+/// How early a row may be handed: what absorbs a timer waking late.
+pub const PACE_TOLERANCE: Duration = Duration::from_millis(20);
+
+impl Pace {
+    /// At most `rate` rows a second (0: as fast as Kafka acknowledges).
+    pub fn new(rate: u64) -> Self {
+        Pace { rate, due: None }
+    }
+
+    /// The earliest the next row may be handed.
+    fn next_at(&self, now: Instant) -> Instant {
+        match self.due {
+            Some(due) if self.rate > 0 => due.checked_sub(PACE_TOLERANCE).unwrap_or(due),
+            _ => now,
+        }
+    }
+
+    /// Counts a row handed at `at`.
+    fn handed(&mut self, at: Instant) {
+        if self.rate == 0 {
+            return;
+        }
+        let interval = Duration::from_secs_f64(1.0 / self.rate as f64);
+        let due = self.due.map_or(at, |due| due.max(at));
+        self.due = Some(due + interval);
+    }
+
+    /// Waits until the next row may be handed, and counts it. Without a rate it does nothing:
+    /// no clock read or timer on a row's path.
+    async fn wait(&mut self) {
+        if self.rate == 0 {
+            return;
+        }
+        let at = self.next_at(Instant::now());
+        tokio::time::sleep_until(at.into()).await;
+        self.handed(Instant::now());
+    }
 }
 
 /// How often, at most, progress is written to the state topic and logged (each write waits for
@@ -335,7 +458,7 @@ impl Copy<'_> {
         reader: &mut RowReader,
         sender: &mut Sender,
         table: &OutboxTable,
-        filter: Option<&str>,
+        filter: Option<&RowCondition>,
         until: Option<&[String]>,
         progress: &mut Progress,
     ) -> Result<(), TransferError> {
@@ -353,12 +476,20 @@ impl Copy<'_> {
                 ErrorPolicy::DeadLetter(_) => Err(e),
             },
         };
-        // Chunks start small and grow to `chunk_rows` while their rows fit in `chunk_bytes`:
-        // memory holds one chunk, whatever the size of the rows.
+        // A chunk holds at most `chunk_bytes` of values (the rows past them are read again by the
+        // next chunk). Its row count starts small and follows the size of the rows read, so
+        // that few rows are read past the bytes.
         let mut limit = FIRST_CHUNK_ROWS.min(self.chunk_rows).max(1);
         loop {
             let rows = reader
-                .read_chunk(table, filter, after.as_deref(), until, limit)
+                .read_chunk(
+                    table,
+                    filter,
+                    after.as_deref(),
+                    until,
+                    limit,
+                    self.chunk_bytes,
+                )
                 .await?;
             let Some(last) = rows.last().map(|r| r.key.clone()) else {
                 break;
@@ -374,6 +505,7 @@ impl Copy<'_> {
                 match routed {
                     Ok(Some(mut record)) => {
                         self.stamp.apply(&mut record);
+                        self.pace.wait().await;
                         sender.send(record).await?;
                     }
                     Ok(None) => {}
@@ -400,6 +532,7 @@ impl Copy<'_> {
                                 self.lsn,
                                 None,
                             );
+                            self.pace.wait().await;
                             sender.send(record).await?;
                         }
                     },
@@ -412,7 +545,6 @@ impl Copy<'_> {
             if self.last_report.0.elapsed() >= PROGRESS_INTERVAL {
                 self.report(&name, progress).await?;
             }
-            self.pace(progress).await;
             after = Some(last);
         }
         progress.tables_done.push(name);
@@ -423,18 +555,6 @@ impl Copy<'_> {
 }
 
 impl Copy<'_> {
-    /// Waits while this run is ahead of `max_rows_per_second`.
-    async fn pace(&self, progress: &Progress) {
-        if self.max_rows_per_second == 0 {
-            return;
-        }
-        let sent = progress.rows_sent.saturating_sub(self.sent_before);
-        let due = Duration::from_secs_f64(sent as f64 / self.max_rows_per_second as f64);
-        if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
-            tokio::time::sleep(ahead).await;
-        }
-    }
-
     /// Writes `progress` to the state topic and logs it (rows of `table` lately). The write runs
     /// beside the reading of the next chunks (a write waits for the broker), after the one
     /// before it; a `done` progress is written before this returns.
@@ -675,6 +795,43 @@ mod tests {
         assert_eq!(next_limit(&[row(10)], 1000, 1_000_000), 1000);
         assert_eq!(next_limit(&[row(5_000_000)], 1000, 1_000_000), 1);
         assert_eq!(next_limit(&[row(0)], 1000, 10), 10);
+    }
+
+    #[test]
+    fn a_pace_spreads_rows_over_each_second() {
+        let start = Instant::now();
+        let mut pace = Pace::new(100);
+        let mut handed = Vec::new();
+        let mut now = start;
+        for row in 0..400u64 {
+            // Late timers (up to 15 ms), and a stall of 700 ms every 100 rows.
+            now = now.max(pace.next_at(now)) + Duration::from_millis(row * 7 % 16);
+            if row % 100 == 99 {
+                now += Duration::from_millis(700);
+            }
+            pace.handed(now);
+            handed.push(now);
+        }
+        for (i, first) in handed.iter().enumerate() {
+            let within = handed[i..]
+                .iter()
+                .take_while(|t| **t < *first + Duration::from_secs(1))
+                .count();
+            assert!(within <= 103, "{within} rows in the second after row {i}");
+        }
+        // Late timers cost no rate: 100 rows take about a second, not more.
+        let mut pace = Pace::new(100);
+        let mut now = start;
+        for row in 0..101u64 {
+            now = now.max(pace.next_at(now)) + Duration::from_millis(row % 10);
+            pace.handed(now);
+        }
+        assert!(
+            now - start < Duration::from_millis(1_050),
+            "{:?}",
+            now - start
+        );
+        assert_eq!(Pace::new(0).next_at(start), start);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! # Invariants
 //! - Below the transfers and the pipeline's errors (which carry it): it imports neither.
 
+use crate::record_fault::RecordFault;
 use siphon_kafka_sink::{DeliveryError, SinkError, StateTopicError};
 use siphon_router::RouteError;
 use siphon_source::{SourceError, TableName};
@@ -25,6 +26,15 @@ pub enum TransferError {
         topic: String,
         error: Box<DeliveryError>,
     },
+    /// A record Kafka refuses for its own sake, with `pipeline.on_error = "fail"`.
+    #[error("Kafka refused a record for topic {topic}: {fault} (fix it, or set pipeline.on_error = \"dead-letter\")")]
+    Refused {
+        topic: String,
+        fault: Box<RecordFault>,
+    },
+    /// Even the dead-letter topic refused a record.
+    #[error("the dead-letter topic refused a record: {0}")]
+    DeadLetterRefused(Box<RecordFault>),
     /// A row the router cannot route, with `pipeline.on_error = "fail"`.
     #[error("{error} (a row of {table} with key {key:?} was not sent; fix it, or set pipeline.on_error = \"dead-letter\")")]
     Row {

@@ -30,6 +30,8 @@
 //!   the errors and the modules raising them share, and [`sqlstate`] the SQLSTATE both
 //!   connections' errors are keyed by. They import nothing of the crate and [`error`] imports
 //!   only them (and [`wire`]'s errors), so no two modules import each other.
+//! - [`row_condition`] checks conditions written by people (`resend --where`, filters, signal
+//!   rows) as one SQL expression before they reach SQL.
 //! - [`signal`] reads and removes the rows of the signal table that ask for a re-send.
 //! - [`snapshot`] reads outbox rows outside the stream, over a replication connection: in the
 //!   snapshot of a slot it creates (the initial snapshot), or as they are now (re-sends).
@@ -53,6 +55,7 @@ pub mod locate;
 pub mod membership;
 pub mod names;
 pub mod queries;
+pub mod row_condition;
 pub mod setup;
 pub mod signal;
 pub mod slot_wait;

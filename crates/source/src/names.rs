@@ -76,9 +76,16 @@ pub fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
 }
 
-/// Quotes a string literal for SQL.
+/// Quotes a string literal for SQL, as PostgreSQL's `quote_literal` does: a text with a
+/// backslash is written `E'...'` with the backslashes doubled, so it reads the same whatever
+/// `standard_conforming_strings` is.
 pub fn quote_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
+    let quoted = text.replace('\'', "''");
+    if quoted.contains('\\') {
+        format!("E'{}'", quoted.replace('\\', "\\\\"))
+    } else {
+        format!("'{quoted}'")
+    }
 }
 
 /// One host of `source.url`: tried in the order the URL lists them, as libpq does.
@@ -249,5 +256,18 @@ impl fmt::Display for OrderProblem {
                 "has a column {column:?} in order_by that may be NULL, and rows with NULL there would never be read: make it NOT NULL, or order by other columns"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod quoting_tests {
+    use super::*;
+
+    #[test]
+    fn a_literal_reads_the_same_whatever_standard_conforming_strings_is() {
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        // Without E'', a server with standard_conforming_strings off would read \' as a quote.
+        assert_eq!(quote_literal(r"x\'); DROP"), r"E'x\\''); DROP'");
+        assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
     }
 }

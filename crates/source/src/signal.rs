@@ -5,8 +5,10 @@
 //! - Only rows of type `execute-snapshot` are read; a row is removed once its request was
 //!   carried out (or refused for good), so a request interrupted by a crash is found again.
 //! - Errors are classified by SQLSTATE, as every query's.
+//! - A request is carried out only once [`check_privileges`] found that its row can be removed
+//!   afterwards: a row Siphon may read but not delete would be carried out again and again.
 
-use crate::error::Query;
+use crate::error::{Query, SetupProblem};
 use crate::{SourceError, TableName};
 use tokio_postgres::Client;
 
@@ -36,6 +38,36 @@ pub async fn next(client: &Client, table: &TableName) -> Result<Option<SignalRow
         id: r.get(0),
         data: r.get(1),
     }))
+}
+
+/// Checks that Siphon's role may read and delete the rows of `table`.
+///
+/// # Errors
+/// [`SetupProblem::SignalTablePrivileges`] naming the privileges missing and the `GRANT`.
+pub async fn check_privileges(client: &Client, table: &TableName) -> Result<(), SourceError> {
+    let row = client
+        .query_one(
+            "SELECT current_user::text, has_table_privilege($1::text, 'SELECT'), \
+                    has_table_privilege($1::text, 'DELETE')",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(|e| SourceError::from_sql(Query::Signals, e))?;
+    let (user, select, delete): (String, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    let missing: Vec<&'static str> = [(select, "SELECT"), (delete, "DELETE")]
+        .into_iter()
+        .filter(|(granted, _)| !granted)
+        .map(|(_, name)| name)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(SetupProblem::SignalTablePrivileges {
+        table: table.clone(),
+        user,
+        missing,
+    }
+    .into())
 }
 
 /// Removes the signal row `id` of `table` (its request was carried out).

@@ -22,11 +22,17 @@
 //!   same rows; outside it each chunk sees what is committed when it runs.
 //! - The key is unique (it ends with the primary key) and NOT NULL, so reading "after the last
 //!   key" neither repeats nor skips a row that stays in the table.
-//! - The configured filter is put in parentheses as it is: it is the operator's SQL, run with
-//!   the operator's rights; a filter PostgreSQL refuses is a definite error naming the table.
+//! - A condition reaches SQL only as a [`RowCondition`]: one expression printed from its parse
+//!   tree, in parentheses. A condition PostgreSQL refuses is a definite error naming the table.
+//! - The publication's row filter of the table (PostgreSQL 15 on) is a condition of every read:
+//!   a transfer sends only rows the stream would have sent.
+//! - Every transaction of the connection is read-only (`default_transaction_read_only`).
+//! - A chunk holds at most `max_bytes` of values (or one row, whatever its size): rows past
+//!   that are dropped as they arrive and read by the next chunk.
 
 use crate::config::{quote_ident, quote_literal, Endpoint};
 use crate::error::{LoginTls, Operation, Query, SetupProblem, Subject};
+use crate::row_condition::RowCondition;
 use crate::wire::{QueryRow, Session};
 use crate::{ConnectionParams, SourceConfig, SourceError, TableName};
 use bytes::Bytes;
@@ -58,6 +64,9 @@ pub struct OutboxTable {
     /// The columns declared NOT NULL (as the session's binding reads them).
     pub not_null: HashSet<String>,
     key: Vec<KeyColumn>,
+    /// The publication's row filter of the table (PostgreSQL 15 on), as the server prints it:
+    /// rows it does not pass are never streamed, so transfers do not read them either.
+    publication_filter: Option<String>,
 }
 
 impl OutboxTable {
@@ -76,7 +85,7 @@ impl OutboxTable {
     /// `until` (included).
     fn chunk_sql(
         &self,
-        filter: Option<&str>,
+        filter: Option<&RowCondition>,
         after: Option<&[String]>,
         until: Option<&[String]>,
         limit: usize,
@@ -90,8 +99,11 @@ impl OutboxTable {
         let key: Vec<String> = self.key.iter().map(|k| quote_ident(&k.name)).collect();
         columns.extend(key.iter().cloned());
         let mut conditions = Vec::new();
-        if let Some(filter) = filter.filter(|f| !f.trim().is_empty()) {
+        if let Some(filter) = &self.publication_filter {
             conditions.push(format!("({filter})"));
+        }
+        if let Some(filter) = filter {
+            conditions.push(format!("({})", filter.sql()));
         }
         for (bound, operator) in [(after, ">"), (until, "<=")] {
             if let Some(bound) = bound {
@@ -125,7 +137,7 @@ impl OutboxTable {
     }
 
     /// The SQL text reading the key of the last row matching `filter`.
-    fn last_key_sql(&self, filter: Option<&str>) -> String {
+    fn last_key_sql(&self, filter: Option<&RowCondition>) -> String {
         let key: Vec<String> = self.key.iter().map(|k| quote_ident(&k.name)).collect();
         let chunk = self.chunk_sql(filter, None, None, 1);
         let from = chunk
@@ -143,7 +155,7 @@ impl OutboxTable {
     /// The SQL text counting the rows matching `filter` after key `after`, up to `until`.
     fn count_sql(
         &self,
-        filter: Option<&str>,
+        filter: Option<&RowCondition>,
         after: Option<&[String]>,
         until: Option<&[String]>,
     ) -> String {
@@ -201,10 +213,12 @@ impl RowReader {
         };
         // A snapshot waits idle in its transaction while Kafka acknowledges a chunk, and a
         // count of a large table takes a while: timeouts set for applications must not end them.
+        // Every transaction of the connection is read-only: a transfer only reads.
         reader
             .query(
                 Query::SnapshotTransaction,
-                "SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0",
+                "SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0; \
+                 SET default_transaction_read_only = on",
             )
             .await?;
         let rows = reader
@@ -321,7 +335,10 @@ impl RowReader {
             .next()
             .and_then(ReplicaIdentity::from_byte)
             .unwrap_or(ReplicaIdentity::Default);
-        let published = self.published_columns(table, publication).await?;
+        let (published, publication_filter) = match self.published(table, publication).await? {
+            Some((columns, filter)) => (Some(columns), filter),
+            None => (None, None),
+        };
         let generated = if self.version >= 120_000 {
             "a.attgenerated <> ''"
         } else {
@@ -394,24 +411,27 @@ impl RowReader {
             relation: Arc::new(relation),
             not_null,
             key,
+            publication_filter,
         })
     }
 
     /// The columns `publication` publishes of `table` (PostgreSQL 15 on: column lists and
-    /// published generated columns); `None` before 15 (all columns but generated ones).
-    async fn published_columns(
+    /// published generated columns) and its row filter; `None` before 15 (all columns but
+    /// generated ones, no row filter) or when the table is not published (yet).
+    async fn published(
         &mut self,
         table: &TableName,
         publication: &str,
-    ) -> Result<Option<HashSet<String>>, SourceError> {
+    ) -> Result<Option<(HashSet<String>, Option<String>)>, SourceError> {
         if self.version < OPTION_LIST_VERSION {
             return Ok(None);
         }
+        // A row a published column, each with the table's row filter.
         let rows = self
             .query(
                 Query::PublicationTables,
                 &format!(
-                    "SELECT unnest(attnames)::text FROM pg_publication_tables \
+                    "SELECT unnest(attnames)::text, rowfilter FROM pg_publication_tables \
                      WHERE pubname = {} AND schemaname = {} AND tablename = {}",
                     quote_literal(publication),
                     quote_literal(&table.schema),
@@ -419,25 +439,43 @@ impl RowReader {
                 ),
             )
             .await?;
-        if rows.is_empty() {
+        let Some(first) = rows.first() else {
             // Not (yet) published: the stream would carry every column but generated ones.
             return Ok(None);
-        }
-        Ok(Some(rows.iter().map(|r| cell(r, 0).to_owned()).collect()))
+        };
+        let filter = first.get(1).cloned().flatten().filter(|f| !f.is_empty());
+        Ok(Some((
+            rows.iter().map(|r| cell(r, 0).to_owned()).collect(),
+            filter,
+        )))
     }
 
     /// Reads up to `limit` rows of `table` matching `filter` after key `after` (from the first
-    /// when `None`) up to key `until` (to the last when `None`), in key order.
+    /// when `None`) up to key `until` (to the last when `None`), in key order, and keeps the
+    /// first of them whose values add up to at most `max_bytes` (the first row whatever its
+    /// size): the rows after those kept are read again by the next chunk.
     pub async fn read_chunk(
         &mut self,
         table: &OutboxTable,
-        filter: Option<&str>,
+        filter: Option<&RowCondition>,
         after: Option<&[String]>,
         until: Option<&[String]>,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Row>, SourceError> {
         let sql = table.chunk_sql(filter, after, until, limit);
-        let rows = self.query(Query::OutboxRows, &sql).await?;
+        let subject = Subject {
+            slot: Some(&self.slot),
+            user: Some(&self.user),
+            login: Some(self.login),
+        };
+        let (rows, _) = self
+            .session
+            .simple_query_within(&sql, max_bytes)
+            .await
+            .map_err(|e| {
+                SourceError::from_replication_about(Operation::Query(Query::OutboxRows), subject, e)
+            })?;
         let published = table.relation.columns.len();
         Ok(rows
             .into_iter()
@@ -467,7 +505,7 @@ impl RowReader {
     pub async fn count(
         &mut self,
         table: &OutboxTable,
-        filter: Option<&str>,
+        filter: Option<&RowCondition>,
         after: Option<&[String]>,
         until: Option<&[String]>,
     ) -> Result<u64, SourceError> {
@@ -483,7 +521,7 @@ impl RowReader {
     pub async fn last_key(
         &mut self,
         table: &OutboxTable,
-        filter: Option<&str>,
+        filter: Option<&RowCondition>,
     ) -> Result<Option<Vec<String>>, SourceError> {
         let rows = self
             .query(Query::OutboxRows, &table.last_key_sql(filter))
@@ -607,6 +645,7 @@ mod tests {
             table,
             not_null: HashSet::new(),
             key,
+            publication_filter: None,
         }
     }
 
@@ -614,7 +653,11 @@ mod tests {
     fn chunks_are_read_after_the_last_key_in_key_order() {
         let table = outbox();
         assert_eq!(table.key_columns(), ["created_at", "id"]);
-        let first = table.chunk_sql(Some("published_at IS NULL"), None, None, 100);
+        let condition = |text: &str| {
+            RowCondition::parse(text, crate::row_condition::ConditionSource::Operator)
+                .expect("one expression")
+        };
+        let first = table.chunk_sql(Some(&condition("published_at IS NULL")), None, None, 100);
         assert_eq!(
             first,
             r#"SELECT "id", "created_at", "id" FROM "public"."outbox" WHERE (published_at IS NULL) ORDER BY "created_at", "id" LIMIT 100"#
@@ -630,13 +673,33 @@ mod tests {
             r#"SELECT "id", "created_at", "id" FROM "public"."outbox" WHERE ("created_at", "id") > ('2026-12-01 00:00:00+00'::timestamp with time zone, 'it''s'::uuid) ORDER BY "created_at", "id" LIMIT 10"#
         );
         assert_eq!(
-            table.count_sql(Some("x > 1"), None, Some(&["t".to_owned(), "9".to_owned()])),
+            table.count_sql(
+                Some(&condition("x > 1")),
+                None,
+                Some(&["t".to_owned(), "9".to_owned()])
+            ),
             r#"SELECT count(*) FROM "public"."outbox" WHERE (x > 1) AND ("created_at", "id") <= ('t'::timestamp with time zone, '9'::uuid)"#
         );
         assert_eq!(
-            table.last_key_sql(Some("x > 1")),
+            table.last_key_sql(Some(&condition("x > 1"))),
             r#"SELECT "created_at", "id" FROM "public"."outbox" WHERE (x > 1) ORDER BY "created_at" DESC, "id" DESC LIMIT 1"#
         );
+    }
+
+    #[test]
+    fn the_publication_s_row_filter_is_a_condition_of_every_read() {
+        let mut table = outbox();
+        table.publication_filter = Some("((aggregatetype)::text <> 'Internal'::text)".to_owned());
+        let condition = RowCondition::parse("x > 1", crate::row_condition::ConditionSource::Signal)
+            .expect("one expression");
+        assert_eq!(
+            table.chunk_sql(Some(&condition), None, None, 5),
+            r#"SELECT "id", "created_at", "id" FROM "public"."outbox" WHERE (((aggregatetype)::text <> 'Internal'::text)) AND (x > 1) ORDER BY "created_at", "id" LIMIT 5"#
+        );
+        assert!(table
+            .count_sql(None, None, None)
+            .ends_with(r#"WHERE (((aggregatetype)::text <> 'Internal'::text))"#));
+        assert!(table.last_key_sql(None).contains("'Internal'"));
     }
 
     #[test]

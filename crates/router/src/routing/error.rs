@@ -14,6 +14,7 @@
 //! - Messages never contain more than [`MAX_SHOWN_VALUE`] characters of row data.
 
 use crate::format::expand::ExpansionError;
+use crate::routing::own_topics::OwnTopicRole;
 use crate::routing::policy::InvalidOperationBehavior;
 use siphon_core::unpublished::Unpublished;
 use siphon_core::Consequence;
@@ -160,6 +161,18 @@ pub enum RouteError {
         topic: String,
         reason: &'static str,
     },
+    /// The topic built from `route.topic.replacement` is one of Siphon's own
+    /// ([`crate::routing::own_topics`]).
+    #[error("the value \"{value}\" of column \"{column}\" of table {table} (route.by.field) gives the topic name \"{topic}\", which is Siphon's {role}; Siphon refuses to write an outbox record there: store another routing value, or change route.topic.replacement or {}", role.option())]
+    OwnTopic {
+        table: String,
+        column: String,
+        /// The routing value, cut to [`MAX_SHOWN_VALUE`] characters.
+        value: String,
+        /// The topic, whole (a topic name has at most 249 characters).
+        topic: String,
+        role: OwnTopicRole,
+    },
     /// A configured column's type does not fit what the column is used for.
     #[error("column \"{column}\" of table {table} (the column named by {option}) has type {type_name} (oid {type_oid}), but {expected}; change the column type or the option")]
     ColumnTypeMismatch {
@@ -240,6 +253,7 @@ impl RouteError {
             | RouteError::BinaryColumn { .. }
             | RouteError::InvalidUtf8 { .. }
             | RouteError::InvalidTopic { .. }
+            | RouteError::OwnTopic { .. }
             | RouteError::ColumnTypeMismatch { .. }
             | RouteError::UnsupportedEncoding { .. }
             | RouteError::InfiniteTimestamp { .. }

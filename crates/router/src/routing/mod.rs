@@ -1,6 +1,7 @@
 //! Debezium's outbox `EventRouter`: its options ([`options`], with the values that choose a
 //! behaviour in [`policy`]), the configured columns found in a table ([`binding`]), topic
-//! names ([`topic`], cached per routing value in [`topic_cache`]), the envelope schema
+//! names ([`topic`], cached per routing value in [`topic_cache`], never one of Siphon's own:
+//! [`own_topics`]), the envelope schema
 //! Debezium caches ([`schema_cache`]), the Debezium record of a row ([`route`]) and the
 //! errors naming the fix ([`error`]).
 //!
@@ -11,6 +12,7 @@
 pub(crate) mod binding;
 pub(crate) mod error;
 pub(crate) mod options;
+pub(crate) mod own_topics;
 pub(crate) mod policy;
 pub(crate) mod route;
 pub(crate) mod schema_cache;

@@ -34,6 +34,7 @@ use crate::format::timestamp::{record_timestamp_ms, TimestampError};
 use crate::routing::binding::{bind, BoundColumn, TableBinding};
 use crate::routing::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::routing::options::{Placement, RouterOptions, TOPIC_PREFIX};
+use crate::routing::own_topics::OwnTopics;
 use crate::routing::schema_cache::{CacheKey, EnvelopeSchemas};
 use crate::routing::topic::check_topic_name;
 use crate::routing::topic_cache::TopicCache;
@@ -132,6 +133,8 @@ pub(crate) struct Debezium {
     envelope_schemas: EnvelopeSchemas,
     /// The topic of each routing value seen; shared by clones.
     topics: TopicCache,
+    /// Siphon's own topics, which no record may be routed to.
+    own_topics: OwnTopics,
 }
 
 impl Debezium {
@@ -144,7 +147,16 @@ impl Debezium {
             context_headers: Vec::new(),
             envelope_schemas: EnvelopeSchemas::default(),
             topics: TopicCache::default(),
+            own_topics: OwnTopics::default(),
         }
+    }
+
+    /// The router refusing rows routed to `own_topics` (see
+    /// [`crate::EventRouter::with_own_topics`]); topics cached before are forgotten.
+    pub(crate) fn with_own_topics(mut self, own_topics: OwnTopics) -> Self {
+        self.own_topics = own_topics;
+        self.topics = TopicCache::default();
+        self
     }
 
     /// The router with Debezium's context headers, unless `extended.headers.enabled=false`
@@ -221,14 +233,23 @@ impl Debezium {
             let (_, value) = required(binding, column, row)?;
             let topic = self.topics.topic(value, |value| {
                 let topic = self.options.topic_router().route(value);
-                match check_topic_name(&topic) {
-                    Ok(()) => Ok(topic),
-                    Err(reason) => Err(RouteError::InvalidTopic {
+                if let Err(reason) = check_topic_name(&topic) {
+                    return Err(RouteError::InvalidTopic {
                         table: binding.table().to_owned(),
                         column: column.name.to_string(),
                         value: shown(value),
                         topic: shown(&topic),
                         reason,
+                    });
+                }
+                match self.own_topics.check(&topic) {
+                    None => Ok(topic),
+                    Some(role) => Err(RouteError::OwnTopic {
+                        table: binding.table().to_owned(),
+                        column: column.name.to_string(),
+                        value: shown(value),
+                        topic,
+                        role,
                     }),
                 }
             })?;

@@ -10,9 +10,10 @@
 //! to it shares: a record's topic costs no allocation and no copy.
 //!
 //! # Invariants
-//! - Holds only topics that passed [`crate::routing::topic::check_topic_name`], each under the routing
-//!   value it was rendered from; a value whose topic fails the check is never cached, so its
-//!   error is reported again for every record.
+//! - Holds only topics that passed [`crate::routing::topic::check_topic_name`] and are none of
+//!   Siphon's own ([`crate::routing::own_topics`]), each under the routing value it was
+//!   rendered from; a value whose topic fails either check is never cached, so its error is
+//!   reported again for every record.
 //! - At most [`CAPACITY`] entries: a full cache is emptied before the next insert.
 //! - Never panics; a poisoned lock is taken over (the map is valid after any panic, as every
 //!   update is a single insert or a clear).

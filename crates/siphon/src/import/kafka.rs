@@ -124,7 +124,15 @@ pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<Strin
     ] {
         if let Some(value) = props.take(key) {
             match value.parse::<i32>() {
-                Ok(n) => creation.push((field, n)),
+                Ok(n) => {
+                    let setting = format!("kafka.topic_creation.{field}");
+                    match crate::config::ranges::refusal(&setting, n.into()) {
+                        None => creation.push((field, n)),
+                        Some(why) => notes.push(format!(
+                            "`{key}` = `{value}` is not carried over (-1, the broker's default, applies): {why}"
+                        )),
+                    }
+                }
                 Err(_) => notes.push(format!(
                     "`{key}` = `{value}` is not a whole number: not carried over (-1, the broker's default, applies)"
                 )),

@@ -186,11 +186,16 @@ pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<Strin
 
     if let Some(ms) = props.take("status.update.interval.ms") {
         match ms.parse::<i64>() {
-            Ok(ms) if ms >= 0 => {
-                out.source
-                    .insert("status_interval_ms".into(), toml::Value::Integer(ms));
-            }
-            _ => notes.push(format!(
+            Ok(ms) => match crate::config::ranges::refusal("source.status_interval_ms", ms) {
+                None => {
+                    out.source
+                        .insert("status_interval_ms".into(), toml::Value::Integer(ms));
+                }
+                Some(why) => notes.push(format!(
+                    "`status.update.interval.ms` = `{ms}` is not carried over: {why}"
+                )),
+            },
+            Err(_) => notes.push(format!(
                 "`status.update.interval.ms` = `{ms}` is not a number of milliseconds: not carried over"
             )),
         }

@@ -157,6 +157,31 @@ fn numbers_and_booleans_are_taken_as_kafka_connect_takes_them() {
     );
 }
 
+/// A number Siphon's key does not accept is left out with a note naming the range, so the
+/// converted file still passes `check-config`.
+#[test]
+fn numbers_out_of_siphons_range_are_noted_not_carried_over() {
+    let import = import_debezium(&minimal(
+        r#", "status.update.interval.ms": 0,
+           "topic.creation.default.partitions": 0"#,
+    ))
+    .unwrap();
+    let c = parse(&import);
+    assert_eq!(c.source.status_interval_ms, 1000);
+    assert_eq!(c.kafka.topic_creation.partitions, -1);
+    note_with(
+        &import,
+        &["status.update.interval.ms", "it must be 10 to 3600000"],
+    );
+    note_with(
+        &import,
+        &[
+            "topic.creation.default.partitions",
+            "-1 (the broker's default) or 1 to 100000",
+        ],
+    );
+}
+
 #[test]
 fn other_connectors_and_configurations_without_an_event_router_are_errors() {
     let mysql = r#"{"name": "m", "config": {"connector.class": "io.debezium.connector.mysql.MySqlConnector"}}"#;

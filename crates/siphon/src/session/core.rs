@@ -1127,18 +1127,19 @@ impl<'a> SessionCore<'a> {
         {
             self.replacement_cause = Some(failure.error.to_string());
         }
-        let outcome = match failure.error {
-            DeliveryError::Definite(refusal) if !refusal.on_error_applies() => {
+        let outcome = match RecordFault::of_delivery(failure.error) {
+            Ok(fault) => Outcome::Refused {
+                token,
+                record: failure.record,
+                fault,
+                at_enqueue: false,
+            },
+            // Refused, but not for the record's sake: only the operator can cure it.
+            Err(DeliveryError::Definite(refusal)) => {
                 self.flow.reported_fatal(token);
                 return Err(PipelineError::Refused(RecordFault::Broker(refusal)));
             }
-            DeliveryError::Definite(refusal) => Outcome::Refused {
-                token,
-                record: failure.record,
-                fault: RecordFault::Broker(refusal),
-                at_enqueue: false,
-            },
-            DeliveryError::Transient(failure_kind) => Outcome::Failed {
+            Err(DeliveryError::Transient(failure_kind)) => Outcome::Failed {
                 token,
                 record: failure.record,
                 replace: failure_kind.needs_rebuild(),
@@ -1241,12 +1242,12 @@ impl<'a> SessionCore<'a> {
         record: RoutedRecord,
         error: SinkError,
     ) -> Result<(), PipelineError> {
-        let outcome = match error {
+        let outcome = match RecordFault::of_enqueue(error) {
             // Refused at enqueue: this record alone is at fault.
-            error if error.refuses_record() => {
+            Ok(fault) => {
                 Event::DeliveryFailed {
                     topic: &record.topic,
-                    error: &error,
+                    error: &fault,
                     kind: ProducerErrorKind::Definite,
                 }
                 .emit(&self.metrics);
@@ -1256,17 +1257,20 @@ impl<'a> SessionCore<'a> {
                     self.flow.reported_fatal(token);
                     return Err(PipelineError::TransactionAborted {
                         topic: record.topic.to_string(),
-                        cause: AbortCause::NotTaken(error),
+                        cause: match fault {
+                            RecordFault::Enqueue(error) => AbortCause::NotTaken(error),
+                            fault => AbortCause::Refused(fault),
+                        },
                     });
                 }
                 Outcome::Refused {
                     token,
                     record,
-                    fault: RecordFault::Enqueue(error),
+                    fault,
                     at_enqueue: true,
                 }
             }
-            error if error.is_transient() => {
+            Err(error) if error.is_transient() => {
                 Event::RecordNotTaken {
                     topic: &record.topic,
                     error: &error,
@@ -1285,7 +1289,7 @@ impl<'a> SessionCore<'a> {
                     replace: true,
                 }
             }
-            error => {
+            Err(error) => {
                 self.flow.reported_fatal(token);
                 return Err(error.into());
             }

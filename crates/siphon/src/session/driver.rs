@@ -182,7 +182,8 @@ async fn connect(
     }
     // ... or while Siphon was stopped: the membership the last run saw is in the state topic
     // (read once per process; later sessions compare with the previous one, above, and need
-    // no broker to start streaming).
+    // no broker to start streaming). A slot created now (or by the snapshot, below) has no
+    // gap: its membership replaces the record, which may be of a slot dropped since.
     if let (Some(state), None) = (&settings.state_topic, &carry.publication) {
         crate::publication_record::check_and_record(
             state,
@@ -190,6 +191,7 @@ async fn connect(
             &settings.source.slot,
             &settings.source.publication,
             &publication.membership,
+            slot.created || !slot.exists,
         )
         .await?;
     }

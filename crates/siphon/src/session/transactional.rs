@@ -87,7 +87,8 @@ impl Source {
             value: Some(Bytes::from(recorded.to_json())),
             headers: Vec::new(),
             timestamp_ms: None,
-            partition: None,
+            // Never moved by partitions added to the topic (see siphon_kafka_sink::compacted).
+            partition: Some(siphon_kafka_sink::OWN_PARTITION),
         }
     }
 }

@@ -400,7 +400,7 @@ impl Metrics {
         let replication_lag_bytes = Gauge::default();
         registry.register(
             "siphon_replication_lag_bytes",
-            "Server WAL end minus the confirmed position: WAL not yet known to be delivered",
+            "Server WAL end minus the position confirmed to the slot: WAL the slot keeps for Siphon. A transaction's records may still wait for Kafka when its commit is inside the confirmed part; siphon_oldest_unacked_event_age_seconds tells records waiting",
             replication_lag_bytes.clone(),
         );
         let oldest_unacked_age = Gauge::<f64, AtomicU64>::default();

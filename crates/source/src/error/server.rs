@@ -19,6 +19,7 @@ use std::fmt;
 /// |---|---|---|
 /// | 55006 object in use | the slot is active for another process (a standby waits for it) | Retry |
 /// | 55P03 lock not available | a lock held by another session | Retry |
+/// | 25006 read-only transaction, reading outbox rows | the transfer's condition writes (transfers read in read-only transactions) | Fix |
 /// | 25006 read-only transaction | the server became a standby (a failover is under way) | Retry |
 /// | 53400 configuration limit, creating the slot | `max_replication_slots` are all used | Fix |
 /// | 57P04 database dropped | | Fix |
@@ -39,6 +40,11 @@ pub fn consequence_of(code: SqlState, operation: &Operation) -> Consequence {
     use Consequence::{Fix, Retry};
     match code {
         SqlState::OBJECT_IN_USE | SqlState::LOCK_NOT_AVAILABLE => Retry,
+        SqlState::READ_ONLY_SQL_TRANSACTION
+            if *operation == Operation::Query(super::Query::OutboxRows) =>
+        {
+            Fix
+        }
         SqlState::READ_ONLY_SQL_TRANSACTION => Retry,
         SqlState::CONFIGURATION_LIMIT_EXCEEDED
             if *operation == Operation::CreateReplicationSlot =>
@@ -107,6 +113,9 @@ pub enum Diagnosis {
     PublicationNotCreated,
     /// Creating the slot failed otherwise.
     SlotNotCreated,
+    /// Every connection the server allows is used (`max_wal_senders` for a replication
+    /// connection, `max_connections`): Siphon waits for one to be free.
+    NoConnectionFree,
     /// Nothing more specific: the server's message and SQLSTATE.
     Other,
 }
@@ -151,6 +160,9 @@ impl ServerFailure {
                 Diagnosis::SlotLimit
             }
             O::CreateReplicationSlot => Diagnosis::SlotNotCreated,
+            O::Connect | O::ReplicationLogin if code == SqlState::TOO_MANY_CONNECTIONS => {
+                Diagnosis::NoConnectionFree
+            }
             O::CreatePublication { .. } => Diagnosis::PublicationNotCreated,
             O::Connect | O::ReplicationLogin if code.class() == "28" => match self.login {
                 Some(LoginTls {
@@ -236,6 +248,17 @@ impl fmt::Display for ServerFailure {
                 f,
                 "creating replication slot \"{slot}\": {server} (SQLSTATE {code}): every replication slot the server allows is in use: drop one that is no longer used (SELECT pg_drop_replication_slot(...)) or raise max_replication_slots and restart PostgreSQL"
             ),
+            Diagnosis::NoConnectionFree => {
+                let limit = match self.operation {
+                    Operation::ReplicationLogin => "max_wal_senders (replication connections: the stream and each snapshot or re-send use one)",
+                    _ => "max_connections",
+                };
+                write!(
+                    f,
+                    "PostgreSQL has no free connection: every one {limit} allows is in use ({server}, SQLSTATE {code}); Siphon tries again with backoff until one is free: raise {} and restart PostgreSQL, or stop another client",
+                    limit.split(' ').next().unwrap_or(limit)
+                )
+            }
             Diagnosis::SlotNotCreated => write!(
                 f,
                 "creating replication slot \"{slot}\" (the user needs the REPLICATION attribute; max_replication_slots may be exhausted): {server} (SQLSTATE {code})"
@@ -360,6 +383,7 @@ mod tests {
             ("40001", O::Query(Query::Publication), Retry),
             ("40P01", publication, Retry),
             ("25006", O::CreateReplicationSlot, Retry),
+            ("25006", O::Query(Query::OutboxRows), Fix),
             ("58030", O::Stream, Retry),
             ("XX000", O::Stream, Retry),
             ("XX001", O::Stream, Fix),
@@ -400,6 +424,8 @@ mod tests {
                 Diagnosis::MissingReplication,
             ),
             ("53400", O::CreateReplicationSlot, Diagnosis::SlotLimit),
+            ("53300", O::ReplicationLogin, Diagnosis::NoConnectionFree),
+            ("53300", O::Connect, Diagnosis::NoConnectionFree),
             ("28P01", O::ReplicationLogin, Diagnosis::LoginRefused),
             ("42704", O::Query(Query::Publication), Diagnosis::Other),
             ("57P01", O::Stream, Diagnosis::Other),

@@ -59,6 +59,12 @@ pub enum SetupProblem {
         table: TableName,
         problem: crate::names::OrderProblem,
     },
+    /// Siphon's role may not read, or may not remove, the rows of the signal table.
+    SignalTablePrivileges {
+        table: TableName,
+        user: String,
+        missing: Vec<&'static str>,
+    },
 }
 
 /// What is wrong with an existing publication.
@@ -148,6 +154,17 @@ impl fmt::Display for SetupProblem {
             SetupProblem::SnapshotOrder { table, problem } => write!(
                 f,
                 "outbox table {table} {problem} (source.snapshot_tables.\"{table}\".order_by)"
+            ),
+            SetupProblem::SignalTablePrivileges {
+                table,
+                user,
+                missing,
+            } => write!(
+                f,
+                "signal table {table} (source.signal_table): Siphon's role {user:?} lacks the {} privilege on it; Siphon reads each request and removes its row once carried out, so that it is carried out once: run GRANT SELECT, DELETE ON {} TO {} and start Siphon again",
+                missing.join(" and "),
+                table.quoted(),
+                quote_ident(user)
             ),
         }
     }

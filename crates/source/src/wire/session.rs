@@ -200,9 +200,23 @@ impl Session {
 
     /// Runs one simple query (SQL or a replication command) and returns its rows.
     pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<QueryRow>, WireError> {
+        Ok(self.simple_query_within(sql, usize::MAX).await?.0)
+    }
+
+    /// Runs one simple query and keeps its first rows while their values add up to at most
+    /// `max_bytes` (the first row always, whatever its size); the rows after are read and
+    /// dropped. Returns the rows kept and whether any were dropped. Memory holds the rows kept
+    /// and one row more.
+    pub async fn simple_query_within(
+        &mut self,
+        sql: &str,
+        max_bytes: usize,
+    ) -> Result<(Vec<QueryRow>, bool), WireError> {
         frontend::query(sql, &mut self.out)?;
         self.flush().await?;
         let mut rows = Vec::new();
+        let mut kept_bytes = 0usize;
+        let mut dropped = false;
         let mut failed = None;
         loop {
             let (tag, message) = match self.read_message().await? {
@@ -211,7 +225,19 @@ impl Session {
                 Frame::CopyData(_) => return Err(unexpected(b'd', "answering a query")),
             };
             match message {
-                Message::DataRow(body) => rows.push(frames::data_row(&body)?),
+                Message::DataRow(body) => {
+                    if dropped {
+                        continue;
+                    }
+                    let row = frames::data_row(&body)?;
+                    let bytes: usize = row.iter().flatten().map(String::len).sum();
+                    if rows.is_empty() || kept_bytes.saturating_add(bytes) <= max_bytes {
+                        kept_bytes = kept_bytes.saturating_add(bytes);
+                        rows.push(row);
+                    } else {
+                        dropped = true;
+                    }
+                }
                 Message::ErrorResponse(body) => failed = Some(frames::server_error(body.fields())),
                 Message::NoticeResponse(body) => log_notice(&frames::server_error(body.fields())),
                 Message::RowDescription(_)
@@ -221,7 +247,7 @@ impl Session {
                 Message::ReadyForQuery(_) => {
                     return match failed {
                         Some(error) => Err(WireError::Server(Box::new(error))),
-                        None => Ok(rows),
+                        None => Ok((rows, dropped)),
                     }
                 }
                 _ => return Err(unexpected(tag, "answering a query")),
