@@ -18,7 +18,9 @@
 //!   `encoding` (the converters: [`Encoding`], [`Format`], [`JavaNumbers`]), `encode`
 //!   (column values as `JsonConverter` / `StringConverter` write them), `connect` (Connect
 //!   schemas and values, envelopes and expanded payloads, schemas included), `expand`
-//!   (`table.expand.json.payload`: JSON text to a struct with an inferred schema), `json`
+//!   (`table.expand.json.payload`: JSON text to a struct with an inferred schema), `avro`
+//!   (a Connect schema and value as the schema-registry Avro converters write them, the
+//!   schema id a parameter: [`AvroSchema`]), `json`
 //!   (JSON strings escaped exactly as Jackson escapes them), `javanum` and `javanum_legacy`
 //!   (floating-point numbers printed as Java 19+ and Java 17 print them), `timestamp`
 //!   (PostgreSQL timestamp text to milliseconds), `text` (the UTF-8 check of column text).
@@ -74,9 +76,13 @@ pub use extension::cloudevents::{CloudEventsMode, CloudEventsOptions};
 pub use extension::position::SourcePosition;
 pub use extension::trace::TraceOptions;
 pub use extension::{default_cloudevents_source, EventExtensions, ExtensionConfigError};
+pub use format::avro::{AvroError, AvroSchema};
+pub use format::connect::{
+    Schema as ConnectSchema, SchemaType as ConnectSchemaType, Value as ConnectValue,
+};
 pub use format::encode::{oid, ValueKind, FIRST_USER_OID};
 pub use format::encoding::{Encoding, Format, JavaNumbers};
-pub use format::expand::ExpansionError;
+pub use format::expand::{expand as expand_json_payload, Expansion, ExpansionError};
 pub use format::json::json_string;
 pub use router::EventRouter;
 pub use routing::binding::{ColumnRole, TableBinding};
