@@ -1,0 +1,338 @@
+//! The schema registry client against a real registry (rivven-schema, serving Confluent's REST
+//! API) and, for what a registry does not show (headers, failures to retry), against a
+//! scripted HTTP server on loopback.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use siphon_router::{
+    expand_json_payload, AvroSchema, Expansion, JsonEmptyArrayBehavior, JsonNullBehavior,
+};
+use siphon_schema_registry::{
+    BasicAuth, Consequence, RegistryConfig, RegistryError, RetryPolicy, SchemaKind, SchemaRegistry,
+};
+use siphon_tests::{free_port, SchemaRegistry as Rivven};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// The Avro schema Siphon derives for an expanded payload.
+fn payload_schema(payload: &str) -> AvroSchema {
+    match expand_json_payload(
+        "payload",
+        payload,
+        JsonNullBehavior::Ignore,
+        JsonEmptyArrayBehavior::Ignore,
+    ) {
+        Expansion::Expanded { schema, .. } => {
+            AvroSchema::from_connect(&schema).expect("an Avro schema")
+        }
+        other => panic!("{payload} did not expand: {other:?}"),
+    }
+}
+
+fn quick_retries(config: &mut RegistryConfig, attempts: u32) {
+    config.retry = RetryPolicy {
+        attempts,
+        initial_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(50),
+    };
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).expect("JSON")
+}
+
+#[tokio::test]
+async fn registers_once_and_answers_from_the_cache() -> Result<()> {
+    let rivven = Rivven::start()?;
+    let registry = SchemaRegistry::new(&RegistryConfig::new(rivven.url()))?;
+    let avro = payload_schema(r#"{"id":1,"name":"a","lines":[{"sku":"s"}]}"#);
+
+    let id = registry
+        .register("orders-value", SchemaKind::Avro, avro.json())
+        .await?;
+    assert_eq!(registry.requests_sent(), 1);
+    assert_eq!(
+        registry
+            .register("orders-value", SchemaKind::Avro, avro.json())
+            .await?,
+        id
+    );
+    assert_eq!(registry.requests_sent(), 1, "the second register is cached");
+
+    let latest = registry.latest("orders-value").await?;
+    assert_eq!((latest.id, latest.version), (id, 1));
+    assert_eq!(latest.kind, SchemaKind::Avro);
+    // The registry may give the schema back laid out otherwise (rivven sorts keys).
+    assert_eq!(json(&latest.schema), json(avro.json()));
+    assert_eq!(registry.requests_sent(), 2);
+    assert_eq!(registry.latest("orders-value").await?, latest);
+    assert_eq!(registry.version("orders-value", 1).await?, latest);
+    assert_eq!(registry.schema(id).await?.0, SchemaKind::Avro);
+    assert_eq!(
+        registry.requests_sent(),
+        2,
+        "latest, version and id are cached"
+    );
+
+    // Another client finds the same id for the same schema.
+    let other = SchemaRegistry::new(&RegistryConfig::new(rivven.url()))?;
+    assert_eq!(
+        other
+            .register("orders-value", SchemaKind::Avro, avro.json())
+            .await?,
+        id
+    );
+    let (kind, text) = other.schema(id).await?;
+    assert_eq!((kind, json(&text)), (SchemaKind::Avro, json(avro.json())));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_compatible_change_is_a_new_version() -> Result<()> {
+    let rivven = Rivven::start()?;
+    let registry = SchemaRegistry::new(&RegistryConfig::new(rivven.url()))?;
+    let first = payload_schema(r#"{"id":1}"#);
+    let second = payload_schema(r#"{"id":1,"note":"n"}"#);
+    let id1 = registry
+        .register("t-value", SchemaKind::Avro, first.json())
+        .await?;
+    assert_eq!(registry.latest("t-value").await?.id, id1);
+    let id2 = registry
+        .register("t-value", SchemaKind::Avro, second.json())
+        .await?;
+    assert_ne!(id1, id2);
+    assert_eq!(
+        registry.latest("t-value").await?.id,
+        id1,
+        "kept until forgotten"
+    );
+    registry.forget_latest("t-value");
+    let latest = registry.latest("t-value").await?;
+    assert_eq!((latest.id, latest.version), (id2, 2));
+    assert_eq!(registry.version("t-value", 1).await?.id, id1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn refusals_are_for_the_operator_to_fix() -> Result<()> {
+    let rivven = Rivven::start()?;
+    let registry = SchemaRegistry::new(&RegistryConfig::new(rivven.url()))?;
+    registry
+        .register(
+            "t-value",
+            SchemaKind::Avro,
+            payload_schema(r#"{"id":1}"#).json(),
+        )
+        .await?;
+
+    let incompatible = registry
+        .register("t-value", SchemaKind::Avro, r#""int""#)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(incompatible, RegistryError::Refused { status: 409, .. }),
+        "{incompatible}"
+    );
+    let invalid = registry
+        .register("u-value", SchemaKind::Avro, "{nonsense")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(invalid, RegistryError::Refused { status: 422, .. }),
+        "{invalid}"
+    );
+    let no_subject = registry.latest("nope").await.unwrap_err();
+    assert!(
+        matches!(
+            no_subject,
+            RegistryError::Refused {
+                status: 404,
+                code: Some(40401),
+                ..
+            }
+        ),
+        "{no_subject}"
+    );
+    let no_version = registry.version("t-value", 7).await.unwrap_err();
+    assert!(
+        matches!(
+            no_version,
+            RegistryError::Refused {
+                status: 404,
+                code: Some(40402),
+                ..
+            }
+        ),
+        "{no_version}"
+    );
+    for error in [incompatible, invalid, no_subject, no_version] {
+        assert_eq!(error.consequence(), Consequence::Fix, "{error}");
+    }
+    assert_eq!(registry.requests_sent(), 5, "refusals are not retried");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unreachable_registry_is_retried_then_left_to_the_caller() -> Result<()> {
+    // Nothing listens on a port just handed out.
+    let mut config = RegistryConfig::new(format!("http://127.0.0.1:{}", free_port()));
+    quick_retries(&mut config, 3);
+    let registry = SchemaRegistry::new(&config)?;
+    let error = registry.latest("t-value").await.unwrap_err();
+    assert!(
+        matches!(error, RegistryError::Unreachable { .. }),
+        "{error}"
+    );
+    assert_eq!(error.consequence(), Consequence::Retry);
+    assert_eq!(registry.requests_sent(), 3);
+    Ok(())
+}
+
+/// A request as the scripted server saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    head: String,
+    body: String,
+}
+
+/// Serves the `answers` (status, body) in turn, one connection each, recording each request.
+async fn scripted(answers: Vec<(u16, &'static str)>) -> Result<(u16, Arc<Mutex<Vec<Seen>>>)> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let port = listener.local_addr()?.port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        for (status, body) in answers {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let (head, rest) = loop {
+                let Ok(n) = socket.read(&mut chunk).await else {
+                    return;
+                };
+                if n == 0 {
+                    return;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break (
+                        String::from_utf8_lossy(&buf[..i]).into_owned(),
+                        buf[i + 4..].to_vec(),
+                    );
+                }
+            };
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            let mut body_in = rest;
+            while body_in.len() < length {
+                let Ok(n) = socket.read(&mut chunk).await else {
+                    return;
+                };
+                if n == 0 {
+                    break;
+                }
+                body_in.extend_from_slice(&chunk[..n]);
+            }
+            record.lock().unwrap().push(Seen {
+                head,
+                body: String::from_utf8_lossy(&body_in).into_owned(),
+            });
+            let response = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/vnd.schemaregistry.v1+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = socket.shutdown().await;
+        }
+    });
+    Ok((port, seen))
+}
+
+#[tokio::test]
+async fn requests_carry_auth_content_type_and_the_base_path() -> Result<()> {
+    let (port, seen) = scripted(vec![(200, r#"{"id":5}"#)]).await?;
+    let mut config = RegistryConfig::new(format!("http://127.0.0.1:{port}/apis/ccompat/v7/"));
+    config.basic_auth = Some(BasicAuth {
+        username: "siphon".to_owned(),
+        password: "s3cret".to_owned(),
+    });
+    let registry = SchemaRegistry::new(&config)?;
+    let id = registry
+        .register("my topic-value", SchemaKind::Json, r#"{"type":"object"}"#)
+        .await?;
+    assert_eq!(id, 5);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    let head = &seen[0].head;
+    assert!(
+        head.starts_with("POST /apis/ccompat/v7/subjects/my%20topic-value/versions HTTP/1.1\r\n"),
+        "{head}"
+    );
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            })
+            .unwrap_or_default()
+    };
+    // base64("siphon:s3cret")
+    assert_eq!(header("authorization"), "Basic c2lwaG9uOnMzY3JldA==");
+    assert_eq!(
+        header("content-type"),
+        "application/vnd.schemaregistry.v1+json"
+    );
+    assert_eq!(header("host"), format!("127.0.0.1:{port}"));
+    assert_eq!(
+        json(&seen[0].body),
+        json(r#"{"schema":"{\"type\":\"object\"}","schemaType":"JSON"}"#)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn passing_refusals_are_retried_with_backoff() -> Result<()> {
+    let (port, seen) = scripted(vec![
+        (
+            503,
+            r#"{"error_code":50003,"message":"forwarding to the leader failed"}"#,
+        ),
+        (429, "slow down"),
+        (
+            200,
+            r#"{"subject":"t-value","version":3,"id":12,"schema":"\"string\""}"#,
+        ),
+    ])
+    .await?;
+    let mut config = RegistryConfig::new(format!("http://127.0.0.1:{port}"));
+    quick_retries(&mut config, 5);
+    let registry = SchemaRegistry::new(&config)?;
+    let latest = registry.latest("t-value").await?;
+    assert_eq!((latest.id, latest.version), (12, 3));
+    assert_eq!(latest.kind, SchemaKind::Avro, "no schemaType means Avro");
+    assert_eq!(registry.requests_sent(), 3);
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_answer_that_is_not_the_api_is_for_the_operator_to_fix() -> Result<()> {
+    let (port, _seen) = scripted(vec![(200, "<html>a web page</html>")]).await?;
+    let registry = SchemaRegistry::new(&RegistryConfig::new(format!("http://127.0.0.1:{port}")))?;
+    let error = registry.schema(1).await.unwrap_err();
+    assert!(
+        matches!(error, RegistryError::BadResponse { .. }),
+        "{error}"
+    );
+    assert_eq!(error.consequence(), Consequence::Fix);
+    Ok(())
+}
