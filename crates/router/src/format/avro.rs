@@ -32,14 +32,20 @@
 //!   `avro.scrub.invalid.names=false`; Siphon has no scrubbing.
 //! - A Java string holding an unpaired surrogate is written with `?` in its place, as Java's
 //!   UTF-8 encoder (under Avro's `Utf8`) writes it.
+//! - A schema whose text nests deeper than Jackson's 1000 levels (a payload about 250 objects
+//!   deep) is an error, as Jackson's limit makes it one for the converters and registries.
 //!
 //! # Invariants
+//! - Recursion is bounded: a schema is refused before it is parsed when its text nests deeper
+//!   than [`MAX_WRITE_DEPTH`]. A payload the router expands on the calling thread (nesting up
+//!   to 64 levels) is written within a thread's default 2 MiB stack; deeper ones need the
+//!   router's deep-stack thread, as its JSON writers do.
 //! - [`AvroSchema::json`] is a schema that the `apache-avro` crate parses ([`AvroSchema`] holds
 //!   it parsed), and every value [`AvroSchema::encode`] accepts is written against it.
 //! - Nothing here performs IO or keeps state between calls.
 
 use crate::format::connect::{Schema, SchemaType, Value};
-use crate::format::json::{java_utf8, write_json_string};
+use crate::format::json::{java_utf8, nesting_depth, write_json_string, MAX_WRITE_DEPTH};
 use apache_avro::types::Value as AvroValue;
 
 /// The namespace of the records of unnamed structs (`AvroData.NAMESPACE`).
@@ -63,6 +69,12 @@ pub enum AvroError {
     Redefined {
         /// The full name.
         name: String,
+    },
+    /// The schema's text would nest deeper than Jackson writes (behind the converters).
+    #[error("the Avro schema of the payload nests {depth} levels deep, and Jackson (behind the Avro converters and registries) writes at most {max}; flatten the payload", max = MAX_WRITE_DEPTH)]
+    TooDeep {
+        /// How deep it nests.
+        depth: usize,
     },
     /// A value does not fit its Connect schema.
     #[error("a value does not fit its schema: {what}")]
@@ -89,9 +101,9 @@ impl AvroError {
     /// not fit the schema made of it, or a schema the Avro crate refuses, is Siphon's bug.
     pub fn consequence(&self) -> siphon_core::Consequence {
         match self {
-            AvroError::InvalidName { .. } | AvroError::Redefined { .. } => {
-                siphon_core::Consequence::Fix
-            }
+            AvroError::InvalidName { .. }
+            | AvroError::Redefined { .. }
+            | AvroError::TooDeep { .. } => siphon_core::Consequence::Fix,
             AvroError::Mismatch { .. } | AvroError::Schema { .. } | AvroError::Write { .. } => {
                 siphon_core::Consequence::Bug
             }
@@ -120,9 +132,11 @@ impl AvroSchema {
         let json = String::from_utf8(out).map_err(|e| AvroError::Schema {
             reason: e.to_string(),
         })?;
-        let parsed = apache_avro::Schema::parse_str(&json).map_err(|e| AvroError::Schema {
-            reason: e.to_string(),
-        })?;
+        let depth = nesting_depth(json.as_bytes());
+        if depth > MAX_WRITE_DEPTH {
+            return Err(AvroError::TooDeep { depth });
+        }
+        let parsed = parse(&json)?;
         Ok(AvroSchema {
             connect: connect.clone(),
             json,
@@ -170,6 +184,18 @@ impl AvroSchema {
         out.extend_from_slice(&datum);
         Ok(out)
     }
+}
+
+/// The schema text parsed by `apache-avro`, as deep as [`AvroSchema::from_connect`] lets it
+/// nest (`Schema::parse_str` stops at serde_json's default of 128 levels).
+fn parse(json: &str) -> Result<apache_avro::Schema, AvroError> {
+    use serde::Deserialize as _;
+    let invalid = |reason: String| AvroError::Schema { reason };
+    let mut deserializer = serde_json::Deserializer::from_str(json);
+    deserializer.disable_recursion_limit();
+    let value =
+        serde_json::Value::deserialize(&mut deserializer).map_err(|e| invalid(e.to_string()))?;
+    apache_avro::Schema::parse(&value).map_err(|e| invalid(e.to_string()))
 }
 
 /// Whether `name` is an Avro name: `[A-Za-z_][A-Za-z0-9_]*`.

@@ -373,3 +373,58 @@ proptest! {
     }
 
 }
+
+/// `depth` objects nested in the payload.
+fn nested(depth: usize) -> String {
+    format!("{}{{}}{}", "{\"n\":".repeat(depth), "}".repeat(depth))
+}
+
+#[test]
+fn deep_payloads_up_to_what_jackson_writes() {
+    // Each object nests its schema 4 levels deeper: the union, the record, its fields, the
+    // field. Payloads this deep take the router's deep-stack thread, as for the JSON writers.
+    let deepest = std::thread::Builder::new()
+        .stack_size(64 * 1024 * 1024)
+        .spawn(|| {
+            let fits = |d: usize| {
+                let (schema, _) = expanded(&nested(d));
+                // The text's depth alone decides: the schema is not built past the limit.
+                let mut out = Vec::new();
+                SchemaWriter::default().schema(&mut out, &schema).unwrap();
+                nesting_depth(&out) <= MAX_WRITE_DEPTH
+            };
+            // The deepest payload that fits, by bisection.
+            let (mut fitting, mut too_deep) = (1, 300);
+            while too_deep - fitting > 1 {
+                let mid = (fitting + too_deep) / 2;
+                if fits(mid) {
+                    fitting = mid;
+                } else {
+                    too_deep = mid;
+                }
+            }
+            let deepest = fitting;
+            let (schema, value) = expanded(&nested(deepest));
+            let avro = AvroSchema::from_connect(&schema).unwrap();
+            assert!(nesting_depth(avro.json().as_bytes()) <= MAX_WRITE_DEPTH);
+            assert_eq!(avro.encode(&value, 1).unwrap().len(), 5 + deepest + 1);
+            let (schema, _) = expanded(&nested(deepest + 1));
+            assert!(matches!(
+                AvroSchema::from_connect(&schema),
+                Err(AvroError::TooDeep { depth }) if depth > MAX_WRITE_DEPTH
+            ));
+            deepest
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(deepest >= 240, "{deepest}");
+}
+
+#[test]
+fn payloads_the_router_expands_in_place_fit_the_default_stack() {
+    // The router expands payloads nesting up to 64 levels on the calling thread.
+    let (schema, value) = expanded(&nested(63));
+    let avro = AvroSchema::from_connect(&schema).unwrap();
+    assert_eq!(avro.encode(&value, 1).unwrap().len(), 5 + 63 + 1);
+}
