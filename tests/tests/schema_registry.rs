@@ -404,3 +404,195 @@ async fn avro_records_decode_with_confluents_deserializer() -> Result<()> {
     }
     Ok(())
 }
+
+/// Test certificates made with the `openssl` command: a CA, a server certificate for
+/// `localhost` only, a client certificate.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Result<Pki> {
+        let pki = Pki {
+            dir: tempfile::tempdir()?,
+        };
+        pki.key_and_csr("ca", "Siphon test CA")?;
+        std::fs::write(
+            pki.path("ca.ext"),
+            "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\nsubjectKeyIdentifier=hash\n",
+        )?;
+        pki.openssl(&[
+            "x509", "-req", "-in", "ca.csr", "-signkey", "ca.key", "-days", "2", "-extfile",
+            "ca.ext", "-out", "ca.crt",
+        ])?;
+        pki.leaf(
+            "server",
+            "localhost",
+            "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )?;
+        pki.leaf("client", "siphon", "extendedKeyUsage=clientAuth\n")?;
+        Ok(pki)
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn openssl(&self, args: &[&str]) -> Result<()> {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    fn key_and_csr(&self, name: &str, cn: &str) -> Result<()> {
+        self.openssl(&[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={cn}"),
+        ])
+    }
+
+    fn leaf(&self, name: &str, cn: &str, extensions: &str) -> Result<()> {
+        self.key_and_csr(name, cn)?;
+        std::fs::write(
+            self.path(&format!("{name}.ext")),
+            format!("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n{extensions}"),
+        )?;
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.crt"),
+        ])
+    }
+}
+
+/// A TLS front for the registry on `backend`: it requires a client certificate signed by the
+/// test CA and forwards the decrypted bytes. Its port.
+async fn tls_front(pki: &Pki, backend: u16) -> Result<u16> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(pki.path("ca.crt"))? {
+        roots.add(cert?)?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()?;
+    let certs =
+        CertificateDer::pem_file_iter(pki.path("server.crt"))?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(pki.path("server.key"))?;
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut registry) = tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut registry).await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+#[tokio::test]
+async fn tls_with_a_private_ca_and_a_client_certificate() -> Result<()> {
+    let rivven = Rivven::start()?;
+    let pki = Pki::new()?;
+    let port = tls_front(&pki, rivven.port()).await?;
+    let with_client_cert = |url: String| {
+        let mut config = RegistryConfig::new(url);
+        config.tls.ca_location = Some(pki.path("ca.crt"));
+        config.tls.certificate_location = Some(pki.path("client.crt"));
+        config.tls.key_location = Some(pki.path("client.key"));
+        config
+    };
+
+    let registry = SchemaRegistry::new(&with_client_cert(format!("https://localhost:{port}")))?;
+    let avro = payload_schema(r#"{"id":1}"#);
+    let id = registry
+        .register("t-value", SchemaKind::Avro, avro.json())
+        .await?;
+    assert_eq!(registry.latest("t-value").await?.id, id);
+
+    // The certificate names localhost, not 127.0.0.1: refused unless host names go unchecked.
+    let mut by_address = with_client_cert(format!("https://127.0.0.1:{port}"));
+    let error = SchemaRegistry::new(&by_address)?
+        .latest("t-value")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, RegistryError::TlsHandshake { .. }),
+        "{error}"
+    );
+    by_address.tls.verify_host_name = false;
+    assert_eq!(
+        SchemaRegistry::new(&by_address)?
+            .latest("t-value")
+            .await?
+            .id,
+        id
+    );
+
+    // Without the client certificate, or without the CA: for the operator to fix, not retried.
+    let mut no_client_cert = with_client_cert(format!("https://localhost:{port}"));
+    no_client_cert.tls.certificate_location = None;
+    no_client_cert.tls.key_location = None;
+    let mut public_cas_only = with_client_cert(format!("https://localhost:{port}"));
+    public_cas_only.tls.ca_location = None;
+    for config in [no_client_cert, public_cas_only] {
+        let registry = SchemaRegistry::new(&config)?;
+        let error = registry.latest("t-value").await.unwrap_err();
+        assert!(
+            matches!(error, RegistryError::TlsHandshake { .. }),
+            "{error}"
+        );
+        assert_eq!(error.consequence(), Consequence::Fix, "{error}");
+        assert_eq!(registry.requests_sent(), 1);
+    }
+    Ok(())
+}

@@ -5,7 +5,7 @@
 //! - [`RegistryError::consequence`] is `Retry` only for failures a later attempt can cure:
 //!   the registry unreachable or slow, or answering 408, 429 or 5xx. Everything else (bad
 //!   settings, credentials, a missing subject, an incompatible or invalid schema, an answer
-//!   that is not the Confluent API's) is `Fix`.
+//!   that is not the Confluent API's, a TLS handshake that fails on certificates) is `Fix`.
 //! - No message holds a password.
 
 use std::path::PathBuf;
@@ -48,6 +48,15 @@ pub enum RegistryError {
         /// The call.
         call: String,
         /// The IO, TLS or HTTP error.
+        reason: String,
+    },
+    /// The TLS handshake failed on the certificates: the registry's is not trusted or does not
+    /// name the host, or the registry refused the client's.
+    #[error("TLS with the schema registry at {endpoint} failed: {reason}; check ssl.ca.location (the CA that signed the registry's certificate), the host name in the URL, and the client certificate the registry expects")]
+    TlsHandshake {
+        /// The registry.
+        endpoint: String,
+        /// rustls's error.
         reason: String,
     },
     /// No complete answer in time.
@@ -110,6 +119,7 @@ impl RegistryError {
             RegistryError::InvalidUrl { .. }
             | RegistryError::TlsFile { .. }
             | RegistryError::TlsSetup { .. }
+            | RegistryError::TlsHandshake { .. }
             | RegistryError::Refused { .. }
             | RegistryError::BadResponse { .. } => Consequence::Fix,
         }

@@ -149,44 +149,65 @@ impl Transport {
             .map_err(|e| unreachable(e.to_string()))?;
         // Requests are small and answered at once: send without waiting to fill a segment.
         let _ = tcp.set_nodelay(true);
-        let response = match &self.tls {
-            None => send_on(TokioIo::new(tcp), request).await,
+        // rustls's own errors (certificates, alerts: the handshake's, or a client certificate
+        // refused right after it under TLS 1.3) are the setup's to fix; a connection cut may
+        // pass.
+        let failed = |e: &(dyn std::error::Error + 'static)| match tls_cause(e) {
+            Some(tls) => RegistryError::TlsHandshake {
+                endpoint: self.endpoint.to_string(),
+                reason: tls.to_string(),
+            },
+            None => unreachable(e.to_string()),
+        };
+        match &self.tls {
+            None => send_on(TokioIo::new(tcp), request)
+                .await
+                .map_err(|e| failed(&e)),
             Some((connector, name)) => {
                 let stream = connector
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(|e| unreachable(format!("TLS: {e}")))?;
-                send_on(TokioIo::new(stream), request).await
+                    .map_err(|e| failed(&e))?;
+                send_on(TokioIo::new(stream), request)
+                    .await
+                    .map_err(|e| failed(&e))
             }
         }
-        .map_err(unreachable)?;
-        Ok(response)
     }
 }
 
-async fn send_on<S>(io: TokioIo<S>, request: Request<Full<Bytes>>) -> Result<Answer, String>
+/// The rustls error behind `error`, through its sources and the IO errors that wrap one.
+fn tls_cause<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(tls) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls);
+        }
+        current = e.source();
+    }
+    None
+}
+
+async fn send_on<S>(io: TokioIo<S>, request: Request<Full<Bytes>>) -> Result<Answer, hyper::Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
     let driver = tokio::spawn(async move {
         // The connection ends with the exchange; its error shows in the response's.
         let _ = connection.await;
     });
     let result = async {
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())?;
+        let response = sender.send_request(request).await?;
         let status = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let body = response.into_body().collect().await?.to_bytes();
         Ok(Answer { status, body })
     }
     .await;
