@@ -10,7 +10,8 @@ use siphon_router::{
     expand_json_payload, AvroSchema, Expansion, JsonEmptyArrayBehavior, JsonNullBehavior,
 };
 use siphon_schema_registry::{
-    BasicAuth, Consequence, RegistryConfig, RegistryError, RetryPolicy, SchemaKind, SchemaRegistry,
+    value_subject, BasicAuth, Consequence, RegistryConfig, RegistryError, RetryPolicy, SchemaKind,
+    SchemaRegistry,
 };
 use siphon_tests::{free_port, SchemaRegistry as Rivven};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -111,6 +112,14 @@ async fn a_compatible_change_is_a_new_version() -> Result<()> {
     let latest = registry.latest("t-value").await?;
     assert_eq!((latest.id, latest.version), (id2, 2));
     assert_eq!(registry.version("t-value", 1).await?.id, id1);
+
+    // With a time to live, the latest version is asked for again once it has passed.
+    let mut config = RegistryConfig::new(rivven.url());
+    config.latest_ttl = Some(Duration::ZERO);
+    let fresh = SchemaRegistry::new(&config)?;
+    assert_eq!(fresh.latest("t-value").await?.id, id2);
+    assert_eq!(fresh.latest("t-value").await?.id, id2);
+    assert_eq!(fresh.requests_sent(), 2);
     Ok(())
 }
 
@@ -377,7 +386,7 @@ async fn avro_records_decode_with_confluents_deserializer() -> Result<()> {
         };
         let avro = AvroSchema::from_connect(&schema)?;
         let id = registry
-            .register(&format!("{topic}-value"), SchemaKind::Avro, avro.json())
+            .register(&value_subject(&topic), SchemaKind::Avro, avro.json())
             .await?;
         ids.push(id);
         let framed = avro.encode(&value, id)?;

@@ -45,6 +45,12 @@ const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
+/// The subject of a topic's record values under Confluent's default `TopicNameStrategy`:
+/// `<topic>-value`.
+pub fn value_subject(topic: &str) -> String {
+    format!("{topic}-value")
+}
+
 /// The kind of a schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SchemaKind {
@@ -379,6 +385,14 @@ fn kind(call: &str, wire: Option<&str>) -> Result<SchemaKind, RegistryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn value_subjects_follow_the_topic_name_strategy() {
+        assert_eq!(
+            value_subject("outbox.event.Order"),
+            "outbox.event.Order-value"
+        );
+    }
 
     #[test]
     fn subjects_are_escaped_in_paths() {
