@@ -99,8 +99,8 @@ pub struct RegisteredSchema {
 
 #[derive(Default)]
 struct Cache {
-    /// (subject, kind, schema text) → id.
-    ids: HashMap<(String, SchemaKind, String), u32>,
+    /// kind → subject → schema text → id (looked up by reference: no allocation per call).
+    ids: HashMap<SchemaKind, HashMap<String, HashMap<String, u32>>>,
     /// id → (kind, text).
     schemas: HashMap<u32, (SchemaKind, Arc<str>)>,
     /// (subject, version) → the version.
@@ -184,9 +184,15 @@ impl SchemaRegistry {
         kind: SchemaKind,
         schema: &str,
     ) -> Result<u32, RegistryError> {
-        let key = (subject.to_owned(), kind, schema.to_owned());
-        if let Some(id) = self.cache().ids.get(&key) {
-            return Ok(*id);
+        let cached = self
+            .cache()
+            .ids
+            .get(&kind)
+            .and_then(|subjects| subjects.get(subject))
+            .and_then(|schemas| schemas.get(schema))
+            .copied();
+        if let Some(id) = cached {
+            return Ok(id);
         }
         let call = format!("register a schema under subject {subject:?}");
         let mut body = serde_json::Map::new();
@@ -198,8 +204,13 @@ impl SchemaRegistry {
         let path = format!("/subjects/{}/versions", segment(subject));
         let answer: IdAnswer = self.call(&call, Method::POST, &path, Some(body)).await?;
         let id = schema_id(&call, answer.id)?;
-        let mut cache = self.cache();
-        cache.ids.insert(key, id);
+        self.cache()
+            .ids
+            .entry(kind)
+            .or_default()
+            .entry(subject.to_owned())
+            .or_default()
+            .insert(schema.to_owned(), id);
         Ok(id)
     }
 
