@@ -66,7 +66,7 @@ pub use kafka_read::{
 };
 pub use ports::free_port;
 pub use postgres::Postgres;
-pub use schema_registry::SchemaRegistry;
+pub use schema_registry::RegistryServer;
 pub use siphon::{run_siphon, siphon_bin, strip_ansi, SiphonProcess};
 pub use wait::{wait_for, wait_until};
 

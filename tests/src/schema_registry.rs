@@ -26,7 +26,7 @@ use anyhow::{bail, Context as _, Result};
 /// Version of rivven-schema that `scripts/install-deps.sh` installs.
 pub const RIVVEN_SCHEMA_VERSION: &str = "0.0.22";
 
-/// How long [`SchemaRegistry::start`] waits for the registry to be ready.
+/// How long [`RegistryServer::start`] waits for the registry to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Path of the rivven-schema binary: `$SIPHON_RIVVEN_SCHEMA_BIN`, else the one in
@@ -51,19 +51,19 @@ pub fn rivven_schema_bin() -> Result<PathBuf> {
 }
 
 /// A rivven-schema process on 127.0.0.1, its schemas in memory.
-pub struct SchemaRegistry {
+pub struct RegistryServer {
     dir: Option<tempfile::TempDir>,
     log: PathBuf,
     port: u16,
     child: Option<Child>,
 }
 
-impl SchemaRegistry {
+impl RegistryServer {
     /// Spawns a registry on a free port and waits (up to 30 s) until it is ready.
     ///
     /// # Errors
     /// When the binary is missing, exits, or is not ready in time (with its log's tail).
-    pub fn start() -> Result<SchemaRegistry> {
+    pub fn start() -> Result<RegistryServer> {
         let bin = rivven_schema_bin()?;
         let dir = crate::short_tempdir("siphon-registry-")?;
         let log = dir.path().join("rivven-schema.log");
@@ -84,7 +84,7 @@ impl SchemaRegistry {
             .stderr(out)
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
-        let mut registry = SchemaRegistry {
+        let mut registry = RegistryServer {
             dir: Some(dir),
             log,
             port,
@@ -138,7 +138,7 @@ impl SchemaRegistry {
     }
 }
 
-impl Drop for SchemaRegistry {
+impl Drop for RegistryServer {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             // Fails only when the process was already reaped, which `wait` reports.

@@ -13,7 +13,7 @@ use siphon_schema_registry::{
     value_subject, BasicAuth, Consequence, RegistryConfig, RegistryError, RetryPolicy, SchemaKind,
     SchemaRegistry,
 };
-use siphon_tests::{free_port, SchemaRegistry as Rivven};
+use siphon_tests::{free_port, RegistryServer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// The Avro schema Siphon derives for an expanded payload.
@@ -45,7 +45,7 @@ fn json(text: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn registers_once_and_answers_from_the_cache() -> Result<()> {
-    let rivven = Rivven::start()?;
+    let rivven = RegistryServer::start()?;
     let registry = SchemaRegistry::new(&RegistryConfig::new(rivven.url()))?;
     let avro = payload_schema(r#"{"id":1,"name":"a","lines":[{"sku":"s"}]}"#);
 
@@ -91,7 +91,7 @@ async fn registers_once_and_answers_from_the_cache() -> Result<()> {
 
 #[tokio::test]
 async fn a_compatible_change_is_a_new_version() -> Result<()> {
-    let rivven = Rivven::start()?;
+    let rivven = RegistryServer::start()?;
     let registry = SchemaRegistry::new(&RegistryConfig::new(rivven.url()))?;
     let first = payload_schema(r#"{"id":1}"#);
     let second = payload_schema(r#"{"id":1,"note":"n"}"#);
@@ -125,7 +125,7 @@ async fn a_compatible_change_is_a_new_version() -> Result<()> {
 
 #[tokio::test]
 async fn refusals_are_for_the_operator_to_fix() -> Result<()> {
-    let rivven = Rivven::start()?;
+    let rivven = RegistryServer::start()?;
     let registry = SchemaRegistry::new(&RegistryConfig::new(rivven.url()))?;
     registry
         .register(
@@ -359,7 +359,7 @@ async fn avro_records_decode_with_confluents_deserializer() -> Result<()> {
             "python3 is not installed; Confluent's deserializer needs it",
         );
     };
-    let rivven = Rivven::start()?;
+    let rivven = RegistryServer::start()?;
     let broker = siphon_tests::Broker::start()?;
     let topic = broker.topic("orders");
     siphon_tests::create_topic(&broker.bootstrap(), &topic, 1).await?;
@@ -550,7 +550,7 @@ async fn tls_front(pki: &Pki, backend: u16) -> Result<u16> {
 
 #[tokio::test]
 async fn tls_with_a_private_ca_and_a_client_certificate() -> Result<()> {
-    let rivven = Rivven::start()?;
+    let rivven = RegistryServer::start()?;
     let pki = Pki::new()?;
     let port = tls_front(&pki, rivven.port()).await?;
     let with_client_cert = |url: String| {
