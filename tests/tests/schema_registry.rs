@@ -605,3 +605,13 @@ async fn tls_with_a_private_ca_and_a_client_certificate() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn the_registry_process_stops_when_dropped() -> Result<()> {
+    let server = RegistryServer::start()?;
+    let port = server.port();
+    assert_eq!(siphon_tests::http::get(port, "/health/ready")?.0, 200);
+    drop(server);
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    Ok(())
+}
