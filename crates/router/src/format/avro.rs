@@ -29,7 +29,9 @@
 //! # Differences from the converters
 //! - A name Avro refuses (a field or record name that is not letters, digits and `_`, or starts
 //!   with a digit) is an error, as it is with the converters' default
-//!   `avro.scrub.invalid.names=false`; Siphon has no scrubbing.
+//!   `avro.scrub.invalid.names=false`; Siphon has no scrubbing. Names are the specification's
+//!   ASCII ones: Avro's Java library also takes other Unicode letters and digits, which Siphon
+//!   refuses.
 //! - A Java string holding an unpaired surrogate is written with `?` in its place, as Java's
 //!   UTF-8 encoder (under Avro's `Utf8`) writes it.
 //! - A schema whose text nests deeper than Jackson's 1000 levels (a payload about 250 objects
