@@ -200,6 +200,15 @@ fn compare() -> Result<()> {
         ]
         .map(str::to_owned),
     );
+    // Past serde_json's default depth, and up to where the schema nests as deep as Jackson
+    // writes.
+    payloads.extend([40, 100, 200, 240, 249, 250].map(|depth| {
+        format!(
+            "{}{{\"x\":1}}{}",
+            "{\"n\":".repeat(depth),
+            "}".repeat(depth)
+        )
+    }));
     // Only what Siphon expands is compared: the rest is not Avro of a struct.
     let mut siphon = Vec::new();
     let mut compared = Vec::new();
