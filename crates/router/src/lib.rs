@@ -28,7 +28,8 @@
 //!   validation, with their behaviour values in `policy`), `binding` (finding the configured
 //!   columns in a table), `topic` (`route.topic.regex`, `route.topic.replacement` and Kafka's
 //!   topic name rules) with `topic_cache`, `own_topics` (Siphon's own topics, which no row may
-//!   be routed to), `schema_cache` (the envelope schema Debezium builds
+//!   be routed to), `avro_schemas` (the Avro schemas of the Connect schemas met, cached as the
+//!   Avro converter caches them), `schema_cache` (the envelope schema Debezium builds
 //!   once and reuses, name included), `route` (a change to Debezium's record or a skip) and
 //!   `error` (configuration and routing errors, each naming the fix).
 //! - `extension`: the formats beyond Debezium's, applied to the Debezium record: `protobuf`
@@ -85,6 +86,7 @@ pub use format::encoding::{Encoding, Format, JavaNumbers};
 pub use format::expand::{expand as expand_json_payload, Expansion, ExpansionError};
 pub use format::json::json_string;
 pub use router::EventRouter;
+pub use routing::avro_schemas::AvroSchemas;
 pub use routing::binding::{ColumnRole, TableBinding};
 pub use routing::error::{
     ConfigError, EncodingMismatch, PlacementEntryError, ReplacementError, RouteError,
