@@ -51,6 +51,12 @@ pub fn value_subject(topic: &str) -> String {
     format!("{topic}-value")
 }
 
+/// The subject of a topic's record keys under Confluent's default `TopicNameStrategy`:
+/// `<topic>-key`.
+pub fn key_subject(topic: &str) -> String {
+    format!("{topic}-key")
+}
+
 /// The kind of a schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SchemaKind {

@@ -27,7 +27,7 @@ mod config;
 mod error;
 mod transport;
 
-pub use client::{value_subject, RegisteredSchema, SchemaKind, SchemaRegistry};
+pub use client::{key_subject, value_subject, RegisteredSchema, SchemaKind, SchemaRegistry};
 pub use config::{BasicAuth, Endpoint, RegistryConfig, RetryPolicy, Scheme, TlsOptions};
 pub use error::RegistryError;
 pub use siphon_core::Consequence;
