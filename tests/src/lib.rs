@@ -52,6 +52,7 @@ pub mod proxy;
 pub mod python;
 pub mod rng;
 pub mod scenarios;
+pub mod schema_registry;
 pub mod siphon;
 pub mod tansu;
 pub mod wait;
@@ -65,6 +66,7 @@ pub use kafka_read::{
 };
 pub use ports::free_port;
 pub use postgres::Postgres;
+pub use schema_registry::RegistryServer;
 pub use siphon::{run_siphon, siphon_bin, strip_ansi, SiphonProcess};
 pub use wait::{wait_for, wait_until};
 

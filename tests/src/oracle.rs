@@ -1,5 +1,6 @@
 //! Debezium as the oracle of the differential tests: `tests/debezium/Oracle.java` compiled with
-//! the system's `javac` (with `BenchDrain.java`, the benchmark's Debezium drain, which runs
+//! the system's `javac` (with `BenchDrain.java`, the benchmark's Debezium drain, and
+//! `AvroOracle.java`, Confluent's AvroData on Debezium's expanded payloads, which run
 //! through [`Oracle::java_command`]) and run on the Debezium jars and the Java 21 runtime that
 //! `scripts/install-debezium.sh` caches (Debezium's official 3.x images run Java 21; set
 //! `SIPHON_ORACLE_JAVA` to another `java` binary to see what another JDK prints).
@@ -131,7 +132,7 @@ pub struct OracleOutput {
 }
 
 /// The Java programs in `tests/debezium` (class names), compiled by [`Oracle::locate`].
-const PROGRAMS: [&str; 2] = ["Oracle", "BenchDrain"];
+const PROGRAMS: [&str; 3] = ["Oracle", "BenchDrain", "AvroOracle"];
 
 /// A compiled oracle, ready to run.
 pub struct Oracle {

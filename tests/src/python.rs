@@ -1,5 +1,6 @@
 //! Independent decoders in Python: the protobuf runtime (with the .proto compiled by
-//! grpcio-tools) and the CloudEvents SDK, in an environment `scripts/python-env.sh` creates
+//! grpcio-tools), the CloudEvents SDK and Confluent's Avro deserializer with its registry
+//! client, in an environment `scripts/python-env.sh` creates
 //! once under `~/.cache/siphon/`.
 //!
 //! # Invariants
@@ -45,10 +46,38 @@ pub fn decode_records(
     records: &[ConsumedRecord],
     args: &[&str],
 ) -> Result<Vec<serde_json::Value>> {
+    let proto = workspace_root().join("proto");
+    let mut all = vec![proto.to_string_lossy().into_owned()];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    run_decoder(python, "decode_records.py", records, &all)
+}
+
+/// Decodes the Avro values of `records` of `topic` with `tests/python/decode_avro.py`:
+/// Confluent's `AvroDeserializer` with its own client of the registry at `registry_url`. One
+/// `{"value": …, "schema_id": …}` per record.
+pub fn decode_avro(
+    python: &PathBuf,
+    registry_url: &str,
+    topic: &str,
+    records: &[ConsumedRecord],
+) -> Result<Vec<serde_json::Value>> {
+    run_decoder(
+        python,
+        "decode_avro.py",
+        records,
+        &[registry_url.to_owned(), topic.to_owned()],
+    )
+}
+
+fn run_decoder(
+    python: &PathBuf,
+    script: &str,
+    records: &[ConsumedRecord],
+    args: &[String],
+) -> Result<Vec<serde_json::Value>> {
     let root = workspace_root();
     let mut child = Command::new(python)
-        .arg(root.join("tests/python/decode_records.py"))
-        .arg(root.join("proto"))
+        .arg(root.join("tests/python").join(script))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

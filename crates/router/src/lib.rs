@@ -18,7 +18,9 @@
 //!   `encoding` (the converters: [`Encoding`], [`Format`], [`JavaNumbers`]), `encode`
 //!   (column values as `JsonConverter` / `StringConverter` write them), `connect` (Connect
 //!   schemas and values, envelopes and expanded payloads, schemas included), `expand`
-//!   (`table.expand.json.payload`: JSON text to a struct with an inferred schema), `json`
+//!   (`table.expand.json.payload`: JSON text to a struct with an inferred schema), `avro`
+//!   (a Connect schema and value as the schema-registry Avro converters write them, the
+//!   schema id a parameter: [`AvroSchema`]), `json`
 //!   (JSON strings escaped exactly as Jackson escapes them), `javanum` and `javanum_legacy`
 //!   (floating-point numbers printed as Java 19+ and Java 17 print them), `timestamp`
 //!   (PostgreSQL timestamp text to milliseconds), `text` (the UTF-8 check of column text).
@@ -26,7 +28,8 @@
 //!   validation, with their behaviour values in `policy`), `binding` (finding the configured
 //!   columns in a table), `topic` (`route.topic.regex`, `route.topic.replacement` and Kafka's
 //!   topic name rules) with `topic_cache`, `own_topics` (Siphon's own topics, which no row may
-//!   be routed to), `schema_cache` (the envelope schema Debezium builds
+//!   be routed to), `avro_schemas` (the Avro schemas of the Connect schemas met, cached as the
+//!   Avro converter caches them), `schema_cache` (the envelope schema Debezium builds
 //!   once and reuses, name included), `route` (a change to Debezium's record or a skip) and
 //!   `error` (configuration and routing errors, each naming the fix).
 //! - `extension`: the formats beyond Debezium's, applied to the Debezium record: `protobuf`
@@ -74,11 +77,16 @@ pub use extension::cloudevents::{CloudEventsMode, CloudEventsOptions};
 pub use extension::position::SourcePosition;
 pub use extension::trace::TraceOptions;
 pub use extension::{default_cloudevents_source, EventExtensions, ExtensionConfigError};
+pub use format::avro::{AvroError, AvroSchema};
+pub use format::connect::{
+    Schema as ConnectSchema, SchemaType as ConnectSchemaType, Value as ConnectValue,
+};
 pub use format::encode::{oid, ValueKind, FIRST_USER_OID};
 pub use format::encoding::{Encoding, Format, JavaNumbers};
-pub use format::expand::ExpansionError;
+pub use format::expand::{expand as expand_json_payload, Expansion, ExpansionError};
 pub use format::json::json_string;
 pub use router::EventRouter;
+pub use routing::avro_schemas::AvroSchemas;
 pub use routing::binding::{ColumnRole, TableBinding};
 pub use routing::error::{
     ConfigError, EncodingMismatch, PlacementEntryError, ReplacementError, RouteError,

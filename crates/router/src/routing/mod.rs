@@ -3,12 +3,14 @@
 //! names ([`topic`], cached per routing value in [`topic_cache`], never one of Siphon's own:
 //! [`own_topics`]), the envelope schema
 //! Debezium caches ([`schema_cache`]), the Debezium record of a row ([`route`]) and the
-//! errors naming the fix ([`error`]).
+//! errors naming the fix ([`error`]); the Avro schemas of the Connect schemas met, as the
+//! Avro converter caches them ([`avro_schemas`]).
 //!
 //! # Invariants
 //! - Uses `crate::format` for every byte it writes, and nothing of `crate::extension`: the
 //!   Debezium record is complete without the extensions (`tests/layers.rs` checks it).
 
+pub(crate) mod avro_schemas;
 pub(crate) mod binding;
 pub(crate) mod error;
 pub(crate) mod options;

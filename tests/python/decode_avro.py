@@ -1,0 +1,33 @@
+"""Decodes Avro record values as Confluent's Python client reads them: its AvroDeserializer,
+which looks the writer's schema up by the id in the frame with its own registry client.
+
+Usage: decode_avro.py REGISTRY_URL TOPIC
+
+Reads one JSON object per line on stdin: {"value": hex}. Writes one JSON object per line on
+stdout: {"value": the decoded value, "schema_id": the id in the frame}.
+"""
+
+import json
+import struct
+import sys
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+
+def main():
+    url, topic = sys.argv[1], sys.argv[2]
+    client = SchemaRegistryClient({"url": url})
+    deserializer = AvroDeserializer(client)
+    context = SerializationContext(topic, MessageField.VALUE)
+    for line in sys.stdin:
+        record = json.loads(line)
+        value = bytes.fromhex(record["value"])
+        (schema_id,) = struct.unpack(">I", value[1:5])
+        decoded = deserializer(value, context)
+        print(json.dumps({"value": decoded, "schema_id": schema_id}))
+
+
+if __name__ == "__main__":
+    main()
