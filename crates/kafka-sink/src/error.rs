@@ -745,6 +745,21 @@ pub enum DeliveryError {
     Transient(ProducerFailure),
 }
 
+impl siphon_record::Classified for DeliveryError {
+    fn verdict(&self) -> siphon_record::Verdict {
+        use siphon_record::Verdict;
+        match self {
+            DeliveryError::Definite(refusal) if refusal.on_error_applies() => {
+                Verdict::RecordRefused
+            }
+            DeliveryError::Definite(_) => Verdict::OperatorFix,
+            DeliveryError::Transient(failure) => Verdict::Transient {
+                replace: failure.needs_rebuild(),
+            },
+        }
+    }
+}
+
 impl DeliveryError {
     /// Classifies a failed delivery by its librdkafka error code.
     pub fn from_kafka(topic: &str, err: &KafkaError) -> Self {
@@ -839,6 +854,22 @@ mod tests {
             .filter_map(|n| RDKafkaRespErr::try_from(n).ok())
             .map(RDKafkaErrorCode::from)
             .collect()
+    }
+
+    /// The verdict the session engine reads says what the consequence says, for every code.
+    #[test]
+    fn the_verdict_of_a_failed_delivery_follows_its_consequence() {
+        use siphon_record::{Classified, Verdict};
+        for code in all_codes() {
+            let error = DeliveryError::from_code("t", code);
+            let expected = match consequence(code) {
+                RecordRefused => Verdict::RecordRefused,
+                OperatorFix => Verdict::OperatorFix,
+                RefusedWithOthers => Verdict::Transient { replace: false },
+                ProducerFailed => Verdict::Transient { replace: true },
+            };
+            assert_eq!(error.verdict(), expected, "{code:?}");
+        }
     }
 
     #[test]

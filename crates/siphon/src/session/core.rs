@@ -11,6 +11,9 @@
 //! (the ledger, the fence, the delivery deadline, replacement pacing, the stop) is decided by
 //! [`siphon_core::Flow`], whose invariants are stated there.
 //!
+//! It holds no metrics: what it notices is queued as [`Note`]s ([`SessionCore::poll_note`]),
+//! which the driver logs and counts.
+//!
 //! # Invariants
 //! - The only position ever confirmed is the ledger's watermark (the flow's).
 //! - The stream is read only while no catalog lookup is outstanding and the flow can take more
@@ -18,33 +21,35 @@
 //! - With librdkafka's gap-less idempotence, a failure stops the failed producer from writing
 //!   anything after it, so with the flow's fence the first delivery of every record of a
 //!   partition is in send order, across producer replacement.
+//! - Every row read, record routed or produced, skip, dead letter and failed delivery is one
+//!   [`Note`], queued in the order it happened.
 //! - A row is routed, skipped by a documented rule (DELETE, UPDATE, another table),
 //!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
 //!   the fix: never dropped silently.
 
 use super::elapsed::LastElapsed;
 use super::ledger::{LedgerError, TxnId};
+use super::note::{FailureKind, Note};
 use super::position::PositionHeaders;
 use super::{NonTransactionalPolicy, RoutedKind, Routers, Suspect, Suspects};
 use crate::dead_letter::Stage;
 use crate::error::{AbortCause, PipelineError, RecordFault};
 use crate::message::MessageRows;
 use crate::session::ErrorPolicy;
-use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
-use pgoutput::{Lsn, Oid, Relation, TupleData};
+use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
+use siphon_core::assembly::{RowChange, SourceEvent};
 use siphon_core::exactly_once::{KafkaTransactions, Progress, TransactionStep};
 use siphon_core::flow::{self, Flow, FlowError, FlowSettings, Outcome, ToDeadLetter};
-use siphon_kafka_sink::producer::record_bytes;
-use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
-use siphon_record::RecentTopics;
+use siphon_kafka_sink::{DeliveryError, SinkError};
+use siphon_record::{record_bytes, Classified, Delivery, Verdict};
 use siphon_router::{
     Change, EventRouter, RouteError, Routed, RoutedRecord, SkipReason, SourcePosition, TableBinding,
 };
 use siphon_source::error::ProtocolFault;
 use siphon_source::queries::OutboxColumns;
-use siphon_source::{DatabaseEncoding, RowChange, SourceError, SourceEvent, TableName};
-use std::collections::HashSet;
+use siphon_source::{DatabaseEncoding, SourceError, TableName};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info};
@@ -84,7 +89,7 @@ pub enum Input {
     /// The replication stream failed or ended.
     SourceFailed(PipelineError),
     /// The producer reported a record.
-    Delivery(Delivery),
+    Delivery(Delivery<DeliveryError>),
     /// A purge of the producer handed back a record it had not taken yet (one waiting for its
     /// topic to be created): sent again on the replacement.
     Purged { token: usize, record: RoutedRecord },
@@ -187,38 +192,11 @@ enum Own {
     Finish(Result<(), PipelineError>),
 }
 
-/// Per-topic counters, taken from the metrics once per topic (no lock on the per-record path);
-/// recent topics' are found again without hashing their names.
-#[derive(Default)]
-struct TopicCounters {
-    by_topic: FxHashMap<String, TopicMetrics>,
-    recent: RecentTopics<TopicMetrics>,
-}
-
-impl TopicCounters {
-    /// Counts with the counters of `topic`, taken from `metrics` the first time.
-    fn count(&mut self, metrics: &Metrics, topic: &Arc<str>, count: impl FnOnce(&TopicMetrics)) {
-        if let Some(counters) = self.recent.get(topic) {
-            count(counters);
-            return;
-        }
-        let counters = match self.by_topic.get(&**topic) {
-            Some(counters) => counters.clone(),
-            None => {
-                let counters = metrics.topic(topic);
-                self.by_topic.insert(topic.to_string(), counters.clone());
-                counters
-            }
-        };
-        count(&counters);
-        self.recent.keep(topic, counters);
-    }
-}
-
 /// The session state machine.
 pub struct SessionCore<'a> {
     settings: CoreSettings<'a>,
-    metrics: Arc<Metrics>,
+    /// What happened, for the driver's log and metrics (see [`SessionCore::poll_note`]).
+    notes: VecDeque<Note>,
     /// Records between the stream and the producer: ledger, fence, deadline, stop.
     flow: Flow<RoutedKind, RecordFault, PipelineError, Own>,
     /// By relation OID, with an integer hasher (one lookup per row change).
@@ -253,11 +231,6 @@ pub struct SessionCore<'a> {
     parked: Option<(TxnId, u32, RoutedRecord)>,
     /// Exactly-once: the suspect sent alone in the Kafka transaction now open.
     solo: Option<(Lsn, u32)>,
-    /// Per-topic counters.
-    topics: TopicCounters,
-    /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
-    /// the gauge is set only when it changes.
-    oldest_reported: Option<Option<Instant>>,
     /// The last commit->acknowledgement latency, by (commit time, arrival).
     commit_to_ack: LastElapsed<(i64, SystemTime)>,
     /// The last hand-over->acknowledgement latency, by (hand-over, arrival).
@@ -269,7 +242,7 @@ pub struct SessionCore<'a> {
 
 impl<'a> SessionCore<'a> {
     /// A session resuming at `start` (everything before it is delivered).
-    pub fn new(mut settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
+    pub fn new(mut settings: CoreSettings<'a>, start: Lsn) -> Self {
         let messages = MessageRows::new(settings.database_encoding.clone());
         let position = settings.position_headers.clone();
         let transactions = settings.transactions.take();
@@ -287,7 +260,7 @@ impl<'a> SessionCore<'a> {
         );
         SessionCore {
             settings,
-            metrics,
+            notes: VecDeque::new(),
             flow,
             bindings: FxHashMap::default(),
             messages,
@@ -304,12 +277,21 @@ impl<'a> SessionCore<'a> {
             positions: FxHashMap::default(),
             parked: None,
             solo: None,
-            topics: TopicCounters::default(),
-            oldest_reported: None,
             commit_to_ack: LastElapsed::default(),
             send_to_ack: LastElapsed::default(),
             replacement_cause: None,
         }
+    }
+
+    /// The next thing the core noticed, for the log and the metrics, in order.
+    pub fn poll_note(&mut self) -> Option<Note> {
+        self.notes.pop_front()
+    }
+
+    /// When the oldest record the producer has not acknowledged was handed over (`None`:
+    /// none in flight).
+    pub fn oldest_sent(&self) -> Option<Instant> {
+        self.flow.oldest_sent()
     }
 
     /// Whether the driver may read the next source event.
@@ -406,15 +388,12 @@ impl<'a> SessionCore<'a> {
                 flow::Action::Other(Own::SkipDeletes(oid)) => Action::SkipDeletes(oid),
                 flow::Action::Replacing { resend } => {
                     let cause = self.replacement_cause.take();
-                    Event::ProducerReplaced {
-                        resend,
-                        cause: cause.as_deref(),
-                    }
-                    .emit(&self.metrics);
+                    self.notes
+                        .push_back(Note::ProducerReplaced { resend, cause });
                     continue;
                 }
                 flow::Action::Overdue { unacked } => {
-                    Event::DeliveryOverdue { unacked }.emit(&self.metrics);
+                    self.notes.push_back(Note::DeliveryOverdue { unacked });
                     // The purge that follows fails the records; the deadline is the cause.
                     self.replacement_cause.get_or_insert_with(|| {
                         "a record was not acknowledged within the delivery deadline \
@@ -524,13 +503,6 @@ impl<'a> SessionCore<'a> {
         if let Some(transactions) = &mut self.transactions {
             transactions.check(now.instant, self.txn.is_none());
         }
-        let (records, bytes) = self.flow.in_flight();
-        self.metrics.set_in_flight(records, bytes);
-        let oldest = self.flow.oldest_sent();
-        if self.oldest_reported != Some(oldest) {
-            self.metrics.set_oldest_unacked_since(oldest);
-            self.oldest_reported = Some(oldest);
-        }
     }
 
     fn on_source(&mut self, now: Now, event: SourceEvent) -> Result<(), PipelineError> {
@@ -543,7 +515,7 @@ impl<'a> SessionCore<'a> {
                 self.txn = Some(self.flow.begin(final_lsn, commit_time_us)?);
                 self.begin = (final_lsn, xid, commit_time_us);
                 if let Ok(latency) = now.wall.duration_since(pg_timestamp(commit_time_us)) {
-                    self.metrics.observe_commit_to_read(latency);
+                    self.notes.push_back(Note::CommitToRead(latency));
                 }
                 self.next_index = 0;
             }
@@ -560,7 +532,7 @@ impl<'a> SessionCore<'a> {
                 self.on_outbox_delete(relation_id, lsn)?
             }
             SourceEvent::Commit { end_lsn, .. } => {
-                self.metrics.transaction();
+                self.notes.push_back(Note::Transaction);
                 self.txn = None;
                 if let Some(transactions) = &mut self.transactions {
                     transactions.transaction_read(self.begin.0, end_lsn);
@@ -636,7 +608,7 @@ impl<'a> SessionCore<'a> {
     /// cannot be routed. A configured column the stream leaves out (a generated column) is named
     /// as such, with the catalog's cause, not as missing.
     fn bind(
-        &self,
+        &mut self,
         router: &'a EventRouter,
         relation: &Relation,
         columns: &OutboxColumns,
@@ -671,11 +643,10 @@ impl<'a> SessionCore<'a> {
                 router,
             }),
             Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
-                Event::TableUnroutable {
-                    table: &format_args!("{}.{}", relation.namespace, relation.name),
-                    error: &e,
-                }
-                .emit(&self.metrics);
+                self.notes.push_back(Note::TableUnroutable {
+                    table: format!("{}.{}", relation.namespace, relation.name),
+                    error: Box::new(e.clone()),
+                });
                 Ok(Binding::Unbindable(e))
             }
             Err(e) => Err(PipelineError::Unbindable(Box::new(e))),
@@ -702,7 +673,10 @@ impl<'a> SessionCore<'a> {
                     lsn,
                 }),
                 NonTransactionalPolicy::Skip => {
-                    Event::NonTransactionalMessageSkipped { prefix, lsn }.emit(&self.metrics);
+                    self.notes.push_back(Note::NonTransactionalMessageSkipped {
+                        prefix: prefix.to_owned(),
+                        lsn,
+                    });
                     Ok(())
                 }
             };
@@ -717,20 +691,19 @@ impl<'a> SessionCore<'a> {
                 (relation, row)
             }
             Err(e) => {
-                self.metrics.event_read();
+                self.notes.push_back(Note::EventRead);
                 return match self.settings.on_error {
                     ErrorPolicy::Fail => Err(e.into()),
                     ErrorPolicy::DeadLetter(dead_letters) => {
                         // Dead-lettered as a row of its own, its content as text.
                         let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
                         let (relation, row) = self.messages.unreadable(prefix, content);
-                        Event::RowDeadLettered {
-                            table: &format_args!("{}.{}", relation.namespace, relation.name),
+                        self.notes.push_back(Note::RowDeadLettered {
+                            table: format!("{}.{}", relation.namespace, relation.name),
                             lsn,
-                            error: &e,
-                            dead_letter_topic: dead_letters.topic(),
-                        }
-                        .emit(&self.metrics);
+                            error: Box::new(e.to_string()),
+                            dead_letter_topic: dead_letters.topic().to_owned(),
+                        });
                         let record = dead_letters.for_row(
                             &relation,
                             &row,
@@ -750,7 +723,7 @@ impl<'a> SessionCore<'a> {
     /// with a binding would be an outbox row without its description: the session reconnects,
     /// and the new one is described its tables again.
     fn on_other_table_change(&mut self, relation_id: Oid, lsn: Lsn) -> Result<(), PipelineError> {
-        self.metrics.event_read();
+        self.notes.push_back(Note::EventRead);
         self.txn.ok_or(LedgerError::NoOpenTransaction)?;
         if self.bindings.contains_key(&relation_id) {
             return Err(SourceError::from(ProtocolFault::UndescribedOutboxRow {
@@ -759,7 +732,7 @@ impl<'a> SessionCore<'a> {
             })
             .into());
         }
-        Event::OtherTableRow.emit(&self.metrics);
+        self.notes.push_back(Note::OtherTableRow);
         Ok(())
     }
 
@@ -770,17 +743,16 @@ impl<'a> SessionCore<'a> {
     /// before it is bound again); if one did, its DELETE may be due a dead letter, which needs
     /// the row: the session reconnects, and the new one decodes it.
     fn on_outbox_delete(&mut self, relation_id: Oid, lsn: Lsn) -> Result<(), PipelineError> {
-        self.metrics.event_read();
+        self.notes.push_back(Note::EventRead);
         self.txn.ok_or(LedgerError::NoOpenTransaction)?;
         match self.bindings.get(&relation_id) {
             Some(Binding::Bound { binding, router }) if router.skips_deletes() => {
                 let reason = SkipReason::Delete;
-                Event::RowSkipped {
-                    table: &binding.table(),
+                self.notes.push_back(Note::skipped(
+                    binding.table(),
                     reason,
-                    level: router.log_level(reason),
-                }
-                .emit(&self.metrics);
+                    router.log_level(reason),
+                ));
                 Ok(())
             }
             _ => Err(SourceError::from(ProtocolFault::DeleteWithoutRow {
@@ -809,11 +781,11 @@ impl<'a> SessionCore<'a> {
             ),
             RowChange::Delete(old) => (Change::Delete(old.tuple()), old.tuple()),
         };
-        self.metrics.event_read();
+        self.notes.push_back(Note::EventRead);
         let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
         let routed = match self.bindings.get(&relation.id) {
             None => {
-                Event::OtherTableRow.emit(&self.metrics);
+                self.notes.push_back(Note::OtherTableRow);
                 return Ok(());
             }
             Some(Binding::Bound { binding, router }) => {
@@ -828,12 +800,11 @@ impl<'a> SessionCore<'a> {
         match routed {
             Ok((Routed::Record(record), _)) => self.send_routed(now, txn, record),
             Ok((Routed::Skipped(reason), router)) => {
-                Event::RowSkipped {
-                    table: &format_args!("{}.{}", relation.namespace, relation.name),
+                self.notes.push_back(Note::skipped(
+                    format_args!("{}.{}", relation.namespace, relation.name),
                     reason,
-                    level: router.log_level(reason),
-                }
-                .emit(&self.metrics);
+                    router.log_level(reason),
+                ));
                 Ok(())
             }
             Err(reason) => match self.settings.on_error {
@@ -842,13 +813,12 @@ impl<'a> SessionCore<'a> {
                     lsn,
                 }),
                 ErrorPolicy::DeadLetter(dead_letters) => {
-                    Event::RowDeadLettered {
-                        table: &format_args!("{}.{}", relation.namespace, relation.name),
+                    self.notes.push_back(Note::RowDeadLettered {
+                        table: format!("{}.{}", relation.namespace, relation.name),
                         lsn,
-                        error: &reason,
-                        dead_letter_topic: dead_letters.topic(),
-                    }
-                    .emit(&self.metrics);
+                        error: Box::new(reason.clone()),
+                        dead_letter_topic: dead_letters.topic().to_owned(),
+                    });
                     let record = dead_letters.for_row(
                         relation,
                         row,
@@ -902,11 +872,9 @@ impl<'a> SessionCore<'a> {
         }
         let bytes = record_bytes(&record);
         let added = self.flow.add(txn, bytes, now);
-        self.topics.count(&self.metrics, &record.topic, |counters| {
-            counters.routed();
-            if added.is_ok() {
-                counters.produced();
-            }
+        self.notes.push_back(Note::Routed {
+            topic: Arc::clone(&record.topic),
+            produced: added.is_ok(),
         });
         self.hand_over(now, added?, record, Some((index, bytes)));
         Ok(())
@@ -957,8 +925,9 @@ impl<'a> SessionCore<'a> {
         let letter = self.letter_for(dead_letters, txn, record, &fault);
         let bytes = record_bytes(&letter);
         let seq = self.flow.add(txn, bytes, now)?;
-        self.topics
-            .count(&self.metrics, &letter.topic, |counters| counters.produced());
+        self.notes.push_back(Note::Produced {
+            topic: Arc::clone(&letter.topic),
+        });
         self.hand_over(now, seq, letter, Some((index, bytes)));
         Ok(())
     }
@@ -966,17 +935,16 @@ impl<'a> SessionCore<'a> {
     /// The dead letter of `record` of `txn`, which Kafka refuses for `fault` (told to the
     /// telemetry).
     fn letter_for(
-        &self,
+        &mut self,
         dead_letters: &crate::dead_letter::DeadLetters,
         txn: TxnId,
         record: RoutedRecord,
         fault: &RecordFault,
     ) -> RoutedRecord {
-        Event::RecordDeadLettered {
-            topic: &record.topic,
-            error: fault,
-        }
-        .emit(&self.metrics);
+        self.notes.push_back(Note::RecordDeadLettered {
+            topic: Arc::clone(&record.topic),
+            error: Box::new(fault.clone()),
+        });
         dead_letters.for_record(record, fault, Stage::Produce, self.flow.commit_lsn(txn))
     }
 
@@ -993,8 +961,9 @@ impl<'a> SessionCore<'a> {
         }
         let bytes = record_bytes(&record);
         let seq = self.flow.add(txn, bytes, now)?;
-        self.topics
-            .count(&self.metrics, &record.topic, |counters| counters.produced());
+        self.notes.push_back(Note::Produced {
+            topic: Arc::clone(&record.topic),
+        });
         self.hand_over(now, seq, record, Some((index, bytes)));
         Ok(())
     }
@@ -1072,7 +1041,11 @@ impl<'a> SessionCore<'a> {
         }
     }
 
-    fn on_delivery(&mut self, now: Now, delivery: Delivery) -> Result<(), PipelineError> {
+    fn on_delivery(
+        &mut self,
+        now: Now,
+        delivery: Delivery<DeliveryError>,
+    ) -> Result<(), PipelineError> {
         let token = delivery.token;
         if self.transactions.is_some() && delivery.result.is_ok() {
             self.positions.remove(&token);
@@ -1086,28 +1059,27 @@ impl<'a> SessionCore<'a> {
                         arrival.duration_since(pg_timestamp(commit)).ok()
                     });
                 if let Some(latency) = since_commit {
-                    self.metrics.observe_commit_to_ack(latency);
+                    self.notes.push_back(Note::CommitToAck(latency));
                 }
                 let since_send = self.send_to_ack.get(
                     (settled.record.first_sent, now.instant),
                     |(sent, arrival)| Some(arrival.saturating_duration_since(sent)),
                 );
                 if let Some(latency) = since_send {
-                    self.metrics.observe_send_to_ack(latency);
+                    self.notes.push_back(Note::SendToAck(latency));
                 }
                 return Ok(());
             }
             Err(failure) => *failure,
         };
-        Event::DeliveryFailed {
-            topic: &failure.record.topic,
-            error: &failure.error,
-            kind: match failure.error {
-                DeliveryError::Definite(_) => ProducerErrorKind::Definite,
-                DeliveryError::Transient(_) => ProducerErrorKind::Transient,
+        self.notes.push_back(Note::DeliveryFailed {
+            topic: Arc::clone(&failure.record.topic),
+            kind: match failure.error.verdict() {
+                Verdict::RecordRefused | Verdict::OperatorFix => FailureKind::Definite,
+                Verdict::Transient { .. } => FailureKind::Transient,
             },
-        }
-        .emit(&self.metrics);
+            error: Box::new(failure.error.clone()),
+        });
         if self.transactions.is_some() {
             // The open Kafka transaction cannot commit with a failed record in it.
             self.flow.reported_fatal(token);
@@ -1123,7 +1095,7 @@ impl<'a> SessionCore<'a> {
             });
         }
         if self.replacement_cause.is_none()
-            && matches!(&failure.error, DeliveryError::Transient(kind) if kind.needs_rebuild())
+            && failure.error.verdict() == (Verdict::Transient { replace: true })
         {
             self.replacement_cause = Some(failure.error.to_string());
         }
@@ -1186,12 +1158,11 @@ impl<'a> SessionCore<'a> {
         token: usize,
         record: RoutedRecord,
     ) -> Result<(), PipelineError> {
-        Event::DeliveryFailed {
-            topic: &record.topic,
-            error: &"purged with the producer before it took the record",
-            kind: ProducerErrorKind::Transient,
-        }
-        .emit(&self.metrics);
+        self.notes.push_back(Note::DeliveryFailed {
+            topic: Arc::clone(&record.topic),
+            error: Box::new("purged with the producer before it took the record"),
+            kind: FailureKind::Transient,
+        });
         if self.transactions.is_some() {
             self.flow.reported_fatal(token);
             return Err(PipelineError::TransactionAborted {
@@ -1228,8 +1199,9 @@ impl<'a> SessionCore<'a> {
             return Err(PipelineError::DeadLetterRefused(fault));
         }
         let letter = self.letter_for(dead_letters, txn, record, &fault);
-        self.topics
-            .count(&self.metrics, &letter.topic, |counters| counters.produced());
+        self.notes.push_back(Note::Produced {
+            topic: Arc::clone(&letter.topic),
+        });
         // The letter joins the transaction before the refused record settles.
         self.flow.dead_lettered(now, seq, txn, letter)?;
         Ok(())
@@ -1245,12 +1217,11 @@ impl<'a> SessionCore<'a> {
         let outcome = match RecordFault::of_enqueue(error) {
             // Refused at enqueue: this record alone is at fault.
             Ok(fault) => {
-                Event::DeliveryFailed {
-                    topic: &record.topic,
-                    error: &fault,
-                    kind: ProducerErrorKind::Definite,
-                }
-                .emit(&self.metrics);
+                self.notes.push_back(Note::DeliveryFailed {
+                    topic: Arc::clone(&record.topic),
+                    error: Box::new(fault.clone()),
+                    kind: FailureKind::Definite,
+                });
                 if self.transactions.is_some() && self.flow.is_stopping() {
                     // A stopping flow gives it up without a dead letter: the open Kafka
                     // transaction, whose progress counts it, must not commit.
@@ -1271,11 +1242,10 @@ impl<'a> SessionCore<'a> {
                 }
             }
             Err(error) if error.is_transient() => {
-                Event::RecordNotTaken {
-                    topic: &record.topic,
-                    error: &error,
-                }
-                .emit(&self.metrics);
+                self.notes.push_back(Note::RecordNotTaken {
+                    topic: Arc::clone(&record.topic),
+                    error: Box::new(error.to_string()),
+                });
                 if self.transactions.is_some() {
                     self.flow.reported_fatal(token);
                     return Err(PipelineError::TransactionAborted {

@@ -3,6 +3,8 @@
 //! - [`core`]: the pure state machine that decides (what to send, confirm, look up, when to
 //!   replace the producer and when to stop), with time as a parameter.
 //! - [`driver`]: the thin async loop that does the IO the core asks for.
+//! - [`note`]: what the core noticed, as values; [`recorder`]: the driver's side, which logs
+//!   and counts them.
 //! - [`ledger`] (from `siphon_core`): the one per-transaction, per-record book behind the
 //!   watermark, the window and the latency metrics.
 //! - `siphon_core::topic_gate`: the pure queue of records waiting for their topic to be
@@ -16,6 +18,8 @@
 pub mod core;
 pub mod driver;
 mod elapsed;
+pub mod note;
+pub mod recorder;
 #[cfg(test)]
 mod simulation;
 pub mod transactional;

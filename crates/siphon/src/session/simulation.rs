@@ -61,6 +61,7 @@
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
+use super::recorder::Recorder;
 use super::{ErrorPolicy, NonTransactionalPolicy, RoutedKind, Routers};
 use crate::dead_letter::DeadLetters;
 use crate::error::PipelineError;
@@ -906,17 +907,12 @@ impl World {
 
 /// [`session_core`] from position 0 that fails on a bad row, at-least-once, with a 30 s
 /// shutdown timeout.
-fn plain_core<'a>(
-    router: &'a Routers,
-    prefixes: &'a HashSet<String>,
-    metrics: Arc<Metrics>,
-) -> SessionCore<'a> {
+fn plain_core<'a>(router: &'a Routers, prefixes: &'a HashSet<String>) -> SessionCore<'a> {
     session_core(
         router,
         prefixes,
         &ErrorPolicy::Fail,
         Duration::from_secs(30),
-        metrics,
         Lsn(0),
         None,
     )
@@ -928,7 +924,6 @@ fn session_core<'a>(
     prefixes: &'a HashSet<String>,
     on_error: &'a ErrorPolicy,
     shutdown_timeout: Duration,
-    metrics: Arc<Metrics>,
     start: Lsn,
     exactly_once: Option<(KafkaTransactions, super::Suspects)>,
 ) -> SessionCore<'a> {
@@ -960,7 +955,6 @@ fn session_core<'a>(
             transactions,
             suspects,
         },
-        metrics,
         start,
     )
 }
@@ -1156,7 +1150,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
     } else {
         ErrorPolicy::DeadLetter(DeadLetters::new(DEAD_LETTER_TOPIC.to_owned(), 1_000_000))
     };
-    let metrics = Arc::new(Metrics::new());
+    let mut recorder = Recorder::new(Arc::new(Metrics::new()));
     let last_end = w.txns.last().map_or(Lsn(0), |t| t.end_lsn);
     let mut resume = Lsn(0);
     let mut sessions = 0;
@@ -1196,7 +1190,6 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
             &prefixes,
             &policy,
             Duration::from_secs(5),
-            Arc::clone(&metrics),
             resume,
             transactions.map(|t| (t, std::mem::take(&mut suspects))),
         );
@@ -1220,6 +1213,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
             let faults = step < fault_steps;
             // Execute what the core asked for.
             while let Some(action) = core.poll_action() {
+                recorder.notes(&mut core);
                 match action {
                     Action::Send { token, record } => {
                         if w.broker.kafka.committing.is_some() {
@@ -1752,8 +1746,7 @@ fn bind_and_read_one_transaction(core: &mut SessionCore<'_>, now: Now) {
 fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
     let router = default_routers();
     let prefixes = HashSet::new();
-    let metrics = Arc::new(Metrics::new());
-    let mut core = plain_core(&router, &prefixes, metrics);
+    let mut core = plain_core(&router, &prefixes);
     let start = Instant::now();
     let now = Now {
         instant: start,
@@ -1812,7 +1805,8 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
     let router = default_routers();
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
-    let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
+    let mut recorder = Recorder::new(Arc::clone(&metrics));
+    let mut core = plain_core(&router, &prefixes);
     let now = Now {
         instant: Instant::now(),
         wall: SystemTime::now(),
@@ -1864,6 +1858,7 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
         core.poll_action(),
         Some(Action::Confirm(Lsn(110)))
     ));
+    recorder.drain(&mut core);
     assert!(
         metrics
             .encode()
@@ -1951,7 +1946,8 @@ fn a_delete_read_without_its_row_is_skipped_as_one_read_with_it() {
     };
     let outcomes = [false, true].map(|skimmed| {
         let metrics = Arc::new(Metrics::new());
-        let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
+        let mut recorder = Recorder::new(Arc::clone(&metrics));
+        let mut core = plain_core(&router, &prefixes);
         let relation = relation();
         let after_binding = bind_outbox(&mut core, now, Arc::clone(&relation));
         assert!(
@@ -2032,6 +2028,7 @@ fn a_delete_read_without_its_row_is_skipped_as_one_read_with_it() {
         );
         take(&mut core);
         assert_eq!(core.watermark(), Lsn(210), "{trace:?}");
+        recorder.drain(&mut core);
         (trace, counter_lines(&metrics))
     });
     assert_eq!(outcomes[0], outcomes[1]);
@@ -2068,13 +2065,11 @@ fn deletes_that_need_their_row_are_not_skimmed() {
         Arc::new(relation)
     };
     for delete_without_row_of in [unbindable.id, 31_000] {
-        let metrics = Arc::new(Metrics::new());
         let mut core = session_core(
             &router,
             &prefixes,
             &policy,
             Duration::from_secs(30),
-            Arc::clone(&metrics),
             Lsn(0),
             None,
         );
@@ -2155,7 +2150,6 @@ fn exactly_once_core_with_one_record<'a>(
         prefixes,
         &ErrorPolicy::Fail,
         Duration::from_secs(30),
-        Arc::new(Metrics::new()),
         Lsn(0),
         Some((
             KafkaTransactions::new(bounds, Lsn(0), None),
@@ -2365,7 +2359,8 @@ fn a_transaction_is_timed_from_its_commit_and_each_record_from_its_send() {
     let router = default_routers();
     let prefixes = HashSet::new();
     let metrics = Arc::new(Metrics::new());
-    let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
+    let mut recorder = Recorder::new(Arc::clone(&metrics));
+    let mut core = plain_core(&router, &prefixes);
     let commit_time_us = 800_000_000_000_000;
     let committed = crate::telemetry::pg_timestamp(commit_time_us);
     let start = Instant::now();
@@ -2419,6 +2414,7 @@ fn a_transaction_is_timed_from_its_commit_and_each_record_from_its_send() {
             }),
         );
     }
+    recorder.drain(&mut core);
     let text = metrics.encode();
     for series in [
         "siphon_commit_to_read_seconds_bucket{le=\"0.005\"} 0",
