@@ -10,7 +10,6 @@
 
 pub mod assembly;
 pub mod backoff;
-pub mod consequence;
 pub mod exactly_once;
 pub mod flow;
 mod in_flight;
@@ -18,10 +17,10 @@ pub mod intervals;
 pub mod ledger;
 pub mod record;
 pub mod topic_gate;
-pub mod unpublished;
 
 pub use backoff::Backoff;
-pub use consequence::Consequence;
 pub use flow::{Flow, Now};
 pub use intervals::Intervals;
+pub use pgoutput::unpublished;
 pub use record::Records;
+pub use siphon_record::{consequence, Consequence};
