@@ -10,6 +10,7 @@
 
 pub mod assembly;
 pub mod backoff;
+pub mod engine;
 pub mod exactly_once;
 pub mod flow;
 mod in_flight;

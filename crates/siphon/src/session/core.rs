@@ -27,7 +27,6 @@
 //!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
 //!   the fix: never dropped silently.
 
-use super::elapsed::LastElapsed;
 use super::ledger::{LedgerError, TxnId};
 use super::note::{FailureKind, Note};
 use super::position::PositionHeaders;
@@ -39,6 +38,7 @@ use crate::session::ErrorPolicy;
 use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
 use siphon_core::assembly::{RowChange, SourceEvent};
+use siphon_core::engine::elapsed::LastElapsed;
 use siphon_core::exactly_once::{KafkaTransactions, Progress, TransactionStep};
 use siphon_core::flow::{self, Flow, FlowError, FlowSettings, Outcome, ToDeadLetter};
 use siphon_kafka_sink::{DeliveryError, SinkError};

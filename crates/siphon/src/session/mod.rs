@@ -17,9 +17,9 @@
 
 pub mod core;
 pub mod driver;
-mod elapsed;
-pub mod note;
 pub mod recorder;
+
+pub use siphon_core::engine::note;
 #[cfg(test)]
 mod simulation;
 pub mod transactional;

@@ -316,7 +316,7 @@ fn json_string_len(text: &str) -> usize {
 mod tests {
     use super::*;
     use pgoutput::{RelationColumn, ReplicaIdentity, Text};
-    use siphon_kafka_sink::producer::record_bytes;
+    use siphon_record::record_bytes;
 
     fn relation() -> Relation {
         let column = |name: &'static str| RelationColumn {

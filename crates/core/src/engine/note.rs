@@ -1,6 +1,5 @@
-//! What the session core noticed, as plain values: the driver writes the log lines and moves
-//! the metrics ([`super::recorder::Recorder`]); the core holds no metrics registry and writes
-//! no telemetry itself.
+//! What the session engine noticed, as plain values: the driver writes the log lines and moves
+//! the metrics; the engine holds no metrics registry and writes no telemetry itself.
 //!
 //! # Invariants
 //! - A note says what happened, not how it is shown: every label and log field comes from its
