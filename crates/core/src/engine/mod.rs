@@ -1,13 +1,18 @@
 //! The session engine's parts that need the router's records: what the session stamps on them
 //! ([`position`]), what it writes for a row or record that cannot be delivered
 //! ([`dead_letter`]), the policies it applies ([`policy`]), the latencies it times
-//! ([`elapsed`]) and what it tells the driver's log and metrics ([`note`]).
+//! ([`elapsed`]) and what it tells the driver's log and metrics ([`note`]); logical messages
+//! of outbox prefixes as rows ([`message`]), their content read in the database's encoding
+//! ([`encoding`]); what it learns from the catalog ([`catalog`]).
 //!
 //! # Invariants
 //! - No IO, no clock, no metrics registry: values in, values out.
 
+pub mod catalog;
 pub mod dead_letter;
 pub mod elapsed;
+pub mod encoding;
+pub mod message;
 pub mod note;
 pub mod policy;
 pub mod position;
