@@ -3,7 +3,8 @@
 //! ([`dead_letter`]), the policies it applies ([`policy`]), the latencies it times
 //! ([`elapsed`]) and what it tells the driver's log and metrics ([`note`]); logical messages
 //! of outbox prefixes as rows ([`message`]), their content read in the database's encoding
-//! ([`encoding`]); what it learns from the catalog ([`catalog`]).
+//! ([`encoding`]); what it asks and learns from the catalog ([`catalog`]); exactly-once, the
+//! records the broker refused ([`suspects`]).
 //!
 //! # Invariants
 //! - No IO, no clock, no metrics registry: values in, values out.
@@ -16,3 +17,4 @@ pub mod message;
 pub mod note;
 pub mod policy;
 pub mod position;
+pub mod suspects;

@@ -56,30 +56,10 @@ use tracing::{debug, info};
 
 pub use siphon_core::Now;
 
-/// A catalog lookup the core needs answered before it reads on.
-#[derive(Debug, Clone)]
-pub enum Lookup {
-    /// The NOT NULL columns of an outbox table (for `json-schemas` optional fields), and the
-    /// generated columns the stream leaves out (named in a binding error instead of "missing").
-    NotNullColumns(Arc<Relation>),
-    /// Whether a relation that is not an outbox table is a partition of one (its changes are
-    /// then the outbox table's, never "another table's").
-    OutboxRelation(Arc<Relation>),
-}
+pub use siphon_core::engine::catalog::Lookup;
 
-/// The answer to a [`Lookup`].
-#[derive(Debug)]
-pub enum Answer {
-    NotNullColumns {
-        relation: Arc<Relation>,
-        columns: Result<OutboxColumns, SourceError>,
-    },
-    /// `Some`: the relation renamed to the outbox table it is a partition of.
-    OutboxRelation {
-        relation: Arc<Relation>,
-        outbox: Result<Option<Relation>, SourceError>,
-    },
-}
+/// The answer to a [`Lookup`], a failure the source's.
+pub type Answer = siphon_core::engine::catalog::Answer<SourceError>;
 
 /// What happened.
 #[derive(Debug)]

@@ -37,17 +37,10 @@ use siphon_source::TableName;
 pub use driver::run_session;
 
 /// Exactly-once: how the broker refused a record of a Kafka transaction.
-#[derive(Debug, Clone)]
-pub enum Suspect {
-    /// Refused in a batch it may only have shared with the guilty record: it is sent alone,
-    /// in a Kafka transaction of its own, next time.
-    Shared(crate::error::RecordFault),
-    /// Refused while sent alone: guilty, dead-lettered next time.
-    Alone(crate::error::RecordFault),
-}
+pub type Suspect = siphon_core::engine::suspects::Suspect<crate::error::RecordFault>;
 
 /// Exactly-once: records the broker refused, by position (commit LSN, index in the transaction).
-pub type Suspects = std::collections::BTreeMap<(Lsn, u32), Suspect>;
+pub type Suspects = siphon_core::engine::suspects::Suspects<crate::error::RecordFault>;
 
 /// State carried from one session to the next.
 #[derive(Debug, Default)]
