@@ -7,45 +7,12 @@
 //!   transfers (both import it).
 
 use siphon_kafka_sink::SinkConfig;
-use siphon_router::EventRouter;
-use siphon_source::{SourceConfig, TableName};
-use std::collections::{HashMap, HashSet};
+use siphon_source::SourceConfig;
+use std::collections::HashSet;
 use std::time::Duration;
 
 pub use siphon_core::engine::policy::{ErrorPolicy, NonTransactionalPolicy, RoutedKind};
-
-/// The routers: `[router]` for every outbox table (and logical-message outbox), and for a table
-/// with `[router.tables."schema.table"]` options, those on top of `[router]`.
-pub struct Routers {
-    default: EventRouter,
-    tables: HashMap<TableName, EventRouter>,
-}
-
-impl Routers {
-    /// `default` for every table but those in `tables`.
-    pub fn new(default: EventRouter, tables: HashMap<TableName, EventRouter>) -> Self {
-        Routers { default, tables }
-    }
-
-    /// The router for rows of `table`.
-    pub fn for_table(&self, table: &TableName) -> &EventRouter {
-        self.tables.get(table).unwrap_or(&self.default)
-    }
-
-    /// The `[router]` router (logical messages use it).
-    pub fn default_router(&self) -> &EventRouter {
-        &self.default
-    }
-
-    /// Malformed trace contexts left out so far, by all routers.
-    pub fn malformed_trace_contexts(&self) -> u64 {
-        self.tables
-            .values()
-            .map(EventRouter::malformed_trace_contexts)
-            .sum::<u64>()
-            + self.default.malformed_trace_contexts()
-    }
-}
+pub use siphon_core::engine::routers::Routers;
 
 /// Everything a session needs, built once from the configuration.
 pub struct PipelineSettings {

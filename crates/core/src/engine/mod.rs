@@ -1,10 +1,11 @@
 //! The session engine's parts that need the router's records: what the session stamps on them
 //! ([`position`]), what it writes for a row or record that cannot be delivered
-//! ([`dead_letter`]), the policies it applies ([`policy`]), the latencies it times
+//! ([`dead_letter`]), the policies it applies ([`policy`]), the routers it routes with
+//! ([`routers`]), the latencies it times
 //! ([`elapsed`]) and what it tells the driver's log and metrics ([`note`]); logical messages
 //! of outbox prefixes as rows ([`message`]), their content read in the database's encoding
 //! ([`encoding`]); what it asks and learns from the catalog ([`catalog`]); exactly-once, the
-//! records the broker refused ([`suspects`]).
+//! records the broker refused ([`suspects`]); the tables it routes, by name ([`table`]).
 //!
 //! # Invariants
 //! - No IO, no clock, no metrics registry: values in, values out.
@@ -17,4 +18,6 @@ pub mod message;
 pub mod note;
 pub mod policy;
 pub mod position;
+pub mod routers;
 pub mod suspects;
+pub mod table;
