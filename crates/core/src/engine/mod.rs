@@ -1,11 +1,13 @@
-//! The session engine's parts that need the router's records: what the session stamps on them
+//! The session engine ([`session`]: a pure state machine from the replication stream and the
+//! producer's reports to actions, over the flow) and its parts: what the session stamps on records
 //! ([`position`]), what it writes for a row or record that cannot be delivered
 //! ([`dead_letter`]), the policies it applies ([`policy`]), the routers it routes with
 //! ([`routers`]), the latencies it times
 //! ([`elapsed`]) and what it tells the driver's log and metrics ([`note`]); logical messages
 //! of outbox prefixes as rows ([`message`]), their content read in the database's encoding
 //! ([`encoding`]); what it asks and learns from the catalog ([`catalog`]); exactly-once, the
-//! records the broker refused ([`suspects`]); the tables it routes, by name ([`table`]).
+//! records the broker refused ([`suspects`]); the tables it routes, by name ([`table`]); the
+//! errors around it, as it reads them ([`vocabulary`]).
 //!
 //! # Invariants
 //! - No IO, no clock, no metrics registry: values in, values out.
@@ -19,5 +21,7 @@ pub mod note;
 pub mod policy;
 pub mod position;
 pub mod routers;
+pub mod session;
 pub mod suspects;
 pub mod table;
+pub mod vocabulary;

@@ -1,7 +1,8 @@
 //! One streaming session: replication stream -> router -> Kafka, acknowledgements -> watermark.
 //!
 //! - [`core`]: the pure state machine that decides (what to send, confirm, look up, when to
-//!   replace the producer and when to stop), with time as a parameter.
+//!   replace the producer and when to stop), with time as a parameter: siphon-core's session
+//!   engine over Siphon's errors.
 //! - [`driver`]: the thin async loop that does the IO the core asks for.
 //! - [`note`]: what the core noticed, as values; [`recorder`]: the driver's side, which logs
 //!   and counts them.
