@@ -47,7 +47,7 @@ use super::table::TableName;
 use super::vocabulary::{AbortCause, DeliveryReading, EngineError, Vocabulary};
 use crate::assembly::{RowChange, SourceEvent};
 use crate::exactly_once::{KafkaTransactions, Progress, TransactionStep};
-use crate::flow::{self, Flow, FlowError, FlowSettings, Outcome, ToDeadLetter};
+use crate::flow::{Flow, FlowAction, FlowError, FlowSettings, Outcome, ToDeadLetter};
 use crate::ledger::{LedgerError, Seq, TxnId};
 use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
@@ -164,17 +164,54 @@ enum Binding<'a> {
     Unbindable(RouteError),
 }
 
-/// The session's own actions, kept in order with the flow's.
+/// An entry of the one action queue, the flow's and the engine's own in their order, before
+/// [`SessionCore::poll_action`] reads it out as an [`Action`].
 #[derive(Debug)]
-enum Own<V: Vocabulary> {
+enum Queued<V: Vocabulary> {
+    /// The flow's: hand `record` to the producer.
+    Send {
+        token: usize,
+        record: RoutedRecord,
+    },
+    /// The flow's: everything before this position is delivered (with exactly-once delivery,
+    /// confirmed once a commit covers it).
+    Delivered(Lsn),
+    /// The flow's: purge the producer.
+    PurgeProducer,
+    /// The flow's: the producer is about to be replaced, `resend` records sent again.
+    Replacing {
+        resend: usize,
+    },
+    /// The flow's: replace the producer.
+    ReplaceProducer,
+    /// The flow's: the oldest record is overdue, `unacked` records with the producer.
+    Overdue {
+        unacked: usize,
+    },
+    /// The flow's: the session is over (with exactly-once delivery, after its last commit).
+    Stopped(Result<(), V::Error>),
     Lookup(Lookup),
     ForgetRelation(Oid),
     SkipDeletes(Oid),
     BeginTransaction,
     /// A position a commit covered.
-    Confirm(Lsn),
+    Committed(Lsn),
     /// The session's end, held until its last commit.
     Finish(Result<(), V::Error>),
+}
+
+impl<V: Vocabulary> From<FlowAction<RoutedRecord, V::Error>> for Queued<V> {
+    fn from(action: FlowAction<RoutedRecord, V::Error>) -> Self {
+        match action {
+            FlowAction::Send { token, record } => Queued::Send { token, record },
+            FlowAction::Confirm(lsn) => Queued::Delivered(lsn),
+            FlowAction::PurgeProducer => Queued::PurgeProducer,
+            FlowAction::Replacing { resend } => Queued::Replacing { resend },
+            FlowAction::ReplaceProducer => Queued::ReplaceProducer,
+            FlowAction::Overdue { unacked } => Queued::Overdue { unacked },
+            FlowAction::Finish(result) => Queued::Stopped(result),
+        }
+    }
 }
 
 /// The session state machine.
@@ -183,7 +220,7 @@ pub struct SessionCore<'a, V: Vocabulary> {
     /// What happened, for the driver's log and metrics (see [`SessionCore::poll_note`]).
     notes: VecDeque<Note>,
     /// Records between the stream and the producer: ledger, fence, deadline, stop.
-    flow: Flow<RoutedKind, V::Fault, V::Error, Own<V>>,
+    flow: Flow<RoutedKind, V::Fault, V::Error, Queued<V>>,
     /// By relation OID, with an integer hasher (one lookup per row change).
     bindings: FxHashMap<Oid, Binding<'a>>,
     /// Logical messages of outbox prefixes, as rows of synthetic relations.
@@ -340,8 +377,8 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 };
             };
             return Some(match action {
-                flow::Action::Send { token, record } => Action::Send { token, record },
-                flow::Action::Confirm(lsn) => match &mut self.transactions {
+                Queued::Send { token, record } => Action::Send { token, record },
+                Queued::Delivered(lsn) => match &mut self.transactions {
                     None => Action::Confirm(lsn),
                     Some(transactions) => match transactions.acknowledged(lsn) {
                         Some(lsn) => Action::Confirm(lsn),
@@ -349,10 +386,10 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                     },
                 },
                 // A shutdown that failed before the flow finished ends with the failure.
-                flow::Action::Finish(Ok(())) if self.failed.is_some() => {
+                Queued::Stopped(Ok(())) if self.failed.is_some() => {
                     Action::Finish(self.failed.take().map_or(Ok(()), Err))
                 }
-                flow::Action::Finish(Ok(()))
+                Queued::Stopped(Ok(()))
                     if self
                         .transactions
                         .as_ref()
@@ -362,22 +399,22 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                     self.finish = Some(Ok(()));
                     continue;
                 }
-                flow::Action::Other(Own::BeginTransaction) => Action::BeginTransaction,
-                flow::Action::Other(Own::Confirm(lsn)) => Action::Confirm(lsn),
-                flow::Action::Other(Own::Finish(result)) => Action::Finish(result),
-                flow::Action::PurgeProducer => Action::PurgeProducer,
-                flow::Action::ReplaceProducer => Action::ReplaceProducer,
-                flow::Action::Finish(result) => Action::Finish(result),
-                flow::Action::Other(Own::Lookup(lookup)) => Action::Lookup(lookup),
-                flow::Action::Other(Own::ForgetRelation(oid)) => Action::ForgetRelation(oid),
-                flow::Action::Other(Own::SkipDeletes(oid)) => Action::SkipDeletes(oid),
-                flow::Action::Replacing { resend } => {
+                Queued::BeginTransaction => Action::BeginTransaction,
+                Queued::Committed(lsn) => Action::Confirm(lsn),
+                Queued::Finish(result) => Action::Finish(result),
+                Queued::PurgeProducer => Action::PurgeProducer,
+                Queued::ReplaceProducer => Action::ReplaceProducer,
+                Queued::Stopped(result) => Action::Finish(result),
+                Queued::Lookup(lookup) => Action::Lookup(lookup),
+                Queued::ForgetRelation(oid) => Action::ForgetRelation(oid),
+                Queued::SkipDeletes(oid) => Action::SkipDeletes(oid),
+                Queued::Replacing { resend } => {
                     let cause = self.replacement_cause.take();
                     self.notes
                         .push_back(Note::ProducerReplaced { resend, cause });
                     continue;
                 }
-                flow::Action::Overdue { unacked } => {
+                Queued::Overdue { unacked } => {
                     self.notes.push_back(Note::DeliveryOverdue { unacked });
                     // The purge that follows fails the records; the deadline is the cause.
                     self.replacement_cause.get_or_insert_with(|| {
@@ -547,7 +584,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             // Perhaps a partition of an outbox table: never skipped as another table's.
             Lookup::OutboxRelation(relation)
         };
-        self.flow.push(Own::Lookup(lookup));
+        self.flow.push(Queued::Lookup(lookup));
     }
 
     fn on_answer(&mut self, answer: Answer<V>) -> Result<(), V::Error> {
@@ -567,7 +604,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                     matches!(&binding, Binding::Bound { router, .. } if router.skips_deletes());
                 self.bindings.insert(relation.id, binding);
                 if skips_deletes {
-                    self.flow.push(Own::SkipDeletes(relation.id));
+                    self.flow.push(Queued::SkipDeletes(relation.id));
                 }
             }
             super::catalog::Answer::OutboxRelation { relation, outbox } => {
@@ -575,7 +612,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                     Some(outbox) => {
                         debug!(partition = %format_args!("{}.{}", relation.namespace, relation.name), table = %format_args!("{}.{}", outbox.namespace, outbox.name), "changes named by a partition are routed as its outbox table's");
                         self.flow
-                            .push(Own::Lookup(Lookup::NotNullColumns(Arc::new(outbox))));
+                            .push(Queued::Lookup(Lookup::NotNullColumns(Arc::new(outbox))));
                     }
                     None => {
                         self.awaiting_lookup = false;
@@ -583,7 +620,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                         self.bindings.remove(&relation.id);
                         // Nothing is kept for it: a publication `FOR ALL TABLES` describes every
                         // table ever written, staging tables created and dropped by the thousand.
-                        self.flow.push(Own::ForgetRelation(relation.id));
+                        self.flow.push(Queued::ForgetRelation(relation.id));
                     }
                 }
             }
@@ -964,7 +1001,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
     ) {
         if let Some(transactions) = &mut self.transactions {
             if transactions.before_send(now.instant).is_some() {
-                self.flow.push(Own::BeginTransaction);
+                self.flow.push(Queued::BeginTransaction);
             }
             if let Some((index, bytes)) = counted {
                 transactions.sent(self.begin.0, index, bytes);
@@ -982,7 +1019,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         }
         if self.finish.take().is_some() {
             self.flow
-                .push(Own::Finish(Err(EngineError::TransactionAborted {
+                .push(Queued::Finish(Err(EngineError::TransactionAborted {
                     topic,
                     cause,
                 }
@@ -999,10 +1036,10 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         match result {
             Ok(()) => {
                 if let Some(lsn) = transactions.committed_ok() {
-                    self.flow.push(Own::Confirm(lsn));
+                    self.flow.push(Queued::Committed(lsn));
                 }
                 if let Some(finish) = self.finish.take() {
-                    self.flow.push(Own::Finish(finish));
+                    self.flow.push(Queued::Finish(finish));
                 }
                 // A suspect committed alone was innocent; a parked one goes now.
                 if let Some(position) = self.solo.take() {
@@ -1016,7 +1053,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             // The flow has finished already: the held end becomes the failure.
             Err(e) if self.finish.take().is_some() => {
                 self.flow
-                    .push(Own::Finish(Err(EngineError::Sink(e).into())));
+                    .push(Queued::Finish(Err(EngineError::Sink(e).into())));
                 Ok(())
             }
             Err(e) => Err(EngineError::Sink(e).into()),
