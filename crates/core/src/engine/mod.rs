@@ -22,6 +22,8 @@ pub mod policy;
 pub mod position;
 pub mod routers;
 pub mod session;
+#[cfg(test)]
+mod simulation;
 pub mod suspects;
 pub mod table;
 pub mod vocabulary;

@@ -105,3 +105,77 @@ impl From<EngineError<Siphon>> for PipelineError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgoutput::Lsn;
+    use siphon_kafka_sink::{Operation, RDKafkaErrorCode};
+
+    #[test]
+    fn failures_read_as_the_sink_classifies_them() {
+        let policy = DeliveryError::from_code("t", RDKafkaErrorCode::PolicyViolation);
+        assert!(matches!(
+            Siphon::read_delivery(policy),
+            DeliveryReading::Refused {
+                on_error_applies: true,
+                fault: RecordFault::Broker(_),
+            }
+        ));
+        let timed_out = DeliveryError::from_code("t", RDKafkaErrorCode::MessageTimedOut);
+        assert!(matches!(
+            Siphon::read_delivery(timed_out),
+            DeliveryReading::Transient { replace: true, .. }
+        ));
+        let too_large = SinkError::Kafka {
+            operation: Operation::Enqueue,
+            topic: "t".into(),
+            code: RDKafkaErrorCode::MessageSizeTooLarge,
+        };
+        let fault = Siphon::enqueue_fault(too_large).expect("the record's fault");
+        assert!(matches!(
+            Siphon::not_taken(fault),
+            Ok(SinkError::Kafka { .. })
+        ));
+        let unreachable = SinkError::Kafka {
+            operation: Operation::Enqueue,
+            topic: "t".into(),
+            code: RDKafkaErrorCode::AllBrokersDown,
+        };
+        let error = Siphon::enqueue_fault(unreachable).expect_err("not the record's fault");
+        assert!(Siphon::is_transient(&error));
+    }
+
+    #[test]
+    fn engine_errors_become_the_pipeline_errors_they_name() {
+        let delete = PipelineError::from(EngineError::<Siphon>::DeleteWithoutRow {
+            relation: 1,
+            lsn: Lsn(2),
+        });
+        assert!(matches!(delete, PipelineError::Source(_)), "{delete:?}");
+        assert!(delete.is_transient());
+        assert!(
+            delete.to_string().contains("without its old row"),
+            "{delete}"
+        );
+        let aborted = PipelineError::from(EngineError::<Siphon>::TransactionAborted {
+            topic: "t".into(),
+            cause: vocabulary::AbortCause::Purged,
+        });
+        assert!(
+            matches!(
+                &aborted,
+                PipelineError::TransactionAborted {
+                    cause: AbortCause::Purged,
+                    ..
+                }
+            ) && aborted.is_transient(),
+            "{aborted:?}"
+        );
+        let message = PipelineError::from(EngineError::<Siphon>::NonTransactionalMessage {
+            prefix: "outbox".into(),
+            lsn: Lsn(3),
+        });
+        assert!(!message.is_transient());
+    }
+}

@@ -21,8 +21,6 @@ pub mod driver;
 pub mod recorder;
 
 pub use siphon_core::engine::note;
-#[cfg(test)]
-mod simulation;
 pub mod transactional;
 
 pub use siphon_core::ledger;

@@ -167,3 +167,52 @@ impl Recorder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn notes_move_the_counters_of_their_events() {
+        let metrics = Arc::new(Metrics::new());
+        let mut recorder = Recorder::new(Arc::clone(&metrics));
+        let topic: Arc<str> = Arc::from("orders");
+        for note in [
+            Note::EventRead,
+            Note::EventRead,
+            Note::Transaction,
+            Note::DeleteSkipped,
+            Note::OtherTableRow,
+            Note::Routed {
+                topic: Arc::clone(&topic),
+                produced: true,
+            },
+            Note::Routed {
+                topic: Arc::clone(&topic),
+                produced: false,
+            },
+            Note::CommitToRead(Duration::from_millis(7)),
+            Note::DeliveryFailed {
+                topic: Arc::clone(&topic),
+                error: Box::new("timed out"),
+                kind: FailureKind::Transient,
+            },
+        ] {
+            recorder.record(note);
+        }
+        let text = metrics.encode();
+        for series in [
+            "siphon_events_read_total 2",
+            "siphon_transactions_total 1",
+            "siphon_rows_skipped_total{reason=\"delete\"} 1",
+            "siphon_rows_skipped_total{reason=\"other_table\"} 1",
+            "siphon_records_routed_total{topic=\"orders\"} 2",
+            "siphon_records_produced_total{topic=\"orders\"} 1",
+            "siphon_producer_errors_total{kind=\"transient\"} 1",
+            "siphon_commit_to_read_seconds_bucket{le=\"0.01\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series}:\n{text}");
+        }
+    }
+}
