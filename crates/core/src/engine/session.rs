@@ -62,6 +62,10 @@ use tracing::{debug, info};
 
 pub use crate::Now;
 
+/// The target of the engine's log lines: the session's, as operators filter them
+/// (`RUST_LOG=siphon::session=debug`).
+const LOG_TARGET: &str = "siphon::session::core";
+
 pub use super::catalog::Lookup;
 
 /// The answer to a [`Lookup`], a failure the catalog's.
@@ -497,7 +501,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             Input::Stalled(seen) => Err(EngineError::Stalled(seen).into()),
             Input::Committed(result) => self.on_committed(now, result),
             Input::Shutdown => {
-                info!("shutting down: waiting for in-flight records");
+                info!(target: LOG_TARGET, "shutting down: waiting for in-flight records");
                 self.flow.stop(now, Ok(()));
                 if let Some(transactions) = &mut self.transactions {
                     transactions.stop();
@@ -610,13 +614,13 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             super::catalog::Answer::OutboxRelation { relation, outbox } => {
                 match outbox.map_err(EngineError::Catalog)? {
                     Some(outbox) => {
-                        debug!(partition = %format_args!("{}.{}", relation.namespace, relation.name), table = %format_args!("{}.{}", outbox.namespace, outbox.name), "changes named by a partition are routed as its outbox table's");
+                        debug!(target: LOG_TARGET, partition = %format_args!("{}.{}", relation.namespace, relation.name), table = %format_args!("{}.{}", outbox.namespace, outbox.name), "changes named by a partition are routed as its outbox table's");
                         self.flow
                             .push(Queued::Lookup(Lookup::NotNullColumns(Arc::new(outbox))));
                     }
                     None => {
                         self.awaiting_lookup = false;
-                        debug!(table = %format_args!("{}.{}", relation.namespace, relation.name), "table is published but not an outbox table; its changes are ignored");
+                        debug!(target: LOG_TARGET, table = %format_args!("{}.{}", relation.namespace, relation.name), "table is published but not an outbox table; its changes are ignored");
                         self.bindings.remove(&relation.id);
                         // Nothing is kept for it: a publication `FOR ALL TABLES` describes every
                         // table ever written, staging tables created and dropped by the thousand.
@@ -687,7 +691,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         content: &[u8],
     ) -> Result<(), V::Error> {
         if !self.settings.message_prefixes.contains(prefix) {
-            debug!(prefix, "logical message of another prefix ignored");
+            debug!(target: LOG_TARGET, prefix, "logical message of another prefix ignored");
             return Ok(());
         }
         if !transactional {
@@ -924,7 +928,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             self.parked = Some((txn, index, record));
             return Ok(());
         }
-        debug!(topic = %record.topic, "sending a record the broker refused alone, in a Kafka transaction of its own");
+        debug!(target: LOG_TARGET, topic = %record.topic, "sending a record the broker refused alone, in a Kafka transaction of its own");
         let bytes = record_bytes(&record);
         let seq = self.flow.add(txn, bytes, now)?;
         self.hand_over(now, seq, record, Some((index, bytes)));
