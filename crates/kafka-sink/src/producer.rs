@@ -818,7 +818,7 @@ impl BrokerProbe {
 mod tests {
     use super::*;
     use crate::login::FreshLogin;
-    use crate::{Consequence, TopicCreation};
+    use crate::{DeliveryConsequence, TopicCreation};
 
     /// A sink whose brokers never answer (nothing listens on the port), so records stay queued.
     fn unreachable_sink() -> (KafkaSink, mpsc::UnboundedReceiver<Delivery>) {
@@ -1074,7 +1074,10 @@ mod tests {
             let delivery = deliveries.try_recv().expect("a report per record");
             assert_eq!(delivery.generation, 0);
             let failure = delivery.result.expect_err("purged");
-            assert_eq!(failure.error.consequence(), Consequence::ProducerFailed);
+            assert_eq!(
+                failure.error.consequence(),
+                DeliveryConsequence::ProducerFailed
+            );
         }
         assert!(deliveries.try_recv().is_err());
         let rebuilt = sink.rebuild().unwrap();
