@@ -1,10 +1,11 @@
 //! The session's delivery state machine: records between the stream and the producer, the
 //! fence around producer failures, the delivery deadline, replacement pacing and the stop.
 //!
-//! The driver's session layer routes rows into records and hands them here; it maps the
-//! producer's reports into [`Outcome`]s, and carries out the [`Action`]s queued here in order
-//! (its own actions, such as catalog lookups, are queued here too as [`Action::Other`], so
-//! every action keeps its place). Nothing here does IO or reads a clock: time comes with each
+//! The session engine routes rows into records and hands them here; it maps the producer's
+//! reports into [`Outcome`]s, and reads out the [`FlowAction`]s queued here in order. The
+//! queue holds the engine's own entries (`A`, which every [`FlowAction`] converts into): its
+//! own actions, such as catalog lookups, are queued here too, so every action keeps its
+//! place. Nothing here does IO or reads a clock: time comes with each
 //! call as a [`Now`].
 //!
 //! # Invariants
@@ -116,9 +117,9 @@ pub struct ToDeadLetter<R, F> {
     pub fault: F,
 }
 
-/// What the driver must do, in order.
+/// What the flow asks for, in order.
 #[derive(Debug)]
-pub enum Action<R, E, X> {
+pub enum FlowAction<R, E> {
     /// Hand `record` to the current producer; its report carries `token`.
     Send { token: usize, record: R },
     /// Everything before this position is delivered: report it as flushed.
@@ -134,8 +135,6 @@ pub enum Action<R, E, X> {
     Overdue { unacked: usize },
     /// The session is over.
     Finish(Result<(), E>),
-    /// An action of the session layer, in its place.
-    Other(X),
 }
 
 /// A record taken back from the producer, to be sent again when the fence allows.
@@ -203,8 +202,8 @@ struct Stopping<E> {
 }
 
 /// The delivery state machine over records of kind `K`, refusal reasons `F`, the session's
-/// error `E` and the session layer's own actions `X`.
-pub struct Flow<K: Records, F, E, X> {
+/// error `E`, queueing its actions as the engine's queue entries `A`.
+pub struct Flow<K: Records, F, E, A = FlowAction<<K as Records>::Record, E>> {
     settings: FlowSettings,
     ledger: Ledger,
     /// Records handed to the producer whose report has not arrived.
@@ -219,10 +218,10 @@ pub struct Flow<K: Records, F, E, X> {
     producer_since: Option<Instant>,
     stopping: Option<Stopping<E>>,
     finished: bool,
-    actions: VecDeque<Action<K::Record, E, X>>,
+    actions: VecDeque<A>,
 }
 
-impl<K: Records, F, E, X> Flow<K, F, E, X> {
+impl<K: Records, F, E, A: From<FlowAction<K::Record, E>>> Flow<K, F, E, A> {
     /// A flow resuming at `start` (everything before it is delivered).
     pub fn new(settings: FlowSettings, start: Lsn) -> Self {
         // Twice the window: only a record whose report is later than a window's worth of
@@ -279,16 +278,16 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
     }
 
     /// The next action, in order.
-    pub fn poll_action(&mut self) -> Option<Action<K::Record, E, X>> {
+    pub fn poll_action(&mut self) -> Option<A> {
         self.actions.pop_front()
     }
 
     /// Queues an action of the session layer after those queued so far.
-    pub fn push(&mut self, action: X) {
-        self.actions.push_back(Action::Other(action));
+    pub fn push(&mut self, action: A) {
+        self.actions.push_back(action);
     }
 
-    /// Whether [`Action::Finish`] was queued.
+    /// Whether [`FlowAction::Finish`] was queued.
     pub fn is_finished(&self) -> bool {
         self.finished
     }
@@ -366,10 +365,13 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
     /// Queues the sending of `record`, which the ledger holds as `seq`.
     pub fn hand_over(&mut self, seq: Seq, record: K::Record) {
         self.with_producer += 1;
-        self.actions.push_back(Action::Send {
-            token: seq.token(),
-            record,
-        });
+        self.actions.push_back(
+            FlowAction::Send {
+                token: seq.token(),
+                record,
+            }
+            .into(),
+        );
     }
 
     /// Books and hands over a new record of `txn`.
@@ -530,7 +532,7 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
     }
 
     /// Stops: nothing new is read or sent, what is in flight is waited for up to the shutdown
-    /// timeout, then [`Action::Finish`] with `result` (the first stop's).
+    /// timeout, then [`FlowAction::Finish`] with `result` (the first stop's).
     pub fn stop(&mut self, now: Now, result: Result<(), E>)
     where
         E: std::fmt::Display,
@@ -563,9 +565,12 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
             .delivery_deadline()
             .is_some_and(|deadline| now.instant >= deadline)
         {
-            self.actions.push_back(Action::Overdue {
-                unacked: self.with_producer,
-            });
+            self.actions.push_back(
+                FlowAction::Overdue {
+                    unacked: self.with_producer,
+                }
+                .into(),
+            );
             self.raise_fence(true);
         }
         self.advance(now);
@@ -582,7 +587,8 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
                 }
                 self.finished = true;
                 if let Some(stopping) = self.stopping.take() {
-                    self.actions.push_back(Action::Finish(stopping.result));
+                    self.actions
+                        .push_back(FlowAction::Finish(stopping.result).into());
                 }
             }
             return;
@@ -592,7 +598,7 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
             if fence.replace && !fence.purged {
                 fence.purged = true;
                 self.fence = Some(fence);
-                self.actions.push_back(Action::PurgeProducer);
+                self.actions.push_back(FlowAction::PurgeProducer.into());
             }
             return;
         }
@@ -600,10 +606,13 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
             if !self.pacer.try_book(now.instant) {
                 return;
             }
-            self.actions.push_back(Action::Replacing {
-                resend: self.held.len(),
-            });
-            self.actions.push_back(Action::ReplaceProducer);
+            self.actions.push_back(
+                FlowAction::Replacing {
+                    resend: self.held.len(),
+                }
+                .into(),
+            );
+            self.actions.push_back(FlowAction::ReplaceProducer.into());
             self.producer_since = Some(now.instant);
             fence.replace = false;
             self.fence = Some(fence);
@@ -620,10 +629,13 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
                 self.probing = Some((seq, reason));
             }
             self.with_producer += 1;
-            self.actions.push_back(Action::Send {
-                token: seq.token(),
-                record: held.record,
-            });
+            self.actions.push_back(
+                FlowAction::Send {
+                    token: seq.token(),
+                    record: held.record,
+                }
+                .into(),
+            );
         }
         if self.probing.is_none() {
             self.fence = None;
@@ -639,7 +651,7 @@ impl<K: Records, F, E, X> Flow<K, F, E, X> {
     }
 
     fn confirm(&mut self, lsn: Lsn) {
-        self.actions.push_back(Action::Confirm(lsn));
+        self.actions.push_back(FlowAction::Confirm(lsn).into());
     }
 }
 
@@ -661,7 +673,7 @@ mod tests {
         }
     }
 
-    type TestFlow = Flow<Numbered, &'static str, String, ()>;
+    type TestFlow = Flow<Numbered, &'static str, String>;
 
     const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -721,8 +733,8 @@ mod tests {
         ) -> Result<(), TestCaseError> {
             while let Some(action) = flow.poll_action() {
                 match action {
-                    Action::Send { token, record } => self.with.push_back((token, record)),
-                    Action::Confirm(lsn) => {
+                    FlowAction::Send { token, record } => self.with.push_back((token, record)),
+                    FlowAction::Confirm(lsn) => {
                         prop_assert!(lsn >= self.confirmed, "confirmed backwards");
                         // Every record of a transaction at or before it was delivered.
                         for (record, end) in ends {
@@ -733,19 +745,19 @@ mod tests {
                         }
                         self.confirmed = lsn;
                     }
-                    Action::PurgeProducer => {
+                    FlowAction::PurgeProducer => {
                         for (token, record) in std::mem::take(&mut self.with) {
                             flow.outcome(Outcome::Purged { token, record })
                                 .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
                         }
                         flow.after(now);
                     }
-                    Action::ReplaceProducer => {
+                    FlowAction::ReplaceProducer => {
                         prop_assert!(self.with.is_empty(), "replaced with records unreported");
                     }
-                    Action::Overdue { .. } => self.overdue += 1,
-                    Action::Replacing { .. } | Action::Other(()) => {}
-                    Action::Finish(result) => {
+                    FlowAction::Overdue { .. } => self.overdue += 1,
+                    FlowAction::Replacing { .. } => {}
+                    FlowAction::Finish(result) => {
                         prop_assert!(result.is_ok(), "{result:?}");
                     }
                 }
@@ -767,7 +779,7 @@ mod tests {
         flow.commit(Lsn(150)).expect("commit");
         let tokens: Vec<usize> = std::iter::from_fn(|| flow.poll_action())
             .filter_map(|a| match a {
-                Action::Send { token, .. } => Some(token),
+                FlowAction::Send { token, .. } => Some(token),
                 _ => None,
             })
             .collect();
@@ -784,7 +796,7 @@ mod tests {
         flow.after(now);
         let resent: Vec<usize> = std::iter::from_fn(|| flow.poll_action())
             .filter_map(|a| match a {
-                Action::Send { token, .. } => Some(token),
+                FlowAction::Send { token, .. } => Some(token),
                 _ => None,
             })
             .collect();

@@ -6,16 +6,16 @@
 //! only to be shown) is rendered by `Display`, for the operator.
 //!
 //! Every librdkafka error code a delivery can fail with is sorted by its consequence for the
-//! record ([`Consequence`]):
+//! record ([`DeliveryConsequence`]):
 //!
-//! - the record itself is refused for good ([`Consequence::RecordRefused`]): the pipeline's
+//! - the record itself is refused for good ([`DeliveryConsequence::RecordRefused`]): the pipeline's
 //!   `on_error` applies (stop naming the record, or dead-letter it);
 //! - the record was refused only because another record of its batch was
-//!   ([`Consequence::RefusedWithOthers`]): send it again as it is;
-//! - the producer or its connection failed or timed out ([`Consequence::ProducerFailed`]):
+//!   ([`DeliveryConsequence::RefusedWithOthers`]): send it again as it is;
+//! - the producer or its connection failed or timed out ([`DeliveryConsequence::ProducerFailed`]):
 //!   rebuild the producer and send again (after a backoff);
 //! - the operator must change the configuration, the broker or its authorization
-//!   ([`Consequence::OperatorFix`]): stop, naming the fix. Codes a produce request cannot
+//!   ([`DeliveryConsequence::OperatorFix`]): stop, naming the fix. Codes a produce request cannot
 //!   return (consumer groups, transactions, administration) are here too: meeting one means
 //!   something is wrong that retrying will not cure.
 //!
@@ -32,7 +32,7 @@
 //! # Invariants
 //! - [`consequence`] names a consequence for every code librdkafka knows ([`explicit`] is
 //!   `Some` for each): none falls to a default. Codes added by later librdkafka versions are
-//!   [`Consequence::OperatorFix`]: stop rather than guess.
+//!   [`DeliveryConsequence::OperatorFix`]: stop rather than guess.
 //! - A [`DeliveryError::Definite`] cannot be cured by sending the same record again; a
 //!   [`DeliveryError::Transient`] can.
 //! - Every error keeps the librdkafka code it came from; no error is classified by its text:
@@ -239,7 +239,7 @@ impl SinkError {
                 operation: Operation::Enqueue,
                 code,
                 ..
-            } => consequence(*code) == Consequence::RecordRefused,
+            } => consequence(*code) == DeliveryConsequence::RecordRefused,
             // Only the topic's name is the record's (its aggregate type, routed).
             SinkError::Kafka {
                 operation: Operation::CreateTopic,
@@ -386,7 +386,7 @@ fn describe(operation: Operation, topic: &str, code: RDKafkaErrorCode) -> String
 
 /// What a failed delivery means for the record and for the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Consequence {
+pub enum DeliveryConsequence {
     /// The broker (or librdkafka) refuses this record for good: `on_error` applies. The refusal
     /// may have been earned by another record of the same batch.
     RecordRefused,
@@ -398,14 +398,16 @@ pub enum Consequence {
     OperatorFix,
 }
 
-impl Consequence {
+impl DeliveryConsequence {
     /// What it means for the process: a record refused, or a refusal only the operator can
     /// cure, is fixed by someone ([`siphon_core::Consequence::Fix`]: the record by `on_error`,
     /// or the operator); a record refused with its batch, or a failed producer, is sent again.
     pub fn general(self) -> siphon_core::Consequence {
         match self {
-            Consequence::RecordRefused | Consequence::OperatorFix => siphon_core::Consequence::Fix,
-            Consequence::RefusedWithOthers | Consequence::ProducerFailed => {
+            DeliveryConsequence::RecordRefused | DeliveryConsequence::OperatorFix => {
+                siphon_core::Consequence::Fix
+            }
+            DeliveryConsequence::RefusedWithOthers | DeliveryConsequence::ProducerFailed => {
                 siphon_core::Consequence::Retry
             }
         }
@@ -413,14 +415,14 @@ impl Consequence {
 }
 
 /// The consequence of a failed delivery with `code`.
-pub fn consequence(code: RDKafkaErrorCode) -> Consequence {
-    explicit(code).unwrap_or(Consequence::OperatorFix)
+pub fn consequence(code: RDKafkaErrorCode) -> DeliveryConsequence {
+    explicit(code).unwrap_or(DeliveryConsequence::OperatorFix)
 }
 
 /// The consequence named for `code`, `None` for a code this table does not know (one added by a
 /// later librdkafka version).
-pub fn explicit(code: RDKafkaErrorCode) -> Option<Consequence> {
-    use Consequence::*;
+pub fn explicit(code: RDKafkaErrorCode) -> Option<DeliveryConsequence> {
+    use DeliveryConsequence::*;
     use RDKafkaErrorCode as C;
     let consequence = match code {
         // The record (or its batch) is refused for good.
@@ -664,10 +666,10 @@ fn fix(code: RDKafkaErrorCode) -> &'static str {
             "the broker does not support a request the producer needs (idempotent produce): upgrade the broker or check kafka.properties \"api.version.*\" / \"broker.version.fallback\""
         }
         _ => match consequence(code) {
-            Consequence::RecordRefused => "the broker refuses the record: change the record or the topic's configuration",
-            Consequence::RefusedWithOthers => "another record of the same batch was refused; this one can be sent again",
-            Consequence::ProducerFailed => "the producer is rebuilt and the record sent again",
-            Consequence::OperatorFix => {
+            DeliveryConsequence::RecordRefused => "the broker refuses the record: change the record or the topic's configuration",
+            DeliveryConsequence::RefusedWithOthers => "another record of the same batch was refused; this one can be sent again",
+            DeliveryConsequence::ProducerFailed => "the producer is rebuilt and the record sent again",
+            DeliveryConsequence::OperatorFix => {
                 "this error is not expected for a produce request; check the broker and kafka.properties, and report it if it persists"
             }
         },
@@ -682,22 +684,22 @@ pub struct Refusal {
     pub topic: String,
     /// The librdkafka error code.
     pub code: RDKafkaErrorCode,
-    /// [`Consequence::RecordRefused`] or [`Consequence::OperatorFix`].
-    pub consequence: Consequence,
+    /// [`DeliveryConsequence::RecordRefused`] or [`DeliveryConsequence::OperatorFix`].
+    pub consequence: DeliveryConsequence,
 }
 
 impl Refusal {
-    /// Whether `on_error` applies ([`Consequence::RecordRefused`]); otherwise the operator must
+    /// Whether `on_error` applies ([`DeliveryConsequence::RecordRefused`]); otherwise the operator must
     /// act whatever `on_error` says.
     pub fn on_error_applies(&self) -> bool {
-        self.consequence == Consequence::RecordRefused
+        self.consequence == DeliveryConsequence::RecordRefused
     }
 
     fn describe(&self) -> String {
         let code = self.code;
         let number = code as i32;
         match self.consequence {
-            Consequence::RecordRefused => format!(
+            DeliveryConsequence::RecordRefused => format!(
                 "a record for topic {} was refused with {code:?} (code {number}): {}",
                 self.topic,
                 fix(code)
@@ -712,7 +714,7 @@ impl Refusal {
 }
 
 /// A delivery the producer failed: rebuilding the producer (for
-/// [`Consequence::ProducerFailed`]) and sending the record again can succeed.
+/// [`DeliveryConsequence::ProducerFailed`]) and sending the record again can succeed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("delivery to topic {topic} failed with {code:?} (code {number}): {what}", number = *code as i32, what = failure_fix(*code))]
 pub struct ProducerFailure {
@@ -720,15 +722,15 @@ pub struct ProducerFailure {
     pub topic: String,
     /// The librdkafka error code.
     pub code: RDKafkaErrorCode,
-    /// [`Consequence::ProducerFailed`] or [`Consequence::RefusedWithOthers`].
-    pub consequence: Consequence,
+    /// [`DeliveryConsequence::ProducerFailed`] or [`DeliveryConsequence::RefusedWithOthers`].
+    pub consequence: DeliveryConsequence,
 }
 
 impl ProducerFailure {
     /// Whether the producer must be replaced before sending again (not for a record refused
     /// only for its batch's sake).
     pub fn needs_rebuild(&self) -> bool {
-        self.consequence == Consequence::ProducerFailed
+        self.consequence == DeliveryConsequence::ProducerFailed
     }
 }
 
@@ -743,6 +745,21 @@ pub enum DeliveryError {
     /// only with its batch: sending it again can succeed.
     #[error(transparent)]
     Transient(ProducerFailure),
+}
+
+impl siphon_record::Classified for DeliveryError {
+    fn verdict(&self) -> siphon_record::Verdict {
+        use siphon_record::Verdict;
+        match self {
+            DeliveryError::Definite(refusal) if refusal.on_error_applies() => {
+                Verdict::RecordRefused
+            }
+            DeliveryError::Definite(_) => Verdict::OperatorFix,
+            DeliveryError::Transient(failure) => Verdict::Transient {
+                replace: failure.needs_rebuild(),
+            },
+        }
+    }
 }
 
 impl DeliveryError {
@@ -766,7 +783,7 @@ impl DeliveryError {
                 DeliveryError::Transient(ProducerFailure {
                     topic: topic.to_owned(),
                     code,
-                    consequence: Consequence::ProducerFailed,
+                    consequence: DeliveryConsequence::ProducerFailed,
                 })
             }
             _ => Self::from_kafka(topic, err),
@@ -793,14 +810,14 @@ impl DeliveryError {
     pub fn from_code(topic: &str, code: RDKafkaErrorCode) -> Self {
         let topic = topic.to_owned();
         match consequence(code) {
-            consequence @ (Consequence::RecordRefused | Consequence::OperatorFix) => {
-                DeliveryError::Definite(Refusal {
-                    topic,
-                    code,
-                    consequence,
-                })
-            }
-            consequence @ (Consequence::ProducerFailed | Consequence::RefusedWithOthers) => {
+            consequence @ (DeliveryConsequence::RecordRefused
+            | DeliveryConsequence::OperatorFix) => DeliveryError::Definite(Refusal {
+                topic,
+                code,
+                consequence,
+            }),
+            consequence @ (DeliveryConsequence::ProducerFailed
+            | DeliveryConsequence::RefusedWithOthers) => {
                 DeliveryError::Transient(ProducerFailure {
                     topic,
                     code,
@@ -819,7 +836,7 @@ impl DeliveryError {
     }
 
     /// What the failure means.
-    pub fn consequence(&self) -> Consequence {
+    pub fn consequence(&self) -> DeliveryConsequence {
         match self {
             DeliveryError::Definite(r) => r.consequence,
             DeliveryError::Transient(f) => f.consequence,
@@ -831,7 +848,7 @@ impl DeliveryError {
 mod tests {
     use super::*;
     use rdkafka::types::RDKafkaRespErr;
-    use Consequence::*;
+    use DeliveryConsequence::*;
 
     /// Every code librdkafka can report.
     fn all_codes() -> Vec<RDKafkaErrorCode> {
@@ -839,6 +856,22 @@ mod tests {
             .filter_map(|n| RDKafkaRespErr::try_from(n).ok())
             .map(RDKafkaErrorCode::from)
             .collect()
+    }
+
+    /// The verdict the session engine reads says what the consequence says, for every code.
+    #[test]
+    fn the_verdict_of_a_failed_delivery_follows_its_consequence() {
+        use siphon_record::{Classified, Verdict};
+        for code in all_codes() {
+            let error = DeliveryError::from_code("t", code);
+            let expected = match consequence(code) {
+                RecordRefused => Verdict::RecordRefused,
+                OperatorFix => Verdict::OperatorFix,
+                RefusedWithOthers => Verdict::Transient { replace: false },
+                ProducerFailed => Verdict::Transient { replace: true },
+            };
+            assert_eq!(error.verdict(), expected, "{code:?}");
+        }
     }
 
     #[test]
@@ -856,7 +889,7 @@ mod tests {
 
     /// Broker codes librdkafka fails a produce batch with (permanent for the record), from
     /// `rd_kafka_handle_Produce_error` and the Kafka protocol's error table.
-    const TABLE: &[(i32, Consequence)] = &[
+    const TABLE: &[(i32, DeliveryConsequence)] = &[
         (-1, OperatorFix),         // UNKNOWN_SERVER_ERROR
         (1, ProducerFailed),       // OFFSET_OUT_OF_RANGE (not for produce; retriable)
         (2, RecordRefused),        // CORRUPT_MESSAGE

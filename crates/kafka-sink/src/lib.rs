@@ -26,7 +26,9 @@ mod wakeup;
 
 pub use compacted::OWN_PARTITION;
 pub use config::{ConfigError, ConfigReason, SinkConfig, TopicCreation};
-pub use error::{Consequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError};
+pub use error::{
+    DeliveryConsequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError,
+};
 pub use producer::{
     AckCounter, BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink,
     Rebuilt, RetiredStatus,

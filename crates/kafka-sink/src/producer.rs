@@ -39,32 +39,15 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-/// Where a delivered record landed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivered {
-    pub partition: i32,
-    pub offset: i64,
-}
+pub use siphon_record::Delivered;
 
-/// The outcome of one record.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    /// The token given to [`KafkaSink::send`].
-    pub token: usize,
-    /// Which producer (see [`KafkaSink::generation`]) reported it.
-    pub generation: u64,
-    /// A failure is boxed: it carries a copy of the record, and a report that moves through
-    /// the channel per record stays small.
-    pub result: Result<Delivered, Box<DeliveryFailure>>,
-}
+/// The outcome of one record; its token is the one given to [`KafkaSink::send`], its
+/// generation the producer's (see [`KafkaSink::generation`]).
+pub type Delivery = siphon_record::Delivery<DeliveryError>;
 
 /// A record that was not delivered, with a copy of it (taken only on failure) so that it can
 /// be dead-lettered.
-#[derive(Debug, Clone)]
-pub struct DeliveryFailure {
-    pub error: DeliveryError,
-    pub record: RoutedRecord,
-}
+pub type DeliveryFailure = siphon_record::DeliveryFailure<DeliveryError>;
 
 /// Routes librdkafka callbacks: deliveries to the channel, client errors to the log.
 pub struct DeliveryContext {
@@ -835,7 +818,7 @@ impl BrokerProbe {
 mod tests {
     use super::*;
     use crate::login::FreshLogin;
-    use crate::{Consequence, TopicCreation};
+    use crate::{DeliveryConsequence, TopicCreation};
 
     /// A sink whose brokers never answer (nothing listens on the port), so records stay queued.
     fn unreachable_sink() -> (KafkaSink, mpsc::UnboundedReceiver<Delivery>) {
@@ -1091,7 +1074,10 @@ mod tests {
             let delivery = deliveries.try_recv().expect("a report per record");
             assert_eq!(delivery.generation, 0);
             let failure = delivery.result.expect_err("purged");
-            assert_eq!(failure.error.consequence(), Consequence::ProducerFailed);
+            assert_eq!(
+                failure.error.consequence(),
+                DeliveryConsequence::ProducerFailed
+            );
         }
         assert!(deliveries.try_recv().is_err());
         let rebuilt = sink.rebuild().unwrap();

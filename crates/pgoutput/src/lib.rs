@@ -3,6 +3,8 @@
 //! The crate turns the payload of one `XLogData` message into a typed [`Message`]. It does no
 //! IO and has no async runtime: callers feed it [`bytes::Bytes`] and get values that borrow
 //! (by reference count) from that buffer, so tuple data and names are never copied.
+//! [`pg_timestamp`] reads the commit times Begin and Commit carry as wall-clock times;
+//! [`unpublished`] says why a column of a table is not in the stream, and the fix.
 //!
 //! # Invariants
 //! - [`parse`] and [`Decoder::decode`] never panic, whatever the input; malformed input is a
@@ -25,10 +27,13 @@ mod message;
 mod parse;
 mod reader;
 mod text;
+mod timestamp;
 mod tuple;
+pub mod unpublished;
 
 pub use error::DecodeError;
 pub use lsn::{Lsn, ParseLsnError};
 pub use message::*;
 pub use parse::{parse, Decoder, DecoderOptions, StreamState};
 pub use text::Text;
+pub use timestamp::pg_timestamp;

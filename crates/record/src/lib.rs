@@ -1,6 +1,8 @@
 //! The Kafka record a routed outbox row becomes ([`RoutedRecord`], with its [`Header`]s), and
 //! the size it holds in the sink's in-flight window ([`record_bytes`]); [`RecentTopics`], which
-//! spares lookups by topic name per record the hashing of the name.
+//! spares lookups by topic name per record the hashing of the name; the delivery report a
+//! producer gives for each record ([`delivery`]); the [`Consequence`] every error of the
+//! router, the sink and the source maps into.
 //!
 //! The router makes records and the Kafka sink sends them; this crate is what they share, so
 //! the sink does not depend on the router.
@@ -11,8 +13,12 @@
 //! - [`record_bytes`] counts key, value, header names and header values, nothing else: the
 //!   same record always has the same size.
 
+pub mod consequence;
+pub mod delivery;
 mod recent_topics;
 
+pub use consequence::Consequence;
+pub use delivery::{Classified, Delivered, Delivery, DeliveryFailure, Verdict};
 pub use recent_topics::RecentTopics;
 
 use bytes::Bytes;

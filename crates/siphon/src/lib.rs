@@ -21,14 +21,12 @@
 
 pub mod alloc;
 pub mod config;
-pub mod dead_letter;
 #[cfg(test)]
 mod doc_links;
 pub mod error;
 pub mod import;
-pub mod message;
 pub mod pipeline;
-pub mod position;
+pub use siphon_core::engine::{dead_letter, message, position};
 pub mod progress_record;
 pub mod publication_record;
 pub mod record_fault;

@@ -6,79 +6,13 @@
 //! - Plain values: nothing here does IO, and nothing here imports the session or the
 //!   transfers (both import it).
 
-use crate::dead_letter::DeadLetters;
 use siphon_kafka_sink::SinkConfig;
-use siphon_router::EventRouter;
-use siphon_source::{SourceConfig, TableName};
-use std::collections::{HashMap, HashSet};
+use siphon_source::SourceConfig;
+use std::collections::HashSet;
 use std::time::Duration;
 
-/// The router's records, as the core sees them.
-#[derive(Debug)]
-pub struct RoutedKind;
-
-impl siphon_core::Records for RoutedKind {
-    type Record = siphon_router::RoutedRecord;
-
-    fn topic(record: &Self::Record) -> &str {
-        &record.topic
-    }
-
-    fn size(record: &Self::Record) -> usize {
-        siphon_kafka_sink::producer::record_bytes(record)
-    }
-}
-
-/// What to do with a row or record that can never be delivered as it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ErrorPolicy {
-    /// Stop with an error naming the fix.
-    Fail,
-    /// Write it to the dead-letter topic, with the error in its headers, and go on.
-    DeadLetter(DeadLetters),
-}
-
-/// The routers: `[router]` for every outbox table (and logical-message outbox), and for a table
-/// with `[router.tables."schema.table"]` options, those on top of `[router]`.
-pub struct Routers {
-    default: EventRouter,
-    tables: HashMap<TableName, EventRouter>,
-}
-
-impl Routers {
-    /// `default` for every table but those in `tables`.
-    pub fn new(default: EventRouter, tables: HashMap<TableName, EventRouter>) -> Self {
-        Routers { default, tables }
-    }
-
-    /// The router for rows of `table`.
-    pub fn for_table(&self, table: &TableName) -> &EventRouter {
-        self.tables.get(table).unwrap_or(&self.default)
-    }
-
-    /// The `[router]` router (logical messages use it).
-    pub fn default_router(&self) -> &EventRouter {
-        &self.default
-    }
-
-    /// Malformed trace contexts left out so far, by all routers.
-    pub fn malformed_trace_contexts(&self) -> u64 {
-        self.tables
-            .values()
-            .map(EventRouter::malformed_trace_contexts)
-            .sum::<u64>()
-            + self.default.malformed_trace_contexts()
-    }
-}
-
-/// What to do with a non-transactional logical message of an outbox prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NonTransactionalPolicy {
-    /// Stop, naming the fix.
-    Error,
-    /// Skip it with a warning.
-    Skip,
-}
+pub use siphon_core::engine::policy::{ErrorPolicy, NonTransactionalPolicy, RoutedKind};
+pub use siphon_core::engine::routers::Routers;
 
 /// Everything a session needs, built once from the configuration.
 pub struct PipelineSettings {

@@ -4,7 +4,6 @@
 //! - A [`TableName`] always has a schema (`public` when the user gave none).
 
 use crate::error::{ConfigError, UrlSyntax};
-use crate::names::split_identifiers;
 pub use crate::names::{quote_ident, quote_literal, Endpoint, TableName, TargetSession};
 use crate::tls::TlsSettings;
 use crate::SourceError;
@@ -36,31 +35,6 @@ pub struct SourceConfig {
     pub application_name: String,
     /// Keep the slot as a failover slot (PostgreSQL 17+), synchronized to physical standbys.
     pub failover: bool,
-}
-
-impl TableName {
-    /// Parses `schema.table` or `table` (schema `public`). Double quotes keep dots and case.
-    pub fn parse(text: &str) -> Result<Self, SourceError> {
-        let parts = split_identifiers(text).ok_or_else(|| {
-            SourceError::from(ConfigError::InvalidTableName {
-                text: text.to_owned(),
-            })
-        })?;
-        match parts.as_slice() {
-            [name] => Ok(TableName {
-                schema: "public".into(),
-                name: name.clone(),
-            }),
-            [schema, name] => Ok(TableName {
-                schema: schema.clone(),
-                name: name.clone(),
-            }),
-            _ => Err(ConfigError::InvalidTableName {
-                text: text.to_owned(),
-            }
-            .into()),
-        }
-    }
 }
 
 impl TargetSession {
@@ -512,25 +486,6 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn table_names_default_to_public_and_fold_case() {
-        assert_eq!(
-            TableName::parse("outbox").unwrap().to_string(),
-            "public.outbox"
-        );
-        assert_eq!(
-            TableName::parse("App.Outbox").unwrap().to_string(),
-            "app.outbox"
-        );
-        let quoted = TableName::parse("\"My.Schema\".\"Out\"\"box\"").unwrap();
-        assert_eq!(quoted.schema, "My.Schema");
-        assert_eq!(quoted.name, "Out\"box");
-        assert_eq!(quoted.quoted(), "\"My.Schema\".\"Out\"\"box\"");
-        assert!(TableName::parse("a.b.c").is_err());
-        assert!(TableName::parse("").is_err());
-        assert!(TableName::parse("a.").is_err());
-    }
 
     #[test]
     fn connection_params_come_from_the_url_and_hide_the_password() {

@@ -304,6 +304,12 @@ impl From<SetupProblem> for SourceError {
     }
 }
 
+impl From<siphon_core::engine::table::InvalidTableName> for SourceError {
+    fn from(invalid: siphon_core::engine::table::InvalidTableName) -> Self {
+        ConfigError::InvalidTableName { text: invalid.text }.into()
+    }
+}
+
 impl From<ConfigError> for SourceError {
     fn from(problem: ConfigError) -> Self {
         SourceError::Config(Box::new(problem))

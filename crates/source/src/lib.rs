@@ -47,7 +47,7 @@
 pub mod assembly;
 pub mod catalog;
 pub mod config;
-pub mod encoding;
+pub use siphon_core::engine::encoding;
 pub mod error;
 pub mod failover;
 pub mod generated;

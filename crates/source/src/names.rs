@@ -3,7 +3,9 @@
 //! The bottom of the crate's module graph: this module imports nothing of the crate, and
 //! [`crate::error`] names configuration, servers and tables through it only, so no two modules
 //! import each other. Parsing them (which can fail with a [`crate::SourceError`]) stays with the
-//! module that reads them ([`crate::config`], [`crate::tls`]).
+//! module that reads them ([`crate::config`], [`crate::tls`]); [`TableName`] and [`quote_ident`]
+//! are siphon-core's (the session engine keys its routers by table), its parse error converts
+//! into a [`crate::SourceError`].
 //!
 //! # Invariants
 //! - A [`TableName`] always has a schema (`public` when the user gave none).
@@ -12,69 +14,7 @@
 
 use std::fmt;
 
-/// A schema-qualified table name, as stored in the catalog (not quoted).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TableName {
-    pub schema: String,
-    pub name: String,
-}
-
-impl TableName {
-    /// The name quoted for SQL: `"schema"."name"`.
-    pub fn quoted(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
-    }
-}
-
-/// Splits `a.b` into identifiers; unquoted ones are folded to lower case as PostgreSQL does.
-pub(crate) fn split_identifiers(text: &str) -> Option<Vec<String>> {
-    let mut parts = Vec::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        let mut ident = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            loop {
-                match chars.next()? {
-                    '"' if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        ident.push('"');
-                    }
-                    '"' => break,
-                    c => ident.push(c),
-                }
-            }
-        } else {
-            while let Some(&c) = chars.peek() {
-                if c == '.' {
-                    break;
-                }
-                ident.extend(c.to_lowercase());
-                chars.next();
-            }
-        }
-        if ident.is_empty() {
-            return None;
-        }
-        parts.push(ident);
-        match chars.next() {
-            None => return Some(parts),
-            Some('.') => continue,
-            Some(_) => return None,
-        }
-    }
-}
-
-/// Quotes an identifier for SQL.
-pub fn quote_ident(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
-}
+pub use siphon_core::engine::table::{quote_ident, TableName};
 
 /// Quotes a string literal for SQL, as PostgreSQL's `quote_literal` does: a text with a
 /// backslash is written `E'...'` with the backslashes doubled, so it reads the same whatever

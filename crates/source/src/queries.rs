@@ -7,7 +7,7 @@
 
 use crate::SourceError;
 use pgoutput::Oid;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use tokio_postgres::Client;
 
 /// The session's SQL connection, for the queries below. Cheap to share (`Arc`): queries run
@@ -77,16 +77,7 @@ impl Catalog {
     }
 }
 
-/// What the catalog says about an outbox table's columns, beyond the stream's description.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OutboxColumns {
-    /// The columns declared NOT NULL.
-    pub not_null: HashSet<String>,
-    /// Columns of the table that the stream leaves out (generated columns the publication does
-    /// not publish, columns the rows being read did not have), each with why and the fix (see
-    /// [`crate::generated::cause`]; boxed, as it travels in the router's error).
-    pub unpublished: HashMap<String, Box<crate::generated::Unpublished>>,
-}
+pub use siphon_core::engine::catalog::OutboxColumns;
 
 /// The columns of table `relation_id` declared NOT NULL.
 pub async fn not_null_columns(

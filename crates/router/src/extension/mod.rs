@@ -139,8 +139,8 @@ pub enum ExtensionConfigError {
 
 impl ExtensionConfigError {
     /// What the error means for the process: the configuration must be changed.
-    pub fn consequence(&self) -> siphon_core::Consequence {
-        siphon_core::Consequence::Fix
+    pub fn consequence(&self) -> siphon_record::Consequence {
+        siphon_record::Consequence::Fix
     }
 }
 

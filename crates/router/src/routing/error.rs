@@ -16,8 +16,8 @@
 use crate::format::expand::ExpansionError;
 use crate::routing::own_topics::OwnTopicRole;
 use crate::routing::policy::InvalidOperationBehavior;
-use siphon_core::unpublished::Unpublished;
-use siphon_core::Consequence;
+use pgoutput::unpublished::Unpublished;
+use siphon_record::Consequence;
 use thiserror::Error;
 
 /// How many characters of a column value an error message shows at most.

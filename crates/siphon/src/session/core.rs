@@ -1,1299 +1,181 @@
-//! The session core: a pure state machine between the replication stream and the producer.
-//!
-//! It takes [`Input`]s (a source event, a delivery report, records handed back by a purge, a
-//! catalog answer, a tick, a shutdown request), each with the current time, and queues
-//! [`Action`]s (send a record, confirm a position, look something up, purge or replace the
-//! producer, finish). It does no IO and reads no clock: the driver ([`super::driver`]) does
-//! both, and the simulation tests drive it with seeded interleavings.
-//!
-//! This layer decides what becomes of each row (binding, routing, skipping, dead letters) and
-//! maps the producer's reports into `siphon_core`'s [`Outcome`]s; everything about delivery
-//! (the ledger, the fence, the delivery deadline, replacement pacing, the stop) is decided by
-//! [`siphon_core::Flow`], whose invariants are stated there.
+//! The session engine as Siphon runs it: [`siphon_core::engine::session`] over Siphon's own
+//! vocabulary ([`Siphon`]): the Kafka sink's errors, the source's, and [`PipelineError`] as
+//! the session's end.
 //!
 //! # Invariants
-//! - The only position ever confirmed is the ledger's watermark (the flow's).
-//! - The stream is read only while no catalog lookup is outstanding and the flow can take more
-//!   (window room, no fence, not stopping: [`SessionCore::can_read`]).
-//! - With librdkafka's gap-less idempotence, a failure stops the failed producer from writing
-//!   anything after it, so with the flow's fence the first delivery of every record of a
-//!   partition is in send order, across producer replacement.
-//! - A row is routed, skipped by a documented rule (DELETE, UPDATE, another table),
-//!   dead-lettered (with `on_error = "dead-letter"`), or stops the session with an error naming
-//!   the fix: never dropped silently.
+//! - Every error the engine raises becomes the [`PipelineError`] it names (a protocol fault
+//!   of the stream is the source's [`ProtocolFault`]), so its message and its consequence are
+//!   decided in one place, [`PipelineError::consequence`].
+//! - A failure is read as the sink classifies it: the record's fault only when
+//!   [`RecordFault`] says so, a refusal `on_error` applies to only when
+//!   [`siphon_kafka_sink::Refusal::on_error_applies`].
 
-use super::elapsed::LastElapsed;
-use super::ledger::{LedgerError, TxnId};
-use super::position::PositionHeaders;
-use super::{NonTransactionalPolicy, RoutedKind, Routers, Suspect, Suspects};
-use crate::dead_letter::Stage;
 use crate::error::{AbortCause, PipelineError, RecordFault};
-use crate::message::MessageRows;
-use crate::session::ErrorPolicy;
-use crate::telemetry::{pg_timestamp, Event, Metrics, ProducerErrorKind, TopicMetrics};
-use pgoutput::{Lsn, Oid, Relation, TupleData};
-use rustc_hash::FxHashMap;
-use siphon_core::exactly_once::{KafkaTransactions, Progress, TransactionStep};
-use siphon_core::flow::{self, Flow, FlowError, FlowSettings, Outcome, ToDeadLetter};
-use siphon_kafka_sink::producer::record_bytes;
-use siphon_kafka_sink::{Delivery, DeliveryError, SinkError};
-use siphon_record::RecentTopics;
-use siphon_router::{
-    Change, EventRouter, RouteError, Routed, RoutedRecord, SkipReason, SourcePosition, TableBinding,
-};
+use siphon_core::engine::session;
+use siphon_core::engine::vocabulary::{self, DeliveryReading, EngineError, Vocabulary};
+use siphon_kafka_sink::{DeliveryError, SinkError};
 use siphon_source::error::ProtocolFault;
-use siphon_source::queries::OutboxColumns;
-use siphon_source::{DatabaseEncoding, RowChange, SourceError, SourceEvent, TableName};
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
-use tracing::{debug, info};
+use siphon_source::stall::Seen;
+use siphon_source::SourceError;
 
-pub use siphon_core::Now;
+pub use siphon_core::engine::session::{Lookup, Now};
 
-/// A catalog lookup the core needs answered before it reads on.
-#[derive(Debug, Clone)]
-pub enum Lookup {
-    /// The NOT NULL columns of an outbox table (for `json-schemas` optional fields), and the
-    /// generated columns the stream leaves out (named in a binding error instead of "missing").
-    NotNullColumns(Arc<Relation>),
-    /// Whether a relation that is not an outbox table is a partition of one (its changes are
-    /// then the outbox table's, never "another table's").
-    OutboxRelation(Arc<Relation>),
-}
-
-/// The answer to a [`Lookup`].
-#[derive(Debug)]
-pub enum Answer {
-    NotNullColumns {
-        relation: Arc<Relation>,
-        columns: Result<OutboxColumns, SourceError>,
-    },
-    /// `Some`: the relation renamed to the outbox table it is a partition of.
-    OutboxRelation {
-        relation: Arc<Relation>,
-        outbox: Result<Option<Relation>, SourceError>,
-    },
-}
-
-/// What happened.
-#[derive(Debug)]
-pub enum Input {
-    /// The replication stream produced an event.
-    Source(SourceEvent),
-    /// The replication stream failed or ended.
-    SourceFailed(PipelineError),
-    /// The producer reported a record.
-    Delivery(Delivery),
-    /// A purge of the producer handed back a record it had not taken yet (one waiting for its
-    /// topic to be created): sent again on the replacement.
-    Purged { token: usize, record: RoutedRecord },
-    /// The producer refused to take a record ([`Action::Send`] failed).
-    SendRefused {
-        token: usize,
-        record: RoutedRecord,
-        error: SinkError,
-    },
-    /// A lookup was answered.
-    Answer(Answer),
-    /// The replication connection is stalled (what was seen).
-    Stalled(siphon_source::stall::Seen),
-    /// Exactly-once: the commit of [`Action::Commit`] ended.
-    Committed(Result<(), SinkError>),
-    /// Stop reading, wait for what is in flight, then finish.
-    Shutdown,
-    /// Time passed (see [`SessionCore::next_timeout`]).
-    Tick,
-}
-
+/// The session engine over Siphon's vocabulary.
+pub type SessionCore<'a> = session::SessionCore<'a, Siphon>;
+/// What happened, for the engine.
+pub type Input = session::Input<Siphon>;
 /// What the driver must do, in order.
+pub type Action = session::Action<Siphon>;
+/// The engine's fixed settings.
+pub type CoreSettings<'a> = session::CoreSettings<'a, Siphon>;
+/// The answer to a [`Lookup`].
+pub type Answer = session::Answer<Siphon>;
+
+/// Siphon's errors, as the session engine reads them.
 #[derive(Debug)]
-pub enum Action {
-    /// Hand `record` to the current producer; its report carries `token`.
-    Send { token: usize, record: RoutedRecord },
-    /// Everything before this position is delivered: report it as flushed.
-    Confirm(Lsn),
-    /// Answer with [`Input::Answer`].
-    Lookup(Lookup),
-    /// The source need not keep this relation's description: not an outbox table (its rows
-    /// come as [`SourceEvent::OtherTableChange`] from then on).
-    ForgetRelation(Oid),
-    /// The source need not decode the old row of this relation's DELETEs: a bound outbox table,
-    /// whose router skips every DELETE (they come as [`SourceEvent::OutboxDelete`] from then on,
-    /// until the relation is described again).
-    SkipDeletes(Oid),
-    /// Purge the current producer: its queued and in-flight records come back as failed
-    /// reports.
-    PurgeProducer,
-    /// Replace the producer with a new one (its records have all reported).
-    ReplaceProducer,
-    /// Exactly-once: begin a Kafka transaction (before the next [`Action::Send`]).
-    BeginTransaction,
-    /// Exactly-once: write `progress` to the progress topic in the open Kafka transaction and
-    /// commit it; answer with [`Input::Committed`]. Everything sent before it is in it.
-    Commit(Progress),
-    /// The session is over.
-    Finish(Result<(), PipelineError>),
-}
+pub struct Siphon;
 
-/// The session's fixed settings.
-pub struct CoreSettings<'a> {
-    pub router: &'a Routers,
-    /// Prefixes of logical messages that carry outbox events.
-    pub message_prefixes: &'a HashSet<String>,
-    /// The database encoding, which logical message contents are text in.
-    pub database_encoding: DatabaseEncoding,
-    pub non_transactional: NonTransactionalPolicy,
-    pub on_error: &'a ErrorPolicy,
-    pub tables: HashSet<TableName>,
-    pub max_in_flight_records: usize,
-    pub max_in_flight_bytes: usize,
-    pub shutdown_timeout: Duration,
-    /// How long a record may wait for its acknowledgement before the producer is given up:
-    /// purged (nothing queued after the late record is sent by it), replaced, and everything
-    /// unacknowledged sent again in order. `None`: no deadline.
-    pub delivery_timeout: Option<Duration>,
-    /// The first and the longest pause between two producer replacements without a delivery
-    /// in between.
-    pub replacement_backoff: (Duration, Duration),
-    /// Stamps every routed record with its source position (`None`: no such headers).
-    pub position_headers: Option<PositionHeaders>,
-    /// Exactly-once delivery: the Kafka transactions, from the last committed progress
-    /// (`None`: at-least-once).
-    pub transactions: Option<KafkaTransactions>,
-    /// Exactly-once: records the broker refused in earlier sessions.
-    pub suspects: Suspects,
-}
+impl Vocabulary for Siphon {
+    type Error = PipelineError;
+    type SendError = SinkError;
+    type DeliveryError = DeliveryError;
+    type Fault = RecordFault;
+    type CatalogError = SourceError;
+    type Stall = Seen;
 
-/// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
-enum Binding<'a> {
-    Bound {
-        binding: Box<TableBinding>,
-        router: &'a EventRouter,
-    },
-    Unbindable(RouteError),
-}
-
-/// The session's own actions, kept in order with the flow's.
-#[derive(Debug)]
-enum Own {
-    Lookup(Lookup),
-    ForgetRelation(Oid),
-    SkipDeletes(Oid),
-    BeginTransaction,
-    /// A position a commit covered.
-    Confirm(Lsn),
-    /// The session's end, held until its last commit.
-    Finish(Result<(), PipelineError>),
-}
-
-/// Per-topic counters, taken from the metrics once per topic (no lock on the per-record path);
-/// recent topics' are found again without hashing their names.
-#[derive(Default)]
-struct TopicCounters {
-    by_topic: FxHashMap<String, TopicMetrics>,
-    recent: RecentTopics<TopicMetrics>,
-}
-
-impl TopicCounters {
-    /// Counts with the counters of `topic`, taken from `metrics` the first time.
-    fn count(&mut self, metrics: &Metrics, topic: &Arc<str>, count: impl FnOnce(&TopicMetrics)) {
-        if let Some(counters) = self.recent.get(topic) {
-            count(counters);
-            return;
-        }
-        let counters = match self.by_topic.get(&**topic) {
-            Some(counters) => counters.clone(),
-            None => {
-                let counters = metrics.topic(topic);
-                self.by_topic.insert(topic.to_string(), counters.clone());
-                counters
-            }
-        };
-        count(&counters);
-        self.recent.keep(topic, counters);
+    fn enqueue_fault(error: SinkError) -> Result<RecordFault, SinkError> {
+        RecordFault::of_enqueue(error)
     }
-}
 
-/// The session state machine.
-pub struct SessionCore<'a> {
-    settings: CoreSettings<'a>,
-    metrics: Arc<Metrics>,
-    /// Records between the stream and the producer: ledger, fence, deadline, stop.
-    flow: Flow<RoutedKind, RecordFault, PipelineError, Own>,
-    /// By relation OID, with an integer hasher (one lookup per row change).
-    bindings: FxHashMap<Oid, Binding<'a>>,
-    /// Logical messages of outbox prefixes, as rows of synthetic relations.
-    messages: MessageRows,
-    awaiting_lookup: bool,
-    /// The open transaction, if any.
-    txn: Option<TxnId>,
-    /// Its Begin: commit LSN, transaction id and commit time (for the source position).
-    begin: (Lsn, u32, i64),
-    /// Stamps routed records with position headers.
-    position: Option<PositionHeaders>,
-    /// The index of the next record of the open transaction (routed records and dead letters
-    /// of rows, in routing order: the same on every replay).
-    next_index: u32,
-    /// Exactly-once: the Kafka transactions (`None`: at-least-once).
-    transactions: Option<KafkaTransactions>,
-    /// Exactly-once: the session's end, held until the open Kafka transaction committed.
-    finish: Option<Result<(), PipelineError>>,
-    /// Exactly-once: an error while the session was stopping (a shutdown): its end.
-    failed: Option<PipelineError>,
-    /// Records not sent again because an earlier session committed them.
-    skipped_committed: u64,
-    /// Exactly-once: records the broker refused in a Kafka transaction, by position, carried
-    /// from session to session (see [`Suspect`]).
-    suspects: Suspects,
-    /// Exactly-once: the position of each record with the producer (to name a refused one).
-    positions: FxHashMap<usize, (Lsn, u32)>,
-    /// Exactly-once: a suspect waiting for the open Kafka transaction to commit, to be sent
-    /// alone after it (its transaction, its index, the record).
-    parked: Option<(TxnId, u32, RoutedRecord)>,
-    /// Exactly-once: the suspect sent alone in the Kafka transaction now open.
-    solo: Option<(Lsn, u32)>,
-    /// Per-topic counters.
-    topics: TopicCounters,
-    /// The oldest unacknowledged hand-over last given to the metrics (`None`: not given yet):
-    /// the gauge is set only when it changes.
-    oldest_reported: Option<Option<Instant>>,
-    /// The last commit->acknowledgement latency, by (commit time, arrival).
-    commit_to_ack: LastElapsed<(i64, SystemTime)>,
-    /// The last hand-over->acknowledgement latency, by (hand-over, arrival).
-    send_to_ack: LastElapsed<(Instant, Instant)>,
-    /// The first delivery failure since the last producer replacement that calls for one:
-    /// named in the replacement's warning.
-    replacement_cause: Option<String>,
-}
+    fn is_transient(error: &SinkError) -> bool {
+        error.is_transient()
+    }
 
-impl<'a> SessionCore<'a> {
-    /// A session resuming at `start` (everything before it is delivered).
-    pub fn new(mut settings: CoreSettings<'a>, metrics: Arc<Metrics>, start: Lsn) -> Self {
-        let messages = MessageRows::new(settings.database_encoding.clone());
-        let position = settings.position_headers.clone();
-        let transactions = settings.transactions.take();
-        let suspects = std::mem::take(&mut settings.suspects);
-        let flow = Flow::new(
-            FlowSettings {
-                max_in_flight_records: settings.max_in_flight_records,
-                max_in_flight_bytes: settings.max_in_flight_bytes,
-                shutdown_timeout: settings.shutdown_timeout,
-                delivery_timeout: settings.delivery_timeout,
-                replacement_backoff: settings.replacement_backoff,
-                dead_letters: matches!(settings.on_error, ErrorPolicy::DeadLetter(_)),
+    fn read_delivery(error: DeliveryError) -> DeliveryReading<Siphon> {
+        match error {
+            DeliveryError::Definite(refusal) => DeliveryReading::Refused {
+                on_error_applies: refusal.on_error_applies(),
+                fault: RecordFault::Broker(refusal),
             },
-            start,
-        );
-        SessionCore {
-            settings,
-            metrics,
-            flow,
-            bindings: FxHashMap::default(),
-            messages,
-            awaiting_lookup: false,
-            txn: None,
-            begin: (Lsn::ZERO, 0, 0),
-            position,
-            next_index: 0,
-            transactions,
-            finish: None,
-            failed: None,
-            skipped_committed: 0,
-            suspects,
-            positions: FxHashMap::default(),
-            parked: None,
-            solo: None,
-            topics: TopicCounters::default(),
-            oldest_reported: None,
-            commit_to_ack: LastElapsed::default(),
-            send_to_ack: LastElapsed::default(),
-            replacement_cause: None,
-        }
-    }
-
-    /// Whether the driver may read the next source event.
-    pub fn can_read(&self) -> bool {
-        !self.awaiting_lookup
-            && self.parked.is_none()
-            && self.solo.is_none()
-            && self.flow.can_read()
-            && self
-                .transactions
-                .as_ref()
-                .is_none_or(KafkaTransactions::can_send)
-    }
-
-    /// When the core wants an [`Input::Tick`] at the latest.
-    pub fn next_timeout(&self) -> Option<Instant> {
-        let between = self.txn.is_none();
-        let commit = self
-            .transactions
-            .as_ref()
-            .and_then(|t| t.next_timeout(between));
-        [self.flow.next_timeout(), commit]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-
-    /// Exactly-once: the last committed progress (`None`: at-least-once, or nothing
-    /// committed yet).
-    pub fn committed_progress(&self) -> Option<Progress> {
-        self.transactions.as_ref()?.committed()
-    }
-
-    /// Exactly-once: whether a commit may start (the session did not fail: a record counted
-    /// in the progress may not have reached the producer). A commit asked for and not started
-    /// yet (waiting for a topic) is dropped when this turns false.
-    pub fn may_commit(&self) -> bool {
-        self.transactions
-            .as_ref()
-            .is_some_and(KafkaTransactions::may_commit)
-    }
-
-    /// Records not sent again because an earlier session had committed them.
-    pub fn skipped_committed(&self) -> u64 {
-        self.skipped_committed
-    }
-
-    /// Exactly-once: the records the broker refused so far, for the next session.
-    pub fn take_suspects(&mut self) -> Suspects {
-        std::mem::take(&mut self.suspects)
-    }
-
-    /// The next action, in order.
-    pub fn poll_action(&mut self) -> Option<Action> {
-        loop {
-            let Some(action) = self.flow.poll_action() else {
-                // Everything queued is handed over: a due commit runs now.
-                return match self.transactions.as_mut()?.commit_step() {
-                    Some(TransactionStep::Commit(progress)) => Some(Action::Commit(progress)),
-                    Some(TransactionStep::Begin) | None => None,
-                };
-            };
-            return Some(match action {
-                flow::Action::Send { token, record } => Action::Send { token, record },
-                flow::Action::Confirm(lsn) => match &mut self.transactions {
-                    None => Action::Confirm(lsn),
-                    Some(transactions) => match transactions.acknowledged(lsn) {
-                        Some(lsn) => Action::Confirm(lsn),
-                        None => continue,
-                    },
-                },
-                // A shutdown that failed before the flow finished ends with the failure.
-                flow::Action::Finish(Ok(())) if self.failed.is_some() => {
-                    Action::Finish(self.failed.take().map_or(Ok(()), Err))
-                }
-                flow::Action::Finish(Ok(()))
-                    if self
-                        .transactions
-                        .as_ref()
-                        .is_some_and(KafkaTransactions::is_open) =>
-                {
-                    // The open Kafka transaction is committed first.
-                    self.finish = Some(Ok(()));
-                    continue;
-                }
-                flow::Action::Other(Own::BeginTransaction) => Action::BeginTransaction,
-                flow::Action::Other(Own::Confirm(lsn)) => Action::Confirm(lsn),
-                flow::Action::Other(Own::Finish(result)) => Action::Finish(result),
-                flow::Action::PurgeProducer => Action::PurgeProducer,
-                flow::Action::ReplaceProducer => Action::ReplaceProducer,
-                flow::Action::Finish(result) => Action::Finish(result),
-                flow::Action::Other(Own::Lookup(lookup)) => Action::Lookup(lookup),
-                flow::Action::Other(Own::ForgetRelation(oid)) => Action::ForgetRelation(oid),
-                flow::Action::Other(Own::SkipDeletes(oid)) => Action::SkipDeletes(oid),
-                flow::Action::Replacing { resend } => {
-                    let cause = self.replacement_cause.take();
-                    Event::ProducerReplaced {
-                        resend,
-                        cause: cause.as_deref(),
-                    }
-                    .emit(&self.metrics);
-                    continue;
-                }
-                flow::Action::Overdue { unacked } => {
-                    Event::DeliveryOverdue { unacked }.emit(&self.metrics);
-                    // The purge that follows fails the records; the deadline is the cause.
-                    self.replacement_cause.get_or_insert_with(|| {
-                        "a record was not acknowledged within the delivery deadline \
-                         (kafka.properties.\"message.timeout.ms\")"
-                            .to_owned()
-                    });
-                    continue;
-                }
-            });
-        }
-    }
-
-    /// Whether [`Action::Finish`] was emitted.
-    pub fn is_finished(&self) -> bool {
-        self.flow.is_finished()
-    }
-
-    /// The acknowledged position (what the next session may resume from); with exactly-once
-    /// delivery, the committed one.
-    pub fn watermark(&self) -> Lsn {
-        match &self.transactions {
-            Some(transactions) => transactions.confirmed(),
-            None => self.flow.watermark(),
-        }
-    }
-
-    /// Records in flight and their bytes (the window).
-    pub fn in_flight(&self) -> (usize, usize) {
-        self.flow.in_flight()
-    }
-
-    /// Transactions the ledger keeps.
-    pub fn pending_transactions(&self) -> usize {
-        self.flow.pending_transactions()
-    }
-
-    /// Records given up this session (not delivered before it stopped).
-    pub fn abandoned(&self) -> u64 {
-        self.flow.abandoned()
-    }
-
-    /// Records taken back from the producer and waiting to be sent again.
-    pub fn held(&self) -> usize {
-        self.flow.held()
-    }
-
-    /// Feeds one input.
-    pub fn handle(&mut self, now: Now, input: Input) {
-        // A finished flow waits only for the last commit's outcome (exactly-once).
-        if self.flow.is_finished() {
-            if self.finish.is_none() {
-                return;
-            }
-            match input {
-                Input::Committed(_) => {}
-                // A record that waited for its topic past the stop's deadline never reached
-                // the producer: the transaction must not commit without it.
-                Input::SendRefused { record, error, .. } => {
-                    return self
-                        .uncommittable(record.topic.to_string(), AbortCause::NotTaken(error));
-                }
-                Input::Purged { record, .. } => {
-                    return self.uncommittable(record.topic.to_string(), AbortCause::Purged);
-                }
-                _ => return,
-            }
-        }
-        let outcome = match input {
-            Input::Source(event) => self.on_source(now, event),
-            Input::SourceFailed(e) => Err(e),
-            Input::Delivery(delivery) => self.on_delivery(now, delivery),
-            Input::Purged { token, record } => self.on_purged(now, token, record),
-            Input::SendRefused {
-                token,
-                record,
-                error,
-            } => self.on_send_refused(now, token, record, error),
-            Input::Answer(answer) => self.on_answer(answer),
-            Input::Stalled(seen) => Err(PipelineError::Stalled(seen)),
-            Input::Committed(result) => self.on_committed(now, result),
-            Input::Shutdown => {
-                info!("shutting down: waiting for in-flight records");
-                self.flow.stop(now, Ok(()));
-                if let Some(transactions) = &mut self.transactions {
-                    transactions.stop();
-                }
-                Ok(())
-            }
-            Input::Tick => Ok(()),
-        };
-        if let Err(e) = outcome {
-            match &mut self.transactions {
-                Some(transactions) => {
-                    // Exactly-once: nothing is committed after a failure, and a failure during a
-                    // shutdown is its end (the flow keeps the first end it is given).
-                    transactions.abandon();
-                    if self.flow.is_stopping() {
-                        self.failed.get_or_insert(e);
-                    } else {
-                        self.flow.stop(now, Err(e));
-                    }
-                }
-                None => self.flow.stop(now, Err(e)),
-            }
-        }
-        self.flow.after(now);
-        if let Some(transactions) = &mut self.transactions {
-            transactions.check(now.instant, self.txn.is_none());
-        }
-        let (records, bytes) = self.flow.in_flight();
-        self.metrics.set_in_flight(records, bytes);
-        let oldest = self.flow.oldest_sent();
-        if self.oldest_reported != Some(oldest) {
-            self.metrics.set_oldest_unacked_since(oldest);
-            self.oldest_reported = Some(oldest);
-        }
-    }
-
-    fn on_source(&mut self, now: Now, event: SourceEvent) -> Result<(), PipelineError> {
-        match event {
-            SourceEvent::Begin {
-                final_lsn,
-                commit_time_us,
-                xid,
-            } => {
-                self.txn = Some(self.flow.begin(final_lsn, commit_time_us)?);
-                self.begin = (final_lsn, xid, commit_time_us);
-                if let Ok(latency) = now.wall.duration_since(pg_timestamp(commit_time_us)) {
-                    self.metrics.observe_commit_to_read(latency);
-                }
-                self.next_index = 0;
-            }
-            SourceEvent::Relation(relation) => self.on_relation(relation),
-            SourceEvent::Change {
-                relation,
-                change,
-                lsn,
-            } => self.on_change(now, &relation, change, lsn)?,
-            SourceEvent::OtherTableChange { relation_id, lsn } => {
-                self.on_other_table_change(relation_id, lsn)?
-            }
-            SourceEvent::OutboxDelete { relation_id, lsn } => {
-                self.on_outbox_delete(relation_id, lsn)?
-            }
-            SourceEvent::Commit { end_lsn, .. } => {
-                self.metrics.transaction();
-                self.txn = None;
-                if let Some(transactions) = &mut self.transactions {
-                    transactions.transaction_read(self.begin.0, end_lsn);
-                }
-                self.flow.commit(end_lsn)?;
-            }
-            SourceEvent::Idle { wal_end } => self.flow.idle(wal_end),
-            SourceEvent::Message {
-                transactional,
-                lsn,
-                prefix,
-                content,
-            } => self.on_message(now, transactional, lsn, &prefix, &content)?,
-        }
-        Ok(())
-    }
-
-    fn on_relation(&mut self, relation: Arc<Relation>) {
-        let name = TableName {
-            schema: relation.namespace.to_string(),
-            name: relation.name.to_string(),
-        };
-        self.awaiting_lookup = true;
-        let lookup = if self.settings.tables.contains(&name) {
-            Lookup::NotNullColumns(relation)
-        } else {
-            // Perhaps a partition of an outbox table: never skipped as another table's.
-            Lookup::OutboxRelation(relation)
-        };
-        self.flow.push(Own::Lookup(lookup));
-    }
-
-    fn on_answer(&mut self, answer: Answer) -> Result<(), PipelineError> {
-        match answer {
-            Answer::NotNullColumns { relation, columns } => {
-                self.awaiting_lookup = false;
-                let columns = columns?;
-                let table = TableName {
-                    schema: relation.namespace.to_string(),
-                    name: relation.name.to_string(),
-                };
-                let router = self.settings.router.for_table(&table);
-                let binding = self.bind(router, &relation, &columns)?;
-                // Its DELETEs are skipped without a row (an unbindable table's are
-                // dead-lettered, with their row).
-                let skips_deletes =
-                    matches!(&binding, Binding::Bound { router, .. } if router.skips_deletes());
-                self.bindings.insert(relation.id, binding);
-                if skips_deletes {
-                    self.flow.push(Own::SkipDeletes(relation.id));
-                }
-            }
-            Answer::OutboxRelation { relation, outbox } => match outbox? {
-                Some(outbox) => {
-                    debug!(partition = %format_args!("{}.{}", relation.namespace, relation.name), table = %format_args!("{}.{}", outbox.namespace, outbox.name), "changes named by a partition are routed as its outbox table's");
-                    self.flow
-                        .push(Own::Lookup(Lookup::NotNullColumns(Arc::new(outbox))));
-                }
-                None => {
-                    self.awaiting_lookup = false;
-                    debug!(table = %format_args!("{}.{}", relation.namespace, relation.name), "table is published but not an outbox table; its changes are ignored");
-                    self.bindings.remove(&relation.id);
-                    // Nothing is kept for it: a publication `FOR ALL TABLES` describes every
-                    // table ever written, staging tables created and dropped by the thousand.
-                    self.flow.push(Own::ForgetRelation(relation.id));
-                }
-            },
-        }
-        Ok(())
-    }
-
-    /// Binds `relation` with `router`: a binding, or (dead letters configured) why its rows
-    /// cannot be routed. A configured column the stream leaves out (a generated column) is named
-    /// as such, with the catalog's cause, not as missing.
-    fn bind(
-        &self,
-        router: &'a EventRouter,
-        relation: &Relation,
-        columns: &OutboxColumns,
-    ) -> Result<Binding<'a>, PipelineError> {
-        let bound = router
-            .bind_with_not_null(relation, &|column| columns.not_null.contains(column))
-            .map_err(|e| match e {
-                RouteError::MissingColumn {
-                    table,
-                    column,
-                    option,
-                    holds,
-                } => match columns.unpublished.get(&column) {
-                    Some(cause) => RouteError::UnpublishedColumn {
-                        cause: cause.clone(),
-                        table,
-                        column,
-                        option,
-                    },
-                    None => RouteError::MissingColumn {
-                        table,
-                        column,
-                        option,
-                        holds,
-                    },
-                },
-                e => e,
-            });
-        match bound {
-            Ok(binding) => Ok(Binding::Bound {
-                binding: Box::new(binding),
-                router,
-            }),
-            Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
-                Event::TableUnroutable {
-                    table: &format_args!("{}.{}", relation.namespace, relation.name),
-                    error: &e,
-                }
-                .emit(&self.metrics);
-                Ok(Binding::Unbindable(e))
-            }
-            Err(e) => Err(PipelineError::Unbindable(Box::new(e))),
-        }
-    }
-
-    /// A logical decoding message: an outbox event if its prefix is configured.
-    fn on_message(
-        &mut self,
-        now: Now,
-        transactional: bool,
-        lsn: Lsn,
-        prefix: &str,
-        content: &[u8],
-    ) -> Result<(), PipelineError> {
-        if !self.settings.message_prefixes.contains(prefix) {
-            debug!(prefix, "logical message of another prefix ignored");
-            return Ok(());
-        }
-        if !transactional {
-            return match self.settings.non_transactional {
-                NonTransactionalPolicy::Error => Err(PipelineError::NonTransactionalMessage {
-                    prefix: prefix.to_owned(),
-                    lsn,
-                }),
-                NonTransactionalPolicy::Skip => {
-                    Event::NonTransactionalMessageSkipped { prefix, lsn }.emit(&self.metrics);
-                    Ok(())
-                }
-            };
-        }
-        let (relation, row) = match self.messages.row(prefix, content) {
-            Ok((relation, row, new)) => {
-                if new {
-                    let router = self.settings.router.default_router();
-                    let binding = self.bind(router, &relation, &OutboxColumns::default())?;
-                    self.bindings.insert(relation.id, binding);
-                }
-                (relation, row)
-            }
-            Err(e) => {
-                self.metrics.event_read();
-                return match self.settings.on_error {
-                    ErrorPolicy::Fail => Err(e.into()),
-                    ErrorPolicy::DeadLetter(dead_letters) => {
-                        // Dead-lettered as a row of its own, its content as text.
-                        let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
-                        let (relation, row) = self.messages.unreadable(prefix, content);
-                        Event::RowDeadLettered {
-                            table: &format_args!("{}.{}", relation.namespace, relation.name),
-                            lsn,
-                            error: &e,
-                            dead_letter_topic: dead_letters.topic(),
-                        }
-                        .emit(&self.metrics);
-                        let record = dead_letters.for_row(
-                            &relation,
-                            &row,
-                            &e,
-                            lsn,
-                            self.flow.commit_lsn(txn),
-                        );
-                        self.send_new(now, txn, record)
-                    }
-                };
-            }
-        };
-        self.on_change(now, &relation, RowChange::Insert(row), lsn)
-    }
-
-    /// A row of a relation the source does not keep: another table's, skipped by rule. One
-    /// with a binding would be an outbox row without its description: the session reconnects,
-    /// and the new one is described its tables again.
-    fn on_other_table_change(&mut self, relation_id: Oid, lsn: Lsn) -> Result<(), PipelineError> {
-        self.metrics.event_read();
-        self.txn.ok_or(LedgerError::NoOpenTransaction)?;
-        if self.bindings.contains_key(&relation_id) {
-            return Err(SourceError::from(ProtocolFault::UndescribedOutboxRow {
-                relation: relation_id,
-                lsn,
-            })
-            .into());
-        }
-        Event::OtherTableRow.emit(&self.metrics);
-        Ok(())
-    }
-
-    /// A DELETE of a row of a bound outbox table, its old row not decoded (the source skims the
-    /// DELETEs of the relations named by [`Action::SkipDeletes`]): skipped as
-    /// [`SessionCore::on_change`] skips a DELETE, with the same counters and event. A relation
-    /// without such a binding cannot come here (a new description of it ends the skimming
-    /// before it is bound again); if one did, its DELETE may be due a dead letter, which needs
-    /// the row: the session reconnects, and the new one decodes it.
-    fn on_outbox_delete(&mut self, relation_id: Oid, lsn: Lsn) -> Result<(), PipelineError> {
-        self.metrics.event_read();
-        self.txn.ok_or(LedgerError::NoOpenTransaction)?;
-        match self.bindings.get(&relation_id) {
-            Some(Binding::Bound { binding, router }) if router.skips_deletes() => {
-                let reason = SkipReason::Delete;
-                Event::RowSkipped {
-                    table: &binding.table(),
-                    reason,
-                    level: router.log_level(reason),
-                }
-                .emit(&self.metrics);
-                Ok(())
-            }
-            _ => Err(SourceError::from(ProtocolFault::DeleteWithoutRow {
-                relation: relation_id,
-                lsn,
-            })
-            .into()),
-        }
-    }
-
-    fn on_change(
-        &mut self,
-        now: Now,
-        relation: &Arc<Relation>,
-        change: RowChange,
-        lsn: Lsn,
-    ) -> Result<(), PipelineError> {
-        let (change, row): (Change<'_>, &TupleData) = match &change {
-            RowChange::Insert(new) => (Change::Insert(new), new),
-            RowChange::Update { old, new } => (
-                Change::Update {
-                    old: old.as_ref().map(|o| o.tuple()),
-                    new,
-                },
-                new,
-            ),
-            RowChange::Delete(old) => (Change::Delete(old.tuple()), old.tuple()),
-        };
-        self.metrics.event_read();
-        let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
-        let routed = match self.bindings.get(&relation.id) {
-            None => {
-                Event::OtherTableRow.emit(&self.metrics);
-                return Ok(());
-            }
-            Some(Binding::Bound { binding, router }) => {
-                let (final_lsn, xid, commit_time_us) = self.begin;
-                let position = SourcePosition::from_pgoutput(final_lsn, lsn, xid, commit_time_us);
-                router
-                    .route_at(binding, change, &position)
-                    .map(|routed| (routed, *router))
-            }
-            Some(Binding::Unbindable(reason)) => Err(reason.clone()),
-        };
-        match routed {
-            Ok((Routed::Record(record), _)) => self.send_routed(now, txn, record),
-            Ok((Routed::Skipped(reason), router)) => {
-                Event::RowSkipped {
-                    table: &format_args!("{}.{}", relation.namespace, relation.name),
-                    reason,
-                    level: router.log_level(reason),
-                }
-                .emit(&self.metrics);
-                Ok(())
-            }
-            Err(reason) => match self.settings.on_error {
-                ErrorPolicy::Fail => Err(PipelineError::Row {
-                    error: Box::new(reason),
-                    lsn,
-                }),
-                ErrorPolicy::DeadLetter(dead_letters) => {
-                    Event::RowDeadLettered {
-                        table: &format_args!("{}.{}", relation.namespace, relation.name),
-                        lsn,
-                        error: &reason,
-                        dead_letter_topic: dead_letters.topic(),
-                    }
-                    .emit(&self.metrics);
-                    let record = dead_letters.for_row(
-                        relation,
-                        row,
-                        &reason,
-                        lsn,
-                        self.flow.commit_lsn(txn),
-                    );
-                    self.send_new(now, txn, record)
-                }
+            DeliveryError::Transient(failure) => DeliveryReading::Transient {
+                replace: failure.needs_rebuild(),
+                error: DeliveryError::Transient(failure),
             },
         }
     }
 
-    /// The index of the next record of the open transaction, and whether an earlier session
-    /// already committed it to Kafka (exactly-once: it is not sent again).
-    fn next_record(&mut self) -> (u32, bool) {
-        let index = self.next_index;
-        self.next_index = self.next_index.saturating_add(1);
-        let committed = self
-            .transactions
-            .as_ref()
-            .is_some_and(|t| t.already_committed(self.begin.0, index));
-        if committed {
-            self.skipped_committed += 1;
+    fn not_taken(fault: RecordFault) -> Result<SinkError, RecordFault> {
+        match fault {
+            RecordFault::Enqueue(error) => Ok(error),
+            fault => Err(fault),
         }
-        (index, committed)
+    }
+}
+
+impl From<EngineError<Siphon>> for PipelineError {
+    fn from(error: EngineError<Siphon>) -> Self {
+        match error {
+            EngineError::Catalog(e) => PipelineError::Source(e),
+            EngineError::Stalled(seen) => PipelineError::Stalled(seen),
+            EngineError::Sink(e) => PipelineError::Sink(e),
+            EngineError::UndescribedOutboxRow { relation, lsn } => {
+                PipelineError::Source(ProtocolFault::UndescribedOutboxRow { relation, lsn }.into())
+            }
+            EngineError::DeleteWithoutRow { relation, lsn } => {
+                PipelineError::Source(ProtocolFault::DeleteWithoutRow { relation, lsn }.into())
+            }
+            EngineError::Row { error, lsn } => PipelineError::Row { error, lsn },
+            EngineError::Unbindable(e) => PipelineError::Unbindable(e),
+            EngineError::Message(e) => PipelineError::Message(e),
+            EngineError::NonTransactionalMessage { prefix, lsn } => {
+                PipelineError::NonTransactionalMessage { prefix, lsn }
+            }
+            EngineError::Refused(fault) => PipelineError::Refused(fault),
+            EngineError::DeadLetterRefused(fault) => PipelineError::DeadLetterRefused(fault),
+            EngineError::RefusedInTransaction(fault) => PipelineError::RefusedInTransaction(fault),
+            EngineError::TransactionAborted { topic, cause } => PipelineError::TransactionAborted {
+                topic,
+                cause: match cause {
+                    vocabulary::AbortCause::Delivery(e) => AbortCause::Delivery(e),
+                    vocabulary::AbortCause::NotTaken(e) => AbortCause::NotTaken(e),
+                    vocabulary::AbortCause::Purged => AbortCause::Purged,
+                    vocabulary::AbortCause::Refused(fault) => AbortCause::Refused(fault),
+                },
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgoutput::Lsn;
+    use siphon_kafka_sink::{Operation, RDKafkaErrorCode};
+
+    #[test]
+    fn failures_read_as_the_sink_classifies_them() {
+        let policy = DeliveryError::from_code("t", RDKafkaErrorCode::PolicyViolation);
+        assert!(matches!(
+            Siphon::read_delivery(policy),
+            DeliveryReading::Refused {
+                on_error_applies: true,
+                fault: RecordFault::Broker(_),
+            }
+        ));
+        let timed_out = DeliveryError::from_code("t", RDKafkaErrorCode::MessageTimedOut);
+        assert!(matches!(
+            Siphon::read_delivery(timed_out),
+            DeliveryReading::Transient { replace: true, .. }
+        ));
+        let too_large = SinkError::Kafka {
+            operation: Operation::Enqueue,
+            topic: "t".into(),
+            code: RDKafkaErrorCode::MessageSizeTooLarge,
+        };
+        let fault = Siphon::enqueue_fault(too_large).expect("the record's fault");
+        assert!(matches!(
+            Siphon::not_taken(fault),
+            Ok(SinkError::Kafka { .. })
+        ));
+        let unreachable = SinkError::Kafka {
+            operation: Operation::Enqueue,
+            topic: "t".into(),
+            code: RDKafkaErrorCode::AllBrokersDown,
+        };
+        let error = Siphon::enqueue_fault(unreachable).expect_err("not the record's fault");
+        assert!(Siphon::is_transient(&error));
     }
 
-    /// Hands a newly routed record of `txn` to the producer: [`SessionCore::send_new`] with
-    /// the record also counted as routed, its topic's counters looked up once.
-    fn send_routed(
-        &mut self,
-        now: Now,
-        txn: TxnId,
-        mut record: RoutedRecord,
-    ) -> Result<(), PipelineError> {
-        let (index, committed) = self.next_record();
-        if committed {
-            return Ok(());
-        }
-        if let Some(position) = &self.position {
-            position.stamp(self.begin.0, index, &mut record);
-        }
-        match self.suspects.get(&(self.begin.0, index)) {
-            None => {}
-            Some(Suspect::Alone(fault)) => {
-                let fault = fault.clone();
-                return self.dead_letter_refused(now, txn, index, record, fault);
-            }
-            Some(Suspect::Shared(_)) => return self.send_alone(now, txn, index, record),
-        }
-        let bytes = record_bytes(&record);
-        let added = self.flow.add(txn, bytes, now);
-        self.topics.count(&self.metrics, &record.topic, |counters| {
-            counters.routed();
-            if added.is_ok() {
-                counters.produced();
-            }
+    #[test]
+    fn engine_errors_become_the_pipeline_errors_they_name() {
+        let delete = PipelineError::from(EngineError::<Siphon>::DeleteWithoutRow {
+            relation: 1,
+            lsn: Lsn(2),
         });
-        self.hand_over(now, added?, record, Some((index, bytes)));
-        Ok(())
-    }
-
-    /// Exactly-once: the suspect record `index` of `txn` goes alone in a Kafka transaction of
-    /// its own: after the open one commits (parked until then), and committed at once. Nothing
-    /// is read meanwhile.
-    fn send_alone(
-        &mut self,
-        now: Now,
-        txn: TxnId,
-        index: u32,
-        record: RoutedRecord,
-    ) -> Result<(), PipelineError> {
-        let Some(transactions) = &mut self.transactions else {
-            return Ok(());
-        };
-        if transactions.is_open() {
-            transactions.force_commit();
-            self.parked = Some((txn, index, record));
-            return Ok(());
-        }
-        debug!(topic = %record.topic, "sending a record the broker refused alone, in a Kafka transaction of its own");
-        let bytes = record_bytes(&record);
-        let seq = self.flow.add(txn, bytes, now)?;
-        self.hand_over(now, seq, record, Some((index, bytes)));
-        self.solo = Some((self.begin.0, index));
-        if let Some(transactions) = &mut self.transactions {
-            transactions.force_commit();
-        }
-        Ok(())
-    }
-
-    /// Exactly-once: the record `index` of `txn` was refused when sent alone: its dead letter
-    /// takes its place.
-    fn dead_letter_refused(
-        &mut self,
-        now: Now,
-        txn: TxnId,
-        index: u32,
-        record: RoutedRecord,
-        fault: RecordFault,
-    ) -> Result<(), PipelineError> {
-        let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
-            return Err(PipelineError::RefusedInTransaction(fault));
-        };
-        let letter = self.letter_for(dead_letters, txn, record, &fault);
-        let bytes = record_bytes(&letter);
-        let seq = self.flow.add(txn, bytes, now)?;
-        self.topics
-            .count(&self.metrics, &letter.topic, |counters| counters.produced());
-        self.hand_over(now, seq, letter, Some((index, bytes)));
-        Ok(())
-    }
-
-    /// The dead letter of `record` of `txn`, which Kafka refuses for `fault` (told to the
-    /// telemetry).
-    fn letter_for(
-        &self,
-        dead_letters: &crate::dead_letter::DeadLetters,
-        txn: TxnId,
-        record: RoutedRecord,
-        fault: &RecordFault,
-    ) -> RoutedRecord {
-        Event::RecordDeadLettered {
-            topic: &record.topic,
-            error: fault,
-        }
-        .emit(&self.metrics);
-        dead_letters.for_record(record, fault, Stage::Produce, self.flow.commit_lsn(txn))
-    }
-
-    /// Hands a new record of `txn` to the producer (a dead letter of a row).
-    fn send_new(
-        &mut self,
-        now: Now,
-        txn: TxnId,
-        record: RoutedRecord,
-    ) -> Result<(), PipelineError> {
-        let (index, committed) = self.next_record();
-        if committed {
-            return Ok(());
-        }
-        let bytes = record_bytes(&record);
-        let seq = self.flow.add(txn, bytes, now)?;
-        self.topics
-            .count(&self.metrics, &record.topic, |counters| counters.produced());
-        self.hand_over(now, seq, record, Some((index, bytes)));
-        Ok(())
-    }
-
-    /// Queues the sending of `record` (the record `index` of the open transaction, of `bytes`;
-    /// `None` for a dead letter that replaces a record already counted), after beginning a
-    /// Kafka transaction if exactly-once delivery has none open.
-    fn hand_over(
-        &mut self,
-        now: Now,
-        seq: super::ledger::Seq,
-        record: RoutedRecord,
-        counted: Option<(u32, usize)>,
-    ) {
-        if let Some(transactions) = &mut self.transactions {
-            if transactions.before_send(now.instant).is_some() {
-                self.flow.push(Own::BeginTransaction);
-            }
-            if let Some((index, bytes)) = counted {
-                transactions.sent(self.begin.0, index, bytes);
-                self.positions.insert(seq.token(), (self.begin.0, index));
-            }
-        }
-        self.flow.hand_over(seq, record);
-    }
-
-    /// Exactly-once: the finished flow waits for the last commit, and a record of its
-    /// transaction did not reach the producer: no commit, the session ends with the failure.
-    fn uncommittable(&mut self, topic: String, cause: AbortCause) {
-        if let Some(transactions) = &mut self.transactions {
-            transactions.abandon();
-        }
-        if self.finish.take().is_some() {
-            self.flow
-                .push(Own::Finish(Err(PipelineError::TransactionAborted {
-                    topic,
-                    cause,
-                })));
-        }
-    }
-
-    /// Exactly-once: the commit ended. Success confirms what it covered (and ends a stopping
-    /// session); a failure ends the session.
-    fn on_committed(
-        &mut self,
-        now: Now,
-        result: Result<(), SinkError>,
-    ) -> Result<(), PipelineError> {
-        let Some(transactions) = &mut self.transactions else {
-            return Ok(());
-        };
-        match result {
-            Ok(()) => {
-                if let Some(lsn) = transactions.committed_ok() {
-                    self.flow.push(Own::Confirm(lsn));
+        assert!(matches!(delete, PipelineError::Source(_)), "{delete:?}");
+        assert!(delete.is_transient());
+        assert!(
+            delete.to_string().contains("without its old row"),
+            "{delete}"
+        );
+        let aborted = PipelineError::from(EngineError::<Siphon>::TransactionAborted {
+            topic: "t".into(),
+            cause: vocabulary::AbortCause::Purged,
+        });
+        assert!(
+            matches!(
+                &aborted,
+                PipelineError::TransactionAborted {
+                    cause: AbortCause::Purged,
+                    ..
                 }
-                if let Some(finish) = self.finish.take() {
-                    self.flow.push(Own::Finish(finish));
-                }
-                // A suspect committed alone was innocent; a parked one goes now.
-                if let Some(position) = self.solo.take() {
-                    self.suspects.remove(&position);
-                }
-                if let Some((txn, index, record)) = self.parked.take() {
-                    self.send_alone(now, txn, index, record)?;
-                }
-                Ok(())
-            }
-            // The flow has finished already: the held end becomes the failure.
-            Err(e) if self.finish.take().is_some() => {
-                self.flow.push(Own::Finish(Err(e.into())));
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    fn on_delivery(&mut self, now: Now, delivery: Delivery) -> Result<(), PipelineError> {
-        let token = delivery.token;
-        if self.transactions.is_some() && delivery.result.is_ok() {
-            self.positions.remove(&token);
-        }
-        let failure = match delivery.result {
-            Ok(_) => {
-                let settled = self.flow.delivered(token)?;
-                let since_commit = self
-                    .commit_to_ack
-                    .get((settled.commit_time_us, now.wall), |(commit, arrival)| {
-                        arrival.duration_since(pg_timestamp(commit)).ok()
-                    });
-                if let Some(latency) = since_commit {
-                    self.metrics.observe_commit_to_ack(latency);
-                }
-                let since_send = self.send_to_ack.get(
-                    (settled.record.first_sent, now.instant),
-                    |(sent, arrival)| Some(arrival.saturating_duration_since(sent)),
-                );
-                if let Some(latency) = since_send {
-                    self.metrics.observe_send_to_ack(latency);
-                }
-                return Ok(());
-            }
-            Err(failure) => *failure,
-        };
-        Event::DeliveryFailed {
-            topic: &failure.record.topic,
-            error: &failure.error,
-            kind: match failure.error {
-                DeliveryError::Definite(_) => ProducerErrorKind::Definite,
-                DeliveryError::Transient(_) => ProducerErrorKind::Transient,
-            },
-        }
-        .emit(&self.metrics);
-        if self.transactions.is_some() {
-            // The open Kafka transaction cannot commit with a failed record in it.
-            self.flow.reported_fatal(token);
-            let position = self.positions.remove(&token);
-            return Err(match failure.error {
-                DeliveryError::Definite(refusal) => {
-                    self.refused_in_transaction(position, failure.record.topic.to_string(), refusal)
-                }
-                error => PipelineError::TransactionAborted {
-                    topic: failure.record.topic.to_string(),
-                    cause: AbortCause::Delivery(error),
-                },
-            });
-        }
-        if self.replacement_cause.is_none()
-            && matches!(&failure.error, DeliveryError::Transient(kind) if kind.needs_rebuild())
-        {
-            self.replacement_cause = Some(failure.error.to_string());
-        }
-        let outcome = match RecordFault::of_delivery(failure.error) {
-            Ok(fault) => Outcome::Refused {
-                token,
-                record: failure.record,
-                fault,
-                at_enqueue: false,
-            },
-            // Refused, but not for the record's sake: only the operator can cure it.
-            Err(DeliveryError::Definite(refusal)) => {
-                self.flow.reported_fatal(token);
-                return Err(PipelineError::Refused(RecordFault::Broker(refusal)));
-            }
-            Err(DeliveryError::Transient(failure_kind)) => Outcome::Failed {
-                token,
-                record: failure.record,
-                replace: failure_kind.needs_rebuild(),
-            },
-        };
-        self.on_outcome(now, outcome)
-    }
-
-    /// Exactly-once: the broker refused the record at `position` in the open Kafka
-    /// transaction. With dead letters it becomes a suspect (sent alone next session) or, refused
-    /// alone, guilty (dead-lettered next session), and the session ends; otherwise the refusal
-    /// stops Siphon.
-    fn refused_in_transaction(
-        &mut self,
-        position: Option<(Lsn, u32)>,
-        topic: String,
-        refusal: siphon_kafka_sink::Refusal,
-    ) -> PipelineError {
-        let dead_letters = matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_));
-        let (Some(position), true, true) = (position, dead_letters, refusal.on_error_applies())
-        else {
-            return PipelineError::RefusedInTransaction(RecordFault::Broker(refusal));
-        };
-        let fault = RecordFault::Broker(refusal);
-        if self.solo == Some(position) {
-            self.suspects
-                .insert(position, Suspect::Alone(fault.clone()));
-        } else {
-            self.suspects
-                .entry(position)
-                .or_insert_with(|| Suspect::Shared(fault.clone()));
-        }
-        PipelineError::TransactionAborted {
-            topic,
-            cause: AbortCause::Refused(fault),
-        }
-    }
-
-    /// A record handed back by a purge before the producer took it: counted as a transient
-    /// producer error, as the producer's own purged records are.
-    fn on_purged(
-        &mut self,
-        now: Now,
-        token: usize,
-        record: RoutedRecord,
-    ) -> Result<(), PipelineError> {
-        Event::DeliveryFailed {
-            topic: &record.topic,
-            error: &"purged with the producer before it took the record",
-            kind: ProducerErrorKind::Transient,
-        }
-        .emit(&self.metrics);
-        if self.transactions.is_some() {
-            self.flow.reported_fatal(token);
-            return Err(PipelineError::TransactionAborted {
-                topic: record.topic.to_string(),
-                cause: AbortCause::Purged,
-            });
-        }
-        self.on_outcome(now, Outcome::Purged { token, record })
-    }
-
-    /// What the flow makes of a record that came back: held, abandoned, dead-lettered or the
-    /// session's end.
-    fn on_outcome(
-        &mut self,
-        now: Now,
-        outcome: Outcome<RoutedRecord, RecordFault>,
-    ) -> Result<(), PipelineError> {
-        let letter = match self.flow.outcome(outcome) {
-            Ok(None) => return Ok(()),
-            Ok(Some(letter)) => letter,
-            Err(FlowError::Refused(fault)) => return Err(PipelineError::Refused(fault)),
-            Err(FlowError::Ledger(e)) => return Err(e.into()),
-        };
-        let ToDeadLetter {
-            seq,
-            txn,
-            record,
-            fault,
-        } = letter;
-        let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
-            return Err(PipelineError::Refused(fault));
-        };
-        if &*record.topic == dead_letters.topic() {
-            return Err(PipelineError::DeadLetterRefused(fault));
-        }
-        let letter = self.letter_for(dead_letters, txn, record, &fault);
-        self.topics
-            .count(&self.metrics, &letter.topic, |counters| counters.produced());
-        // The letter joins the transaction before the refused record settles.
-        self.flow.dead_lettered(now, seq, txn, letter)?;
-        Ok(())
-    }
-
-    fn on_send_refused(
-        &mut self,
-        now: Now,
-        token: usize,
-        record: RoutedRecord,
-        error: SinkError,
-    ) -> Result<(), PipelineError> {
-        let outcome = match RecordFault::of_enqueue(error) {
-            // Refused at enqueue: this record alone is at fault.
-            Ok(fault) => {
-                Event::DeliveryFailed {
-                    topic: &record.topic,
-                    error: &fault,
-                    kind: ProducerErrorKind::Definite,
-                }
-                .emit(&self.metrics);
-                if self.transactions.is_some() && self.flow.is_stopping() {
-                    // A stopping flow gives it up without a dead letter: the open Kafka
-                    // transaction, whose progress counts it, must not commit.
-                    self.flow.reported_fatal(token);
-                    return Err(PipelineError::TransactionAborted {
-                        topic: record.topic.to_string(),
-                        cause: match fault {
-                            RecordFault::Enqueue(error) => AbortCause::NotTaken(error),
-                            fault => AbortCause::Refused(fault),
-                        },
-                    });
-                }
-                Outcome::Refused {
-                    token,
-                    record,
-                    fault,
-                    at_enqueue: true,
-                }
-            }
-            Err(error) if error.is_transient() => {
-                Event::RecordNotTaken {
-                    topic: &record.topic,
-                    error: &error,
-                }
-                .emit(&self.metrics);
-                if self.transactions.is_some() {
-                    self.flow.reported_fatal(token);
-                    return Err(PipelineError::TransactionAborted {
-                        topic: record.topic.to_string(),
-                        cause: AbortCause::NotTaken(error),
-                    });
-                }
-                Outcome::Failed {
-                    token,
-                    record,
-                    replace: true,
-                }
-            }
-            Err(error) => {
-                self.flow.reported_fatal(token);
-                return Err(error.into());
-            }
-        };
-        self.on_outcome(now, outcome)
+            ) && aborted.is_transient(),
+            "{aborted:?}"
+        );
+        let message = PipelineError::from(EngineError::<Siphon>::NonTransactionalMessage {
+            prefix: "outbox".into(),
+            lsn: Lsn(3),
+        });
+        assert!(!message.is_transient());
     }
 }

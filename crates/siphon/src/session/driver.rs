@@ -19,6 +19,8 @@
 //!   never leaves one behind. A creation that failed for now hands back the record it was for
 //!   as not taken ([`Input::SendRefused`], which fails the producer) and the records after it
 //!   as purged; one refused for good refuses each record of its topic, as at enqueue.
+//! - What the core noticed is given to the log and the metrics ([`Recorder`]) as each action is
+//!   taken, and at the end of each round of actions with the window's gauges.
 //! - Delivery reports are served by this loop when librdkafka's queue wakes it
 //!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
 //! - From the moment the replication stream starts, whatever the session awaits, the stream is
@@ -28,6 +30,7 @@
 
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
 use super::position::PositionHeaders;
+use super::recorder::Recorder;
 use super::transactional::{self, PROGRESS_TOKEN};
 use super::RoutedKind;
 use super::{Carry, PipelineSettings, SeenPublication};
@@ -315,7 +318,6 @@ pub async fn run_session(
             transactions,
             suspects: std::mem::take(&mut carry.suspects),
         },
-        Arc::clone(metrics),
         start,
     );
     let (inputs_tx, inputs) = mpsc::unbounded_channel();
@@ -341,10 +343,12 @@ pub async fn run_session(
         pending_commit: None,
         commit: CommitStage::Idle,
         core,
+        recorder: Recorder::new(Arc::clone(metrics)),
     };
     metrics.health().set_streaming(true);
     metrics.set_confirmed_lsn(start);
     let outcome = driver.run(shutdown).await;
+    driver.recorder.drain(&mut driver.core);
     metrics.health().set_streaming(false);
     carry.acked_through = driver.core.watermark();
     carry.suspects = driver.core.take_suspects();
@@ -433,6 +437,8 @@ struct Driver<'a> {
     /// Exactly-once: where the commit under way stands.
     commit: CommitStage,
     core: SessionCore<'a>,
+    /// Gives the core's notes to the log and the metrics.
+    recorder: Recorder,
 }
 
 impl Driver<'_> {
@@ -521,6 +527,7 @@ impl Driver<'_> {
     /// Executes the queued actions; returns the session's result once it finished.
     async fn execute(&mut self) -> Option<Result<(), PipelineError>> {
         while let Some(action) = self.core.poll_action() {
+            self.recorder.notes(&mut self.core);
             match action {
                 Action::Send { token, record } => {
                     let sink = &self.sink;
@@ -560,6 +567,7 @@ impl Driver<'_> {
             }
         }
         self.start_commit().await;
+        self.recorder.drain(&mut self.core);
         None
     }
 

@@ -1,8 +1,11 @@
 //! One streaming session: replication stream -> router -> Kafka, acknowledgements -> watermark.
 //!
 //! - [`core`]: the pure state machine that decides (what to send, confirm, look up, when to
-//!   replace the producer and when to stop), with time as a parameter.
+//!   replace the producer and when to stop), with time as a parameter: siphon-core's session
+//!   engine over Siphon's errors.
 //! - [`driver`]: the thin async loop that does the IO the core asks for.
+//! - [`note`]: what the core noticed, as values; [`recorder`]: the driver's side, which logs
+//!   and counts them.
 //! - [`ledger`] (from `siphon_core`): the one per-transaction, per-record book behind the
 //!   watermark, the window and the latency metrics.
 //! - `siphon_core::topic_gate`: the pure queue of records waiting for their topic to be
@@ -15,9 +18,9 @@
 
 pub mod core;
 pub mod driver;
-mod elapsed;
-#[cfg(test)]
-mod simulation;
+pub mod recorder;
+
+pub use siphon_core::engine::note;
 pub mod transactional;
 
 pub use siphon_core::ledger;
@@ -33,17 +36,10 @@ use siphon_source::TableName;
 pub use driver::run_session;
 
 /// Exactly-once: how the broker refused a record of a Kafka transaction.
-#[derive(Debug, Clone)]
-pub enum Suspect {
-    /// Refused in a batch it may only have shared with the guilty record: it is sent alone,
-    /// in a Kafka transaction of its own, next time.
-    Shared(crate::error::RecordFault),
-    /// Refused while sent alone: guilty, dead-lettered next time.
-    Alone(crate::error::RecordFault),
-}
+pub type Suspect = siphon_core::engine::suspects::Suspect<crate::error::RecordFault>;
 
 /// Exactly-once: records the broker refused, by position (commit LSN, index in the transaction).
-pub type Suspects = std::collections::BTreeMap<(Lsn, u32), Suspect>;
+pub type Suspects = siphon_core::engine::suspects::Suspects<crate::error::RecordFault>;
 
 /// State carried from one session to the next.
 #[derive(Debug, Default)]

@@ -23,7 +23,6 @@ mod event;
 mod http;
 mod latency_histogram;
 mod metrics;
-mod pgtime;
 
 pub use event::Event;
 pub use http::{bind, serve};
@@ -31,7 +30,7 @@ pub use metrics::{
     Metrics, ProducerErrorKind, ReconnectCause, SkipKind, TopicMetrics, TransferKind,
     COMMIT_TO_ACK_BUCKETS, MAX_TOPIC_LABELS, OVERFLOW_TOPIC,
 };
-pub use pgtime::pg_timestamp;
+pub use pgoutput::pg_timestamp;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

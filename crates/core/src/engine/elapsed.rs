@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// The last `(ends, elapsed)` computed.
 #[derive(Debug)]
-pub(crate) struct LastElapsed<E> {
+pub struct LastElapsed<E> {
     last: Option<(E, Option<Duration>)>,
 }
 
@@ -27,7 +27,7 @@ impl<E> Default for LastElapsed<E> {
 
 impl<E: Copy + PartialEq> LastElapsed<E> {
     /// The time between `ends`, `elapsed(ends)` unless the last call had the same ends.
-    pub(crate) fn get(
+    pub fn get(
         &mut self,
         ends: E,
         elapsed: impl FnOnce(E) -> Option<Duration>,

@@ -5,11 +5,12 @@
 //! - A dead-letter record always names the error, the stage and the source transaction; a row's
 //!   record also names the table and the change's LSN.
 //! - The whole record (key, value, header names and values, as counted by
-//!   [`record_bytes`]) stays under the limit it was built with (at most [`MAX_VALUE_BYTES`], and
-//!   [`HEADROOM_BYTES`] below the producer's `message.max.bytes`), however many large columns or
-//!   headers the original has: what does not fit (column values, the original value, key or
-//!   headers) is left out and the header `siphon.error.omitted` says what; a long error message
-//!   or omission list is cut, ending with [`TRUNCATED_MARKER`].
+//!   [`record_bytes`](siphon_record::record_bytes)) stays under the limit it was built with
+//!   (at most [`MAX_VALUE_BYTES`], and [`HEADROOM_BYTES`] below the producer's
+//!   `message.max.bytes`), however many large columns or headers the original has: what does
+//!   not fit (column values, the original value, key or headers) is left out and the header
+//!   `siphon.error.omitted` says what; a long error message or omission list is cut, ending
+//!   with [`TRUNCATED_MARKER`].
 
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, TupleData};
@@ -316,7 +317,7 @@ fn json_string_len(text: &str) -> usize {
 mod tests {
     use super::*;
     use pgoutput::{RelationColumn, ReplicaIdentity, Text};
-    use siphon_kafka_sink::producer::record_bytes;
+    use siphon_record::record_bytes;
 
     fn relation() -> Relation {
         let column = |name: &'static str| RelationColumn {

@@ -60,25 +60,57 @@
 //!
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
-use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
-use super::{ErrorPolicy, NonTransactionalPolicy, RoutedKind, Routers};
-use crate::dead_letter::DeadLetters;
-use crate::error::PipelineError;
-use crate::telemetry::Metrics;
+mod model;
+
+use super::dead_letter::DeadLetters;
+use super::note::Note;
+use super::policy::{ErrorPolicy, NonTransactionalPolicy, RoutedKind};
+use super::routers::Routers;
+use super::session;
+use super::table::TableName;
+use crate::assembly::{RowChange, SourceEvent};
+use crate::exactly_once::{KafkaTransactions, Progress, Through, TransactionBounds};
+use crate::topic_gate::{Creation, Step, TopicGate};
 use bytes::Bytes;
+use model::{DeliveryError, Model, Operation, PipelineError, RDKafkaErrorCode, SinkError};
 use pgoutput::{Column, Lsn, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
-use siphon_core::exactly_once::{KafkaTransactions, Progress, Through, TransactionBounds};
-use siphon_core::topic_gate::{Creation, Step, TopicGate};
-use siphon_kafka_sink::RDKafkaErrorCode;
-use siphon_kafka_sink::{
-    Delivered, Delivery, DeliveryError, DeliveryFailure, Operation, SinkError,
-};
+use siphon_record::Delivered;
 use siphon_router::{EventRouter, Format, RoutedRecord, RouterOptions};
-use siphon_source::{RowChange, SourceEvent, TableName};
-use siphon_tests::rng::SplitMix64 as Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+
+pub use session::{Lookup, Now};
+type SessionCore<'a> = session::SessionCore<'a, Model>;
+type Input = session::Input<Model>;
+type Action = session::Action<Model>;
+type CoreSettings<'a> = session::CoreSettings<'a, Model>;
+type Answer = session::Answer<Model>;
+type Delivery = siphon_record::Delivery<DeliveryError>;
+type DeliveryFailure = siphon_record::DeliveryFailure<DeliveryError>;
+type Suspects = super::suspects::Suspects<model::RecordFault>;
+
+/// The seeded generator of the simulation's interleavings (SplitMix64).
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % (n as u64).max(1)) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next_u64() % 100 < percent
+    }
+}
 
 const PARTITIONS: usize = 3;
 const KEYS: u64 = 5;
@@ -906,17 +938,12 @@ impl World {
 
 /// [`session_core`] from position 0 that fails on a bad row, at-least-once, with a 30 s
 /// shutdown timeout.
-fn plain_core<'a>(
-    router: &'a Routers,
-    prefixes: &'a HashSet<String>,
-    metrics: Arc<Metrics>,
-) -> SessionCore<'a> {
+fn plain_core<'a>(router: &'a Routers, prefixes: &'a HashSet<String>) -> SessionCore<'a> {
     session_core(
         router,
         prefixes,
         &ErrorPolicy::Fail,
         Duration::from_secs(30),
-        metrics,
         Lsn(0),
         None,
     )
@@ -928,9 +955,8 @@ fn session_core<'a>(
     prefixes: &'a HashSet<String>,
     on_error: &'a ErrorPolicy,
     shutdown_timeout: Duration,
-    metrics: Arc<Metrics>,
     start: Lsn,
-    exactly_once: Option<(KafkaTransactions, super::Suspects)>,
+    exactly_once: Option<(KafkaTransactions, Suspects)>,
 ) -> SessionCore<'a> {
     let (transactions, suspects) = match exactly_once {
         Some((transactions, suspects)) => (Some(transactions), suspects),
@@ -960,7 +986,6 @@ fn session_core<'a>(
             transactions,
             suspects,
         },
-        metrics,
         start,
     )
 }
@@ -1156,7 +1181,6 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
     } else {
         ErrorPolicy::DeadLetter(DeadLetters::new(DEAD_LETTER_TOPIC.to_owned(), 1_000_000))
     };
-    let metrics = Arc::new(Metrics::new());
     let last_end = w.txns.last().map_or(Lsn(0), |t| t.end_lsn);
     let mut resume = Lsn(0);
     let mut sessions = 0;
@@ -1165,7 +1189,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
     let mut step = 0usize;
     // Records the broker refused in a Kafka transaction, carried from session to session as
     // the driver carries them.
-    let mut suspects = super::Suspects::default();
+    let mut suspects = Suspects::default();
     // Each record the broker refuses in a Kafka transaction costs up to two sessions.
     let session_cap = if mode == Mode::ExactlyOnceRefused {
         40 + 2 * w.poison.len()
@@ -1196,7 +1220,6 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
             &prefixes,
             &policy,
             Duration::from_secs(5),
-            Arc::clone(&metrics),
             resume,
             transactions.map(|t| (t, std::mem::take(&mut suspects))),
         );
@@ -1220,6 +1243,8 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
             let faults = step < fault_steps;
             // Execute what the core asked for.
             while let Some(action) = core.poll_action() {
+                // As the driver does: the notes are taken as each action is.
+                while core.poll_note().is_some() {}
                 match action {
                     Action::Send { token, record } => {
                         if w.broker.kafka.committing.is_some() {
@@ -1752,8 +1777,7 @@ fn bind_and_read_one_transaction(core: &mut SessionCore<'_>, now: Now) {
 fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
     let router = default_routers();
     let prefixes = HashSet::new();
-    let metrics = Arc::new(Metrics::new());
-    let mut core = plain_core(&router, &prefixes, metrics);
+    let mut core = plain_core(&router, &prefixes);
     let start = Instant::now();
     let now = Now {
         instant: start,
@@ -1811,8 +1835,8 @@ fn a_record_the_producer_did_not_take_does_not_hold_up_shutdown() {
 fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
     let router = default_routers();
     let prefixes = HashSet::new();
-    let metrics = Arc::new(Metrics::new());
-    let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
+    let mut recorder = Notes::default();
+    let mut core = plain_core(&router, &prefixes);
     let now = Now {
         instant: Instant::now(),
         wall: SystemTime::now(),
@@ -1864,13 +1888,8 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
         core.poll_action(),
         Some(Action::Confirm(Lsn(110)))
     ));
-    assert!(
-        metrics
-            .encode()
-            .contains("siphon_rows_skipped_total{reason=\"other_table\"} 1"),
-        "{}",
-        metrics.encode()
-    );
+    recorder.drain(&mut core);
+    assert_eq!(recorder.count("OtherTableRow"), 1, "{:?}", recorder.0);
 
     // The outbox table is bound; a row of it the source no longer describes is no skip.
     core.handle(now, Input::Source(SourceEvent::Relation(relation())));
@@ -1909,15 +1928,39 @@ fn a_table_that_is_not_an_outbox_table_is_forgotten_and_its_rows_skipped() {
     assert_eq!(core.watermark(), Lsn(110));
 }
 
-/// The counters a skipped row moves (every `_total` series), as the metrics render them.
-fn counter_lines(metrics: &Metrics) -> Vec<String> {
-    metrics
-        .encode()
-        .lines()
-        .filter(|l| l.starts_with("siphon_") && l.contains("_total"))
-        .map(str::to_owned)
-        .collect::<BTreeSet<_>>()
+/// The notes a core gave, taken as the driver takes them.
+#[derive(Default)]
+struct Notes(Vec<Note>);
+
+impl Notes {
+    /// Takes every note `core` has.
+    fn drain(&mut self, core: &mut SessionCore<'_>) {
+        while let Some(note) = core.poll_note() {
+            self.0.push(note);
+        }
+    }
+
+    /// How many notes of `kind` (the variant's name) were taken.
+    fn count(&self, kind: &str) -> usize {
+        self.0.iter().filter(|note| kind_of(note) == kind).count()
+    }
+}
+
+/// The variant's name of `note`.
+fn kind_of(note: &Note) -> String {
+    let text = format!("{note:?}");
+    text.split('(').next().unwrap_or_default().to_owned()
+}
+
+/// The counted notes (every kind, with how many), as `kind count` lines.
+fn counter_lines(notes: &Notes) -> Vec<String> {
+    let mut counts = BTreeMap::<String, usize>::new();
+    for note in &notes.0 {
+        *counts.entry(kind_of(note)).or_default() += 1;
+    }
+    counts
         .into_iter()
+        .map(|(kind, count)| format!("{kind} {count}"))
         .collect()
 }
 
@@ -1950,8 +1993,8 @@ fn a_delete_read_without_its_row_is_skipped_as_one_read_with_it() {
         wall: SystemTime::now(),
     };
     let outcomes = [false, true].map(|skimmed| {
-        let metrics = Arc::new(Metrics::new());
-        let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
+        let mut recorder = Notes::default();
+        let mut core = plain_core(&router, &prefixes);
         let relation = relation();
         let after_binding = bind_outbox(&mut core, now, Arc::clone(&relation));
         assert!(
@@ -2032,15 +2075,12 @@ fn a_delete_read_without_its_row_is_skipped_as_one_read_with_it() {
         );
         take(&mut core);
         assert_eq!(core.watermark(), Lsn(210), "{trace:?}");
-        (trace, counter_lines(&metrics))
+        recorder.drain(&mut core);
+        (trace, counter_lines(&recorder))
     });
     assert_eq!(outcomes[0], outcomes[1]);
     let counters = &outcomes[1].1;
-    for series in [
-        "siphon_events_read_total 4",
-        "siphon_transactions_total 2",
-        "siphon_rows_skipped_total{reason=\"delete\"} 3",
-    ] {
+    for series in ["EventRead 4", "Transaction 2", "DeleteSkipped 3"] {
         assert!(
             counters.iter().any(|l| l == series),
             "{series}: {counters:?}"
@@ -2068,13 +2108,11 @@ fn deletes_that_need_their_row_are_not_skimmed() {
         Arc::new(relation)
     };
     for delete_without_row_of in [unbindable.id, 31_000] {
-        let metrics = Arc::new(Metrics::new());
         let mut core = session_core(
             &router,
             &prefixes,
             &policy,
             Duration::from_secs(30),
-            Arc::clone(&metrics),
             Lsn(0),
             None,
         );
@@ -2155,7 +2193,6 @@ fn exactly_once_core_with_one_record<'a>(
         prefixes,
         &ErrorPolicy::Fail,
         Duration::from_secs(30),
-        Arc::new(Metrics::new()),
         Lsn(0),
         Some((
             KafkaTransactions::new(bounds, Lsn(0), None),
@@ -2356,18 +2393,18 @@ fn exactly_once_a_commit_failed_during_a_shutdown_ends_it() {
 }
 
 /// A transaction is timed from its commit to the moment the session reads its BEGIN
-/// (`siphon_commit_to_read_seconds`, once per transaction) and, for each of its records, to
-/// Kafka's acknowledgement (`siphon_commit_to_ack_seconds`); each record also from its
-/// hand-over to the producer to that acknowledgement (`siphon_send_to_ack_seconds`). All on
-/// the clocks the core is given.
+/// ([`Note::CommitToRead`], once per transaction) and, for each of its records, to Kafka's
+/// acknowledgement ([`Note::CommitToAck`]); each record also from its hand-over to the
+/// producer to that acknowledgement ([`Note::SendToAck`]). All on the clocks the core is
+/// given.
 #[test]
 fn a_transaction_is_timed_from_its_commit_and_each_record_from_its_send() {
     let router = default_routers();
     let prefixes = HashSet::new();
-    let metrics = Arc::new(Metrics::new());
-    let mut core = plain_core(&router, &prefixes, Arc::clone(&metrics));
+    let mut recorder = Notes::default();
+    let mut core = plain_core(&router, &prefixes);
     let commit_time_us = 800_000_000_000_000;
-    let committed = crate::telemetry::pg_timestamp(commit_time_us);
+    let committed = pgoutput::pg_timestamp(commit_time_us);
     let start = Instant::now();
     let at = |after_commit| Now {
         instant: start + after_commit,
@@ -2419,19 +2456,26 @@ fn a_transaction_is_timed_from_its_commit_and_each_record_from_its_send() {
             }),
         );
     }
-    let text = metrics.encode();
-    for series in [
-        "siphon_commit_to_read_seconds_bucket{le=\"0.005\"} 0",
-        "siphon_commit_to_read_seconds_bucket{le=\"0.01\"} 1",
-        "siphon_commit_to_read_seconds_count 1",
-        "siphon_commit_to_ack_seconds_bucket{le=\"0.025\"} 0",
-        "siphon_commit_to_ack_seconds_bucket{le=\"0.05\"} 2",
-        "siphon_commit_to_ack_seconds_count 2",
-        // Sent at 7 ms, acknowledged at 40 ms.
-        "siphon_send_to_ack_seconds_bucket{le=\"0.025\"} 0",
-        "siphon_send_to_ack_seconds_bucket{le=\"0.05\"} 2",
-        "siphon_send_to_ack_seconds_count 2",
-    ] {
-        assert!(text.lines().any(|l| l == series), "{series}:\n{text}");
-    }
+    recorder.drain(&mut core);
+    let ms = Duration::from_millis;
+    let timed = |pick: fn(&Note) -> Option<Duration>| -> Vec<Duration> {
+        recorder.0.iter().filter_map(pick).collect()
+    };
+    let read = timed(|n| match n {
+        Note::CommitToRead(d) => Some(*d),
+        _ => None,
+    });
+    let acked = timed(|n| match n {
+        Note::CommitToAck(d) => Some(*d),
+        _ => None,
+    });
+    let sent = timed(|n| match n {
+        Note::SendToAck(d) => Some(*d),
+        _ => None,
+    });
+    // Read at 7 ms, once for the transaction; acknowledged at 40 ms, each record.
+    assert_eq!(read, [ms(7)], "{:?}", recorder.0);
+    assert_eq!(acked, [ms(40), ms(40)], "{:?}", recorder.0);
+    // Sent at 7 ms, acknowledged at 40 ms.
+    assert_eq!(sent, [ms(33), ms(33)], "{:?}", recorder.0);
 }

@@ -20,11 +20,10 @@
 //!   convert is a [`MessageError`] naming the encoding and the fix, never read with replacement
 //!   characters.
 
+use super::encoding::{DatabaseEncoding, EncodingError};
 use bytes::Bytes;
 use pgoutput::{Column, Oid, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
 use serde_json::value::RawValue;
-use siphon_source::encoding::EncodingError;
-use siphon_source::DatabaseEncoding;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
 //! PostgreSQL timestamps (microseconds since 2000-01-01 UTC, as pgoutput's Begin and Commit
-//! carry them) as wall-clock times, for the commit-to-acknowledgement latency.
+//! carry them) as wall-clock times, for the commit-to-read and commit-to-acknowledgement
+//! latencies.
 //!
 //! # Invariants
 //! - Out-of-range timestamps map to the PostgreSQL epoch instead of panicking.
