@@ -101,13 +101,13 @@ pub enum AvroError {
 impl AvroError {
     /// What the error means: a name Avro refuses is the payload's to fix; a value that does
     /// not fit the schema made of it, or a schema the Avro crate refuses, is Siphon's bug.
-    pub fn consequence(&self) -> siphon_core::Consequence {
+    pub fn consequence(&self) -> siphon_record::Consequence {
         match self {
             AvroError::InvalidName { .. }
             | AvroError::Redefined { .. }
-            | AvroError::TooDeep { .. } => siphon_core::Consequence::Fix,
+            | AvroError::TooDeep { .. } => siphon_record::Consequence::Fix,
             AvroError::Mismatch { .. } | AvroError::Schema { .. } | AvroError::Write { .. } => {
-                siphon_core::Consequence::Bug
+                siphon_record::Consequence::Bug
             }
         }
     }
