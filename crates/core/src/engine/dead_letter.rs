@@ -11,6 +11,9 @@
 //!   not fit (column values, the original value, key or headers) is left out and the header
 //!   `siphon.error.omitted` says what; a long error message or omission list is cut, ending
 //!   with [`TRUNCATED_MARKER`].
+//! - A dead letter carries no timestamp of its own: the producer stamps it when it is sent, so
+//!   the dead-letter topic's retention counts from the refusal. The refused record's event time
+//!   is kept in the header `siphon.original.timestamp` (milliseconds since the epoch).
 
 use bytes::Bytes;
 use pgoutput::{Column, Lsn, Relation, TupleData};
@@ -254,6 +257,9 @@ impl DeadLetters {
             "siphon.original.topic",
             Bytes::copy_from_slice(original.topic.as_bytes()),
         ));
+        if let Some(ms) = original.timestamp_ms {
+            headers.push(header("siphon.original.timestamp", ms.to_string()));
+        }
         let headers_size: usize = headers.iter().map(header_bytes).sum();
         let mut room = self
             .max_record_bytes
@@ -289,7 +295,9 @@ impl DeadLetters {
             key,
             value,
             headers,
-            timestamp_ms: original.timestamp_ms,
+            // Stamped by the producer when sent: the dead-letter topic's retention counts from
+            // the refusal, not from an event time it may already have passed.
+            timestamp_ms: None,
             partition: None,
         }
     }
@@ -413,6 +421,42 @@ mod tests {
             Some(&b"produce"[..])
         );
         assert!(header_value(&r, "siphon.error.omitted").is_some());
+    }
+
+    #[test]
+    fn a_refused_record_is_stamped_when_dead_lettered_with_its_event_time_in_a_header() {
+        // An event time older than the dead-letter topic's retention would have the broker
+        // delete the letter at its next retention check.
+        let original = RoutedRecord {
+            topic: "outbox.event.Order".into(),
+            key: None,
+            value: Some(Bytes::from_static(b"{}")),
+            headers: vec![],
+            timestamp_ms: Some(978_307_200_000),
+            partition: None,
+        };
+        let r = DeadLetters::new("dlq".into(), 1_000_000).for_record(
+            original.clone(),
+            "InvalidTimestamp",
+            Stage::Produce,
+            None,
+        );
+        assert_eq!(r.timestamp_ms, None, "stamped by the producer when sent");
+        assert_eq!(
+            header_value(&r, "siphon.original.timestamp"),
+            Some(&b"978307200000"[..])
+        );
+        let untimed = RoutedRecord {
+            timestamp_ms: None,
+            ..original
+        };
+        let r = DeadLetters::new("dlq".into(), 1_000_000).for_record(
+            untimed,
+            "e",
+            Stage::Produce,
+            None,
+        );
+        assert_eq!(header_value(&r, "siphon.original.timestamp"), None);
     }
 
     #[test]
