@@ -64,10 +64,18 @@ impl RegistryServer {
     /// # Errors
     /// When the binary is missing, exits, or is not ready in time (with its log's tail).
     pub fn start() -> Result<RegistryServer> {
+        Self::start_on(crate::free_port())
+    }
+
+    /// Like [`RegistryServer::start`], on `port` (a registry started where Siphon already
+    /// looks for one).
+    ///
+    /// # Errors
+    /// As [`RegistryServer::start`].
+    pub fn start_on(port: u16) -> Result<RegistryServer> {
         let bin = rivven_schema_bin()?;
         let dir = crate::short_tempdir("siphon-registry-")?;
         let log = dir.path().join("rivven-schema.log");
-        let port = crate::free_port();
         let out = OpenOptions::new()
             .create(true)
             .append(true)

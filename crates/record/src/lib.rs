@@ -1,5 +1,6 @@
 //! The Kafka record a routed outbox row becomes ([`RoutedRecord`], with its [`Header`]s), and
-//! the size it holds in the sink's in-flight window ([`record_bytes`]); [`RecentTopics`], which
+//! the size it holds in the sink's in-flight window ([`record_bytes`]); the schema a registry
+//! format's value is written with ([`registered`]); [`RecentTopics`], which
 //! spares lookups by topic name per record the hashing of the name; the delivery report a
 //! producer gives for each record ([`delivery`]); the [`Consequence`] every error of the
 //! router, the sink and the source maps into.
@@ -16,10 +17,12 @@
 pub mod consequence;
 pub mod delivery;
 mod recent_topics;
+pub mod registered;
 
 pub use consequence::Consequence;
 pub use delivery::{Classified, Delivered, Delivery, DeliveryFailure, Verdict};
 pub use recent_topics::RecentTopics;
+pub use registered::{RegistrySchema, RegistrySchemaKind};
 
 use bytes::Bytes;
 use std::sync::Arc;

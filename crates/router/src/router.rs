@@ -17,7 +17,6 @@ use crate::routing::options::{InvalidOperationBehavior, RouterOptions};
 use crate::routing::own_topics::OwnTopics;
 use crate::routing::route::{Change, Debezium, LogLevel, Routed, RouterContext, SkipReason};
 use pgoutput::{Relation, TupleData};
-use siphon_record::RoutedRecord;
 
 /// The stack of the thread that expands a deeper payload: 1000 levels of recursion in the
 /// parser, the schema inference, the writers and the drop, with room to spare.
@@ -50,6 +49,11 @@ impl EventRouter {
         extensions: EventExtensions,
     ) -> Result<Self, ExtensionConfigError> {
         extensions.check(self.debezium.options())?;
+        if self.debezium.format().value == crate::format::encoding::Encoding::Avro
+            && (extensions.protobuf_value || extensions.cloudevents.is_some())
+        {
+            return Err(ExtensionConfigError::RegistryValue);
+        }
         self.extensions.config = extensions;
         Ok(self)
     }
@@ -179,9 +183,7 @@ impl EventRouter {
             Change::Insert(row) if self.debezium.needs_deep_stack(binding, row) => {
                 self.route_insert_on_deep_stack(binding, row, position)
             }
-            Change::Insert(row) => self
-                .route_insert(binding, row, position)
-                .map(Routed::Record),
+            Change::Insert(row) => self.route_insert(binding, row, position),
             // Whatever the configuration: `skips_deletes` says so to callers.
             Change::Delete(_) => Ok(Routed::Skipped(SkipReason::Delete)),
             Change::Update { .. } => match self.options().invalid_operation() {
@@ -202,21 +204,42 @@ impl EventRouter {
         binding: &TableBinding,
         row: &TupleData,
         position: &SourcePosition,
-    ) -> Result<RoutedRecord, RouteError> {
+    ) -> Result<Routed, RouteError> {
         let config = &self.extensions.config;
-        let (record, routed_value) = self.debezium.record(binding, row, !config.protobuf_value)?;
-        if !config.is_active() {
-            return Ok(record);
+        let (record, routed_value, schema) =
+            self.debezium.record(binding, row, !config.protobuf_value)?;
+        if let Some(schema) = schema {
+            // The router refuses extensions that rewrite the value of a registry format; the
+            // headers of the others are added here.
+            let record = if config.is_active() {
+                self.extensions.finish(
+                    self.debezium.format(),
+                    self.debezium.options(),
+                    binding,
+                    row,
+                    position,
+                    routed_value,
+                    record,
+                )?
+            } else {
+                record
+            };
+            return Ok(Routed::Registered { record, schema });
         }
-        self.extensions.finish(
-            self.debezium.format(),
-            self.debezium.options(),
-            binding,
-            row,
-            position,
-            routed_value,
-            record,
-        )
+        if !config.is_active() {
+            return Ok(Routed::Record(record));
+        }
+        self.extensions
+            .finish(
+                self.debezium.format(),
+                self.debezium.options(),
+                binding,
+                row,
+                position,
+                routed_value,
+                record,
+            )
+            .map(Routed::Record)
     }
 
     /// [`EventRouter::route_insert`] on a scoped thread with a stack sized for
@@ -236,10 +259,7 @@ impl EventRouter {
             let worker = std::thread::Builder::new()
                 .name("siphon-deep-json".to_owned())
                 .stack_size(DEEP_STACK_BYTES)
-                .spawn_scoped(scope, || {
-                    self.route_insert(binding, row, position)
-                        .map(Routed::Record)
-                })
+                .spawn_scoped(scope, || self.route_insert(binding, row, position))
                 .map_err(|e| failed(ExpansionError::no_deep_thread(&e)))?;
             worker
                 .join()

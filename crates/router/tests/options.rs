@@ -1348,3 +1348,94 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------- avro (schema registry)
+
+fn registered(pairs: &[(&str, &str)], row: Row) -> (RoutedRecord, siphon_record::RegistrySchema) {
+    let r = EventRouter::new(options(pairs), format(JSON, Encoding::Avro));
+    let b = bind(&r, &table());
+    match r.route(&b, Change::Insert(&row.tuple())) {
+        Ok(Routed::Registered { record, schema }) => (record, schema),
+        other => panic!("expected a record to register, got {other:?}"),
+    }
+}
+
+/// The Avro binary of a string: its length as a zig-zag varint, then its bytes.
+fn avro_string(text: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut n = (text.len() as u64) << 1;
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+// AvroConverter writes a jsonb payload (Debezium's `io.debezium.data.Json`, optional string)
+// as the union's string branch, framed with the schema id the caller writes in.
+#[test]
+fn avro_value_of_an_unexpanded_payload_is_its_json_string_in_a_frame() {
+    let (record, schema) = registered(&[], Row::default());
+    assert_eq!(
+        schema.text(),
+        r#"["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}]"#
+    );
+    let mut expected = vec![0, 0, 0, 0, 0, 2];
+    expected.extend(avro_string(r#"{"id": 1, "note": "café \"quoted\"\ttab"}"#));
+    assert_eq!(record.value.as_deref(), Some(&expected[..]));
+    assert_eq!(
+        record.key.as_deref(),
+        Some(&b"\"1\""[..]),
+        "keys keep their encoding"
+    );
+    assert_eq!(record.headers, vec![id_header()]);
+}
+
+#[test]
+fn avro_value_of_an_expanded_payload_is_a_record_of_its_schema() {
+    let (record, schema) = registered(&[("table.expand.json.payload", "true")], Row::default());
+    assert_eq!(
+        schema.text(),
+        r#"["null",{"type":"record","name":"payload","fields":[{"name":"id","type":["null","int"],"default":null},{"name":"note","type":["null","string"],"default":null}],"connect.name":"payload"}]"#
+    );
+    let mut expected = vec![0, 0, 0, 0, 0, 2, 2, 2, 2];
+    expected.extend(avro_string("café \"quoted\"\ttab"));
+    assert_eq!(record.value.as_deref(), Some(&expected[..]));
+}
+
+#[test]
+fn avro_of_a_null_payload_is_a_tombstone_with_nothing_to_register() {
+    let row = Row {
+        payload: Column::Null,
+        ..Row::default()
+    };
+    let r = route(&[], format(JSON, Encoding::Avro), row);
+    assert_eq!(r.value, None);
+}
+
+#[test]
+fn avro_names_a_member_avro_cannot_name() {
+    let row = Row {
+        payload: t(r#"{"not a name": 1}"#),
+        ..Row::default()
+    };
+    let e = route_err(
+        &[("table.expand.json.payload", "true")],
+        format(JSON, Encoding::Avro),
+        row,
+    );
+    assert!(
+        matches!(&e, RouteError::Avro { column, .. } if column == "payload"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("\"not a name\""), "{e}");
+}
+
+#[test]
+fn avro_keys_are_refused_when_bound() {
+    let r = EventRouter::new(options(&[]), format(Encoding::Avro, Encoding::Avro));
+    let e = r.bind(&table()).expect_err("an avro key");
+    assert!(e.to_string().contains("format.key"), "{e}");
+}

@@ -45,17 +45,7 @@ const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// The subject of a topic's record values under Confluent's default `TopicNameStrategy`:
-/// `<topic>-value`.
-pub fn value_subject(topic: &str) -> String {
-    format!("{topic}-value")
-}
-
-/// The subject of a topic's record keys under Confluent's default `TopicNameStrategy`:
-/// `<topic>-key`.
-pub fn key_subject(topic: &str) -> String {
-    format!("{topic}-key")
-}
+pub use siphon_record::registered::{key_subject, value_subject};
 
 /// The kind of a schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,10 +93,16 @@ pub struct RegisteredSchema {
     pub kind: SchemaKind,
 }
 
+/// How many registered ids the cache keeps before it forgets them all (each is asked for again
+/// when next needed): memory stays bounded whatever the number of schemas met.
+pub const CACHED_IDS: usize = 10_000;
+
 #[derive(Default)]
 struct Cache {
     /// kind → subject → schema text → id (looked up by reference: no allocation per call).
     ids: HashMap<SchemaKind, HashMap<String, HashMap<String, u32>>>,
+    /// How many ids `ids` holds.
+    id_count: usize,
     /// id → (kind, text).
     schemas: HashMap<u32, (SchemaKind, Arc<str>)>,
     /// (subject, version) → the version.
@@ -210,7 +206,13 @@ impl SchemaRegistry {
         let path = format!("/subjects/{}/versions", segment(subject));
         let answer: IdAnswer = self.call(&call, Method::POST, &path, Some(body)).await?;
         let id = schema_id(&call, answer.id)?;
-        self.cache()
+        let mut cache = self.cache();
+        if cache.id_count >= CACHED_IDS {
+            cache.ids.clear();
+            cache.id_count = 0;
+        }
+        cache.id_count += 1;
+        cache
             .ids
             .entry(kind)
             .or_default()
@@ -264,6 +266,28 @@ impl SchemaRegistry {
             .versions
             .insert((subject.to_owned(), version), found.clone());
         Ok(found)
+    }
+
+    /// The registry's global compatibility level (`GET /config`): also a check that the URL
+    /// and the credentials work.
+    ///
+    /// # Errors
+    /// As [`SchemaRegistry::register`].
+    pub async fn compatibility(&self) -> Result<String, RegistryError> {
+        #[derive(Deserialize)]
+        struct ConfigAnswer {
+            #[serde(rename = "compatibilityLevel", alias = "compatibility")]
+            level: String,
+        }
+        let answer: ConfigAnswer = self
+            .call(
+                "read the global configuration",
+                Method::GET,
+                "/config",
+                None,
+            )
+            .await?;
+        Ok(answer.level)
     }
 
     /// The schema with id `id` and its kind, cached for good once fetched.

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use siphon_core::Consequence;
+use siphon_record::Consequence;
 
 /// A failed registry call or setup.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,6 +107,18 @@ fn fix_hint(status: u16, code: Option<i64>) -> &'static str {
 }
 
 impl RegistryError {
+    /// Whether the registry refused the schema itself (HTTP 409: incompatible with the
+    /// subject's versions; 422: invalid), rather than the caller (credentials, the URL).
+    pub fn is_schema_refusal(&self) -> bool {
+        matches!(
+            self,
+            RegistryError::Refused {
+                status: 409 | 422,
+                ..
+            }
+        )
+    }
+
     /// What the error means for the caller.
     pub fn consequence(&self) -> Consequence {
         match self {

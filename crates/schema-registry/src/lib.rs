@@ -30,4 +30,4 @@ mod transport;
 pub use client::{key_subject, value_subject, RegisteredSchema, SchemaKind, SchemaRegistry};
 pub use config::{BasicAuth, Endpoint, RegistryConfig, RetryPolicy, Scheme, TlsOptions};
 pub use error::RegistryError;
-pub use siphon_core::Consequence;
+pub use siphon_record::Consequence;

@@ -48,6 +48,55 @@ pub struct Config {
     /// The Prometheus and health endpoint.
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// The schema registry of the `avro` value format.
+    #[serde(default)]
+    pub schema_registry: SchemaRegistrySection,
+}
+
+/// `[schema_registry]`: the Confluent-compatible schema registry (Confluent's, Apicurio's
+/// `/apis/ccompat/v7`) that `format.value = "avro"` registers its schemas with.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRegistrySection {
+    /// The registry's URL (`http://` or `https://`, with the API's base path); empty: none.
+    #[serde(default)]
+    pub url: String,
+    /// Basic auth user; empty: no auth.
+    #[serde(default)]
+    pub username: String,
+    /// Basic auth password.
+    #[serde(default)]
+    pub password: String,
+    /// PEM file of the CA certificates to trust (`https`); empty: the public CAs.
+    #[serde(default)]
+    pub ssl_ca_location: String,
+    /// The client certificate (PEM), with `ssl_key_location`.
+    #[serde(default)]
+    pub ssl_certificate_location: String,
+    /// The client certificate's unencrypted key (PEM).
+    #[serde(default)]
+    pub ssl_key_location: String,
+    /// How long one request may take.
+    #[serde(default = "default_registry_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl Default for SchemaRegistrySection {
+    fn default() -> Self {
+        SchemaRegistrySection {
+            url: String::new(),
+            username: String::new(),
+            password: String::new(),
+            ssl_ca_location: String::new(),
+            ssl_certificate_location: String::new(),
+            ssl_key_location: String::new(),
+            request_timeout_ms: default_registry_request_timeout_ms(),
+        }
+    }
+}
+
+fn default_registry_request_timeout_ms() -> u64 {
+    30_000
 }
 
 /// `[metrics]`: `/metrics` (Prometheus), `/health` (liveness), `/ready` (readiness).
@@ -294,6 +343,9 @@ pub enum EncodingName {
     Binary,
     /// Values only: the `siphon.outbox.v1.OutboxEvent` message of `proto/siphon/outbox/v1/event.proto`.
     Protobuf,
+    /// Values only: as a schema-registry Avro converter (Confluent's `AvroConverter`), the
+    /// schema registered with `[schema_registry]`.
+    Avro,
 }
 
 /// `[format]`.

@@ -38,6 +38,14 @@ pub enum PipelineError {
     /// A row that cannot be routed, with `on_error = "fail"`.
     #[error("{error} (the row at {lsn} was not delivered; fix it, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)")]
     Row { error: Box<RouteError>, lsn: Lsn },
+    /// The schema registry refused a record value's schema, or refused Siphon (credentials, the
+    /// URL): the error names the fix.
+    #[error("{error} (subject {subject:?}; the row at {lsn} was not delivered{})", if error.is_schema_refusal() { "; set pipeline.on_error = \"dead-letter\" to send rows whose schema is refused to a dead-letter topic" } else { "" })]
+    Registry {
+        subject: String,
+        error: Box<siphon_schema_registry::RegistryError>,
+        lsn: Lsn,
+    },
     /// An outbox table whose columns do not fit the router's options.
     #[error("{0}")]
     Unbindable(Box<RouteError>),
@@ -114,6 +122,7 @@ impl PipelineError {
             PipelineError::ProgressTopic(e) => e.consequence(),
             PipelineError::Ledger(_) => Consequence::Bug,
             PipelineError::Snapshot(e) => e.consequence(),
+            PipelineError::Registry { error, .. } => error.consequence(),
             _ => Consequence::Fix,
         }
     }

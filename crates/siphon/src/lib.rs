@@ -30,6 +30,7 @@ pub use siphon_core::engine::{dead_letter, message, position};
 pub mod progress_record;
 pub mod publication_record;
 pub mod record_fault;
+pub mod registry;
 pub mod resend;
 pub mod session;
 pub mod settings;

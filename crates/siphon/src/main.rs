@@ -35,7 +35,8 @@ enum Command {
         #[arg(long, short, env = "SIPHON_CONFIG")]
         config: PathBuf,
     },
-    /// Check a configuration file and the environment, without connecting.
+    /// Check a configuration file and the environment, without connecting (but to the schema
+    /// registry, when one is configured).
     CheckConfig {
         /// Configuration file (TOML).
         #[arg(long, short, env = "SIPHON_CONFIG")]
@@ -157,7 +158,7 @@ fn main() -> ExitCode {
 
 fn check_config(path: &Path) -> anyhow::Result<ExitCode> {
     let config = config::Config::load(path)?;
-    settings::build(&config)?;
+    let settings = settings::build(&config)?;
     println!(
         "configuration OK: slot {} publication {} tables {:?} -> {}",
         config.source.slot,
@@ -165,6 +166,21 @@ fn check_config(path: &Path) -> anyhow::Result<ExitCode> {
         config.source.tables,
         config.kafka.bootstrap_servers
     );
+    // The registry is the one server asked: a wrong URL or password would otherwise show only
+    // at the first event.
+    if let Some(registry) = &settings.registry {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let level = runtime
+            .block_on(registry.registry().compatibility())
+            .context("schema_registry.url")?;
+        println!(
+            "schema registry {} answers (compatibility {level}); value schemas are registered under <topic>-value",
+            config.schema_registry.url
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

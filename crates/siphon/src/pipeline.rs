@@ -41,6 +41,8 @@ pub struct PipelineSettings {
     pub exactly_once: Option<ExactlyOnce>,
     /// The initial snapshot and how re-sends read the outbox tables (`source.snapshot*`).
     pub snapshot: crate::snapshot_plan::Plan,
+    /// The schema ids of the `avro` value format (`None`: no format uses a registry).
+    pub registry: Option<crate::registry::SchemaIds>,
 }
 
 /// What exactly-once delivery needs (`kafka.delivery = "exactly-once"`).

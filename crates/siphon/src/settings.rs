@@ -16,6 +16,7 @@ use siphon_router::{
     EventRouter, Format, JavaNumbers, OwnTopicRole, OwnTopics, RouterContext, RouterOptions,
     TraceOptions,
 };
+use siphon_schema_registry::{BasicAuth, RegistryConfig};
 use siphon_source::{SourceConfig, TableName};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -37,7 +38,42 @@ fn encoding(name: EncodingName) -> Encoding {
         EncodingName::String => Encoding::String,
         EncodingName::JsonSchemas => Encoding::JsonSchemas,
         EncodingName::Binary => Encoding::Binary,
+        EncodingName::Avro => Encoding::Avro,
     }
+}
+
+/// The schema registry client's settings (`[schema_registry]`): `None` without a URL. The
+/// `avro` value format needs one; a registry no format uses is refused as a mistake.
+pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>> {
+    let section = &config.schema_registry;
+    let needed = config.format.value == EncodingName::Avro;
+    if section.url.trim().is_empty() {
+        if needed {
+            anyhow::bail!("format.value = \"avro\" registers its schemas with a schema registry: set schema_registry.url (e.g. \"http://127.0.0.1:8081\"; Apicurio: \".../apis/ccompat/v7\")");
+        }
+        return Ok(None);
+    }
+    if !needed {
+        anyhow::bail!("schema_registry.url is set but no format uses the registry; set format.value = \"avro\", or remove the [schema_registry] section");
+    }
+    let path = |value: &str| (!value.is_empty()).then(|| std::path::PathBuf::from(value));
+    let mut registry = RegistryConfig::new(section.url.trim());
+    if !section.username.is_empty() {
+        registry.basic_auth = Some(BasicAuth {
+            username: section.username.clone(),
+            password: section.password.clone(),
+        });
+    } else if !section.password.is_empty() {
+        anyhow::bail!("schema_registry.password is set without schema_registry.username; set both for basic auth, or neither");
+    }
+    registry.tls.ca_location = path(&section.ssl_ca_location);
+    registry.tls.certificate_location = path(&section.ssl_certificate_location);
+    registry.tls.key_location = path(&section.ssl_key_location);
+    if registry.tls.certificate_location.is_some() != registry.tls.key_location.is_some() {
+        anyhow::bail!("schema_registry.ssl_certificate_location and schema_registry.ssl_key_location go together: set both for a client certificate, or neither");
+    }
+    registry.request_timeout = Duration::from_millis(section.request_timeout_ms);
+    Ok(Some(registry))
 }
 
 /// The router option naming the event type column, which Debezium declares but never reads.
@@ -258,7 +294,15 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
     };
     let state_topic = state_topic(config, &sink)?;
     let snapshot = crate::snapshot::Plan::from_config(config, &source.tables)?;
+    let registry = registry_config(config)?
+        .map(|c| crate::registry::SchemaIds::new(&c))
+        .transpose()
+        .context("[schema_registry]")?;
+    if config.format.key == EncodingName::Avro {
+        anyhow::bail!("format.key = \"avro\" is not supported: keys are written json, json-schemas, string or binary, and values avro");
+    }
     Ok(PipelineSettings {
+        registry,
         source,
         sink,
         router,

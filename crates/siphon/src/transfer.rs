@@ -25,6 +25,7 @@ use bytes::Bytes;
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
 use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
+use siphon_record::registered::{value_subject, with_schema_id};
 use siphon_router::{Header, RouteError, Routed, RoutedRecord, TableBinding};
 use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::{OutboxTable, RowReader};
@@ -54,6 +55,7 @@ impl TransferError {
             },
             TransferError::State(e) => e.consequence(),
             TransferError::ReportsLost => Consequence::Bug,
+            TransferError::Registry { error, .. } => error.consequence(),
             _ => Consequence::Fix,
         }
     }
@@ -390,6 +392,8 @@ pub struct Copy<'a> {
     /// The progress write running beside the reading (`None` at first): each waits for the one
     /// before it, so they reach the state topic in order.
     pub writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
+    /// The schema ids of the `avro` value format, as the stream looks them up.
+    pub registry: Option<crate::registry::SchemaIds>,
 }
 
 /// A rate of rows handed to the producer, kept row by row (the generic cell rate algorithm):
@@ -502,6 +506,34 @@ impl Copy<'_> {
                     Ok(binding) => route(router, binding, &row.tuple),
                     Err(e) => Err(e.clone()),
                 };
+                let routed = match routed {
+                    Ok(Some((record, Some(schema)))) => {
+                        let subject = value_subject(&record.topic);
+                        match self.schema_id(&subject, &schema).await {
+                            Ok(id) => {
+                                let mut record = record;
+                                record.value = record.value.map(|v| with_schema_id(v, id));
+                                Ok(Some(record))
+                            }
+                            Err(error) => match self.on_error {
+                                ErrorPolicy::DeadLetter(_) if error.is_schema_refusal() => {
+                                    Err(RowRefusal::Registry { subject, error })
+                                }
+                                _ => {
+                                    return Err(TransferError::Registry {
+                                        table: table.table.clone(),
+                                        key: row.key,
+                                        subject,
+                                        error: Box::new(error),
+                                    })
+                                }
+                            },
+                        }
+                    }
+                    Ok(Some((record, None))) => Ok(Some(record)),
+                    Ok(None) => Ok(None),
+                    Err(error) => Err(RowRefusal::Route(error)),
+                };
                 match routed {
                     Ok(Some(mut record)) => {
                         self.stamp.apply(&mut record);
@@ -511,11 +543,21 @@ impl Copy<'_> {
                     Ok(None) => {}
                     Err(error) => match self.on_error {
                         ErrorPolicy::Fail => {
-                            return Err(TransferError::Row {
-                                table: table.table.clone(),
-                                key: row.key,
-                                error: Box::new(error),
-                            })
+                            return Err(match error {
+                                RowRefusal::Route(error) => TransferError::Row {
+                                    table: table.table.clone(),
+                                    key: row.key,
+                                    error: Box::new(error),
+                                },
+                                RowRefusal::Registry { subject, error } => {
+                                    TransferError::Registry {
+                                        table: table.table.clone(),
+                                        key: row.key,
+                                        subject,
+                                        error: Box::new(error),
+                                    }
+                                }
+                            });
                         }
                         ErrorPolicy::DeadLetter(dead_letters) => {
                             Event::RowDeadLettered {
@@ -611,15 +653,59 @@ fn next_limit(rows: &[siphon_source::snapshot::Row], max_rows: usize, budget: us
     (budget / per_row).clamp(1, max_rows.max(1))
 }
 
-/// The record of an inserted row, as the stream's INSERT of it would be routed; `None` for a
-/// row the router skips.
+/// Why a row of a transfer is not sent as its record.
+#[derive(Debug)]
+enum RowRefusal {
+    /// The router cannot route it.
+    Route(RouteError),
+    /// The registry refused its value's schema.
+    Registry {
+        subject: String,
+        error: siphon_schema_registry::RegistryError,
+    },
+}
+
+impl std::fmt::Display for RowRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RowRefusal::Route(error) => error.fmt(f),
+            RowRefusal::Registry { subject, error } => write!(
+                f,
+                "the schema registry refused the value's schema under subject {subject:?}: {error}"
+            ),
+        }
+    }
+}
+
+impl Copy<'_> {
+    /// The registry id of a row value's schema, as the stream's lookup gets it.
+    async fn schema_id(
+        &self,
+        subject: &str,
+        schema: &siphon_record::RegistrySchema,
+    ) -> Result<u32, siphon_schema_registry::RegistryError> {
+        match &self.registry {
+            Some(registry) => registry.id(subject, schema).await,
+            // Settings give every registry format a registry.
+            None => Err(siphon_schema_registry::RegistryError::InvalidUrl {
+                url: String::new(),
+                reason: "no schema registry is configured: set schema_registry.url",
+            }),
+        }
+    }
+}
+
+/// The record of an inserted row, as the stream's INSERT of it would be routed, with the
+/// schema its value must be registered with (a registry format); `None` for a row the router
+/// skips.
 fn route(
     router: &siphon_router::EventRouter,
     binding: &TableBinding,
     tuple: &pgoutput::TupleData,
-) -> Result<Option<RoutedRecord>, RouteError> {
+) -> Result<Option<(RoutedRecord, Option<siphon_record::RegistrySchema>)>, RouteError> {
     match router.route(binding, siphon_router::Change::Insert(tuple))? {
-        Routed::Record(record) => Ok(Some(record)),
+        Routed::Record(record) => Ok(Some((record, None))),
+        Routed::Registered { record, schema } => Ok(Some((record, Some(schema)))),
         Routed::Skipped(reason) => {
             warn!(?reason, "row skipped by the router");
             Ok(None)

@@ -42,6 +42,15 @@ pub enum TransferError {
         key: Vec<String>,
         error: Box<RouteError>,
     },
+    /// The schema registry refused a row's value schema (with `pipeline.on_error = "fail"`),
+    /// or refused Siphon.
+    #[error("{error} (subject {subject:?}; a row of {table} with key {key:?} was not sent)")]
+    Registry {
+        table: TableName,
+        key: Vec<String>,
+        subject: String,
+        error: Box<siphon_schema_registry::RegistryError>,
+    },
     /// The table's columns do not fit the router's options.
     #[error("{0}")]
     Unbindable(Box<RouteError>),

@@ -1,13 +1,15 @@
 //! What the session engine asks the catalog ([`Lookup`]) and learns from it ([`Answer`]) about
 //! a relation the stream describes: the source reads it, the engine binds the table's router
-//! with it.
+//! with it. A schema registry is asked the same way for the id of a record value's schema.
 //!
 //! # Invariants
-//! - Plain values: the source's queries fill them, nothing here reads the catalog.
-//! - An answer names the relation its lookup was for.
+//! - Plain values: the source's queries (or the registry's answers) fill them, nothing here
+//!   reads the catalog.
+//! - An answer names the relation or the subject and schema its lookup was for.
 
 use pgoutput::unpublished::Unpublished;
 use pgoutput::Relation;
+use siphon_record::RegistrySchema;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -20,11 +22,19 @@ pub enum Lookup {
     /// Whether a relation that is not an outbox table is a partition of one (its changes are
     /// then the outbox table's, never "another table's").
     OutboxRelation(Arc<Relation>),
+    /// The id `schema` has under `subject` in the schema registry, registering it if it is not
+    /// there yet. Unreachable registries are retried by the asker: the answer is an id or a
+    /// refusal.
+    SchemaId {
+        subject: String,
+        schema: RegistrySchema,
+    },
 }
 
-/// The answer to a [`Lookup`]; `E`: why the catalog could not be read.
+/// The answer to a [`Lookup`]; `E`: why the catalog could not be read, `R`: why the registry
+/// refused a schema.
 #[derive(Debug)]
-pub enum Answer<E> {
+pub enum Answer<E, R> {
     NotNullColumns {
         relation: Arc<Relation>,
         columns: Result<OutboxColumns, E>,
@@ -33,6 +43,11 @@ pub enum Answer<E> {
     OutboxRelation {
         relation: Arc<Relation>,
         outbox: Result<Option<Relation>, E>,
+    },
+    SchemaId {
+        subject: String,
+        schema: RegistrySchema,
+        id: Result<u32, R>,
     },
 }
 

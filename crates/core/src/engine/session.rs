@@ -51,7 +51,8 @@ use crate::flow::{Flow, FlowAction, FlowError, FlowSettings, Outcome, ToDeadLett
 use crate::ledger::{LedgerError, Seq, TxnId};
 use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
-use siphon_record::{record_bytes, Classified, Delivery, Verdict};
+use siphon_record::registered::{value_subject, with_schema_id};
+use siphon_record::{record_bytes, Classified, Delivery, RegistrySchema, Verdict};
 use siphon_router::{
     Change, EventRouter, RouteError, Routed, RoutedRecord, SkipReason, SourcePosition, TableBinding,
 };
@@ -69,7 +70,12 @@ const LOG_TARGET: &str = "siphon::session::core";
 pub use super::catalog::Lookup;
 
 /// The answer to a [`Lookup`], a failure the catalog's.
-pub type Answer<V> = super::catalog::Answer<<V as Vocabulary>::CatalogError>;
+pub type Answer<V> =
+    super::catalog::Answer<<V as Vocabulary>::CatalogError, <V as Vocabulary>::RegistryError>;
+
+/// How many schema ids the engine keeps (by topic and schema) before it forgets them all; a
+/// forgotten one is looked up again.
+pub const SCHEMA_ID_CAPACITY: usize = 1000;
 
 /// What happened.
 pub enum Input<V: Vocabulary> {
@@ -159,6 +165,16 @@ pub struct CoreSettings<'a, V: Vocabulary> {
     pub suspects: Suspects<V::Fault>,
 }
 
+/// A record held until the id of its value's schema is known, with the row it came from (for
+/// its dead letter, should the registry refuse the schema).
+struct HeldRecord {
+    txn: TxnId,
+    record: RoutedRecord,
+    relation: Arc<Relation>,
+    row: TupleData,
+    lsn: Lsn,
+}
+
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
 enum Binding<'a> {
     Bound {
@@ -230,6 +246,10 @@ pub struct SessionCore<'a, V: Vocabulary> {
     /// Logical messages of outbox prefixes, as rows of synthetic relations.
     messages: MessageRows,
     awaiting_lookup: bool,
+    /// The registry ids of the value schemas met, by topic and schema.
+    schema_ids: FxHashMap<(Arc<str>, RegistrySchema), u32>,
+    /// The record waiting for its schema id (reading waits with it).
+    held: Option<HeldRecord>,
     /// The open transaction, if any.
     txn: Option<TxnId>,
     /// Its Begin: commit LSN, transaction id and commit time (for the source position).
@@ -291,6 +311,8 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             bindings: FxHashMap::default(),
             messages,
             awaiting_lookup: false,
+            schema_ids: FxHashMap::default(),
+            held: None,
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
             position,
@@ -497,7 +519,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 record,
                 error,
             } => self.on_send_refused(now, token, record, error),
-            Input::Answer(answer) => self.on_answer(answer),
+            Input::Answer(answer) => self.on_answer(now, answer),
             Input::Stalled(seen) => Err(EngineError::Stalled(seen).into()),
             Input::Committed(result) => self.on_committed(now, result),
             Input::Shutdown => {
@@ -591,8 +613,16 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         self.flow.push(Queued::Lookup(lookup));
     }
 
-    fn on_answer(&mut self, answer: Answer<V>) -> Result<(), V::Error> {
+    fn on_answer(&mut self, now: Now, answer: Answer<V>) -> Result<(), V::Error> {
         match answer {
+            super::catalog::Answer::SchemaId {
+                subject,
+                schema,
+                id,
+            } => {
+                self.awaiting_lookup = false;
+                return self.on_schema_id(now, subject, schema, id);
+            }
             super::catalog::Answer::NotNullColumns { relation, columns } => {
                 self.awaiting_lookup = false;
                 let columns = columns.map_err(EngineError::Catalog)?;
@@ -828,6 +858,16 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         };
         match routed {
             Ok((Routed::Record(record), _)) => self.send_routed(now, txn, record),
+            Ok((Routed::Registered { record, schema }, _)) => {
+                let held = HeldRecord {
+                    txn,
+                    record,
+                    relation: Arc::clone(relation),
+                    row: row.clone(),
+                    lsn,
+                };
+                self.send_registered(now, held, schema)
+            }
             Ok((Routed::Skipped(reason), router)) => {
                 self.notes.push_back(Note::skipped(
                     format_args!("{}.{}", relation.namespace, relation.name),
@@ -858,6 +898,82 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                     );
                     self.send_new(now, txn, record)
                 }
+            },
+        }
+    }
+
+    /// A record whose value's schema must have a registry id: sent at once with a known id,
+    /// else held (reading waits) while the id is looked up.
+    fn send_registered(
+        &mut self,
+        now: Now,
+        mut held: HeldRecord,
+        schema: RegistrySchema,
+    ) -> Result<(), V::Error> {
+        let key = (Arc::clone(&held.record.topic), schema);
+        if let Some(&id) = self.schema_ids.get(&key) {
+            held.record.value = held.record.value.map(|v| with_schema_id(v, id));
+            return self.send_routed(now, held.txn, held.record);
+        }
+        let (topic, schema) = key;
+        self.awaiting_lookup = true;
+        self.held = Some(held);
+        self.flow.push(Queued::Lookup(Lookup::SchemaId {
+            subject: value_subject(&topic),
+            schema,
+        }));
+        Ok(())
+    }
+
+    /// The registry's answer for the held record: sent with its id; or, the schema refused,
+    /// dead-lettered (`on_error = "dead-letter"`) or the session's end, naming the subject.
+    fn on_schema_id(
+        &mut self,
+        now: Now,
+        subject: String,
+        schema: RegistrySchema,
+        id: Result<u32, V::RegistryError>,
+    ) -> Result<(), V::Error> {
+        let Some(held) = self.held.take() else {
+            return Ok(());
+        };
+        match id {
+            Ok(id) => {
+                if self.schema_ids.len() >= SCHEMA_ID_CAPACITY {
+                    self.schema_ids.clear();
+                }
+                self.schema_ids
+                    .insert((Arc::clone(&held.record.topic), schema), id);
+                let mut record = held.record;
+                record.value = record.value.map(|v| with_schema_id(v, id));
+                self.send_routed(now, held.txn, record)
+            }
+            Err(error) => match self.settings.on_error {
+                ErrorPolicy::DeadLetter(dead_letters) if V::schema_refused(&error) => {
+                    let reason = format!(
+                        "the schema registry refused the value's schema under subject {subject:?}: {error}"
+                    );
+                    self.notes.push_back(Note::RowDeadLettered {
+                        table: format!("{}.{}", held.relation.namespace, held.relation.name),
+                        lsn: held.lsn,
+                        error: Box::new(reason.clone()),
+                        dead_letter_topic: dead_letters.topic().to_owned(),
+                    });
+                    let letter = dead_letters.for_row(
+                        &held.relation,
+                        &held.row,
+                        &reason,
+                        held.lsn,
+                        self.flow.commit_lsn(held.txn),
+                    );
+                    self.send_new(now, held.txn, letter)
+                }
+                _ => Err(EngineError::Registry {
+                    subject,
+                    error,
+                    lsn: held.lsn,
+                }
+                .into()),
             },
         }
     }

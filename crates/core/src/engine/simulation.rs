@@ -1498,6 +1498,11 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                         relation,
                         outbox: Ok(None),
                     }),
+                    Some(Lookup::SchemaId { subject, schema }) => Some(Answer::SchemaId {
+                        subject,
+                        schema,
+                        id: Ok(1),
+                    }),
                     None => None,
                 };
                 if let Some(answer) = answer {

@@ -28,6 +28,8 @@ pub trait Vocabulary: Sized + 'static {
     type Fault: Clone + Display + Debug + Send + Sync;
     /// Why the catalog could not be read.
     type CatalogError: Debug;
+    /// Why a schema registry refused to give a schema an id.
+    type RegistryError: Debug + Display;
     /// What a stalled replication connection showed.
     type Stall: Debug;
 
@@ -44,6 +46,11 @@ pub trait Vocabulary: Sized + 'static {
 
     /// The enqueue error inside a fault refused at enqueue (`Err`: another fault).
     fn not_taken(fault: Self::Fault) -> Result<Self::SendError, Self::Fault>;
+
+    /// Whether the registry refused the schema itself (incompatible or invalid), so that
+    /// `on_error` applies to the record; otherwise (credentials, a wrong URL) no record can be
+    /// sent and the session stops.
+    fn schema_refused(error: &Self::RegistryError) -> bool;
 }
 
 /// What a failed delivery means, as [`Vocabulary::read_delivery`] reads it.
@@ -80,6 +87,12 @@ pub enum AbortCause<V: Vocabulary> {
 pub enum EngineError<V: Vocabulary> {
     /// A catalog lookup failed.
     Catalog(V::CatalogError),
+    /// The schema registry refused the schema of a record value (the row at `lsn`).
+    Registry {
+        subject: String,
+        error: V::RegistryError,
+        lsn: Lsn,
+    },
     /// The replication connection makes no progress (what was seen).
     Stalled(V::Stall),
     /// The producer failed for good, or a Kafka transaction step failed.

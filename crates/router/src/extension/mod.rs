@@ -129,6 +129,9 @@ pub enum ExtensionConfigError {
     /// Structured mode has no way to write a tombstone.
     #[error("cloudevents.mode = \"structured\" writes every record as an event, so it cannot write the tombstones router.\"route.tombstone.on.empty.payload\" = true asks for; use cloudevents.mode = \"binary\" (which keeps tombstones) or remove that option")]
     StructuredTombstone,
+    /// CloudEvents and protobuf values replace the value a registry format writes.
+    #[error("format.value = \"avro\" writes the value for a schema registry, and CloudEvents or protobuf values would replace it; remove the [cloudevents] section or choose another value format")]
+    RegistryValue,
     /// `trace.column` is empty.
     #[error("trace.column is empty; name the column holding the W3C traceparent (e.g. \"traceparent\"), or remove the [trace] section")]
     EmptyTraceColumn,
@@ -424,7 +427,8 @@ impl Extensions {
                 (JSON, DataForm::Json)
             }
             Encoding::String => (TEXT, DataForm::Text),
-            Encoding::Binary => (OCTET_STREAM, DataForm::Binary),
+            // The router refuses extensions that rewrite a registry format's value.
+            Encoding::Binary | Encoding::Avro => (OCTET_STREAM, DataForm::Binary),
         }
     }
 }

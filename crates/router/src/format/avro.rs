@@ -117,7 +117,7 @@ impl AvroError {
 #[derive(Debug, Clone)]
 pub struct AvroSchema {
     connect: Schema,
-    json: String,
+    json: std::sync::Arc<str>,
     parsed: apache_avro::Schema,
 }
 
@@ -141,7 +141,7 @@ impl AvroSchema {
         let parsed = parse(&json)?;
         Ok(AvroSchema {
             connect: connect.clone(),
-            json,
+            json: json.into(),
             parsed,
         })
     }
@@ -149,6 +149,11 @@ impl AvroSchema {
     /// The schema's text, as Avro's Java `Schema.toString()` writes it: what to register.
     pub fn json(&self) -> &str {
         &self.json
+    }
+
+    /// [`AvroSchema::json`], shared.
+    pub fn shared_json(&self) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(&self.json)
     }
 
     /// The Connect schema this was made of.

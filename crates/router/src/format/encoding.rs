@@ -27,6 +27,10 @@ pub enum Encoding {
     /// `io.debezium.converters.BinaryDataConverter`: a bytea column's bytes as they are; NULL
     /// is no bytes at all. Only bytea columns can be written.
     Binary,
+    /// A schema-registry Avro converter (Confluent's `AvroConverter`, Apicurio's): the value
+    /// as Avro binary, framed with the id its schema is registered under (magic byte `0`, the
+    /// id as 4 bytes big-endian, the datum); NULL is a null value. Values only.
+    Avro,
 }
 
 /// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`), and

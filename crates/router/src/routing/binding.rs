@@ -370,6 +370,9 @@ fn check_encodings(
                     type_name: type_name(column.type_oid),
                 });
             }
+            Encoding::Avro if what == "key" => {
+                return fail(EncodingMismatch::AvroKey);
+            }
             Encoding::String if bytes => {
                 return fail(EncodingMismatch::StringOfBytea {
                     side: what,

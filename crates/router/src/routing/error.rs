@@ -205,6 +205,15 @@ pub enum RouteError {
         column: String,
         reason: ExpansionError,
     },
+    /// The payload cannot be written as Avro (a name Avro refuses, a schema nested too deep).
+    #[error(
+        "the payload in column \"{column}\" of table {table} cannot be written as Avro: {reason}"
+    )]
+    Avro {
+        table: String,
+        column: String,
+        reason: crate::format::avro::AvroError,
+    },
     /// The payload does not fit the envelope schema cached for its schema version (built for
     /// the first record of that version); Debezium's router fails the task here.
     #[error("the payload in column \"{column}\" of table {table} does not fit the envelope schema built for the first payload of schema version {}, and the envelope schema is cached per version (table.field.event.schema.version); give payloads of another shape a new version", version.map_or_else(|| "NULL".to_owned(), |v| v.to_string()))]
@@ -239,6 +248,7 @@ impl RouteError {
                 reason: ExpansionError::NoDeepThread { .. },
                 ..
             } => Consequence::Retry,
+            RouteError::Avro { reason, .. } => reason.consequence(),
             RouteError::InvalidValue { .. }
             | RouteError::ColumnCountMismatch { .. }
             | RouteError::JsonExpansion {
@@ -278,6 +288,9 @@ pub enum EncodingMismatch {
         column: String,
         type_name: &'static str,
     },
+    /// The registry formats write values only.
+    #[error("the avro encoding is for record values; write keys with the json or string encoding (format.key)")]
+    AvroKey,
     /// `StringConverter` cannot write a bytea column.
     #[error("the string {side} encoding (StringConverter) cannot write the bytea column \"{column}\" (Java would write an object identity); use the binary or json encoding")]
     StringOfBytea {

@@ -31,6 +31,7 @@ use crate::format::encoding::{Encoding, Format, JavaNumbers};
 use crate::format::expand::{expand, Expansion, ExpansionError};
 use crate::format::json::{nesting_depth, MAX_WRITE_DEPTH};
 use crate::format::timestamp::{record_timestamp_ms, TimestampError};
+use crate::routing::avro_schemas::AvroSchemas;
 use crate::routing::binding::{bind, BoundColumn, TableBinding};
 use crate::routing::error::{shown, shown_bytes, ConfigError, RouteError};
 use crate::routing::options::{Placement, RouterOptions, TOPIC_PREFIX};
@@ -40,7 +41,8 @@ use crate::routing::topic::check_topic_name;
 use crate::routing::topic_cache::TopicCache;
 use bytes::Bytes;
 use pgoutput::{Column, Relation, TupleData};
-use siphon_record::{Header, RoutedRecord};
+use siphon_record::registered::unframed_value;
+use siphon_record::{Header, RegistrySchema, RegistrySchemaKind, RoutedRecord};
 use std::sync::Arc;
 
 /// One change to an outbox row, as pgoutput delivers it.
@@ -86,9 +88,20 @@ pub enum SkipReason {
 pub enum Routed {
     /// The change becomes this record.
     Record(RoutedRecord),
+    /// The change becomes this record once `schema` is registered: its value is framed for a
+    /// schema registry with a placeholder id (see [`siphon_record::registered`]).
+    Registered {
+        /// The record, its value's schema id still to be written.
+        record: RoutedRecord,
+        /// The value's schema, to register under the value subject of the record's topic.
+        schema: RegistrySchema,
+    },
     /// The change is deliberately not sent.
     Skipped(SkipReason),
 }
+
+/// A record value and, for a registry format, the schema it is written with.
+type Encoded = (Option<Bytes>, Option<RegistrySchema>);
 
 /// Who is running the router, for Debezium's context headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +148,8 @@ pub(crate) struct Debezium {
     topics: TopicCache,
     /// Siphon's own topics, which no record may be routed to.
     own_topics: OwnTopics,
+    /// The Avro schemas of the Connect schemas met; shared by clones.
+    avro_schemas: AvroSchemas,
 }
 
 impl Debezium {
@@ -148,6 +163,7 @@ impl Debezium {
             envelope_schemas: EnvelopeSchemas::default(),
             topics: TopicCache::default(),
             own_topics: OwnTopics::default(),
+            avro_schemas: AvroSchemas::default(),
         }
     }
 
@@ -212,14 +228,15 @@ impl Debezium {
             )
     }
 
-    /// The Debezium record of an inserted row, with the row's routing value; without a value
-    /// unless `encode_value` (a protobuf value replaces it).
+    /// The Debezium record of an inserted row, with the row's routing value and, for a
+    /// registry format, its value's schema; without a value unless `encode_value` (a protobuf
+    /// value replaces it).
     pub(crate) fn record<'r>(
         &self,
         binding: &TableBinding,
         row: &'r TupleData,
         encode_value: bool,
-    ) -> Result<(RoutedRecord, &'r str), RouteError> {
+    ) -> Result<(RoutedRecord, &'r str, Option<RegistrySchema>), RouteError> {
         if row.columns.len() != binding.column_count {
             return Err(RouteError::ColumnCountMismatch {
                 table: binding.table().to_owned(),
@@ -329,10 +346,10 @@ impl Debezium {
         }
 
         // A protobuf value replaces the Debezium value: it is not encoded at all.
-        let value = if encode_value {
+        let (value, schema) = if encode_value {
             self.encode_value(binding, row, routed_value)?
         } else {
-            None
+            (None, None)
         };
 
         let record = RoutedRecord {
@@ -343,16 +360,17 @@ impl Debezium {
             timestamp_ms,
             partition,
         };
-        Ok((record, routed_value))
+        Ok((record, routed_value, schema))
     }
 
-    /// The record value: the payload, expanded or wrapped in an envelope as configured.
+    /// The record value: the payload, expanded or wrapped in an envelope as configured; for a
+    /// registry format, with the schema it is written with.
     fn encode_value(
         &self,
         binding: &TableBinding,
         row: &TupleData,
         routed_value: &str,
-    ) -> Result<Option<Bytes>, RouteError> {
+    ) -> Result<Encoded, RouteError> {
         let column = &binding.payload;
         let encoding = self.format.value;
         let payload = cell(binding, column, row)?;
@@ -406,7 +424,7 @@ impl Debezium {
             // looks at an empty payload.
             let (schema, value) = self.envelope(binding, row, routed_value, &expansion)?;
             if empty && self.options.tombstone_on_empty_payload() {
-                return Ok(None);
+                return Ok((None, None));
             }
             return self.written(binding, &value, &schema, encoding);
         }
@@ -421,27 +439,68 @@ impl Debezium {
             // The schema was replaced but the value is still the string: only a converter
             // that ignores the schema can write it.
             return match (encoding, schema) {
-                (Encoding::String, _) => Ok(Some(Bytes::copy_from_slice(text.as_bytes()))),
-                (Encoding::Json, None) => Ok(Some(crate::format::json::json_string_bytes(text))),
+                (Encoding::String, _) => Ok((Some(Bytes::copy_from_slice(text.as_bytes())), None)),
+                (Encoding::Json, None) => {
+                    Ok((Some(crate::format::json::json_string_bytes(text)), None))
+                }
                 (Encoding::JsonSchemas, None) => {
                     let mut out = Vec::new();
                     write_envelope(&mut out, &Value::Str(text.to_owned()), None);
-                    Ok(Some(Bytes::from(out)))
+                    Ok((Some(Bytes::from(out)), None))
+                }
+                // The value is still the column's string, written with the column's schema.
+                (Encoding::Avro, None) => {
+                    self.avro(binding, &Value::Str(text.to_owned()), &column.schema())
                 }
                 _ => Err(fail()),
             };
         }
 
         if empty && self.options.tombstone_on_empty_payload() {
-            return Ok(None);
+            return Ok((None, None));
         }
 
         match expansion {
             Expansion::Expanded { schema, value } => {
                 self.written(binding, &value, &schema, encoding)
             }
-            _ => encode_cell(binding, column, payload, encoding, self.format.numbers),
+            // The registry converters write a NULL payload as a null value.
+            _ if encoding == Encoding::Avro => match payload {
+                None => Ok((None, None)),
+                Some(_) => {
+                    let value = column_value(binding, column, row, self.format.numbers)?;
+                    self.avro(binding, &value, &column.schema())
+                }
+            },
+            _ => Ok((
+                encode_cell(binding, column, payload, encoding, self.format.numbers)?,
+                None,
+            )),
         }
+    }
+
+    /// `value` written as Avro with the Avro schema of `schema`, framed with a placeholder
+    /// schema id.
+    fn avro(
+        &self,
+        binding: &TableBinding,
+        value: &Value,
+        schema: &Schema,
+    ) -> Result<Encoded, RouteError> {
+        let fail = |reason: crate::format::avro::AvroError| RouteError::Avro {
+            table: binding.table().to_owned(),
+            column: binding.payload.name.to_string(),
+            reason,
+        };
+        let avro = self.avro_schemas.get(schema).map_err(fail)?;
+        let datum = avro.datum(value).map_err(fail)?;
+        Ok((
+            Some(unframed_value(&datum)),
+            Some(RegistrySchema::new(
+                RegistrySchemaKind::Avro,
+                avro.shared_json(),
+            )),
+        ))
     }
 
     /// A struct value written per encoding, refused where Jackson would refuse to write it
@@ -452,7 +511,10 @@ impl Debezium {
         value: &Value,
         schema: &Schema,
         encoding: Encoding,
-    ) -> Result<Option<Bytes>, RouteError> {
+    ) -> Result<Encoded, RouteError> {
+        if encoding == Encoding::Avro {
+            return self.avro(binding, value, schema);
+        }
         let out = write_value(value, schema, encoding);
         if matches!(encoding, Encoding::Json | Encoding::JsonSchemas) {
             let depth = out.as_deref().map_or(0, nesting_depth);
@@ -464,7 +526,7 @@ impl Debezium {
                 });
             }
         }
-        Ok(out)
+        Ok((out, None))
     }
 
     /// The envelope `{payload, aliases…}` and its schema, as Debezium builds it: the schema
@@ -599,8 +661,9 @@ fn write_value(value: &Value, schema: &Schema, encoding: Encoding) -> Option<Byt
     match encoding {
         Encoding::Json => write_json(&mut out, value, Some(schema)),
         Encoding::JsonSchemas => write_envelope(&mut out, value, Some(schema)),
-        // Binding refuses bytes for String and structs for Binary.
-        Encoding::String | Encoding::Binary => {
+        // Binding refuses bytes for String and structs for Binary; Avro is written by
+        // `Debezium::avro` and never comes here.
+        Encoding::String | Encoding::Binary | Encoding::Avro => {
             return java_text(value, Some(schema))
                 .ok()
                 .flatten()
@@ -711,13 +774,16 @@ fn encode_cell(
                 write_envelope(&mut out, &Value::Null, Some(&column.schema()));
                 Some(Bytes::from(out))
             }
-            Encoding::String | Encoding::Binary => None,
+            // A registry format writes a NULL as a null value (binding refuses it for keys).
+            Encoding::String | Encoding::Binary | Encoding::Avro => None,
         });
     };
     let encoded = match encoding {
         Encoding::Json => to_json_with(column.kind, raw, text, numbers),
         Encoding::String => to_string_with(column.kind, raw, text, numbers),
         Encoding::Binary => decode_bytea(text),
+        // Binding refuses it for keys, and values are written by `Debezium::avro`.
+        Encoding::Avro => Err(BadValue),
         Encoding::JsonSchemas => to_json_with(column.kind, raw, text, numbers).map(|json| {
             let mut out = Vec::with_capacity(json.len() + 96);
             out.extend_from_slice(b"{\"schema\":");

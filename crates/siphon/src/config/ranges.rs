@@ -65,6 +65,7 @@ pub const RANGES: &[Range] = &[
     range("pipeline.max_in_flight_bytes", 1, 4 * GIB),
     range("pipeline.shutdown_timeout_secs", 0, DAY_SECS),
     range("pipeline.max_backoff_secs", 1, 3_600),
+    range("schema_registry.request_timeout_ms", 100, HOUR_MS),
 ];
 
 impl Range {

@@ -41,6 +41,7 @@ impl Vocabulary for Siphon {
     type DeliveryError = DeliveryError;
     type Fault = RecordFault;
     type CatalogError = SourceError;
+    type RegistryError = siphon_schema_registry::RegistryError;
     type Stall = Seen;
 
     fn enqueue_fault(error: SinkError) -> Result<RecordFault, SinkError> {
@@ -70,12 +71,25 @@ impl Vocabulary for Siphon {
             fault => Err(fault),
         }
     }
+
+    fn schema_refused(error: &siphon_schema_registry::RegistryError) -> bool {
+        error.is_schema_refusal()
+    }
 }
 
 impl From<EngineError<Siphon>> for PipelineError {
     fn from(error: EngineError<Siphon>) -> Self {
         match error {
             EngineError::Catalog(e) => PipelineError::Source(e),
+            EngineError::Registry {
+                subject,
+                error,
+                lsn,
+            } => PipelineError::Registry {
+                subject,
+                error: Box::new(error),
+                lsn,
+            },
             EngineError::Stalled(seen) => PipelineError::Stalled(seen),
             EngineError::Sink(e) => PipelineError::Sink(e),
             EngineError::UndescribedOutboxRow { relation, lsn } => {

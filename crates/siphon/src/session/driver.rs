@@ -732,6 +732,7 @@ impl Driver<'_> {
         let tables = self.settings.source.tables.clone();
         let publication = self.settings.source.publication.clone();
         let sql_timeout = self.settings.intervals.sql_timeout;
+        let registry = self.settings.registry.clone();
         tokio::spawn(async move {
             let timed_out = || {
                 siphon_source::SourceError::from(siphon_source::error::Interruption::QueryTimeout {
@@ -747,6 +748,21 @@ impl Driver<'_> {
                     .await
                     .unwrap_or_else(|_| Err(timed_out()));
                     Input::Answer(Answer::NotNullColumns { relation, columns })
+                }
+                Lookup::SchemaId { subject, schema } => {
+                    let id = match &registry {
+                        Some(registry) => registry.id(&subject, &schema).await,
+                        // Settings give every registry format a registry.
+                        None => Err(siphon_schema_registry::RegistryError::InvalidUrl {
+                            url: String::new(),
+                            reason: "no schema registry is configured: set schema_registry.url",
+                        }),
+                    };
+                    Input::Answer(Answer::SchemaId {
+                        subject,
+                        schema,
+                        id,
+                    })
                 }
                 Lookup::OutboxRelation(relation) => {
                     let outbox = tokio::time::timeout(

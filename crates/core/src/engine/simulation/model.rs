@@ -218,7 +218,8 @@ impl PipelineError {
                 | EngineError::NonTransactionalMessage { .. }
                 | EngineError::Refused(_)
                 | EngineError::DeadLetterRefused(_)
-                | EngineError::RefusedInTransaction(_) => false,
+                | EngineError::RefusedInTransaction(_)
+                | EngineError::Registry { .. } => false,
             },
         }
     }
@@ -260,6 +261,7 @@ impl Vocabulary for Model {
     type DeliveryError = DeliveryError;
     type Fault = RecordFault;
     type CatalogError = ();
+    type RegistryError = String;
     type Stall = ();
 
     fn enqueue_fault(error: SinkError) -> Result<RecordFault, SinkError> {
@@ -293,5 +295,9 @@ impl Vocabulary for Model {
             RecordFault::Enqueue(error) => Ok(error),
             fault => Err(fault),
         }
+    }
+
+    fn schema_refused(_: &String) -> bool {
+        true
     }
 }

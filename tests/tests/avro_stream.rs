@@ -1,0 +1,432 @@
+//! `format.value = "avro"` end to end, against real PostgreSQL, real Kafka and a real schema
+//! registry (rivven-schema, serving Confluent's REST API): every outbox event's value, decoded
+//! by Confluent's Python deserializer with its own registry client, equals its payload; keys
+//! and partitions are those of the JSON format; the initial snapshot writes what the stream
+//! writes. A registry that is down holds events back (the slot does not pass them) and loses
+//! none; a schema the registry refuses is dead-lettered with its reason, or stops Siphon
+//! naming the subject and the fix.
+
+use anyhow::{Context, Result};
+use siphon_tests::outbox::{current_insert_lsn, siphon_config_at, slot_active};
+use siphon_tests::outbox::{slot_confirmed_lsn, wait_for_slot_past};
+use siphon_tests::partition::partition_for_key;
+use siphon_tests::{read_topic_async, wait_for, wait_until, ConsumedRecord};
+use siphon_tests::{Broker, Postgres, RegistryServer, SiphonProcess};
+use std::time::Duration;
+
+const OUTBOX: &str = "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, payload jsonb)";
+
+/// Payloads of every shape the expansion knows: nested objects and arrays, numbers at the
+/// edges of int32 and int64, doubles (jsonb writes exponents out in full, so a huge one is an
+/// integer beyond 64 bits, which the expansion refuses as Debezium does), unicode (escaped and not), and members Debezium leaves
+/// out (null, an empty array).
+const CORPUS: [&str; 6] = [
+    r#"{"id": 1, "name": "Ünïcode ✓ 😀", "price": 9.5, "ok": true, "tags": ["a", "b"], "order": {"lines": [{"sku": "s1", "qty": 2}, {"sku": "s2", "qty": 1}], "note": "n"}}"#,
+    r#"{"id": -7, "name": "", "price": -0.25, "ok": false, "tags": [], "gone": null}"#,
+    r#"{"small": 2147483647, "big": 9007199254740993, "neg": -9223372036854775808, "tiny": 5e-324, "wide": 123456789.875}"#,
+    r#"{"text": "line\nbreak \"quoted\" \u00e9 \ud83d\ude00 tab\t"}"#,
+    r#"{"deep": {"a": {"b": {"c": {"d": [[1, 2], [3]]}}}}}"#,
+    r#"{"id": 2, "name": "second of its shape", "price": 1.25, "ok": true, "tags": ["c"], "order": {"lines": [{"sku": "s3", "qty": 5}], "note": "m"}}"#,
+];
+
+fn insert(n: usize, key: &str, payload: Option<&str>) -> String {
+    let payload = payload.map_or_else(|| "NULL".to_owned(), |p| format!("'{p}'"));
+    format!(
+        "INSERT INTO outbox VALUES ('00000000-0000-4000-8000-{n:012}', 'Order', '{key}', 'T', {payload});"
+    )
+}
+
+/// The payload as the deserializer gives it back: the members Debezium's expansion leaves
+/// out (null, an empty array) are not there.
+fn expected(payload: &str) -> serde_json::Value {
+    let mut value: serde_json::Value = serde_json::from_str(payload).expect("a JSON payload");
+    if let Some(members) = value.as_object_mut() {
+        members.retain(|_, v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()));
+    }
+    value
+}
+
+/// Siphon's configuration: Avro values of expanded payloads registered with `registry_url`,
+/// `pipeline` added to `[pipeline]`, `source` to `[source]`.
+fn avro_config(
+    pg: &Postgres,
+    broker: &Broker,
+    slot: &str,
+    registry_url: &str,
+    pipeline: &str,
+    source: &str,
+) -> String {
+    let pipeline = format!(
+        "{pipeline}\n\n[router]\n{}\n\"table.expand.json.payload\" = true\n\n[format]\nvalue = \"avro\"\n\n[schema_registry]\nurl = \"{registry_url}\"\n",
+        siphon_tests::outbox::route_replacement(broker)
+    );
+    siphon_config_at(pg, broker, slot, "", &pipeline).replacen(
+        "[source]\n",
+        &format!("[source]\n{source}\n"),
+        1,
+    )
+}
+
+/// Waits until `topic` holds `count` records, and returns them.
+async fn records(
+    broker: &Broker,
+    topic: &str,
+    count: usize,
+    siphon: &SiphonProcess,
+) -> Result<Vec<ConsumedRecord>> {
+    wait_for(
+        Duration::from_secs(90),
+        Duration::from_millis(300),
+        || async {
+            let records =
+                read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(30)).await?;
+            Ok((records.len() >= count).then_some(records))
+        },
+    )
+    .await
+    .with_context(|| siphon.log())
+}
+
+/// The records of `topic` in offset order per partition, as `(aggregate id, payload)` pairs
+/// of the values decoded with Confluent's deserializer, and their schema ids.
+fn decode(
+    python: &std::path::PathBuf,
+    registry: &RegistryServer,
+    topic: &str,
+    records: &[ConsumedRecord],
+) -> Result<Vec<(serde_json::Value, u64)>> {
+    let with_values: Vec<ConsumedRecord> = records
+        .iter()
+        .filter(|r| r.value.is_some())
+        .cloned()
+        .collect();
+    let decoded = siphon_tests::python::decode_avro(python, &registry.url(), topic, &with_values)?;
+    Ok(decoded
+        .into_iter()
+        .map(|d| (d["value"].clone(), d["schema_id"].as_u64().unwrap_or(0)))
+        .collect())
+}
+
+fn python() -> Result<std::path::PathBuf> {
+    siphon_tests::python::python()?
+        .context("python3 with confluent-kafka is needed to decode Avro (scripts/install-deps.sh installs it)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_values_decode_to_their_payloads_with_json_keys_and_partitions_in_stream_and_snapshot(
+) -> Result<()> {
+    let python = python()?;
+    let (pg, broker, registry) = (
+        Postgres::start()?,
+        Broker::start()?,
+        RegistryServer::start()?,
+    );
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    // Written before Siphon's first start: the initial snapshot sends it.
+    client
+        .batch_execute(&insert(100, "order-0", Some(CORPUS[0])))
+        .await?;
+    let config = avro_config(
+        &pg,
+        &broker,
+        "avro",
+        &registry.url(),
+        "",
+        "snapshot = \"initial\"",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "avro").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let mut sql = String::from("BEGIN;");
+    for (n, payload) in CORPUS.iter().enumerate() {
+        sql.push_str(&insert(n, &format!("order-{}", n % 2), Some(payload)));
+    }
+    sql.push_str(&insert(50, "order-1", None));
+    sql.push_str("COMMIT; DELETE FROM outbox;");
+    client.batch_execute(&sql).await?;
+    let end = current_insert_lsn(&client).await?;
+
+    let topic = broker.topic("outbox.event.Order");
+    let records = records(&broker, &topic, CORPUS.len() + 2, &siphon).await?;
+    wait_for_slot_past(&client, "avro", end, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    assert_eq!(records.len(), CORPUS.len() + 2, "{records:?}");
+
+    for record in &records {
+        let key = record.key.as_deref().context("a key")?;
+        assert!(
+            key == b"\"order-0\"" || key == b"\"order-1\"",
+            "keys keep the JSON encoding: {}",
+            String::from_utf8_lossy(key)
+        );
+        assert_eq!(
+            record.partition,
+            partition_for_key(key, 3),
+            "the partition of the key (murmur2)"
+        );
+    }
+    let nulls = records.iter().filter(|r| r.value.is_none()).count();
+    assert_eq!(nulls, 1, "a NULL payload is a null value");
+
+    let decoded = decode(&python, &registry, &topic, &records)?;
+    let id_of = |payload: &str| -> Vec<u64> {
+        decoded
+            .iter()
+            .filter(|(value, _)| *value == expected(payload))
+            .map(|(_, id)| *id)
+            .collect()
+    };
+    // The snapshot's record and the stream's of the same payload: both there, one schema.
+    let first = id_of(CORPUS[0]);
+    assert_eq!(
+        first.len(),
+        2,
+        "the snapshot's and the stream's: {decoded:?}"
+    );
+    assert_eq!(first[0], first[1], "one schema for one shape");
+    for payload in &CORPUS[1..] {
+        assert_eq!(
+            id_of(payload).len(),
+            1,
+            "{payload} decodes to itself: {decoded:?}"
+        );
+    }
+    assert_eq!(
+        id_of(CORPUS[0])[0],
+        id_of(CORPUS[5])[0],
+        "payloads of one shape share their schema id"
+    );
+    // Per aggregate, the commit order: the snapshot's row first.
+    let uuid = |n: u32| format!("00000000-0000-4000-8000-{n:012}");
+    for (key, order) in [("order-0", [100, 0, 2, 4]), ("order-1", [1, 3, 5, 50])] {
+        let json_key = format!("\"{key}\"");
+        let ids: Vec<String> = records
+            .iter()
+            .filter(|r| r.key.as_deref() == Some(json_key.as_bytes()))
+            .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+            .collect();
+        let expected: Vec<String> = order.into_iter().map(uuid).collect();
+        assert_eq!(ids, expected, "{key}: commit order");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_down_at_start_and_mid_stream_holds_events_back_and_loses_none() -> Result<()> {
+    let python = python()?;
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let port = siphon_tests::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let siphon = SiphonProcess::start(&avro_config(&pg, &broker, "down", &url, "", ""))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "down").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let topic = broker.topic("outbox.event.Order");
+
+    // Down at start: nothing is sent, the slot stays before the events.
+    let shape_a = |n: usize| format!(r#"{{"n": {n}, "a": "x"}}"#);
+    let shape_b = |n: usize| format!(r#"{{"n": {n}, "b": [{n}]}}"#);
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} COMMIT;",
+            insert(1, "k", Some(&shape_a(1))),
+            insert(2, "k", Some(&shape_a(2))),
+            insert(3, "k", Some(&shape_a(3))),
+        ))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    siphon
+        .wait_for_log("records wait for their schema id", Duration::from_secs(30))
+        .await
+        .with_context(|| siphon.log())?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        read_topic_async(&broker.bootstrap(), &topic, Duration::from_secs(5))
+            .await?
+            .is_empty(),
+        "nothing is sent without its schema id"
+    );
+    assert!(
+        slot_confirmed_lsn(&client, "down").await?.unwrap_or(0) < end,
+        "the slot waits for the events"
+    );
+    let registry = RegistryServer::start_on(port)?;
+    let first = records(&broker, &topic, 3, &siphon).await?;
+    wait_for_slot_past(&client, "down", end, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    let decoded = decode(&python, &registry, &topic, &first)?;
+    let values: Vec<serde_json::Value> = decoded.into_iter().map(|(v, _)| v).collect();
+    assert_eq!(
+        values,
+        (1..=3).map(|n| expected(&shape_a(n))).collect::<Vec<_>>()
+    );
+
+    // Down mid-stream: a shape whose id is known goes on; a new one waits for the registry.
+    drop(registry);
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} COMMIT; BEGIN; {} {} COMMIT;",
+            insert(4, "k", Some(&shape_a(4))),
+            insert(5, "k", Some(&shape_b(5))),
+            insert(6, "k", Some(&shape_a(6))),
+        ))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    records(&broker, &topic, 4, &siphon).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let held = read_topic_async(&broker.bootstrap(), &topic, Duration::from_secs(5)).await?;
+    assert_eq!(held.len(), 4, "the new shape and what follows it wait");
+    assert!(slot_confirmed_lsn(&client, "down").await?.unwrap_or(0) < end);
+    let registry = RegistryServer::start_on(port)?;
+    let all = records(&broker, &topic, 6, &siphon).await?;
+    wait_for_slot_past(&client, "down", end, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    assert_eq!(all.len(), 6, "no loss, no repeat");
+    // The registry came back empty (it keeps schemas in memory): the held record's schema is
+    // in it, under the id in its frame.
+    let decoded = decode(&python, &registry, &topic, &all[4..5])?;
+    assert_eq!(decoded[0].0, expected(&shape_b(5)));
+    assert!(siphon.is_running(), "{}", siphon.log());
+    Ok(())
+}
+
+/// The servers of a refused-schema test, Siphon and the end of the WAL written.
+struct Incompatible {
+    // Dropped first: Siphon stops before its database does.
+    siphon: SiphonProcess,
+    client: tokio_postgres::Client,
+    _pg: Postgres,
+    broker: Broker,
+    registry: RegistryServer,
+    dead_letter_topic: String,
+    end: u64,
+}
+
+/// Siphon with a subject whose compatibility (the registry's default, backward) refuses a
+/// changed field type, and three events: the second changes the type.
+async fn incompatible(slot: &str, dead_letters: bool) -> Result<Incompatible> {
+    let (pg, broker, registry) = (
+        Postgres::start()?,
+        Broker::start()?,
+        RegistryServer::start()?,
+    );
+    let dead_letter_topic = broker.topic("outbox.avro.dlq");
+    let pipeline = if dead_letters {
+        format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\"")
+    } else {
+        String::new()
+    };
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let siphon = SiphonProcess::start(&avro_config(
+        &pg,
+        &broker,
+        slot,
+        &registry.url(),
+        &pipeline,
+        "",
+    ))?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, slot).await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} COMMIT; BEGIN; {} {} COMMIT;",
+            insert(1, "k", Some(r#"{"a": 1}"#)),
+            insert(2, "k", Some(r#"{"a": "now text"}"#)),
+            insert(3, "k", Some(r#"{"a": 3}"#)),
+        ))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    Ok(Incompatible {
+        siphon,
+        client,
+        _pg: pg,
+        broker,
+        registry,
+        dead_letter_topic,
+        end,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_the_registry_refuses_is_dead_lettered_with_its_reason() -> Result<()> {
+    let python = python()?;
+    let t = incompatible("refused", true).await?;
+    let topic = t.broker.topic("outbox.event.Order");
+    let letters = records(&t.broker, &t.dead_letter_topic, 1, &t.siphon).await?;
+    let events = records(&t.broker, &topic, 2, &t.siphon).await?;
+    wait_for_slot_past(&t.client, "refused", t.end, Duration::from_secs(60))
+        .await
+        .with_context(|| t.siphon.log())?;
+    assert_eq!(letters.len(), 1);
+    let reason = String::from_utf8_lossy(
+        letters[0]
+            .header("siphon.error.message")
+            .unwrap_or_default(),
+    )
+    .into_owned();
+    assert!(
+        reason.contains("outbox.event.Order-value") && reason.contains("409"),
+        "the reason names the subject and the refusal: {reason}"
+    );
+    let decoded = decode(&python, &t.registry, &topic, &events)?;
+    let values: Vec<serde_json::Value> = decoded.into_iter().map(|(v, _)| v).collect();
+    assert_eq!(
+        values,
+        vec![expected(r#"{"a": 1}"#), expected(r#"{"a": 3}"#)],
+        "the events around it go on"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_on_error_fail_a_refused_schema_stops_siphon_naming_subject_and_fix() -> Result<()> {
+    let Incompatible {
+        siphon,
+        client,
+        _pg,
+        broker,
+        registry: _registry,
+        end,
+        ..
+    } = incompatible("failing", false).await?;
+    let status = siphon.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success(), "{}", siphon.log());
+    let log = siphon.log();
+    assert!(
+        log.contains("outbox.event.Order-value") && log.contains("compatib"),
+        "the error names the subject and the fix: {log}"
+    );
+    assert!(
+        slot_confirmed_lsn(&client, "failing").await?.unwrap_or(0) < end,
+        "the refused event is not passed"
+    );
+    let topic = broker.topic("outbox.event.Order");
+    let sent = read_topic_async(&broker.bootstrap(), &topic, Duration::from_secs(10)).await?;
+    assert_eq!(
+        sent.len(),
+        1,
+        "the event before it was sent, none after: {sent:?}"
+    );
+    Ok(())
+}
