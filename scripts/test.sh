@@ -39,6 +39,8 @@ root=$(pwd)
 
 if [[ -n ${CI:-} && ${CI:-} != false && ${CI:-} != 0 ]]; then
     export CARGO_TERM_COLOR=never
+    # A fresh clone gains nothing from incremental compilation, which takes gigabytes of disk.
+    export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 fi
 # Backtraces for panics, not for every anyhow error a test returns.
 export RUST_BACKTRACE=${RUST_BACKTRACE:-1}

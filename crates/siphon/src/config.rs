@@ -676,6 +676,11 @@ const ENV_SECTIONS: &[EnvSection] = &[
         path: &["log"],
         dotted: false,
     },
+    EnvSection {
+        prefix: "SCHEMA_REGISTRY_",
+        path: &["schema_registry"],
+        dotted: false,
+    },
 ];
 
 /// The configuration with every default filled in, as a TOML tree: the one source of truth
@@ -834,6 +839,25 @@ mod tests {
         assert_eq!(c.format.key, EncodingName::Json);
         assert_eq!(c.pipeline.max_in_flight_records, 10_000);
         assert!(c.kafka.topic_creation.enabled);
+    }
+
+    #[test]
+    fn the_schema_registry_section_reads_its_keys_and_their_variables() {
+        let c = parse(
+            &format!("{MINIMAL}\n[schema_registry]\nurl = \"https://r:8081\"\nusername = \"u\"\n"),
+            &[("SIPHON_SCHEMA_REGISTRY_PASSWORD", "secret")],
+        )
+        .unwrap();
+        assert_eq!(c.schema_registry.url, "https://r:8081");
+        assert_eq!(c.schema_registry.username, "u");
+        assert_eq!(c.schema_registry.password, "secret");
+        assert_eq!(c.schema_registry.request_timeout_ms, 30_000);
+        let err = parse(
+            &format!("{MINIMAL}\n[schema_registry]\nrequest_timeout_ms = 0\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("request_timeout_ms"), "{err:#}");
     }
 
     #[test]
@@ -1078,6 +1102,14 @@ mod tests {
                 true,
                 false,
                 "1 to 3600",
+            ),
+            (
+                "schema_registry.request_timeout_ms",
+                3_600_000,
+                false,
+                false,
+                false,
+                "100 to 3600000",
             ),
         ];
         let defaults = toml::Table::try_from(parse(MINIMAL, &[]).unwrap()).unwrap();

@@ -445,6 +445,46 @@ mod tests {
     }
 
     #[test]
+    fn avro_values_need_a_registry_and_a_registry_needs_avro_values() {
+        let avro = "[format]\nvalue = \"avro\"\n";
+        let registry = "[schema_registry]\nurl = \"http://127.0.0.1:8081\"\n";
+        let err = build(&config(avro)).err().expect("no registry");
+        assert!(
+            format!("{err:#}").contains("schema_registry.url"),
+            "{err:#}"
+        );
+        let err = build(&config(registry)).err().expect("nothing uses it");
+        assert!(
+            format!("{err:#}").contains("format.value = \"avro\""),
+            "{err:#}"
+        );
+        let settings = build(&config(&format!("{avro}{registry}"))).expect("valid");
+        assert!(settings.registry.is_some());
+        let err = build(&config(&format!(
+            "[format]\nkey = \"avro\"\nvalue = \"avro\"\n{registry}"
+        )))
+        .err()
+        .expect("avro keys");
+        assert!(format!("{err:#}").contains("format.key"), "{err:#}");
+        let err = build(&config(&format!("{avro}{registry}password = \"p\"\n")))
+            .err()
+            .expect("a password without a user");
+        assert!(format!("{err:#}").contains("username"), "{err:#}");
+        let err = build(&config(&format!(
+            "{avro}[schema_registry]\nurl = \"ftp://registry\"\n"
+        )))
+        .err()
+        .expect("not http");
+        assert!(format!("{err:#}").contains("schema_registry"), "{err:#}");
+        let err = build(&config(&format!(
+            "{avro}{registry}[cloudevents]\nmode = \"binary\"\n"
+        )))
+        .err()
+        .expect("cloudevents would replace the value");
+        assert!(format!("{err:#}").contains("cloudevents"), "{err:#}");
+    }
+
+    #[test]
     fn a_table_section_overrides_the_router_options_for_that_table() {
         let c = config(
             "[router]\n\"route.topic.replacement\" = \"events.${routedByValue}\"\n[router.tables.\"billing.outbox\"]\n\"table.field.event.key\" = \"invoice_id\"\n\"route.by.field\" = \"kind\"\n",

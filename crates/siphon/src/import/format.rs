@@ -7,7 +7,8 @@
 //! - A JsonConverter without `schemas.enable` is taken as Kafka's default, true (json-schemas),
 //!   since a converter set on the connector does not inherit the worker's options.
 //! - Converter options are notes (Siphon's encodings have none), except a UTF-8 `encoding`,
-//!   which is what Siphon writes anyway.
+//!   which is what Siphon writes anyway, and an Avro value converter's registry URL and basic
+//!   auth user, which become `[schema_registry]` (the password never goes into the file).
 
 use super::output::{string, Output};
 use super::props::{keyed, Props};
@@ -17,11 +18,12 @@ const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter
 const BYTE_ARRAY_CONVERTER: &str = "org.apache.kafka.connect.converters.ByteArrayConverter";
 const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 const SIMPLE_HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
+const CONFLUENT_AVRO_CONVERTER: &str = "io.confluent.connect.avro.AvroConverter";
 
 /// Fills `[format]` from the key, value and header converters.
 pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<String>) {
     for (side, key) in [("key", "key.converter"), ("value", "value.converter")] {
-        let encoding = converter_encoding(props, side, key, notes);
+        let encoding = converter_encoding(props, side, key, out, notes);
         out.format.insert(side.into(), string(encoding));
     }
     if let Some(class) = props.take("header.converter") {
@@ -46,6 +48,7 @@ fn converter_encoding(
     props: &mut Props,
     side: &str,
     key: &str,
+    out: &mut Output,
     notes: &mut Vec<String>,
 ) -> &'static str {
     let class = props.take(key);
@@ -83,6 +86,10 @@ fn converter_encoding(
         }
         STRING_CONVERTER => "string",
         BYTE_ARRAY_CONVERTER | BINARY_DATA_CONVERTER => "binary",
+        CONFLUENT_AVRO_CONVERTER if side == "value" => {
+            registry_options(key, &mut options, out, notes);
+            "avro"
+        }
         other => {
             let what = if other.contains("Avro") {
                 "Avro"
@@ -121,6 +128,47 @@ fn converter_encoding(
     encoding
 }
 
+/// Takes the Avro converter's registry URL and basic auth user out of `options` into
+/// `[schema_registry]`.
+fn registry_options(
+    key: &str,
+    options: &mut Vec<(String, String)>,
+    out: &mut Output,
+    notes: &mut Vec<String>,
+) {
+    let url_key = format!("{key}.schema.registry.url");
+    let user_key = format!("{key}.basic.auth.user.info");
+    let source_key = format!("{key}.basic.auth.credentials.source");
+    let mut rest = Vec::new();
+    for (option, value) in options.drain(..) {
+        if option == url_key {
+            let mut urls = value.split(',').map(str::trim).filter(|u| !u.is_empty());
+            if let Some(first) = urls.next() {
+                out.schema_registry.insert("url".into(), string(first));
+            }
+            if urls.next().is_some() {
+                notes.push(format!(
+                    "`{url_key}` lists several registry URLs; Siphon takes one, the first"
+                ));
+            }
+        } else if option == user_key {
+            let user = value.split_once(':').map_or(value.as_str(), |(u, _)| u);
+            out.schema_registry.insert("username".into(), string(user));
+            notes.push(format!(
+                "`{user_key}`: the user is in [schema_registry]; set the password with SIPHON_SCHEMA_REGISTRY_PASSWORD (it is not written to the file)"
+            ));
+        } else if option != source_key || !value.eq_ignore_ascii_case("USER_INFO") {
+            rest.push((option, value));
+        }
+    }
+    *options = rest;
+    if !out.schema_registry.contains("url") {
+        notes.push(format!(
+            "`{url_key}` is not set: set schema_registry.url to the registry the converter used"
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::EncodingName;
@@ -153,5 +201,27 @@ mod tests {
             "{:#?}",
             import.notes
         );
+    }
+
+    #[test]
+    fn an_avro_value_converter_becomes_avro_values_and_its_registry() {
+        let import = import_debezium(&minimal(
+            r#", "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+               "value.converter": "io.confluent.connect.avro.AvroConverter",
+               "value.converter.schema.registry.url": "https://r1:8081,https://r2:8081",
+               "value.converter.basic.auth.credentials.source": "USER_INFO",
+               "value.converter.basic.auth.user.info": "siphon:s3cret",
+               "value.converter.auto.register.schemas": "true""#,
+        ))
+        .unwrap();
+        let c = parse(&import);
+        assert_eq!(c.format.value, EncodingName::Avro);
+        assert_eq!(c.schema_registry.url, "https://r1:8081");
+        assert_eq!(c.schema_registry.username, "siphon");
+        assert!(c.schema_registry.password.is_empty());
+        assert!(!import.toml.contains("s3cret"), "{}", import.toml);
+        note_with(&import, &["SIPHON_SCHEMA_REGISTRY_PASSWORD"]);
+        note_with(&import, &["several registry URLs"]);
+        note_with(&import, &["auto.register.schemas"]);
     }
 }

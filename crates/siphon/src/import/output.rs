@@ -27,6 +27,10 @@ impl Section {
         self.0.is_empty()
     }
 
+    pub(super) fn contains(&self, key: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == key)
+    }
+
     /// `[header]` and one line per key, each serialized by the `toml` crate so keys and values
     /// are quoted and escaped as TOML requires.
     fn render(&self, header: &str, text: &mut String) {
@@ -52,6 +56,7 @@ pub(super) struct Output {
     pub(super) topic_creation: Section,
     pub(super) router: Section,
     pub(super) format: Section,
+    pub(super) schema_registry: Section,
 }
 
 impl Output {
@@ -91,6 +96,7 @@ impl Output {
             .render("kafka.topic_creation", &mut text);
         self.router.render("router", &mut text);
         self.format.render("format", &mut text);
+        self.schema_registry.render("schema_registry", &mut text);
         text
     }
 }

@@ -244,12 +244,11 @@ fn table_regexes_and_unsupported_transforms_and_converters_are_noted() {
     .unwrap();
     let c = parse(&import);
     assert_eq!(c.source.tables, vec!["app.outbox".to_owned()]);
-    assert_eq!(c.format.value, EncodingName::Json);
+    assert_eq!(c.format.value, EncodingName::Avro);
+    assert_eq!(c.schema_registry.url, "http://registry:8081");
     note_with(&import, &["public.outbox_.*", "regular expression"]);
     note_with(&import, &["`route`", "ByLogicalTableRouter", "after"]);
     note_with(&import, &["`unwrap`", "never touched the outbox events"]);
-    note_with(&import, &["AvroConverter", "Avro", "not support"]);
-    note_with(&import, &["value.converter.schema.registry.url"]);
     note_with(&import, &["env config provider", "PGPASSWORD"]);
     note_with(&import, &["some.future.option", "not carried over"]);
     assert!(
