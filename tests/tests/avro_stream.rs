@@ -215,6 +215,39 @@ async fn avro_values_decode_to_their_payloads_with_json_keys_and_partitions_in_s
         let expected: Vec<String> = order.into_iter().map(uuid).collect();
         assert_eq!(ids, expected, "{key}: commit order");
     }
+
+    // One request per schema: the snapshot registered the first shape, the stream the other
+    // four, and every later record of a known shape costs none.
+    let address = siphon.metrics_address().context("no metrics address")?;
+    let port: u16 = address.rsplit(':').next().unwrap_or_default().parse()?;
+    let metric = |body: &str, name: &str| -> Option<u64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    let body = wait_for(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let (_, body) = siphon_tests::http::get(port, "/metrics")?;
+            Ok((metric(&body, "siphon_schema_registry_requests_total") >= Some(5)).then_some(body))
+        },
+    )
+    .await?;
+    assert_eq!(
+        metric(&body, "siphon_schema_registry_requests_total"),
+        Some(5),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "siphon_schema_ids_looked_up_total"),
+        Some(5),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "siphon_schema_ids_known_total"),
+        Some(1),
+        "{body}"
+    );
     Ok(())
 }
 

@@ -29,6 +29,8 @@ pub enum FailureKind {
 pub enum Note {
     /// A change or logical message of the stream was read (and handled).
     EventRead,
+    /// A registry-format record's schema id was known already (`true`) or is looked up.
+    SchemaId { known: bool },
     /// A PostgreSQL transaction was read to its commit.
     Transaction,
     /// The time from a transaction's commit to its Begin being read.
@@ -100,6 +102,7 @@ impl fmt::Debug for Note {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Note::EventRead => f.write_str("EventRead"),
+            Note::SchemaId { known } => write!(f, "SchemaId({known})"),
             Note::Transaction => f.write_str("Transaction"),
             Note::CommitToRead(d) => write!(f, "CommitToRead({d:?})"),
             Note::CommitToAck(d) => write!(f, "CommitToAck({d:?})"),

@@ -911,7 +911,11 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         schema: RegistrySchema,
     ) -> Result<(), V::Error> {
         let key = (Arc::clone(&held.record.topic), schema);
-        if let Some(&id) = self.schema_ids.get(&key) {
+        let known = self.schema_ids.get(&key).copied();
+        self.notes.push_back(Note::SchemaId {
+            known: known.is_some(),
+        });
+        if let Some(id) = known {
             held.record.value = held.record.value.map(|v| with_schema_id(v, id));
             return self.send_routed(now, held.txn, held.record);
         }

@@ -751,7 +751,11 @@ impl Driver<'_> {
                 }
                 Lookup::SchemaId { subject, schema } => {
                     let id = match &registry {
-                        Some(registry) => registry.id(&subject, &schema).await,
+                        // Asked again while the registry is down, until the session ends.
+                        Some(registry) => tokio::select! {
+                            id = registry.id(&subject, &schema) => id,
+                            () = inputs.closed() => return,
+                        },
                         // Settings give every registry format a registry.
                         None => Err(siphon_schema_registry::RegistryError::InvalidUrl {
                             url: String::new(),
@@ -794,6 +798,10 @@ impl Driver<'_> {
         self.sink.release_retired();
         self.metrics
             .set_malformed_trace_contexts(self.settings.router.malformed_trace_contexts());
+        if let Some(registry) = &self.settings.registry {
+            self.metrics
+                .set_registry_requests(registry.registry().requests_sent());
+        }
         self.metrics
             .set_retired_producer_unreported(self.sink.retired().map_or(0, |r| r.unreported));
         self.metrics

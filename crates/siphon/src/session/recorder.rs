@@ -115,6 +115,7 @@ impl Recorder {
             }
             .emit(metrics),
             Note::OtherTableRow => Event::OtherTableRow.emit(metrics),
+            Note::SchemaId { known } => metrics.schema_id(known),
             Note::NonTransactionalMessageSkipped { prefix, lsn } => {
                 Event::NonTransactionalMessageSkipped {
                     prefix: &prefix,

@@ -253,6 +253,9 @@ pub struct Metrics {
     reconnects: [Counter; 2],
     producer_rebuilds: Counter,
     malformed_trace_contexts: Counter,
+    registry_requests: Counter,
+    schema_ids_known: Counter,
+    schema_ids_looked_up: Counter,
     retired_producer_unreported: Gauge,
 
     in_flight_records: Gauge,
@@ -359,6 +362,24 @@ impl Metrics {
             "siphon_trace_context_malformed",
             "Records whose trace context column held a value that is not a W3C traceparent (left out of the record)",
             malformed_trace_contexts.clone(),
+        );
+        let registry_requests = Counter::default();
+        registry.register(
+            "siphon_schema_registry_requests",
+            "HTTP requests sent to the schema registry, retries included",
+            registry_requests.clone(),
+        );
+        let schema_ids_known = Counter::default();
+        registry.register(
+            "siphon_schema_ids_known",
+            "Registry-format records whose schema id the session already knew (no request)",
+            schema_ids_known.clone(),
+        );
+        let schema_ids_looked_up = Counter::default();
+        registry.register(
+            "siphon_schema_ids_looked_up",
+            "Registry-format records whose schema id the session had to look up (reading waited)",
+            schema_ids_looked_up.clone(),
         );
         let producer_rebuilds = Counter::default();
         registry.register(
@@ -477,6 +498,9 @@ impl Metrics {
             reconnects,
             producer_rebuilds,
             malformed_trace_contexts,
+            registry_requests,
+            schema_ids_known,
+            schema_ids_looked_up,
             retired_producer_unreported,
             in_flight_records,
             in_flight_bytes,
@@ -644,6 +668,23 @@ impl Metrics {
         let seen = self.malformed_trace_contexts.get();
         if total > seen {
             self.malformed_trace_contexts.inc_by(total - seen);
+        }
+    }
+
+    /// The schema registry client has sent `total` requests since the process started.
+    pub fn set_registry_requests(&self, total: u64) {
+        let seen = self.registry_requests.get();
+        if total > seen {
+            self.registry_requests.inc_by(total - seen);
+        }
+    }
+
+    /// A registry-format record's schema id: known already (`true`) or looked up.
+    pub fn schema_id(&self, known: bool) {
+        if known {
+            self.schema_ids_known.inc();
+        } else {
+            self.schema_ids_looked_up.inc();
         }
     }
 
