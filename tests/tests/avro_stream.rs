@@ -463,3 +463,103 @@ async fn with_on_error_fail_a_refused_schema_stops_siphon_naming_subject_and_fix
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_once_across_kill_9(
+) -> Result<()> {
+    use siphon_tests::kafka_read::{read_topic_isolated_async, Isolation};
+    let python = python()?;
+    let (pg, broker, registry) = (
+        Postgres::start()?,
+        Broker::start()?,
+        RegistryServer::start()?,
+    );
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
+    let config = avro_config(&pg, &broker, "eos", &registry.url(), "", "").replacen(
+        &bootstrap,
+        &format!(
+            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"\ntransaction_interval_ms = 100",
+            broker.topic("siphon.progress")
+        ),
+        1,
+    );
+    let topic = broker.topic("outbox.event.Order");
+    // Two shapes, so that ids are looked up in both sessions.
+    let payload = |n: usize| {
+        if n.is_multiple_of(2) {
+            format!(r#"{{"n": {n}, "even": true}}"#)
+        } else {
+            format!(r#"{{"n": {n}, "odd": "{n}"}}"#)
+        }
+    };
+    let write = |from: usize| {
+        let mut sql = String::new();
+        for txn in 0..20 {
+            sql.push_str("BEGIN;");
+            for i in 0..5 {
+                let n = from + txn * 5 + i;
+                sql.push_str(&insert(n, &format!("order-{}", n % 7), Some(&payload(n))));
+            }
+            sql.push_str("COMMIT;");
+        }
+        sql
+    };
+
+    let first = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "eos").await },
+    )
+    .await
+    .with_context(|| first.log())?;
+    client.batch_execute(&write(0)).await?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let seen = read_topic_isolated_async(
+                &broker.bootstrap(),
+                &topic,
+                Duration::from_secs(10),
+                Isolation::ReadUncommitted,
+            )
+            .await?;
+            Ok(seen.len() >= 30)
+        },
+    )
+    .await
+    .with_context(|| first.log())?;
+    first.kill9()?;
+    client.batch_execute(&write(100)).await?;
+    let end = current_insert_lsn(&client).await?;
+    let second = SiphonProcess::start(&config)?;
+    wait_for_slot_past(&client, "eos", end, Duration::from_secs(120))
+        .await
+        .with_context(|| second.log())?;
+
+    let committed = read_topic_isolated_async(
+        &broker.bootstrap(),
+        &topic,
+        Duration::from_secs(30),
+        Isolation::ReadCommitted,
+    )
+    .await?;
+    let mut ids: Vec<String> = committed
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 200, "every event");
+    assert_eq!(committed.len(), 200, "each once");
+    let decoded = decode(&python, &registry, &topic, &committed)?;
+    for (record, (value, _)) in committed.iter().zip(&decoded) {
+        let id = String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned();
+        let n: usize = id.rsplit('-').next().unwrap_or_default().parse()?;
+        assert_eq!(*value, expected(&payload(n)), "event {n}");
+    }
+    Ok(())
+}
