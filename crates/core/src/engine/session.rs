@@ -22,8 +22,11 @@
 //!
 //! # Invariants
 //! - The only position ever confirmed is the ledger's watermark (the flow's).
-//! - The stream is read only while no catalog lookup is outstanding and the flow can take more
-//!   (window room, no fence, not stopping: [`SessionCore::can_read`]).
+//! - The stream is read only while no lookup (catalog, schema id) is outstanding and the flow
+//!   can take more (window room, no fence, not stopping: [`SessionCore::can_read`]).
+//! - A record waiting for its schema id holds reading back until it is sent; it is sent (or
+//!   dead-lettered) only while the Kafka transactions take records (never while a commit is
+//!   due or runs), and never once the session stops (its row is read again by the next).
 //! - With librdkafka's gap-less idempotence, a failure stops the failed producer from writing
 //!   anything after it, so with the flow's fence the first delivery of every record of a
 //!   partition is in send order, across producer replacement.
@@ -173,6 +176,16 @@ struct HeldRecord {
     relation: Arc<Relation>,
     row: TupleData,
     lsn: Lsn,
+    /// The registry's answer, once given.
+    resolved: Option<Resolved>,
+}
+
+/// What becomes of a held record once the registry answered.
+enum Resolved {
+    /// Sent with this schema id.
+    Id(u32),
+    /// Dead-lettered for this reason.
+    DeadLetter(String),
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -532,6 +545,8 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             }
             Input::Tick => Ok(()),
         };
+        // A held record answered while a commit was due goes once the commit is over.
+        let outcome = outcome.and_then(|()| self.release_held(now));
         if let Err(e) = outcome {
             match &mut self.transactions {
                 Some(transactions) => {
@@ -620,7 +635,6 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 schema,
                 id,
             } => {
-                self.awaiting_lookup = false;
                 return self.on_schema_id(now, subject, schema, id);
             }
             super::catalog::Answer::NotNullColumns { relation, columns } => {
@@ -865,6 +879,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                     relation: Arc::clone(relation),
                     row: row.clone(),
                     lsn,
+                    resolved: None,
                 };
                 self.send_registered(now, held, schema)
             }
@@ -929,8 +944,9 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         Ok(())
     }
 
-    /// The registry's answer for the held record: sent with its id; or, the schema refused,
-    /// dead-lettered (`on_error = "dead-letter"`) or the session's end, naming the subject.
+    /// The registry's answer for the held record: its id, or (the schema refused) its dead
+    /// letter with `on_error = "dead-letter"`, sent by [`SessionCore::release_held`]; any other
+    /// refusal ends the session, naming the subject.
     fn on_schema_id(
         &mut self,
         now: Now,
@@ -938,47 +954,81 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         schema: RegistrySchema,
         id: Result<u32, V::RegistryError>,
     ) -> Result<(), V::Error> {
-        let Some(held) = self.held.take() else {
+        let Some(mut held) = self.held.take() else {
+            self.awaiting_lookup = false;
             return Ok(());
         };
-        match id {
+        held.resolved = Some(match id {
             Ok(id) => {
                 if self.schema_ids.len() >= SCHEMA_ID_CAPACITY {
                     self.schema_ids.clear();
                 }
                 self.schema_ids
                     .insert((Arc::clone(&held.record.topic), schema), id);
-                let mut record = held.record;
-                record.value = record.value.map(|v| with_schema_id(v, id));
-                self.send_routed(now, held.txn, record)
+                Resolved::Id(id)
             }
-            Err(error) => match self.settings.on_error {
-                ErrorPolicy::DeadLetter(dead_letters) if V::schema_refused(&error) => {
-                    let reason = format!(
-                        "the schema registry refused the value's schema under subject {subject:?}: {error}"
-                    );
-                    self.notes.push_back(Note::RowDeadLettered {
-                        table: format!("{}.{}", held.relation.namespace, held.relation.name),
-                        lsn: held.lsn,
-                        error: Box::new(reason.clone()),
-                        dead_letter_topic: dead_letters.topic().to_owned(),
-                    });
-                    let letter = dead_letters.for_row(
-                        &held.relation,
-                        &held.row,
-                        &reason,
-                        held.lsn,
-                        self.flow.commit_lsn(held.txn),
-                    );
-                    self.send_new(now, held.txn, letter)
-                }
-                _ => Err(EngineError::Registry {
+            Err(error)
+                if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_))
+                    && V::schema_refused(&error) =>
+            {
+                Resolved::DeadLetter(format!(
+                    "the schema registry refused the value's schema under subject {subject:?}: {error}"
+                ))
+            }
+            Err(error) => {
+                self.awaiting_lookup = false;
+                return Err(EngineError::Registry {
                     subject,
                     error,
                     lsn: held.lsn,
                 }
-                .into()),
-            },
+                .into());
+            }
+        });
+        self.held = Some(held);
+        self.release_held(now)
+    }
+
+    /// Sends the held record (or its dead letter) once its lookup is answered and records may
+    /// be sent: not while a Kafka transaction's commit is due or runs (it would miss the
+    /// transaction), nor once the session stops (the next session reads its row again).
+    fn release_held(&mut self, now: Now) -> Result<(), V::Error> {
+        let answered = self.held.as_ref().is_some_and(|h| h.resolved.is_some());
+        let may_send = self
+            .transactions
+            .as_ref()
+            .is_none_or(KafkaTransactions::can_send);
+        if !answered || !may_send || self.flow.is_stopping() {
+            return Ok(());
+        }
+        let Some(held) = self.held.take() else {
+            return Ok(());
+        };
+        self.awaiting_lookup = false;
+        match (held.resolved, self.settings.on_error) {
+            (Some(Resolved::Id(id)), _) => {
+                let mut record = held.record;
+                record.value = record.value.map(|v| with_schema_id(v, id));
+                self.send_routed(now, held.txn, record)
+            }
+            (Some(Resolved::DeadLetter(reason)), ErrorPolicy::DeadLetter(dead_letters)) => {
+                self.notes.push_back(Note::RowDeadLettered {
+                    table: format!("{}.{}", held.relation.namespace, held.relation.name),
+                    lsn: held.lsn,
+                    error: Box::new(reason.clone()),
+                    dead_letter_topic: dead_letters.topic().to_owned(),
+                });
+                let letter = dead_letters.for_row(
+                    &held.relation,
+                    &held.row,
+                    &reason,
+                    held.lsn,
+                    self.flow.commit_lsn(held.txn),
+                );
+                self.send_new(now, held.txn, letter)
+            }
+            // A dead letter is resolved only with dead letters configured.
+            _ => Ok(()),
         }
     }
 
