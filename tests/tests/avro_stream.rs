@@ -563,3 +563,112 @@ async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_onc
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and_follow_new_versions(
+) -> Result<()> {
+    use siphon_schema_registry::{value_subject, RegistryConfig, SchemaKind, SchemaRegistry};
+    // The payload as it is: a registered schema keeps empty arrays.
+    let json = |payload: &str| -> serde_json::Value {
+        serde_json::from_str(payload).expect("a JSON payload")
+    };
+    let python = python()?;
+    let (pg, broker, registry) = (
+        Postgres::start()?,
+        Broker::start()?,
+        RegistryServer::start()?,
+    );
+    let topic = broker.topic("outbox.event.Order");
+    let dead_letter_topic = broker.topic("outbox.registered.dlq");
+    let owner = SchemaRegistry::new(&RegistryConfig::new(registry.url()))?;
+    let v1 = r#"{"type":"record","name":"Order","namespace":"shop","fields":[{"name":"id","type":"long"},{"name":"lines","type":{"type":"array","items":{"type":"record","name":"Line","fields":[{"name":"sku","type":"string"},{"name":"qty","type":"int"}]}}}]}"#;
+    let id1 = owner
+        .register(&value_subject(&topic), SchemaKind::Avro, v1)
+        .await?;
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    let config = avro_config(
+        &pg,
+        &broker,
+        "registered",
+        &registry.url(),
+        &format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""),
+        "",
+    )
+    .replace("\"table.expand.json.payload\" = true\n", "")
+    .replace(
+        "[schema_registry]\n",
+        "[schema_registry]\nschemas = \"registered\"\nlatest_ttl_secs = 1\n",
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(&client, "registered").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let fits = [
+        r#"{"id": 1, "lines": [{"sku": "a", "qty": 2}]}"#,
+        r#"{"id": 4, "lines": []}"#,
+    ];
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} {} INSERT INTO outbox VALUES ('00000000-0000-4000-8000-000000000005', 'Ghost', 'k', 'T', '{{}}'); COMMIT;",
+            insert(1, "k", Some(fits[0])),
+            insert(2, "k", Some(r#"{"id": 2, "lines": [], "color": "red"}"#)),
+            insert(3, "k", Some(r#"{"id": "three", "lines": []}"#)),
+            insert(4, "k", Some(fits[1])),
+        ))
+        .await?;
+    let events = records(&broker, &topic, 2, &siphon).await?;
+    let letters = records(&broker, &dead_letter_topic, 3, &siphon).await?;
+    let decoded = decode(&python, &registry, &topic, &events)?;
+    assert_eq!(
+        decoded,
+        fits.iter()
+            .map(|p| (json(p), u64::from(id1)))
+            .collect::<Vec<_>>(),
+        "the payloads that fit, written with the registered schema"
+    );
+    let reasons: Vec<String> = letters
+        .iter()
+        .map(|l| {
+            String::from_utf8_lossy(l.header("siphon.error.message").unwrap_or_default())
+                .into_owned()
+        })
+        .collect();
+    for needle in [
+        "$.color is not a field of record shop.Order",
+        "three",
+        "no schema for subject",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.contains(needle)),
+            "a dead letter says {needle:?}: {reasons:#?}"
+        );
+    }
+
+    // A new version is used within the time to live, without a restart.
+    let v2 = v1.replace(
+        r#"}}}]}"#,
+        r#"}}},{"name":"note","type":["null","string"],"default":null}]}"#,
+    );
+    let id2 = owner
+        .register(&value_subject(&topic), SchemaKind::Avro, &v2)
+        .await?;
+    assert_ne!(id1, id2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let gift = r#"{"id": 6, "lines": [], "note": "gift"}"#;
+    client
+        .batch_execute(&format!("BEGIN; {} COMMIT;", insert(6, "k", Some(gift))))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    let events = records(&broker, &topic, 3, &siphon).await?;
+    wait_for_slot_past(&client, "registered", end, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    let decoded = decode(&python, &registry, &topic, &events[2..])?;
+    assert_eq!(decoded, vec![(json(gift), u64::from(id2))]);
+    Ok(())
+}

@@ -15,7 +15,9 @@ use crate::routing::binding::TableBinding;
 use crate::routing::error::{ConfigError, RouteError};
 use crate::routing::options::{InvalidOperationBehavior, RouterOptions};
 use crate::routing::own_topics::OwnTopics;
-use crate::routing::route::{Change, Debezium, LogLevel, Routed, RouterContext, SkipReason};
+use crate::routing::route::{
+    Change, Debezium, LogLevel, Routed, RouterContext, SkipReason, ValueSchema,
+};
 use pgoutput::{Relation, TupleData};
 
 /// The stack of the thread that expands a deeper payload: 1000 levels of recursion in the
@@ -49,8 +51,11 @@ impl EventRouter {
         extensions: EventExtensions,
     ) -> Result<Self, ExtensionConfigError> {
         extensions.check(self.debezium.options())?;
-        if self.debezium.format().value == crate::format::encoding::Encoding::Avro
-            && (extensions.protobuf_value || extensions.cloudevents.is_some())
+        if matches!(
+            self.debezium.format().value,
+            crate::format::encoding::Encoding::Avro
+                | crate::format::encoding::Encoding::AvroRegistered
+        ) && (extensions.protobuf_value || extensions.cloudevents.is_some())
         {
             return Err(ExtensionConfigError::RegistryValue);
         }
@@ -224,7 +229,10 @@ impl EventRouter {
             } else {
                 record
             };
-            return Ok(Routed::Registered { record, schema });
+            return Ok(match schema {
+                ValueSchema::Derived(schema) => Routed::Registered { record, schema },
+                ValueSchema::Registered => Routed::WithRegisteredSchema { record },
+            });
         }
         if !config.is_active() {
             return Ok(Routed::Record(record));

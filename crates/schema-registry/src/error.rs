@@ -108,12 +108,17 @@ fn fix_hint(status: u16, code: Option<i64>) -> &'static str {
 
 impl RegistryError {
     /// Whether the registry refused the schema itself (HTTP 409: incompatible with the
-    /// subject's versions; 422: invalid), rather than the caller (credentials, the URL).
+    /// subject's versions; 422: invalid) or has none for the subject (404 with error 40401 or
+    /// 40402), rather than the caller (credentials, the URL).
     pub fn is_schema_refusal(&self) -> bool {
         matches!(
             self,
             RegistryError::Refused {
                 status: 409 | 422,
+                ..
+            } | RegistryError::Refused {
+                status: 404,
+                code: Some(40401 | 40402),
                 ..
             }
         )

@@ -79,6 +79,30 @@ pub struct SchemaRegistrySection {
     /// How long one request may take.
     #[serde(default = "default_registry_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// `derived` (default): each value's schema is made from it, as Debezium's converters do,
+    /// and registered; `registered`: each payload is checked against and written with the
+    /// latest schema registered for its topic's values.
+    #[serde(default)]
+    pub schemas: SchemaSource,
+    /// With `schemas = "registered"`: how long a subject's latest schema is used before the
+    /// registry is asked again (a new version is picked up within this time).
+    #[serde(default = "default_latest_ttl_secs")]
+    pub latest_ttl_secs: u64,
+}
+
+/// Where the schemas of `avro` values come from.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemaSource {
+    /// Made from each value, as Debezium's converters make them, and registered.
+    #[default]
+    Derived,
+    /// The latest registered for the topic's values; payloads that do not fit are refused.
+    Registered,
+}
+
+fn default_latest_ttl_secs() -> u64 {
+    60
 }
 
 impl Default for SchemaRegistrySection {
@@ -91,6 +115,8 @@ impl Default for SchemaRegistrySection {
             ssl_certificate_location: String::new(),
             ssl_key_location: String::new(),
             request_timeout_ms: default_registry_request_timeout_ms(),
+            schemas: SchemaSource::Derived,
+            latest_ttl_secs: default_latest_ttl_secs(),
         }
     }
 }
@@ -1110,6 +1136,14 @@ mod tests {
                 false,
                 false,
                 "100 to 3600000",
+            ),
+            (
+                "schema_registry.latest_ttl_secs",
+                86_400,
+                false,
+                true,
+                false,
+                "1 to 86400",
             ),
         ];
         let defaults = toml::Table::try_from(parse(MINIMAL, &[]).unwrap()).unwrap();

@@ -46,6 +46,14 @@ pub enum PipelineError {
         error: Box<siphon_schema_registry::RegistryError>,
         lsn: Lsn,
     },
+    /// A payload does not fit the schema registered for it (`on_error = "fail"`), or that
+    /// schema cannot be read.
+    #[error("{error} (subject {subject:?}; the row at {lsn} was not delivered; fix the payload or register a schema it fits, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)")]
+    Misfit {
+        subject: String,
+        error: Box<siphon_router::Misfit>,
+        lsn: Lsn,
+    },
     /// An outbox table whose columns do not fit the router's options.
     #[error("{0}")]
     Unbindable(Box<RouteError>),

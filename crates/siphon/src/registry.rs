@@ -11,7 +11,10 @@
 
 use siphon_core::Backoff;
 use siphon_record::{RegistrySchema, RegistrySchemaKind};
+use siphon_router::RegisteredAvro;
 use siphon_schema_registry::{RegistryConfig, RegistryError, SchemaKind, SchemaRegistry};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tracing::warn;
 
@@ -20,10 +23,28 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// How many parsed registered schemas are kept (by id) before they are all forgotten.
+const PARSED_SCHEMAS: usize = 1000;
+
+/// Why no registered schema can write a value.
+#[derive(Debug)]
+pub enum LatestError {
+    /// The registry refused (a subject it does not have among the refusals).
+    Registry(RegistryError),
+    /// The latest schema is not one Avro reads.
+    Unreadable(siphon_router::Misfit),
+}
+
 /// Schema ids from the registry (the client's cache answers the schemas seen before).
 #[derive(Clone)]
 pub struct SchemaIds {
     registry: SchemaRegistry,
+    /// The registered schemas read so far, by id.
+    parsed: Arc<Mutex<HashMap<u32, Arc<RegisteredAvro>>>>,
+    /// How long a subject's latest schema is used before the registry is asked again.
+    latest_ttl: Duration,
+    /// Whether values are written with the schemas registered for them (not derived).
+    registered: bool,
 }
 
 impl SchemaIds {
@@ -31,10 +52,76 @@ impl SchemaIds {
     ///
     /// # Errors
     /// The URL or the TLS files are not usable.
-    pub fn new(config: &RegistryConfig) -> Result<Self, RegistryError> {
+    pub fn new(config: &RegistryConfig, registered: bool) -> Result<Self, RegistryError> {
         Ok(SchemaIds {
             registry: SchemaRegistry::new(config)?,
+            parsed: Arc::default(),
+            latest_ttl: config.latest_ttl.unwrap_or(Duration::from_secs(60)),
+            registered,
         })
+    }
+
+    /// How long a subject's latest schema is used before the registry is asked again.
+    pub fn latest_ttl(&self) -> Duration {
+        self.latest_ttl
+    }
+
+    /// Whether values are written with the schemas registered for them.
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    /// The latest schema registered under `subject`, read as Avro (once per id), as
+    /// [`SchemaIds::latest`] fetches it.
+    ///
+    /// # Errors
+    /// The registry's refusal, or a schema Avro cannot read.
+    pub async fn registered_avro(&self, subject: &str) -> Result<Arc<RegisteredAvro>, LatestError> {
+        let (id, text) = self.latest(subject).await.map_err(LatestError::Registry)?;
+        let mut parsed = self.parsed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(schema) = parsed.get(&id) {
+            return Ok(Arc::clone(schema));
+        }
+        let schema = Arc::new(RegisteredAvro::parse(id, &text).map_err(LatestError::Unreadable)?);
+        if parsed.len() >= PARSED_SCHEMAS {
+            parsed.clear();
+        }
+        parsed.insert(id, Arc::clone(&schema));
+        Ok(schema)
+    }
+
+    /// The latest schema registered under `subject`, with its id; asked again while the
+    /// registry cannot answer.
+    ///
+    /// # Errors
+    /// The registry's refusal (a subject that does not exist among them).
+    pub async fn latest(&self, subject: &str) -> Result<(u32, Arc<str>), RegistryError> {
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+        loop {
+            match self.registry.latest(subject).await {
+                Err(error) if error.consequence().is_retry() => {
+                    let wait = backoff.next_delay(rand::random::<f64>());
+                    warn!(
+                        %error,
+                        subject,
+                        retry_in_ms = wait.as_millis() as u64,
+                        "the schema registry did not answer; records wait for their schema"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                Err(error) => return Err(error),
+                Ok(found) if found.kind != SchemaKind::Avro => {
+                    return Err(RegistryError::BadResponse {
+                        call: format!("fetch the latest version of subject {subject:?}"),
+                        reason: format!(
+                            "its schema is {:?}, and format.value = \"avro\" writes Avro",
+                            found.kind
+                        ),
+                    })
+                }
+                Ok(found) => return Ok((found.id, found.schema)),
+            }
+        }
     }
 
     /// The client, for calls of its own (`check-config`).

@@ -5,7 +5,7 @@
 
 use crate::config::{
     option_strings, CloudEventsModeName, Config, DeliveryMode, EncodingName, LogFormat,
-    NonTransactional, OnError, SinkKind,
+    NonTransactional, OnError, SchemaSource, SinkKind,
 };
 use crate::dead_letter::DeadLetters;
 use crate::session::{ErrorPolicy, ExactlyOnce, NonTransactionalPolicy, PipelineSettings, Routers};
@@ -42,6 +42,15 @@ fn encoding(name: EncodingName) -> Encoding {
     }
 }
 
+/// The value encoding: `avro` is written with registered schemas under
+/// `schema_registry.schemas = "registered"`.
+fn value_encoding(config: &Config) -> Encoding {
+    match (config.format.value, config.schema_registry.schemas) {
+        (EncodingName::Avro, SchemaSource::Registered) => Encoding::AvroRegistered,
+        (name, _) => encoding(name),
+    }
+}
+
 /// The schema registry client's settings (`[schema_registry]`): `None` without a URL. The
 /// `avro` value format needs one; a registry no format uses is refused as a mistake.
 pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>> {
@@ -73,6 +82,7 @@ pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>
         anyhow::bail!("schema_registry.ssl_certificate_location and schema_registry.ssl_key_location go together: set both for a client certificate, or neither");
     }
     registry.request_timeout = Duration::from_millis(section.request_timeout_ms);
+    registry.latest_ttl = Some(Duration::from_secs(section.latest_ttl_secs));
     Ok(Some(registry))
 }
 
@@ -181,9 +191,12 @@ fn build_router(
     for warning in options.warnings() {
         tracing::warn!("[{section}] {warning}");
     }
+    if value_encoding(config) == Encoding::AvroRegistered && options.expand_json_payload() {
+        anyhow::bail!("[{section}] \"table.expand.json.payload\" = true has no effect with schema_registry.schemas = \"registered\": the payload's JSON is written with the schema registered for it; remove the option, or use schemas = \"derived\"");
+    }
     let format = Format {
         key: encoding(config.format.key),
-        value: encoding(config.format.value),
+        value: value_encoding(config),
         numbers: if config.format.java_version >= 19 {
             JavaNumbers::Java19
         } else {
@@ -295,7 +308,12 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
     let state_topic = state_topic(config, &sink)?;
     let snapshot = crate::snapshot::Plan::from_config(config, &source.tables)?;
     let registry = registry_config(config)?
-        .map(|c| crate::registry::SchemaIds::new(&c))
+        .map(|c| {
+            crate::registry::SchemaIds::new(
+                &c,
+                config.schema_registry.schemas == SchemaSource::Registered,
+            )
+        })
         .transpose()
         .context("[schema_registry]")?;
     if config.format.key == EncodingName::Avro {
@@ -476,6 +494,15 @@ mod tests {
         .err()
         .expect("not http");
         assert!(format!("{err:#}").contains("schema_registry"), "{err:#}");
+        let registered = "schemas = \"registered\"\n";
+        let settings = build(&config(&format!("{avro}{registry}{registered}"))).expect("valid");
+        assert!(settings.registry.as_ref().is_some_and(|r| r.registered()));
+        let err = build(&config(&format!(
+            "{avro}{registry}{registered}[router]\n\"table.expand.json.payload\" = true\n"
+        )))
+        .err()
+        .expect("expansion has no effect");
+        assert!(format!("{err:#}").contains("no effect"), "{err:#}");
         let err = build(&config(&format!(
             "{avro}{registry}[cloudevents]\nmode = \"binary\"\n"
         )))

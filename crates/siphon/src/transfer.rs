@@ -507,30 +507,13 @@ impl Copy<'_> {
                     Err(e) => Err(e.clone()),
                 };
                 let routed = match routed {
-                    Ok(Some((record, Some(schema)))) => {
-                        let subject = value_subject(&record.topic);
-                        match self.schema_id(&subject, &schema).await {
-                            Ok(id) => {
-                                let mut record = record;
-                                record.value = record.value.map(|v| with_schema_id(v, id));
-                                Ok(Some(record))
-                            }
-                            Err(error) => match self.on_error {
-                                ErrorPolicy::DeadLetter(_) if error.is_schema_refusal() => {
-                                    Err(RowRefusal::Registry { subject, error })
-                                }
-                                _ => {
-                                    return Err(TransferError::Registry {
-                                        table: table.table.clone(),
-                                        key: row.key,
-                                        subject,
-                                        error: Box::new(error),
-                                    })
-                                }
-                            },
+                    Ok(Some((record, to_write))) => match self.written(record, to_write).await {
+                        Ok(record) => Ok(Some(record)),
+                        Err(refusal) if refusal.dead_lettered(self.on_error) => Err(refusal),
+                        Err(refusal) => {
+                            return Err(refusal.into_error(table.table.clone(), row.key));
                         }
-                    }
-                    Ok(Some((record, None))) => Ok(Some(record)),
+                    },
                     Ok(None) => Ok(None),
                     Err(error) => Err(RowRefusal::Route(error)),
                 };
@@ -543,21 +526,7 @@ impl Copy<'_> {
                     Ok(None) => {}
                     Err(error) => match self.on_error {
                         ErrorPolicy::Fail => {
-                            return Err(match error {
-                                RowRefusal::Route(error) => TransferError::Row {
-                                    table: table.table.clone(),
-                                    key: row.key,
-                                    error: Box::new(error),
-                                },
-                                RowRefusal::Registry { subject, error } => {
-                                    TransferError::Registry {
-                                        table: table.table.clone(),
-                                        key: row.key,
-                                        subject,
-                                        error: Box::new(error),
-                                    }
-                                }
-                            });
+                            return Err(error.into_error(table.table.clone(), row.key));
                         }
                         ErrorPolicy::DeadLetter(dead_letters) => {
                             Event::RowDeadLettered {
@@ -658,11 +627,61 @@ fn next_limit(rows: &[siphon_source::snapshot::Row], max_rows: usize, budget: us
 enum RowRefusal {
     /// The router cannot route it.
     Route(RouteError),
-    /// The registry refused its value's schema.
+    /// The registry refused its value's schema, or has none for the subject.
     Registry {
         subject: String,
         error: siphon_schema_registry::RegistryError,
     },
+    /// Its payload does not fit the schema registered for it.
+    Misfit {
+        subject: String,
+        error: siphon_router::Misfit,
+    },
+    /// The schema registered for it cannot be read as Avro.
+    Unreadable {
+        subject: String,
+        error: siphon_router::Misfit,
+    },
+}
+
+impl RowRefusal {
+    /// Whether `on_error` sends the row to the dead-letter topic: a row the router cannot
+    /// route, a schema the registry refuses, a payload that does not fit; never a refusal of
+    /// Siphon itself (credentials, the URL) nor a schema that cannot be read, which no row
+    /// escapes.
+    fn dead_lettered(&self, on_error: &ErrorPolicy) -> bool {
+        matches!(on_error, ErrorPolicy::DeadLetter(_))
+            && match self {
+                RowRefusal::Route(_) | RowRefusal::Misfit { .. } => true,
+                RowRefusal::Registry { error, .. } => error.is_schema_refusal(),
+                RowRefusal::Unreadable { .. } => false,
+            }
+    }
+
+    /// The transfer's end for a row of `table` with `key` that is not dead-lettered.
+    fn into_error(self, table: siphon_source::TableName, key: Vec<String>) -> TransferError {
+        match self {
+            RowRefusal::Route(error) => TransferError::Row {
+                table,
+                key,
+                error: Box::new(error),
+            },
+            RowRefusal::Registry { subject, error } => TransferError::Registry {
+                table,
+                key,
+                subject,
+                error: Box::new(error),
+            },
+            RowRefusal::Misfit { subject, error } | RowRefusal::Unreadable { subject, error } => {
+                TransferError::Misfit {
+                    table,
+                    key,
+                    subject,
+                    error: Box::new(error),
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Display for RowRefusal {
@@ -673,39 +692,89 @@ impl std::fmt::Display for RowRefusal {
                 f,
                 "the schema registry refused the value's schema under subject {subject:?}: {error}"
             ),
+            RowRefusal::Misfit { subject, error } | RowRefusal::Unreadable { subject, error } => {
+                write!(f, "subject {subject:?}: {error}")
+            }
         }
     }
+}
+
+/// What a routed record's value still needs before it is sent.
+enum ToWrite {
+    /// Nothing.
+    Nothing,
+    /// The id of its derived schema, registered.
+    Derived(siphon_record::RegistrySchema),
+    /// To be written with the latest schema registered for it.
+    Registered,
 }
 
 impl Copy<'_> {
-    /// The registry id of a row value's schema, as the stream's lookup gets it.
-    async fn schema_id(
+    /// `record` with its value written as the stream writes it: framed with the id of its
+    /// derived schema, or written with the schema registered for it.
+    async fn written(
         &self,
-        subject: &str,
-        schema: &siphon_record::RegistrySchema,
-    ) -> Result<u32, siphon_schema_registry::RegistryError> {
-        match &self.registry {
-            Some(registry) => registry.id(subject, schema).await,
-            // Settings give every registry format a registry.
-            None => Err(siphon_schema_registry::RegistryError::InvalidUrl {
-                url: String::new(),
-                reason: "no schema registry is configured: set schema_registry.url",
-            }),
+        mut record: RoutedRecord,
+        to_write: ToWrite,
+    ) -> Result<RoutedRecord, RowRefusal> {
+        let subject = value_subject(&record.topic);
+        let registry = |error| RowRefusal::Registry {
+            subject: subject.clone(),
+            error,
+        };
+        let Some(ids) = &self.registry else {
+            return match to_write {
+                ToWrite::Nothing => Ok(record),
+                // Settings give every registry format a registry.
+                _ => Err(registry(
+                    siphon_schema_registry::RegistryError::InvalidUrl {
+                        url: String::new(),
+                        reason: "no schema registry is configured: set schema_registry.url",
+                    },
+                )),
+            };
+        };
+        match to_write {
+            ToWrite::Nothing => Ok(record),
+            ToWrite::Derived(schema) => {
+                let id = ids.id(&subject, &schema).await.map_err(registry)?;
+                record.value = record.value.map(|v| with_schema_id(v, id));
+                Ok(record)
+            }
+            ToWrite::Registered => {
+                let schema = match ids.registered_avro(&subject).await {
+                    Ok(schema) => schema,
+                    Err(crate::registry::LatestError::Registry(error)) => {
+                        return Err(registry(error))
+                    }
+                    Err(crate::registry::LatestError::Unreadable(error)) => {
+                        return Err(RowRefusal::Unreadable { subject, error })
+                    }
+                };
+                if let Some(payload) = record.value.as_deref() {
+                    let value = schema.encode(payload).map_err(|error| RowRefusal::Misfit {
+                        subject: subject.clone(),
+                        error,
+                    })?;
+                    record.value = Some(Bytes::from(value));
+                }
+                Ok(record)
+            }
         }
     }
 }
 
-/// The record of an inserted row, as the stream's INSERT of it would be routed, with the
-/// schema its value must be registered with (a registry format); `None` for a row the router
-/// skips.
+/// The record of an inserted row, as the stream's INSERT of it would be routed, with what its
+/// value still needs (a registry format); `None` for a row the router skips.
 fn route(
     router: &siphon_router::EventRouter,
     binding: &TableBinding,
     tuple: &pgoutput::TupleData,
-) -> Result<Option<(RoutedRecord, Option<siphon_record::RegistrySchema>)>, RouteError> {
+) -> Result<Option<(RoutedRecord, ToWrite)>, RouteError> {
     match router.route(binding, siphon_router::Change::Insert(tuple))? {
-        Routed::Record(record) => Ok(Some((record, None))),
-        Routed::Registered { record, schema } => Ok(Some((record, Some(schema)))),
+        Routed::Record(record) => Ok(Some((record, ToWrite::Nothing))),
+        Routed::Registered { record, schema } => Ok(Some((record, ToWrite::Derived(schema)))),
+        Routed::WithRegisteredSchema { record } => Ok(Some((record, ToWrite::Registered))),
         Routed::Skipped(reason) => {
             warn!(?reason, "row skipped by the router");
             Ok(None)

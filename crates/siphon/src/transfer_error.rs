@@ -51,6 +51,15 @@ pub enum TransferError {
         subject: String,
         error: Box<siphon_schema_registry::RegistryError>,
     },
+    /// A row's payload does not fit the schema registered for it (with
+    /// `pipeline.on_error = "fail"`), or that schema cannot be read.
+    #[error("{error} (subject {subject:?}; a row of {table} with key {key:?} was not sent)")]
+    Misfit {
+        table: TableName,
+        key: Vec<String>,
+        subject: String,
+        error: Box<siphon_router::Misfit>,
+    },
     /// The table's columns do not fit the router's options.
     #[error("{0}")]
     Unbindable(Box<RouteError>),

@@ -29,6 +29,9 @@ pub enum Lookup {
         subject: String,
         schema: RegistrySchema,
     },
+    /// The latest schema registered under `subject`, with its id (asked again once the
+    /// session's copy is older than its time to live).
+    LatestSchema { subject: String },
 }
 
 /// The answer to a [`Lookup`]; `E`: why the catalog could not be read, `R`: why the registry
@@ -48,6 +51,11 @@ pub enum Answer<E, R> {
         subject: String,
         schema: RegistrySchema,
         id: Result<u32, R>,
+    },
+    /// The schema's id and text.
+    LatestSchema {
+        subject: String,
+        schema: Result<(u32, Arc<str>), R>,
     },
 }
 

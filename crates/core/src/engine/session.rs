@@ -52,12 +52,14 @@ use crate::assembly::{RowChange, SourceEvent};
 use crate::exactly_once::{KafkaTransactions, Progress, TransactionStep};
 use crate::flow::{Flow, FlowAction, FlowError, FlowSettings, Outcome, ToDeadLetter};
 use crate::ledger::{LedgerError, Seq, TxnId};
+use bytes::Bytes;
 use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
 use siphon_record::registered::{value_subject, with_schema_id};
 use siphon_record::{record_bytes, Classified, Delivery, RegistrySchema, Verdict};
 use siphon_router::{
-    Change, EventRouter, RouteError, Routed, RoutedRecord, SkipReason, SourcePosition, TableBinding,
+    Change, EventRouter, RegisteredAvro, RouteError, Routed, RoutedRecord, SkipReason,
+    SourcePosition, TableBinding,
 };
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -166,6 +168,9 @@ pub struct CoreSettings<'a, V: Vocabulary> {
     pub transactions: Option<KafkaTransactions>,
     /// Exactly-once: records the broker refused in earlier sessions.
     pub suspects: Suspects<V::Fault>,
+    /// How long a schema fetched from the registry (`schema_registry.schemas = "registered"`)
+    /// is used before the registry is asked for the subject's latest again.
+    pub registered_schema_ttl: Duration,
 }
 
 /// A record held until the id of its value's schema is known, with the row it came from (for
@@ -182,8 +187,10 @@ struct HeldRecord {
 
 /// What becomes of a held record once the registry answered.
 enum Resolved {
-    /// Sent with this schema id.
-    Id(u32),
+    /// Sent with this value.
+    Value(Bytes),
+    /// Sent as it is (a null value has nothing to write).
+    AsIs,
     /// Dead-lettered for this reason.
     DeadLetter(String),
 }
@@ -263,6 +270,8 @@ pub struct SessionCore<'a, V: Vocabulary> {
     schema_ids: FxHashMap<(Arc<str>, RegistrySchema), u32>,
     /// The record waiting for its schema id (reading waits with it).
     held: Option<HeldRecord>,
+    /// The latest schema registered for each topic's values, and when it was fetched.
+    registered: FxHashMap<Arc<str>, (Arc<RegisteredAvro>, Instant)>,
     /// The open transaction, if any.
     txn: Option<TxnId>,
     /// Its Begin: commit LSN, transaction id and commit time (for the source position).
@@ -326,6 +335,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             awaiting_lookup: false,
             schema_ids: FxHashMap::default(),
             held: None,
+            registered: FxHashMap::default(),
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
             position,
@@ -637,6 +647,9 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             } => {
                 return self.on_schema_id(now, subject, schema, id);
             }
+            super::catalog::Answer::LatestSchema { subject, schema } => {
+                return self.on_latest_schema(now, subject, schema);
+            }
             super::catalog::Answer::NotNullColumns { relation, columns } => {
                 self.awaiting_lookup = false;
                 let columns = columns.map_err(EngineError::Catalog)?;
@@ -883,6 +896,17 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 };
                 self.send_registered(now, held, schema)
             }
+            Ok((Routed::WithRegisteredSchema { record }, _)) => {
+                let held = HeldRecord {
+                    txn,
+                    record,
+                    relation: Arc::clone(relation),
+                    row: row.clone(),
+                    lsn,
+                    resolved: None,
+                };
+                self.send_with_registered(now, held)
+            }
             Ok((Routed::Skipped(reason), router)) => {
                 self.notes.push_back(Note::skipped(
                     format_args!("{}.{}", relation.namespace, relation.name),
@@ -965,7 +989,10 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 }
                 self.schema_ids
                     .insert((Arc::clone(&held.record.topic), schema), id);
-                Resolved::Id(id)
+                match held.record.value.take() {
+                    Some(value) => Resolved::Value(with_schema_id(value, id)),
+                    None => Resolved::AsIs,
+                }
             }
             Err(error)
                 if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_))
@@ -989,6 +1016,132 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         self.release_held(now)
     }
 
+    /// A record whose value is the payload's JSON, to be written with the latest schema
+    /// registered for its topic's values: written at once with a copy fetched within the time
+    /// to live, else held (reading waits) while the latest is fetched.
+    fn send_with_registered(&mut self, now: Now, held: HeldRecord) -> Result<(), V::Error> {
+        let ttl = self.settings.registered_schema_ttl;
+        let fresh = self
+            .registered
+            .get(&held.record.topic)
+            .filter(|(_, fetched)| now.instant.saturating_duration_since(*fetched) < ttl)
+            .map(|(schema, _)| Arc::clone(schema));
+        self.notes.push_back(Note::SchemaId {
+            known: fresh.is_some(),
+        });
+        let subject = value_subject(&held.record.topic);
+        self.awaiting_lookup = true;
+        self.held = Some(held);
+        match fresh {
+            Some(schema) => self.write_held(now, subject, &schema),
+            None => {
+                self.flow
+                    .push(Queued::Lookup(Lookup::LatestSchema { subject }));
+                Ok(())
+            }
+        }
+    }
+
+    /// The latest schema of the held record's subject: kept for the topic, and the record
+    /// written with it. A schema Avro cannot read ends the session, naming the subject.
+    fn on_latest_schema(
+        &mut self,
+        now: Now,
+        subject: String,
+        schema: Result<(u32, Arc<str>), V::RegistryError>,
+    ) -> Result<(), V::Error> {
+        let Some(held) = self.held.as_ref() else {
+            self.awaiting_lookup = false;
+            return Ok(());
+        };
+        let (lsn, topic) = (held.lsn, Arc::clone(&held.record.topic));
+        let fail = |this: &mut Self| {
+            this.held = None;
+            this.awaiting_lookup = false;
+        };
+        let (id, text) = match schema {
+            Ok(found) => found,
+            Err(error)
+                if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_))
+                    && V::schema_refused(&error) =>
+            {
+                if let Some(held) = self.held.as_mut() {
+                    held.resolved = Some(Resolved::DeadLetter(format!(
+                        "the schema registry has no schema for subject {subject:?}: {error}"
+                    )));
+                }
+                return self.release_held(now);
+            }
+            Err(error) => {
+                fail(self);
+                return Err(EngineError::Registry {
+                    subject,
+                    error,
+                    lsn,
+                }
+                .into());
+            }
+        };
+        let schema = match RegisteredAvro::parse(id, &text) {
+            Ok(schema) => Arc::new(schema),
+            Err(error) => {
+                fail(self);
+                return Err(EngineError::Misfit {
+                    subject,
+                    error,
+                    lsn,
+                }
+                .into());
+            }
+        };
+        if self.registered.len() >= SCHEMA_ID_CAPACITY {
+            self.registered.clear();
+        }
+        self.registered
+            .insert(topic, (Arc::clone(&schema), now.instant));
+        self.write_held(now, subject, &schema)
+    }
+
+    /// Writes the held record's payload with `schema`: sent, or (it does not fit)
+    /// dead-lettered with `on_error = "dead-letter"`, or the session's end.
+    fn write_held(
+        &mut self,
+        now: Now,
+        subject: String,
+        schema: &RegisteredAvro,
+    ) -> Result<(), V::Error> {
+        let Some(held) = self.held.as_mut() else {
+            self.awaiting_lookup = false;
+            return Ok(());
+        };
+        let written = held
+            .record
+            .value
+            .as_deref()
+            .map(|payload| schema.encode(payload));
+        held.resolved = Some(match written {
+            None => Resolved::AsIs,
+            Some(Ok(value)) => Resolved::Value(Bytes::from(value)),
+            Some(Err(error)) => match self.settings.on_error {
+                ErrorPolicy::DeadLetter(_) => {
+                    Resolved::DeadLetter(format!("subject {subject:?}: {error}"))
+                }
+                ErrorPolicy::Fail => {
+                    let lsn = held.lsn;
+                    self.held = None;
+                    self.awaiting_lookup = false;
+                    return Err(EngineError::Misfit {
+                        subject,
+                        error,
+                        lsn,
+                    }
+                    .into());
+                }
+            },
+        });
+        self.release_held(now)
+    }
+
     /// Sends the held record (or its dead letter) once its lookup is answered and records may
     /// be sent: not while a Kafka transaction's commit is due or runs (it would miss the
     /// transaction), nor once the session stops (the next session reads its row again).
@@ -1006,11 +1159,12 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         };
         self.awaiting_lookup = false;
         match (held.resolved, self.settings.on_error) {
-            (Some(Resolved::Id(id)), _) => {
+            (Some(Resolved::Value(value)), _) => {
                 let mut record = held.record;
-                record.value = record.value.map(|v| with_schema_id(v, id));
+                record.value = Some(value);
                 self.send_routed(now, held.txn, record)
             }
+            (Some(Resolved::AsIs), _) => self.send_routed(now, held.txn, held.record),
             (Some(Resolved::DeadLetter(reason)), ErrorPolicy::DeadLetter(dead_letters)) => {
                 self.notes.push_back(Note::RowDeadLettered {
                     table: format!("{}.{}", held.relation.namespace, held.relation.name),

@@ -986,6 +986,7 @@ fn session_core<'a>(
             position_headers: Some(super::position::PositionHeaders::new(Some("1"), "s")),
             transactions,
             suspects,
+            registered_schema_ttl: Duration::from_secs(60),
         },
         start,
     )
@@ -1508,6 +1509,10 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                     Some(Lookup::OutboxRelation(relation)) => Some(Answer::OutboxRelation {
                         relation,
                         outbox: Ok(None),
+                    }),
+                    Some(Lookup::LatestSchema { subject }) => Some(Answer::LatestSchema {
+                        subject,
+                        schema: Ok((1, Arc::from("\"string\""))),
                     }),
                     Some(Lookup::SchemaId { subject, schema }) => {
                         w.saw("schema id looked up");

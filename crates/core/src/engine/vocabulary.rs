@@ -87,6 +87,13 @@ pub enum AbortCause<V: Vocabulary> {
 pub enum EngineError<V: Vocabulary> {
     /// A catalog lookup failed.
     Catalog(V::CatalogError),
+    /// A payload does not fit the schema registered for it, or that schema cannot be read (the
+    /// row at `lsn`).
+    Misfit {
+        subject: String,
+        error: siphon_router::Misfit,
+        lsn: Lsn,
+    },
     /// The schema registry refused the schema of a record value (the row at `lsn`).
     Registry {
         subject: String,

@@ -428,7 +428,9 @@ impl Extensions {
             }
             Encoding::String => (TEXT, DataForm::Text),
             // The router refuses extensions that rewrite a registry format's value.
-            Encoding::Binary | Encoding::Avro => (OCTET_STREAM, DataForm::Binary),
+            Encoding::Binary | Encoding::Avro | Encoding::AvroRegistered => {
+                (OCTET_STREAM, DataForm::Binary)
+            }
         }
     }
 }

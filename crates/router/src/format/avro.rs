@@ -138,7 +138,7 @@ impl AvroSchema {
         if depth > MAX_WRITE_DEPTH {
             return Err(AvroError::TooDeep { depth });
         }
-        let parsed = parse(&json)?;
+        let parsed = parse_schema(&json)?;
         Ok(AvroSchema {
             connect: connect.clone(),
             json: json.into(),
@@ -195,7 +195,7 @@ impl AvroSchema {
 
 /// The schema text parsed by `apache-avro`, as deep as [`AvroSchema::from_connect`] lets it
 /// nest (`Schema::parse_str` stops at serde_json's default of 128 levels).
-fn parse(json: &str) -> Result<apache_avro::Schema, AvroError> {
+pub(crate) fn parse_schema(json: &str) -> Result<apache_avro::Schema, AvroError> {
     use serde::Deserialize as _;
     let invalid = |reason: String| AvroError::Schema { reason };
     let mut deserializer = serde_json::Deserializer::from_str(json);

@@ -18,5 +18,6 @@ pub(crate) mod expand;
 pub(crate) mod javanum;
 pub(crate) mod javanum_legacy;
 pub(crate) mod json;
+pub(crate) mod registered;
 pub(crate) mod text;
 pub(crate) mod timestamp;

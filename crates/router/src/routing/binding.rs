@@ -370,8 +370,16 @@ fn check_encodings(
                     type_name: type_name(column.type_oid),
                 });
             }
-            Encoding::Avro if what == "key" => {
+            Encoding::Avro | Encoding::AvroRegistered if what == "key" => {
                 return fail(EncodingMismatch::AvroKey);
+            }
+            Encoding::AvroRegistered if has_envelope => {
+                return fail(EncodingMismatch::RegisteredEnvelope);
+            }
+            Encoding::AvroRegistered if bytes => {
+                return fail(EncodingMismatch::RegisteredBytes {
+                    column: column.name.to_string(),
+                });
             }
             Encoding::String if bytes => {
                 return fail(EncodingMismatch::StringOfBytea {

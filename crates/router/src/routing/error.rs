@@ -288,6 +288,12 @@ pub enum EncodingMismatch {
         column: String,
         type_name: &'static str,
     },
+    /// A registered schema takes the payload's JSON, not an envelope around it.
+    #[error("schema_registry.schemas = \"registered\" writes the payload's JSON with the schema registered for it, and cannot write the envelope an envelope placement in table.fields.additional.placement makes; use header placements, or derived schemas")]
+    RegisteredEnvelope,
+    /// A registered schema takes the payload's JSON, which a bytea column does not hold.
+    #[error("schema_registry.schemas = \"registered\" writes the payload's JSON with the schema registered for it, and column \"{column}\" is bytea; store the payload as json, jsonb or text")]
+    RegisteredBytes { column: String },
     /// The registry formats write values only.
     #[error("the avro encoding is for record values; write keys with the json or string encoding (format.key)")]
     AvroKey,

@@ -96,12 +96,27 @@ pub enum Routed {
         /// The value's schema, to register under the value subject of the record's topic.
         schema: RegistrySchema,
     },
+    /// The change becomes this record once its value, the payload's JSON, is written with the
+    /// latest schema registered under the value subject of its topic ([`crate::RegisteredAvro`]).
+    WithRegisteredSchema {
+        /// The record, its value the payload column's text.
+        record: RoutedRecord,
+    },
     /// The change is deliberately not sent.
     Skipped(SkipReason),
 }
 
 /// A record value and, for a registry format, the schema it is written with.
-type Encoded = (Option<Bytes>, Option<RegistrySchema>);
+pub(crate) type Encoded = (Option<Bytes>, Option<ValueSchema>);
+
+/// The schema a registry format's value is written with.
+#[derive(Debug)]
+pub(crate) enum ValueSchema {
+    /// Made from the value, to be registered.
+    Derived(RegistrySchema),
+    /// The one registered for the value subject: the value is the payload's JSON still.
+    Registered,
+}
 
 /// Who is running the router, for Debezium's context headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,7 +251,7 @@ impl Debezium {
         binding: &TableBinding,
         row: &'r TupleData,
         encode_value: bool,
-    ) -> Result<(RoutedRecord, &'r str, Option<RegistrySchema>), RouteError> {
+    ) -> Result<(RoutedRecord, &'r str, Option<ValueSchema>), RouteError> {
         if row.columns.len() != binding.column_count {
             return Err(RouteError::ColumnCountMismatch {
                 table: binding.table().to_owned(),
@@ -374,6 +389,13 @@ impl Debezium {
         let column = &binding.payload;
         let encoding = self.format.value;
         let payload = cell(binding, column, row)?;
+        if encoding == Encoding::AvroRegistered {
+            // Binding refuses envelopes and bytea with it, and settings refuse the expansion.
+            return Ok(match payload {
+                None => (None, None),
+                Some((raw, _)) => (Some(raw.clone()), Some(ValueSchema::Registered)),
+            });
+        }
         let has_envelope = binding
             .additional
             .iter()
@@ -496,10 +518,10 @@ impl Debezium {
         let datum = avro.datum(value).map_err(fail)?;
         Ok((
             Some(unframed_value(&datum)),
-            Some(RegistrySchema::new(
+            Some(ValueSchema::Derived(RegistrySchema::new(
                 RegistrySchemaKind::Avro,
                 avro.shared_json(),
-            )),
+            ))),
         ))
     }
 
@@ -663,7 +685,7 @@ fn write_value(value: &Value, schema: &Schema, encoding: Encoding) -> Option<Byt
         Encoding::JsonSchemas => write_envelope(&mut out, value, Some(schema)),
         // Binding refuses bytes for String and structs for Binary; Avro is written by
         // `Debezium::avro` and never comes here.
-        Encoding::String | Encoding::Binary | Encoding::Avro => {
+        Encoding::String | Encoding::Binary | Encoding::Avro | Encoding::AvroRegistered => {
             return java_text(value, Some(schema))
                 .ok()
                 .flatten()
@@ -775,7 +797,7 @@ fn encode_cell(
                 Some(Bytes::from(out))
             }
             // A registry format writes a NULL as a null value (binding refuses it for keys).
-            Encoding::String | Encoding::Binary | Encoding::Avro => None,
+            Encoding::String | Encoding::Binary | Encoding::Avro | Encoding::AvroRegistered => None,
         });
     };
     let encoded = match encoding {
@@ -783,7 +805,7 @@ fn encode_cell(
         Encoding::String => to_string_with(column.kind, raw, text, numbers),
         Encoding::Binary => decode_bytea(text),
         // Binding refuses it for keys, and values are written by `Debezium::avro`.
-        Encoding::Avro => Err(BadValue),
+        Encoding::Avro | Encoding::AvroRegistered => Err(BadValue),
         Encoding::JsonSchemas => to_json_with(column.kind, raw, text, numbers).map(|json| {
             let mut out = Vec::with_capacity(json.len() + 96);
             out.extend_from_slice(b"{\"schema\":");

@@ -66,6 +66,7 @@ pub const RANGES: &[Range] = &[
     range("pipeline.shutdown_timeout_secs", 0, DAY_SECS),
     range("pipeline.max_backoff_secs", 1, 3_600),
     range("schema_registry.request_timeout_ms", 100, HOUR_MS),
+    range("schema_registry.latest_ttl_secs", 1, DAY_SECS),
 ];
 
 impl Range {

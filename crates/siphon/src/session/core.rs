@@ -81,6 +81,15 @@ impl From<EngineError<Siphon>> for PipelineError {
     fn from(error: EngineError<Siphon>) -> Self {
         match error {
             EngineError::Catalog(e) => PipelineError::Source(e),
+            EngineError::Misfit {
+                subject,
+                error,
+                lsn,
+            } => PipelineError::Misfit {
+                subject,
+                error: Box::new(error),
+                lsn,
+            },
             EngineError::Registry {
                 subject,
                 error,

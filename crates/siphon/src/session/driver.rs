@@ -317,6 +317,10 @@ pub async fn run_session(
             }),
             transactions,
             suspects: std::mem::take(&mut carry.suspects),
+            registered_schema_ttl: settings
+                .registry
+                .as_ref()
+                .map_or(std::time::Duration::from_secs(60), |r| r.latest_ttl()),
         },
         start,
     );
@@ -767,6 +771,21 @@ impl Driver<'_> {
                         schema,
                         id,
                     })
+                }
+                Lookup::LatestSchema { subject } => {
+                    let schema = match &registry {
+                        // Asked again while the registry is down, until the session ends.
+                        Some(registry) => tokio::select! {
+                            schema = registry.latest(&subject) => schema,
+                            () = inputs.closed() => return,
+                        },
+                        // Settings give every registry format a registry.
+                        None => Err(siphon_schema_registry::RegistryError::InvalidUrl {
+                            url: String::new(),
+                            reason: "no schema registry is configured: set schema_registry.url",
+                        }),
+                    };
+                    Input::Answer(Answer::LatestSchema { subject, schema })
                 }
                 Lookup::OutboxRelation(relation) => {
                     let outbox = tokio::time::timeout(

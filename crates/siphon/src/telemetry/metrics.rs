@@ -1134,7 +1134,7 @@ mod tests {
             }
         }
         // siphon_kafka_latency_seconds is written once the producer reported its statistics.
-        assert_eq!(helps, 25, "one HELP per metric family");
+        assert_eq!(helps, 28, "one HELP per metric family");
         assert_eq!(types, helps);
         assert!(!t.contains("# EOF"), "classic text format, not OpenMetrics");
     }

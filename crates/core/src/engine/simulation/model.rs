@@ -219,7 +219,8 @@ impl PipelineError {
                 | EngineError::Refused(_)
                 | EngineError::DeadLetterRefused(_)
                 | EngineError::RefusedInTransaction(_)
-                | EngineError::Registry { .. } => false,
+                | EngineError::Registry { .. }
+                | EngineError::Misfit { .. } => false,
             },
         }
     }
