@@ -67,6 +67,23 @@ fn avro_config(
     )
 }
 
+/// Siphon started with `config`, once it holds its slot on `client`'s server.
+async fn started(
+    client: &tokio_postgres::Client,
+    config: &str,
+    slot: &str,
+) -> Result<SiphonProcess> {
+    let siphon = SiphonProcess::start(config)?;
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_active(client, slot).await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    Ok(siphon)
+}
+
 /// Waits until `topic` holds `count` records, and returns them.
 async fn records(
     broker: &Broker,
@@ -135,14 +152,7 @@ async fn avro_values_decode_to_their_payloads_with_json_keys_and_partitions_in_s
         "",
         "snapshot = \"initial\"",
     );
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, "avro").await },
-    )
-    .await
-    .with_context(|| siphon.log())?;
+    let siphon = started(&client, &config, "avro").await?;
     let mut sql = String::from("BEGIN;");
     for (n, payload) in CORPUS.iter().enumerate() {
         sql.push_str(&insert(n, &format!("order-{}", n % 2), Some(payload)));
@@ -259,14 +269,12 @@ async fn a_registry_down_at_start_and_mid_stream_holds_events_back_and_loses_non
     let url = format!("http://127.0.0.1:{port}");
     let client = pg.connect().await?;
     client.batch_execute(OUTBOX).await?;
-    let siphon = SiphonProcess::start(&avro_config(&pg, &broker, "down", &url, "", ""))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, "down").await },
+    let siphon = started(
+        &client,
+        &avro_config(&pg, &broker, "down", &url, "", ""),
+        "down",
     )
-    .await
-    .with_context(|| siphon.log())?;
+    .await?;
     let topic = broker.topic("outbox.event.Order");
 
     // Down at start: nothing is sent, the slot stays before the events.
@@ -366,21 +374,12 @@ async fn incompatible(slot: &str, dead_letters: bool) -> Result<Incompatible> {
     };
     let client = pg.connect().await?;
     client.batch_execute(OUTBOX).await?;
-    let siphon = SiphonProcess::start(&avro_config(
-        &pg,
-        &broker,
+    let siphon = started(
+        &client,
+        &avro_config(&pg, &broker, slot, &registry.url(), &pipeline, ""),
         slot,
-        &registry.url(),
-        &pipeline,
-        "",
-    ))?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, slot).await },
     )
-    .await
-    .with_context(|| siphon.log())?;
+    .await?;
     client
         .batch_execute(&format!(
             "BEGIN; {} COMMIT; BEGIN; {} {} COMMIT;",
@@ -507,14 +506,7 @@ async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_onc
         sql
     };
 
-    let first = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, "eos").await },
-    )
-    .await
-    .with_context(|| first.log())?;
+    let first = started(&client, &config, "eos").await?;
     client.batch_execute(&write(0)).await?;
     wait_until(
         Duration::from_secs(60),
@@ -600,14 +592,7 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
         "[schema_registry]\n",
         "[schema_registry]\nschemas = \"registered\"\nlatest_ttl_secs = 1\n",
     );
-    let siphon = SiphonProcess::start(&config)?;
-    wait_until(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { slot_active(&client, "registered").await },
-    )
-    .await
-    .with_context(|| siphon.log())?;
+    let siphon = started(&client, &config, "registered").await?;
     let fits = [
         r#"{"id": 1, "lines": [{"sku": "a", "qty": 2}]}"#,
         r#"{"id": 4, "lines": []}"#,

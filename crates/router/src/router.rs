@@ -213,32 +213,10 @@ impl EventRouter {
         let config = &self.extensions.config;
         let (record, routed_value, schema) =
             self.debezium.record(binding, row, !config.protobuf_value)?;
-        if let Some(schema) = schema {
-            // The router refuses extensions that rewrite the value of a registry format; the
-            // headers of the others are added here.
-            let record = if config.is_active() {
-                self.extensions.finish(
-                    self.debezium.format(),
-                    self.debezium.options(),
-                    binding,
-                    row,
-                    position,
-                    routed_value,
-                    record,
-                )?
-            } else {
-                record
-            };
-            return Ok(match schema {
-                ValueSchema::Derived(schema) => Routed::Registered { record, schema },
-                ValueSchema::Registered => Routed::WithRegisteredSchema { record },
-            });
-        }
-        if !config.is_active() {
-            return Ok(Routed::Record(record));
-        }
-        self.extensions
-            .finish(
+        // The router refuses extensions that rewrite the value of a registry format; those
+        // that add headers apply to it as to the others.
+        let record = if config.is_active() {
+            self.extensions.finish(
                 self.debezium.format(),
                 self.debezium.options(),
                 binding,
@@ -246,8 +224,15 @@ impl EventRouter {
                 position,
                 routed_value,
                 record,
-            )
-            .map(Routed::Record)
+            )?
+        } else {
+            record
+        };
+        Ok(match schema {
+            None => Routed::Record(record),
+            Some(ValueSchema::Derived(schema)) => Routed::Registered { record, schema },
+            Some(ValueSchema::Registered) => Routed::WithRegisteredSchema { record },
+        })
     }
 
     /// [`EventRouter::route_insert`] on a scoped thread with a stack sized for

@@ -96,32 +96,17 @@ impl SchemaIds {
     /// # Errors
     /// The registry's refusal (a subject that does not exist among them).
     pub async fn latest(&self, subject: &str) -> Result<(u32, Arc<str>), RegistryError> {
-        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
-        loop {
-            match self.registry.latest(subject).await {
-                Err(error) if error.consequence().is_retry() => {
-                    let wait = backoff.next_delay(rand::random::<f64>());
-                    warn!(
-                        %error,
-                        subject,
-                        retry_in_ms = wait.as_millis() as u64,
-                        "the schema registry did not answer; records wait for their schema"
-                    );
-                    tokio::time::sleep(wait).await;
-                }
-                Err(error) => return Err(error),
-                Ok(found) if found.kind != SchemaKind::Avro => {
-                    return Err(RegistryError::BadResponse {
-                        call: format!("fetch the latest version of subject {subject:?}"),
-                        reason: format!(
-                            "its schema is {:?}, and format.value = \"avro\" writes Avro",
-                            found.kind
-                        ),
-                    })
-                }
-                Ok(found) => return Ok((found.id, found.schema)),
-            }
+        let found = until_answered(subject, || self.registry.latest(subject)).await?;
+        if found.kind != SchemaKind::Avro {
+            return Err(RegistryError::BadResponse {
+                call: format!("fetch the latest version of subject {subject:?}"),
+                reason: format!(
+                    "its schema is {:?}, and format.value = \"avro\" writes Avro",
+                    found.kind
+                ),
+            });
         }
+        Ok((found.id, found.schema))
     }
 
     /// The client, for calls of its own (`check-config`).
@@ -138,21 +123,34 @@ impl SchemaIds {
         let kind = match schema.kind() {
             RegistrySchemaKind::Avro => SchemaKind::Avro,
         };
-        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
-        loop {
-            match self.registry.register(subject, kind, schema.text()).await {
-                Err(error) if error.consequence().is_retry() => {
-                    let wait = backoff.next_delay(rand::random::<f64>());
-                    warn!(
-                        %error,
-                        subject,
-                        retry_in_ms = wait.as_millis() as u64,
-                        "the schema registry did not answer; records wait for their schema id"
-                    );
-                    tokio::time::sleep(wait).await;
-                }
-                answer => return answer,
+        until_answered(subject, || {
+            self.registry.register(subject, kind, schema.text())
+        })
+        .await
+    }
+}
+
+/// `call`'s answer, asked again with backoff while the registry cannot answer (a warning
+/// each time): an answer or a refusal.
+async fn until_answered<T, F, Fut>(subject: &str, mut call: F) -> Result<T, RegistryError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, RegistryError>>,
+{
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+    loop {
+        match call().await {
+            Err(error) if error.consequence().is_retry() => {
+                let wait = backoff.next_delay(rand::random::<f64>());
+                warn!(
+                    %error,
+                    subject,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "the schema registry did not answer; records wait for their schema id"
+                );
+                tokio::time::sleep(wait).await;
             }
+            answer => return answer,
         }
     }
 }

@@ -185,6 +185,26 @@ struct HeldRecord {
     resolved: Option<Resolved>,
 }
 
+impl HeldRecord {
+    /// `record` of the row `row` of `relation` at `lsn`, in `txn`, not answered yet.
+    fn new(
+        txn: TxnId,
+        record: RoutedRecord,
+        relation: &Arc<Relation>,
+        row: &TupleData,
+        lsn: Lsn,
+    ) -> Self {
+        HeldRecord {
+            txn,
+            record,
+            relation: Arc::clone(relation),
+            row: row.clone(),
+            lsn,
+            resolved: None,
+        }
+    }
+}
+
 /// What becomes of a held record once the registry answered.
 enum Resolved {
     /// Sent with this value.
@@ -886,25 +906,11 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         match routed {
             Ok((Routed::Record(record), _)) => self.send_routed(now, txn, record),
             Ok((Routed::Registered { record, schema }, _)) => {
-                let held = HeldRecord {
-                    txn,
-                    record,
-                    relation: Arc::clone(relation),
-                    row: row.clone(),
-                    lsn,
-                    resolved: None,
-                };
+                let held = HeldRecord::new(txn, record, relation, row, lsn);
                 self.send_registered(now, held, schema)
             }
             Ok((Routed::WithRegisteredSchema { record }, _)) => {
-                let held = HeldRecord {
-                    txn,
-                    record,
-                    relation: Arc::clone(relation),
-                    row: row.clone(),
-                    lsn,
-                    resolved: None,
-                };
+                let held = HeldRecord::new(txn, record, relation, row, lsn);
                 self.send_with_registered(now, held)
             }
             Ok((Routed::Skipped(reason), router)) => {
