@@ -67,6 +67,18 @@ fn avro_config(
     )
 }
 
+/// PostgreSQL with the outbox table, the broker and a registry of a test's own.
+async fn servers() -> Result<(Postgres, Broker, RegistryServer, tokio_postgres::Client)> {
+    let (pg, broker, registry) = (
+        Postgres::start()?,
+        Broker::start()?,
+        RegistryServer::start()?,
+    );
+    let client = pg.connect().await?;
+    client.batch_execute(OUTBOX).await?;
+    Ok((pg, broker, registry, client))
+}
+
 /// Siphon started with `config`, once it holds its slot on `client`'s server.
 async fn started(
     client: &tokio_postgres::Client,
@@ -133,13 +145,7 @@ fn python() -> Result<std::path::PathBuf> {
 async fn avro_values_decode_to_their_payloads_with_json_keys_and_partitions_in_stream_and_snapshot(
 ) -> Result<()> {
     let python = python()?;
-    let (pg, broker, registry) = (
-        Postgres::start()?,
-        Broker::start()?,
-        RegistryServer::start()?,
-    );
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
+    let (pg, broker, registry, client) = servers().await?;
     // Written before Siphon's first start: the initial snapshot sends it.
     client
         .batch_execute(&insert(100, "order-0", Some(CORPUS[0])))
@@ -361,19 +367,13 @@ struct Incompatible {
 /// Siphon with a subject whose compatibility (the registry's default, backward) refuses a
 /// changed field type, and three events: the second changes the type.
 async fn incompatible(slot: &str, dead_letters: bool) -> Result<Incompatible> {
-    let (pg, broker, registry) = (
-        Postgres::start()?,
-        Broker::start()?,
-        RegistryServer::start()?,
-    );
+    let (pg, broker, registry, client) = servers().await?;
     let dead_letter_topic = broker.topic("outbox.avro.dlq");
     let pipeline = if dead_letters {
         format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\"")
     } else {
         String::new()
     };
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
     let siphon = started(
         &client,
         &avro_config(&pg, &broker, slot, &registry.url(), &pipeline, ""),
@@ -468,13 +468,7 @@ async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_onc
 ) -> Result<()> {
     use siphon_tests::kafka_read::{read_topic_isolated_async, Isolation};
     let python = python()?;
-    let (pg, broker, registry) = (
-        Postgres::start()?,
-        Broker::start()?,
-        RegistryServer::start()?,
-    );
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
+    let (pg, broker, registry, client) = servers().await?;
     let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
     let config = avro_config(&pg, &broker, "eos", &registry.url(), "", "").replacen(
         &bootstrap,
@@ -565,11 +559,7 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
         serde_json::from_str(payload).expect("a JSON payload")
     };
     let python = python()?;
-    let (pg, broker, registry) = (
-        Postgres::start()?,
-        Broker::start()?,
-        RegistryServer::start()?,
-    );
+    let (pg, broker, registry, client) = servers().await?;
     let topic = broker.topic("outbox.event.Order");
     let dead_letter_topic = broker.topic("outbox.registered.dlq");
     let owner = SchemaRegistry::new(&RegistryConfig::new(registry.url()))?;
@@ -577,8 +567,6 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
     let id1 = owner
         .register(&value_subject(&topic), SchemaKind::Avro, v1)
         .await?;
-    let client = pg.connect().await?;
-    client.batch_execute(OUTBOX).await?;
     let config = avro_config(
         &pg,
         &broker,
