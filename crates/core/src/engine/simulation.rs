@@ -4,8 +4,9 @@
 //! Each seed draws an interleaving of source events, broker writes, delivery reports, producer
 //! failures (timeouts that may or may not have persisted the batch), refused batches (a
 //! "poison" record fails every record of its batch and, gap-less, the producer), lookups
-//! answered late (in one seed in three the values are Avro, and each record of a schema the
-//! session has not met waits for its id), reconnects and shutdowns. After every step it checks:
+//! answered late (in one seed in three the values are Avro with derived schemas, and each
+//! record of a schema the session has not met waits for its id; in another, Avro with the
+//! registered schema, which a poison payload does not fit), reconnects and shutdowns. After every step it checks:
 //! - the confirmed position never passes a transaction with a record that is not written (or
 //!   dead-lettered);
 //! - per partition and key, first deliveries are in commit order, across producer replacement
@@ -91,6 +92,10 @@ type Delivery = siphon_record::Delivery<DeliveryError>;
 type DeliveryFailure = siphon_record::DeliveryFailure<DeliveryError>;
 type Suspects = super::suspects::Suspects<model::RecordFault>;
 
+/// The schema the model's registry holds for every topic: innocent payloads fit it.
+const REGISTERED_SCHEMA: &str =
+    r#"{"type":"record","name":"Event","fields":[{"name":"n","type":"long"}]}"#;
+
 /// The seeded generator of the simulation's interleavings (SplitMix64).
 #[derive(Debug, Clone)]
 struct Rng(u64);
@@ -169,10 +174,20 @@ fn row(event: u64, key: u64, poison: bool) -> TupleData {
     }
 }
 
+/// The event a record is for: its `id` header, or for the dead letter of a row (which has
+/// none), the `id` column in its value.
 fn event_of(record: &RoutedRecord) -> Option<u64> {
-    let id = record.headers.iter().find(|h| &*h.name == "id")?;
-    let text = std::str::from_utf8(id.value.as_deref()?).ok()?;
-    u64::from_str_radix(text.rsplit('-').next()?, 16).ok()
+    let id = match record.headers.iter().find(|h| &*h.name == "id") {
+        Some(header) => std::str::from_utf8(header.value.as_deref()?)
+            .ok()?
+            .to_owned(),
+        None if &*record.topic == DEAD_LETTER_TOPIC => {
+            let row: serde_json::Value = serde_json::from_slice(record.value.as_deref()?).ok()?;
+            row.get("id")?.as_str()?.to_owned()
+        }
+        None => return None,
+    };
+    u64::from_str_radix(id.rsplit('-').next()?, 16).ok()
 }
 
 fn is_poison(record: &RoutedRecord) -> bool {
@@ -1170,15 +1185,19 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
         max_age: Duration::from_millis(50 + w.rng.below(251) as u64),
         max_bytes: 50 + w.rng.below(800),
     });
-    // One seed in three writes Avro values: each record of a schema the session has not met
-    // waits, and reading with it, for its id, which the model's registry answers late.
-    let format = if seed % 3 == 1 {
-        Format {
-            value: Encoding::Avro,
-            ..Format::default()
-        }
-    } else {
-        Format::default()
+    // One seed in three writes Avro values with derived schemas, one with the registered
+    // one: a record waits, and reading with it, for its schema id or its topic's schema, which
+    // the model's registry answers late. The registered schema has no `poison` field, so a
+    // poison payload does not fit it and is dead-lettered (or stops the session) before the
+    // broker sees it.
+    let value = match seed % 3 {
+        1 => Encoding::Avro,
+        2 => Encoding::AvroRegistered,
+        _ => Encoding::Json,
+    };
+    let format = Format {
+        value,
+        ..Format::default()
     };
     let router = Routers::new(
         EventRouter::new(
@@ -1510,10 +1529,13 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                         relation,
                         outbox: Ok(None),
                     }),
-                    Some(Lookup::LatestSchema { subject }) => Some(Answer::LatestSchema {
-                        subject,
-                        schema: Ok((1, Arc::from("\"string\""))),
-                    }),
+                    Some(Lookup::LatestSchema { subject }) => {
+                        w.saw("registered schema fetched");
+                        Some(Answer::LatestSchema {
+                            subject,
+                            schema: Ok((2, Arc::from(REGISTERED_SCHEMA))),
+                        })
+                    }
                     Some(Lookup::SchemaId { subject, schema }) => {
                         w.saw("schema id looked up");
                         Some(Answer::SchemaId {
@@ -1693,6 +1715,7 @@ fn simulation_dead_letter_policy_keeps_every_promise() {
             "delete read without its old row",
             "delete read with its old row",
             "schema id looked up",
+            "registered schema fetched",
         ],
     );
 }
@@ -1743,6 +1766,7 @@ fn simulation_exactly_once_keeps_every_promise() {
             "delete read without its old row",
             "delete read with its old row",
             "schema id looked up",
+            "registered schema fetched",
         ],
     );
 }
