@@ -26,6 +26,8 @@ pub const FRAME_HEADER_LEN: usize = 5;
 pub enum RegistrySchemaKind {
     /// `AVRO`.
     Avro,
+    /// `JSON` (JSON Schema).
+    Json,
 }
 
 /// A schema to register, as text.

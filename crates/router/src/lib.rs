@@ -85,7 +85,7 @@ pub use format::encode::{oid, ValueKind, FIRST_USER_OID};
 pub use format::encoding::{Encoding, Format, JavaNumbers};
 pub use format::expand::{expand as expand_json_payload, Expansion, ExpansionError};
 pub use format::json::json_string;
-pub use format::registered::{Misfit, RegisteredAvro};
+pub use format::registered::{Misfit, RegisteredAvro, RegisteredJson, RegisteredSchema};
 pub use router::EventRouter;
 pub use routing::avro_schemas::AvroSchemas;
 pub use routing::binding::{ColumnRole, TableBinding};

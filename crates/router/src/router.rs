@@ -54,7 +54,7 @@ impl EventRouter {
         if matches!(
             self.debezium.format().value,
             crate::format::encoding::Encoding::Avro
-                | crate::format::encoding::Encoding::AvroRegistered
+                | crate::format::encoding::Encoding::Registered(_)
         ) && (extensions.protobuf_value || extensions.cloudevents.is_some())
         {
             return Err(ExtensionConfigError::RegistryValue);
@@ -231,7 +231,7 @@ impl EventRouter {
         Ok(match schema {
             None => Routed::Record(record),
             Some(ValueSchema::Derived(schema)) => Routed::Registered { record, schema },
-            Some(ValueSchema::Registered) => Routed::WithRegisteredSchema { record },
+            Some(ValueSchema::Registered(kind)) => Routed::WithRegisteredSchema { record, kind },
         })
     }
 

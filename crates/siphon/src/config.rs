@@ -372,6 +372,11 @@ pub enum EncodingName {
     /// Values only: as a schema-registry Avro converter (Confluent's `AvroConverter`), the
     /// schema registered with `[schema_registry]`.
     Avro,
+    /// Values only: the payload's JSON, checked against the JSON Schema registered for it
+    /// (`schema_registry.schemas = "registered"`) and framed with its id, as Confluent's JSON
+    /// Schema serializer writes it.
+    #[serde(rename = "json-sr")]
+    JsonSr,
 }
 
 /// `[format]`.

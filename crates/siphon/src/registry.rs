@@ -11,7 +11,7 @@
 
 use siphon_core::Backoff;
 use siphon_record::{RegistrySchema, RegistrySchemaKind};
-use siphon_router::RegisteredAvro;
+use siphon_router::RegisteredSchema;
 use siphon_schema_registry::{RegistryConfig, RegistryError, SchemaKind, SchemaRegistry};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -40,7 +40,7 @@ pub enum LatestError {
 pub struct SchemaIds {
     registry: SchemaRegistry,
     /// The registered schemas read so far, by id.
-    parsed: Arc<Mutex<HashMap<u32, Arc<RegisteredAvro>>>>,
+    parsed: Arc<Mutex<HashMap<u32, Arc<RegisteredSchema>>>>,
     /// How long a subject's latest schema is used before the registry is asked again.
     latest_ttl: Duration,
     /// Whether values are written with the schemas registered for them (not derived).
@@ -71,18 +71,32 @@ impl SchemaIds {
         self.registered
     }
 
-    /// The latest schema registered under `subject`, read as Avro (once per id), as
+    /// The latest schema registered under `subject`, of the `expected` kind, read (once per
+    /// id), as
     /// [`SchemaIds::latest`] fetches it.
     ///
     /// # Errors
     /// The registry's refusal, or a schema Avro cannot read.
-    pub async fn registered_avro(&self, subject: &str) -> Result<Arc<RegisteredAvro>, LatestError> {
-        let (id, text) = self.latest(subject).await.map_err(LatestError::Registry)?;
+    pub async fn registered_schema(
+        &self,
+        subject: &str,
+        expected: RegistrySchemaKind,
+    ) -> Result<Arc<RegisteredSchema>, LatestError> {
+        let (id, kind, text) = self.latest(subject).await.map_err(LatestError::Registry)?;
+        if kind != expected {
+            return Err(LatestError::Unreadable(siphon_router::Misfit {
+                id,
+                reason: format!(
+                    "the subject holds a {kind:?} schema, and the value format writes {expected:?}"
+                ),
+            }));
+        }
         let mut parsed = self.parsed.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(schema) = parsed.get(&id) {
             return Ok(Arc::clone(schema));
         }
-        let schema = Arc::new(RegisteredAvro::parse(id, &text).map_err(LatestError::Unreadable)?);
+        let schema =
+            Arc::new(RegisteredSchema::parse(kind, id, &text).map_err(LatestError::Unreadable)?);
         if parsed.len() >= PARSED_SCHEMAS {
             parsed.clear();
         }
@@ -95,18 +109,24 @@ impl SchemaIds {
     ///
     /// # Errors
     /// The registry's refusal (a subject that does not exist among them).
-    pub async fn latest(&self, subject: &str) -> Result<(u32, Arc<str>), RegistryError> {
+    pub async fn latest(
+        &self,
+        subject: &str,
+    ) -> Result<(u32, RegistrySchemaKind, Arc<str>), RegistryError> {
         let found = until_answered(subject, || self.registry.latest(subject)).await?;
-        if found.kind != SchemaKind::Avro {
-            return Err(RegistryError::BadResponse {
-                call: format!("fetch the latest version of subject {subject:?}"),
-                reason: format!(
-                    "its schema is {:?}, and format.value = \"avro\" writes Avro",
-                    found.kind
-                ),
-            });
-        }
-        Ok((found.id, found.schema))
+        let kind = match found.kind {
+            SchemaKind::Avro => RegistrySchemaKind::Avro,
+            SchemaKind::Json => RegistrySchemaKind::Json,
+            other => {
+                return Err(RegistryError::BadResponse {
+                    call: format!("fetch the latest version of subject {subject:?}"),
+                    reason: format!(
+                        "its schema is {other:?}, and Siphon writes with Avro and JSON Schemas"
+                    ),
+                })
+            }
+        };
+        Ok((found.id, kind, found.schema))
     }
 
     /// The client, for calls of its own (`check-config`).
@@ -122,6 +142,7 @@ impl SchemaIds {
     pub async fn id(&self, subject: &str, schema: &RegistrySchema) -> Result<u32, RegistryError> {
         let kind = match schema.kind() {
             RegistrySchemaKind::Avro => SchemaKind::Avro,
+            RegistrySchemaKind::Json => SchemaKind::Json,
         };
         until_answered(subject, || {
             self.registry.register(subject, kind, schema.text())

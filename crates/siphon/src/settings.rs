@@ -11,6 +11,7 @@ use crate::dead_letter::DeadLetters;
 use crate::session::{ErrorPolicy, ExactlyOnce, NonTransactionalPolicy, PipelineSettings, Routers};
 use anyhow::Context;
 use siphon_kafka_sink::{ProgressTopic, SinkConfig, StateTopic, TopicCreation};
+use siphon_record::RegistrySchemaKind;
 use siphon_router::{
     default_cloudevents_source, CloudEventsMode, CloudEventsOptions, Encoding, EventExtensions,
     EventRouter, Format, JavaNumbers, OwnTopicRole, OwnTopics, RouterContext, RouterOptions,
@@ -39,6 +40,7 @@ fn encoding(name: EncodingName) -> Encoding {
         EncodingName::JsonSchemas => Encoding::JsonSchemas,
         EncodingName::Binary => Encoding::Binary,
         EncodingName::Avro => Encoding::Avro,
+        EncodingName::JsonSr => Encoding::Registered(RegistrySchemaKind::Json),
     }
 }
 
@@ -46,7 +48,9 @@ fn encoding(name: EncodingName) -> Encoding {
 /// `schema_registry.schemas = "registered"`.
 fn value_encoding(config: &Config) -> Encoding {
     match (config.format.value, config.schema_registry.schemas) {
-        (EncodingName::Avro, SchemaSource::Registered) => Encoding::AvroRegistered,
+        (EncodingName::Avro, SchemaSource::Registered) => {
+            Encoding::Registered(RegistrySchemaKind::Avro)
+        }
         (name, _) => encoding(name),
     }
 }
@@ -55,15 +59,21 @@ fn value_encoding(config: &Config) -> Encoding {
 /// `avro` value format needs one; a registry no format uses is refused as a mistake.
 pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>> {
     let section = &config.schema_registry;
-    let needed = config.format.value == EncodingName::Avro;
+    let needed = matches!(
+        config.format.value,
+        EncodingName::Avro | EncodingName::JsonSr
+    );
     if section.url.trim().is_empty() {
         if needed {
-            anyhow::bail!("format.value = \"avro\" registers its schemas with a schema registry: set schema_registry.url (e.g. \"http://127.0.0.1:8081\"; Apicurio: \".../apis/ccompat/v7\")");
+            anyhow::bail!("format.value = \"avro\" and \"json-sr\" take their schemas from a schema registry: set schema_registry.url (e.g. \"http://127.0.0.1:8081\"; Apicurio: \".../apis/ccompat/v7\")");
         }
         return Ok(None);
     }
     if !needed {
-        anyhow::bail!("schema_registry.url is set but no format uses the registry; set format.value = \"avro\", or remove the [schema_registry] section");
+        anyhow::bail!("schema_registry.url is set but no format uses the registry; set format.value = \"avro\" or \"json-sr\", or remove the [schema_registry] section");
+    }
+    if config.format.value == EncodingName::JsonSr && section.schemas != SchemaSource::Registered {
+        anyhow::bail!("format.value = \"json-sr\" writes each payload with the JSON Schema registered for it: set schema_registry.schemas = \"registered\" (JSON Schemas are not derived from payloads)");
     }
     let path = |value: &str| (!value.is_empty()).then(|| std::path::PathBuf::from(value));
     let mut registry = RegistryConfig::new(section.url.trim());
@@ -191,7 +201,7 @@ fn build_router(
     for warning in options.warnings() {
         tracing::warn!("[{section}] {warning}");
     }
-    if value_encoding(config) == Encoding::AvroRegistered && options.expand_json_payload() {
+    if matches!(value_encoding(config), Encoding::Registered(_)) && options.expand_json_payload() {
         anyhow::bail!("[{section}] \"table.expand.json.payload\" = true has no effect with schema_registry.schemas = \"registered\": the payload's JSON is written with the schema registered for it; remove the option, or use schemas = \"derived\"");
     }
     let format = Format {
@@ -311,13 +321,14 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         .map(|c| {
             crate::registry::SchemaIds::new(
                 &c,
-                config.schema_registry.schemas == SchemaSource::Registered,
+                config.schema_registry.schemas == SchemaSource::Registered
+                    || config.format.value == EncodingName::JsonSr,
             )
         })
         .transpose()
         .context("[schema_registry]")?;
-    if config.format.key == EncodingName::Avro {
-        anyhow::bail!("format.key = \"avro\" is not supported: keys are written json, json-schemas, string or binary, and values avro");
+    if matches!(config.format.key, EncodingName::Avro | EncodingName::JsonSr) {
+        anyhow::bail!("format.key = \"avro\" or \"json-sr\" is not supported: keys are written json, json-schemas, string or binary");
     }
     Ok(PipelineSettings {
         registry,
@@ -494,6 +505,12 @@ mod tests {
         .err()
         .expect("not http");
         assert!(format!("{err:#}").contains("schema_registry"), "{err:#}");
+        let err = build(&config(&format!(
+            "[format]\nvalue = \"json-sr\"\n{registry}"
+        )))
+        .err()
+        .expect("json-sr needs registered schemas");
+        assert!(format!("{err:#}").contains("registered"), "{err:#}");
         let registered = "schemas = \"registered\"\n";
         let settings = build(&config(&format!("{avro}{registry}{registered}"))).expect("valid");
         assert!(settings.registry.as_ref().is_some_and(|r| r.registered()));

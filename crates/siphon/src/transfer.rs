@@ -705,8 +705,8 @@ enum ToWrite {
     Nothing,
     /// The id of its derived schema, registered.
     Derived(siphon_record::RegistrySchema),
-    /// To be written with the latest schema registered for it.
-    Registered,
+    /// To be written with the latest schema of this kind registered for it.
+    Registered(siphon_record::RegistrySchemaKind),
 }
 
 impl Copy<'_> {
@@ -741,8 +741,8 @@ impl Copy<'_> {
                 record.value = record.value.map(|v| with_schema_id(v, id));
                 Ok(record)
             }
-            ToWrite::Registered => {
-                let schema = match ids.registered_avro(&subject).await {
+            ToWrite::Registered(kind) => {
+                let schema = match ids.registered_schema(&subject, kind).await {
                     Ok(schema) => schema,
                     Err(crate::registry::LatestError::Registry(error)) => {
                         return Err(registry(error))
@@ -774,7 +774,9 @@ fn route(
     match router.route(binding, siphon_router::Change::Insert(tuple))? {
         Routed::Record(record) => Ok(Some((record, ToWrite::Nothing))),
         Routed::Registered { record, schema } => Ok(Some((record, ToWrite::Derived(schema)))),
-        Routed::WithRegisteredSchema { record } => Ok(Some((record, ToWrite::Registered))),
+        Routed::WithRegisteredSchema { record, kind } => {
+            Ok(Some((record, ToWrite::Registered(kind))))
+        }
         Routed::Skipped(reason) => {
             warn!(?reason, "row skipped by the router");
             Ok(None)

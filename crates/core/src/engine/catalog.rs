@@ -52,10 +52,10 @@ pub enum Answer<E, R> {
         schema: RegistrySchema,
         id: Result<u32, R>,
     },
-    /// The schema's id and text.
+    /// The schema's id, kind and text.
     LatestSchema {
         subject: String,
-        schema: Result<(u32, Arc<str>), R>,
+        schema: Result<(u32, siphon_record::RegistrySchemaKind, Arc<str>), R>,
     },
 }
 

@@ -56,9 +56,11 @@ use bytes::Bytes;
 use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
 use siphon_record::registered::{value_subject, with_schema_id};
-use siphon_record::{record_bytes, Classified, Delivery, RegistrySchema, Verdict};
+use siphon_record::{
+    record_bytes, Classified, Delivery, RegistrySchema, RegistrySchemaKind, Verdict,
+};
 use siphon_router::{
-    Change, EventRouter, RegisteredAvro, RouteError, Routed, RoutedRecord, SkipReason,
+    Change, EventRouter, RegisteredSchema, RouteError, Routed, RoutedRecord, SkipReason,
     SourcePosition, TableBinding,
 };
 use std::collections::{HashSet, VecDeque};
@@ -181,6 +183,8 @@ struct HeldRecord {
     relation: Arc<Relation>,
     row: TupleData,
     lsn: Lsn,
+    /// The kind of schema its value is written with, when it is a registered one.
+    kind: Option<RegistrySchemaKind>,
     /// The registry's answer, once given.
     resolved: Option<Resolved>,
 }
@@ -200,6 +204,7 @@ impl HeldRecord {
             relation: Arc::clone(relation),
             row: row.clone(),
             lsn,
+            kind: None,
             resolved: None,
         }
     }
@@ -291,7 +296,7 @@ pub struct SessionCore<'a, V: Vocabulary> {
     /// The record waiting for its schema id (reading waits with it).
     held: Option<HeldRecord>,
     /// The latest schema registered for each topic's values, and when it was fetched.
-    registered: FxHashMap<Arc<str>, (Arc<RegisteredAvro>, Instant)>,
+    registered: FxHashMap<Arc<str>, (Arc<RegisteredSchema>, Instant)>,
     /// The open transaction, if any.
     txn: Option<TxnId>,
     /// Its Begin: commit LSN, transaction id and commit time (for the source position).
@@ -909,8 +914,9 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 let held = HeldRecord::new(txn, record, relation, row, lsn);
                 self.send_registered(now, held, schema)
             }
-            Ok((Routed::WithRegisteredSchema { record }, _)) => {
-                let held = HeldRecord::new(txn, record, relation, row, lsn);
+            Ok((Routed::WithRegisteredSchema { record, kind }, _)) => {
+                let mut held = HeldRecord::new(txn, record, relation, row, lsn);
+                held.kind = Some(kind);
                 self.send_with_registered(now, held)
             }
             Ok((Routed::Skipped(reason), router)) => {
@@ -1030,7 +1036,10 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         let fresh = self
             .registered
             .get(&held.record.topic)
-            .filter(|(_, fetched)| now.instant.saturating_duration_since(*fetched) < ttl)
+            .filter(|(schema, fetched)| {
+                Some(schema.kind()) == held.kind
+                    && now.instant.saturating_duration_since(*fetched) < ttl
+            })
             .map(|(schema, _)| Arc::clone(schema));
         self.notes.push_back(Note::SchemaId {
             known: fresh.is_some(),
@@ -1054,18 +1063,18 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         &mut self,
         now: Now,
         subject: String,
-        schema: Result<(u32, Arc<str>), V::RegistryError>,
+        schema: Result<(u32, RegistrySchemaKind, Arc<str>), V::RegistryError>,
     ) -> Result<(), V::Error> {
         let Some(held) = self.held.as_ref() else {
             self.awaiting_lookup = false;
             return Ok(());
         };
-        let (lsn, topic) = (held.lsn, Arc::clone(&held.record.topic));
+        let (lsn, topic, expected) = (held.lsn, Arc::clone(&held.record.topic), held.kind);
         let fail = |this: &mut Self| {
             this.held = None;
             this.awaiting_lookup = false;
         };
-        let (id, text) = match schema {
+        let (id, kind, text) = match schema {
             Ok(found) => found,
             Err(error)
                 if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_))
@@ -1088,7 +1097,16 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 .into());
             }
         };
-        let schema = match RegisteredAvro::parse(id, &text) {
+        let parsed = match expected {
+            Some(expected) if expected != kind => Err(siphon_router::Misfit {
+                id,
+                reason: format!(
+                    "the subject holds a {kind:?} schema, and the value format writes {expected:?}"
+                ),
+            }),
+            _ => RegisteredSchema::parse(kind, id, &text),
+        };
+        let schema = match parsed {
             Ok(schema) => Arc::new(schema),
             Err(error) => {
                 fail(self);
@@ -1114,7 +1132,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         &mut self,
         now: Now,
         subject: String,
-        schema: &RegisteredAvro,
+        schema: &RegisteredSchema,
     ) -> Result<(), V::Error> {
         let Some(held) = self.held.as_mut() else {
             self.awaiting_lookup = false;

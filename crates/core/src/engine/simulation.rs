@@ -1192,7 +1192,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
     // broker sees it.
     let value = match seed % 3 {
         1 => Encoding::Avro,
-        2 => Encoding::AvroRegistered,
+        2 => Encoding::Registered(siphon_record::RegistrySchemaKind::Avro),
         _ => Encoding::Json,
     };
     let format = Format {
@@ -1533,7 +1533,11 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                         w.saw("registered schema fetched");
                         Some(Answer::LatestSchema {
                             subject,
-                            schema: Ok((2, Arc::from(REGISTERED_SCHEMA))),
+                            schema: Ok((
+                                2,
+                                siphon_record::RegistrySchemaKind::Avro,
+                                Arc::from(REGISTERED_SCHEMA),
+                            )),
                         })
                     }
                     Some(Lookup::SchemaId { subject, schema }) => {

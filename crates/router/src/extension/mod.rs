@@ -428,7 +428,7 @@ impl Extensions {
             }
             Encoding::String => (TEXT, DataForm::Text),
             // The router refuses extensions that rewrite a registry format's value.
-            Encoding::Binary | Encoding::Avro | Encoding::AvroRegistered => {
+            Encoding::Binary | Encoding::Avro | Encoding::Registered(_) => {
                 (OCTET_STREAM, DataForm::Binary)
             }
         }

@@ -31,10 +31,10 @@ pub enum Encoding {
     /// as Avro binary, framed with the id its schema is registered under (magic byte `0`, the
     /// id as 4 bytes big-endian, the datum); NULL is a null value. Values only.
     Avro,
-    /// Avro written with the schema registered for the value subject by someone else: the
-    /// payload column's JSON, checked against it and written with it (see
-    /// [`crate::RegisteredAvro`]); NULL is a null value. Values only.
-    AvroRegistered,
+    /// Written with the schema of this kind registered for the value subject by someone else:
+    /// the payload column's JSON, checked against it and written with it (see
+    /// [`crate::RegisteredSchema`]); NULL is a null value. Values only.
+    Registered(siphon_record::RegistrySchemaKind),
 }
 
 /// The key and value encodings (Kafka Connect's `key.converter` and `value.converter`), and

@@ -1,13 +1,19 @@
 //! A JSON payload written with a schema registered by someone else (`schema_registry.schemas =
-//! "registered"`): the payload is checked against the Avro schema its subject holds, and
-//! written with it, framed with that schema's id. A payload that does not fit is refused with
-//! the reason, never written in part.
+//! "registered"`): the payload is checked against the schema its subject holds, and written
+//! with it, framed with that schema's id. A payload that does not fit is refused with the
+//! reason, never written in part.
 //!
-//! A payload fits when it is a JSON object whose members are all fields of the record (at
+//! With an Avro schema ([`RegisteredAvro`]) a payload fits when it is a JSON object whose
+//! members are all fields of the record (at
 //! every level: a member the schema does not name would be dropped silently), whose values
 //! resolve to the fields' types as Avro's schema resolution has them (an integer for `int`
 //! and `long`, any number for `float` and `double`, a symbol for an `enum`, the branch of a
 //! union that takes the value), and where every field it leaves out has a default.
+//!
+//! With a JSON Schema ([`RegisteredJson`]) a payload fits when the schema validates it; it is
+//! written as it is (the JSON text PostgreSQL keeps), framed as Confluent's JSON Schema
+//! serializer frames it. References to other documents are not fetched: a schema that needs
+//! one cannot be read.
 //!
 //! # Invariants
 //! - Nothing here performs IO; a [`RegisteredAvro`] is parsed once per schema id.
@@ -18,6 +24,7 @@ use crate::format::avro::MAGIC_BYTE;
 use apache_avro::schema::{Name, ResolvedSchema, Schema};
 use apache_avro::types::Value as AvroValue;
 use serde_json::Value as JsonValue;
+use siphon_record::RegistrySchemaKind;
 use std::collections::HashMap;
 
 /// The longest reason a misfit carries (the Avro library's messages quote whole values).
@@ -31,6 +38,95 @@ pub struct Misfit {
     pub id: u32,
     /// What does not fit.
     pub reason: String,
+}
+
+/// A schema registered for a subject, read.
+#[derive(Debug)]
+pub enum RegisteredSchema {
+    /// An Avro schema.
+    Avro(RegisteredAvro),
+    /// A JSON Schema.
+    Json(RegisteredJson),
+}
+
+impl RegisteredSchema {
+    /// The schema `text` of `kind` registered with `id`.
+    ///
+    /// # Errors
+    /// The text is not a schema of that kind that can be read.
+    pub fn parse(kind: RegistrySchemaKind, id: u32, text: &str) -> Result<Self, Misfit> {
+        Ok(match kind {
+            RegistrySchemaKind::Avro => RegisteredSchema::Avro(RegisteredAvro::parse(id, text)?),
+            RegistrySchemaKind::Json => RegisteredSchema::Json(RegisteredJson::parse(id, text)?),
+        })
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> RegistrySchemaKind {
+        match self {
+            RegisteredSchema::Avro(_) => RegistrySchemaKind::Avro,
+            RegisteredSchema::Json(_) => RegistrySchemaKind::Json,
+        }
+    }
+
+    /// The JSON `payload` checked and written with the schema, framed with its id.
+    ///
+    /// # Errors
+    /// A [`Misfit`] naming what does not fit.
+    pub fn encode(&self, payload: &[u8]) -> Result<Vec<u8>, Misfit> {
+        match self {
+            RegisteredSchema::Avro(schema) => schema.encode(payload),
+            RegisteredSchema::Json(schema) => schema.encode(payload),
+        }
+    }
+}
+
+/// A registered JSON Schema: its id and its validator.
+#[derive(Debug)]
+pub struct RegisteredJson {
+    id: u32,
+    validator: jsonschema::Validator,
+}
+
+impl RegisteredJson {
+    /// The JSON Schema `text` registered with `id`.
+    ///
+    /// # Errors
+    /// The text is not a JSON Schema, or refers to a document it does not hold.
+    pub fn parse(id: u32, text: &str) -> Result<RegisteredJson, Misfit> {
+        let unreadable = |reason: String| Misfit {
+            id,
+            reason: shortened(format!("the schema cannot be read: {reason}")),
+        };
+        let schema: JsonValue =
+            serde_json::from_str(text).map_err(|e| unreadable(e.to_string()))?;
+        let validator =
+            jsonschema::validator_for(&schema).map_err(|e| unreadable(e.to_string()))?;
+        Ok(RegisteredJson { id, validator })
+    }
+
+    /// The JSON `payload`, validated, framed with the schema's id.
+    ///
+    /// # Errors
+    /// A [`Misfit`] naming where the payload breaks the schema.
+    pub fn encode(&self, payload: &[u8]) -> Result<Vec<u8>, Misfit> {
+        let misfit = |reason: String| Misfit {
+            id: self.id,
+            reason: shortened(reason),
+        };
+        let json: JsonValue = serde_json::from_slice(payload)
+            .map_err(|e| misfit(format!("the payload is not JSON ({e})")))?;
+        if let Err(error) = self.validator.validate(&json) {
+            let at = error.instance_path().to_string();
+            let at = if at.is_empty() { "/".to_owned() } else { at };
+            return Err(misfit(format!("at {at}: {error}")));
+        }
+        let mut out = Vec::with_capacity(5 + payload.len());
+        out.push(MAGIC_BYTE);
+        out.extend_from_slice(&self.id.to_be_bytes());
+        out.extend_from_slice(payload);
+        Ok(out)
+    }
 }
 
 /// A registered Avro schema: its id and its parsed form.
@@ -280,6 +376,41 @@ mod tests {
             .encode(br#"{"from": {"x": 1}, "to": {"x": 2, "y": 3}}"#)
             .expect_err("y");
         assert!(misfit.reason.contains("$.to.y"), "{misfit}");
+    }
+
+    const ORDER_JSON: &str = r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"object",
+        "properties":{"id":{"type":"integer"},"note":{"type":"string"}},
+        "required":["id"],"additionalProperties":false}"#;
+
+    #[test]
+    fn a_json_payload_that_validates_is_written_as_it_is_in_a_frame() {
+        let schema =
+            RegisteredSchema::parse(RegistrySchemaKind::Json, 9, ORDER_JSON).expect("a schema");
+        assert_eq!(schema.kind(), RegistrySchemaKind::Json);
+        let payload = br#"{"id": 1, "note": "gift"}"#;
+        let framed = schema.encode(payload).expect("fits");
+        assert_eq!(&framed[..5], &[0, 0, 0, 0, 9]);
+        assert_eq!(&framed[5..], &payload[..]);
+        for (payload, needle) in [
+            (r#"{"note": "x"}"#, "\"id\" is a required property"),
+            (r#"{"id": "one"}"#, "at /id"),
+            (r#"{"id": 1, "extra": true}"#, "extra"),
+            ("[]", "at /"),
+        ] {
+            let misfit = schema.encode(payload.as_bytes()).expect_err(payload);
+            assert!(misfit.to_string().contains(needle), "{payload}: {misfit}");
+        }
+    }
+
+    #[test]
+    fn a_json_schema_with_a_remote_reference_is_not_fetched() {
+        let e = RegisteredSchema::parse(
+            RegistrySchemaKind::Json,
+            4,
+            r#"{"$ref":"https://example.com/other.json"}"#,
+        )
+        .expect_err("no fetching");
+        assert!(e.to_string().contains("cannot be read"), "{e}");
     }
 
     #[test]

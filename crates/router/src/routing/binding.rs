@@ -370,13 +370,13 @@ fn check_encodings(
                     type_name: type_name(column.type_oid),
                 });
             }
-            Encoding::Avro | Encoding::AvroRegistered if what == "key" => {
+            Encoding::Avro | Encoding::Registered(_) if what == "key" => {
                 return fail(EncodingMismatch::AvroKey);
             }
-            Encoding::AvroRegistered if has_envelope => {
+            Encoding::Registered(_) if has_envelope => {
                 return fail(EncodingMismatch::RegisteredEnvelope);
             }
-            Encoding::AvroRegistered if bytes => {
+            Encoding::Registered(_) if bytes => {
                 return fail(EncodingMismatch::RegisteredBytes {
                     column: column.name.to_string(),
                 });

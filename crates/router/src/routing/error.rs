@@ -289,13 +289,13 @@ pub enum EncodingMismatch {
         type_name: &'static str,
     },
     /// A registered schema takes the payload's JSON, not an envelope around it.
-    #[error("schema_registry.schemas = \"registered\" writes the payload's JSON with the schema registered for it, and cannot write the envelope an envelope placement in table.fields.additional.placement makes; use header placements, or derived schemas")]
+    #[error("registered schemas write the payload's JSON with the schema registered for it, and cannot write the envelope an envelope placement in table.fields.additional.placement makes; use header placements, or derived schemas")]
     RegisteredEnvelope,
     /// A registered schema takes the payload's JSON, which a bytea column does not hold.
-    #[error("schema_registry.schemas = \"registered\" writes the payload's JSON with the schema registered for it, and column \"{column}\" is bytea; store the payload as json, jsonb or text")]
+    #[error("registered schemas write the payload's JSON with the schema registered for it, and column \"{column}\" is bytea; store the payload as json, jsonb or text")]
     RegisteredBytes { column: String },
     /// The registry formats write values only.
-    #[error("the avro encoding is for record values; write keys with the json or string encoding (format.key)")]
+    #[error("the schema-registry encodings (avro, json-sr) are for record values; write keys with the json or string encoding (format.key)")]
     AvroKey,
     /// `StringConverter` cannot write a bytea column.
     #[error("the string {side} encoding (StringConverter) cannot write the bytea column \"{column}\" (Java would write an object identity); use the binary or json encoding")]

@@ -101,6 +101,8 @@ pub enum Routed {
     WithRegisteredSchema {
         /// The record, its value the payload column's text.
         record: RoutedRecord,
+        /// The kind of schema the value is written with.
+        kind: RegistrySchemaKind,
     },
     /// The change is deliberately not sent.
     Skipped(SkipReason),
@@ -114,8 +116,9 @@ pub(crate) type Encoded = (Option<Bytes>, Option<ValueSchema>);
 pub(crate) enum ValueSchema {
     /// Made from the value, to be registered.
     Derived(RegistrySchema),
-    /// The one registered for the value subject: the value is the payload's JSON still.
-    Registered,
+    /// The one of this kind registered for the value subject: the value is the payload's JSON
+    /// still.
+    Registered(RegistrySchemaKind),
 }
 
 /// Who is running the router, for Debezium's context headers.
@@ -389,11 +392,11 @@ impl Debezium {
         let column = &binding.payload;
         let encoding = self.format.value;
         let payload = cell(binding, column, row)?;
-        if encoding == Encoding::AvroRegistered {
+        if let Encoding::Registered(kind) = encoding {
             // Binding refuses envelopes and bytea with it, and settings refuse the expansion.
             return Ok(match payload {
                 None => (None, None),
-                Some((raw, _)) => (Some(raw.clone()), Some(ValueSchema::Registered)),
+                Some((raw, _)) => (Some(raw.clone()), Some(ValueSchema::Registered(kind))),
             });
         }
         let has_envelope = binding
@@ -685,7 +688,7 @@ fn write_value(value: &Value, schema: &Schema, encoding: Encoding) -> Option<Byt
         Encoding::JsonSchemas => write_envelope(&mut out, value, Some(schema)),
         // Binding refuses bytes for String and structs for Binary; Avro is written by
         // `Debezium::avro` and never comes here.
-        Encoding::String | Encoding::Binary | Encoding::Avro | Encoding::AvroRegistered => {
+        Encoding::String | Encoding::Binary | Encoding::Avro | Encoding::Registered(_) => {
             return java_text(value, Some(schema))
                 .ok()
                 .flatten()
@@ -797,7 +800,7 @@ fn encode_cell(
                 Some(Bytes::from(out))
             }
             // A registry format writes a NULL as a null value (binding refuses it for keys).
-            Encoding::String | Encoding::Binary | Encoding::Avro | Encoding::AvroRegistered => None,
+            Encoding::String | Encoding::Binary | Encoding::Avro | Encoding::Registered(_) => None,
         });
     };
     let encoded = match encoding {
@@ -805,7 +808,7 @@ fn encode_cell(
         Encoding::String => to_string_with(column.kind, raw, text, numbers),
         Encoding::Binary => decode_bytea(text),
         // Binding refuses it for keys, and values are written by `Debezium::avro`.
-        Encoding::Avro | Encoding::AvroRegistered => Err(BadValue),
+        Encoding::Avro | Encoding::Registered(_) => Err(BadValue),
         Encoding::JsonSchemas => to_json_with(column.kind, raw, text, numbers).map(|json| {
             let mut out = Vec::with_capacity(json.len() + 96);
             out.extend_from_slice(b"{\"schema\":");

@@ -1,10 +1,13 @@
-//! `format.value = "avro"` end to end, against real PostgreSQL, real Kafka and a real schema
-//! registry (rivven-schema, serving Confluent's REST API): every outbox event's value, decoded
-//! by Confluent's Python deserializer with its own registry client, equals its payload; keys
-//! and partitions are those of the JSON format; the initial snapshot writes what the stream
-//! writes. A registry that is down holds events back (the slot does not pass them) and loses
-//! none; a schema the registry refuses is dead-lettered with its reason, or stops Siphon
-//! naming the subject and the fix.
+//! The schema-registry formats end to end, against real PostgreSQL, real Kafka and a real
+//! schema registry (rivven-schema, serving Confluent's REST API). With `format.value = "avro"`
+//! every outbox event's value, decoded by Confluent's Python deserializer with its own
+//! registry client, equals its payload; keys and partitions are those of the JSON format; the
+//! initial snapshot writes what the stream writes. A registry that is down holds events back
+//! (the slot does not pass them) and loses none; a schema the registry refuses is
+//! dead-lettered with its reason, or stops Siphon naming the subject and the fix. With
+//! registered schemas (Avro, and JSON Schema with `format.value = "json-sr"`) the payloads that
+//! fit are written with the registered schema's id and the others dead-lettered with the
+//! reason.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{current_insert_lsn, siphon_config_at, slot_active};
@@ -643,5 +646,75 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
         .with_context(|| siphon.log())?;
     let decoded = decode(&python, &registry, &topic, &events[2..])?;
     assert_eq!(decoded, vec![(json(gift), u64::from(id2))]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_sr_values_are_the_payloads_that_fit_their_json_schema_framed_with_its_id(
+) -> Result<()> {
+    use siphon_schema_registry::{value_subject, RegistryConfig, SchemaKind, SchemaRegistry};
+    let (pg, broker, registry, client) = servers().await?;
+    let topic = broker.topic("outbox.event.Order");
+    let dead_letter_topic = broker.topic("outbox.json-sr.dlq");
+    let schema = r#"{"$schema":"http://json-schema.org/draft-07/schema#","title":"Order","type":"object","properties":{"id":{"type":"integer"},"lines":{"type":"array","items":{"type":"object","properties":{"sku":{"type":"string"}},"required":["sku"]}}},"required":["id"],"additionalProperties":false}"#;
+    let id = SchemaRegistry::new(&RegistryConfig::new(registry.url()))?
+        .register(&value_subject(&topic), SchemaKind::Json, schema)
+        .await?;
+    let config = avro_config(
+        &pg,
+        &broker,
+        "jsonsr",
+        &registry.url(),
+        &format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""),
+        "",
+    )
+    .replace("\"table.expand.json.payload\" = true\n", "")
+    .replace("value = \"avro\"", "value = \"json-sr\"")
+    .replace(
+        "[schema_registry]\n",
+        "[schema_registry]\nschemas = \"registered\"\n",
+    );
+    let siphon = started(&client, &config, "jsonsr").await?;
+    let fits = [r#"{"id": 1, "lines": [{"sku": "a"}]}"#, r#"{"id": 3}"#];
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} {} COMMIT;",
+            insert(1, "k", Some(fits[0])),
+            insert(2, "k", Some(r#"{"id": "two"}"#)),
+            insert(3, "k", Some(fits[1])),
+            insert(4, "k", Some(r#"{"id": 4, "lines": [{}]}"#)),
+        ))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    let events = records(&broker, &topic, 2, &siphon).await?;
+    let letters = records(&broker, &dead_letter_topic, 2, &siphon).await?;
+    wait_for_slot_past(&client, "jsonsr", end, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    for (event, payload) in events.iter().zip(fits) {
+        let value = event.value.as_deref().context("a value")?;
+        assert_eq!(value[0], 0, "the magic byte");
+        assert_eq!(
+            u32::from_be_bytes(value[1..5].try_into()?),
+            id,
+            "the schema id"
+        );
+        let written: serde_json::Value = serde_json::from_slice(&value[5..])?;
+        let expected: serde_json::Value = serde_json::from_str(payload)?;
+        assert_eq!(written, expected);
+    }
+    let reasons: Vec<String> = letters
+        .iter()
+        .map(|l| {
+            String::from_utf8_lossy(l.header("siphon.error.message").unwrap_or_default())
+                .into_owned()
+        })
+        .collect();
+    for needle in ["at /id", "at /lines/0"] {
+        assert!(
+            reasons.iter().any(|r| r.contains(needle)),
+            "a dead letter says {needle:?}: {reasons:#?}"
+        );
+    }
     Ok(())
 }
