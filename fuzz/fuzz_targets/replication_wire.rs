@@ -37,7 +37,11 @@ fuzz_target!(|data: &[u8]| {
                     let size = before - buf.len();
                     let header = &stream[consumed..consumed + 5];
                     let declared = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
-                    assert_eq!(size, 1 + declared as usize, "a message took other bytes than its own");
+                    assert_eq!(
+                        size,
+                        1 + declared as usize,
+                        "a message took other bytes than its own"
+                    );
                     match frame {
                         Frame::CopyData(body) => {
                             assert_eq!(header[0], b'd');

@@ -18,11 +18,11 @@ use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use pgoutput::{Column, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
-use siphon_router::{oid, FIRST_USER_OID};
 use siphon_router::check_topic_name;
+use siphon_router::RegistrySchemaKind;
+use siphon_router::{oid, FIRST_USER_OID};
 use siphon_router::{
-    Change, Encoding, EventRouter, Format, Routed, RouterContext, RouterOptions,
-    SkipReason,
+    Change, Encoding, EventRouter, Format, Routed, RouterContext, RouterOptions, SkipReason,
 };
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -271,6 +271,9 @@ enum EncodingSpec {
     String,
     JsonSchemas,
     Binary,
+    Avro,
+    RegisteredAvro,
+    RegisteredJson,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -306,6 +309,9 @@ fn encoding(spec: EncodingSpec) -> Encoding {
         EncodingSpec::String => Encoding::String,
         EncodingSpec::JsonSchemas => Encoding::JsonSchemas,
         EncodingSpec::Binary => Encoding::Binary,
+        EncodingSpec::Avro => Encoding::Avro,
+        EncodingSpec::RegisteredAvro => Encoding::Registered(RegistrySchemaKind::Avro),
+        EncodingSpec::RegisteredJson => Encoding::Registered(RegistrySchemaKind::Json),
     }
 }
 
@@ -455,10 +461,23 @@ fuzz_target!(|input: Input| {
             "routing is not deterministic"
         );
         match &routed {
-            Ok(Routed::Record(record)) => {
+            Ok(Routed::Record(record)) | Ok(Routed::WithRegisteredSchema { record, .. }) => {
                 if let Err(reason) = check_topic_name(&record.topic) {
                     panic!("routed to an illegal topic {:?}: {reason}", record.topic);
                 }
+            }
+            Ok(Routed::Registered { record, schema }) => {
+                if let Err(reason) = check_topic_name(&record.topic) {
+                    panic!("routed to an illegal topic {:?}: {reason}", record.topic);
+                }
+                assert!(
+                    record
+                        .value
+                        .as_deref()
+                        .is_some_and(|v| v.len() >= 5 && v[0] == 0),
+                    "an Avro value is framed"
+                );
+                assert!(!schema.text().is_empty());
             }
             Ok(Routed::Skipped(reason)) => {
                 let _ = router.log_level(*reason);

@@ -99,4 +99,4 @@ pub use routing::options::{
 pub use routing::own_topics::{OwnTopicRole, OwnTopics};
 pub use routing::route::{Change, LogLevel, Routed, RouterContext, SkipReason};
 pub use routing::topic::{check_topic_name, java_regex, JavaRegexError, TopicRouter};
-pub use siphon_record::{record_bytes, Header, RoutedRecord};
+pub use siphon_record::{record_bytes, Header, RegistrySchema, RegistrySchemaKind, RoutedRecord};
