@@ -99,6 +99,27 @@ async fn started(
     Ok(siphon)
 }
 
+/// Checks, after a while, that `topic` still holds only `sent` records and that `slot` has
+/// not passed `end`: the rest wait for the registry.
+async fn held_back(
+    broker: &Broker,
+    topic: &str,
+    client: &tokio_postgres::Client,
+    slot: &str,
+    end: u64,
+    sent: usize,
+    why: &str,
+) -> Result<()> {
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let records = read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(5)).await?;
+    assert_eq!(records.len(), sent, "{why}");
+    assert!(
+        slot_confirmed_lsn(client, slot).await?.unwrap_or(0) < end,
+        "the slot waits for the events"
+    );
+    Ok(())
+}
+
 /// Waits until `topic` holds `count` records, and returns them.
 async fn records(
     broker: &Broker,
@@ -302,17 +323,16 @@ async fn a_registry_down_at_start_and_mid_stream_holds_events_back_and_loses_non
         .wait_for_log("records wait for their schema id", Duration::from_secs(30))
         .await
         .with_context(|| siphon.log())?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        read_topic_async(&broker.bootstrap(), &topic, Duration::from_secs(5))
-            .await?
-            .is_empty(),
-        "nothing is sent without its schema id"
-    );
-    assert!(
-        slot_confirmed_lsn(&client, "down").await?.unwrap_or(0) < end,
-        "the slot waits for the events"
-    );
+    held_back(
+        &broker,
+        &topic,
+        &client,
+        "down",
+        end,
+        0,
+        "nothing is sent without its schema id",
+    )
+    .await?;
     let registry = RegistryServer::start_on(port)?;
     let first = records(&broker, &topic, 3, &siphon).await?;
     wait_for_slot_past(&client, "down", end, Duration::from_secs(60))
@@ -337,10 +357,16 @@ async fn a_registry_down_at_start_and_mid_stream_holds_events_back_and_loses_non
         .await?;
     let end = current_insert_lsn(&client).await?;
     records(&broker, &topic, 4, &siphon).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let held = read_topic_async(&broker.bootstrap(), &topic, Duration::from_secs(5)).await?;
-    assert_eq!(held.len(), 4, "the new shape and what follows it wait");
-    assert!(slot_confirmed_lsn(&client, "down").await?.unwrap_or(0) < end);
+    held_back(
+        &broker,
+        &topic,
+        &client,
+        "down",
+        end,
+        4,
+        "the new shape and what follows it wait",
+    )
+    .await?;
     let registry = RegistryServer::start_on(port)?;
     let all = records(&broker, &topic, 6, &siphon).await?;
     wait_for_slot_past(&client, "down", end, Duration::from_secs(60))

@@ -93,13 +93,46 @@ pub fn key_subject(topic: &str) -> String {
     format!("{topic}-key")
 }
 
+/// `body` framed as the registry serializers frame a value: [`MAGIC_BYTE`], `schema_id` as 4
+/// bytes big-endian, then the body.
+pub fn framed(schema_id: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + body.len());
+    out.push(MAGIC_BYTE);
+    out.extend_from_slice(&schema_id.to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
 /// A framed value with a placeholder id: [`MAGIC_BYTE`], four zero bytes, then `datum`.
 pub fn unframed_value(datum: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + datum.len());
-    out.push(MAGIC_BYTE);
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(datum);
-    Bytes::from(out)
+    Bytes::from(framed(0, datum))
+}
+
+/// What Siphon asked the registry for a record value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaAsk {
+    /// The id of its schema, registering it.
+    Register,
+    /// The latest schema registered for its subject.
+    Latest,
+}
+
+/// Why a row is not sent: the registry refused what was asked for its value under `subject`.
+/// The stream and the transfers dead-letter or stop with this text.
+pub fn refusal_reason(ask: SchemaAsk, subject: &str, error: &dyn std::fmt::Display) -> String {
+    match ask {
+        SchemaAsk::Register => format!(
+            "the schema registry refused the value's schema under subject {subject:?}: {error}"
+        ),
+        SchemaAsk::Latest => {
+            format!("the schema registry has no schema for subject {subject:?}: {error}")
+        }
+    }
+}
+
+/// Why a row is not sent: its payload does not fit the schema registered under `subject`.
+pub fn misfit_reason(subject: &str, misfit: &dyn std::fmt::Display) -> String {
+    format!("subject {subject:?}: {misfit}")
 }
 
 /// `value`, a frame [`unframed_value`] made, with `schema_id` in it. A value too short to be a

@@ -25,7 +25,9 @@ use bytes::Bytes;
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
 use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
-use siphon_record::registered::{value_subject, with_schema_id};
+use siphon_record::registered::{
+    misfit_reason, refusal_reason, value_subject, with_schema_id, SchemaAsk,
+};
 use siphon_router::{Header, RouteError, Routed, RoutedRecord, TableBinding};
 use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::{OutboxTable, RowReader};
@@ -627,8 +629,9 @@ fn next_limit(rows: &[siphon_source::snapshot::Row], max_rows: usize, budget: us
 enum RowRefusal {
     /// The router cannot route it.
     Route(RouteError),
-    /// The registry refused its value's schema, or has none for the subject.
+    /// The registry refused what was asked for its value.
     Registry {
+        ask: SchemaAsk,
         subject: String,
         error: siphon_schema_registry::RegistryError,
     },
@@ -666,7 +669,7 @@ impl RowRefusal {
                 key,
                 error: Box::new(error),
             },
-            RowRefusal::Registry { subject, error } => TransferError::Registry {
+            RowRefusal::Registry { subject, error, .. } => TransferError::Registry {
                 table,
                 key,
                 subject,
@@ -688,12 +691,13 @@ impl std::fmt::Display for RowRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RowRefusal::Route(error) => error.fmt(f),
-            RowRefusal::Registry { subject, error } => write!(
-                f,
-                "the schema registry refused the value's schema under subject {subject:?}: {error}"
-            ),
+            RowRefusal::Registry {
+                ask,
+                subject,
+                error,
+            } => f.write_str(&refusal_reason(*ask, subject, error)),
             RowRefusal::Misfit { subject, error } | RowRefusal::Unreadable { subject, error } => {
-                write!(f, "subject {subject:?}: {error}")
+                f.write_str(&misfit_reason(subject, error))
             }
         }
     }
@@ -718,7 +722,8 @@ impl Copy<'_> {
         to_write: ToWrite,
     ) -> Result<RoutedRecord, RowRefusal> {
         let subject = value_subject(&record.topic);
-        let registry = |error| RowRefusal::Registry {
+        let registry = |ask, error| RowRefusal::Registry {
+            ask,
             subject: subject.clone(),
             error,
         };
@@ -727,6 +732,7 @@ impl Copy<'_> {
                 ToWrite::Nothing => Ok(record),
                 // Settings give every registry format a registry.
                 _ => Err(registry(
+                    SchemaAsk::Register,
                     siphon_schema_registry::RegistryError::InvalidUrl {
                         url: String::new(),
                         reason: "no schema registry is configured: set schema_registry.url",
@@ -737,7 +743,10 @@ impl Copy<'_> {
         match to_write {
             ToWrite::Nothing => Ok(record),
             ToWrite::Derived(schema) => {
-                let id = ids.id(&subject, &schema).await.map_err(registry)?;
+                let id = ids
+                    .id(&subject, &schema)
+                    .await
+                    .map_err(|e| registry(SchemaAsk::Register, e))?;
                 record.value = record.value.map(|v| with_schema_id(v, id));
                 Ok(record)
             }
@@ -745,7 +754,7 @@ impl Copy<'_> {
                 let schema = match ids.registered_schema(&subject, kind).await {
                     Ok(schema) => schema,
                     Err(crate::registry::LatestError::Registry(error)) => {
-                        return Err(registry(error))
+                        return Err(registry(SchemaAsk::Latest, error))
                     }
                     Err(crate::registry::LatestError::Unreadable(error)) => {
                         return Err(RowRefusal::Unreadable { subject, error })

@@ -55,7 +55,9 @@ use crate::ledger::{LedgerError, Seq, TxnId};
 use bytes::Bytes;
 use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
-use siphon_record::registered::{value_subject, with_schema_id};
+use siphon_record::registered::{
+    misfit_reason, refusal_reason, value_subject, with_schema_id, SchemaAsk,
+};
 use siphon_record::{
     record_bytes, Classified, Delivery, RegistrySchema, RegistrySchemaKind, Verdict,
 };
@@ -175,9 +177,10 @@ pub struct CoreSettings<'a, V: Vocabulary> {
     pub registered_schema_ttl: Duration,
 }
 
-/// A record held until the id of its value's schema is known, with the row it came from (for
-/// its dead letter, should the registry refuse the schema).
-struct HeldRecord {
+/// A record held while the registry is asked about its value, with the row it came from (for
+/// its dead letter, should the registry refuse it). Only a record that waits is held: one whose
+/// answer is known is sent without copying its row.
+struct HeldRecord<'a> {
     txn: TxnId,
     record: RoutedRecord,
     relation: Arc<Relation>,
@@ -186,38 +189,30 @@ struct HeldRecord {
     /// The kind of schema its value is written with, when it is a registered one.
     kind: Option<RegistrySchemaKind>,
     /// The registry's answer, once given.
-    resolved: Option<Resolved>,
+    resolved: Option<Resolved<'a>>,
 }
 
-impl HeldRecord {
-    /// `record` of the row `row` of `relation` at `lsn`, in `txn`, not answered yet.
-    fn new(
-        txn: TxnId,
-        record: RoutedRecord,
-        relation: &Arc<Relation>,
-        row: &TupleData,
-        lsn: Lsn,
-    ) -> Self {
-        HeldRecord {
-            txn,
-            record,
-            relation: Arc::clone(relation),
-            row: row.clone(),
-            lsn,
-            kind: None,
-            resolved: None,
-        }
-    }
-}
+/// The row a record came from, and its position: for its dead letter.
+type RowSource<'r> = (&'r Arc<Relation>, &'r TupleData, Lsn);
 
-/// What becomes of a held record once the registry answered.
-enum Resolved {
+/// What becomes of a registry-format record once the registry answered.
+enum Resolved<'a> {
     /// Sent with this value.
     Value(Bytes),
     /// Sent as it is (a null value has nothing to write).
     AsIs,
-    /// Dead-lettered for this reason.
-    DeadLetter(String),
+    /// Its row dead-lettered for this reason.
+    DeadLetter {
+        dead_letters: &'a DeadLetters,
+        reason: String,
+    },
+}
+
+impl Resolved<'_> {
+    /// A derived schema's answer: `value` framed with `id`.
+    fn with_id(value: Option<Bytes>, id: u32) -> Self {
+        value.map_or(Resolved::AsIs, |v| Resolved::Value(with_schema_id(v, id)))
+    }
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -293,8 +288,8 @@ pub struct SessionCore<'a, V: Vocabulary> {
     awaiting_lookup: bool,
     /// The registry ids of the value schemas met, by topic and schema.
     schema_ids: FxHashMap<(Arc<str>, RegistrySchema), u32>,
-    /// The record waiting for its schema id (reading waits with it).
-    held: Option<HeldRecord>,
+    /// The record waiting for the registry's answer (reading waits with it).
+    held: Option<HeldRecord<'a>>,
     /// The latest schema registered for each topic's values, and when it was fetched.
     registered: FxHashMap<Arc<str>, (Arc<RegisteredSchema>, Instant)>,
     /// The open transaction, if any.
@@ -809,20 +804,8 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                         // Dead-lettered as a row of its own, its content as text.
                         let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
                         let (relation, row) = self.messages.unreadable(prefix, content);
-                        self.notes.push_back(Note::RowDeadLettered {
-                            table: format!("{}.{}", relation.namespace, relation.name),
-                            lsn,
-                            error: Box::new(e.to_string()),
-                            dead_letter_topic: dead_letters.topic().to_owned(),
-                        });
-                        let record = dead_letters.for_row(
-                            &relation,
-                            &row,
-                            &e,
-                            lsn,
-                            self.flow.commit_lsn(txn),
-                        );
-                        self.send_new(now, txn, record)
+                        let error = Box::new(e.to_string());
+                        self.dead_letter_row(now, dead_letters, txn, &relation, &row, lsn, error)
                     }
                 };
             }
@@ -911,13 +894,12 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         match routed {
             Ok((Routed::Record(record), _)) => self.send_routed(now, txn, record),
             Ok((Routed::Registered { record, schema }, _)) => {
-                let held = HeldRecord::new(txn, record, relation, row, lsn);
-                self.send_registered(now, held, schema)
+                let source = (relation, row, lsn);
+                self.send_registered(now, txn, record, schema, source)
             }
             Ok((Routed::WithRegisteredSchema { record, kind }, _)) => {
-                let mut held = HeldRecord::new(txn, record, relation, row, lsn);
-                held.kind = Some(kind);
-                self.send_with_registered(now, held)
+                let source = (relation, row, lsn);
+                self.send_with_registered(now, txn, record, kind, source)
             }
             Ok((Routed::Skipped(reason), router)) => {
                 self.notes.push_back(Note::skipped(
@@ -933,24 +915,39 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                     lsn,
                 }
                 .into()),
-                ErrorPolicy::DeadLetter(dead_letters) => {
-                    self.notes.push_back(Note::RowDeadLettered {
-                        table: format!("{}.{}", relation.namespace, relation.name),
-                        lsn,
-                        error: Box::new(reason.clone()),
-                        dead_letter_topic: dead_letters.topic().to_owned(),
-                    });
-                    let record = dead_letters.for_row(
-                        relation,
-                        row,
-                        &reason,
-                        lsn,
-                        self.flow.commit_lsn(txn),
-                    );
-                    self.send_new(now, txn, record)
-                }
+                ErrorPolicy::DeadLetter(dead_letters) => self.dead_letter_row(
+                    now,
+                    dead_letters,
+                    txn,
+                    relation,
+                    row,
+                    lsn,
+                    Box::new(reason),
+                ),
             },
         }
+    }
+
+    /// The row at `lsn` goes to the dead-letter topic in place of its record, with why.
+    #[allow(clippy::too_many_arguments)]
+    fn dead_letter_row(
+        &mut self,
+        now: Now,
+        dead_letters: &DeadLetters,
+        txn: TxnId,
+        relation: &Relation,
+        row: &TupleData,
+        lsn: Lsn,
+        error: super::note::Shown,
+    ) -> Result<(), V::Error> {
+        let letter = dead_letters.for_row(relation, row, &*error, lsn, self.flow.commit_lsn(txn));
+        self.notes.push_back(Note::RowDeadLettered {
+            table: format!("{}.{}", relation.namespace, relation.name),
+            lsn,
+            error,
+            dead_letter_topic: dead_letters.topic().to_owned(),
+        });
+        self.send_new(now, txn, letter)
     }
 
     /// A record whose value's schema must have a registry id: sent at once with a known id,
@@ -958,21 +955,22 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
     fn send_registered(
         &mut self,
         now: Now,
-        mut held: HeldRecord,
+        txn: TxnId,
+        mut record: RoutedRecord,
         schema: RegistrySchema,
+        source: RowSource<'_>,
     ) -> Result<(), V::Error> {
-        let key = (Arc::clone(&held.record.topic), schema);
+        let key = (Arc::clone(&record.topic), schema);
         let known = self.schema_ids.get(&key).copied();
         self.notes.push_back(Note::SchemaId {
             known: known.is_some(),
         });
         if let Some(id) = known {
-            held.record.value = held.record.value.map(|v| with_schema_id(v, id));
-            return self.send_routed(now, held.txn, held.record);
+            let resolved = Resolved::with_id(record.value.take(), id);
+            return self.carry_out(now, txn, record, resolved, source);
         }
         let (topic, schema) = key;
-        self.awaiting_lookup = true;
-        self.held = Some(held);
+        self.hold(txn, record, None, source);
         self.flow.push(Queued::Lookup(Lookup::SchemaId {
             subject: value_subject(&topic),
             schema,
@@ -980,9 +978,8 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         Ok(())
     }
 
-    /// The registry's answer for the held record: its id, or (the schema refused) its dead
-    /// letter with `on_error = "dead-letter"`, sent by [`SessionCore::release_held`]; any other
-    /// refusal ends the session, naming the subject.
+    /// The registry's id for the held record's schema: kept, and the record framed with it; or
+    /// the registry's refusal.
     fn on_schema_id(
         &mut self,
         now: Now,
@@ -994,176 +991,197 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             self.awaiting_lookup = false;
             return Ok(());
         };
-        held.resolved = Some(match id {
+        let resolved = match id {
             Ok(id) => {
                 if self.schema_ids.len() >= SCHEMA_ID_CAPACITY {
                     self.schema_ids.clear();
                 }
                 self.schema_ids
                     .insert((Arc::clone(&held.record.topic), schema), id);
-                match held.record.value.take() {
-                    Some(value) => Resolved::Value(with_schema_id(value, id)),
-                    None => Resolved::AsIs,
-                }
+                Ok(Resolved::with_id(held.record.value.take(), id))
             }
-            Err(error)
-                if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_))
-                    && V::schema_refused(&error) =>
-            {
-                Resolved::DeadLetter(format!(
-                    "the schema registry refused the value's schema under subject {subject:?}: {error}"
-                ))
-            }
-            Err(error) => {
-                self.awaiting_lookup = false;
-                return Err(EngineError::Registry {
-                    subject,
-                    error,
-                    lsn: held.lsn,
-                }
-                .into());
-            }
-        });
-        self.held = Some(held);
-        self.release_held(now)
+            Err(error) => self.refused(SchemaAsk::Register, subject, error, held.lsn),
+        };
+        self.resolve_held(now, held, resolved)
     }
 
     /// A record whose value is the payload's JSON, to be written with the latest schema
     /// registered for its topic's values: written at once with a copy fetched within the time
     /// to live, else held (reading waits) while the latest is fetched.
-    fn send_with_registered(&mut self, now: Now, held: HeldRecord) -> Result<(), V::Error> {
+    fn send_with_registered(
+        &mut self,
+        now: Now,
+        txn: TxnId,
+        mut record: RoutedRecord,
+        kind: RegistrySchemaKind,
+        source: RowSource<'_>,
+    ) -> Result<(), V::Error> {
         let ttl = self.settings.registered_schema_ttl;
         let fresh = self
             .registered
-            .get(&held.record.topic)
+            .get(&record.topic)
             .filter(|(schema, fetched)| {
-                Some(schema.kind()) == held.kind
-                    && now.instant.saturating_duration_since(*fetched) < ttl
+                schema.kind() == kind && now.instant.saturating_duration_since(*fetched) < ttl
             })
             .map(|(schema, _)| Arc::clone(schema));
         self.notes.push_back(Note::SchemaId {
             known: fresh.is_some(),
         });
-        let subject = value_subject(&held.record.topic);
-        self.awaiting_lookup = true;
-        self.held = Some(held);
-        match fresh {
-            Some(schema) => self.write_held(now, subject, &schema),
-            None => {
-                self.flow
-                    .push(Queued::Lookup(Lookup::LatestSchema { subject }));
-                Ok(())
-            }
+        if let Some(schema) = fresh {
+            let resolved = self.written(&schema, record.value.take(), &record.topic, source.2)?;
+            return self.carry_out(now, txn, record, resolved, source);
         }
+        let subject = value_subject(&record.topic);
+        self.hold(txn, record, Some(kind), source);
+        self.flow
+            .push(Queued::Lookup(Lookup::LatestSchema { subject }));
+        Ok(())
     }
 
     /// The latest schema of the held record's subject: kept for the topic, and the record
-    /// written with it. A schema Avro cannot read ends the session, naming the subject.
+    /// written with it; or the registry's refusal. A schema of another kind than the value
+    /// format's, or one that cannot be read, ends the session, naming the subject.
     fn on_latest_schema(
         &mut self,
         now: Now,
         subject: String,
         schema: Result<(u32, RegistrySchemaKind, Arc<str>), V::RegistryError>,
     ) -> Result<(), V::Error> {
-        let Some(held) = self.held.as_ref() else {
+        let Some(mut held) = self.held.take() else {
             self.awaiting_lookup = false;
             return Ok(());
         };
-        let (lsn, topic, expected) = (held.lsn, Arc::clone(&held.record.topic), held.kind);
-        let fail = |this: &mut Self| {
-            this.held = None;
-            this.awaiting_lookup = false;
-        };
-        let (id, kind, text) = match schema {
-            Ok(found) => found,
-            Err(error)
-                if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_))
-                    && V::schema_refused(&error) =>
-            {
-                if let Some(held) = self.held.as_mut() {
-                    held.resolved = Some(Resolved::DeadLetter(format!(
-                        "the schema registry has no schema for subject {subject:?}: {error}"
-                    )));
-                }
-                return self.release_held(now);
-            }
-            Err(error) => {
-                fail(self);
-                return Err(EngineError::Registry {
-                    subject,
-                    error,
-                    lsn,
-                }
-                .into());
-            }
-        };
-        let parsed = match expected {
-            Some(expected) if expected != kind => Err(siphon_router::Misfit {
-                id,
-                reason: format!(
-                    "the subject holds a {kind:?} schema, and the value format writes {expected:?}"
-                ),
-            }),
-            _ => RegisteredSchema::parse(kind, id, &text),
-        };
-        let schema = match parsed {
-            Ok(schema) => Arc::new(schema),
-            Err(error) => {
-                fail(self);
-                return Err(EngineError::Misfit {
-                    subject,
-                    error,
-                    lsn,
-                }
-                .into());
-            }
-        };
-        if self.registered.len() >= SCHEMA_ID_CAPACITY {
-            self.registered.clear();
-        }
-        self.registered
-            .insert(topic, (Arc::clone(&schema), now.instant));
-        self.write_held(now, subject, &schema)
-    }
-
-    /// Writes the held record's payload with `schema`: sent, or (it does not fit)
-    /// dead-lettered with `on_error = "dead-letter"`, or the session's end.
-    fn write_held(
-        &mut self,
-        now: Now,
-        subject: String,
-        schema: &RegisteredSchema,
-    ) -> Result<(), V::Error> {
-        let Some(held) = self.held.as_mut() else {
-            self.awaiting_lookup = false;
-            return Ok(());
-        };
-        let written = held
-            .record
-            .value
-            .as_deref()
-            .map(|payload| schema.encode(payload));
-        held.resolved = Some(match written {
-            None => Resolved::AsIs,
-            Some(Ok(value)) => Resolved::Value(Bytes::from(value)),
-            Some(Err(error)) => match self.settings.on_error {
-                ErrorPolicy::DeadLetter(_) => {
-                    Resolved::DeadLetter(format!("subject {subject:?}: {error}"))
-                }
-                ErrorPolicy::Fail => {
-                    let lsn = held.lsn;
-                    self.held = None;
-                    self.awaiting_lookup = false;
-                    return Err(EngineError::Misfit {
+        let lsn = held.lsn;
+        let resolved = match schema {
+            Err(error) => self.refused(SchemaAsk::Latest, subject, error, lsn),
+            Ok((id, kind, text)) => {
+                let parsed = match held.kind {
+                    Some(expected) if expected != kind => Err(siphon_router::Misfit {
+                        id,
+                        reason: format!(
+                            "the subject holds a {kind:?} schema, and the value format writes {expected:?}"
+                        ),
+                    }),
+                    _ => RegisteredSchema::parse(kind, id, &text),
+                };
+                match parsed {
+                    Err(error) => Err(EngineError::Misfit {
                         subject,
                         error,
                         lsn,
                     }
-                    .into());
+                    .into()),
+                    Ok(schema) => {
+                        let schema = Arc::new(schema);
+                        if self.registered.len() >= SCHEMA_ID_CAPACITY {
+                            self.registered.clear();
+                        }
+                        self.registered.insert(
+                            Arc::clone(&held.record.topic),
+                            (Arc::clone(&schema), now.instant),
+                        );
+                        let value = held.record.value.take();
+                        self.written(&schema, value, &held.record.topic, lsn)
+                    }
                 }
+            }
+        };
+        self.resolve_held(now, held, resolved)
+    }
+
+    /// What a payload becomes with a registered schema: written with it; or, not fitting, its
+    /// row's dead letter (`on_error = "dead-letter"`) or the session's end.
+    fn written(
+        &self,
+        schema: &RegisteredSchema,
+        value: Option<Bytes>,
+        topic: &str,
+        lsn: Lsn,
+    ) -> Result<Resolved<'a>, V::Error> {
+        let Some(payload) = value else {
+            return Ok(Resolved::AsIs);
+        };
+        match schema.encode(&payload) {
+            Ok(written) => Ok(Resolved::Value(Bytes::from(written))),
+            Err(error) => match self.settings.on_error {
+                ErrorPolicy::DeadLetter(dead_letters) => Ok(Resolved::DeadLetter {
+                    dead_letters,
+                    reason: misfit_reason(&value_subject(topic), &error),
+                }),
+                ErrorPolicy::Fail => Err(EngineError::Misfit {
+                    subject: value_subject(topic),
+                    error,
+                    lsn,
+                }
+                .into()),
             },
+        }
+    }
+
+    /// What a registry refusal of what was asked for a value becomes: its row's dead letter,
+    /// when the refusal is the schema's own and dead letters are configured; otherwise the
+    /// session's end, naming the subject.
+    fn refused(
+        &self,
+        ask: SchemaAsk,
+        subject: String,
+        error: V::RegistryError,
+        lsn: Lsn,
+    ) -> Result<Resolved<'a>, V::Error> {
+        match self.settings.on_error {
+            ErrorPolicy::DeadLetter(dead_letters) if V::schema_refused(&error) => {
+                Ok(Resolved::DeadLetter {
+                    dead_letters,
+                    reason: refusal_reason(ask, &subject, &error),
+                })
+            }
+            _ => Err(EngineError::Registry {
+                subject,
+                error,
+                lsn,
+            }
+            .into()),
+        }
+    }
+
+    /// Holds `record` (reading waits) until the registry answers.
+    fn hold(
+        &mut self,
+        txn: TxnId,
+        record: RoutedRecord,
+        kind: Option<RegistrySchemaKind>,
+        (relation, row, lsn): RowSource<'_>,
+    ) {
+        self.awaiting_lookup = true;
+        self.held = Some(HeldRecord {
+            txn,
+            record,
+            relation: Arc::clone(relation),
+            row: row.clone(),
+            lsn,
+            kind,
+            resolved: None,
         });
-        self.release_held(now)
+    }
+
+    /// The held record answered: sent by [`SessionCore::release_held`]; or the session's end.
+    fn resolve_held(
+        &mut self,
+        now: Now,
+        mut held: HeldRecord<'a>,
+        resolved: Result<Resolved<'a>, V::Error>,
+    ) -> Result<(), V::Error> {
+        match resolved {
+            Ok(resolved) => {
+                held.resolved = Some(resolved);
+                self.held = Some(held);
+                self.release_held(now)
+            }
+            Err(error) => {
+                self.awaiting_lookup = false;
+                Err(error)
+            }
+        }
     }
 
     /// Sends the held record (or its dead letter) once its lookup is answered and records may
@@ -1178,35 +1196,42 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         if !answered || !may_send || self.flow.is_stopping() {
             return Ok(());
         }
-        let Some(held) = self.held.take() else {
+        let Some(HeldRecord {
+            txn,
+            record,
+            relation,
+            row,
+            lsn,
+            resolved: Some(resolved),
+            ..
+        }) = self.held.take()
+        else {
             return Ok(());
         };
         self.awaiting_lookup = false;
-        match (held.resolved, self.settings.on_error) {
-            (Some(Resolved::Value(value)), _) => {
-                let mut record = held.record;
+        self.carry_out(now, txn, record, resolved, (&relation, &row, lsn))
+    }
+
+    /// Carries out what the registry's answer made of `record`: sent with its written value,
+    /// sent as it is, or its row dead-lettered.
+    fn carry_out(
+        &mut self,
+        now: Now,
+        txn: TxnId,
+        mut record: RoutedRecord,
+        resolved: Resolved<'a>,
+        (relation, row, lsn): RowSource<'_>,
+    ) -> Result<(), V::Error> {
+        match resolved {
+            Resolved::Value(value) => {
                 record.value = Some(value);
-                self.send_routed(now, held.txn, record)
+                self.send_routed(now, txn, record)
             }
-            (Some(Resolved::AsIs), _) => self.send_routed(now, held.txn, held.record),
-            (Some(Resolved::DeadLetter(reason)), ErrorPolicy::DeadLetter(dead_letters)) => {
-                self.notes.push_back(Note::RowDeadLettered {
-                    table: format!("{}.{}", held.relation.namespace, held.relation.name),
-                    lsn: held.lsn,
-                    error: Box::new(reason.clone()),
-                    dead_letter_topic: dead_letters.topic().to_owned(),
-                });
-                let letter = dead_letters.for_row(
-                    &held.relation,
-                    &held.row,
-                    &reason,
-                    held.lsn,
-                    self.flow.commit_lsn(held.txn),
-                );
-                self.send_new(now, held.txn, letter)
-            }
-            // A dead letter is resolved only with dead letters configured.
-            _ => Ok(()),
+            Resolved::AsIs => self.send_routed(now, txn, record),
+            Resolved::DeadLetter {
+                dead_letters,
+                reason,
+            } => self.dead_letter_row(now, dead_letters, txn, relation, row, lsn, Box::new(reason)),
         }
     }
 

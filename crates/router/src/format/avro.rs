@@ -54,8 +54,6 @@ use apache_avro::types::Value as AvroValue;
 pub const DEFAULT_NAMESPACE: &str = "io.confluent.connect.avro";
 /// The name of the record of an unnamed struct (`AvroData.DEFAULT_SCHEMA_NAME`).
 pub const DEFAULT_NAME: &str = "ConnectDefault";
-/// The first byte of a framed value.
-pub const MAGIC_BYTE: u8 = 0;
 
 /// Why a Connect schema has no Avro schema, or a value cannot be written with one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -178,18 +176,16 @@ impl AvroSchema {
             .map_err(write)
     }
 
-    /// `value` framed as the converters frame it: [`MAGIC_BYTE`], `schema_id` as 4 bytes
-    /// big-endian, then its Avro binary.
+    /// `value` framed as the converters frame it (`siphon_record::registered::framed`): the magic
+    /// byte, `schema_id` as 4 bytes big-endian, then its Avro binary.
     ///
     /// # Errors
     /// As [`AvroSchema::datum`].
     pub fn encode(&self, value: &Value, schema_id: u32) -> Result<Vec<u8>, AvroError> {
-        let datum = self.datum(value)?;
-        let mut out = Vec::with_capacity(5 + datum.len());
-        out.push(MAGIC_BYTE);
-        out.extend_from_slice(&schema_id.to_be_bytes());
-        out.extend_from_slice(&datum);
-        Ok(out)
+        Ok(siphon_record::registered::framed(
+            schema_id,
+            &self.datum(value)?,
+        ))
     }
 }
 

@@ -20,10 +20,10 @@
 //! - [`RegisteredAvro::encode`] returns a whole frame or an error: a payload that does not fit
 //!   is never written in part, and no member of it is dropped.
 
-use crate::format::avro::MAGIC_BYTE;
 use apache_avro::schema::{Name, ResolvedSchema, Schema};
 use apache_avro::types::Value as AvroValue;
 use serde_json::Value as JsonValue;
+use siphon_record::registered::framed;
 use siphon_record::RegistrySchemaKind;
 use std::collections::HashMap;
 
@@ -121,11 +121,7 @@ impl RegisteredJson {
             let at = if at.is_empty() { "/".to_owned() } else { at };
             return Err(misfit(format!("at {at}: {error}")));
         }
-        let mut out = Vec::with_capacity(5 + payload.len());
-        out.push(MAGIC_BYTE);
-        out.extend_from_slice(&self.id.to_be_bytes());
-        out.extend_from_slice(payload);
-        Ok(out)
+        Ok(framed(self.id, payload))
     }
 }
 
@@ -183,11 +179,7 @@ impl RegisteredAvro {
             .build()
             .and_then(|writer| writer.write_value_to_vec(value))
             .map_err(|e| misfit(e.to_string()))?;
-        let mut out = Vec::with_capacity(5 + datum.len());
-        out.push(MAGIC_BYTE);
-        out.extend_from_slice(&self.id.to_be_bytes());
-        out.extend_from_slice(&datum);
-        Ok(out)
+        Ok(framed(self.id, &datum))
     }
 
     /// The first member of `json` (at `path`) that no field of its record names, if any.
