@@ -22,7 +22,8 @@ use siphon_router::check_topic_name;
 use siphon_router::RegistrySchemaKind;
 use siphon_router::{oid, FIRST_USER_OID};
 use siphon_router::{
-    Change, Encoding, EventRouter, Format, Routed, RouterContext, RouterOptions, SkipReason,
+    Change, Encoding, EventRouter, Format, RegistryRecord, RegistryValue, Routed, RouterContext,
+    RouterOptions, SkipReason,
 };
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -461,23 +462,26 @@ fuzz_target!(|input: Input| {
             "routing is not deterministic"
         );
         match &routed {
-            Ok(Routed::Record(record)) | Ok(Routed::WithRegisteredSchema { record, .. }) => {
+            Ok(Routed::Record(record)) => {
                 if let Err(reason) = check_topic_name(&record.topic) {
                     panic!("routed to an illegal topic {:?}: {reason}", record.topic);
                 }
             }
-            Ok(Routed::Registered { record, schema }) => {
+            Ok(Routed::Registry(RegistryRecord { record, key, value })) => {
                 if let Err(reason) = check_topic_name(&record.topic) {
                     panic!("routed to an illegal topic {:?}: {reason}", record.topic);
                 }
-                assert!(
-                    record
-                        .value
-                        .as_deref()
-                        .is_some_and(|v| v.len() >= 5 && v[0] == 0),
-                    "an Avro value is framed"
-                );
-                assert!(!schema.text().is_empty());
+                let framed = |bytes: &Option<Bytes>| {
+                    bytes.as_deref().is_some_and(|v| v.len() >= 5 && v[0] == 0)
+                };
+                if let Some(schema) = key {
+                    assert!(framed(&record.key), "an Avro key is framed");
+                    assert!(!schema.text().is_empty());
+                }
+                if let RegistryValue::Derived(schema) = value {
+                    assert!(framed(&record.value), "an Avro value is framed");
+                    assert!(!schema.text().is_empty());
+                }
             }
             Ok(Routed::Skipped(reason)) => {
                 let _ = router.log_level(*reason);

@@ -69,6 +69,26 @@ pub fn decode_avro(
     )
 }
 
+/// As [`decode_avro`], with the keys decoded too (`"key"`, `"key_schema_id"`): every record
+/// needs an Avro key.
+pub fn decode_avro_with_keys(
+    python: &PathBuf,
+    registry_url: &str,
+    topic: &str,
+    records: &[ConsumedRecord],
+) -> Result<Vec<serde_json::Value>> {
+    run_decoder(
+        python,
+        "decode_avro.py",
+        records,
+        &[
+            registry_url.to_owned(),
+            topic.to_owned(),
+            "--keys".to_owned(),
+        ],
+    )
+}
+
 fn run_decoder(
     python: &PathBuf,
     script: &str,

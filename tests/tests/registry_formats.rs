@@ -493,20 +493,22 @@ async fn with_on_error_fail_a_refused_schema_stops_siphon_naming_subject_and_fix
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_once_across_kill_9(
+async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_and_key_once_across_kill_9(
 ) -> Result<()> {
     use siphon_tests::kafka_read::{read_topic_isolated_async, Isolation};
     let python = python()?;
     let (pg, broker, registry, client) = servers().await?;
     let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
-    let config = avro_config(&pg, &broker, "eos", &registry.url(), "", "").replacen(
-        &bootstrap,
-        &format!(
-            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"\ntransaction_interval_ms = 100",
-            broker.topic("siphon.progress")
-        ),
-        1,
-    );
+    let config = avro_config(&pg, &broker, "eos", &registry.url(), "", "")
+        .replacen(
+            &bootstrap,
+            &format!(
+                "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"\ntransaction_interval_ms = 100",
+                broker.topic("siphon.progress")
+            ),
+            1,
+        )
+        .replacen("[format]\n", "[format]\nkey = \"avro\"\n", 1);
     let topic = broker.topic("outbox.event.Order");
     // Two shapes, so that ids are looked up in both sessions.
     let payload = |n: usize| {
@@ -570,11 +572,25 @@ async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_onc
     ids.dedup();
     assert_eq!(ids.len(), 200, "every event");
     assert_eq!(committed.len(), 200, "each once");
-    let decoded = decode(&python, &registry, &topic, &committed)?;
-    for (record, (value, _)) in committed.iter().zip(&decoded) {
+    let decoded =
+        siphon_tests::python::decode_avro_with_keys(&python, &registry.url(), &topic, &committed)?;
+    let mut keys = std::collections::HashMap::new();
+    for (record, decoded) in committed.iter().zip(&decoded) {
         let id = String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned();
         let n: usize = id.rsplit('-').next().unwrap_or_default().parse()?;
-        assert_eq!(*value, expected(&payload(n)), "event {n}");
+        assert_eq!(decoded["value"], expected(&payload(n)), "event {n}");
+        let aggregate = format!("order-{}", n % 7);
+        assert_eq!(
+            decoded["key"],
+            serde_json::json!(aggregate),
+            "event {n}: its key"
+        );
+        let key = record.key.clone().context("a key")?;
+        assert_eq!(
+            keys.entry(aggregate).or_insert_with(|| key.clone()),
+            &key,
+            "one aggregate, one key: the same bytes (and partition) in both sessions"
+        );
     }
     Ok(())
 }

@@ -1,10 +1,10 @@
-//! A record value written against a schema that must be registered before the record is sent:
-//! the schema-registry formats (`format.value = "avro"`).
+//! A record key or value written against a schema that must be registered before the record is
+//! sent: the schema-registry formats (`format.value = "avro"`, `format.key = "avro"`).
 //!
-//! The router writes such a value framed as the registry's serializers frame it (magic byte
+//! The router writes such a key or value framed as the registry's serializers frame it (magic byte
 //! `0`, the schema id as 4 bytes big-endian, the datum) with a placeholder id, and hands the
 //! schema beside it as a [`RegistrySchema`]. The session looks the id up (registering the
-//! schema under the value subject of the record's topic) and writes it into the frame with
+//! schema under the key or value subject of the record's topic) and writes it into the frame with
 //! [`with_schema_id`] before the record is sent.
 //!
 //! # Invariants
@@ -108,7 +108,7 @@ pub fn unframed_value(datum: &[u8]) -> Bytes {
     Bytes::from(framed(0, datum))
 }
 
-/// What Siphon asked the registry for a record value.
+/// What Siphon asked the registry for a record key or value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SchemaAsk {
     /// The id of its schema, registering it.
@@ -117,13 +117,14 @@ pub enum SchemaAsk {
     Latest,
 }
 
-/// Why a row is not sent: the registry refused what was asked for its value under `subject`.
+/// Why a row is not sent: the registry refused what was asked for its key or value under
+/// `subject`.
 /// The stream and the transfers dead-letter or stop with this text.
 pub fn refusal_reason(ask: SchemaAsk, subject: &str, error: &dyn std::fmt::Display) -> String {
     match ask {
-        SchemaAsk::Register => format!(
-            "the schema registry refused the value's schema under subject {subject:?}: {error}"
-        ),
+        SchemaAsk::Register => {
+            format!("the schema registry refused the schema under subject {subject:?}: {error}")
+        }
         SchemaAsk::Latest => {
             format!("the schema registry has no schema for subject {subject:?}: {error}")
         }

@@ -97,6 +97,8 @@ pub use routing::options::{
     JsonNullBehavior, Placement, RouterOptions,
 };
 pub use routing::own_topics::{OwnTopicRole, OwnTopics};
-pub use routing::route::{Change, LogLevel, Routed, RouterContext, SkipReason};
+pub use routing::route::{
+    Change, LogLevel, RegistryRecord, RegistryValue, Routed, RouterContext, SkipReason,
+};
 pub use routing::topic::{check_topic_name, java_regex, JavaRegexError, TopicRouter};
 pub use siphon_record::{record_bytes, Header, RegistrySchema, RegistrySchemaKind, RoutedRecord};

@@ -16,7 +16,7 @@ use crate::routing::error::{ConfigError, RouteError};
 use crate::routing::options::{InvalidOperationBehavior, RouterOptions};
 use crate::routing::own_topics::OwnTopics;
 use crate::routing::route::{
-    Change, Debezium, LogLevel, Routed, RouterContext, SkipReason, ValueSchema,
+    Change, Debezium, LogLevel, RegistryRecord, RegistryValue, Routed, RouterContext, SkipReason,
 };
 use pgoutput::{Relation, TupleData};
 
@@ -211,27 +211,28 @@ impl EventRouter {
         position: &SourcePosition,
     ) -> Result<Routed, RouteError> {
         let config = &self.extensions.config;
-        let (record, routed_value, schema) =
+        let (mut routed, routed_value) =
             self.debezium.record(binding, row, !config.protobuf_value)?;
         // The router refuses extensions that rewrite the value of a registry format; those
         // that add headers apply to it as to the others.
-        let record = if config.is_active() {
-            self.extensions.finish(
+        if config.is_active() {
+            routed.record = self.extensions.finish(
                 self.debezium.format(),
                 self.debezium.options(),
                 binding,
                 row,
                 position,
                 routed_value,
+                routed.record,
+            )?;
+        }
+        Ok(match routed {
+            RegistryRecord {
                 record,
-            )?
-        } else {
-            record
-        };
-        Ok(match schema {
-            None => Routed::Record(record),
-            Some(ValueSchema::Derived(schema)) => Routed::Registered { record, schema },
-            Some(ValueSchema::Registered(kind)) => Routed::WithRegisteredSchema { record, kind },
+                key: None,
+                value: RegistryValue::AsIs,
+            } => Routed::Record(record),
+            registry => Routed::Registry(registry),
         })
     }
 

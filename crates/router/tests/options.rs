@@ -18,8 +18,8 @@ use bytes::Bytes;
 use pgoutput::{Column, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
 use proptest::prelude::*;
 use siphon_router::{
-    Change, ConfigError, Encoding, EventRouter, Format, Header, RouteError, Routed, RoutedRecord,
-    RouterContext, RouterOptions, SkipReason, TableBinding,
+    Change, ConfigError, Encoding, EventRouter, Format, Header, RegistryRecord, RegistryValue,
+    RouteError, Routed, RoutedRecord, RouterContext, RouterOptions, SkipReason, TableBinding,
 };
 use std::collections::BTreeMap;
 
@@ -1355,7 +1355,11 @@ fn registered(pairs: &[(&str, &str)], row: Row) -> (RoutedRecord, siphon_record:
     let r = EventRouter::new(options(pairs), format(JSON, Encoding::Avro));
     let b = bind(&r, &table());
     match r.route(&b, Change::Insert(&row.tuple())) {
-        Ok(Routed::Registered { record, schema }) => (record, schema),
+        Ok(Routed::Registry(RegistryRecord {
+            record,
+            key: None,
+            value: RegistryValue::Derived(schema),
+        })) => (record, schema),
         other => panic!("expected a record to register, got {other:?}"),
     }
 }
@@ -1405,6 +1409,44 @@ fn avro_value_of_an_expanded_payload_is_a_record_of_its_schema() {
     assert_eq!(record.value.as_deref(), Some(&expected[..]));
 }
 
+// AvroConverter as `key.converter`: the key column's Connect schema as Avro, framed; its schema
+// to register under the key subject; the value keeps its own encoding.
+#[test]
+fn avro_key_is_the_key_column_in_a_frame_with_its_schema() {
+    let r = EventRouter::new(options(&[]), format(Encoding::Avro, JSON));
+    let b = bind(&r, &table());
+    let routed = r.route(&b, Change::Insert(&Row::default().tuple()));
+    let Ok(Routed::Registry(RegistryRecord {
+        record,
+        key: Some(schema),
+        value: RegistryValue::AsIs,
+    })) = routed
+    else {
+        panic!("expected a key to register, got {routed:?}");
+    };
+    assert_eq!(schema.text(), r#""string""#);
+    let mut expected = vec![0, 0, 0, 0, 0];
+    expected.extend(avro_string("1"));
+    assert_eq!(record.key.as_deref(), Some(&expected[..]));
+    let json = route(&[], format(JSON, JSON), Row::default());
+    assert_eq!(record.value, json.value, "the value keeps its encoding");
+}
+
+#[test]
+fn avro_key_of_a_null_key_column_is_a_null_key_with_nothing_to_register() {
+    let row = Row {
+        aggregateid: Column::Null,
+        ..Row::default()
+    };
+    let r = EventRouter::new(options(&[]), format(Encoding::Avro, JSON));
+    let b = bind(&r, &table());
+    let routed = r.route(&b, Change::Insert(&row.tuple()));
+    match routed {
+        Ok(Routed::Record(record)) => assert_eq!(record.key, None),
+        other => panic!("expected a record with a null key, got {other:?}"),
+    }
+}
+
 #[test]
 fn avro_of_a_null_payload_is_a_tombstone_with_nothing_to_register() {
     let row = Row {
@@ -1434,8 +1476,11 @@ fn avro_names_a_member_avro_cannot_name() {
 }
 
 #[test]
-fn avro_keys_are_refused_when_bound() {
-    let r = EventRouter::new(options(&[]), format(Encoding::Avro, Encoding::Avro));
-    let e = r.bind(&table()).expect_err("an avro key");
+fn registered_keys_are_refused_when_bound() {
+    let registered = Encoding::Registered(siphon_record::RegistrySchemaKind::Avro);
+    let r = EventRouter::new(options(&[]), format(registered, Encoding::Avro));
+    let e = r.bind(&table()).expect_err("a registered key");
     assert!(e.to_string().contains("format.key"), "{e}");
+    let r = EventRouter::new(options(&[]), format(Encoding::Avro, Encoding::Avro));
+    assert!(r.bind(&table()).is_ok(), "avro keys are bound");
 }

@@ -369,8 +369,8 @@ pub enum EncodingName {
     Binary,
     /// Values only: the `siphon.outbox.v1.OutboxEvent` message of `proto/siphon/outbox/v1/event.proto`.
     Protobuf,
-    /// Values only: as a schema-registry Avro converter (Confluent's `AvroConverter`), the
-    /// schema registered with `[schema_registry]`.
+    /// As a schema-registry Avro converter (Confluent's `AvroConverter`), the schema
+    /// registered with `[schema_registry]`: for values, and for keys.
     Avro,
     /// Values only: the payload's JSON, checked against the JSON Schema registered for it
     /// (`schema_registry.schemas = "registered"`) and framed with its id, as Confluent's JSON

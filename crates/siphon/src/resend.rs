@@ -227,7 +227,10 @@ async fn attempt(
         last_report: (started, sent_before),
         pace: transfer::Pace::new(request.max_rows_per_second),
         writing: None,
-        registry: settings.registry.clone(),
+        registry: settings
+            .registry
+            .clone()
+            .map(transfer::TransferRegistry::new),
         chunk_bytes: settings.max_in_flight_bytes,
     };
     if let Some(until) = &until {

@@ -56,21 +56,21 @@ fn value_encoding(config: &Config) -> Encoding {
 }
 
 /// The schema registry client's settings (`[schema_registry]`): `None` without a URL. The
-/// `avro` value format needs one; a registry no format uses is refused as a mistake.
+/// `avro` formats and `json-sr` need one; a registry no format uses is refused as a mistake.
 pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>> {
     let section = &config.schema_registry;
     let needed = matches!(
         config.format.value,
         EncodingName::Avro | EncodingName::JsonSr
-    );
+    ) || config.format.key == EncodingName::Avro;
     if section.url.trim().is_empty() {
         if needed {
-            anyhow::bail!("format.value = \"avro\" and \"json-sr\" take their schemas from a schema registry: set schema_registry.url (e.g. \"http://127.0.0.1:8081\"; Apicurio: \".../apis/ccompat/v7\")");
+            anyhow::bail!("format.key = \"avro\", format.value = \"avro\" and \"json-sr\" take their schemas from a schema registry: set schema_registry.url (e.g. \"http://127.0.0.1:8081\"; Apicurio: \".../apis/ccompat/v7\")");
         }
         return Ok(None);
     }
     if !needed {
-        anyhow::bail!("schema_registry.url is set but no format uses the registry; set format.value = \"avro\" or \"json-sr\", or remove the [schema_registry] section");
+        anyhow::bail!("schema_registry.url is set but no format uses the registry; set format.value = \"avro\" or \"json-sr\" (or format.key = \"avro\"), or remove the [schema_registry] section");
     }
     if config.format.value == EncodingName::JsonSr && section.schemas != SchemaSource::Registered {
         anyhow::bail!("format.value = \"json-sr\" writes each payload with the JSON Schema registered for it: set schema_registry.schemas = \"registered\" (JSON Schemas are not derived from payloads)");
@@ -327,8 +327,8 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
         })
         .transpose()
         .context("[schema_registry]")?;
-    if matches!(config.format.key, EncodingName::Avro | EncodingName::JsonSr) {
-        anyhow::bail!("format.key = \"avro\" or \"json-sr\" is not supported: keys are written json, json-schemas, string or binary");
+    if config.format.key == EncodingName::JsonSr {
+        anyhow::bail!("format.key = \"json-sr\" is not supported: json-sr writes payloads with the JSON Schemas registered for them; write keys avro, json, json-schemas, string or binary");
     }
     Ok(PipelineSettings {
         registry,
@@ -489,11 +489,29 @@ mod tests {
         );
         let settings = build(&config(&format!("{avro}{registry}"))).expect("valid");
         assert!(settings.registry.is_some());
-        let err = build(&config(&format!(
+        let settings = build(&config(&format!(
             "[format]\nkey = \"avro\"\nvalue = \"avro\"\n{registry}"
         )))
-        .err()
         .expect("avro keys");
+        assert_eq!(
+            settings.router.default_router().format().key,
+            Encoding::Avro
+        );
+        let settings = build(&config(&format!("[format]\nkey = \"avro\"\n{registry}")))
+            .expect("avro keys beside json values");
+        assert!(settings.registry.is_some());
+        let err = build(&config("[format]\nkey = \"avro\"\n"))
+            .err()
+            .expect("avro keys need a registry");
+        assert!(
+            format!("{err:#}").contains("schema_registry.url"),
+            "{err:#}"
+        );
+        let err = build(&config(&format!(
+            "[format]\nkey = \"json-sr\"\nvalue = \"json-sr\"\n{registry}schemas = \"registered\"\n"
+        )))
+        .err()
+        .expect("json-sr keys");
         assert!(format!("{err:#}").contains("format.key"), "{err:#}");
         let err = build(&config(&format!("{avro}{registry}password = \"p\"\n")))
             .err()

@@ -188,7 +188,10 @@ async fn send_all(
         last_report: (started, progress.rows_sent),
         pace: crate::transfer::Pace::new(0),
         writing: None,
-        registry: settings.registry.clone(),
+        registry: settings
+            .registry
+            .clone()
+            .map(transfer::TransferRegistry::new),
         chunk_bytes: settings.max_in_flight_bytes,
     };
     for (outbox, filter, until) in &described {

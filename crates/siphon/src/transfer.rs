@@ -24,11 +24,12 @@ use crate::telemetry::{Event, Metrics, TransferKind};
 use bytes::Bytes;
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
-use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
-use siphon_record::registered::{
-    misfit_reason, refusal_reason, value_subject, with_schema_id, SchemaAsk,
+use siphon_core::engine::registry_write::{
+    Answered, Ask, Refusal, RegistryWrite, SchemaCache, Step,
 };
-use siphon_router::{Header, RouteError, Routed, RoutedRecord, TableBinding};
+use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
+use siphon_record::registered::SchemaAsk;
+use siphon_router::{Header, RegistryRecord, RouteError, Routed, RoutedRecord, TableBinding};
 use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::{OutboxTable, RowReader};
 use siphon_source::TableName;
@@ -394,8 +395,23 @@ pub struct Copy<'a> {
     /// The progress write running beside the reading (`None` at first): each waits for the one
     /// before it, so they reach the state topic in order.
     pub writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
-    /// The schema ids of the `avro` value format, as the stream looks them up.
-    pub registry: Option<crate::registry::SchemaIds>,
+    /// The schema registry of the registry formats, and what it answered.
+    pub registry: Option<TransferRegistry>,
+}
+
+/// The registry the records of a transfer are written through: asked as the stream asks it,
+/// its answers kept for the transfer.
+pub struct TransferRegistry {
+    ids: crate::registry::SchemaIds,
+    cache: SchemaCache,
+}
+
+impl TransferRegistry {
+    /// A transfer's registry, through `ids`, with nothing answered yet.
+    pub fn new(ids: crate::registry::SchemaIds) -> Self {
+        let cache = SchemaCache::new(ids.latest_ttl());
+        TransferRegistry { ids, cache }
+    }
 }
 
 /// A rate of rows handed to the producer, kept row by row (the generic cell rate algorithm):
@@ -509,14 +525,15 @@ impl Copy<'_> {
                     Err(e) => Err(e.clone()),
                 };
                 let routed = match routed {
-                    Ok(Some((record, to_write))) => match self.written(record, to_write).await {
+                    Ok(Some(Routed::Record(record))) => Ok(Some(record)),
+                    Ok(Some(Routed::Registry(routed))) => match self.written(routed).await {
                         Ok(record) => Ok(Some(record)),
                         Err(refusal) if refusal.dead_lettered(self.on_error) => Err(refusal),
                         Err(refusal) => {
                             return Err(refusal.into_error(table.table.clone(), row.key));
                         }
                     },
-                    Ok(None) => Ok(None),
+                    Ok(Some(Routed::Skipped(_)) | None) => Ok(None),
                     Err(error) => Err(RowRefusal::Route(error)),
                 };
                 match routed {
@@ -629,35 +646,19 @@ fn next_limit(rows: &[siphon_source::snapshot::Row], max_rows: usize, budget: us
 enum RowRefusal {
     /// The router cannot route it.
     Route(RouteError),
-    /// The registry refused what was asked for its value.
-    Registry {
-        ask: SchemaAsk,
-        subject: String,
-        error: siphon_schema_registry::RegistryError,
-    },
-    /// Its payload does not fit the schema registered for it.
-    Misfit {
-        subject: String,
-        error: siphon_router::Misfit,
-    },
-    /// The schema registered for it cannot be read as Avro.
-    Unreadable {
-        subject: String,
-        error: siphon_router::Misfit,
-    },
+    /// The registry refused it, or its payload does not fit the schema registered for it.
+    Registry(Refusal<siphon_schema_registry::RegistryError>),
 }
 
 impl RowRefusal {
     /// Whether `on_error` sends the row to the dead-letter topic: a row the router cannot
-    /// route, a schema the registry refuses, a payload that does not fit; never a refusal of
-    /// Siphon itself (credentials, the URL) nor a schema that cannot be read, which no row
-    /// escapes.
+    /// route, and a registry refusal as [`Refusal::dead_letterable`] says, as in the stream.
     fn dead_lettered(&self, on_error: &ErrorPolicy) -> bool {
         matches!(on_error, ErrorPolicy::DeadLetter(_))
             && match self {
-                RowRefusal::Route(_) | RowRefusal::Misfit { .. } => true,
-                RowRefusal::Registry { error, .. } => error.is_schema_refusal(),
-                RowRefusal::Unreadable { .. } => false,
+                RowRefusal::Route(_) => true,
+                RowRefusal::Registry(refusal) => refusal
+                    .dead_letterable(siphon_schema_registry::RegistryError::is_schema_refusal),
             }
     }
 
@@ -669,20 +670,22 @@ impl RowRefusal {
                 key,
                 error: Box::new(error),
             },
-            RowRefusal::Registry { subject, error, .. } => TransferError::Registry {
-                table,
-                key,
-                subject,
-                error: Box::new(error),
-            },
-            RowRefusal::Misfit { subject, error } | RowRefusal::Unreadable { subject, error } => {
-                TransferError::Misfit {
+            RowRefusal::Registry(Refusal::Registry { subject, error, .. }) => {
+                TransferError::Registry {
                     table,
                     key,
                     subject,
                     error: Box::new(error),
                 }
             }
+            RowRefusal::Registry(
+                Refusal::Misfit { subject, error } | Refusal::Unreadable { subject, error },
+            ) => TransferError::Misfit {
+                table,
+                key,
+                subject,
+                error: Box::new(error),
+            },
         }
     }
 }
@@ -691,105 +694,61 @@ impl std::fmt::Display for RowRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RowRefusal::Route(error) => error.fmt(f),
-            RowRefusal::Registry {
-                ask,
-                subject,
-                error,
-            } => f.write_str(&refusal_reason(*ask, subject, error)),
-            RowRefusal::Misfit { subject, error } | RowRefusal::Unreadable { subject, error } => {
-                f.write_str(&misfit_reason(subject, error))
-            }
+            RowRefusal::Registry(refusal) => refusal.fmt(f),
         }
     }
-}
-
-/// What a routed record's value still needs before it is sent.
-enum ToWrite {
-    /// Nothing.
-    Nothing,
-    /// The id of its derived schema, registered.
-    Derived(siphon_record::RegistrySchema),
-    /// To be written with the latest schema of this kind registered for it.
-    Registered(siphon_record::RegistrySchemaKind),
 }
 
 impl Copy<'_> {
-    /// `record` with its value written as the stream writes it: framed with the id of its
-    /// derived schema, or written with the schema registered for it.
-    async fn written(
-        &self,
-        mut record: RoutedRecord,
-        to_write: ToWrite,
-    ) -> Result<RoutedRecord, RowRefusal> {
-        let subject = value_subject(&record.topic);
-        let registry = |ask, error| RowRefusal::Registry {
-            ask,
-            subject: subject.clone(),
-            error,
+    /// The record of `routed`, written as the stream writes it: through the registry's
+    /// answers ([`RegistryWrite`]).
+    async fn written(&mut self, routed: RegistryRecord) -> Result<RoutedRecord, RowRefusal> {
+        let Some(registry) = &mut self.registry else {
+            // Settings give every registry format a registry.
+            return Err(RowRefusal::Registry(Refusal::Registry {
+                ask: SchemaAsk::Register,
+                subject: String::new(),
+                error: siphon_schema_registry::RegistryError::InvalidUrl {
+                    url: String::new(),
+                    reason: "no schema registry is configured: set schema_registry.url",
+                },
+            }));
         };
-        let Some(ids) = &self.registry else {
-            return match to_write {
-                ToWrite::Nothing => Ok(record),
-                // Settings give every registry format a registry.
-                _ => Err(registry(
-                    SchemaAsk::Register,
-                    siphon_schema_registry::RegistryError::InvalidUrl {
-                        url: String::new(),
-                        reason: "no schema registry is configured: set schema_registry.url",
-                    },
-                )),
+        let mut write = RegistryWrite::new(routed);
+        loop {
+            let (waiting, ask) = match write.advance(&registry.cache, Instant::now()) {
+                Step::Ready(record) => return Ok(record),
+                Step::Refused(refusal) => return Err(RowRefusal::Registry(refusal)),
+                Step::Waiting(waiting, ask) => (waiting, ask),
             };
-        };
-        match to_write {
-            ToWrite::Nothing => Ok(record),
-            ToWrite::Derived(schema) => {
-                let id = ids
-                    .id(&subject, &schema)
-                    .await
-                    .map_err(|e| registry(SchemaAsk::Register, e))?;
-                record.value = record.value.map(|v| with_schema_id(v, id));
-                Ok(record)
-            }
-            ToWrite::Registered(kind) => {
-                let schema = match ids.registered_schema(&subject, kind).await {
-                    Ok(schema) => schema,
-                    Err(crate::registry::LatestError::Registry(error)) => {
-                        return Err(registry(SchemaAsk::Latest, error))
-                    }
-                    Err(crate::registry::LatestError::Unreadable(error)) => {
-                        return Err(RowRefusal::Unreadable { subject, error })
-                    }
-                };
-                if let Some(payload) = record.value.as_deref() {
-                    let value = schema.encode(payload).map_err(|error| RowRefusal::Misfit {
-                        subject: subject.clone(),
-                        error,
-                    })?;
-                    record.value = Some(Bytes::from(value));
+            let answer = match ask {
+                Ask::SchemaId { subject, schema } => {
+                    Answered::SchemaId(registry.ids.id(&subject, &schema).await)
                 }
-                Ok(record)
-            }
+                Ask::LatestSchema { subject } => {
+                    Answered::LatestSchema(registry.ids.latest(&subject).await)
+                }
+            };
+            write = waiting
+                .answered(&mut registry.cache, Instant::now(), answer)
+                .map_err(RowRefusal::Registry)?;
         }
     }
 }
 
-/// The record of an inserted row, as the stream's INSERT of it would be routed, with what its
-/// value still needs (a registry format); `None` for a row the router skips.
+/// What routing an inserted row gave, as the stream's INSERT of it would be routed: a record,
+/// one that still needs the registry, or `None` for a row the router skips.
 fn route(
     router: &siphon_router::EventRouter,
     binding: &TableBinding,
     tuple: &pgoutput::TupleData,
-) -> Result<Option<(RoutedRecord, ToWrite)>, RouteError> {
+) -> Result<Option<Routed>, RouteError> {
     match router.route(binding, siphon_router::Change::Insert(tuple))? {
-        Routed::Record(record) => Ok(Some((record, ToWrite::Nothing))),
-        Routed::Registered { record, schema } => Ok(Some((record, ToWrite::Derived(schema)))),
-        Routed::WithRegisteredSchema { record, kind } => {
-            Ok(Some((record, ToWrite::Registered(kind))))
-        }
         Routed::Skipped(reason) => {
             warn!(?reason, "row skipped by the router");
             Ok(None)
         }
+        routed => Ok(Some(routed)),
     }
 }
 

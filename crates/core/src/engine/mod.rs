@@ -5,7 +5,8 @@
 //! ([`routers`]), the latencies it times
 //! ([`elapsed`]) and what it tells the driver's log and metrics ([`note`]); logical messages
 //! of outbox prefixes as rows ([`message`]), their content read in the database's encoding
-//! ([`encoding`]); what it asks and learns from the catalog ([`catalog`]); exactly-once, the
+//! ([`encoding`]); what it asks and learns from the catalog ([`catalog`]); what a record in a registry
+//! format still needs from the schema registry ([`registry_write`]); exactly-once, the
 //! records the broker refused ([`suspects`]); the tables it routes, by name ([`table`]); the
 //! errors around it, as it reads them ([`vocabulary`]).
 //!
@@ -20,6 +21,7 @@ pub mod message;
 pub mod note;
 pub mod policy;
 pub mod position;
+pub mod registry_write;
 pub mod routers;
 pub mod session;
 #[cfg(test)]

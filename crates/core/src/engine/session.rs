@@ -44,6 +44,7 @@ use super::message::MessageRows;
 use super::note::{FailureKind, Note};
 use super::policy::{ErrorPolicy, NonTransactionalPolicy, RoutedKind};
 use super::position::PositionHeaders;
+use super::registry_write::{Answered, Ask, Refusal, RegistryWrite, SchemaCache, Step};
 use super::routers::Routers;
 use super::suspects::{Suspect, Suspects};
 use super::table::TableName;
@@ -52,17 +53,11 @@ use crate::assembly::{RowChange, SourceEvent};
 use crate::exactly_once::{KafkaTransactions, Progress, TransactionStep};
 use crate::flow::{Flow, FlowAction, FlowError, FlowSettings, Outcome, ToDeadLetter};
 use crate::ledger::{LedgerError, Seq, TxnId};
-use bytes::Bytes;
 use pgoutput::{pg_timestamp, Lsn, Oid, Relation, TupleData};
 use rustc_hash::FxHashMap;
-use siphon_record::registered::{
-    misfit_reason, refusal_reason, value_subject, with_schema_id, SchemaAsk,
-};
-use siphon_record::{
-    record_bytes, Classified, Delivery, RegistrySchema, RegistrySchemaKind, Verdict,
-};
+use siphon_record::{record_bytes, Classified, Delivery, Verdict};
 use siphon_router::{
-    Change, EventRouter, RegisteredSchema, RouteError, Routed, RoutedRecord, SkipReason,
+    Change, EventRouter, RegistryRecord, RouteError, Routed, RoutedRecord, SkipReason,
     SourcePosition, TableBinding,
 };
 use std::collections::{HashSet, VecDeque};
@@ -81,10 +76,6 @@ pub use super::catalog::Lookup;
 /// The answer to a [`Lookup`], a failure the catalog's.
 pub type Answer<V> =
     super::catalog::Answer<<V as Vocabulary>::CatalogError, <V as Vocabulary>::RegistryError>;
-
-/// How many schema ids the engine keeps (by topic and schema) before it forgets them all; a
-/// forgotten one is looked up again.
-pub const SCHEMA_ID_CAPACITY: usize = 1000;
 
 /// What happened.
 pub enum Input<V: Vocabulary> {
@@ -177,18 +168,17 @@ pub struct CoreSettings<'a, V: Vocabulary> {
     pub registered_schema_ttl: Duration,
 }
 
-/// A record held while the registry is asked about its value, with the row it came from (for
-/// its dead letter, should the registry refuse it). Only a record that waits is held: one whose
-/// answer is known is sent without copying its row.
+/// A record held while the registry is asked about its key or value, with the row it came
+/// from (for its dead letter, should the registry refuse it). Only a record that waits is held:
+/// one whose answers are known is sent without copying its row.
 struct HeldRecord<'a> {
     txn: TxnId,
-    record: RoutedRecord,
     relation: Arc<Relation>,
     row: TupleData,
     lsn: Lsn,
-    /// The kind of schema its value is written with, when it is a registered one.
-    kind: Option<RegistrySchemaKind>,
-    /// The registry's answer, once given.
+    /// The write, until the registry answered every question of it.
+    write: Option<RegistryWrite>,
+    /// What it became, once written or refused.
     resolved: Option<Resolved<'a>>,
 }
 
@@ -197,22 +187,13 @@ type RowSource<'r> = (&'r Arc<Relation>, &'r TupleData, Lsn);
 
 /// What becomes of a registry-format record once the registry answered.
 enum Resolved<'a> {
-    /// Sent with this value.
-    Value(Bytes),
-    /// Sent as it is (a null value has nothing to write).
-    AsIs,
+    /// Sent, written.
+    Send(RoutedRecord),
     /// Its row dead-lettered for this reason.
     DeadLetter {
         dead_letters: &'a DeadLetters,
         reason: String,
     },
-}
-
-impl Resolved<'_> {
-    /// A derived schema's answer: `value` framed with `id`.
-    fn with_id(value: Option<Bytes>, id: u32) -> Self {
-        value.map_or(Resolved::AsIs, |v| Resolved::Value(with_schema_id(v, id)))
-    }
 }
 
 /// A table's binding, or why it cannot be bound (its rows then fail or are dead-lettered).
@@ -286,12 +267,10 @@ pub struct SessionCore<'a, V: Vocabulary> {
     /// Logical messages of outbox prefixes, as rows of synthetic relations.
     messages: MessageRows,
     awaiting_lookup: bool,
-    /// The registry ids of the value schemas met, by topic and schema.
-    schema_ids: FxHashMap<(Arc<str>, RegistrySchema), u32>,
+    /// What the registry answered: schema ids, and latest schemas.
+    schemas: SchemaCache,
     /// The record waiting for the registry's answer (reading waits with it).
     held: Option<HeldRecord<'a>>,
-    /// The latest schema registered for each topic's values, and when it was fetched.
-    registered: FxHashMap<Arc<str>, (Arc<RegisteredSchema>, Instant)>,
     /// The open transaction, if any.
     txn: Option<TxnId>,
     /// Its Begin: commit LSN, transaction id and commit time (for the source position).
@@ -335,6 +314,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         let position = settings.position_headers.clone();
         let transactions = settings.transactions.take();
         let suspects = std::mem::take(&mut settings.suspects);
+        let schemas = SchemaCache::new(settings.registered_schema_ttl);
         let flow = Flow::new(
             FlowSettings {
                 max_in_flight_records: settings.max_in_flight_records,
@@ -353,9 +333,8 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             bindings: FxHashMap::default(),
             messages,
             awaiting_lookup: false,
-            schema_ids: FxHashMap::default(),
+            schemas,
             held: None,
-            registered: FxHashMap::default(),
             txn: None,
             begin: (Lsn::ZERO, 0, 0),
             position,
@@ -660,15 +639,11 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
 
     fn on_answer(&mut self, now: Now, answer: Answer<V>) -> Result<(), V::Error> {
         match answer {
-            super::catalog::Answer::SchemaId {
-                subject,
-                schema,
-                id,
-            } => {
-                return self.on_schema_id(now, subject, schema, id);
+            super::catalog::Answer::SchemaId { id, .. } => {
+                return self.on_registry_answer(now, Answered::SchemaId(id));
             }
-            super::catalog::Answer::LatestSchema { subject, schema } => {
-                return self.on_latest_schema(now, subject, schema);
+            super::catalog::Answer::LatestSchema { schema, .. } => {
+                return self.on_registry_answer(now, Answered::LatestSchema(schema));
             }
             super::catalog::Answer::NotNullColumns { relation, columns } => {
                 self.awaiting_lookup = false;
@@ -893,13 +868,8 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         };
         match routed {
             Ok((Routed::Record(record), _)) => self.send_routed(now, txn, record),
-            Ok((Routed::Registered { record, schema }, _)) => {
-                let source = (relation, row, lsn);
-                self.send_registered(now, txn, record, schema, source)
-            }
-            Ok((Routed::WithRegisteredSchema { record, kind }, _)) => {
-                let source = (relation, row, lsn);
-                self.send_with_registered(now, txn, record, kind, source)
+            Ok((Routed::Registry(routed), _)) => {
+                self.send_registry(now, txn, routed, (relation, row, lsn))
             }
             Ok((Routed::Skipped(reason), router)) => {
                 self.notes.push_back(Note::skipped(
@@ -950,227 +920,80 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         self.send_new(now, txn, letter)
     }
 
-    /// A record whose value's schema must have a registry id: sent at once with a known id,
-    /// else held (reading waits) while the id is looked up.
-    fn send_registered(
+    /// A record in a registry format: sent at once when the cache answers for it, else held
+    /// (reading waits) while the registry is asked.
+    fn send_registry(
         &mut self,
         now: Now,
         txn: TxnId,
-        mut record: RoutedRecord,
-        schema: RegistrySchema,
+        routed: RegistryRecord,
         source: RowSource<'_>,
     ) -> Result<(), V::Error> {
-        let key = (Arc::clone(&record.topic), schema);
-        let known = self.schema_ids.get(&key).copied();
+        let step = RegistryWrite::new(routed).advance(&self.schemas, now.instant);
         self.notes.push_back(Note::SchemaId {
-            known: known.is_some(),
+            known: !matches!(step, Step::Waiting(..)),
         });
-        if let Some(id) = known {
-            let resolved = Resolved::with_id(record.value.take(), id);
-            return self.carry_out(now, txn, record, resolved, source);
-        }
-        let (topic, schema) = key;
-        self.hold(txn, record, None, source);
-        self.flow.push(Queued::Lookup(Lookup::SchemaId {
-            subject: value_subject(&topic),
-            schema,
-        }));
-        Ok(())
-    }
-
-    /// The registry's id for the held record's schema: kept, and the record framed with it; or
-    /// the registry's refusal.
-    fn on_schema_id(
-        &mut self,
-        now: Now,
-        subject: String,
-        schema: RegistrySchema,
-        id: Result<u32, V::RegistryError>,
-    ) -> Result<(), V::Error> {
-        let Some(mut held) = self.held.take() else {
-            self.awaiting_lookup = false;
-            return Ok(());
-        };
-        let resolved = match id {
-            Ok(id) => {
-                if self.schema_ids.len() >= SCHEMA_ID_CAPACITY {
-                    self.schema_ids.clear();
-                }
-                self.schema_ids
-                    .insert((Arc::clone(&held.record.topic), schema), id);
-                Ok(Resolved::with_id(held.record.value.take(), id))
-            }
-            Err(error) => self.refused(SchemaAsk::Register, subject, error, held.lsn),
-        };
-        self.resolve_held(now, held, resolved)
-    }
-
-    /// A record whose value is the payload's JSON, to be written with the latest schema
-    /// registered for its topic's values: written at once with a copy fetched within the time
-    /// to live, else held (reading waits) while the latest is fetched.
-    fn send_with_registered(
-        &mut self,
-        now: Now,
-        txn: TxnId,
-        mut record: RoutedRecord,
-        kind: RegistrySchemaKind,
-        source: RowSource<'_>,
-    ) -> Result<(), V::Error> {
-        let ttl = self.settings.registered_schema_ttl;
-        let fresh = self
-            .registered
-            .get(&record.topic)
-            .filter(|(schema, fetched)| {
-                schema.kind() == kind && now.instant.saturating_duration_since(*fetched) < ttl
-            })
-            .map(|(schema, _)| Arc::clone(schema));
-        self.notes.push_back(Note::SchemaId {
-            known: fresh.is_some(),
-        });
-        if let Some(schema) = fresh {
-            let resolved = self.written(&schema, record.value.take(), &record.topic, source.2)?;
-            return self.carry_out(now, txn, record, resolved, source);
-        }
-        let subject = value_subject(&record.topic);
-        self.hold(txn, record, Some(kind), source);
-        self.flow
-            .push(Queued::Lookup(Lookup::LatestSchema { subject }));
-        Ok(())
-    }
-
-    /// The latest schema of the held record's subject: kept for the topic, and the record
-    /// written with it; or the registry's refusal. A schema of another kind than the value
-    /// format's, or one that cannot be read, ends the session, naming the subject.
-    fn on_latest_schema(
-        &mut self,
-        now: Now,
-        subject: String,
-        schema: Result<(u32, RegistrySchemaKind, Arc<str>), V::RegistryError>,
-    ) -> Result<(), V::Error> {
-        let Some(mut held) = self.held.take() else {
-            self.awaiting_lookup = false;
-            return Ok(());
-        };
-        let lsn = held.lsn;
-        let resolved = match schema {
-            Err(error) => self.refused(SchemaAsk::Latest, subject, error, lsn),
-            Ok((id, kind, text)) => {
-                let parsed = match held.kind {
-                    Some(expected) if expected != kind => Err(siphon_router::Misfit {
-                        id,
-                        reason: format!(
-                            "the subject holds a {kind:?} schema, and the value format writes {expected:?}"
-                        ),
-                    }),
-                    _ => RegisteredSchema::parse(kind, id, &text),
-                };
-                match parsed {
-                    Err(error) => Err(EngineError::Misfit {
-                        subject,
-                        error,
-                        lsn,
-                    }
-                    .into()),
-                    Ok(schema) => {
-                        let schema = Arc::new(schema);
-                        if self.registered.len() >= SCHEMA_ID_CAPACITY {
-                            self.registered.clear();
-                        }
-                        self.registered.insert(
-                            Arc::clone(&held.record.topic),
-                            (Arc::clone(&schema), now.instant),
-                        );
-                        let value = held.record.value.take();
-                        self.written(&schema, value, &held.record.topic, lsn)
-                    }
-                }
-            }
-        };
-        self.resolve_held(now, held, resolved)
-    }
-
-    /// What a payload becomes with a registered schema: written with it; or, not fitting, its
-    /// row's dead letter (`on_error = "dead-letter"`) or the session's end.
-    fn written(
-        &self,
-        schema: &RegisteredSchema,
-        value: Option<Bytes>,
-        topic: &str,
-        lsn: Lsn,
-    ) -> Result<Resolved<'a>, V::Error> {
-        let Some(payload) = value else {
-            return Ok(Resolved::AsIs);
-        };
-        match schema.encode(&payload) {
-            Ok(written) => Ok(Resolved::Value(Bytes::from(written))),
-            Err(error) => match self.settings.on_error {
-                ErrorPolicy::DeadLetter(dead_letters) => Ok(Resolved::DeadLetter {
-                    dead_letters,
-                    reason: misfit_reason(&value_subject(topic), &error),
-                }),
-                ErrorPolicy::Fail => Err(EngineError::Misfit {
-                    subject: value_subject(topic),
-                    error,
+        match step {
+            Step::Waiting(write, ask) => {
+                let (relation, row, lsn) = source;
+                self.awaiting_lookup = true;
+                self.held = Some(HeldRecord {
+                    txn,
+                    relation: Arc::clone(relation),
+                    row: row.clone(),
                     lsn,
-                }
-                .into()),
-            },
+                    write: Some(write),
+                    resolved: None,
+                });
+                self.ask(ask);
+                Ok(())
+            }
+            Step::Ready(record) => self.send_routed(now, txn, record),
+            Step::Refused(refusal) => {
+                let resolved = self.refused(refusal, source.2)?;
+                self.carry_out(now, txn, resolved, source)
+            }
         }
     }
 
-    /// What a registry refusal of what was asked for a value becomes: its row's dead letter,
-    /// when the refusal is the schema's own and dead letters are configured; otherwise the
-    /// session's end, naming the subject.
-    fn refused(
-        &self,
-        ask: SchemaAsk,
-        subject: String,
-        error: V::RegistryError,
-        lsn: Lsn,
-    ) -> Result<Resolved<'a>, V::Error> {
-        match self.settings.on_error {
-            ErrorPolicy::DeadLetter(dead_letters) if V::schema_refused(&error) => {
-                Ok(Resolved::DeadLetter {
-                    dead_letters,
-                    reason: refusal_reason(ask, &subject, &error),
-                })
-            }
-            _ => Err(EngineError::Registry {
-                subject,
-                error,
-                lsn,
-            }
-            .into()),
-        }
+    /// Puts `ask` to the registry.
+    fn ask(&mut self, ask: Ask) {
+        let lookup = match ask {
+            Ask::SchemaId { subject, schema } => Lookup::SchemaId { subject, schema },
+            Ask::LatestSchema { subject } => Lookup::LatestSchema { subject },
+        };
+        self.flow.push(Queued::Lookup(lookup));
     }
 
-    /// Holds `record` (reading waits) until the registry answers.
-    fn hold(
-        &mut self,
-        txn: TxnId,
-        record: RoutedRecord,
-        kind: Option<RegistrySchemaKind>,
-        (relation, row, lsn): RowSource<'_>,
-    ) {
-        self.awaiting_lookup = true;
-        self.held = Some(HeldRecord {
-            txn,
-            record,
-            relation: Arc::clone(relation),
-            row: row.clone(),
-            lsn,
-            kind,
-            resolved: None,
-        });
-    }
-
-    /// The held record answered: sent by [`SessionCore::release_held`]; or the session's end.
-    fn resolve_held(
+    /// The registry's answer for the held record: kept, and the record advanced (sent, or asked
+    /// about again); or its refusal.
+    fn on_registry_answer(
         &mut self,
         now: Now,
-        mut held: HeldRecord<'a>,
-        resolved: Result<Resolved<'a>, V::Error>,
+        answer: Answered<V::RegistryError>,
     ) -> Result<(), V::Error> {
+        let Some(mut held) = self.held.take() else {
+            self.awaiting_lookup = false;
+            return Ok(());
+        };
+        let Some(write) = held.write.take() else {
+            self.held = Some(held);
+            return Ok(());
+        };
+        let step = match write.answered(&mut self.schemas, now.instant, answer) {
+            Ok(write) => write.advance(&self.schemas, now.instant),
+            Err(refusal) => Step::Refused(refusal),
+        };
+        let resolved = match step {
+            Step::Waiting(write, ask) => {
+                held.write = Some(write);
+                self.held = Some(held);
+                self.ask(ask);
+                return Ok(());
+            }
+            Step::Ready(record) => Ok(Resolved::Send(record)),
+            Step::Refused(refusal) => self.refused(refusal, held.lsn),
+        };
         match resolved {
             Ok(resolved) => {
                 held.resolved = Some(resolved);
@@ -1182,6 +1005,39 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 Err(error)
             }
         }
+    }
+
+    /// What a refused record becomes: its row's dead letter, when `on_error` sends such
+    /// refusals there ([`Refusal::dead_letterable`]); otherwise the session's end, naming the
+    /// subject.
+    fn refused(
+        &self,
+        refusal: Refusal<V::RegistryError>,
+        lsn: Lsn,
+    ) -> Result<Resolved<'a>, V::Error> {
+        if let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error {
+            if refusal.dead_letterable(V::schema_refused) {
+                return Ok(Resolved::DeadLetter {
+                    dead_letters,
+                    reason: refusal.to_string(),
+                });
+            }
+        }
+        Err(match refusal {
+            Refusal::Registry { subject, error, .. } => EngineError::Registry {
+                subject,
+                error,
+                lsn,
+            },
+            Refusal::Misfit { subject, error } | Refusal::Unreadable { subject, error } => {
+                EngineError::Misfit {
+                    subject,
+                    error,
+                    lsn,
+                }
+            }
+        }
+        .into())
     }
 
     /// Sends the held record (or its dead letter) once its lookup is answered and records may
@@ -1198,7 +1054,6 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         }
         let Some(HeldRecord {
             txn,
-            record,
             relation,
             row,
             lsn,
@@ -1209,25 +1064,20 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             return Ok(());
         };
         self.awaiting_lookup = false;
-        self.carry_out(now, txn, record, resolved, (&relation, &row, lsn))
+        self.carry_out(now, txn, resolved, (&relation, &row, lsn))
     }
 
-    /// Carries out what the registry's answer made of `record`: sent with its written value,
-    /// sent as it is, or its row dead-lettered.
+    /// Carries out what the registry's answers made of a record: sent, or its row
+    /// dead-lettered.
     fn carry_out(
         &mut self,
         now: Now,
         txn: TxnId,
-        mut record: RoutedRecord,
         resolved: Resolved<'a>,
         (relation, row, lsn): RowSource<'_>,
     ) -> Result<(), V::Error> {
         match resolved {
-            Resolved::Value(value) => {
-                record.value = Some(value);
-                self.send_routed(now, txn, record)
-            }
-            Resolved::AsIs => self.send_routed(now, txn, record),
+            Resolved::Send(record) => self.send_routed(now, txn, record),
             Resolved::DeadLetter {
                 dead_letters,
                 reason,

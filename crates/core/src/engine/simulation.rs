@@ -198,6 +198,13 @@ fn is_poison(record: &RoutedRecord) -> bool {
             .is_some_and(|v| v.windows(6).any(|w| w == b"POISON"))
 }
 
+/// Whether a key or value in a registry format still holds the router's placeholder id.
+fn placeholder_id(record: &RoutedRecord, format: Format) -> bool {
+    let unframed = |bytes: Option<&[u8]>| bytes.is_some_and(|b| b.get(..5) == Some(&[0; 5]));
+    (format.key == Encoding::Avro && unframed(record.key.as_deref()))
+        || (format.value == Encoding::Avro && unframed(record.value.as_deref()))
+}
+
 fn partition_of(record: &RoutedRecord) -> usize {
     let key = record.key.as_deref().unwrap_or_default();
     key.iter().map(|&b| b as usize).sum::<usize>() % PARTITIONS
@@ -1195,7 +1202,14 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
         2 => Encoding::Registered(siphon_record::RegistrySchemaKind::Avro),
         _ => Encoding::Json,
     };
+    // Every other seed of each kind writes Avro keys too: a record then waits for two ids.
+    let key = if (seed / 3) % 2 == 1 {
+        Encoding::Avro
+    } else {
+        Encoding::Json
+    };
     let format = Format {
+        key,
         value,
         ..Format::default()
     };
@@ -1281,6 +1295,11 @@ fn run_seed(seed: u64, mode: Mode) -> Result<(Outcome, Vec<String>), (String, Ve
                         if w.broker.kafka.committing.is_some() {
                             w.violation.get_or_insert(format!(
                                 "record #{token} handed over while a commit runs"
+                            ));
+                        }
+                        if placeholder_id(&record, format) {
+                            w.violation.get_or_insert(format!(
+                                "record #{token} handed over without its schema id"
                             ));
                         }
                         let topics = &w.broker.topics;

@@ -370,8 +370,8 @@ fn check_encodings(
                     type_name: type_name(column.type_oid),
                 });
             }
-            Encoding::Avro | Encoding::Registered(_) if what == "key" => {
-                return fail(EncodingMismatch::AvroKey);
+            Encoding::Registered(_) if what == "key" => {
+                return fail(EncodingMismatch::RegisteredKey);
             }
             Encoding::Registered(_) if has_envelope => {
                 return fail(EncodingMismatch::RegisteredEnvelope);

@@ -294,9 +294,9 @@ pub enum EncodingMismatch {
     /// A registered schema takes the payload's JSON, which a bytea column does not hold.
     #[error("registered schemas write the payload's JSON with the schema registered for it, and column \"{column}\" is bytea; store the payload as json, jsonb or text")]
     RegisteredBytes { column: String },
-    /// The registry formats write values only.
-    #[error("the schema-registry encodings (avro, json-sr) are for record values; write keys with the json or string encoding (format.key)")]
-    AvroKey,
+    /// Registered schemas write values only.
+    #[error("registered schemas (json-sr, schema_registry.schemas = \"registered\") write record values; write keys with the avro, json or string encoding (format.key)")]
+    RegisteredKey,
     /// `StringConverter` cannot write a bytea column.
     #[error("the string {side} encoding (StringConverter) cannot write the bytea column \"{column}\" (Java would write an object identity); use the binary or json encoding")]
     StringOfBytea {

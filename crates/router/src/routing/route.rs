@@ -88,38 +88,40 @@ pub enum SkipReason {
 pub enum Routed {
     /// The change becomes this record.
     Record(RoutedRecord),
-    /// The change becomes this record once `schema` is registered: its value is framed for a
-    /// schema registry with a placeholder id (see [`siphon_record::registered`]).
-    Registered {
-        /// The record, its value's schema id still to be written.
-        record: RoutedRecord,
-        /// The value's schema, to register under the value subject of the record's topic.
-        schema: RegistrySchema,
-    },
-    /// The change becomes this record once its value, the payload's JSON, is written with the
-    /// latest schema registered under the value subject of its topic ([`crate::RegisteredAvro`]).
-    WithRegisteredSchema {
-        /// The record, its value the payload column's text.
-        record: RoutedRecord,
-        /// The kind of schema the value is written with.
-        kind: RegistrySchemaKind,
-    },
+    /// The change becomes this record once the schema registry has answered for its key or
+    /// value (a registry format): see [`RegistryRecord`].
+    Registry(RegistryRecord),
     /// The change is deliberately not sent.
     Skipped(SkipReason),
 }
 
-/// A record value and, for a registry format, the schema it is written with.
-pub(crate) type Encoded = (Option<Bytes>, Option<ValueSchema>);
+/// A record whose key or value is written in a registry format: framed for a schema registry
+/// with a placeholder id (see [`siphon_record::registered`]), or still the payload's JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryRecord {
+    /// The record, its ids still to be written.
+    pub record: RoutedRecord,
+    /// The key's schema, to register under the key subject of the record's topic (`None`: the
+    /// key is not in a registry format, or is null).
+    pub key: Option<RegistrySchema>,
+    /// What the value still needs.
+    pub value: RegistryValue,
+}
 
-/// The schema a registry format's value is written with.
-#[derive(Debug)]
-pub(crate) enum ValueSchema {
-    /// Made from the value, to be registered.
+/// What a [`RegistryRecord`]'s value still needs from the registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryValue {
+    /// Nothing: it is sent as it is (a null value, or a format without a registry).
+    AsIs,
+    /// Its schema, made from the value, registered under the value subject of the record's topic.
     Derived(RegistrySchema),
-    /// The one of this kind registered for the value subject: the value is the payload's JSON
-    /// still.
+    /// It is the payload's JSON, to be written with the latest schema of this kind registered
+    /// under the value subject of the record's topic ([`crate::RegisteredSchema`]).
     Registered(RegistrySchemaKind),
 }
+
+/// A record value and, for a registry format, what it still needs.
+pub(crate) type Encoded = (Option<Bytes>, RegistryValue);
 
 /// Who is running the router, for Debezium's context headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,15 +248,15 @@ impl Debezium {
             )
     }
 
-    /// The Debezium record of an inserted row, with the row's routing value and, for a
-    /// registry format, its value's schema; without a value unless `encode_value` (a protobuf
-    /// value replaces it).
+    /// The Debezium record of an inserted row, with what a registry format still needs for it,
+    /// and the row's routing value; without a value unless `encode_value` (a protobuf value
+    /// replaces it).
     pub(crate) fn record<'r>(
         &self,
         binding: &TableBinding,
         row: &'r TupleData,
         encode_value: bool,
-    ) -> Result<(RoutedRecord, &'r str, Option<ValueSchema>), RouteError> {
+    ) -> Result<(RegistryRecord, &'r str), RouteError> {
         if row.columns.len() != binding.column_count {
             return Err(RouteError::ColumnCountMismatch {
                 table: binding.table().to_owned(),
@@ -319,13 +321,7 @@ impl Debezium {
             },
         };
 
-        let key = encode_column(
-            binding,
-            &binding.event_key,
-            row,
-            self.format.key,
-            self.format.numbers,
-        )?;
+        let (key, key_schema) = self.key(binding, row)?;
 
         let mut headers = Vec::with_capacity(self.context_headers.len() + 1);
         headers.extend(self.context_headers.iter().cloned());
@@ -364,10 +360,10 @@ impl Debezium {
         }
 
         // A protobuf value replaces the Debezium value: it is not encoded at all.
-        let (value, schema) = if encode_value {
+        let (value, value_schema) = if encode_value {
             self.encode_value(binding, row, routed_value)?
         } else {
-            (None, None)
+            (None, RegistryValue::AsIs)
         };
 
         let record = RoutedRecord {
@@ -378,7 +374,12 @@ impl Debezium {
             timestamp_ms,
             partition,
         };
-        Ok((record, routed_value, schema))
+        let record = RegistryRecord {
+            record,
+            key: key_schema,
+            value: value_schema,
+        };
+        Ok((record, routed_value))
     }
 
     /// The record value: the payload, expanded or wrapped in an envelope as configured; for a
@@ -395,8 +396,8 @@ impl Debezium {
         if let Encoding::Registered(kind) = encoding {
             // Binding refuses envelopes and bytea with it, and settings refuse the expansion.
             return Ok(match payload {
-                None => (None, None),
-                Some((raw, _)) => (Some(raw.clone()), Some(ValueSchema::Registered(kind))),
+                None => (None, RegistryValue::AsIs),
+                Some((raw, _)) => (Some(raw.clone()), RegistryValue::Registered(kind)),
             });
         }
         let has_envelope = binding
@@ -449,7 +450,7 @@ impl Debezium {
             // looks at an empty payload.
             let (schema, value) = self.envelope(binding, row, routed_value, &expansion)?;
             if empty && self.options.tombstone_on_empty_payload() {
-                return Ok((None, None));
+                return Ok((None, RegistryValue::AsIs));
             }
             return self.written(binding, &value, &schema, encoding);
         }
@@ -464,14 +465,18 @@ impl Debezium {
             // The schema was replaced but the value is still the string: only a converter
             // that ignores the schema can write it.
             return match (encoding, schema) {
-                (Encoding::String, _) => Ok((Some(Bytes::copy_from_slice(text.as_bytes())), None)),
-                (Encoding::Json, None) => {
-                    Ok((Some(crate::format::json::json_string_bytes(text)), None))
-                }
+                (Encoding::String, _) => Ok((
+                    Some(Bytes::copy_from_slice(text.as_bytes())),
+                    RegistryValue::AsIs,
+                )),
+                (Encoding::Json, None) => Ok((
+                    Some(crate::format::json::json_string_bytes(text)),
+                    RegistryValue::AsIs,
+                )),
                 (Encoding::JsonSchemas, None) => {
                     let mut out = Vec::new();
                     write_envelope(&mut out, &Value::Str(text.to_owned()), None);
-                    Ok((Some(Bytes::from(out)), None))
+                    Ok((Some(Bytes::from(out)), RegistryValue::AsIs))
                 }
                 // The value is still the column's string, written with the column's schema.
                 (Encoding::Avro, None) => {
@@ -482,7 +487,7 @@ impl Debezium {
         }
 
         if empty && self.options.tombstone_on_empty_payload() {
-            return Ok((None, None));
+            return Ok((None, RegistryValue::AsIs));
         }
 
         match expansion {
@@ -491,7 +496,7 @@ impl Debezium {
             }
             // The registry converters write a NULL payload as a null value.
             _ if encoding == Encoding::Avro => match payload {
-                None => Ok((None, None)),
+                None => Ok((None, RegistryValue::AsIs)),
                 Some(_) => {
                     let value = column_value(binding, column, row, self.format.numbers)?;
                     self.avro(binding, &value, &column.schema())
@@ -499,33 +504,63 @@ impl Debezium {
             },
             _ => Ok((
                 encode_cell(binding, column, payload, encoding, self.format.numbers)?,
-                None,
+                RegistryValue::AsIs,
             )),
         }
     }
 
-    /// `value` written as Avro with the Avro schema of `schema`, framed with a placeholder
-    /// schema id.
+    /// The payload's `value` written as Avro with the Avro schema of `schema`, framed with a
+    /// placeholder schema id.
     fn avro(
         &self,
         binding: &TableBinding,
         value: &Value,
         schema: &Schema,
     ) -> Result<Encoded, RouteError> {
+        let (framed, schema) = self.avro_of(binding, &binding.payload, value, schema)?;
+        Ok((Some(framed), RegistryValue::Derived(schema)))
+    }
+
+    /// `value` of `column` written as Avro with the Avro schema of `schema`, framed with a
+    /// placeholder schema id, and that schema.
+    fn avro_of(
+        &self,
+        binding: &TableBinding,
+        column: &BoundColumn,
+        value: &Value,
+        schema: &Schema,
+    ) -> Result<(Bytes, RegistrySchema), RouteError> {
         let fail = |reason: crate::format::avro::AvroError| RouteError::Avro {
             table: binding.table().to_owned(),
-            column: binding.payload.name.to_string(),
+            column: column.name.to_string(),
             reason,
         };
         let avro = self.avro_schemas.get(schema).map_err(fail)?;
         let datum = avro.datum(value).map_err(fail)?;
         Ok((
-            Some(unframed_value(&datum)),
-            Some(ValueSchema::Derived(RegistrySchema::new(
-                RegistrySchemaKind::Avro,
-                avro.shared_json(),
-            ))),
+            unframed_value(&datum),
+            RegistrySchema::new(RegistrySchemaKind::Avro, avro.shared_json()),
         ))
+    }
+
+    /// The record key: the event key column per [`Format::key`]; for Avro, with the schema to
+    /// register (none for a NULL key, which the converters write as a null key).
+    fn key(
+        &self,
+        binding: &TableBinding,
+        row: &TupleData,
+    ) -> Result<(Option<Bytes>, Option<RegistrySchema>), RouteError> {
+        let column = &binding.event_key;
+        if self.format.key != Encoding::Avro {
+            let key = encode_column(binding, column, row, self.format.key, self.format.numbers)?;
+            return Ok((key, None));
+        }
+        let value = column_value(binding, column, row, self.format.numbers)?;
+        if matches!(value, Value::Null) {
+            return Ok((None, None));
+        }
+        let (framed, schema) = self.avro_of(binding, column, &value, &column.schema())?;
+        Ok((Some(framed), Some(schema)))
     }
 
     /// A struct value written per encoding, refused where Jackson would refuse to write it
@@ -551,7 +586,7 @@ impl Debezium {
                 });
             }
         }
-        Ok((out, None))
+        Ok((out, RegistryValue::AsIs))
     }
 
     /// The envelope `{payload, aliases…}` and its schema, as Debezium builds it: the schema
@@ -799,7 +834,7 @@ fn encode_cell(
                 write_envelope(&mut out, &Value::Null, Some(&column.schema()));
                 Some(Bytes::from(out))
             }
-            // A registry format writes a NULL as a null value (binding refuses it for keys).
+            // A registry format writes a NULL as a null value.
             Encoding::String | Encoding::Binary | Encoding::Avro | Encoding::Registered(_) => None,
         });
     };
@@ -807,7 +842,8 @@ fn encode_cell(
         Encoding::Json => to_json_with(column.kind, raw, text, numbers),
         Encoding::String => to_string_with(column.kind, raw, text, numbers),
         Encoding::Binary => decode_bytea(text),
-        // Binding refuses it for keys, and values are written by `Debezium::avro`.
+        // Avro keys are written by `Debezium::key` and values by `Debezium::avro`; binding
+        // refuses registered keys.
         Encoding::Avro | Encoding::Registered(_) => Err(BadValue),
         Encoding::JsonSchemas => to_json_with(column.kind, raw, text, numbers).map(|json| {
             let mut out = Vec::with_capacity(json.len() + 96);

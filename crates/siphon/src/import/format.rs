@@ -7,8 +7,9 @@
 //! - A JsonConverter without `schemas.enable` is taken as Kafka's default, true (json-schemas),
 //!   since a converter set on the connector does not inherit the worker's options.
 //! - Converter options are notes (Siphon's encodings have none), except a UTF-8 `encoding`,
-//!   which is what Siphon writes anyway, and an Avro value converter's registry URL and basic
-//!   auth user, which become `[schema_registry]` (the password never goes into the file).
+//!   which is what Siphon writes anyway, and an Avro converter's registry URL and basic auth
+//!   user, which become `[schema_registry]` (the password never goes into the file; keys and
+//!   values share one registry, the first converter's).
 
 use super::output::{string, Output};
 use super::props::{keyed, Props};
@@ -86,7 +87,7 @@ fn converter_encoding(
         }
         STRING_CONVERTER => "string",
         BYTE_ARRAY_CONVERTER | BINARY_DATA_CONVERTER => "binary",
-        CONFLUENT_AVRO_CONVERTER if side == "value" => {
+        CONFLUENT_AVRO_CONVERTER => {
             registry_options(key, &mut options, out, notes);
             "avro"
         }
@@ -144,7 +145,13 @@ fn registry_options(
         if option == url_key {
             let mut urls = value.split(',').map(str::trim).filter(|u| !u.is_empty());
             if let Some(first) = urls.next() {
-                out.schema_registry.insert("url".into(), string(first));
+                match out.schema_registry.get("url").and_then(toml::Value::as_str) {
+                    None => out.schema_registry.insert("url".into(), string(first)),
+                    Some(taken) if taken == first => {}
+                    Some(taken) => notes.push(format!(
+                        "`{url_key}` = `{first}`: Siphon writes keys and values through one registry, {taken}"
+                    )),
+                }
             }
             if urls.next().is_some() {
                 notes.push(format!(
@@ -153,6 +160,9 @@ fn registry_options(
             }
         } else if option == user_key {
             let user = value.split_once(':').map_or(value.as_str(), |(u, _)| u);
+            if out.schema_registry.contains("username") {
+                continue;
+            }
             out.schema_registry.insert("username".into(), string(user));
             notes.push(format!(
                 "`{user_key}`: the user is in [schema_registry]; set the password with SIPHON_SCHEMA_REGISTRY_PASSWORD (it is not written to the file)"
@@ -162,7 +172,7 @@ fn registry_options(
         }
     }
     *options = rest;
-    if !out.schema_registry.contains("url") {
+    if !out.schema_registry.contains("url") && !notes.iter().any(|n| n.contains(&url_key)) {
         notes.push(format!(
             "`{url_key}` is not set: set schema_registry.url to the registry the converter used"
         ));
@@ -223,5 +233,38 @@ mod tests {
         note_with(&import, &["SIPHON_SCHEMA_REGISTRY_PASSWORD"]);
         note_with(&import, &["several registry URLs"]);
         note_with(&import, &["auto.register.schemas"]);
+    }
+
+    #[test]
+    fn avro_key_and_value_converters_become_avro_keys_and_values_through_one_registry() {
+        let import = import_debezium(&minimal(
+            r#", "key.converter": "io.confluent.connect.avro.AvroConverter",
+               "key.converter.schema.registry.url": "http://registry:8081",
+               "value.converter": "io.confluent.connect.avro.AvroConverter",
+               "value.converter.schema.registry.url": "http://registry:8081""#,
+        ))
+        .unwrap();
+        let c = parse(&import);
+        assert_eq!(c.format.key, EncodingName::Avro);
+        assert_eq!(c.format.value, EncodingName::Avro);
+        assert_eq!(c.schema_registry.url, "http://registry:8081");
+        assert!(
+            !import.notes.iter().any(|n| n.contains("registry")),
+            "{:#?}",
+            import.notes
+        );
+
+        let import = import_debezium(&minimal(
+            r#", "key.converter": "io.confluent.connect.avro.AvroConverter",
+               "key.converter.schema.registry.url": "http://keys:8081",
+               "value.converter": "io.confluent.connect.avro.AvroConverter",
+               "value.converter.schema.registry.url": "http://values:8081""#,
+        ))
+        .unwrap();
+        assert_eq!(parse(&import).schema_registry.url, "http://keys:8081");
+        note_with(
+            &import,
+            &["value.converter.schema.registry.url", "one registry"],
+        );
     }
 }

@@ -31,6 +31,10 @@ impl Section {
         self.0.iter().any(|(k, _)| k == key)
     }
 
+    pub(super) fn get(&self, key: &str) -> Option<&toml::Value> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
     /// `[header]` and one line per key, each serialized by the `toml` crate so keys and values
     /// are quoted and escaped as TOML requires.
     fn render(&self, header: &str, text: &mut String) {
