@@ -19,8 +19,9 @@
 
 use anyhow::{bail, ensure, Context as _, Result};
 use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// A Kafka Connect converter, named by what Siphon calls its encodings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,6 +402,71 @@ impl Oracle {
             })
             .collect()
     }
+}
+
+/// `bytes` as plain lower-case hex digits (`AvroOracle`'s input).
+pub fn plain_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Plain hex digits as bytes (`AvroOracle`'s output).
+fn from_plain_hex(text: &str) -> Result<Vec<u8>> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).context("hex"))
+        .collect()
+}
+
+/// What `AvroOracle` (Debezium's expansion, then Confluent's `AvroData`) made of a payload.
+pub enum JavaAvro {
+    Avro { schema: String, datum: Vec<u8> },
+    Refused(String),
+}
+
+/// Runs `AvroOracle` on `payloads` (JSON texts), one answer per payload in order: the Avro
+/// schema text and datum Debezium's Avro path writes for the expanded payload, or Java's
+/// refusal.
+pub fn run_avro_oracle(oracle: &Oracle, payloads: &[String]) -> Result<Vec<JavaAvro>> {
+    let mut child = oracle
+        .java_command("AvroOracle")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting AvroOracle")?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let input: String = payloads
+        .iter()
+        .map(|p| format!("{}\n", plain_hex(p.as_bytes())))
+        .collect();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut out = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        let fields: Vec<&str> = line.split('\t').collect();
+        out.push(match fields.as_slice() {
+            ["S", schema, datum] => JavaAvro::Avro {
+                schema: String::from_utf8(from_plain_hex(schema)?)?,
+                datum: from_plain_hex(datum)?,
+            },
+            ["E", error] => JavaAvro::Refused(String::from_utf8(from_plain_hex(error)?)?),
+            _ => bail!("AvroOracle printed {line:?}"),
+        });
+    }
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("writer panicked"))??;
+    let output = child.wait_with_output()?;
+    anyhow::ensure!(
+        output.status.success() && out.len() == payloads.len(),
+        "AvroOracle: {} ({} of {} answers): {}",
+        output.status,
+        out.len(),
+        payloads.len(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -5,75 +5,12 @@
 //! (a name Avro does not take, a payload too deep), Siphon must refuse too. The one known
 //! difference: Siphon refuses names with non-ASCII letters, which Avro's Java library takes.
 
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::Stdio;
-
-use anyhow::{bail, Context as _, Result};
+use anyhow::Result;
 use siphon_router::{
     expand_json_payload, AvroError, AvroSchema, Expansion, JsonEmptyArrayBehavior, JsonNullBehavior,
 };
-use siphon_tests::oracle::Oracle;
+use siphon_tests::oracle::{plain_hex, run_avro_oracle, JavaAvro as Java, Oracle};
 use siphon_tests::rng::SplitMix64;
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Result<Vec<u8>> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).context("hex"))
-        .collect()
-}
-
-/// What the Java side made of a payload.
-enum Java {
-    Avro { schema: String, datum: Vec<u8> },
-    Refused(String),
-}
-
-fn run_java(oracle: &Oracle, payloads: &[String]) -> Result<Vec<Java>> {
-    let mut child = oracle
-        .java_command("AvroOracle")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting AvroOracle")?;
-    let mut stdin = child.stdin.take().context("stdin")?;
-    let input: String = payloads
-        .iter()
-        .map(|p| format!("{}\n", hex(p.as_bytes())))
-        .collect();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let stdout = child.stdout.take().context("stdout")?;
-    let mut out = Vec::new();
-    for line in BufReader::new(stdout).lines() {
-        let line = line?;
-        let fields: Vec<&str> = line.split('\t').collect();
-        out.push(match fields.as_slice() {
-            ["S", schema, datum] => Java::Avro {
-                schema: String::from_utf8(unhex(schema)?)?,
-                datum: unhex(datum)?,
-            },
-            ["E", error] => Java::Refused(String::from_utf8(unhex(error)?)?),
-            _ => bail!("AvroOracle printed {line:?}"),
-        });
-    }
-    writer
-        .join()
-        .map_err(|_| anyhow::anyhow!("writer panicked"))??;
-    let output = child.wait_with_output()?;
-    anyhow::ensure!(
-        output.status.success() && out.len() == payloads.len(),
-        "AvroOracle: {} ({} of {} answers): {}",
-        output.status,
-        out.len(),
-        payloads.len(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(out)
-}
 
 /// An Avro name.
 fn name(rng: &mut SplitMix64) -> String {
@@ -226,7 +163,7 @@ fn compare() -> Result<()> {
             compared.push(payload.clone());
         }
     }
-    let java = run_java(&oracle, &compared)?;
+    let java = run_avro_oracle(&oracle, &compared)?;
 
     let (mut same, mut both_refused, mut non_ascii_names) = (0, 0, 0);
     let mut differences = Vec::new();
@@ -245,8 +182,8 @@ fn compare() -> Result<()> {
                 } else {
                     differences.push(format!(
                         "{payload}\n  siphon: {schema}\n          {}\n  java:   {s}\n          {}",
-                        hex(datum),
-                        hex(d)
+                        plain_hex(datum),
+                        plain_hex(d)
                     ));
                 }
             }

@@ -256,6 +256,48 @@ async fn avro_values_decode_to_their_payloads_with_json_keys_and_partitions_in_s
         assert_eq!(ids, expected, "{key}: commit order");
     }
 
+    // Debezium's Avro path on the same payloads (its expansion, then Confluent's AvroData):
+    // the schema the registry holds for each record is the one Java makes, and the datum
+    // after the frame is Java's, byte for byte.
+    let Some(oracle) = siphon_tests::oracle::Oracle::locate()? else {
+        return siphon_tests::prerequisite_missing(
+            "avro values against Java",
+            "no JDK is installed",
+        );
+    };
+    // Both read the payload as PostgreSQL prints the jsonb (its keys in jsonb's order).
+    let mut payloads = Vec::new();
+    for payload in CORPUS {
+        let row = client
+            .query_one("SELECT $1::text::jsonb::text", &[&payload])
+            .await?;
+        payloads.push(row.get::<_, String>(0));
+    }
+    let java = siphon_tests::oracle::run_avro_oracle(&oracle, &payloads)?;
+    for record in records.iter().filter(|r| r.value.is_some()) {
+        let id = String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned();
+        let n: usize = id.rsplit('-').next().unwrap_or_default().parse()?;
+        let payload = if n == 100 { 0 } else { n };
+        let value = record.value.as_deref().unwrap_or_default();
+        let schema_id = u32::from_be_bytes(value[1..5].try_into()?);
+        let (status, body) =
+            siphon_tests::http::get(registry.port(), &format!("/schemas/ids/{schema_id}"))?;
+        assert_eq!(status, 200, "{body}");
+        let body: serde_json::Value = serde_json::from_str(&body)?;
+        let registered: serde_json::Value =
+            serde_json::from_str(body["schema"].as_str().context("a schema")?)?;
+        match &java[payload] {
+            siphon_tests::oracle::JavaAvro::Avro { schema, datum } => {
+                let java_schema: serde_json::Value = serde_json::from_str(schema)?;
+                assert_eq!(registered, java_schema, "event {n}: the registered schema");
+                assert_eq!(&value[5..], &datum[..], "event {n}: the datum");
+            }
+            siphon_tests::oracle::JavaAvro::Refused(error) => {
+                anyhow::bail!("Java refused payload {payload}: {error}")
+            }
+        }
+    }
+
     // One request per schema: the snapshot registered the first shape, the stream the other
     // four, and every later record of a known shape costs none.
     let address = siphon.metrics_address().context("no metrics address")?;
