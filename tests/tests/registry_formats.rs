@@ -70,6 +70,19 @@ fn avro_config(
     )
 }
 
+/// `config` with exactly-once delivery (Kafka transactions of 100 ms at most).
+fn exactly_once(config: &str, broker: &Broker) -> String {
+    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
+    config.replacen(
+        &bootstrap,
+        &format!(
+            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"\ntransaction_interval_ms = 100",
+            broker.topic("siphon.progress")
+        ),
+        1,
+    )
+}
+
 /// PostgreSQL with the outbox table, the broker and a registry of a test's own.
 async fn servers() -> Result<(Postgres, Broker, RegistryServer, tokio_postgres::Client)> {
     let (pg, broker, registry) = (
@@ -540,17 +553,11 @@ async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_and
     use siphon_tests::kafka_read::{read_topic_isolated_async, Isolation};
     let python = python()?;
     let (pg, broker, registry, client) = servers().await?;
-    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
-    let config = avro_config(&pg, &broker, "eos", &registry.url(), "", "")
-        .replacen(
-            &bootstrap,
-            &format!(
-                "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"\ntransaction_interval_ms = 100",
-                broker.topic("siphon.progress")
-            ),
-            1,
-        )
-        .replacen("[format]\n", "[format]\nkey = \"avro\"\n", 1);
+    let config = exactly_once(
+        &avro_config(&pg, &broker, "eos", &registry.url(), "", ""),
+        &broker,
+    )
+    .replacen("[format]\n", "[format]\nkey = \"avro\"\n", 1);
     let topic = broker.topic("outbox.event.Order");
     // Two shapes, so that ids are looked up in both sessions.
     let payload = |n: usize| {
@@ -638,7 +645,7 @@ async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and_follow_new_versions(
+async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and_follow_new_versions_exactly_once(
 ) -> Result<()> {
     use siphon_schema_registry::{value_subject, RegistryConfig, SchemaKind, SchemaRegistry};
     // The payload as it is: a registered schema keeps empty arrays.
@@ -654,13 +661,17 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
     let id1 = owner
         .register(&value_subject(&topic), SchemaKind::Avro, v1)
         .await?;
-    let config = avro_config(
-        &pg,
+    // In Kafka transactions: the records and dead letters of one transaction commit together.
+    let config = exactly_once(
+        &avro_config(
+            &pg,
+            &broker,
+            "registered",
+            &registry.url(),
+            &format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""),
+            "",
+        ),
         &broker,
-        "registered",
-        &registry.url(),
-        &format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""),
-        "",
     )
     .replace("\"table.expand.json.payload\" = true\n", "")
     .replace(
