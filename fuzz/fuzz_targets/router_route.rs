@@ -467,7 +467,9 @@ fuzz_target!(|input: Input| {
                     panic!("routed to an illegal topic {:?}: {reason}", record.topic);
                 }
             }
-            Ok(Routed::Registry(RegistryRecord { record, key, value })) => {
+            Ok(Routed::Registry(RegistryRecord {
+                record, key, value, ..
+            })) => {
                 if let Err(reason) = check_topic_name(&record.topic) {
                     panic!("routed to an illegal topic {:?}: {reason}", record.topic);
                 }

@@ -745,6 +745,103 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_topic_record_subjects_each_event_type_is_written_with_its_own_schema_in_stream_and_snapshot(
+) -> Result<()> {
+    use siphon_schema_registry::{RegistryConfig, SchemaKind, SchemaRegistry};
+    let python = python()?;
+    let (pg, broker, registry, client) = servers().await?;
+    let topic = broker.topic("outbox.event.Order");
+    let dead_letter_topic = broker.topic("outbox.typed.dlq");
+    let owner = SchemaRegistry::new(&RegistryConfig::new(registry.url()))?;
+    let created = r#"{"type":"record","name":"OrderCreated","fields":[{"name":"id","type":"long"},{"name":"total","type":"double"}]}"#;
+    let shipped = r#"{"type":"record","name":"OrderShipped","fields":[{"name":"id","type":"long"},{"name":"carrier","type":"string"}]}"#;
+    let created_id = owner
+        .register(&format!("{topic}-OrderCreated"), SchemaKind::Avro, created)
+        .await?;
+    let shipped_id = owner
+        .register(&format!("{topic}-OrderShipped"), SchemaKind::Avro, shipped)
+        .await?;
+    let typed = |n: usize, kind: &str, payload: &str| {
+        format!(
+            "INSERT INTO outbox VALUES ('00000000-0000-4000-8000-{n:012}', 'Order', 'k', '{kind}', '{payload}');"
+        )
+    };
+    // Written before Siphon's first start: the initial snapshot sends it.
+    client
+        .batch_execute(&typed(
+            100,
+            "OrderShipped",
+            r#"{"id": 100, "carrier": "post"}"#,
+        ))
+        .await?;
+    let config = avro_config(
+        &pg,
+        &broker,
+        "typed",
+        &registry.url(),
+        &format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""),
+        "snapshot = \"initial\"",
+    )
+    .replace("\"table.expand.json.payload\" = true\n", "")
+    .replace(
+        "[schema_registry]\n",
+        "[schema_registry]\nschemas = \"registered\"\nsubject_name_strategy = \"topic-record\"\n",
+    );
+    let siphon = started(&client, &config, "typed").await?;
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} {} COMMIT;",
+            typed(1, "OrderCreated", r#"{"id": 1, "total": 9.5}"#),
+            typed(2, "OrderShipped", r#"{"id": 1, "carrier": "ups"}"#),
+            typed(3, "OrderCreated", r#"{"id": 3, "carrier": "ups"}"#),
+            typed(4, "OrderLost", r#"{"id": 4}"#),
+        ))
+        .await?;
+    let end = current_insert_lsn(&client).await?;
+    let events = records(&broker, &topic, 3, &siphon).await?;
+    let letters = records(&broker, &dead_letter_topic, 2, &siphon).await?;
+    wait_for_slot_past(&client, "typed", end, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    let decoded = decode(&python, &registry, &topic, &events)?;
+    assert_eq!(
+        decoded,
+        vec![
+            (
+                serde_json::json!({"id": 100, "carrier": "post"}),
+                u64::from(shipped_id)
+            ),
+            (
+                serde_json::json!({"id": 1, "total": 9.5}),
+                u64::from(created_id)
+            ),
+            (
+                serde_json::json!({"id": 1, "carrier": "ups"}),
+                u64::from(shipped_id)
+            ),
+        ],
+        "each type with its subject's schema, the snapshot's row as the stream's"
+    );
+    let reasons: Vec<String> = letters
+        .iter()
+        .map(|l| {
+            String::from_utf8_lossy(l.header("siphon.error.message").unwrap_or_default())
+                .into_owned()
+        })
+        .collect();
+    for needle in [
+        format!("{topic}-OrderCreated"),
+        format!("{topic}-OrderLost"),
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.contains(&needle)),
+            "a dead letter names {needle:?}: {reasons:#?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_sr_values_are_the_payloads_that_fit_their_json_schema_framed_with_its_id(
 ) -> Result<()> {
     use siphon_schema_registry::{value_subject, RegistryConfig, SchemaKind, SchemaRegistry};

@@ -82,6 +82,35 @@ impl Hash for RegistrySchema {
     }
 }
 
+/// How value subjects are named (the serializers' `value.subject.name.strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SubjectStrategy {
+    /// `TopicNameStrategy`: `<topic>-value`, one subject per topic.
+    #[default]
+    Topic,
+    /// `TopicRecordNameStrategy`: `<topic>-<record name>`, one subject per event type of a topic.
+    TopicRecord,
+    /// `RecordNameStrategy`: `<record name>`, one subject per event type across topics.
+    Record,
+}
+
+impl SubjectStrategy {
+    /// Whether subjects are named by the record name (the event type).
+    pub fn needs_record_name(self) -> bool {
+        self != SubjectStrategy::Topic
+    }
+
+    /// The value subject of a record of `topic` whose record name is `record_name` (used
+    /// only by the record name strategies, which the caller gives one).
+    pub fn value_subject(self, topic: &str, record_name: Option<&str>) -> String {
+        match (self, record_name) {
+            (SubjectStrategy::TopicRecord, Some(name)) => format!("{topic}-{name}"),
+            (SubjectStrategy::Record, Some(name)) => name.to_owned(),
+            _ => value_subject(topic),
+        }
+    }
+}
+
 /// The subject a topic's value schemas are registered under: the registry serializers'
 /// default `TopicNameStrategy`, `<topic>-value`.
 pub fn value_subject(topic: &str) -> String {

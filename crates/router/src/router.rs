@@ -226,11 +226,15 @@ impl EventRouter {
                 routed.record,
             )?;
         }
+        if config.registry_record_names && routed.value != RegistryValue::AsIs {
+            routed.record_name = Extensions::event_type(binding, row)?.map(std::sync::Arc::from);
+        }
         Ok(match routed {
             RegistryRecord {
                 record,
                 key: None,
                 value: RegistryValue::AsIs,
+                ..
             } => Routed::Record(record),
             registry => Routed::Registry(registry),
         })

@@ -1359,6 +1359,7 @@ fn registered(pairs: &[(&str, &str)], row: Row) -> (RoutedRecord, siphon_record:
             record,
             key: None,
             value: RegistryValue::Derived(schema),
+            ..
         })) => (record, schema),
         other => panic!("expected a record to register, got {other:?}"),
     }
@@ -1420,6 +1421,7 @@ fn avro_key_is_the_key_column_in_a_frame_with_its_schema() {
         record,
         key: Some(schema),
         value: RegistryValue::AsIs,
+        ..
     })) = routed
     else {
         panic!("expected a key to register, got {routed:?}");

@@ -88,6 +88,25 @@ pub struct SchemaRegistrySection {
     /// registry is asked again (a new version is picked up within this time).
     #[serde(default = "default_latest_ttl_secs")]
     pub latest_ttl_secs: u64,
+    /// How value subjects are named: `topic` (default, `<topic>-value`), `topic-record`
+    /// (`<topic>-<event type>`) or `record` (`<event type>`); the record name strategies need
+    /// `schemas = "registered"`.
+    #[serde(default)]
+    pub subject_name_strategy: SubjectNameStrategy,
+}
+
+/// `schema_registry.subject_name_strategy`: the serializers' subject name strategies, the
+/// record name being the event type column's value.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SubjectNameStrategy {
+    /// `TopicNameStrategy`: `<topic>-value`.
+    #[default]
+    Topic,
+    /// `TopicRecordNameStrategy`: `<topic>-<event type>`.
+    TopicRecord,
+    /// `RecordNameStrategy`: `<event type>`.
+    Record,
 }
 
 /// Where the schemas of `avro` values come from.
@@ -117,6 +136,7 @@ impl Default for SchemaRegistrySection {
             request_timeout_ms: default_registry_request_timeout_ms(),
             schemas: SchemaSource::Derived,
             latest_ttl_secs: default_latest_ttl_secs(),
+            subject_name_strategy: SubjectNameStrategy::Topic,
         }
     }
 }

@@ -41,8 +41,10 @@ pub struct PipelineSettings {
     pub exactly_once: Option<ExactlyOnce>,
     /// The initial snapshot and how re-sends read the outbox tables (`source.snapshot*`).
     pub snapshot: crate::snapshot_plan::Plan,
-    /// The schema ids of the `avro` value format (`None`: no format uses a registry).
+    /// The schema ids of the registry formats (`None`: no format uses a registry).
     pub registry: Option<crate::registry::SchemaIds>,
+    /// How value subjects are named (`schema_registry.subject_name_strategy`).
+    pub subject_strategy: siphon_record::registered::SubjectStrategy,
 }
 
 /// What exactly-once delivery needs (`kafka.delivery = "exactly-once"`).

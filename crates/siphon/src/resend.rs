@@ -230,7 +230,7 @@ async fn attempt(
         registry: settings
             .registry
             .clone()
-            .map(transfer::TransferRegistry::new),
+            .map(|ids| transfer::TransferRegistry::new(ids, settings.subject_strategy)),
         chunk_bytes: settings.max_in_flight_bytes,
     };
     if let Some(until) = &until {

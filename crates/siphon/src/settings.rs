@@ -5,12 +5,13 @@
 
 use crate::config::{
     option_strings, CloudEventsModeName, Config, DeliveryMode, EncodingName, LogFormat,
-    NonTransactional, OnError, SchemaSource, SinkKind,
+    NonTransactional, OnError, SchemaSource, SinkKind, SubjectNameStrategy,
 };
 use crate::dead_letter::DeadLetters;
 use crate::session::{ErrorPolicy, ExactlyOnce, NonTransactionalPolicy, PipelineSettings, Routers};
 use anyhow::Context;
 use siphon_kafka_sink::{ProgressTopic, SinkConfig, StateTopic, TopicCreation};
+use siphon_record::registered::SubjectStrategy;
 use siphon_record::RegistrySchemaKind;
 use siphon_router::{
     default_cloudevents_source, CloudEventsMode, CloudEventsOptions, Encoding, EventExtensions,
@@ -55,6 +56,15 @@ fn value_encoding(config: &Config) -> Encoding {
     }
 }
 
+/// How value subjects are named.
+fn subject_strategy(config: &Config) -> SubjectStrategy {
+    match config.schema_registry.subject_name_strategy {
+        SubjectNameStrategy::Topic => SubjectStrategy::Topic,
+        SubjectNameStrategy::TopicRecord => SubjectStrategy::TopicRecord,
+        SubjectNameStrategy::Record => SubjectStrategy::Record,
+    }
+}
+
 /// The schema registry client's settings (`[schema_registry]`): `None` without a URL. The
 /// `avro` formats and `json-sr` need one; a registry no format uses is refused as a mistake.
 pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>> {
@@ -71,6 +81,11 @@ pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>
     }
     if !needed {
         anyhow::bail!("schema_registry.url is set but no format uses the registry; set format.value = \"avro\" or \"json-sr\" (or format.key = \"avro\"), or remove the [schema_registry] section");
+    }
+    let registered =
+        section.schemas == SchemaSource::Registered || config.format.value == EncodingName::JsonSr;
+    if section.subject_name_strategy != SubjectNameStrategy::Topic && !registered {
+        anyhow::bail!("schema_registry.subject_name_strategy names value subjects by event type, which needs the schemas registered for them: set schema_registry.schemas = \"registered\", or subject_name_strategy = \"topic\" (derived schemas are registered under <topic>-value)");
     }
     if config.format.value == EncodingName::JsonSr && section.schemas != SchemaSource::Registered {
         anyhow::bail!("format.value = \"json-sr\" writes each payload with the JSON Schema registered for it: set schema_registry.schemas = \"registered\" (JSON Schemas are not derived from payloads)");
@@ -138,14 +153,16 @@ fn build_extensions(
             state_column: (!state.is_empty()).then(|| state.to_owned()),
         }),
     };
+    let registry_record_names = subject_strategy(config).needs_record_name();
     let mut extensions = EventExtensions {
         protobuf_value,
         cloudevents,
         trace,
+        registry_record_names,
         ..EventExtensions::default()
     };
     // Debezium ignores the event type option (the router warns about it); these formats read it.
-    if protobuf_value || extensions.cloudevents.is_some() {
+    if protobuf_value || extensions.cloudevents.is_some() || registry_record_names {
         if let Some(column) = router_options.remove(EVENT_TYPE_OPTION) {
             extensions.event_type_column = column.trim().to_owned();
         }
@@ -332,6 +349,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
     }
     Ok(PipelineSettings {
         registry,
+        subject_strategy: subject_strategy(config),
         source,
         sink,
         router,
@@ -471,6 +489,26 @@ mod tests {
             .iter()
             .map(|n| TableName::parse(n).expect("name"))
             .collect()
+    }
+
+    #[test]
+    fn record_name_subjects_need_registered_schemas_and_read_the_event_type() {
+        let registry = "[schema_registry]\nurl = \"http://127.0.0.1:8081\"\n";
+        let strategy = "subject_name_strategy = \"topic-record\"\n";
+        let err = build(&config(&format!(
+            "[format]\nvalue = \"avro\"\n{registry}{strategy}"
+        )))
+        .err()
+        .expect("derived schemas are named by topic");
+        assert!(format!("{err:#}").contains("registered"), "{err:#}");
+        let settings = build(&config(&format!(
+            "[format]\nvalue = \"avro\"\n{registry}{strategy}schemas = \"registered\"\n[router]\n\"table.field.event.type\" = \"kind\"\n"
+        )))
+        .expect("valid");
+        assert_eq!(settings.subject_strategy, SubjectStrategy::TopicRecord);
+        let extensions = settings.router.default_router().extensions();
+        assert!(extensions.registry_record_names);
+        assert_eq!(extensions.event_type_column, "kind");
     }
 
     #[test]

@@ -191,7 +191,7 @@ async fn send_all(
         registry: settings
             .registry
             .clone()
-            .map(transfer::TransferRegistry::new),
+            .map(|ids| transfer::TransferRegistry::new(ids, settings.subject_strategy)),
         chunk_bytes: settings.max_in_flight_bytes,
     };
     for (outbox, filter, until) in &described {

@@ -407,9 +407,13 @@ pub struct TransferRegistry {
 }
 
 impl TransferRegistry {
-    /// A transfer's registry, through `ids`, with nothing answered yet.
-    pub fn new(ids: crate::registry::SchemaIds) -> Self {
-        let cache = SchemaCache::new(ids.latest_ttl());
+    /// A transfer's registry, through `ids`, with nothing answered yet, for value subjects
+    /// named by `strategy`.
+    pub fn new(
+        ids: crate::registry::SchemaIds,
+        strategy: siphon_record::registered::SubjectStrategy,
+    ) -> Self {
+        let cache = SchemaCache::new(ids.latest_ttl(), strategy);
         TransferRegistry { ids, cache }
     }
 }

@@ -19,7 +19,7 @@
 
 use rustc_hash::FxHashMap;
 use siphon_record::registered::{
-    key_subject, misfit_reason, refusal_reason, value_subject, with_schema_id, SchemaAsk,
+    key_subject, misfit_reason, refusal_reason, with_schema_id, SchemaAsk, SubjectStrategy,
 };
 use siphon_record::{RegistrySchema, RegistrySchemaKind, RoutedRecord};
 use siphon_router::{Misfit, RegisteredSchema, RegistryRecord, RegistryValue};
@@ -38,31 +38,37 @@ pub enum RecordPart {
     Value,
 }
 
-impl RecordPart {
-    /// The subject of this part of the records of `topic` (`TopicNameStrategy`).
-    pub fn subject(self, topic: &str) -> String {
-        match self {
-            RecordPart::Key => key_subject(topic),
-            RecordPart::Value => value_subject(topic),
-        }
-    }
-}
+/// A topic and, with a record name strategy, the record's name: what a value subject is
+/// named after.
+type SubjectOf = (Arc<str>, Option<Arc<str>>);
 
 /// What the registry has answered so far: schema ids, and the latest schemas of subjects.
 #[derive(Debug)]
 pub struct SchemaCache {
     ids: FxHashMap<(Arc<str>, RecordPart, RegistrySchema), u32>,
-    latest: FxHashMap<Arc<str>, (Arc<RegisteredSchema>, Instant)>,
+    latest: FxHashMap<SubjectOf, (Arc<RegisteredSchema>, Instant)>,
     latest_ttl: Duration,
+    strategy: SubjectStrategy,
 }
 
 impl SchemaCache {
-    /// An empty cache whose latest schemas are used for `latest_ttl` after they are fetched.
-    pub fn new(latest_ttl: Duration) -> Self {
+    /// An empty cache whose latest schemas are used for `latest_ttl` after they are fetched,
+    /// for value subjects named by `strategy`.
+    pub fn new(latest_ttl: Duration, strategy: SubjectStrategy) -> Self {
         SchemaCache {
             ids: FxHashMap::default(),
             latest: FxHashMap::default(),
             latest_ttl,
+            strategy,
+        }
+    }
+
+    /// The subject of `part` of a record of `topic` named `record_name`: `<topic>-key` for
+    /// keys, the strategy's subject for values.
+    fn subject(&self, part: RecordPart, topic: &str, record_name: Option<&str>) -> String {
+        match part {
+            RecordPart::Key => key_subject(topic),
+            RecordPart::Value => self.strategy.value_subject(topic, record_name),
         }
     }
 
@@ -74,12 +80,12 @@ impl SchemaCache {
 
     fn latest(
         &self,
-        topic: &str,
+        subject: &SubjectOf,
         kind: RegistrySchemaKind,
         now: Instant,
     ) -> Option<Arc<RegisteredSchema>> {
         self.latest
-            .get(topic)
+            .get(subject)
             .filter(|(schema, fetched)| {
                 schema.kind() == kind && now.saturating_duration_since(*fetched) <= self.latest_ttl
             })
@@ -93,11 +99,11 @@ impl SchemaCache {
         self.ids.insert((topic, part, schema), id);
     }
 
-    fn learn_latest(&mut self, topic: Arc<str>, schema: Arc<RegisteredSchema>, now: Instant) {
+    fn learn_latest(&mut self, subject: SubjectOf, schema: Arc<RegisteredSchema>, now: Instant) {
         if self.latest.len() >= SCHEMA_CACHE_CAPACITY {
             self.latest.clear();
         }
-        self.latest.insert(topic, (schema, now));
+        self.latest.insert(subject, (schema, now));
     }
 }
 
@@ -193,6 +199,7 @@ pub struct RegistryWrite {
     record: RoutedRecord,
     key: Option<RegistrySchema>,
     value: RegistryValue,
+    record_name: Option<Arc<str>>,
     /// What was last asked, for [`RegistryWrite::answered`].
     asked: Option<(RecordPart, Option<RegistrySchema>)>,
 }
@@ -204,6 +211,7 @@ impl RegistryWrite {
             record: routed.record,
             key: routed.key,
             value: routed.value,
+            record_name: routed.record_name,
             asked: None,
         }
     }
@@ -223,7 +231,7 @@ impl RegistryWrite {
                 }
                 None => {
                     let ask = Ask::SchemaId {
-                        subject: RecordPart::Key.subject(&self.record.topic),
+                        subject: cache.subject(RecordPart::Key, &self.record.topic, None),
                         schema: schema.clone(),
                     };
                     self.asked = Some((RecordPart::Key, Some(schema.clone())));
@@ -242,7 +250,7 @@ impl RegistryWrite {
                     }
                     None => {
                         let ask = Ask::SchemaId {
-                            subject: RecordPart::Value.subject(&self.record.topic),
+                            subject: cache.subject(RecordPart::Value, &self.record.topic, None),
                             schema: schema.clone(),
                         };
                         self.asked = Some((RecordPart::Value, Some(schema.clone())));
@@ -251,11 +259,15 @@ impl RegistryWrite {
                     }
                 }
             }
-            RegistryValue::Registered(kind) => match cache.latest(&self.record.topic, kind, now) {
-                Some(schema) => self.written_with(&schema),
+            RegistryValue::Registered(kind) => match cache.latest(&self.subject_of(), kind, now) {
+                Some(schema) => self.written_with(cache, &schema),
                 None => {
                     let ask = Ask::LatestSchema {
-                        subject: RecordPart::Value.subject(&self.record.topic),
+                        subject: cache.subject(
+                            RecordPart::Value,
+                            &self.record.topic,
+                            self.record_name.as_deref(),
+                        ),
                     };
                     self.asked = Some((RecordPart::Value, None));
                     self.value = RegistryValue::Registered(kind);
@@ -265,8 +277,13 @@ impl RegistryWrite {
         }
     }
 
+    /// What the value's subject is named after.
+    fn subject_of(&self) -> SubjectOf {
+        (Arc::clone(&self.record.topic), self.record_name.clone())
+    }
+
     /// The payload written with `schema`; a NULL payload stays a null value.
-    fn written_with<R>(mut self, schema: &RegisteredSchema) -> Step<R> {
+    fn written_with<R>(mut self, cache: &SchemaCache, schema: &RegisteredSchema) -> Step<R> {
         let Some(payload) = self.record.value.take() else {
             return Step::Ready(self.record);
         };
@@ -276,7 +293,11 @@ impl RegistryWrite {
                 Step::Ready(self.record)
             }
             Err(error) => Step::Refused(Refusal::Misfit {
-                subject: RecordPart::Value.subject(&self.record.topic),
+                subject: cache.subject(
+                    RecordPart::Value,
+                    &self.record.topic,
+                    self.record_name.as_deref(),
+                ),
                 error,
             }),
         }
@@ -295,7 +316,11 @@ impl RegistryWrite {
         answer: Answered<R>,
     ) -> Result<Self, Refusal<R>> {
         let (part, schema) = self.asked.take().unwrap_or((RecordPart::Value, None));
-        let subject = part.subject(&self.record.topic);
+        let record_name = match part {
+            RecordPart::Key => None,
+            RecordPart::Value => self.record_name.as_deref(),
+        };
+        let subject = cache.subject(part, &self.record.topic, record_name);
         let topic: Arc<str> = Arc::clone(&self.record.topic);
         match answer {
             Answered::SchemaId(Err(error)) => Err(Refusal::Registry {
@@ -331,7 +356,7 @@ impl RegistryWrite {
                 };
                 match parsed {
                     Ok(schema) => {
-                        cache.learn_latest(topic, Arc::new(schema), now);
+                        cache.learn_latest(self.subject_of(), Arc::new(schema), now);
                         Ok(self)
                     }
                     Err(error) => Err(Refusal::Unreadable { subject, error }),
@@ -374,11 +399,12 @@ mod tests {
     #[test]
     fn the_key_id_is_asked_first_then_the_value_id_and_both_are_written() {
         let now = Instant::now();
-        let mut cache = SchemaCache::new(Duration::from_secs(60));
+        let mut cache = SchemaCache::new(Duration::from_secs(60), SubjectStrategy::Topic);
         let routed = RegistryRecord {
             record: record(Some(unframed_value(b"v"))),
             key: Some(schema("\"string\"")),
             value: RegistryValue::Derived(schema("\"bytes\"")),
+            record_name: None,
         };
         let (write, ask) = waiting(RegistryWrite::new(routed.clone()).advance(&cache, now));
         assert_eq!(
@@ -412,11 +438,12 @@ mod tests {
     fn a_latest_schema_is_used_for_its_time_to_live_then_asked_again() {
         let now = Instant::now();
         let ttl = Duration::from_secs(60);
-        let mut cache = SchemaCache::new(ttl);
+        let mut cache = SchemaCache::new(ttl, SubjectStrategy::Topic);
         let routed = RegistryRecord {
             record: record(Some(Bytes::from_static(br#"{"n": 1}"#))),
             key: None,
             value: RegistryValue::Registered(RegistrySchemaKind::Avro),
+            record_name: None,
         };
         let (write, ask) = waiting(RegistryWrite::new(routed.clone()).advance(&cache, now));
         assert_eq!(
@@ -443,11 +470,12 @@ mod tests {
     fn misfits_and_schema_refusals_are_dead_letterable_unreadable_subjects_and_other_refusals_not()
     {
         let now = Instant::now();
-        let mut cache = SchemaCache::new(Duration::from_secs(60));
+        let mut cache = SchemaCache::new(Duration::from_secs(60), SubjectStrategy::Topic);
         let registered = |payload: &'static [u8]| RegistryRecord {
             record: record(Some(Bytes::from_static(payload))),
             key: None,
             value: RegistryValue::Registered(RegistrySchemaKind::Avro),
+            record_name: None,
         };
         let (write, _) = waiting(RegistryWrite::new(registered(b"{}")).advance(&cache, now));
         let json = Answered::<String>::LatestSchema(Ok((3, RegistrySchemaKind::Json, "{}".into())));
@@ -472,6 +500,7 @@ mod tests {
                 record: record(None),
                 key: Some(schema("\"string\"")),
                 value: RegistryValue::AsIs,
+                record_name: None,
             })
             .advance(&cache, now),
         );
@@ -481,5 +510,56 @@ mod tests {
         assert_eq!(refused.subject(), "orders-key");
         assert!(refused.dead_letterable(|e: &String| e == "409"));
         assert!(!refused.dead_letterable(|e: &String| e == "401"));
+    }
+
+    #[test]
+    fn with_a_record_name_strategy_each_event_type_has_its_subject_and_its_schema() {
+        let now = Instant::now();
+        let mut cache = SchemaCache::new(Duration::from_secs(60), SubjectStrategy::TopicRecord);
+        let typed = |name: &str| RegistryRecord {
+            record: record(Some(Bytes::from_static(br#"{"n": 1}"#))),
+            key: None,
+            value: RegistryValue::Registered(RegistrySchemaKind::Avro),
+            record_name: Some(Arc::from(name)),
+        };
+        let (write, ask) = waiting(RegistryWrite::new(typed("OrderCreated")).advance(&cache, now));
+        assert_eq!(
+            ask,
+            Ask::LatestSchema {
+                subject: "orders-OrderCreated".into()
+            }
+        );
+        let answer =
+            Answered::<String>::LatestSchema(Ok((3, RegistrySchemaKind::Avro, EVENT.into())));
+        let write = write.answered(&mut cache, now, answer).expect("readable");
+        assert!(matches!(
+            write.advance::<String>(&cache, now),
+            Step::Ready(_)
+        ));
+        let (_, ask) = waiting(RegistryWrite::new(typed("OrderShipped")).advance(&cache, now));
+        assert_eq!(
+            ask,
+            Ask::LatestSchema {
+                subject: "orders-OrderShipped".into()
+            },
+            "another type, another subject"
+        );
+        let mut by_record = SchemaCache::new(Duration::from_secs(60), SubjectStrategy::Record);
+        let (write, ask) =
+            waiting(RegistryWrite::new(typed("OrderCreated")).advance(&by_record, now));
+        assert_eq!(
+            ask,
+            Ask::LatestSchema {
+                subject: "OrderCreated".into()
+            }
+        );
+        let refused = write
+            .answered(
+                &mut by_record,
+                now,
+                Answered::LatestSchema(Err("404".to_owned())),
+            )
+            .expect_err("no subject");
+        assert_eq!(refused.subject(), "OrderCreated");
     }
 }

@@ -166,6 +166,8 @@ pub struct CoreSettings<'a, V: Vocabulary> {
     /// How long a schema fetched from the registry (`schema_registry.schemas = "registered"`)
     /// is used before the registry is asked for the subject's latest again.
     pub registered_schema_ttl: Duration,
+    /// How value subjects are named (`schema_registry.subject_name_strategy`).
+    pub subject_strategy: siphon_record::registered::SubjectStrategy,
 }
 
 /// A record held while the registry is asked about its key or value, with the row it came
@@ -314,7 +316,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         let position = settings.position_headers.clone();
         let transactions = settings.transactions.take();
         let suspects = std::mem::take(&mut settings.suspects);
-        let schemas = SchemaCache::new(settings.registered_schema_ttl);
+        let schemas = SchemaCache::new(settings.registered_schema_ttl, settings.subject_strategy);
         let flow = Flow::new(
             FlowSettings {
                 max_in_flight_records: settings.max_in_flight_records,

@@ -1009,6 +1009,7 @@ fn session_core<'a>(
             transactions,
             suspects,
             registered_schema_ttl: Duration::from_secs(60),
+            subject_strategy: siphon_record::registered::SubjectStrategy::default(),
         },
         start,
     )

@@ -50,12 +50,16 @@ pub struct EventExtensions {
     /// Write values as `siphon.outbox.v1.OutboxEvent` protobuf messages (`format.value =
     /// "protobuf"`) instead of the Debezium value encoding.
     pub protobuf_value: bool,
-    /// The column holding the event type (read with protobuf values and CloudEvents only).
+    /// The column holding the event type (read with protobuf values, CloudEvents and record
+    /// name subjects only).
     pub event_type_column: String,
     /// Write CloudEvents.
     pub cloudevents: Option<CloudEventsOptions>,
     /// Carry the W3C trace context from these columns.
     pub trace: Option<TraceOptions>,
+    /// Read the event type as the record name of registry subjects
+    /// (`schema_registry.subject_name_strategy` naming subjects by record).
+    pub registry_record_names: bool,
 }
 
 impl Default for EventExtensions {
@@ -65,6 +69,7 @@ impl Default for EventExtensions {
             event_type_column: "type".to_owned(),
             cloudevents: None,
             trace: None,
+            registry_record_names: false,
         }
     }
 }
@@ -76,7 +81,7 @@ impl EventExtensions {
     }
 
     fn needs_event_type(&self) -> bool {
-        self.protobuf_value || self.cloudevents.is_some()
+        self.protobuf_value || self.cloudevents.is_some() || self.registry_record_names
     }
 
     /// Refuses combinations that cannot work, naming the fix.
@@ -220,6 +225,26 @@ impl Extensions {
         })
     }
 
+    /// The row's event type: its column's text (NULL is an error naming the column); `None`
+    /// when no format reads it, so the column is not bound.
+    pub(crate) fn event_type<'r>(
+        binding: &TableBinding,
+        row: &'r TupleData,
+    ) -> Result<Option<&'r str>, RouteError> {
+        let Some(column) = &binding.extensions.event_type else {
+            return Ok(None);
+        };
+        match cell(binding, column, row)? {
+            Some((_, text)) => Ok(Some(text)),
+            None => Err(RouteError::NullColumn {
+                table: binding.table().to_owned(),
+                column: column.name.to_string(),
+                option: column.role.option(),
+                holds: column.role.holds(),
+            }),
+        }
+    }
+
     /// Applies the extra formats to the Debezium record of a row.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn finish(
@@ -233,7 +258,6 @@ impl Extensions {
         mut record: RoutedRecord,
     ) -> Result<RoutedRecord, RouteError> {
         let config = &self.config;
-        let bound = &binding.extensions;
         let text_of = |column: &BoundColumn| -> Result<Option<String>, RouteError> {
             match cell(binding, column, row)? {
                 None => Ok(None),
@@ -249,20 +273,9 @@ impl Extensions {
 
         let id = text_of(&binding.event_id)?.unwrap_or_default();
         let aggregate_id = text_of(&binding.event_key)?;
-        let event_type = match &bound.event_type {
-            None => String::new(),
-            Some(column) => match cell(binding, column, row)? {
-                Some((_, text)) => text.to_owned(),
-                None => {
-                    return Err(RouteError::NullColumn {
-                        table: binding.table().to_owned(),
-                        column: column.name.to_string(),
-                        option: column.role.option(),
-                        holds: column.role.holds(),
-                    })
-                }
-            },
-        };
+        let event_type = Self::event_type(binding, row)?
+            .unwrap_or_default()
+            .to_owned();
         let event_time_us = match &binding.timestamp {
             Some(column) => match cell(binding, column, row)? {
                 Some((_, text)) => epoch_micros(text).ok(),

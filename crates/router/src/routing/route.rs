@@ -106,6 +106,9 @@ pub struct RegistryRecord {
     pub key: Option<RegistrySchema>,
     /// What the value still needs.
     pub value: RegistryValue,
+    /// The event type column's value, when value subjects are named by record name
+    /// ([`siphon_record::registered::SubjectStrategy`]).
+    pub record_name: Option<Arc<str>>,
 }
 
 /// What a [`RegistryRecord`]'s value still needs from the registry.
@@ -378,6 +381,7 @@ impl Debezium {
             record,
             key: key_schema,
             value: value_schema,
+            record_name: None,
         };
         Ok((record, routed_value))
     }

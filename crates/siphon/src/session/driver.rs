@@ -321,6 +321,7 @@ pub async fn run_session(
                 .registry
                 .as_ref()
                 .map_or(std::time::Duration::from_secs(60), |r| r.latest_ttl()),
+            subject_strategy: settings.subject_strategy,
         },
         start,
     );
