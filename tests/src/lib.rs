@@ -50,6 +50,7 @@ pub mod ports;
 pub mod postgres;
 pub mod proxy;
 pub mod python;
+pub mod registry_proxy;
 pub mod rng;
 pub mod scenarios;
 pub mod schema_registry;

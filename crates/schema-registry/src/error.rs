@@ -60,7 +60,7 @@ pub enum RegistryError {
         reason: String,
     },
     /// No complete answer in time.
-    #[error("the schema registry at {endpoint} did not answer {call} within {timeout:?}")]
+    #[error("the schema registry at {endpoint} did not answer {call} within {timeout:?}; if it is only slow, raise schema_registry.request_timeout_ms")]
     Timeout {
         /// The registry.
         endpoint: String,
@@ -94,8 +94,8 @@ pub enum RegistryError {
 /// What the operator can do about a refusal.
 fn fix_hint(status: u16, code: Option<i64>) -> &'static str {
     match (status, code) {
-        (401, _) => "; check the schema registry's basic auth user and password",
-        (403, _) => "; give the schema registry user the right to this subject",
+        (401, _) => "; check the basic auth user and password: schema_registry.username and schema_registry.password (or SIPHON_SCHEMA_REGISTRY_PASSWORD)",
+        (403, _) => "; give the schema registry user (schema_registry.username) the right to this subject",
         (404, Some(40401)) => "; the subject does not exist: register its schema, or check the subject's name",
         (404, Some(40402)) => "; the subject has no such version: check the pinned version",
         (404, Some(40403)) => "; no schema has this id in this registry",
@@ -186,6 +186,19 @@ mod tests {
         assert!(refused(404, Some(40401))
             .to_string()
             .contains("the subject does not exist"));
-        assert!(refused(401, None).to_string().contains("basic auth"));
+        let unauthorized = refused(401, None).to_string();
+        assert!(
+            unauthorized.contains("schema_registry.username")
+                && unauthorized.contains("schema_registry.password"),
+            "{unauthorized}"
+        );
+        let slow = RegistryError::Timeout {
+            endpoint: "http://r".to_owned(),
+            call: "c".to_owned(),
+            timeout: Duration::from_secs(1),
+        };
+        assert!(slow
+            .to_string()
+            .contains("schema_registry.request_timeout_ms"));
     }
 }

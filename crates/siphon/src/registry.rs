@@ -5,6 +5,9 @@
 //! - A registry that cannot be reached (or answers 408, 429, 5xx) is asked again with capped
 //!   exponential backoff, for as long as it takes, with a warning each time: the record waits
 //!   (and reading waits with it), it is never sent without its id nor skipped.
+//! - That backoff is the only one: the client makes one attempt per call, so each attempt is
+//!   one request and one warning, and the delays between requests are those of
+//!   [`FIRST_BACKOFF`] doubling to [`MAX_BACKOFF`].
 //! - Only a refusal comes back as an error: of the schema itself
 //!   ([`RegistryError::is_schema_refusal`], to which `pipeline.on_error` applies) or of Siphon
 //!   (credentials, the URL), which stops Siphon naming the fix.
@@ -48,13 +51,16 @@ pub struct SchemaIds {
 }
 
 impl SchemaIds {
-    /// A resolver for the registry of `config`.
+    /// A resolver for the registry of `config`, whose retry policy it replaces with one
+    /// attempt per call: the resolver's own backoff asks again.
     ///
     /// # Errors
     /// The URL or the TLS files are not usable.
     pub fn new(config: &RegistryConfig, registered: bool) -> Result<Self, RegistryError> {
+        let mut config = config.clone();
+        config.retry.attempts = 1;
         Ok(SchemaIds {
-            registry: SchemaRegistry::new(config)?,
+            registry: SchemaRegistry::new(&config)?,
             parsed: Arc::default(),
             latest_ttl: config.latest_ttl.unwrap_or(Duration::from_secs(60)),
             registered,
