@@ -12,6 +12,7 @@ use siphon::{
     alloc, config, error, import, progress_record, publication_record, resend, settings, status,
     supervisor, telemetry, transfer,
 };
+use siphon_record::registered::SubjectStrategy;
 use siphon_source::row_condition::{ConditionSource, RowCondition};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -173,12 +174,22 @@ fn check_config(path: &Path) -> anyhow::Result<ExitCode> {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
+        let url = &config.schema_registry.url;
         let level = runtime
             .block_on(registry.registry().compatibility())
-            .context("schema_registry.url")?;
+            .with_context(|| format!("asking the schema registry at {url}"))?;
+        let values = match settings.subject_strategy {
+            SubjectStrategy::Topic => "<topic>-value",
+            SubjectStrategy::TopicRecord => "<topic>-<event type>",
+            SubjectStrategy::Record => "<event type>",
+        };
+        let keys = if config.format.key == config::EncodingName::Avro {
+            ", key schemas under <topic>-key"
+        } else {
+            ""
+        };
         println!(
-            "schema registry {} answers (compatibility {level}); value schemas are registered under <topic>-value",
-            config.schema_registry.url
+            "schema registry {url} answers (compatibility {level}); value schemas are under {values}{keys}"
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,6 @@
-//! The registry ids of record values' schemas (the `avro` value format): one resolver for the
-//! stream's lookups and the transfers' rows.
+//! The registry's answers for the registry formats (schema ids, subjects' latest schemas): one
+//! resolver for the stream's lookups and the transfers' rows, which put the questions of the
+//! core's `registry_write` to it.
 //!
 //! # Invariants
 //! - A registry that cannot be reached (or answers 408, 429, 5xx) is asked again with capped
@@ -14,10 +15,8 @@
 
 use siphon_core::Backoff;
 use siphon_record::{RegistrySchema, RegistrySchemaKind};
-use siphon_router::RegisteredSchema;
 use siphon_schema_registry::{RegistryConfig, RegistryError, SchemaKind, SchemaRegistry};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
 
@@ -26,24 +25,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// How many parsed registered schemas are kept (by id) before they are all forgotten.
-const PARSED_SCHEMAS: usize = 1000;
-
-/// Why no registered schema can write a value.
-#[derive(Debug)]
-pub enum LatestError {
-    /// The registry refused (a subject it does not have among the refusals).
-    Registry(RegistryError),
-    /// The latest schema is not one Avro reads.
-    Unreadable(siphon_router::Misfit),
-}
-
 /// Schema ids from the registry (the client's cache answers the schemas seen before).
 #[derive(Clone)]
 pub struct SchemaIds {
     registry: SchemaRegistry,
-    /// The registered schemas read so far, by id.
-    parsed: Arc<Mutex<HashMap<u32, Arc<RegisteredSchema>>>>,
     /// How long a subject's latest schema is used before the registry is asked again.
     latest_ttl: Duration,
     /// Whether values are written with the schemas registered for them (not derived).
@@ -61,7 +46,6 @@ impl SchemaIds {
         config.retry.attempts = 1;
         Ok(SchemaIds {
             registry: SchemaRegistry::new(&config)?,
-            parsed: Arc::default(),
             latest_ttl: config.latest_ttl.unwrap_or(Duration::from_secs(60)),
             registered,
         })
@@ -75,39 +59,6 @@ impl SchemaIds {
     /// Whether values are written with the schemas registered for them.
     pub fn registered(&self) -> bool {
         self.registered
-    }
-
-    /// The latest schema registered under `subject`, of the `expected` kind, read (once per
-    /// id), as
-    /// [`SchemaIds::latest`] fetches it.
-    ///
-    /// # Errors
-    /// The registry's refusal, or a schema Avro cannot read.
-    pub async fn registered_schema(
-        &self,
-        subject: &str,
-        expected: RegistrySchemaKind,
-    ) -> Result<Arc<RegisteredSchema>, LatestError> {
-        let (id, kind, text) = self.latest(subject).await.map_err(LatestError::Registry)?;
-        if kind != expected {
-            return Err(LatestError::Unreadable(siphon_router::Misfit {
-                id,
-                reason: format!(
-                    "the subject holds a {kind:?} schema, and the value format writes {expected:?}"
-                ),
-            }));
-        }
-        let mut parsed = self.parsed.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(schema) = parsed.get(&id) {
-            return Ok(Arc::clone(schema));
-        }
-        let schema =
-            Arc::new(RegisteredSchema::parse(kind, id, &text).map_err(LatestError::Unreadable)?);
-        if parsed.len() >= PARSED_SCHEMAS {
-            parsed.clear();
-        }
-        parsed.insert(id, Arc::clone(&schema));
-        Ok(schema)
     }
 
     /// The latest schema registered under `subject`, with its id; asked again while the
