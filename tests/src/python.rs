@@ -54,39 +54,20 @@ pub fn decode_records(
 
 /// Decodes the Avro values of `records` of `topic` with `tests/python/decode_avro.py`:
 /// Confluent's `AvroDeserializer` with its own client of the registry at `registry_url`. One
-/// `{"value": …, "schema_id": …}` per record.
+/// `{"value": …, "schema_id": …}` per record; with `keys`, the Avro keys too (`"key"`,
+/// `"key_schema_id"`), which every record then needs.
 pub fn decode_avro(
     python: &PathBuf,
     registry_url: &str,
     topic: &str,
     records: &[ConsumedRecord],
+    keys: bool,
 ) -> Result<Vec<serde_json::Value>> {
-    run_decoder(
-        python,
-        "decode_avro.py",
-        records,
-        &[registry_url.to_owned(), topic.to_owned()],
-    )
-}
-
-/// As [`decode_avro`], with the keys decoded too (`"key"`, `"key_schema_id"`): every record
-/// needs an Avro key.
-pub fn decode_avro_with_keys(
-    python: &PathBuf,
-    registry_url: &str,
-    topic: &str,
-    records: &[ConsumedRecord],
-) -> Result<Vec<serde_json::Value>> {
-    run_decoder(
-        python,
-        "decode_avro.py",
-        records,
-        &[
-            registry_url.to_owned(),
-            topic.to_owned(),
-            "--keys".to_owned(),
-        ],
-    )
+    let mut args = vec![registry_url.to_owned(), topic.to_owned()];
+    if keys {
+        args.push("--keys".to_owned());
+    }
+    run_decoder(python, "decode_avro.py", records, &args)
 }
 
 fn run_decoder(

@@ -215,6 +215,7 @@ impl Case {
                 &self.servers.registry.url(),
                 &self.topic(),
                 records,
+                false,
             )
         })?;
         for (d, n) in decoded.iter().zip(&numbers) {

@@ -166,11 +166,29 @@ fn decode(
         .filter(|r| r.value.is_some())
         .cloned()
         .collect();
-    let decoded = siphon_tests::python::decode_avro(python, &registry.url(), topic, &with_values)?;
+    let decoded =
+        siphon_tests::python::decode_avro(python, &registry.url(), topic, &with_values, false)?;
     Ok(decoded
         .into_iter()
         .map(|d| (d["value"].clone(), d["schema_id"].as_u64().unwrap_or(0)))
         .collect())
+}
+
+/// Asserts that some dead letter of `letters` gives a reason holding each of `needles`.
+fn dead_letters_say(letters: &[ConsumedRecord], needles: &[&str]) {
+    let reasons: Vec<String> = letters
+        .iter()
+        .map(|l| {
+            String::from_utf8_lossy(l.header("siphon.error.message").unwrap_or_default())
+                .into_owned()
+        })
+        .collect();
+    for needle in needles {
+        assert!(
+            reasons.iter().any(|r| r.contains(needle)),
+            "a dead letter says {needle:?}: {reasons:#?}"
+        );
+    }
 }
 
 fn python() -> Result<std::path::PathBuf> {
@@ -622,7 +640,7 @@ async fn with_exactly_once_a_read_committed_consumer_decodes_each_avro_event_and
     assert_eq!(ids.len(), 200, "every event");
     assert_eq!(committed.len(), 200, "each once");
     let decoded =
-        siphon_tests::python::decode_avro_with_keys(&python, &registry.url(), &topic, &committed)?;
+        siphon_tests::python::decode_avro(&python, &registry.url(), &topic, &committed, true)?;
     let mut keys = std::collections::HashMap::new();
     for (record, decoded) in committed.iter().zip(&decoded) {
         let id = String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned();
@@ -702,23 +720,14 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
             .collect::<Vec<_>>(),
         "the payloads that fit, written with the registered schema"
     );
-    let reasons: Vec<String> = letters
-        .iter()
-        .map(|l| {
-            String::from_utf8_lossy(l.header("siphon.error.message").unwrap_or_default())
-                .into_owned()
-        })
-        .collect();
-    for needle in [
-        "$.color is not a field of record shop.Order",
-        "three",
-        "no schema for subject",
-    ] {
-        assert!(
-            reasons.iter().any(|r| r.contains(needle)),
-            "a dead letter says {needle:?}: {reasons:#?}"
-        );
-    }
+    dead_letters_say(
+        &letters,
+        &[
+            "$.color is not a field of record shop.Order",
+            "three",
+            "no schema for subject",
+        ],
+    );
 
     // A new version is used within the time to live, without a restart.
     let v2 = v1.replace(
@@ -822,22 +831,13 @@ async fn with_topic_record_subjects_each_event_type_is_written_with_its_own_sche
         ],
         "each type with its subject's schema, the snapshot's row as the stream's"
     );
-    let reasons: Vec<String> = letters
-        .iter()
-        .map(|l| {
-            String::from_utf8_lossy(l.header("siphon.error.message").unwrap_or_default())
-                .into_owned()
-        })
-        .collect();
-    for needle in [
-        format!("{topic}-OrderCreated"),
-        format!("{topic}-OrderLost"),
-    ] {
-        assert!(
-            reasons.iter().any(|r| r.contains(&needle)),
-            "a dead letter names {needle:?}: {reasons:#?}"
-        );
-    }
+    dead_letters_say(
+        &letters,
+        &[
+            &format!("{topic}-OrderCreated"),
+            &format!("{topic}-OrderLost"),
+        ],
+    );
     Ok(())
 }
 

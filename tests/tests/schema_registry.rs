@@ -401,7 +401,8 @@ async fn avro_records_decode_with_confluents_deserializer() -> Result<()> {
 
     let records = siphon_tests::read_topic(&broker.bootstrap(), &topic, Duration::from_secs(20))?;
     assert_eq!(records.len(), documents.len());
-    let decoded = siphon_tests::python::decode_avro(&python, &rivven.url(), &topic, &records)?;
+    let decoded =
+        siphon_tests::python::decode_avro(&python, &rivven.url(), &topic, &records, false)?;
     for ((document, id), decoded) in documents.iter().zip(&ids).zip(&decoded) {
         let mut expected = json(document);
         // Members whose schema is unknown (null, []) are left out, as Debezium leaves them out.
