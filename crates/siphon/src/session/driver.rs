@@ -398,8 +398,30 @@ pub async fn run_session(
             }
             Ok(())
         }
+        Err(e) if reports_on_failure(&e, driver.transactional.is_some()) => {
+            // The stop waited for the records in flight: confirm what they acknowledged, so a
+            // start after the fix repeats none of them. Bounded, as a shutdown's.
+            let finish = driver.stream.finish(settings.shutdown_timeout);
+            if let Ok(Ok(confirmed)) =
+                tokio::time::timeout(settings.shutdown_timeout * 2, finish).await
+            {
+                debug!(%confirmed, "confirmed position reported before stopping on the error");
+            }
+            Err(e)
+        }
         Err(e) => Err(e),
     }
+}
+
+/// Whether a session ended by `error` still reports its confirmed position: at-least-once, with
+/// the replication connection sound (the error is not the connection's, and Kafka
+/// transactions keep their own position).
+fn reports_on_failure(error: &PipelineError, transactional: bool) -> bool {
+    !transactional
+        && !matches!(
+            error,
+            PipelineError::Source(_) | PipelineError::Stalled(_) | PipelineError::StreamEnded
+        )
 }
 
 /// Exactly-once: where the driver's side of a commit stands.
