@@ -25,8 +25,8 @@ pub const AVRO_ROW: &str = "siphon->kafka (avro)";
 /// The expanded Avro drain's rate relative to the expanded JSON drain's: the target.
 pub const MIN_SHARE: f64 = 0.9;
 
-/// Registry requests per 1,000 events after warm-up that still count as "about 0".
-pub const MAX_REQUESTS_PER_1000: f64 = 0.01;
+/// Registry calls per 1,000 events after warm-up that still count as "about 0".
+pub const MAX_CALLS_PER_1000: f64 = 0.01;
 
 /// The rows, in the order they drain.
 const ROWS: [(&str, Values, &str); 3] = [
@@ -116,8 +116,9 @@ impl AvroRows {
         ratio(json.secs, self.avro.secs)
     }
 
-    /// Registry requests per 1,000 events after warm-up of the expanded Avro drain.
-    pub fn requests_per_1000(&self) -> Option<f64> {
+    /// The expanded Avro drain's schema-id lookups per 1,000 events after warm-up: at least
+    /// its registry calls then.
+    pub fn calls_per_1000_after_warm_up(&self) -> Option<f64> {
         self.avro_expanded
             .registry
             .and_then(|r| r.per_1000_after_warm_up())
@@ -146,17 +147,24 @@ impl AvroRows {
         .map(|(name, d)| match d.registry {
             None => format!("{name} not scraped"),
             Some(r) => format!(
-                "{name} {:.0} in all, {} per 1,000 events after its first {:.0} records",
-                r.total,
-                r.per_1000_after_warm_up()
-                    .map_or("not measured".to_owned(), |v| format!("{v:.3}")),
+                "{name} {:.0} requests in all ({:.3} per 1,000 events), {} after its first {:.0} records",
+                r.requests,
+                r.requests * 1000.0 / events.max(1) as f64,
+                match r.after_warm_up {
+                    Some((lookups, records)) => format!(
+                        "{lookups:.0} schema-id lookups in {records:.0} records ({:.3} per 1,000 events)",
+                        lookups * 1000.0 / records.max(1.0)
+                    ),
+                    None => "not measured".to_owned(),
+                },
                 values::REGISTRY_WARM_UP_RECORDS
             ),
         })
         .collect();
         out += &format!(
-            "  schema registry requests ({}): {}\n",
+            "  schema registry calls ({}, {}; every request follows a lookup): {}\n",
             values::REGISTRY_REQUESTS,
+            values::SCHEMA_ID_LOOKUPS,
             calls.join("; ")
         );
         out
@@ -167,9 +175,13 @@ impl AvroRows {
         let calls = |d: &Drain| {
             d.registry.map(|r| {
                 json!({
-                    "total": r.total,
-                    "per_1000_events_after_warm_up": r.per_1000_after_warm_up(),
+                    "requests": r.requests,
+                    "requests_per_1000_events": r.requests * 1000.0 / events.max(1) as f64,
+                    "schema_id_lookups": r.lookups,
                     "warm_up_records": values::REGISTRY_WARM_UP_RECORDS,
+                    "schema_id_lookups_after_warm_up": r.after_warm_up.map(|(l, _)| l),
+                    "records_after_warm_up": r.after_warm_up.map(|(_, n)| n),
+                    "schema_id_lookups_per_1000_events_after_warm_up": r.per_1000_after_warm_up(),
                 })
             })
         };
@@ -182,7 +194,7 @@ impl AvroRows {
                 "avro_expanded": cpu_us(&self.avro_expanded, events),
                 "avro": cpu_us(&self.avro, events),
             },
-            "schema_registry_requests": {
+            "schema_registry_calls": {
                 "avro_expanded": calls(&self.avro_expanded),
                 "avro": calls(&self.avro),
             },

@@ -318,7 +318,7 @@ pub async fn wait_confirmed(
 /// its `confirmed_flush_lsn` reaches `end_lsn`, samples its usage, then stops it with SIGTERM.
 /// With exactly-once the slot is confirmed only past records whose Kafka transaction
 /// committed: the time runs to the commit of the backlog's last records. With a schema
-/// registry, its requests are counted in all and after warm-up ([`values::RegistryCalls`]).
+/// registry, its calls are counted in all and after warm-up ([`values::RegistryCalls`]).
 pub async fn siphon(
     svc: &Services,
     db: &tokio_postgres::Client,
@@ -341,18 +341,22 @@ pub async fn siphon(
     let secs = start.elapsed().as_secs_f64();
     let (walsender_cpu, broker_cpu) = watch.finish().await;
     let usage = procstat::sample(running.pid()?)?;
+    if setup.values.uses_registry() {
+        // Siphon counts its registry requests on its status tick: wait for one past the end.
+        tokio::time::sleep(values::STATUS_TICK).await;
+    }
     let end = match promhist::scrape(&running.metrics).await {
-        Ok(text) => Some(values::counters(&text)),
+        Ok(text) => Some(values::Counters::scraped(&text)),
         Err(e) => {
             eprintln!("bench: could not scrape {}: {e:#}", running.metrics);
             None
         }
     };
     running.stop()?;
-    let records_produced = end.map(|(records, _)| records);
+    let records_produced = end.map(|c| c.records);
     let registry = end
         .filter(|_| setup.values.uses_registry())
-        .map(|end| values::registry_calls(warm, end));
+        .map(|end| RegistryCalls::new(warm, end));
     Ok(Drain {
         secs,
         usage: Some(usage),
@@ -366,21 +370,21 @@ pub async fn siphon(
 }
 
 /// Scrapes Siphon's metrics every 20 ms until it has handed
-/// [`values::REGISTRY_WARM_UP_RECORDS`] records to its sink: (records, registry requests) then.
-/// `None` when the slot reached `end_lsn` first.
+/// [`values::REGISTRY_WARM_UP_RECORDS`] records to its sink: its counters then. `None` when the
+/// slot reached `end_lsn` first.
 async fn warm_scrape(
     db: &tokio_postgres::Client,
     siphon: &Running,
     slot: &str,
     end_lsn: u64,
     deadline: Instant,
-) -> Result<Option<(f64, f64)>> {
+) -> Result<Option<values::Counters>> {
     loop {
         // Until its endpoint listens, a scrape fails: it is tried again.
         if let Ok(text) = promhist::scrape(&siphon.metrics).await {
-            let (records, requests) = values::counters(&text);
-            if records >= values::REGISTRY_WARM_UP_RECORDS {
-                return Ok(Some((records, requests)));
+            let counters = values::Counters::scraped(&text);
+            if counters.records >= values::REGISTRY_WARM_UP_RECORDS {
+                return Ok(Some(counters));
             }
         }
         if workload::confirmed_lsn(db, slot).await? >= end_lsn {

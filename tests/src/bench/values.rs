@@ -11,14 +11,23 @@
 use super::promhist;
 use anyhow::{bail, Result};
 
-/// Siphon's counter of HTTP requests to the schema registry.
+/// Siphon's counter of HTTP requests to the schema registry. Siphon updates it on its status
+/// tick ([`STATUS_TICK`]), so it is read a tick after the drain.
 pub const REGISTRY_REQUESTS: &str = "siphon_schema_registry_requests_total";
+
+/// Siphon's counter of records whose schema id the session did not know and looked up (each
+/// lookup that misses the registry client's cache is a request; none is made without one).
+/// Counted as they happen.
+pub const SCHEMA_ID_LOOKUPS: &str = "siphon_schema_ids_looked_up_total";
 
 /// Siphon's counter of records handed to the sink.
 pub const RECORDS_PRODUCED: &str = "siphon_records_produced_total";
 
-/// Records a drain with a registry hands to its sink before its requests are counted "after
-/// warm-up": by then every topic of the backlog has had its first record (each backlog
+/// How often Siphon updates [`REGISTRY_REQUESTS`] (its default status tick), with a margin.
+pub const STATUS_TICK: std::time::Duration = std::time::Duration::from_millis(5_500);
+
+/// Records a drain with a registry hands to its sink before its registry calls are counted
+/// "after warm-up": by then every topic of the backlog has had its first record (each backlog
 /// transaction writes to both), so each schema has its id.
 pub const REGISTRY_WARM_UP_RECORDS: f64 = 10_000.0;
 
@@ -67,38 +76,51 @@ impl Values {
     }
 }
 
-/// A drain's requests to the schema registry (Siphon's [`REGISTRY_REQUESTS`]).
+/// Siphon's counters in one scrape of its metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Counters {
+    pub records: f64,
+    pub requests: f64,
+    pub lookups: f64,
+}
+
+impl Counters {
+    pub fn scraped(text: &str) -> Counters {
+        Counters {
+            records: promhist::sum_of(text, RECORDS_PRODUCED),
+            requests: promhist::sum_of(text, REGISTRY_REQUESTS),
+            lookups: promhist::sum_of(text, SCHEMA_ID_LOOKUPS),
+        }
+    }
+}
+
+/// A drain's calls to the schema registry.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RegistryCalls {
-    /// In all, at the end of the drain.
-    pub total: f64,
-    /// (requests, records) from the first scrape at or past [`REGISTRY_WARM_UP_RECORDS`]
-    /// records to the end; `None` when the drain ended before that scrape.
+    /// [`REGISTRY_REQUESTS`] in all, a status tick after the drain.
+    pub requests: f64,
+    /// [`SCHEMA_ID_LOOKUPS`] in all.
+    pub lookups: f64,
+    /// (schema-id lookups, records) from the first scrape at or past
+    /// [`REGISTRY_WARM_UP_RECORDS`] records to the end; `None` when the drain ended before.
     pub after_warm_up: Option<(f64, f64)>,
 }
 
 impl RegistryCalls {
-    /// Requests per 1,000 records after warm-up.
+    /// The calls of a drain from its scrape after warm-up and its last one.
+    pub fn new(warm: Option<Counters>, end: Counters) -> RegistryCalls {
+        RegistryCalls {
+            requests: end.requests,
+            lookups: end.lookups,
+            after_warm_up: warm.map(|w| (end.lookups - w.lookups, end.records - w.records)),
+        }
+    }
+
+    /// Schema-id lookups per 1,000 records after warm-up: at least the registry calls then.
     pub fn per_1000_after_warm_up(&self) -> Option<f64> {
         self.after_warm_up
             .filter(|(_, records)| *records > 0.0)
-            .map(|(requests, records)| requests * 1000.0 / records)
-    }
-}
-
-/// (records produced, registry requests) in one scrape of Siphon's metrics.
-pub fn counters(text: &str) -> (f64, f64) {
-    (
-        promhist::sum_of(text, RECORDS_PRODUCED),
-        promhist::sum_of(text, REGISTRY_REQUESTS),
-    )
-}
-
-/// The calls of a drain from its scrape after warm-up (records, requests) and its last one.
-pub fn registry_calls(warm: Option<(f64, f64)>, end: (f64, f64)) -> RegistryCalls {
-    RegistryCalls {
-        total: end.1,
-        after_warm_up: warm.map(|(records, requests)| (end.1 - requests, end.0 - records)),
+            .map(|(lookups, records)| lookups * 1000.0 / records)
     }
 }
 
@@ -127,16 +149,25 @@ mod tests {
     #[test]
     fn calls_after_warm_up_are_counted_from_the_warm_scrape() {
         let metrics = format!(
-            "# TYPE x counter\n{RECORDS_PRODUCED}{{topic=\"a\"}} 6000\n{RECORDS_PRODUCED}{{topic=\"b\"}} 6000\n{REGISTRY_REQUESTS} 2\n"
+            "# TYPE x counter\n{RECORDS_PRODUCED}{{topic=\"a\"}} 6000\n{RECORDS_PRODUCED}{{topic=\"b\"}} 6000\n{SCHEMA_ID_LOOKUPS} 2\n{REGISTRY_REQUESTS} 0\n"
         );
-        let warm = counters(&metrics);
-        assert_eq!(warm, (12_000.0, 2.0));
-        let calls = registry_calls(Some(warm), (212_000.0, 3.0));
-        assert_eq!(calls.total, 3.0);
-        assert_eq!(calls.per_1000_after_warm_up(), Some(0.005));
+        let warm = Counters::scraped(&metrics);
         assert_eq!(
-            registry_calls(None, (5.0, 2.0)).per_1000_after_warm_up(),
-            None
+            warm,
+            Counters {
+                records: 12_000.0,
+                requests: 0.0,
+                lookups: 2.0
+            }
         );
+        let end = Counters {
+            records: 212_000.0,
+            requests: 2.0,
+            lookups: 3.0,
+        };
+        let calls = RegistryCalls::new(Some(warm), end);
+        assert_eq!((calls.requests, calls.lookups), (2.0, 3.0));
+        assert_eq!(calls.per_1000_after_warm_up(), Some(0.005));
+        assert_eq!(RegistryCalls::new(None, end).per_1000_after_warm_up(), None);
     }
 }
