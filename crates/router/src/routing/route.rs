@@ -521,10 +521,7 @@ impl Debezium {
         let datum = avro.datum(value).map_err(fail)?;
         Ok((
             Some(unframed_value(&datum)),
-            Some(ValueSchema::Derived(RegistrySchema::new(
-                RegistrySchemaKind::Avro,
-                avro.shared_json(),
-            ))),
+            Some(ValueSchema::Derived(avro.registry_schema().clone())),
         ))
     }
 
