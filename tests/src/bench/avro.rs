@@ -139,6 +139,14 @@ impl AvroRows {
             us(&self.avro_expanded),
             us(&self.avro)
         );
+        let all = |d: &Drain| {
+            all_cpu_us(d, events).map_or("not measured".to_owned(), |v| format!("{v:.2} us"))
+        };
+        out += &format!(
+            "  CPU of Siphon, the walsender and the broker per event (the drains share the cores): json expanded {}, avro expanded {}\n",
+            all(&self.json_expanded),
+            all(&self.avro_expanded)
+        );
         let calls: Vec<String> = [
             (AVRO_EXPANDED_ROW, &self.avro_expanded),
             (AVRO_ROW, &self.avro),
@@ -188,6 +196,10 @@ impl AvroRows {
         json!({
             "avro_expanded_share_of_json_expanded": self.expanded_share(),
             "avro_share_of_json": self.plain_share(json),
+            "siphon_walsender_broker_cpu_us_per_event": {
+                "json_expanded": all_cpu_us(&self.json_expanded, events),
+                "avro_expanded": all_cpu_us(&self.avro_expanded, events),
+            },
             "cpu_us_per_event": {
                 "json": cpu_us(json, events),
                 "json_expanded": cpu_us(&self.json_expanded, events),
@@ -205,6 +217,13 @@ impl AvroRows {
 /// Siphon's CPU time (user and system) per backlog event, in microseconds.
 pub fn cpu_us(d: &Drain, events: u64) -> Option<f64> {
     d.usage.map(|u| u.cpu_secs * 1e6 / events.max(1) as f64)
+}
+
+/// The CPU time of Siphon, the walsender and the broker per backlog event, in microseconds,
+/// when all three are known.
+pub fn all_cpu_us(d: &Drain, events: u64) -> Option<f64> {
+    let secs = d.usage?.cpu_secs + d.walsender_cpu? + d.broker_cpu?.total;
+    Some(secs * 1e6 / events.max(1) as f64)
 }
 
 #[cfg(test)]

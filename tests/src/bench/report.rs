@@ -1608,6 +1608,12 @@ mod tests {
         ));
         // 1 CPU second over 1,000 events.
         assert!(table.contains("avro expanded 1000.00 us"), "{table}");
+        assert!(
+            table.contains(
+                "the broker per event (the drains share the cores): json expanded not measured"
+            ),
+            "{table}"
+        );
         let target = |name: &str| {
             r.targets()
                 .into_iter()
