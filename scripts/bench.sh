@@ -11,6 +11,7 @@
 #   --contention      also drain under a CPU hog of two busy threads and compare
 #   --no-exactly-once skip the exactly-once rows (drain and latency phase)
 #   --eos-latency-rate R  events/s of the exactly-once latency phase (default 5000)
+#   --no-avro         skip the Avro rows and the expanded JSON row they compare with
 #   --no-debezium     skip the Debezium row (embedded engine)
 #   --no-connect      skip the Debezium-on-Connect rows
 #   --no-all-operations  skip the all-operations publication's drains
@@ -18,10 +19,11 @@
 #   --help            every option
 #
 # One run drains the same backlog with pg_recvlogical (the reference), with Siphon to the broker
-# (at-least-once, then exactly-once), with Siphon's discard sink, with Debezium's embedded engine
-# and with Debezium on a standalone Kafka Connect worker producing to the broker, once with
-# Connect's producer defaults and once idempotent (each skipped, with the reason in the table,
-# when Java or the jars are missing); then the same backlog through an all-operations publication
+# (at-least-once, then exactly-once), with Siphon's discard sink, with Siphon writing expanded
+# JSON, expanded Avro and Avro values (through a rivven-schema registry it starts), with
+# Debezium's embedded engine and with Debezium on a standalone Kafka Connect worker producing to
+# the broker, once with Connect's producer defaults and once idempotent (each skipped, with the
+# reason in the table, when Java or the jars are missing); then the same backlog through an all-operations publication
 # (publish = 'insert, update, delete') with pg_recvlogical, Siphon to the broker and the Connect
 # rows; optionally again under a CPU hog (--contention) and pg_recvlogical on several slots
 # (--slots-scaling); then measures commit->ack latency at a steady 10,000 events/s next to the
@@ -37,8 +39,8 @@
 # and its peak RSS are read from /proc by its pid (for --bootstrap: the process listening on
 # the first address's port, when that is this host's loopback).
 #
-# Needs what scripts/install-deps.sh installs (PostgreSQL, Apache Kafka's jars and Java, the
-# Debezium jars and Java runtime, the Kafka Connect worker with Debezium's connector plugin, the
+# Needs what scripts/install-deps.sh installs (PostgreSQL, Apache Kafka's jars and Java,
+# rivven-schema, the Debezium jars and Java runtime, the Kafka Connect worker with Debezium's connector plugin, the
 # build dependencies); it runs that script first. It stops
 # everything it starts.
 set -euo pipefail

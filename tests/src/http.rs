@@ -1,4 +1,5 @@
-//! Plain HTTP/1.1 requests to Siphon's metrics and health endpoint, from outside.
+//! Plain HTTP/1.1 requests to Siphon's metrics and health endpoint, and to the schema
+//! registry, from outside.
 //!
 //! # Invariants
 //!
@@ -12,13 +13,32 @@ use anyhow::{Context as _, Result};
 
 /// One GET of `path` on 127.0.0.1:`port`: (status code, body).
 pub fn get(port: u16, path: &str) -> Result<(u16, String)> {
+    request(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+/// One PUT of the JSON `body` to `path` on 127.0.0.1:`port`, as the schema registry's API
+/// takes it: (status code, body).
+pub fn put_json(port: u16, path: &str, body: &str) -> Result<(u16, String)> {
+    request(
+        port,
+        &format!(
+            "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/vnd.schemaregistry.v1+json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// Sends `raw` (a whole request) and reads the answer: (status code, body).
+fn request(port: u16, raw: &str) -> Result<(u16, String)> {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
+    stream.write_all(raw.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let status = response

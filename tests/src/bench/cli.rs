@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 /// Measures Siphon against the physical limit of a logical replication slot: drains one
 /// backlog with pg_recvlogical, with Siphon to Kafka (at-least-once and exactly-once), with
-/// Siphon's discard sink and with Debezium's embedded engine (when Java and its jars are
-/// installed), optionally again under a CPU hog (--contention), then measures commit-to-ack
+/// Siphon's discard sink, with Siphon writing Avro through a schema registry and with
+/// Debezium's embedded engine (when Java and its jars are installed), optionally again under a CPU hog (--contention), then measures commit-to-ack
 /// latency under a steady load next to the broker's own produce latency, at-least-once and
 /// then exactly-once. Prints a table and writes JSON.
 #[derive(Debug, Parser)]
@@ -82,6 +82,12 @@ pub struct Args {
     /// Skip the Debezium row (it needs Java and the jars of scripts/install-debezium.sh).
     #[arg(long)]
     pub no_debezium: bool,
+
+    /// Skip the Avro rows (Siphon writing `format.value = "avro"` through a rivven-schema
+    /// registry the bench starts, with expanded payloads and without) and the expanded JSON row
+    /// they are compared with.
+    #[arg(long)]
+    pub no_avro: bool,
 
     /// Skip the exactly-once rows: the drain with `kafka.delivery = "exactly-once"` and its
     /// latency phase.
@@ -175,7 +181,8 @@ mod tests {
         assert_eq!((a.events, a.latency_secs), (20_000, 5));
         assert!(a.contention);
         let a = parse(&["--no-debezium"])?;
-        assert!(a.no_debezium && !a.contention);
+        assert!(a.no_debezium && !a.contention && !a.no_avro);
+        assert!(parse(&["--no-avro"])?.no_avro);
         assert!(a.bootstrap.is_none() && a.broker_name.is_none());
         let a = parse(&[
             "--bootstrap",

@@ -437,6 +437,7 @@ pub async fn drain(
             broker_cpu,
             end,
             first_record_secs: first_record_at.map(|d| d.as_secs_f64()),
+            registry: None,
         })
     }
     .await;

@@ -273,6 +273,7 @@ pub async fn drain(
             broker_cpu,
             end,
             first_record_secs: None,
+            registry: None,
         })
     }
     .await;

@@ -3,6 +3,7 @@
 use super::procstat::{self, Usage};
 use super::promhist;
 use super::services::Services;
+use super::values::{self, RegistryCalls, Values};
 use super::workload;
 use anyhow::{bail, Context as _, Result};
 use siphon_tests::{free_port, siphon_bin, SiphonProcess};
@@ -29,6 +30,8 @@ pub struct Drain {
     /// Seconds from the start to the first record on the broker, when the drain knows it (the
     /// Connect rows: the worker's start-up).
     pub first_record_secs: Option<f64>,
+    /// Siphon with a schema registry only: its requests to the registry.
+    pub registry: Option<RegistryCalls>,
 }
 
 /// CPU seconds the broker's process used during a drain.
@@ -155,6 +158,7 @@ pub async fn recvlogical(
         broker_cpu,
         end: DrainEnd::ProcessExit,
         first_record_secs: None,
+        registry: None,
     })
 }
 
@@ -188,16 +192,38 @@ impl Sink {
     }
 }
 
+/// What a Siphon of the bench writes, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setup {
+    pub sink: Sink,
+    pub values: Values,
+}
+
+impl From<Sink> for Setup {
+    /// `sink` with Siphon's default values.
+    fn from(sink: Sink) -> Setup {
+        Setup {
+            sink,
+            values: Values::Json,
+        }
+    }
+}
+
 /// A Siphon configuration with its defaults except the slot, the publication, the table,
-/// the sink (and its delivery mode) and the metrics address.
+/// the sink (and its delivery mode), the values' encoding and the metrics address.
+///
+/// # Errors
+/// When the values need the schema registry and the bench has none.
 pub fn siphon_config(
     svc: &Services,
     slot: &str,
     publication: &str,
-    sink: Sink,
+    setup: Setup,
     metrics: &str,
-) -> String {
-    format!(
+) -> Result<String> {
+    let registry_url = svc.registry.as_ref().ok().map(|r| r.url());
+    let values = setup.values.config_lines(registry_url.as_deref())?;
+    Ok(format!(
         r#"[source]
 url = "{url}"
 slot = "{slot}"
@@ -209,12 +235,13 @@ bootstrap_servers = "{bootstrap}"
 {sink}
 [metrics]
 listen = "{metrics}"
-"#,
+
+{values}"#,
         url = svc.pg_url,
         table = workload::TABLE,
         bootstrap = svc.bootstrap,
-        sink = sink.config_lines(),
-    )
+        sink = setup.sink.config_lines(),
+    ))
 }
 
 /// A running Siphon with its metrics address.
@@ -224,9 +251,14 @@ pub struct Running {
 }
 
 /// Starts the Siphon binary (`$SIPHON_BIN`, see the harness) on `slot` and `publication`.
-pub fn start_siphon(svc: &Services, slot: &str, publication: &str, sink: Sink) -> Result<Running> {
+pub fn start_siphon(
+    svc: &Services,
+    slot: &str,
+    publication: &str,
+    setup: impl Into<Setup>,
+) -> Result<Running> {
     let metrics = format!("127.0.0.1:{}", free_port());
-    let config = siphon_config(svc, slot, publication, sink, &metrics);
+    let config = siphon_config(svc, slot, publication, setup.into(), &metrics)?;
     // Siphon runs in its own directory: the binary's path must not be relative.
     let bin = siphon_bin()?;
     let bin =
@@ -282,34 +314,49 @@ pub async fn wait_confirmed(
     }
 }
 
-/// Drains `slot` with Siphon on `publication` into `sink` until its `confirmed_flush_lsn`
-/// reaches `end_lsn`, samples its usage, then stops it with SIGTERM. With exactly-once the slot
-/// is confirmed only past records whose Kafka transaction committed: the time runs to the
-/// commit of the backlog's last records.
+/// Drains `slot` with Siphon on `publication` into `setup`'s sink, writing its values, until
+/// its `confirmed_flush_lsn` reaches `end_lsn`, samples its usage, then stops it with SIGTERM.
+/// With exactly-once the slot is confirmed only past records whose Kafka transaction
+/// committed: the time runs to the commit of the backlog's last records. With a schema
+/// registry, its calls are counted in all and after warm-up ([`values::RegistryCalls`]).
 pub async fn siphon(
     svc: &Services,
     db: &tokio_postgres::Client,
     slot: &str,
     publication: &str,
-    sink: Sink,
+    setup: impl Into<Setup>,
     end_lsn: u64,
     timeout: Duration,
 ) -> Result<Drain> {
+    let setup = setup.into();
     let watch = CpuWatch::start(svc, slot).await?;
     let start = Instant::now();
-    let running = start_siphon(svc, slot, publication, sink)?;
+    let running = start_siphon(svc, slot, publication, setup)?;
+    let warm = if setup.values.uses_registry() {
+        warm_scrape(db, &running, slot, end_lsn, start + timeout).await?
+    } else {
+        None
+    };
     wait_confirmed(db, &running, slot, end_lsn, timeout).await?;
     let secs = start.elapsed().as_secs_f64();
     let (walsender_cpu, broker_cpu) = watch.finish().await;
     let usage = procstat::sample(running.pid()?)?;
-    let records_produced = match promhist::scrape(&running.metrics).await {
-        Ok(text) => Some(promhist::sum_of(&text, "siphon_records_produced_total")),
+    if setup.values.uses_registry() {
+        // Siphon counts its registry requests on its status tick: wait for one past the end.
+        tokio::time::sleep(values::STATUS_TICK).await;
+    }
+    let end = match promhist::scrape(&running.metrics).await {
+        Ok(text) => Some(values::Counters::scraped(&text)),
         Err(e) => {
             eprintln!("bench: could not scrape {}: {e:#}", running.metrics);
             None
         }
     };
     running.stop()?;
+    let records_produced = end.map(|c| c.records);
+    let registry = end
+        .filter(|_| setup.values.uses_registry())
+        .map(|end| RegistryCalls::new(warm, end));
     Ok(Drain {
         secs,
         usage: Some(usage),
@@ -318,7 +365,37 @@ pub async fn siphon(
         broker_cpu,
         end: DrainEnd::SlotConfirmed,
         first_record_secs: None,
+        registry,
     })
+}
+
+/// Scrapes Siphon's metrics every 20 ms until it has handed
+/// [`values::REGISTRY_WARM_UP_RECORDS`] records to its sink: its counters then. `None` when the
+/// slot reached `end_lsn` first.
+async fn warm_scrape(
+    db: &tokio_postgres::Client,
+    siphon: &Running,
+    slot: &str,
+    end_lsn: u64,
+    deadline: Instant,
+) -> Result<Option<values::Counters>> {
+    loop {
+        // Until its endpoint listens, a scrape fails: it is tried again.
+        if let Ok(text) = promhist::scrape(&siphon.metrics).await {
+            let counters = values::Counters::scraped(&text);
+            if counters.records >= values::REGISTRY_WARM_UP_RECORDS {
+                return Ok(Some(counters));
+            }
+        }
+        if workload::confirmed_lsn(db, slot).await? >= end_lsn {
+            return Ok(None);
+        }
+        siphon.pid()?;
+        if Instant::now() >= deadline {
+            bail!("slot {slot} did not reach the end of the backlog in time");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn tail(text: &str, lines: usize) -> String {

@@ -1,5 +1,6 @@
 //! The result table, the targets and the JSON document.
 
+use super::avro::{self, AvroRows};
 use super::chart::{Bar, Chart, Group, Series};
 use super::drain::{self, Drain, DrainEnd, Sink};
 use super::latency::{Latency, Quantiles, PRODUCER_SERIES};
@@ -50,6 +51,8 @@ pub struct Results {
     pub debezium: Result<Drain, String>,
     /// The Debezium-on-Connect rows (name, drain or why it was skipped or failed).
     pub connect: Vec<(&'static str, Result<Drain, String>)>,
+    /// The Avro rows and the expanded JSON row, or why they were skipped or failed.
+    pub avro: Result<AvroRows, String>,
     /// The same backlog through the all-operations publication (`--no-all-operations` skips).
     pub all_operations: Option<ShapeRows>,
     /// pg_recvlogical at 1, 2 and 4 parallel slots (`--slots-scaling`).
@@ -229,6 +232,9 @@ impl Results {
             rows.push((EXACTLY_ONCE_ROW, d));
         }
         rows.push(("siphon->discard", &self.discard));
+        if let Ok(a) = &self.avro {
+            rows.extend(a.rows());
+        }
         if let Ok(d) = &self.debezium {
             rows.push(("debezium", d));
         }
@@ -314,6 +320,9 @@ impl Results {
     fn peak_rss_mb(&self) -> Option<f64> {
         let mut all = vec![self.kafka.usage, self.discard.usage];
         all.push(self.exactly_once.as_ref().ok().and_then(|d| d.usage));
+        if let Ok(a) = &self.avro {
+            all.extend(a.rows().map(|(_, d)| d.usage));
+        }
         if let Some(c) = &self.contention {
             all.extend([c.kafka.usage, c.discard.usage]);
             all.push(c.all_operations.as_ref().and_then(|a| a.kafka.usage));
@@ -361,6 +370,9 @@ impl Results {
             .and_then(per_event_us)
             .zip(kafka_cpu)
             .map(|(theirs, ours)| ours / theirs);
+        let avro = self.avro.as_ref().ok();
+        let avro_cpu = avro.and_then(|a| per_event_us(&a.avro_expanded));
+        let registry_calls = avro.and_then(AvroRows::calls_per_1000_after_warm_up);
         vec![
             Target {
                 name: "drain to broker",
@@ -432,6 +444,26 @@ impl Results {
                 value: discard_cpu,
                 shown: discard_cpu.map_or("not measured".into(), |v| format!("{v:.2} us")),
                 pass: discard_cpu.map(|v| v <= 3.0),
+            },
+            ratio_target(
+                "avro drain, expanded",
+                ">= 90% of json, expanded",
+                avro::MIN_SHARE,
+                avro.map(AvroRows::expanded_share),
+            ),
+            Target {
+                name: "CPU per event, avro expanded",
+                goal: "stated",
+                value: avro_cpu,
+                shown: avro_cpu.map_or("not measured".into(), |v| format!("{v:.2} us")),
+                pass: None,
+            },
+            Target {
+                name: "registry calls per 1k events",
+                goal: "~0 after warm-up",
+                value: registry_calls,
+                shown: registry_calls.map_or("not measured".into(), |v| format!("{v:.3}")),
+                pass: registry_calls.map(|v| v <= avro::MAX_CALLS_PER_1000),
             },
             Target {
                 name: "commit->ack p99 (histogram)",
@@ -533,6 +565,16 @@ impl Results {
                 );
             }
             (Ok(_), None) => {}
+        }
+        match &self.avro {
+            Ok(a) => out += &a.lines(&self.kafka, b.events),
+            Err(why) => {
+                out += &format!(
+                    "{} {why}
+",
+                    avro::AVRO_ROW
+                )
+            }
         }
         match &self.debezium {
             Ok(d) if d.end == DrainEnd::LastRecord => {
@@ -690,6 +732,8 @@ impl Results {
             "walsender_cpu_secs": d.walsender_cpu,
             "broker_cpu_secs": d.broker_cpu.map(|c| c.total),
             "broker_jit_cpu_secs": d.broker_cpu.map(|c| c.jit),
+            "schema_registry_requests": d.registry.map(|r| r.requests),
+            "schema_id_lookups_per_1000_events_after_warm_up": d.registry.and_then(|r| r.per_1000_after_warm_up()),
         })
     }
 
@@ -840,6 +884,10 @@ impl Results {
             "drains": rows,
             "exactly_once_skipped": self.exactly_once.as_ref().err(),
             "exactly_once_share_of_kafka": self.exactly_once_share(),
+            "avro": match &self.avro {
+                Ok(a) => a.json(&self.kafka, b.events),
+                Err(why) => json!({"skipped": why}),
+            },
             "debezium_skipped": self.debezium.as_ref().err(),
             "connect_skipped": skipped_json(&self.connect),
             "all_operations": all_operations,
@@ -1101,6 +1149,7 @@ mod tests {
             broker_cpu: None,
             end,
             first_record_secs: None,
+            registry: None,
         }
     }
 
@@ -1129,6 +1178,7 @@ mod tests {
             discard: drain(2.5, Some(1000.0), DrainEnd::SlotConfirmed),
             debezium,
             connect: Vec::new(),
+            avro: Err("skipped: --no-avro".into()),
             all_operations: None,
             scaling: None,
             contention,
@@ -1520,6 +1570,74 @@ mod tests {
             let shown = super::super::chart::escape(name);
             assert!(svg.contains(&shown), "{name} not in the chart");
         }
+    }
+
+    #[test]
+    fn avro_rows_are_reported_with_their_ratio_cpu_and_registry_calls() {
+        let mut r = results(Err("skipped: --no-debezium".into()), None);
+        assert!(r
+            .table()
+            .contains("siphon->kafka (avro) skipped: --no-avro"));
+        let with_calls = |secs, total, warm: Option<(f64, f64)>| Drain {
+            registry: Some(super::super::values::RegistryCalls {
+                requests: total,
+                lookups: total,
+                after_warm_up: warm,
+            }),
+            ..drain(secs, Some(1000.0), DrainEnd::SlotConfirmed)
+        };
+        r.avro = Ok(AvroRows {
+            json_expanded: drain(4.5, Some(1000.0), DrainEnd::SlotConfirmed),
+            avro_expanded: with_calls(5.0, 2.0, Some((0.0, 900.0))),
+            avro: with_calls(4.0, 2.0, None),
+        });
+        let table = r.table();
+        assert!(
+            table.contains(
+                "siphon->kafka (avro, expanded) / siphon->kafka (json, expanded): 0.90x (target >= 0.9x)"
+            ),
+            "{table}"
+        );
+        assert!(table.contains("siphon->kafka (avro) / siphon->kafka (json): 1.00x"));
+        assert!(
+            table.contains("siphon->kafka (avro, expanded) 2 requests in all (2.000 per 1,000 events), 0 schema-id lookups in 900 records (0.000 per 1,000 events)"),
+            "{table}"
+        );
+        assert!(table.contains(
+            "siphon->kafka (avro) 2 requests in all (2.000 per 1,000 events), not measured"
+        ));
+        // 1 CPU second over 1,000 events.
+        assert!(table.contains("avro expanded 1000.00 us"), "{table}");
+        assert!(
+            table.contains(
+                "the broker per event (the drains share the cores): json expanded not measured"
+            ),
+            "{table}"
+        );
+        let target = |name: &str| {
+            r.targets()
+                .into_iter()
+                .find(|t| t.name == name)
+                .map(|t| (t.value, t.pass))
+        };
+        let (share, pass) = target("avro drain, expanded").expect("a target");
+        assert!((share.unwrap_or_default() - 0.9).abs() < 1e-9 && pass == Some(true));
+        assert_eq!(
+            target("registry calls per 1k events"),
+            Some((Some(0.0), Some(true)))
+        );
+        assert_eq!(
+            target("CPU per event, avro expanded"),
+            Some((Some(1000.0), None))
+        );
+        let json = r.json();
+        assert_eq!(json["drains"][3]["name"], "siphon->kafka (json, expanded)");
+        assert_eq!(json["drains"][4]["schema_registry_requests"], 2.0);
+        assert_eq!(json["avro"]["avro_share_of_json"], 1.0);
+        assert!(r.records_match());
+        let bars = &r.chart().groups[0].bars;
+        assert_eq!(bars.len(), 6);
+        assert_eq!(bars[5].label, "siphon->kafka (avro)");
     }
 
     #[test]

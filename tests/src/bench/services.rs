@@ -1,5 +1,6 @@
 //! The PostgreSQL server and Kafka broker the benchmark runs against: given by URL and
-//! bootstrap list, or started here (and stopped when [`Services`] is dropped).
+//! bootstrap list, or started here (and stopped when [`Services`] is dropped); and the schema
+//! registry of the Avro rows, a rivven-schema started here.
 //!
 //! The broker started here is an Apache Kafka node of the bench's own (one KRaft node in
 //! combined mode with the test harness's single-node settings, [`Broker::start_own`]), whose JVM
@@ -9,7 +10,7 @@
 use super::procstat;
 use anyhow::{bail, Context as _, Result};
 use siphon_tests::kafka::KAFKA_VERSION;
-use siphon_tests::{Broker, Postgres};
+use siphon_tests::{Broker, Postgres, RegistryServer};
 use std::path::PathBuf;
 
 /// JVM options of the broker the bench starts (`$SIPHON_BENCH_KAFKA_JVM_OPTS` replaces them):
@@ -40,6 +41,8 @@ pub struct Services {
     pub broker_pid: Option<u32>,
     /// The GC log of the bench's own broker ([`super::gc_log`]).
     pub broker_gc_log: Option<PathBuf>,
+    /// The schema registry of the Avro rows, or why there is none.
+    pub registry: std::result::Result<RegistryServer, String>,
 }
 
 impl Services {
@@ -49,11 +52,15 @@ impl Services {
     ///
     /// The bench's own broker gets the JVM options of `SIPHON_BROKER_JVM_OPTS`, which the
     /// bench's `main` sets to [`kafka_jvm_opts`].
+    ///
+    /// With `registry`, a rivven-schema registry is started too ([`start_registry`]); when it
+    /// cannot be, [`Services::registry`] says why and the run goes on without it.
     pub fn start(
         pg_url: Option<String>,
         bootstrap: Option<String>,
         broker_name: Option<String>,
         recvlogical: Option<PathBuf>,
+        registry: bool,
     ) -> Result<Services> {
         let recvlogical = match recvlogical {
             Some(p) => p,
@@ -87,6 +94,11 @@ impl Services {
                 (Some(broker), b, name, pid, Some(gc_log))
             }
         };
+        let registry = if registry {
+            start_registry().map_err(|e| format!("skipped: {e:#}"))
+        } else {
+            Err("skipped: --no-avro".to_owned())
+        };
         Ok(Services {
             _pg: pg,
             _broker: broker,
@@ -96,6 +108,7 @@ impl Services {
             broker_name,
             broker_pid,
             broker_gc_log,
+            registry,
         })
     }
 
@@ -114,6 +127,20 @@ impl Services {
         });
         Ok(client)
     }
+}
+
+/// A rivven-schema registry (from `scripts/install-deps.sh`) whose compatibility level is
+/// `NONE`: the Avro rows register the expanded payload's record and, on the same subject, the
+/// plain payload's string, which the registry's default `BACKWARD` level would refuse.
+fn start_registry() -> Result<RegistryServer> {
+    let registry = RegistryServer::start()?;
+    let (status, body) =
+        siphon_tests::http::put_json(registry.port(), "/config", r#"{"compatibility":"NONE"}"#)
+            .context("setting the registry's compatibility level")?;
+    if status != 200 {
+        bail!("setting the registry's compatibility level: {status} {body}");
+    }
+    Ok(registry)
 }
 
 /// The port of a bootstrap list's first address if that address is this host's loopback.

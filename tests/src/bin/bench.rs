@@ -3,8 +3,9 @@
 //! One run writes a backlog of outbox events behind one logical slot per drain (all created
 //! before the backlog, so each drains the same WAL): slot A with pg_recvlogical (the physical
 //! limit of the slot stream), slot B with Siphon to Kafka, slot B-EOS with Siphon to Kafka in
-//! exactly-once mode (`--no-exactly-once` skips it), slot C with Siphon's discard sink, a
-//! Debezium slot with Debezium's embedded engine (when Java and its jars are installed) and,
+//! exactly-once mode (`--no-exactly-once` skips it), slot C with Siphon's discard sink, three
+//! slots with Siphon writing expanded JSON, expanded Avro and Avro values through a rivven-schema
+//! registry the bench starts (`--no-avro` skips them), a Debezium slot with Debezium's embedded engine (when Java and its jars are installed) and,
 //! with `--contention`, three more slots drained like A, B and C while a CPU hog runs. Then it
 //! measures commit-to-ack latency under a steady load on a fresh slot, next to a probe
 //! producer's own produce latency, and again in exactly-once mode on another fresh slot (at
@@ -17,6 +18,8 @@
 //! every record for the whole run: the contended drains and the latency phase write to it after
 //! the backlog's drains.
 
+#[path = "../bench/avro.rs"]
+mod avro;
 #[path = "../bench/backlog.rs"]
 mod backlog;
 #[path = "../bench/chart.rs"]
@@ -51,6 +54,8 @@ mod report;
 mod services;
 #[path = "../bench/slots.rs"]
 mod slots;
+#[path = "../bench/values.rs"]
+mod values;
 #[path = "../bench/warm_up.rs"]
 mod warm_up;
 #[path = "../bench/workload.rs"]
@@ -86,6 +91,7 @@ fn main() {
         args.bootstrap.clone(),
         args.broker_name.clone(),
         args.pg_recvlogical.clone(),
+        !args.no_avro,
     );
     let svc = match svc {
         Ok(svc) => svc,
@@ -190,6 +196,7 @@ async fn measure(
         connect::Producer::ALL.map(|p| (p, slot(&format!("all_connect_{}", p.slug()))));
     let [hog_a, hog_b, hog_c] = ["a_hog", "b_hog", "c_hog"].map(slot);
     let [hog_all_a, hog_all_b] = ["all_a_hog", "all_b_hog"].map(slot);
+    let avro_slots = avro::slots(slot);
 
     let debezium = if args.no_debezium {
         Err("skipped: --no-debezium".to_owned())
@@ -208,6 +215,10 @@ async fn measure(
     };
     if let Err(why) = &connect_install {
         eprintln!("bench: Debezium on Connect rows {why}");
+    }
+    match &svc.registry {
+        Ok(r) => eprintln!("bench: schema registry rivven-schema at {}", r.url()),
+        Err(why) => eprintln!("bench: Avro rows {why}"),
     }
 
     workload::prepare(db).await?;
@@ -234,6 +245,9 @@ async fn measure(
     let mut slots = vec![&slot_a, &slot_b, &slot_c];
     if !args.no_exactly_once {
         slots.push(&slot_eos);
+    }
+    if svc.registry.is_ok() {
+        slots.extend(&avro_slots);
     }
     if debezium.is_ok() {
         slots.push(&slot_dbz);
@@ -328,6 +342,18 @@ async fn measure(
     .await?;
     workload::drop_slot(db, &slot_c).await?;
     eprintln!("bench: siphon->discard: {:.2} s", discard.secs);
+
+    let avro = match &svc.registry {
+        Err(why) => Err(why.clone()),
+        Ok(_) => match avro::drains(svc, db, &avro_slots, end_lsn, timeout).await {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                eprintln!("bench: Avro rows: FAILED: {e:#}");
+                failure.get_or_insert(format!("an Avro row failed: {e:#}"));
+                Err(format!("FAILED: {e:#}"))
+            }
+        },
+    };
 
     let debezium = match debezium {
         Err(why) => Err(why),
@@ -580,6 +606,7 @@ async fn measure(
         discard,
         debezium,
         connect: connect_rows,
+        avro,
         all_operations,
         scaling,
         contention,

@@ -49,6 +49,7 @@
 use crate::format::connect::{Schema, SchemaType, Value};
 use crate::format::json::{java_utf8, nesting_depth, write_json_string, MAX_WRITE_DEPTH};
 use apache_avro::types::Value as AvroValue;
+use siphon_record::{RegistrySchema, RegistrySchemaKind};
 
 /// The namespace of the records of unnamed structs (`AvroData.NAMESPACE`).
 pub const DEFAULT_NAMESPACE: &str = "io.confluent.connect.avro";
@@ -111,11 +112,12 @@ impl AvroError {
     }
 }
 
-/// The Avro schema of a Connect schema: its text to register and its parsed form.
+/// The Avro schema of a Connect schema: its text to register (with its fingerprint, computed
+/// once here rather than for every record written with it) and its parsed form.
 #[derive(Debug, Clone)]
 pub struct AvroSchema {
     connect: Schema,
-    json: std::sync::Arc<str>,
+    registry: RegistrySchema,
     parsed: apache_avro::Schema,
 }
 
@@ -139,19 +141,20 @@ impl AvroSchema {
         let parsed = parse_schema(&json)?;
         Ok(AvroSchema {
             connect: connect.clone(),
-            json: json.into(),
+            registry: RegistrySchema::new(RegistrySchemaKind::Avro, json.into()),
             parsed,
         })
     }
 
     /// The schema's text, as Avro's Java `Schema.toString()` writes it: what to register.
     pub fn json(&self) -> &str {
-        &self.json
+        self.registry.text()
     }
 
-    /// [`AvroSchema::json`], shared.
-    pub fn shared_json(&self) -> std::sync::Arc<str> {
-        std::sync::Arc::clone(&self.json)
+    /// The schema to register, as the session looks its id up: [`AvroSchema::json`] with its
+    /// fingerprint. Cloning it shares the text.
+    pub fn registry_schema(&self) -> &RegistrySchema {
+        &self.registry
     }
 
     /// The Connect schema this was made of.

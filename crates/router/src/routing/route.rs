@@ -543,7 +543,7 @@ impl Debezium {
         let datum = avro.datum(value).map_err(fail)?;
         Ok((
             unframed_value(&datum),
-            RegistrySchema::new(RegistrySchemaKind::Avro, avro.shared_json()),
+            avro.registry_schema().clone(),
         ))
     }
 
