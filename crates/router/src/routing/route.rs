@@ -541,10 +541,7 @@ impl Debezium {
         };
         let avro = self.avro_schemas.get(schema).map_err(fail)?;
         let datum = avro.datum(value).map_err(fail)?;
-        Ok((
-            unframed_value(&datum),
-            avro.registry_schema().clone(),
-        ))
+        Ok((unframed_value(&datum), avro.registry_schema().clone()))
     }
 
     /// The record key: the event key column per [`Format::key`]; for Avro, with the schema to
