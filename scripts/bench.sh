@@ -65,7 +65,7 @@ if [[ " ${args[*]-} " != *" --help "* && " ${args[*]-} " != *" -h "* ]]; then
 fi
 echo "==> building target/release/siphon and target/release/bench" >&2
 cargo build --release -p siphon --bin siphon >&2
-cargo build --release -p siphon-tests --bin bench >&2
+cargo build --release -p siphon-bench --bin bench >&2
 
 export SIPHON_BIN=${SIPHON_BIN:-$root/target/release/siphon}
 # Siphon's log level inside the benchmark (its log goes to a file per run).

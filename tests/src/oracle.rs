@@ -290,7 +290,7 @@ impl Oracle {
         std::fs::create_dir_all(&classes)?;
         let jar_glob = format!("{jars}/*");
         // Every program in tests/debezium is compiled together: the oracle and the
-        // benchmark's Debezium drain (tests/src/bench/debezium.rs).
+        // benchmark's Debezium drain (bench/src/debezium.rs).
         let mut stale = false;
         let mut sources = Vec::new();
         for program in PROGRAMS {

@@ -29,6 +29,7 @@ use siphon_tests::outbox::{
     read_event_records, read_event_records_settled, siphon_config, slot_active, slot_confirmed_lsn,
     wait_for_all, wait_for_slot_caught_up, wait_for_slot_past, with_exactly_once, OUTBOX_DDL,
 };
+use siphon_tests::schema_registry::RegistryServer;
 use siphon_tests::{
     siphon_bin, strip_ansi, wait_until, Broker, ConsumedRecord, Postgres, SiphonProcess,
 };
@@ -157,6 +158,8 @@ enum Standby {
 enum Delivery {
     AtLeastOnce,
     ExactlyOnce,
+    /// Exactly-once, the values Avro through a schema registry.
+    ExactlyOnceAvro,
 }
 
 /// What a failover run left behind, once every event the new primary has arrived.
@@ -172,6 +175,8 @@ struct Outcome {
     lost_with_old_primary: Vec<u64>,
     /// Every event record (read_committed), repeats included.
     records: Vec<ConsumedRecord>,
+    /// The schema registry of Avro values.
+    registry: Option<RegistryServer>,
 }
 
 /// `primary_conninfo = ''` on `standby`: its WAL receiver stops (and its slot synchronization
@@ -271,9 +276,18 @@ async fn promote_and_kill_the_old_primary(
         )
         .replace("[source]\n", "[source]\nfailover = true\n");
     assert!(config.contains(&hosts) && config.contains("failover = true"));
-    let config = match delivery {
-        Delivery::AtLeastOnce => config,
-        Delivery::ExactlyOnce => with_exactly_once(&config, &broker),
+    let registry = match delivery {
+        Delivery::ExactlyOnceAvro => Some(RegistryServer::start()?),
+        _ => None,
+    };
+    let config = match (delivery, &registry) {
+        (Delivery::AtLeastOnce, _) => config,
+        (Delivery::ExactlyOnceAvro, Some(registry)) => format!(
+            "{}\n[format]\nvalue = \"avro\"\n\n[schema_registry]\nurl = \"{}\"\n",
+            with_exactly_once(&config, &broker),
+            registry.url()
+        ),
+        _ => with_exactly_once(&config, &broker),
     };
     let siphon = SiphonProcess::start(&config)?;
     wait_until(
@@ -433,6 +447,7 @@ async fn promote_and_kill_the_old_primary(
         expected,
         lost_with_old_primary,
         records,
+        registry,
     }))
 }
 
@@ -528,27 +543,44 @@ async fn read_committed_once_after_catch_up(
 /// still holds on the new primary's up to where the new timeline branched off: a read_committed
 /// consumer sees each event once across the failover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_exactly_once_a_read_committed_consumer_sees_each_event_once_across_a_promotion(
+async fn with_exactly_once_and_avro_values_a_read_committed_consumer_decodes_each_event_once_across_a_promotion(
 ) -> Result<()> {
     let Some(outcome) = promote_and_kill_the_old_primary(
-        "with_exactly_once_a_read_committed_consumer_sees_each_event_once_across_a_promotion",
-        Delivery::ExactlyOnce,
+        "with_exactly_once_and_avro_values_a_read_committed_consumer_decodes_each_event_once_across_a_promotion",
+        Delivery::ExactlyOnceAvro,
         Standby::Synchronized,
     )
     .await?
     else {
         return Ok(());
     };
-    let ReadCommitted { seen, .. } =
+    let ReadCommitted { seen, records } =
         read_committed_once_after_catch_up(&outcome, "failover with exactly-once").await?;
     let Outcome {
-        siphon, expected, ..
+        siphon,
+        expected,
+        registry,
+        ..
     } = &outcome;
     assert_eq!(
         seen.keys().cloned().collect::<BTreeSet<_>>(),
         *expected,
         "read_committed sees exactly the new primary's events"
     );
+    // Confluent's deserializer reads each value back: the payload, as an Avro string.
+    let python = siphon_tests::python::python()?.context("python3 with confluent-kafka")?;
+    let registry = registry.as_ref().context("a registry")?;
+    let decoded = tokio::task::block_in_place(|| {
+        siphon_tests::python::decode_avro(&python, &registry.url(), "outbox", &records, false)
+    })?;
+    for (record, decoded) in records.iter().zip(&decoded) {
+        let id = String::from_utf8_lossy(record.header("id").unwrap_or_default()).into_owned();
+        let seq: u64 = id.rsplit('-').next().unwrap_or_default().parse()?;
+        let payload: serde_json::Value = serde_json::from_str(&event(seq, true).payload)?;
+        let value: serde_json::Value =
+            serde_json::from_str(decoded["value"].as_str().context("an Avro string")?)?;
+        assert_eq!(value, payload, "event {seq}");
+    }
     siphon.terminate()?;
     Ok(())
 }

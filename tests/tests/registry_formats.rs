@@ -754,7 +754,7 @@ async fn registered_schemas_write_the_payloads_that_fit_dead_letter_the_rest_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_topic_record_subjects_each_event_type_is_written_with_its_own_schema_in_stream_and_snapshot(
+async fn with_topic_record_subjects_each_event_type_is_written_with_its_schema_or_pinned_version(
 ) -> Result<()> {
     use siphon_schema_registry::{RegistryConfig, SchemaKind, SchemaRegistry};
     let python = python()?;
@@ -769,6 +769,18 @@ async fn with_topic_record_subjects_each_event_type_is_written_with_its_own_sche
         .await?;
     let shipped_id = owner
         .register(&format!("{topic}-OrderShipped"), SchemaKind::Avro, shipped)
+        .await?;
+    // A second version of OrderCreated, which the configuration pins to its first.
+    let created_v2 = created.replace(
+        r#""type":"double"}]"#,
+        r#""type":"double"},{"name":"note","type":["null","string"],"default":null}]"#,
+    );
+    owner
+        .register(
+            &format!("{topic}-OrderCreated"),
+            SchemaKind::Avro,
+            &created_v2,
+        )
         .await?;
     let typed = |n: usize, kind: &str, payload: &str| {
         format!(
@@ -796,19 +808,25 @@ async fn with_topic_record_subjects_each_event_type_is_written_with_its_own_sche
         "[schema_registry]\n",
         "[schema_registry]\nschemas = \"registered\"\nsubject_name_strategy = \"topic-record\"\n",
     );
+    let config = format!("{config}\n[schema_registry.versions]\n\"{topic}-OrderCreated\" = 1\n");
     let siphon = started(&client, &config, "typed").await?;
     client
         .batch_execute(&format!(
-            "BEGIN; {} {} {} {} COMMIT;",
+            "BEGIN; {} {} {} {} {} COMMIT;",
             typed(1, "OrderCreated", r#"{"id": 1, "total": 9.5}"#),
             typed(2, "OrderShipped", r#"{"id": 1, "carrier": "ups"}"#),
             typed(3, "OrderCreated", r#"{"id": 3, "carrier": "ups"}"#),
             typed(4, "OrderLost", r#"{"id": 4}"#),
+            typed(
+                5,
+                "OrderCreated",
+                r#"{"id": 5, "total": 1.5, "note": "gift"}"#
+            ),
         ))
         .await?;
     let end = current_insert_lsn(&client).await?;
     let events = records(&broker, &topic, 3, &siphon).await?;
-    let letters = records(&broker, &dead_letter_topic, 2, &siphon).await?;
+    let letters = records(&broker, &dead_letter_topic, 3, &siphon).await?;
     wait_for_slot_past(&client, "typed", end, Duration::from_secs(60))
         .await
         .with_context(|| siphon.log())?;
@@ -829,13 +847,14 @@ async fn with_topic_record_subjects_each_event_type_is_written_with_its_own_sche
                 u64::from(shipped_id)
             ),
         ],
-        "each type with its subject's schema, the snapshot's row as the stream's"
+        "each type with its subject's schema (OrderCreated's pinned first version), the snapshot's row as the stream's"
     );
     dead_letters_say(
         &letters,
         &[
             &format!("{topic}-OrderCreated"),
             &format!("{topic}-OrderLost"),
+            "$.note is not a field of record OrderCreated",
         ],
     );
     Ok(())

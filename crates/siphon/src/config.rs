@@ -93,6 +93,10 @@ pub struct SchemaRegistrySection {
     /// `schemas = "registered"`.
     #[serde(default)]
     pub subject_name_strategy: SubjectNameStrategy,
+    /// With `schemas = "registered"`: subjects whose values are written with the version
+    /// given here (1 or more), not with the subject's latest.
+    #[serde(default)]
+    pub versions: BTreeMap<String, i64>,
 }
 
 /// `schema_registry.subject_name_strategy`: the serializers' subject name strategies, the
@@ -137,6 +141,7 @@ impl Default for SchemaRegistrySection {
             schemas: SchemaSource::Derived,
             latest_ttl_secs: default_latest_ttl_secs(),
             subject_name_strategy: SubjectNameStrategy::Topic,
+            versions: BTreeMap::new(),
         }
     }
 }

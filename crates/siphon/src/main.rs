@@ -191,6 +191,14 @@ fn check_config(path: &Path) -> anyhow::Result<ExitCode> {
         println!(
             "schema registry {url} answers (compatibility {level}); value schemas are under {values}{keys}"
         );
+        for (subject, version) in registry.pinned() {
+            let found = runtime
+                .block_on(registry.registry().version(subject, *version))
+                .with_context(|| {
+                    format!("schema_registry.versions: subject {subject:?} version {version}")
+                })?;
+            println!("{subject} version {version} is schema id {}", found.id);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,6 +16,7 @@
 use siphon_core::Backoff;
 use siphon_record::{RegistrySchema, RegistrySchemaKind};
 use siphon_schema_registry::{RegistryConfig, RegistryError, SchemaKind, SchemaRegistry};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
@@ -33,6 +34,8 @@ pub struct SchemaIds {
     latest_ttl: Duration,
     /// Whether values are written with the schemas registered for them (not derived).
     registered: bool,
+    /// The subjects whose values are written with a version of their own, not the latest.
+    pinned: Arc<HashMap<String, i32>>,
 }
 
 impl SchemaIds {
@@ -48,7 +51,21 @@ impl SchemaIds {
             registry: SchemaRegistry::new(&config)?,
             latest_ttl: config.latest_ttl.unwrap_or(Duration::from_secs(60)),
             registered,
+            pinned: Arc::default(),
         })
+    }
+
+    /// The resolver writing the values of the subjects of `pinned` with the version given
+    /// for each (`schema_registry.versions`), not with the subject's latest.
+    #[must_use]
+    pub fn with_pinned(mut self, pinned: HashMap<String, i32>) -> Self {
+        self.pinned = Arc::new(pinned);
+        self
+    }
+
+    /// The pinned versions, by subject.
+    pub fn pinned(&self) -> &HashMap<String, i32> {
+        &self.pinned
     }
 
     /// How long a subject's latest schema is used before the registry is asked again.
@@ -61,16 +78,22 @@ impl SchemaIds {
         self.registered
     }
 
-    /// The latest schema registered under `subject`, with its id; asked again while the
-    /// registry cannot answer.
+    /// The schema values of `subject` are written with, with its id: its pinned version, else
+    /// its latest (a pinned version is fetched once, the latest again after its time to
+    /// live); asked again while the registry cannot answer.
     ///
     /// # Errors
-    /// The registry's refusal (a subject that does not exist among them).
+    /// The registry's refusal (a subject or version that does not exist among them).
     pub async fn latest(
         &self,
         subject: &str,
     ) -> Result<(u32, RegistrySchemaKind, Arc<str>), RegistryError> {
-        let found = until_answered(subject, || self.registry.latest(subject)).await?;
+        let found = match self.pinned.get(subject) {
+            Some(&version) => {
+                until_answered(subject, || self.registry.version(subject, version)).await?
+            }
+            None => until_answered(subject, || self.registry.latest(subject)).await?,
+        };
         let kind = match found.kind {
             SchemaKind::Avro => RegistrySchemaKind::Avro,
             SchemaKind::Json => RegistrySchemaKind::Json,

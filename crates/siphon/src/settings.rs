@@ -56,6 +56,24 @@ fn value_encoding(config: &Config) -> Encoding {
     }
 }
 
+/// `schema_registry.versions`: the subjects written with a version of their own.
+fn pinned_versions(config: &Config) -> anyhow::Result<HashMap<String, i32>> {
+    let section = &config.schema_registry;
+    let registered =
+        section.schemas == SchemaSource::Registered || config.format.value == EncodingName::JsonSr;
+    if !section.versions.is_empty() && !registered {
+        anyhow::bail!("schema_registry.versions pins the schemas payloads are written with, which needs schemas = \"registered\"; remove it, or set schema_registry.schemas = \"registered\"");
+    }
+    section
+        .versions
+        .iter()
+        .map(|(subject, version)| match i32::try_from(*version) {
+            Ok(v) if v >= 1 => Ok((subject.clone(), v)),
+            _ => anyhow::bail!("schema_registry.versions.\"{subject}\" = {version}: a version is 1 or more (the registry numbers a subject's versions from 1)"),
+        })
+        .collect()
+}
+
 /// How value subjects are named.
 fn subject_strategy(config: &Config) -> SubjectStrategy {
     match config.schema_registry.subject_name_strategy {
@@ -334,6 +352,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
     };
     let state_topic = state_topic(config, &sink)?;
     let snapshot = crate::snapshot::Plan::from_config(config, &source.tables)?;
+    let pinned = pinned_versions(config)?;
     let registry = registry_config(config)?
         .map(|c| {
             crate::registry::SchemaIds::new(
@@ -341,6 +360,7 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
                 config.schema_registry.schemas == SchemaSource::Registered
                     || config.format.value == EncodingName::JsonSr,
             )
+            .map(|ids| ids.with_pinned(pinned))
         })
         .transpose()
         .context("[schema_registry]")?;
@@ -489,6 +509,27 @@ mod tests {
             .iter()
             .map(|n| TableName::parse(n).expect("name"))
             .collect()
+    }
+
+    #[test]
+    fn pinned_versions_need_registered_schemas_and_a_version_of_1_or_more() {
+        let registry =
+            "[format]\nvalue = \"avro\"\n[schema_registry]\nurl = \"http://127.0.0.1:8081\"\n";
+        let pin = "[schema_registry.versions]\n\"orders-value\" = 3\n";
+        let err = build(&config(&format!("{registry}{pin}")))
+            .err()
+            .expect("derived schemas are not pinned");
+        assert!(format!("{err:#}").contains("registered"), "{err:#}");
+        let registered = format!("{registry}schemas = \"registered\"\n");
+        let settings = build(&config(&format!("{registered}{pin}"))).expect("valid");
+        let ids = settings.registry.expect("a registry");
+        assert_eq!(ids.pinned().get("orders-value"), Some(&3));
+        let err = build(&config(&format!(
+            "{registered}[schema_registry.versions]\n\"orders-value\" = 0\n"
+        )))
+        .err()
+        .expect("versions start at 1");
+        assert!(format!("{err:#}").contains("orders-value"), "{err:#}");
     }
 
     #[test]

@@ -18,47 +18,26 @@
 //! every record for the whole run: the contended drains and the latency phase write to it after
 //! the backlog's drains.
 
-#[path = "../bench/avro.rs"]
 mod avro;
-#[path = "../bench/backlog.rs"]
 mod backlog;
-#[path = "../bench/chart.rs"]
 mod chart;
-#[path = "../bench/cli.rs"]
 mod cli;
-#[path = "../bench/connect.rs"]
 mod connect;
-#[path = "../bench/debezium.rs"]
 mod debezium;
-#[path = "../bench/drain.rs"]
 mod drain;
-#[path = "../bench/gc_log.rs"]
 mod gc_log;
-#[path = "../bench/hog.rs"]
 mod hog;
-#[path = "../bench/host.rs"]
 mod host;
-#[path = "../bench/latency.rs"]
 mod latency;
-#[path = "../bench/pressure.rs"]
 mod pressure;
-#[path = "../bench/probe.rs"]
 mod probe;
-#[path = "../bench/procstat.rs"]
 mod procstat;
-#[path = "../bench/promhist.rs"]
 mod promhist;
-#[path = "../bench/report.rs"]
 mod report;
-#[path = "../bench/services.rs"]
 mod services;
-#[path = "../bench/slots.rs"]
 mod slots;
-#[path = "../bench/values.rs"]
 mod values;
-#[path = "../bench/warm_up.rs"]
 mod warm_up;
-#[path = "../bench/workload.rs"]
 mod workload;
 
 use anyhow::{Context as _, Result};
