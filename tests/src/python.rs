@@ -95,12 +95,14 @@ fn run_decoder(
         input.push_str(&line.to_string());
         input.push('\n');
     }
-    child
-        .stdin
-        .take()
-        .context("decoder stdin")?
-        .write_all(input.as_bytes())?;
+    // Written beside the reading: the decoder's answers would fill its stdout pipe (and stop
+    // it) before it read the whole input.
+    let mut stdin = child.stdin.take().context("decoder stdin")?;
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let output = child.wait_with_output()?;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the decoder's input writer panicked"))??;
     if !output.status.success() {
         bail!(
             "the Python decoder failed ({}): {}",
