@@ -2,7 +2,7 @@
 """Runs the workspace's test binaries a few at a time, for scripts/test.sh.
 
 Most of the suite's time is spent waiting on PostgreSQL, Kafka and Siphon processes, not on the
-CPU, so test binaries run side by side (SIPHON_TEST_JOBS at once, default 3), the slowest of the
+CPU, so test binaries run side by side (SIPHON_TEST_JOBS at once, default 4), the slowest of the
 previous run first (target/test-durations.json; on a fresh checkout, the recorded
 scripts/test-durations.json). Two passes share the pool:
 
@@ -199,7 +199,7 @@ def main():
             pass
     jobs.sort(key=lambda j: -previous.get(j.label, DEFAULT_SECONDS))
 
-    parallel = max(1, int(os.environ.get("SIPHON_TEST_JOBS", "3")))
+    parallel = max(1, int(os.environ.get("SIPHON_TEST_JOBS", "4")))
     print(f"test-pool: {len(jobs)} test binaries, {parallel} at a time", flush=True)
     lock = threading.Lock()
     queue = list(jobs)

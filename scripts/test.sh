@@ -14,7 +14,7 @@
 #   3. cargo build --workspace --all-targets   (builds target/debug/siphon)
 #   4. every test binary of the workspace (scripts/test-pool.py; the session simulation runs
 #      SIPHON_SIM_SEEDS seeds per policy, default 400), SIPHON_TEST_JOBS binaries at a time
-#      (default 3: the tests mostly wait on servers), the slowest of the previous run first.
+#      (default 4: the tests mostly wait on servers), the slowest of the previous run first.
 #      Before it, one single-node Apache Kafka 4.4.0 is started with scripts/broker.sh on a
 #      free port below 32768 and shared by every test through SIPHON_BROKER_BOOTSTRAP (each
 #      test writes to topics in a namespace of its own); it is killed when the script ends,
