@@ -787,12 +787,13 @@ async fn with_topic_record_subjects_each_event_type_is_written_with_its_schema_o
             "INSERT INTO outbox VALUES ('00000000-0000-4000-8000-{n:012}', 'Order', 'k', '{kind}', '{payload}');"
         )
     };
-    // Written before Siphon's first start: the initial snapshot sends it.
+    // Written before Siphon's first start: the initial snapshot sends the first and
+    // dead-letters the second, which lacks a field, as the stream would.
     client
-        .batch_execute(&typed(
-            100,
-            "OrderShipped",
-            r#"{"id": 100, "carrier": "post"}"#,
+        .batch_execute(&format!(
+            "{} {}",
+            typed(100, "OrderShipped", r#"{"id": 100, "carrier": "post"}"#),
+            typed(101, "OrderShipped", r#"{"id": 101}"#)
         ))
         .await?;
     let config = avro_config(
@@ -826,7 +827,7 @@ async fn with_topic_record_subjects_each_event_type_is_written_with_its_schema_o
         .await?;
     let end = current_insert_lsn(&client).await?;
     let events = records(&broker, &topic, 3, &siphon).await?;
-    let letters = records(&broker, &dead_letter_topic, 3, &siphon).await?;
+    let letters = records(&broker, &dead_letter_topic, 4, &siphon).await?;
     wait_for_slot_past(&client, "typed", end, Duration::from_secs(60))
         .await
         .with_context(|| siphon.log())?;
@@ -856,6 +857,16 @@ async fn with_topic_record_subjects_each_event_type_is_written_with_its_schema_o
             &format!("{topic}-OrderLost"),
             "$.note is not a field of record OrderCreated",
         ],
+    );
+    // The three payloads that did not fit are counted, the snapshot's with the stream's; the
+    // missing subject is not a misfit.
+    let address = siphon.metrics_address().context("no metrics address")?;
+    let port: u16 = address.rsplit(':').next().unwrap_or_default().parse()?;
+    let (_, body) = siphon_tests::http::get(port, "/metrics")?;
+    assert_eq!(
+        siphon_tests::http::metric(&body, "siphon_schema_misfits_total"),
+        Some(3.0),
+        "{body}"
     );
     Ok(())
 }

@@ -532,9 +532,14 @@ impl Copy<'_> {
                     Ok(Some(Routed::Record(record))) => Ok(Some(record)),
                     Ok(Some(Routed::Registry(routed))) => match self.written(routed).await {
                         Ok(record) => Ok(Some(record)),
-                        Err(refusal) if refusal.dead_lettered(self.on_error) => Err(refusal),
                         Err(refusal) => {
-                            return Err(refusal.into_error(table.table.clone(), row.key));
+                            if refusal.is_misfit() {
+                                self.metrics.schema_misfit();
+                            }
+                            if !refusal.dead_lettered(self.on_error) {
+                                return Err(refusal.into_error(table.table.clone(), row.key));
+                            }
+                            Err(refusal)
                         }
                     },
                     Ok(Some(Routed::Skipped(_)) | None) => Ok(None),
@@ -664,6 +669,11 @@ impl RowRefusal {
                 RowRefusal::Registry(refusal) => refusal
                     .dead_letterable(siphon_schema_registry::RegistryError::is_schema_refusal),
             }
+    }
+
+    /// Whether the row's payload did not fit the schema registered for it.
+    fn is_misfit(&self) -> bool {
+        matches!(self, RowRefusal::Registry(Refusal::Misfit { .. }))
     }
 
     /// The transfer's end for a row of `table` with `key` that is not dead-lettered.

@@ -31,6 +31,8 @@ pub enum Note {
     EventRead,
     /// A registry-format record's schema id was known already (`true`) or is looked up.
     SchemaId { known: bool },
+    /// A payload did not fit the schema registered for it.
+    SchemaMisfit,
     /// A PostgreSQL transaction was read to its commit.
     Transaction,
     /// The time from a transaction's commit to its Begin being read.
@@ -103,6 +105,7 @@ impl fmt::Debug for Note {
         match self {
             Note::EventRead => f.write_str("EventRead"),
             Note::SchemaId { known } => write!(f, "SchemaId({known})"),
+            Note::SchemaMisfit => f.write_str("SchemaMisfit"),
             Note::Transaction => f.write_str("Transaction"),
             Note::CommitToRead(d) => write!(f, "CommitToRead({d:?})"),
             Note::CommitToAck(d) => write!(f, "CommitToAck({d:?})"),

@@ -1013,10 +1013,13 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
     /// refusals there ([`Refusal::dead_letterable`]); otherwise the session's end, naming the
     /// subject.
     fn refused(
-        &self,
+        &mut self,
         refusal: Refusal<V::RegistryError>,
         lsn: Lsn,
     ) -> Result<Resolved<'a>, V::Error> {
+        if matches!(refusal, Refusal::Misfit { .. }) {
+            self.notes.push_back(Note::SchemaMisfit);
+        }
         if let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error {
             if refusal.dead_letterable(V::schema_refused) {
                 return Ok(Resolved::DeadLetter {

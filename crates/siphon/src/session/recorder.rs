@@ -116,6 +116,7 @@ impl Recorder {
             .emit(metrics),
             Note::OtherTableRow => Event::OtherTableRow.emit(metrics),
             Note::SchemaId { known } => metrics.schema_id(known),
+            Note::SchemaMisfit => metrics.schema_misfit(),
             Note::NonTransactionalMessageSkipped { prefix, lsn } => {
                 Event::NonTransactionalMessageSkipped {
                     prefix: &prefix,

@@ -256,6 +256,7 @@ pub struct Metrics {
     registry_requests: Counter,
     schema_ids_known: Counter,
     schema_ids_looked_up: Counter,
+    schema_misfits: Counter,
     retired_producer_unreported: Gauge,
 
     in_flight_records: Gauge,
@@ -381,6 +382,12 @@ impl Metrics {
             "Registry-format records whose schema id the session had to look up (reading waited)",
             schema_ids_looked_up.clone(),
         );
+        let schema_misfits = Counter::default();
+        registry.register(
+            "siphon_schema_misfits",
+            "Payloads that did not fit the schema registered for them (dead-lettered, or Siphon stopped)",
+            schema_misfits.clone(),
+        );
         let producer_rebuilds = Counter::default();
         registry.register(
             "siphon_producer_rebuilds",
@@ -501,6 +508,7 @@ impl Metrics {
             registry_requests,
             schema_ids_known,
             schema_ids_looked_up,
+            schema_misfits,
             retired_producer_unreported,
             in_flight_records,
             in_flight_bytes,
@@ -677,6 +685,11 @@ impl Metrics {
         if total > seen {
             self.registry_requests.inc_by(total - seen);
         }
+    }
+
+    /// A payload that did not fit the schema registered for it.
+    pub fn schema_misfit(&self) {
+        self.schema_misfits.inc();
     }
 
     /// A registry-format record's schema id: known already (`true`) or looked up.
@@ -1134,7 +1147,7 @@ mod tests {
             }
         }
         // siphon_kafka_latency_seconds is written once the producer reported its statistics.
-        assert_eq!(helps, 28, "one HELP per metric family");
+        assert_eq!(helps, 29, "one HELP per metric family");
         assert_eq!(types, helps);
         assert!(!t.contains("# EOF"), "classic text format, not OpenMetrics");
     }
