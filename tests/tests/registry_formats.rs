@@ -925,18 +925,6 @@ async fn json_sr_values_are_the_payloads_that_fit_their_json_schema_framed_with_
         let expected: serde_json::Value = serde_json::from_str(payload)?;
         assert_eq!(written, expected);
     }
-    let reasons: Vec<String> = letters
-        .iter()
-        .map(|l| {
-            String::from_utf8_lossy(l.header("siphon.error.message").unwrap_or_default())
-                .into_owned()
-        })
-        .collect();
-    for needle in ["at /id", "at /lines/0"] {
-        assert!(
-            reasons.iter().any(|r| r.contains(needle)),
-            "a dead letter says {needle:?}: {reasons:#?}"
-        );
-    }
+    dead_letters_say(&letters, &["at /id", "at /lines/0"]);
     Ok(())
 }
