@@ -8,7 +8,7 @@
 //!   (and reading waits with it), it is never sent without its id nor skipped.
 //! - That backoff is the only one: the client makes one attempt per call, so each attempt is
 //!   one request and one warning, and the delays between requests are those of
-//!   [`FIRST_BACKOFF`] doubling to [`MAX_BACKOFF`].
+//!   `FIRST_BACKOFF` doubling to `MAX_BACKOFF`.
 //! - Only a refusal comes back as an error: of the schema itself
 //!   ([`RegistryError::is_schema_refusal`], to which `pipeline.on_error` applies) or of Siphon
 //!   (credentials, the URL), which stops Siphon naming the fix.

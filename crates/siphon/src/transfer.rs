@@ -13,6 +13,9 @@
 //!   last progress written); nothing is skipped silently. A row the router cannot route, and a
 //!   record Kafka refuses for its own sake ([`RecordFault`]), follow `pipeline.on_error` as in
 //!   the stream: dead-lettered, or the transfer stops naming it.
+//! - A record in a registry format goes through the core's [`RegistryWrite`], as the stream's
+//!   do: the same questions to the registry, and the same rule for which refusals are
+//!   dead-lettered.
 //! - The records are the router's, byte for byte: the same topic, key, value and headers as
 //!   the stream makes of the row's INSERT, with only the headers of [`Stamp`] appended.
 
