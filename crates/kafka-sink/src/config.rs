@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// A `kafka` setting Siphon refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct SinkConfigError {
     /// The property, as the user wrote it.
     pub key: String,
     /// Its value, as the user wrote it.
@@ -43,9 +43,9 @@ pub enum ConfigReason {
     SetBySiphon { setting: &'static str },
 }
 
-impl ConfigError {
+impl SinkConfigError {
     fn new(key: &str, value: &str, reason: ConfigReason) -> Self {
-        ConfigError {
+        SinkConfigError {
             key: key.to_owned(),
             value: value.to_owned(),
             reason,
@@ -53,12 +53,12 @@ impl ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for SinkConfigError {}
 
 /// The operator-facing text, naming the property and the fix.
-impl fmt::Display for ConfigError {
+impl fmt::Display for SinkConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ConfigError { key, value, reason } = self;
+        let SinkConfigError { key, value, reason } = self;
         match reason {
             ConfigReason::NotMilliseconds => write!(
                 f,
@@ -161,13 +161,13 @@ pub const TIMEOUT_RANGE_MS: (u64, u64) = (0, i32::MAX as u64);
 pub const TRANSACTION_TIMEOUT_RANGE_MS: (u64, u64) = (1_000, i32::MAX as u64);
 
 /// `value` of `key` as milliseconds within `(min, max)`.
-fn milliseconds(key: &str, value: &str, (min, max): (u64, u64)) -> Result<u64, ConfigError> {
+fn milliseconds(key: &str, value: &str, (min, max): (u64, u64)) -> Result<u64, SinkConfigError> {
     let ms: u64 = value
         .trim()
         .parse()
-        .map_err(|_| ConfigError::new(key, value, ConfigReason::NotMilliseconds))?;
+        .map_err(|_| SinkConfigError::new(key, value, ConfigReason::NotMilliseconds))?;
     if !(min..=max).contains(&ms) {
-        return Err(ConfigError::new(
+        return Err(SinkConfigError::new(
             key,
             value,
             ConfigReason::OutOfRange { min, max },
@@ -195,7 +195,7 @@ impl SinkConfig {
     /// broker then writes before the timed-out record is sent again (`enable.gapless.guarantee`
     /// does not cover timeouts). The session enforces the deadline itself by purging the
     /// producer, which drops everything queued after the late record, and resends in order.
-    pub fn delivery_timeout(&self) -> Result<Option<Duration>, ConfigError> {
+    pub fn delivery_timeout(&self) -> Result<Option<Duration>, SinkConfigError> {
         let Some((key, value)) = self
             .properties
             .iter()
@@ -210,7 +210,7 @@ impl SinkConfig {
 
     /// How long a Kafka transaction may stay open before the broker aborts it
     /// (`kafka.properties."transaction.timeout.ms"`, librdkafka's default 60 s).
-    pub fn transaction_timeout(&self) -> Result<Duration, ConfigError> {
+    pub fn transaction_timeout(&self) -> Result<Duration, SinkConfigError> {
         let key = "transaction.timeout.ms";
         match self.properties.get(key) {
             None => Ok(DEFAULT_TRANSACTION_TIMEOUT),
@@ -221,7 +221,7 @@ impl SinkConfig {
     }
 
     /// The full librdkafka configuration: defaults, then user properties, then required ones.
-    pub fn client_properties(&self) -> Result<BTreeMap<String, String>, ConfigError> {
+    pub fn client_properties(&self) -> Result<BTreeMap<String, String>, SinkConfigError> {
         let mut props: BTreeMap<String, String> = DEFAULTS
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -237,12 +237,12 @@ impl SinkConfig {
                 let acceptable = value == required || (canonical == "acks" && (value == "-1"));
                 if !acceptable {
                     let reason = ConfigReason::Weakens { required };
-                    return Err(ConfigError::new(key, value, reason));
+                    return Err(SinkConfigError::new(key, value, reason));
                 }
             }
             if let Some((_, setting)) = SET_BY_SIPHON.iter().find(|(k, _)| k == key) {
                 let reason = ConfigReason::SetBySiphon { setting };
-                return Err(ConfigError::new(key, value, reason));
+                return Err(SinkConfigError::new(key, value, reason));
             }
             props.insert(key.clone(), value.clone());
         }

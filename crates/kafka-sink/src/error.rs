@@ -1,6 +1,6 @@
 //! Sink errors, and what a failed delivery means.
 //!
-//! A [`SinkError`] says what failed: the operation ([`Operation`]), the librdkafka (or broker)
+//! A [`SinkError`] says what failed: the operation ([`SinkOperation`]), the librdkafka (or broker)
 //! error code, the topic or the configuration key. What it means for the process is decided by
 //! [`SinkError::consequence`] from those alone; its text (with librdkafka's own words, kept
 //! only to be shown) is rendered by `Display`, for the operator.
@@ -39,14 +39,14 @@
 //!   the strings an error holds (librdkafka's reasons) are only displayed.
 //! - [`SinkError::consequence`] is the only place that decides what a [`SinkError`] means.
 
-use crate::config::ConfigError;
+use crate::config::SinkConfigError;
 use crate::wakeup::WakeupError;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use std::fmt;
 
 /// What the sink was doing when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
+pub enum SinkOperation {
     /// Creating the producer from the configuration.
     CreateProducer,
     /// Creating the admin client that creates topics.
@@ -67,18 +67,18 @@ pub enum Operation {
     AbortTransaction,
 }
 
-impl fmt::Display for Operation {
+impl fmt::Display for SinkOperation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Operation::CreateProducer => "creating the Kafka producer",
-            Operation::CreateAdminClient => "creating the Kafka admin client",
-            Operation::CreateTopic => "creating a topic",
-            Operation::Enqueue => "enqueueing a record",
-            Operation::WaitForReports => "waiting for Kafka delivery reports",
-            Operation::InitTransactions => "initialising the transactional Kafka producer",
-            Operation::BeginTransaction => "beginning a Kafka transaction",
-            Operation::CommitTransaction => "committing a Kafka transaction",
-            Operation::AbortTransaction => "aborting a Kafka transaction",
+            SinkOperation::CreateProducer => "creating the Kafka producer",
+            SinkOperation::CreateAdminClient => "creating the Kafka admin client",
+            SinkOperation::CreateTopic => "creating a topic",
+            SinkOperation::Enqueue => "enqueueing a record",
+            SinkOperation::WaitForReports => "waiting for Kafka delivery reports",
+            SinkOperation::InitTransactions => "initialising the transactional Kafka producer",
+            SinkOperation::BeginTransaction => "beginning a Kafka transaction",
+            SinkOperation::CommitTransaction => "committing a Kafka transaction",
+            SinkOperation::AbortTransaction => "aborting a Kafka transaction",
         })
     }
 }
@@ -113,21 +113,21 @@ pub(crate) fn is_connection_failure(error: &KafkaError) -> bool {
 pub enum SinkError {
     /// A `kafka` setting Siphon refuses; the message names the property and the fix.
     #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// librdkafka refused to create the client (`operation` is [`Operation::CreateProducer`] or
-    /// [`Operation::CreateAdminClient`]) from the configuration: `error` carries librdkafka's
+    Config(#[from] SinkConfigError),
+    /// librdkafka refused to create the client (`operation` is [`SinkOperation::CreateProducer`] or
+    /// [`SinkOperation::CreateAdminClient`]) from the configuration: `error` carries librdkafka's
     /// words (a property it does not know or a value it rejects, properties that do not go
     /// together, a file it cannot read), shown to the operator and never inspected.
     #[error("invalid Kafka {} configuration: {error}", client_name(*operation))]
     Client {
-        operation: Operation,
+        operation: SinkOperation,
         error: Box<KafkaError>,
     },
     /// librdkafka, or the broker through it, failed `operation` for a record or a topic of
     /// `topic` with `code`.
     #[error("{}", describe(*operation, topic, *code))]
     Kafka {
-        operation: Operation,
+        operation: SinkOperation,
         topic: String,
         code: RDKafkaErrorCode,
     },
@@ -142,7 +142,7 @@ pub enum SinkError {
     /// failed with `code` (see [`transaction_fix`]).
     #[error("{operation} ({transactional_id:?}) failed with {code}{}", transaction_fix(*operation, *code))]
     Transaction {
-        operation: Operation,
+        operation: SinkOperation,
         transactional_id: String,
         code: RDKafkaErrorCode,
     },
@@ -162,7 +162,7 @@ pub enum SinkError {
 
 impl SinkError {
     /// librdkafka refused to create the client of `operation` with `error`.
-    pub(crate) fn client(operation: Operation, error: &KafkaError) -> Self {
+    pub(crate) fn client(operation: SinkOperation, error: &KafkaError) -> Self {
         SinkError::Client {
             operation,
             error: Box::new(error.clone()),
@@ -174,7 +174,7 @@ impl SinkError {
     /// NUL byte, is treated as a producer failure, as [`DeliveryError::from_kafka`] does).
     pub fn enqueue(topic: &str, error: &KafkaError) -> Self {
         SinkError::Kafka {
-            operation: Operation::Enqueue,
+            operation: SinkOperation::Enqueue,
             topic: topic.to_owned(),
             code: error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
         }
@@ -187,13 +187,13 @@ impl SinkError {
         // `rdkafka_error_code` does not return.
         match error {
             KafkaError::AdminOp(code) => SinkError::Kafka {
-                operation: Operation::CreateTopic,
+                operation: SinkOperation::CreateTopic,
                 topic,
                 code: *code,
             },
             other => match other.rdkafka_error_code() {
                 Some(code) => SinkError::Kafka {
-                    operation: Operation::CreateTopic,
+                    operation: SinkOperation::CreateTopic,
                     topic,
                     code,
                 },
@@ -236,13 +236,13 @@ impl SinkError {
     pub fn refuses_record(&self) -> bool {
         match self {
             SinkError::Kafka {
-                operation: Operation::Enqueue,
+                operation: SinkOperation::Enqueue,
                 code,
                 ..
             } => consequence(*code) == DeliveryConsequence::RecordRefused,
             // Only the topic's name is the record's (its aggregate type, routed).
             SinkError::Kafka {
-                operation: Operation::CreateTopic,
+                operation: SinkOperation::CreateTopic,
                 code,
                 ..
             } => *code == RDKafkaErrorCode::InvalidTopic,
@@ -251,13 +251,13 @@ impl SinkError {
     }
 
     /// The operation that failed (`None` for a refused setting, or a rebuild asked too early).
-    pub fn operation(&self) -> Option<Operation> {
+    pub fn operation(&self) -> Option<SinkOperation> {
         match self {
             SinkError::Client { operation, .. }
             | SinkError::Kafka { operation, .. }
             | SinkError::Transaction { operation, .. } => Some(*operation),
-            SinkError::TopicRequest { .. } => Some(Operation::CreateTopic),
-            SinkError::Wakeup(_) => Some(Operation::WaitForReports),
+            SinkError::TopicRequest { .. } => Some(SinkOperation::CreateTopic),
+            SinkError::Wakeup(_) => Some(SinkOperation::WaitForReports),
             SinkError::Config(_)
             | SinkError::CredentialsRefused { .. }
             | SinkError::RetiredStillReporting { .. } => None,
@@ -274,22 +274,22 @@ impl SinkError {
 }
 
 /// The consequence of `operation` failing with `code`.
-fn kafka_consequence(operation: Operation, code: RDKafkaErrorCode) -> siphon_core::Consequence {
+fn kafka_consequence(operation: SinkOperation, code: RDKafkaErrorCode) -> siphon_core::Consequence {
     use siphon_core::Consequence::{Fix, Retry};
     match operation {
-        Operation::CreateTopic => match topic_fix(code) {
+        SinkOperation::CreateTopic => match topic_fix(code) {
             Some(_) => Fix,
             // Unreachable brokers, a timeout, a controller moving ...: try again.
             None => Retry,
         },
-        Operation::Enqueue => consequence(code).general(),
+        SinkOperation::Enqueue => consequence(code).general(),
         // A client that could not be created is refused for its configuration.
-        Operation::CreateProducer | Operation::CreateAdminClient => Fix,
-        Operation::WaitForReports => Retry,
-        Operation::InitTransactions
-        | Operation::BeginTransaction
-        | Operation::CommitTransaction
-        | Operation::AbortTransaction => transaction_consequence(code),
+        SinkOperation::CreateProducer | SinkOperation::CreateAdminClient => Fix,
+        SinkOperation::WaitForReports => Retry,
+        SinkOperation::InitTransactions
+        | SinkOperation::BeginTransaction
+        | SinkOperation::CommitTransaction
+        | SinkOperation::AbortTransaction => transaction_consequence(code),
     }
 }
 
@@ -311,7 +311,7 @@ fn transaction_consequence(code: RDKafkaErrorCode) -> siphon_core::Consequence {
 }
 
 /// The fix a failed transaction call with `code` names ("" when it passes by itself).
-pub fn transaction_fix(operation: Operation, code: RDKafkaErrorCode) -> &'static str {
+pub fn transaction_fix(operation: SinkOperation, code: RDKafkaErrorCode) -> &'static str {
     use RDKafkaErrorCode as C;
     match code {
         C::TransactionalIdAuthorizationFailed | C::ClusterAuthorizationFailed => {
@@ -325,7 +325,7 @@ pub fn transaction_fix(operation: Operation, code: RDKafkaErrorCode) -> &'static
         }
         C::InvalidArgument => ": check kafka.properties.\"transaction.timeout.ms\"",
         C::CoordinatorNotAvailable | C::NotCoordinator | C::OperationTimedOut | C::RequestTimedOut
-            if operation == Operation::InitTransactions =>
+            if operation == SinkOperation::InitTransactions =>
         {
             ": the transaction coordinator did not answer; if it persists, check that the brokers' transaction.state.log.replication.factor and transaction.state.log.min.isr fit the cluster (a single broker needs 1 and 1)"
         }
@@ -354,26 +354,26 @@ fn topic_fix(code: RDKafkaErrorCode) -> Option<&'static str> {
 }
 
 /// The client an operation creates, for messages.
-fn client_name(operation: Operation) -> &'static str {
+fn client_name(operation: SinkOperation) -> &'static str {
     match operation {
-        Operation::CreateAdminClient => "admin",
+        SinkOperation::CreateAdminClient => "admin",
         _ => "producer",
     }
 }
 
 /// The message for `operation` failing for `topic` with `code`.
-fn describe(operation: Operation, topic: &str, code: RDKafkaErrorCode) -> String {
+fn describe(operation: SinkOperation, topic: &str, code: RDKafkaErrorCode) -> String {
     match operation {
-        Operation::CreateTopic => match topic_fix(code) {
+        SinkOperation::CreateTopic => match topic_fix(code) {
             Some(fix) => {
                 format!("the broker refused to create topic {topic} ({code}): {fix}")
             }
             None => format!("Kafka unavailable: creating topic {topic}: {code}"),
         },
-        Operation::Enqueue if code == RDKafkaErrorCode::MessageSizeTooLarge => format!(
+        SinkOperation::Enqueue if code == RDKafkaErrorCode::MessageSizeTooLarge => format!(
             "record for topic {topic} is larger than the producer's message.max.bytes ({code}): raise kafka.properties.\"message.max.bytes\" (and the topic's max.message.bytes), or make the payload smaller"
         ),
-        Operation::Enqueue => match DeliveryError::from_code(topic, code) {
+        SinkOperation::Enqueue => match DeliveryError::from_code(topic, code) {
             DeliveryError::Definite(refusal) => format!("enqueueing a record: {refusal}"),
             DeliveryError::Transient(_) => format!(
                 "Kafka unavailable: enqueueing a record for {topic}: {}",
@@ -1025,9 +1025,14 @@ mod tests {
     #[test]
     fn sink_errors_have_the_consequence_of_their_operation_and_code() {
         use siphon_core::Consequence::{Fix, Retry};
-        use Operation::{CreateTopic, Enqueue};
         use RDKafkaErrorCode as C;
-        let table: &[(Operation, RDKafkaErrorCode, siphon_core::Consequence, &str)] = &[
+        use SinkOperation::{CreateTopic, Enqueue};
+        let table: &[(
+            SinkOperation,
+            RDKafkaErrorCode,
+            siphon_core::Consequence,
+            &str,
+        )] = &[
             (
                 CreateTopic,
                 C::TopicAuthorizationFailed,
@@ -1157,7 +1162,7 @@ mod tests {
             "no.such".into(),
             "1".into(),
         );
-        let client = SinkError::client(Operation::CreateProducer, &refused);
+        let client = SinkError::client(SinkOperation::CreateProducer, &refused);
         assert_eq!(client.consequence(), Fix);
         assert!(
             matches!(&client, SinkError::Client { error, .. } if matches!(error.as_ref(), KafkaError::ClientConfig(_, _, key, _) if key == "no.such"))
@@ -1167,7 +1172,7 @@ mod tests {
             "invalid Kafka producer configuration: Client config error: No such configuration property no.such 1"
         );
         let admin = SinkError::client(
-            Operation::CreateAdminClient,
+            SinkOperation::CreateAdminClient,
             &KafkaError::ClientCreation("no CA".into()),
         );
         assert_eq!(
@@ -1179,7 +1184,7 @@ mod tests {
             errno: Some(libc::EMFILE),
         }));
         assert_eq!(wakeup.consequence(), Retry);
-        assert_eq!(wakeup.operation(), Some(Operation::WaitForReports));
+        assert_eq!(wakeup.operation(), Some(SinkOperation::WaitForReports));
         let retired = SinkError::RetiredStillReporting {
             generation: 1,
             unreported: 2,
@@ -1202,7 +1207,7 @@ mod tests {
             code,
         };
         let unsupported = failed(
-            Operation::InitTransactions,
+            SinkOperation::InitTransactions,
             RDKafkaErrorCode::UnsupportedVersion,
         );
         assert_eq!(unsupported.consequence(), Consequence::Fix);
@@ -1213,7 +1218,7 @@ mod tests {
             "{unsupported}"
         );
         let denied = failed(
-            Operation::InitTransactions,
+            SinkOperation::InitTransactions,
             RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
         );
         assert_eq!(denied.consequence(), Consequence::Fix);
@@ -1222,7 +1227,7 @@ mod tests {
             "{denied}"
         );
         let coordinator = failed(
-            Operation::InitTransactions,
+            SinkOperation::InitTransactions,
             RDKafkaErrorCode::CoordinatorNotAvailable,
         );
         assert_eq!(coordinator.consequence(), Consequence::Retry);
@@ -1239,12 +1244,12 @@ mod tests {
             RDKafkaErrorCode::Fenced,
         ] {
             assert_eq!(
-                failed(Operation::CommitTransaction, code).consequence(),
+                failed(SinkOperation::CommitTransaction, code).consequence(),
                 Consequence::Retry,
                 "{code:?}"
             );
         }
-        let fenced = failed(Operation::CommitTransaction, RDKafkaErrorCode::Fenced);
+        let fenced = failed(SinkOperation::CommitTransaction, RDKafkaErrorCode::Fenced);
         assert!(
             fenced.to_string().contains("is a second Siphon running"),
             "{fenced}"

@@ -25,9 +25,9 @@ pub mod topics;
 mod wakeup;
 
 pub use compacted::OWN_PARTITION;
-pub use config::{ConfigError, ConfigReason, SinkConfig, TopicCreation};
+pub use config::{ConfigReason, SinkConfig, SinkConfigError, TopicCreation};
 pub use error::{
-    DeliveryConsequence, DeliveryError, Operation, ProducerFailure, Refusal, SinkError,
+    DeliveryConsequence, DeliveryError, ProducerFailure, Refusal, SinkError, SinkOperation,
 };
 pub use producer::{
     AckCounter, BrokerProbe, Delivered, Delivery, DeliveryFailure, DeliveryObserver, KafkaSink,

@@ -18,7 +18,7 @@
 //!   topic object: a producer keeps a handle of every topic it was given until it is dropped
 //!   (`TopicHandles`), so an address names one topic for the life of the producer.
 
-use crate::error::{is_connection_failure, is_refused_login, Operation};
+use crate::error::{is_connection_failure, is_refused_login, SinkOperation};
 use crate::login::LoginRefusals;
 use crate::produce::{Outgoing, TopicHandles};
 use crate::topics::{connection_properties, TopicCreator};
@@ -316,7 +316,7 @@ impl Client {
                 logins: LoginRefusals::new(connection_properties(properties)),
                 missing_topics: Mutex::default(),
             })
-            .map_err(|e| SinkError::client(Operation::CreateProducer, &e))?;
+            .map_err(|e| SinkError::client(SinkOperation::CreateProducer, &e))?;
         let producer = Arc::new(producer);
         let wakeup = ReportWakeup::new(Arc::clone(&producer))?;
         Ok(Client {
@@ -655,7 +655,7 @@ impl KafkaSink {
     /// or aborted. Runs on a blocking thread, bounded by `timeout`. Nothing to do for a producer
     /// that is not transactional.
     pub async fn init_transactions(&self, timeout: Duration) -> Result<(), SinkError> {
-        self.run_transactional(Operation::InitTransactions, move |producer| {
+        self.run_transactional(SinkOperation::InitTransactions, move |producer| {
             producer.init_transactions(timeout)
         })
         .await
@@ -668,7 +668,7 @@ impl KafkaSink {
         };
         producer
             .begin_transaction()
-            .map_err(|e| transaction_error(Operation::BeginTransaction, id, &e))
+            .map_err(|e| transaction_error(SinkOperation::BeginTransaction, id, &e))
     }
 
     /// Commits the open Kafka transaction once all its records are delivered: a future to run
@@ -678,7 +678,7 @@ impl KafkaSink {
         &self,
         timeout: Duration,
     ) -> impl std::future::Future<Output = Result<(), SinkError>> + Send + 'static {
-        self.run_transactional(Operation::CommitTransaction, move |producer| {
+        self.run_transactional(SinkOperation::CommitTransaction, move |producer| {
             producer.commit_transaction(timeout)
         })
     }
@@ -686,7 +686,7 @@ impl KafkaSink {
     /// Aborts the open Kafka transaction (its records are never shown to read_committed
     /// consumers), bounded by `timeout`.
     pub async fn abort_transaction(&self, timeout: Duration) -> Result<(), SinkError> {
-        self.run_transactional(Operation::AbortTransaction, move |producer| {
+        self.run_transactional(SinkOperation::AbortTransaction, move |producer| {
             producer.abort_transaction(timeout)
         })
         .await
@@ -694,7 +694,7 @@ impl KafkaSink {
 
     fn run_transactional(
         &self,
-        operation: Operation,
+        operation: SinkOperation,
         call: impl FnOnce(&BaseProducer<DeliveryContext>) -> rdkafka::error::KafkaResult<()>
             + Send
             + 'static,
@@ -773,7 +773,7 @@ impl KafkaSink {
 }
 
 /// A failed call of the transactional producer `id`, by its code.
-fn transaction_error(operation: Operation, id: String, error: &KafkaError) -> SinkError {
+fn transaction_error(operation: SinkOperation, id: String, error: &KafkaError) -> SinkError {
     let code = match error {
         KafkaError::Transaction(e) => e.code(),
         other => other.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),

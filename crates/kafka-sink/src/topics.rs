@@ -12,7 +12,7 @@
 //! - A creation is bounded by [`CREATE_TIMEOUT`], and can run detached from the creator
 //!   ([`TopicCreator::creation`]) so that a caller's loop is not held up by unreachable brokers.
 
-use crate::error::Operation;
+use crate::error::SinkOperation;
 use crate::{SinkError, TopicCreation};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -99,7 +99,7 @@ impl TopicCreator {
             // Its lookups of a topic ([`exists`]) must not have the brokers create it.
             config.set("allow.auto.create.topics", "false");
             Some(Arc::new(config.create().map_err(|e| {
-                SinkError::client(Operation::CreateAdminClient, &e)
+                SinkError::client(SinkOperation::CreateAdminClient, &e)
             })?))
         } else {
             None
@@ -200,7 +200,7 @@ async fn create(
             // What the code means (refused for good, or worth another try) is the error's.
             Err((name, code)) => {
                 return Err(SinkError::Kafka {
-                    operation: Operation::CreateTopic,
+                    operation: SinkOperation::CreateTopic,
                     topic: name,
                     code,
                 })
@@ -232,7 +232,7 @@ async fn exists(
     })
     .await
     .map_err(|_| SinkError::Kafka {
-        operation: Operation::CreateTopic,
+        operation: SinkOperation::CreateTopic,
         topic: topic.to_owned(),
         code: RDKafkaErrorCode::Fail,
     })?

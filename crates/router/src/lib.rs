@@ -90,7 +90,7 @@ pub use router::EventRouter;
 pub use routing::avro_schemas::AvroSchemas;
 pub use routing::binding::{ColumnRole, TableBinding};
 pub use routing::error::{
-    ConfigError, EncodingMismatch, PlacementEntryError, ReplacementError, RouteError,
+    EncodingMismatch, PlacementEntryError, ReplacementError, RouteError, RouterConfigError,
 };
 pub use routing::options::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, JsonEmptyArrayBehavior,

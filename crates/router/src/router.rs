@@ -12,7 +12,7 @@ use crate::extension::{EventExtensions, ExtensionConfigError, Extensions};
 use crate::format::encoding::Format;
 use crate::format::expand::ExpansionError;
 use crate::routing::binding::TableBinding;
-use crate::routing::error::{ConfigError, RouteError};
+use crate::routing::error::{RouteError, RouterConfigError};
 use crate::routing::options::{InvalidOperationBehavior, RouterOptions};
 use crate::routing::own_topics::OwnTopics;
 use crate::routing::route::{
@@ -90,13 +90,13 @@ impl EventRouter {
     /// `__debezium.context.runId`.
     ///
     /// # Errors
-    /// [`ConfigError::MissingOption`] when the headers are enabled and `topic.prefix` is not
+    /// [`RouterConfigError::MissingOption`] when the headers are enabled and `topic.prefix` is not
     /// set.
     pub fn new_with_context(
         options: RouterOptions,
         format: Format,
         context: RouterContext,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, RouterConfigError> {
         Ok(EventRouter {
             debezium: Debezium::new(options, format).with_context(&context)?,
             extensions: Extensions::default(),

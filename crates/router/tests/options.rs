@@ -18,8 +18,9 @@ use bytes::Bytes;
 use pgoutput::{Column, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
 use proptest::prelude::*;
 use siphon_router::{
-    Change, ConfigError, Encoding, EventRouter, Format, Header, RegistryRecord, RegistryValue,
-    RouteError, Routed, RoutedRecord, RouterContext, RouterOptions, SkipReason, TableBinding,
+    Change, Encoding, EventRouter, Format, Header, RegistryRecord, RegistryValue, RouteError,
+    Routed, RoutedRecord, RouterConfigError, RouterContext, RouterOptions, SkipReason,
+    TableBinding,
 };
 use std::collections::BTreeMap;
 
@@ -1194,7 +1195,7 @@ fn context_headers_come_first_in_debezium_order() {
     );
     assert!(matches!(
         err,
-        Err(ConfigError::MissingOption {
+        Err(RouterConfigError::MissingOption {
             option: "topic.prefix",
             ..
         })

@@ -4,8 +4,8 @@ use bytes::Bytes;
 use pgoutput::{Column, Relation, RelationColumn, ReplicaIdentity, Text, TupleData};
 use proptest::prelude::*;
 use siphon_router::{
-    Change, ConfigError, Encoding, EventRouter, Format, LogLevel, RouteError, Routed, RoutedRecord,
-    RouterOptions, SkipReason, TableBinding,
+    Change, Encoding, EventRouter, Format, LogLevel, RouteError, Routed, RoutedRecord,
+    RouterConfigError, RouterOptions, SkipReason, TableBinding,
 };
 use std::collections::BTreeMap;
 
@@ -646,7 +646,7 @@ fn unknown_option_is_a_config_error() {
     let map = BTreeMap::from([("table.expand.json.payloads".to_owned(), "true".to_owned())]);
     let err = RouterOptions::from_map(&map);
     assert!(
-        matches!(&err, Err(ConfigError::UnknownOption { option, .. }) if option == "table.expand.json.payloads"),
+        matches!(&err, Err(RouterConfigError::UnknownOption { option, .. }) if option == "table.expand.json.payloads"),
         "{err:?}"
     );
 }

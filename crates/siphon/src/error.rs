@@ -175,7 +175,7 @@ mod tests {
         assert_eq!(definite.cause(), None);
         assert_eq!(
             PipelineError::from(SinkError::Kafka {
-                operation: siphon_kafka_sink::Operation::CreateTopic,
+                operation: siphon_kafka_sink::SinkOperation::CreateTopic,
                 topic: "t".into(),
                 code: siphon_kafka_sink::RDKafkaErrorCode::AllBrokersDown,
             })
@@ -194,7 +194,7 @@ mod tests {
         );
         assert!(
             !PipelineError::Refused(RecordFault::Enqueue(SinkError::Kafka {
-                operation: siphon_kafka_sink::Operation::Enqueue,
+                operation: siphon_kafka_sink::SinkOperation::Enqueue,
                 topic: "t".into(),
                 code: siphon_kafka_sink::RDKafkaErrorCode::MessageSizeTooLarge,
             }))

@@ -29,7 +29,7 @@
 
 use serde::{Deserialize, Serialize};
 use siphon_kafka_sink::{StateTopic, StateTopicError};
-use siphon_source::membership::{self, Change, Publisher};
+use siphon_source::membership::{self, MembershipChange, Publisher};
 use siphon_source::{Membership, TableName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -149,7 +149,7 @@ pub enum RecordError {
     /// A gap opened and closed while Siphon was not running.
     #[error("{}", GapMessage(self))]
     GapWhileStopped {
-        change: Change,
+        change: MembershipChange,
         publication: String,
         slot: String,
         topic: String,
@@ -188,11 +188,11 @@ impl fmt::Display for GapMessage<'_> {
             return Ok(());
         };
         match change {
-            Change::PublicationRecreated => write!(
+            MembershipChange::PublicationRecreated => write!(
                 f,
                 "publication \"{publication}\" was dropped and created again since Siphon last streamed from slot \"{slot}\""
             )?,
-            Change::TableAddedBack(table) => write!(
+            MembershipChange::TableAddedBack(table) => write!(
                 f,
                 "outbox table {} was taken out of publication \"{publication}\" and added back since Siphon last streamed from slot \"{slot}\"",
                 table.quoted()
@@ -202,7 +202,7 @@ impl fmt::Display for GapMessage<'_> {
             f,
             " (the membership Siphon saw is recorded in Kafka topic \"{topic}\"): PostgreSQL did not publish the events committed in between, so they cannot be read from this slot and were not sent to Kafka; re-send them from the application if consumers need them (the outbox rows committed in that time), then run `siphon accept-publication-change --config <this file>` to accept the publication as it is now, and start Siphon again"
         )?;
-        if matches!(change, Change::PublicationRecreated) {
+        if matches!(change, MembershipChange::PublicationRecreated) {
             // PostgreSQL before 18 refuses to decode a change written while a publication of
             // the stream was missing; that error names the way past it.
             f.write_str(" (on PostgreSQL before 18 the server may then stop at the first change written while the publication was missing, saying it does not exist; that error names how to move the slot past it)")?;

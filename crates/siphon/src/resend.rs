@@ -31,7 +31,7 @@
 use crate::pipeline::PipelineSettings;
 use crate::telemetry::{Metrics, TransferKind};
 use crate::transfer::{
-    self, Copy, Progress, ProgressLog, Sender, Stamp, TransferError, RESEND_HEADER,
+    self, ProgressLog, Sender, Stamp, TableCopy, TransferError, TransferProgress, RESEND_HEADER,
 };
 use bytes::Bytes;
 use siphon_core::Backoff;
@@ -184,7 +184,7 @@ async fn attempt(
             .into())
         }
         _ => {
-            let mut progress = Progress::start(
+            let mut progress = TransferProgress::start(
                 TransferKind::Resend,
                 transfer::now_ms().to_string(),
                 system_id.as_deref(),
@@ -213,7 +213,7 @@ async fn attempt(
     )
     .map_err(TransferError::from)?;
     let until = progress.until.clone();
-    let mut copy = Copy {
+    let mut copy = TableCopy {
         kind: TransferKind::Resend,
         routers: &settings.router,
         on_error: &settings.on_error,

@@ -31,7 +31,9 @@ use crate::error::PipelineError;
 use crate::pipeline::PipelineSettings;
 use crate::position::PositionHeaders;
 use crate::telemetry::{Metrics, TransferKind};
-use crate::transfer::{self, Copy, Progress, ProgressLog, Sender, Stamp, TransferError};
+use crate::transfer::{
+    self, ProgressLog, Sender, Stamp, TableCopy, TransferError, TransferProgress,
+};
 use siphon_source::snapshot::RowReader;
 use siphon_source::SlotState;
 use std::sync::Arc;
@@ -65,7 +67,7 @@ pub async fn before_streaming(
     if !slot.exists {
         // Written before the slot exists: a crash between the two leaves a record whose slot
         // does not exist, and the next start takes the snapshot anew.
-        let mut progress = Progress::start(
+        let mut progress = TransferProgress::start(
             TransferKind::Snapshot,
             String::new(),
             system_id.as_deref(),
@@ -106,7 +108,7 @@ async fn send_all(
     metrics: &Arc<Metrics>,
     log: &ProgressLog,
     reader: &mut RowReader,
-    mut progress: Progress,
+    mut progress: TransferProgress,
     slot: &SlotState,
 ) -> Result<(), TransferError> {
     let plan = &settings.snapshot;
@@ -174,7 +176,7 @@ async fn send_all(
             let next = u32::try_from(progress.rows_sent).unwrap_or(u32::MAX);
             (position, next)
         });
-    let mut copy = Copy {
+    let mut copy = TableCopy {
         kind: TransferKind::Snapshot,
         routers: &settings.router,
         on_error: &settings.on_error,

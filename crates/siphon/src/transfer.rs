@@ -45,7 +45,7 @@ use tracing::{debug, warn};
 pub const RESEND_HEADER: &str = "siphon.resend";
 
 pub use crate::transfer_error::TransferError;
-/// The format of [`Progress`]; a record of another version is refused, not guessed at.
+/// The format of [`TransferProgress`]; a record of another version is refused, not guessed at.
 use crate::transfer_error::PROGRESS_VERSION as VERSION;
 
 impl TransferError {
@@ -76,7 +76,7 @@ pub fn now_ms() -> u64 {
 
 /// Where a transfer is, as kept in the state topic (JSON, the last record of its key wins).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Progress {
+pub struct TransferProgress {
     pub version: u32,
     /// `snapshot` or `resend`.
     pub kind: String,
@@ -107,11 +107,11 @@ pub struct Progress {
     pub updated_ms: u64,
 }
 
-impl Progress {
+impl TransferProgress {
     /// A transfer that starts now.
     pub fn start(kind: TransferKind, id: String, system_id: Option<&str>, slot: &str) -> Self {
         let now = now_ms();
-        Progress {
+        TransferProgress {
             version: VERSION,
             kind: kind.label().to_owned(),
             id,
@@ -156,7 +156,7 @@ impl Progress {
     }
 }
 
-/// Reads and writes [`Progress`] records under one key of the state topic.
+/// Reads and writes [`TransferProgress`] records under one key of the state topic.
 #[derive(Clone)]
 pub struct ProgressLog {
     state: StateTopic,
@@ -169,11 +169,11 @@ impl ProgressLog {
     }
 
     /// The record, if there is one.
-    pub async fn read(&self) -> Result<Option<Progress>, TransferError> {
+    pub async fn read(&self) -> Result<Option<TransferProgress>, TransferError> {
         let Some(bytes) = self.state.read(self.key.as_bytes()).await? else {
             return Ok(None);
         };
-        let progress: Progress =
+        let progress: TransferProgress =
             serde_json::from_slice(&bytes).map_err(|source| TransferError::Unreadable {
                 key: self.key.clone(),
                 source,
@@ -188,7 +188,7 @@ impl ProgressLog {
     }
 
     /// Writes `progress` and waits for the broker's acknowledgement.
-    pub async fn write(&self, progress: &Progress) -> Result<(), TransferError> {
+    pub async fn write(&self, progress: &TransferProgress) -> Result<(), TransferError> {
         let value = serde_json::to_vec(progress).map_err(|source| TransferError::Unreadable {
             key: self.key.clone(),
             source,
@@ -374,7 +374,7 @@ impl Sender {
 }
 
 /// One table's rows, routed and sent chunk by chunk.
-pub struct Copy<'a> {
+pub struct TableCopy<'a> {
     pub kind: TransferKind,
     pub routers: &'a Routers,
     pub on_error: &'a ErrorPolicy,
@@ -477,7 +477,7 @@ impl Pace {
 /// the broker): a crash repeats at most this long of work.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 
-impl Copy<'_> {
+impl TableCopy<'_> {
     /// Reads the rows of `table` matching `filter` from where `progress` says (its first row
     /// when it names another table) to key `until` (its end when `None`), sends them and
     /// records the progress after chunks (every [`PROGRESS_INTERVAL`] at most); `progress` then
@@ -489,7 +489,7 @@ impl Copy<'_> {
         table: &OutboxTable,
         filter: Option<&RowCondition>,
         until: Option<&[String]>,
-        progress: &mut Progress,
+        progress: &mut TransferProgress,
     ) -> Result<(), TransferError> {
         let name = table.table.to_string();
         let mut after = progress.resume_after(&table.table);
@@ -596,14 +596,14 @@ impl Copy<'_> {
     }
 }
 
-impl Copy<'_> {
+impl TableCopy<'_> {
     /// Writes `progress` to the state topic and logs it (rows of `table` lately). The write runs
     /// beside the reading of the next chunks (a write waits for the broker), after the one
     /// before it; a `done` progress is written before this returns.
     pub async fn report(
         &mut self,
         table: &str,
-        progress: &mut Progress,
+        progress: &mut TransferProgress,
     ) -> Result<(), TransferError> {
         progress.updated_ms = now_ms();
         if let Some(previous) = self.writing.take() {
@@ -716,7 +716,7 @@ impl std::fmt::Display for RowRefusal {
     }
 }
 
-impl Copy<'_> {
+impl TableCopy<'_> {
     /// The record of `routed`, written as the stream writes it: through the registry's
     /// answers ([`RegistryWrite`]).
     async fn written(&mut self, routed: RegistryRecord) -> Result<RoutedRecord, RowRefusal> {
@@ -773,7 +773,7 @@ fn route(
 /// of `settings` (for `siphon status`), with the server's system identifier.
 pub async fn recorded(
     settings: &crate::pipeline::PipelineSettings,
-) -> Result<Vec<Progress>, TransferError> {
+) -> Result<Vec<TransferProgress>, TransferError> {
     let Some(state) = &settings.state_topic else {
         return Ok(Vec::new());
     };
@@ -800,7 +800,7 @@ pub async fn recorded(
 }
 
 /// One line on `progress` for `siphon status`: what, where, how far, how fast, how long still.
-pub fn describe(progress: &Progress) -> String {
+pub fn describe(progress: &TransferProgress) -> String {
     let what = match (
         &progress.kind[..],
         &progress.table,
@@ -866,7 +866,8 @@ mod tests {
     fn progress_resumes_after_the_last_key_of_its_table_only() {
         let table = TableName::parse("public.outbox").expect("valid name");
         let other = TableName::parse("public.other").expect("valid name");
-        let mut progress = Progress::start(TransferKind::Resend, "1".into(), Some("7"), "s");
+        let mut progress =
+            TransferProgress::start(TransferKind::Resend, "1".into(), Some("7"), "s");
         assert_eq!(progress.resume_after(&table), None);
         progress.table = Some("public.outbox".into());
         progress.after = Some(vec!["42".into()]);
@@ -876,13 +877,13 @@ mod tests {
         assert!(progress.finished(&other));
         assert!(!progress.finished(&table));
         let json = serde_json::to_vec(&progress).expect("json");
-        let back: Progress = serde_json::from_slice(&json).expect("read back");
+        let back: TransferProgress = serde_json::from_slice(&json).expect("read back");
         assert_eq!(back, progress);
     }
 
     #[test]
     fn status_says_how_far_and_how_long_still() {
-        let mut progress = Progress::start(TransferKind::Resend, "17".into(), None, "s");
+        let mut progress = TransferProgress::start(TransferKind::Resend, "17".into(), None, "s");
         progress.table = Some("public.outbox".into());
         progress.condition = Some("created_at >= '2026-12-01'".into());
         progress.started_ms = 0;
@@ -978,7 +979,7 @@ mod tests {
 
     #[test]
     fn the_rate_is_rows_over_the_time_taken() {
-        let mut progress = Progress::start(TransferKind::Snapshot, "0/0".into(), None, "s");
+        let mut progress = TransferProgress::start(TransferKind::Snapshot, "0/0".into(), None, "s");
         progress.started_ms = 1_000;
         progress.updated_ms = 3_000;
         progress.rows_sent = 500;

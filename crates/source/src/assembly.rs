@@ -13,16 +13,16 @@ pub use siphon_core::assembly::{AssemblyError, RowChange, SourceEvent};
 
 /// The assembly state machine of one session's slot.
 #[derive(Debug, Default)]
-pub struct Assembler {
+pub struct SlotAssembler {
     core: siphon_core::assembly::Assembler,
     /// The slot streamed from, named in errors (`None` in tests).
     slot: Option<String>,
 }
 
-impl Assembler {
+impl SlotAssembler {
     /// A fresh assembler for a session streaming from slot `slot` (named in its errors).
     pub fn for_slot(slot: &str) -> Self {
-        Assembler {
+        SlotAssembler {
             core: siphon_core::assembly::Assembler::new(),
             slot: Some(slot.to_owned()),
         }

@@ -3,7 +3,7 @@
 //! # Invariants
 //! - A [`TableName`] always has a schema (`public` when the user gave none).
 
-use crate::error::{ConfigError, UrlSyntax};
+use crate::error::{SourceConfigError, UrlSyntax};
 pub use crate::names::{quote_ident, quote_literal, Endpoint, TableName, TargetSession};
 use crate::tls::TlsSettings;
 use crate::SourceError;
@@ -43,11 +43,11 @@ impl TargetSession {
             "any" => Ok(TargetSession::Any),
             "read-write" => Ok(TargetSession::ReadWrite),
             "primary" => Ok(TargetSession::Primary),
-            "read-only" | "standby" | "prefer-standby" => Err(ConfigError::StandbyTarget {
+            "read-only" | "standby" | "prefer-standby" => Err(SourceConfigError::StandbyTarget {
                 value: value.to_owned(),
             }
             .into()),
-            other => Err(ConfigError::UnknownTarget {
+            other => Err(SourceConfigError::UnknownTarget {
                 value: other.to_owned(),
             }
             .into()),
@@ -90,7 +90,10 @@ impl ConnectionParams {
     pub fn from_url(url: &str) -> Result<Self, SourceError> {
         let parsed = parse_url(url)?;
         let config = &parsed.config;
-        let user = config.get_user().ok_or(ConfigError::NoUser)?.to_owned();
+        let user = config
+            .get_user()
+            .ok_or(SourceConfigError::NoUser)?
+            .to_owned();
         let password = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -219,13 +222,13 @@ const OWN_PARAMS: [&str; 7] = [
 /// settings both connections use and the target session. Errors never contain the password.
 pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, SourceError> {
     let (rest, own) = take_params(url, &OWN_PARAMS).map_err(|syntax| {
-        SourceError::from(ConfigError::UrlSyntax {
+        SourceError::from(SourceConfigError::UrlSyntax {
             redacted_url: redact_url(url),
             syntax,
         })
     })?;
     let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
-        SourceError::from(ConfigError::UrlRefused {
+        SourceError::from(SourceConfigError::UrlRefused {
             redacted_url: redact_url(url),
             source: e,
         })
@@ -238,7 +241,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, SourceError> {
     }
     let tls = TlsSettings::from_params(&own)?;
     if config.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
-        return Err(ConfigError::ChannelBindingRequired.into());
+        return Err(SourceConfigError::ChannelBindingRequired.into());
     }
     config.ssl_mode(tls.mode.for_tokio_postgres());
     Ok(ParsedUrl {

@@ -3,7 +3,7 @@
 //! Errors PostgreSQL reports are kept as their SQLSTATE and the command that failed
 //! ([`ServerFailure`]) and sorted by [`server::consequence_of`], never by their text, which is
 //! in the server's `lc_messages` language; messages are rendered from typed data in `Display`.
-//! Siphon's own findings are typed too: [`ConfigError`] (the configuration), [`SetupProblem`]
+//! Siphon's own findings are typed too: [`SourceConfigError`] (the configuration), [`SetupProblem`]
 //! (the server, slot, publication and tables), [`LoginProblem`] (login and TLS refusals),
 //! [`UnusableMessage`] (pgoutput messages Siphon cannot use) and [`ProtocolFault`].
 //!
@@ -25,10 +25,10 @@ mod setup;
 mod unusable;
 
 pub use crate::sqlstate::SqlState;
-pub use config::{ConfigError, UrlSyntax};
+pub use config::{SourceConfigError, UrlSyntax};
 pub use interruption::Interruption;
 pub use login::LoginProblem;
-pub use operation::{Operation, Query};
+pub use operation::{Query, SourceOperation};
 pub use protocol::ProtocolFault;
 pub use server::{Diagnosis, LoginTls, ServerFailure};
 pub use setup::{PublicationProblem, SetupProblem};
@@ -40,7 +40,7 @@ pub use unusable::UnusableMessage;
 pub enum SourceError {
     /// The configuration cannot work; the message names the key to change.
     #[error(transparent)]
-    Config(Box<ConfigError>),
+    Config(Box<SourceConfigError>),
     /// PostgreSQL or the TLS library refused the login for good; the message names what to
     /// change.
     #[error(transparent)]
@@ -81,7 +81,7 @@ pub enum SourceError {
 #[derive(Debug, thiserror::Error)]
 #[error("connection to PostgreSQL lost: {operation}: {}", error_chain(.source))]
 pub struct SqlConnectionLost {
-    pub operation: Operation,
+    pub operation: SourceOperation,
     #[source]
     pub source: tokio_postgres::Error,
 }
@@ -90,7 +90,7 @@ pub struct SqlConnectionLost {
 #[derive(Debug, thiserror::Error)]
 #[error("connection to PostgreSQL lost: {}", error_chain(.source))]
 pub struct ReplicationConnectionLost {
-    pub operation: Operation,
+    pub operation: SourceOperation,
     #[source]
     pub source: crate::wire::WireError,
 }
@@ -141,13 +141,16 @@ impl SourceError {
     }
 
     /// Classifies an error from an ordinary SQL connection by its SQLSTATE.
-    pub(crate) fn from_sql(operation: impl Into<Operation>, err: tokio_postgres::Error) -> Self {
+    pub(crate) fn from_sql(
+        operation: impl Into<SourceOperation>,
+        err: tokio_postgres::Error,
+    ) -> Self {
         Self::from_sql_about(operation, Subject::default(), err)
     }
 
     /// [`SourceError::from_sql`], with the names the fix needs.
     pub(crate) fn from_sql_about(
-        operation: impl Into<Operation>,
+        operation: impl Into<SourceOperation>,
         subject: Subject<'_>,
         err: tokio_postgres::Error,
     ) -> Self {
@@ -176,7 +179,7 @@ impl SourceError {
     }
 
     fn server(
-        operation: Operation,
+        operation: SourceOperation,
         code: SqlState,
         server_message: String,
         subject: Subject<'_>,
@@ -208,13 +211,13 @@ impl SourceError {
             login: Some(tls),
             ..Subject::default()
         };
-        SourceError::from_sql_about(Operation::Connect, subject, err)
+        SourceError::from_sql_about(SourceOperation::Connect, subject, err)
     }
 
     /// Classifies an error of `operation` on the replication connection of `slot`.
     pub(crate) fn from_replication(
         slot: &str,
-        operation: Operation,
+        operation: SourceOperation,
         err: crate::wire::WireError,
     ) -> Self {
         let subject = Subject {
@@ -227,7 +230,7 @@ impl SourceError {
     /// [`SourceError::from_replication`], with the names the fix needs (the user, named when the
     /// login lacks `REPLICATION`; the TLS of the login).
     pub(crate) fn from_replication_about(
-        operation: Operation,
+        operation: SourceOperation,
         subject: Subject<'_>,
         err: crate::wire::WireError,
     ) -> Self {
@@ -306,12 +309,12 @@ impl From<SetupProblem> for SourceError {
 
 impl From<siphon_core::engine::table::InvalidTableName> for SourceError {
     fn from(invalid: siphon_core::engine::table::InvalidTableName) -> Self {
-        ConfigError::InvalidTableName { text: invalid.text }.into()
+        SourceConfigError::InvalidTableName { text: invalid.text }.into()
     }
 }
 
-impl From<ConfigError> for SourceError {
-    fn from(problem: ConfigError) -> Self {
+impl From<SourceConfigError> for SourceError {
+    fn from(problem: SourceConfigError) -> Self {
         SourceError::Config(Box::new(problem))
     }
 }
@@ -331,9 +334,9 @@ fn refusal_list(refusals: &[(crate::names::Endpoint, SourceError)]) -> String {
     listed.join("; ")
 }
 
-impl From<Query> for Operation {
+impl From<Query> for SourceOperation {
     fn from(query: Query) -> Self {
-        Operation::Query(query)
+        SourceOperation::Query(query)
     }
 }
 
@@ -365,7 +368,7 @@ mod tests {
         };
         let refused = |code: &str| {
             SourceError::server(
-                Operation::Connect,
+                SourceOperation::Connect,
                 SqlState::parse(code),
                 "FATAL: ...".into(),
                 Subject::default(),

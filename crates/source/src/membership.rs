@@ -25,7 +25,7 @@
 //!   logical messages whatever the publication holds.
 
 use crate::error::ProtocolFault;
-pub use crate::names::Change;
+pub use crate::names::MembershipChange;
 use crate::{SourceError, TableName};
 use pgoutput::Oid;
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,7 +52,7 @@ pub struct Membership {
     pub tables: BTreeMap<TableName, BTreeSet<Publisher>>,
 }
 
-impl Change {
+impl MembershipChange {
     /// The definite error for this change of `publication`, naming what was lost and what to do.
     pub fn into_error(self, publication: &str) -> SourceError {
         crate::error::SetupProblem::PublicationChanged {
@@ -65,17 +65,17 @@ impl Change {
 
 /// How the membership changed from `before` to `now` (both looks of the same publication
 /// name), if events may have gone unpublished in between. See the module's invariants.
-pub fn change(before: &Membership, now: &Membership) -> Option<Change> {
+pub fn change(before: &Membership, now: &Membership) -> Option<MembershipChange> {
     if before.tables.is_empty() {
         return None;
     }
     if before.publication != now.publication {
-        return Some(Change::PublicationRecreated);
+        return Some(MembershipChange::PublicationRecreated);
     }
     before.tables.iter().find_map(|(table, rows_before)| {
         let rows_now = now.tables.get(table)?;
         (!rows_before.is_empty() && !rows_now.is_empty() && rows_before.is_disjoint(rows_now))
-            .then(|| Change::TableAddedBack(table.clone()))
+            .then(|| MembershipChange::TableAddedBack(table.clone()))
     })
 }
 
@@ -189,11 +189,17 @@ mod tests {
     fn a_new_publication_oid_is_a_recreated_publication() {
         let before = membership(10, &[("outbox", &[Table(20)])]);
         let now = membership(11, &[("outbox", &[Table(21)])]);
-        assert_eq!(change(&before, &now), Some(Change::PublicationRecreated));
+        assert_eq!(
+            change(&before, &now),
+            Some(MembershipChange::PublicationRecreated)
+        );
         // FOR ALL TABLES: no rows, only the publication.
         let before = membership(10, &[("outbox", &[])]);
         let now = membership(11, &[("outbox", &[])]);
-        assert_eq!(change(&before, &now), Some(Change::PublicationRecreated));
+        assert_eq!(
+            change(&before, &now),
+            Some(MembershipChange::PublicationRecreated)
+        );
         assert_eq!(change(&before, &before.clone()), None);
     }
 
@@ -209,14 +215,14 @@ mod tests {
         );
         assert_eq!(
             change(&before, &now),
-            Some(Change::TableAddedBack(table("other.outbox")))
+            Some(MembershipChange::TableAddedBack(table("other.outbox")))
         );
         // Published through its schema, which was dropped and added again.
         let before = membership(10, &[("outbox", &[Schema(40)])]);
         let now = membership(10, &[("outbox", &[Schema(41)])]);
         assert_eq!(
             change(&before, &now),
-            Some(Change::TableAddedBack(table("outbox")))
+            Some(MembershipChange::TableAddedBack(table("outbox")))
         );
     }
 
@@ -246,7 +252,7 @@ mod tests {
 
     #[test]
     fn the_error_names_the_loss_and_the_fix() {
-        let err = Change::PublicationRecreated.into_error("p");
+        let err = MembershipChange::PublicationRecreated.into_error("p");
         assert!(!err.is_transient());
         let text = err.to_string();
         assert!(
@@ -256,7 +262,7 @@ mod tests {
         assert!(text.contains("cannot be read from this slot"), "{text}");
         assert!(text.contains("re-send them from the application"), "{text}");
         assert!(text.contains("siphon accept-publication-change"), "{text}");
-        let text = Change::TableAddedBack(table("outbox"))
+        let text = MembershipChange::TableAddedBack(table("outbox"))
             .into_error("p")
             .to_string();
         assert!(

@@ -163,7 +163,7 @@ pub enum HistoryError {
 /// How the outbox's publication membership changed between two looks, in a way that leaves
 /// events unpublished.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+pub enum MembershipChange {
     /// The publication is another one with the same name: it was dropped and created again.
     PublicationRecreated,
     /// Every row that published `table` is gone, and other rows publish it now: it was taken

@@ -285,7 +285,7 @@ async fn ensure_publication(
                 }
                 Err(e) => {
                     return Err(SourceError::from_sql(
-                        crate::error::Operation::CreatePublication { command: sql },
+                        crate::error::SourceOperation::CreatePublication { command: sql },
                         e,
                     ))
                 }
@@ -542,7 +542,7 @@ async fn ensure_slot(client: &Client, request: &SlotRequest<'_>) -> Result<Found
                         login: None,
                     };
                     return Err(SourceError::from_sql_about(
-                        crate::error::Operation::CreateReplicationSlot,
+                        crate::error::SourceOperation::CreateReplicationSlot,
                         subject,
                         e,
                     ));

@@ -31,7 +31,7 @@
 //!   that are dropped as they arrive and read by the next chunk.
 
 use crate::config::{quote_ident, quote_literal, Endpoint};
-use crate::error::{LoginTls, Operation, Query, SetupProblem, Subject};
+use crate::error::{LoginTls, Query, SetupProblem, SourceOperation, Subject};
 use crate::row_condition::RowCondition;
 use crate::wire::{QueryRow, Session};
 use crate::{ConnectionParams, SourceConfig, SourceError, TableName};
@@ -201,7 +201,7 @@ impl RowReader {
             login: Some(tls),
         };
         let session = Session::connect(login).await.map_err(|e| {
-            SourceError::from_replication_about(Operation::ReplicationLogin, subject, e)
+            SourceError::from_replication_about(SourceOperation::ReplicationLogin, subject, e)
         })?;
         let mut reader = RowReader {
             session,
@@ -272,7 +272,7 @@ impl RowReader {
             }
             Err(e) => {
                 return Err(SourceError::from_replication_about(
-                    Operation::CreateReplicationSlot,
+                    SourceOperation::CreateReplicationSlot,
                     self.subject(),
                     e,
                 ))
@@ -474,7 +474,11 @@ impl RowReader {
             .simple_query_within(&sql, max_bytes)
             .await
             .map_err(|e| {
-                SourceError::from_replication_about(Operation::Query(Query::OutboxRows), subject, e)
+                SourceError::from_replication_about(
+                    SourceOperation::Query(Query::OutboxRows),
+                    subject,
+                    e,
+                )
             })?;
         let published = table.relation.columns.len();
         Ok(rows
@@ -546,10 +550,9 @@ impl RowReader {
             user: Some(&self.user),
             login: Some(self.login),
         };
-        self.session
-            .simple_query(sql)
-            .await
-            .map_err(|e| SourceError::from_replication_about(Operation::Query(query), subject, e))
+        self.session.simple_query(sql).await.map_err(|e| {
+            SourceError::from_replication_about(SourceOperation::Query(query), subject, e)
+        })
     }
 }
 

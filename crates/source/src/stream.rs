@@ -7,8 +7,8 @@
 //! - Read-ahead is bounded by bytes: `SourceConfig::read_ahead_bytes` of messages read and not
 //!   yet decoded (one larger message is read alone).
 
-use crate::assembly::{Assembler, SourceEvent};
-use crate::error::{Interruption, LoginTls, Operation, Query, Subject};
+use crate::assembly::{SlotAssembler, SourceEvent};
+use crate::error::{Interruption, LoginTls, Query, SourceOperation, Subject};
 use crate::stall::{Escalation, SharedEscalation, StallWatch, Verdict};
 use crate::wire::{Login, Received, Session, WireError, WireStream};
 use crate::{
@@ -24,7 +24,7 @@ use tracing::{debug, info};
 pub struct ReplicationStream {
     wire: WireStream,
     last_message: Instant,
-    assembler: Assembler,
+    assembler: SlotAssembler,
     slot: String,
     confirmed: Lsn,
     stall: Arc<Mutex<StallWatch>>,
@@ -93,7 +93,7 @@ impl ReplicationStream {
         let failed = |operation, e| SourceError::from_replication_about(operation, subject, e);
         let mut session = Session::connect(login)
             .await
-            .map_err(|e| failed(Operation::ReplicationLogin, e))?;
+            .map_err(|e| failed(SourceOperation::ReplicationLogin, e))?;
         before_start(&mut session, config, slot, params.target)
             .await
             .map_err(|e| match e {
@@ -111,13 +111,13 @@ impl ReplicationStream {
                 config.status_interval,
             )
             .await
-            .map_err(|e| failed(Operation::StartReplication, e))?;
+            .map_err(|e| failed(SourceOperation::StartReplication, e))?;
         info!(slot = %config.slot, from = %start_lsn, host = %endpoint, %sslmode, "streaming");
         let escalation = Arc::new(std::sync::Mutex::new(escalation));
         Ok(ReplicationStream {
             wire,
             last_message: Instant::now(),
-            assembler: Assembler::for_slot(&config.slot),
+            assembler: SlotAssembler::for_slot(&config.slot),
             slot: config.slot.clone(),
             confirmed: start_lsn,
             // A stream silent for twice the idle wakeup interval plus a status interval is
@@ -145,7 +145,9 @@ impl ReplicationStream {
                 .wire
                 .next(self.assembler.in_transaction())
                 .await
-                .map_err(|e| SourceError::from_replication(&self.slot, Operation::Stream, e))?;
+                .map_err(|e| {
+                    SourceError::from_replication(&self.slot, SourceOperation::Stream, e)
+                })?;
             self.last_message = Instant::now();
             let produced = match received {
                 Received::Data { wal_start, data } => self.assembler.data(&data, wal_start)?,
@@ -176,7 +178,7 @@ impl ReplicationStream {
     /// keeps the status updates going. Returns only on an error. Cancel-safe.
     pub async fn read_ahead(&mut self) -> SourceError {
         let error = self.wire.read_ahead().await;
-        SourceError::from_replication(&self.slot, Operation::Stream, error)
+        SourceError::from_replication(&self.slot, SourceOperation::Stream, error)
     }
 
     /// [`ReplicationStream::next`] when `take`, [`ReplicationStream::read_ahead`] otherwise: one
@@ -239,7 +241,7 @@ impl ReplicationStream {
         self.wire
             .finish(timeout)
             .await
-            .map_err(|e| SourceError::from_replication(&slot, Operation::Stream, e))
+            .map_err(|e| SourceError::from_replication(&slot, SourceOperation::Stream, e))
     }
 }
 
@@ -279,12 +281,12 @@ fn start_command(config: &SourceConfig, start_lsn: Lsn) -> String {
 
 /// Why the checks before `START_REPLICATION` failed.
 enum BeforeStart {
-    Wire(Operation, WireError),
+    Wire(SourceOperation, WireError),
     Source(SourceError),
 }
 
 /// The replication command `operation`'s errors, for `?`.
-fn during(operation: Operation) -> impl FnOnce(WireError) -> BeforeStart {
+fn during(operation: SourceOperation) -> impl FnOnce(WireError) -> BeforeStart {
     move |e| BeforeStart::Wire(operation, e)
 }
 
@@ -308,7 +310,7 @@ async fn before_start(
         let rows = session
             .simple_query("SELECT pg_is_in_recovery()::text")
             .await
-            .map_err(during(Operation::Query(Query::InRecovery)))?;
+            .map_err(during(SourceOperation::Query(Query::InRecovery)))?;
         if first_row_value(&rows, 0) != Some("false") {
             return Err(BeforeStart::Source(
                 Interruption::BecameStandby {
@@ -322,7 +324,7 @@ async fn before_start(
         let rows = session
             .simple_query("IDENTIFY_SYSTEM")
             .await
-            .map_err(during(Operation::IdentifySystem))?;
+            .map_err(during(SourceOperation::IdentifySystem))?;
         let system_id = first_row_value(&rows, 0).unwrap_or_default();
         let timeline = first_row_value(&rows, 1).unwrap_or_default();
         if system_id != expected.system_id || timeline != expected.timeline.to_string() {
@@ -345,7 +347,7 @@ async fn before_start(
         session
             .simple_query(&command)
             .await
-            .map_err(during(Operation::AlterReplicationSlot))?;
+            .map_err(during(SourceOperation::AlterReplicationSlot))?;
         info!(slot = %config.slot, "replication slot is now a failover slot");
     }
     Ok(())

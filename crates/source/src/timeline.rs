@@ -17,7 +17,7 @@
 //! - A server without the history file (SQLSTATE 58P01, undefined file) answers
 //!   `Ok(None)`: the history is unknown, and no earlier timeline's position is used.
 
-use crate::error::{Operation, ProtocolFault, Subject};
+use crate::error::{ProtocolFault, SourceOperation, Subject};
 use crate::names::Endpoint;
 pub use crate::names::HistoryError;
 use crate::sqlstate::SqlState;
@@ -136,14 +136,14 @@ pub async fn timeline_history(
     let failed = |operation, e| SourceError::from_replication_about(operation, subject, e);
     let mut session = Session::connect(login)
         .await
-        .map_err(|e| failed(Operation::ReplicationLogin, e))?;
+        .map_err(|e| failed(SourceOperation::ReplicationLogin, e))?;
     let rows = match session
         .simple_query(&format!("TIMELINE_HISTORY {timeline}"))
         .await
     {
         Ok(rows) => rows,
         Err(WireError::Server(error)) if error.code == SqlState::UNDEFINED_FILE => return Ok(None),
-        Err(e) => return Err(failed(Operation::TimelineHistory, e)),
+        Err(e) => return Err(failed(SourceOperation::TimelineHistory, e)),
     };
     // One row: the file's name, then its content.
     let content = rows

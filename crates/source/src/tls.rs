@@ -14,7 +14,7 @@
 //! - Certificate and key files are read on every connection attempt, so rotated files are used on
 //!   the next reconnection.
 
-use crate::error::ConfigError;
+use crate::error::SourceConfigError;
 pub use crate::names::SslMode;
 use crate::SourceError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -34,9 +34,9 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            "allow" => return Err(ConfigError::SslModeAllow.into()),
+            "allow" => return Err(SourceConfigError::SslModeAllow.into()),
             other => {
-                return Err(ConfigError::UnknownSslMode {
+                return Err(SourceConfigError::UnknownSslMode {
                     value: other.to_owned(),
                 }
                 .into())
@@ -104,10 +104,10 @@ impl TlsSettings {
                 }
                 "sslcert" => client_cert = non_empty(key, value)?,
                 "sslkey" => client_key = non_empty(key, value)?,
-                "sslpassword" => return Err(ConfigError::SslPassword.into()),
+                "sslpassword" => return Err(SourceConfigError::SslPassword.into()),
                 "sslnegotiation" if value == "postgres" => {}
                 "sslnegotiation" => {
-                    return Err(ConfigError::SslNegotiation {
+                    return Err(SourceConfigError::SslNegotiation {
                         value: value.clone(),
                     }
                     .into())
@@ -122,17 +122,17 @@ impl TlsSettings {
             (None, _) => SslMode::Prefer,
         };
         if root_certs == RootCerts::System && mode != SslMode::VerifyFull {
-            return Err(ConfigError::SystemRootsNeedVerifyFull { mode }.into());
+            return Err(SourceConfigError::SystemRootsNeedVerifyFull { mode }.into());
         }
         if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) && root_certs == RootCerts::None
         {
-            return Err(ConfigError::VerifyNeedsRootCert { mode }.into());
+            return Err(SourceConfigError::VerifyNeedsRootCert { mode }.into());
         }
         if client_cert.is_some() != client_key.is_some() {
-            return Err(ConfigError::CertWithoutKey.into());
+            return Err(SourceConfigError::CertWithoutKey.into());
         }
         if mode == SslMode::Disable && (client_cert.is_some() || root_certs != RootCerts::None) {
-            return Err(ConfigError::DisableWithCertificates.into());
+            return Err(SourceConfigError::DisableWithCertificates.into());
         }
         Ok(TlsSettings {
             mode,
@@ -174,7 +174,7 @@ impl TlsSettings {
         // The name the certificate must carry is the URL's host; an IP address is checked
         // against the certificate's IP address entries.
         let server_name = ServerName::try_from(host.to_owned()).map_err(|e| {
-            SourceError::from(ConfigError::ServerName {
+            SourceError::from(SourceConfigError::ServerName {
                 host: host.to_owned(),
                 source: e,
             })
@@ -191,7 +191,7 @@ impl TlsSettings {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|source| SourceError::from(ConfigError::TlsSetup { source }))?;
+            .map_err(|source| SourceError::from(SourceConfigError::TlsSetup { source }))?;
         let builder = if self.verifies_chain() {
             let roots = Arc::new(self.root_store()?);
             if self.verifies_host_name() {
@@ -200,7 +200,7 @@ impl TlsSettings {
                 let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
                     .map_err(|source| {
-                        SourceError::from(ConfigError::TlsVerifierSetup { source })
+                        SourceError::from(SourceConfigError::TlsVerifierSetup { source })
                     })?;
                 builder
                     .dangerous()
@@ -217,7 +217,7 @@ impl TlsSettings {
             (Some(cert), Some(key)) => builder
                 .with_client_auth_cert(load_certs("sslcert", cert)?, load_key(key)?)
                 .map_err(|source| {
-                    SourceError::from(ConfigError::CertKeyMismatch {
+                    SourceError::from(SourceConfigError::CertKeyMismatch {
                         cert: cert.clone(),
                         key: key.clone(),
                         source,
@@ -234,7 +234,7 @@ impl TlsSettings {
             RootCerts::File(path) => {
                 let (added, _) = roots.add_parsable_certificates(load_certs("sslrootcert", path)?);
                 if added == 0 {
-                    return Err(ConfigError::NoUsableCa { path: path.clone() }.into());
+                    return Err(SourceConfigError::NoUsableCa { path: path.clone() }.into());
                 }
             }
             RootCerts::System => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
@@ -246,7 +246,7 @@ impl TlsSettings {
 
 fn non_empty(key: &str, value: &str) -> Result<Option<PathBuf>, SourceError> {
     if value.is_empty() {
-        return Err(ConfigError::EmptyPath {
+        return Err(SourceConfigError::EmptyPath {
             key: key.to_owned(),
         }
         .into());
@@ -258,14 +258,14 @@ fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, So
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|source| {
-            SourceError::from(ConfigError::UnreadableCertificate {
+            SourceError::from(SourceConfigError::UnreadableCertificate {
                 key: key.to_owned(),
                 path: path.to_owned(),
                 source,
             })
         })?;
     if certs.is_empty() {
-        return Err(ConfigError::NoPemCertificate {
+        return Err(SourceConfigError::NoPemCertificate {
             key: key.to_owned(),
             path: path.to_owned(),
         }
@@ -276,7 +276,7 @@ fn load_certs(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, So
 
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, SourceError> {
     PrivateKeyDer::from_pem_file(path).map_err(|source| {
-        SourceError::from(ConfigError::UnreadableKey {
+        SourceError::from(SourceConfigError::UnreadableKey {
             path: path.to_owned(),
             source,
         })

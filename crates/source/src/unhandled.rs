@@ -131,7 +131,7 @@ mod tests {
         begin_prepare.extend(0i64.to_be_bytes()); // prepare time
         begin_prepare.extend(7u32.to_be_bytes()); // xid
         begin_prepare.extend(b"gid\0");
-        let mut a = crate::assembly::Assembler::for_slot("orders");
+        let mut a = crate::assembly::SlotAssembler::for_slot("orders");
         let e = a
             .data(&bytes::Bytes::from(begin_prepare), Lsn(0x100))
             .expect_err("refused");

@@ -1,4 +1,4 @@
-//! Errors of configuration ([`ConfigError`]) and of routing one row ([`RouteError`]).
+//! Errors of configuration ([`RouterConfigError`]) and of routing one row ([`RouteError`]).
 //!
 //! Every message says what is wrong and how to fix it. Routing errors always name the table
 //! (`schema.table`) and, where one is involved, the column and the option that selects it.
@@ -25,7 +25,7 @@ pub const MAX_SHOWN_VALUE: usize = 64;
 
 /// A router option that is unknown or has an unusable value.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ConfigError {
+pub enum RouterConfigError {
     /// The option is not one the router knows.
     #[error("unknown outbox router option \"{option}\"{}; supported options: {}", did_you_mean(.suggestion), .supported.join(", "))]
     UnknownOption {
@@ -230,7 +230,7 @@ pub enum RouteError {
     },
 }
 
-impl ConfigError {
+impl RouterConfigError {
     /// What the error means for the process: the configuration must be changed.
     pub fn consequence(&self) -> Consequence {
         Consequence::Fix
@@ -422,7 +422,7 @@ mod tests {
 
     #[test]
     fn typed_reasons_render_the_messages_they_replaced() {
-        let unknown = |suggestion| ConfigError::UnknownOption {
+        let unknown = |suggestion| RouterConfigError::UnknownOption {
             option: "transforms.outbox.route.by.field".to_owned(),
             suggestion,
             supported: vec!["route.by.field", "topic.prefix"],
@@ -464,7 +464,7 @@ mod tests {
             assert_eq!(reason.to_string(), text);
         }
         assert_eq!(
-            ConfigError::InvalidAdditionalPlacement {
+            RouterConfigError::InvalidAdditionalPlacement {
                 entry: "a:b".to_owned(),
                 reason: PlacementEntryError::UnknownPlacement,
             }
@@ -521,7 +521,7 @@ mod tests {
         let table = || "public.outbox".to_owned();
         let column = || "payload".to_owned();
         assert_eq!(
-            ConfigError::MissingOption {
+            RouterConfigError::MissingOption {
                 option: "topic.prefix",
                 needed_by: "a header",
             }

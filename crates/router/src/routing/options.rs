@@ -11,7 +11,7 @@
 //! - Every option not in the `OPTIONS` table is rejected.
 
 pub use crate::format::expand::{JsonEmptyArrayBehavior, JsonNullBehavior};
-use crate::routing::error::{ConfigError, PlacementEntryError};
+use crate::routing::error::{PlacementEntryError, RouterConfigError};
 pub use crate::routing::policy::{
     AdditionalField, AdditionalMissingBehavior, InvalidOperationBehavior, Placement,
 };
@@ -123,7 +123,7 @@ impl Eq for RouterOptions {}
 struct OptionSpec {
     name: &'static str,
     default: &'static str,
-    set: fn(&mut RouterOptions, &'static OptionSpec, &str) -> Result<(), ConfigError>,
+    set: fn(&mut RouterOptions, &'static OptionSpec, &str) -> Result<(), RouterConfigError>,
 }
 
 /// An option Debezium accepts but whose value changes nothing here.
@@ -160,14 +160,14 @@ const IGNORED: &[IgnoredOption] = &[
     },
 ];
 
-fn boolean(spec: &'static OptionSpec, v: &str) -> Result<bool, ConfigError> {
+fn boolean(spec: &'static OptionSpec, v: &str) -> Result<bool, RouterConfigError> {
     // Kafka's ConfigDef accepts true/false in any case.
     if v.eq_ignore_ascii_case("true") {
         Ok(true)
     } else if v.eq_ignore_ascii_case("false") {
         Ok(false)
     } else {
-        Err(ConfigError::InvalidValue {
+        Err(RouterConfigError::InvalidValue {
             option: spec.name,
             value: v.to_owned(),
             expected: "true, false",
@@ -180,19 +180,22 @@ fn choice<T: Copy>(
     v: &str,
     values: &[(&str, T)],
     expected: &'static str,
-) -> Result<T, ConfigError> {
+) -> Result<T, RouterConfigError> {
     values
         .iter()
         .find(|(name, _)| name.eq_ignore_ascii_case(v))
         .map(|(_, value)| *value)
-        .ok_or_else(|| ConfigError::InvalidValue {
+        .ok_or_else(|| RouterConfigError::InvalidValue {
             option: spec.name,
             value: v.to_owned(),
             expected,
         })
 }
 
-fn optional_column(spec: &'static OptionSpec, v: &str) -> Result<Option<String>, ConfigError> {
+fn optional_column(
+    spec: &'static OptionSpec,
+    v: &str,
+) -> Result<Option<String>, RouterConfigError> {
     // An empty value is Debezium's "not set".
     let _ = spec;
     Ok((!v.is_empty()).then(|| v.to_owned()))
@@ -288,12 +291,13 @@ const OPTIONS: &[OptionSpec] = &[
         name: TABLE_OP_INVALID_BEHAVIOR,
         default: "warn",
         set: |o, spec, v| {
-            o.invalid_operation =
-                InvalidOperationBehavior::parse(v).ok_or_else(|| ConfigError::InvalidValue {
+            o.invalid_operation = InvalidOperationBehavior::parse(v).ok_or_else(|| {
+                RouterConfigError::InvalidValue {
                     option: spec.name,
                     value: v.to_owned(),
                     expected: "warn, error, fatal",
-                })?;
+                }
+            })?;
             Ok(())
         },
     },
@@ -359,8 +363,8 @@ fn java_split(text: &str, separator: char) -> Vec<&str> {
 }
 
 /// Parses `table.fields.additional.placement`: `column:placement[:alias]`, comma separated.
-fn parse_additional(value: &str) -> Result<Vec<AdditionalField>, ConfigError> {
-    let bad = |entry: &str, reason| ConfigError::InvalidAdditionalPlacement {
+fn parse_additional(value: &str) -> Result<Vec<AdditionalField>, RouterConfigError> {
+    let bad = |entry: &str, reason| RouterConfigError::InvalidAdditionalPlacement {
         entry: entry.to_owned(),
         reason,
     };
@@ -401,15 +405,15 @@ fn parse_additional(value: &str) -> Result<Vec<AdditionalField>, ConfigError> {
     Ok(fields)
 }
 
-fn empty(spec: &'static OptionSpec, expected: &'static str) -> ConfigError {
-    ConfigError::EmptyValue {
+fn empty(spec: &'static OptionSpec, expected: &'static str) -> RouterConfigError {
+    RouterConfigError::EmptyValue {
         option: spec.name,
         expected,
         default: spec.default,
     }
 }
 
-fn column_name(spec: &'static OptionSpec, value: &str) -> Result<String, ConfigError> {
+fn column_name(spec: &'static OptionSpec, value: &str) -> Result<String, RouterConfigError> {
     if value.is_empty() {
         return Err(empty(spec, "the name of a column of the outbox table"));
     }
@@ -452,9 +456,9 @@ impl RouterOptions {
     /// are accepted.
     ///
     /// # Errors
-    /// [`ConfigError::UnknownOption`] for any other key; the other variants for unusable
+    /// [`RouterConfigError::UnknownOption`] for any other key; the other variants for unusable
     /// values.
-    pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+    pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self, RouterConfigError> {
         let mut options = RouterOptions::default();
         for (key, value) in map {
             if let Some(ignored) = IGNORED.iter().find(|i| i.name == key.as_str()) {
@@ -591,7 +595,7 @@ impl RouterOptions {
     }
 }
 
-fn unknown_option(key: &str) -> ConfigError {
+fn unknown_option(key: &str) -> RouterConfigError {
     let supported: Vec<&'static str> = OPTIONS
         .iter()
         .map(|spec| spec.name)
@@ -601,7 +605,7 @@ fn unknown_option(key: &str) -> ConfigError {
         .iter()
         .copied()
         .find(|name| key.ends_with(&format!(".{name}")));
-    ConfigError::UnknownOption {
+    RouterConfigError::UnknownOption {
         option: key.to_owned(),
         suggestion,
         supported,
@@ -676,7 +680,7 @@ mod tests {
             panic!("accepted an unknown option")
         };
         assert!(
-            matches!(&err, ConfigError::UnknownOption { option, .. } if option == "route.topic.regexp")
+            matches!(&err, RouterConfigError::UnknownOption { option, .. } if option == "route.topic.regexp")
         );
         let msg = err.to_string();
         assert!(msg.contains("\"route.topic.regexp\""), "{msg}");
@@ -702,7 +706,7 @@ mod tests {
         let err = RouterOptions::from_map(&map(&[("table.op.invalid.behavior", "ignore")]));
         assert!(matches!(
             err,
-            Err(ConfigError::InvalidValue {
+            Err(RouterConfigError::InvalidValue {
                 option: TABLE_OP_INVALID_BEHAVIOR,
                 ..
             })
@@ -710,7 +714,7 @@ mod tests {
         let err = RouterOptions::from_map(&map(&[("table.field.event.key", "  ")]));
         assert!(matches!(
             err,
-            Err(ConfigError::EmptyValue {
+            Err(RouterConfigError::EmptyValue {
                 option: FIELD_EVENT_KEY,
                 ..
             })
@@ -718,10 +722,10 @@ mod tests {
         let err = RouterOptions::from_map(&map(&[("route.topic.replacement", "t.${type}")]));
         assert!(matches!(
             err,
-            Err(ConfigError::InvalidTopicReplacement { .. })
+            Err(RouterConfigError::InvalidTopicReplacement { .. })
         ));
         let err = RouterOptions::from_map(&map(&[("route.topic.replacement", "")]));
-        assert!(matches!(err, Err(ConfigError::EmptyValue { .. })));
+        assert!(matches!(err, Err(RouterConfigError::EmptyValue { .. })));
         for (option, value) in [
             (ROUTE_TOMBSTONE_ON_EMPTY_PAYLOAD, "yes"),
             (TABLE_EXPAND_JSON_PAYLOAD, "1"),
@@ -733,13 +737,13 @@ mod tests {
         ] {
             let err = RouterOptions::from_map(&map(&[(option, value)]));
             assert!(
-                matches!(&err, Err(ConfigError::InvalidValue { option: o, .. }) if *o == option),
+                matches!(&err, Err(RouterConfigError::InvalidValue { option: o, .. }) if *o == option),
                 "{option}={value}: {err:?}"
             );
         }
         let err = RouterOptions::from_map(&map(&[(ROUTE_TOPIC_REGEX, "(?<=a)b")]));
         assert!(
-            matches!(err, Err(ConfigError::InvalidTopicRegex { .. })),
+            matches!(err, Err(RouterConfigError::InvalidTopicRegex { .. })),
             "{err:?}"
         );
         let err = RouterOptions::from_map(&map(&[
@@ -747,7 +751,7 @@ mod tests {
             (ROUTE_TOPIC_REPLACEMENT, "t.${routedByValue}"),
         ]));
         assert!(
-            matches!(err, Err(ConfigError::InvalidTopicReplacement { .. })),
+            matches!(err, Err(RouterConfigError::InvalidTopicReplacement { .. })),
             "{err:?}"
         );
     }
@@ -828,7 +832,10 @@ mod tests {
         ] {
             let err = RouterOptions::from_map(&map(&[(FIELDS_ADDITIONAL_PLACEMENT, value)]));
             assert!(
-                matches!(err, Err(ConfigError::InvalidAdditionalPlacement { .. })),
+                matches!(
+                    err,
+                    Err(RouterConfigError::InvalidAdditionalPlacement { .. })
+                ),
                 "{value}: {err:?}"
             );
         }

@@ -33,7 +33,7 @@ use crate::format::json::{nesting_depth, MAX_WRITE_DEPTH};
 use crate::format::timestamp::{record_timestamp_ms, TimestampError};
 use crate::routing::avro_schemas::AvroSchemas;
 use crate::routing::binding::{bind, BoundColumn, TableBinding};
-use crate::routing::error::{shown, shown_bytes, ConfigError, RouteError};
+use crate::routing::error::{shown, shown_bytes, RouteError, RouterConfigError};
 use crate::routing::options::{Placement, RouterOptions, TOPIC_PREFIX};
 use crate::routing::own_topics::OwnTopics;
 use crate::routing::schema_cache::{CacheKey, EnvelopeSchemas};
@@ -200,10 +200,13 @@ impl Debezium {
 
     /// The router with Debezium's context headers, unless `extended.headers.enabled=false`
     /// (see [`crate::EventRouter::new_with_context`]).
-    pub(crate) fn with_context(mut self, context: &RouterContext) -> Result<Self, ConfigError> {
+    pub(crate) fn with_context(
+        mut self,
+        context: &RouterContext,
+    ) -> Result<Self, RouterConfigError> {
         if self.options.extended_headers() {
             let Some(logical_name) = self.options.topic_prefix() else {
-                return Err(ConfigError::MissingOption {
+                return Err(RouterConfigError::MissingOption {
                     option: TOPIC_PREFIX,
                     needed_by: "the __debezium.context.connectorLogicalName header needs it (extended.headers.enabled is true)",
                 });

@@ -12,7 +12,7 @@
 //!   which [`check_topic_name`] reports.
 
 pub use crate::routing::error::JavaRegexError;
-use crate::routing::error::{ConfigError, ReplacementError};
+use crate::routing::error::{ReplacementError, RouterConfigError};
 use regex::Regex;
 
 /// The default `route.topic.regex`, which matches any value whole.
@@ -191,14 +191,15 @@ impl TopicRouter {
     /// Compiles a Java regex and its replacement.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidTopicRegex`] when the regex cannot be compiled (lookaround and
-    /// backreferences are not supported), [`ConfigError::InvalidTopicReplacement`] when the
+    /// [`RouterConfigError::InvalidTopicRegex`] when the regex cannot be compiled (lookaround and
+    /// backreferences are not supported), [`RouterConfigError::InvalidTopicReplacement`] when the
     /// replacement refers to a group the regex lacks or is malformed.
-    pub fn new(regex: &str, replacement: &str) -> Result<Self, ConfigError> {
-        let bad_replacement = |reason: ReplacementError| ConfigError::InvalidTopicReplacement {
-            value: replacement.to_owned(),
-            reason,
-        };
+    pub fn new(regex: &str, replacement: &str) -> Result<Self, RouterConfigError> {
+        let bad_replacement =
+            |reason: ReplacementError| RouterConfigError::InvalidTopicReplacement {
+                value: replacement.to_owned(),
+                reason,
+            };
         if regex == DEFAULT_TOPIC_REGEX {
             let template = TopicTemplate::parse(replacement).map_err(bad_replacement)?;
             return Ok(TopicRouter {
@@ -206,7 +207,7 @@ impl TopicRouter {
                 template,
             });
         }
-        let compiled = java_regex(regex).map_err(|e| ConfigError::InvalidTopicRegex {
+        let compiled = java_regex(regex).map_err(|e| RouterConfigError::InvalidTopicRegex {
             value: regex.to_owned(),
             reason: e,
         })?;
@@ -364,7 +365,7 @@ mod tests {
             .lines()
             .last()
             .map(|l| l.trim().to_owned());
-        let message = ConfigError::InvalidTopicRegex {
+        let message = RouterConfigError::InvalidTopicRegex {
             value: "(a".to_owned(),
             reason: error,
         }

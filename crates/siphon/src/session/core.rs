@@ -133,7 +133,7 @@ impl From<EngineError<Siphon>> for PipelineError {
 mod tests {
     use super::*;
     use pgoutput::Lsn;
-    use siphon_kafka_sink::{Operation, RDKafkaErrorCode};
+    use siphon_kafka_sink::{RDKafkaErrorCode, SinkOperation};
 
     #[test]
     fn failures_read_as_the_sink_classifies_them() {
@@ -151,7 +151,7 @@ mod tests {
             DeliveryReading::Transient { replace: true, .. }
         ));
         let too_large = SinkError::Kafka {
-            operation: Operation::Enqueue,
+            operation: SinkOperation::Enqueue,
             topic: "t".into(),
             code: RDKafkaErrorCode::MessageSizeTooLarge,
         };
@@ -161,7 +161,7 @@ mod tests {
             Ok(SinkError::Kafka { .. })
         ));
         let unreachable = SinkError::Kafka {
-            operation: Operation::Enqueue,
+            operation: SinkOperation::Enqueue,
             topic: "t".into(),
             code: RDKafkaErrorCode::AllBrokersDown,
         };

@@ -11,7 +11,7 @@ use crate::names::SslMode;
 
 /// A problem of the configuration; each message names the key to change.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum SourceConfigError {
     #[error("invalid table name {text:?}: expected schema.table")]
     InvalidTableName { text: String },
     #[error("source.url: target_session_attrs={value} would pick a standby, but Siphon's replication slot lives on the primary: use target_session_attrs=read-write")]

@@ -4,7 +4,7 @@
 //! # Invariants
 //! - Every name put into SQL is quoted ([`quote_ident`], [`quote_literal`]).
 
-use crate::names::{quote_ident, quote_literal, Change};
+use crate::names::{quote_ident, quote_literal, MembershipChange};
 use std::fmt;
 
 /// The first version whose `ALTER_REPLICATION_SLOT` can turn `TWO_PHASE` off.
@@ -59,14 +59,14 @@ fn copy_name(slot: &str) -> String {
     format!("{}{SUFFIX}", &slot[..keep])
 }
 
-/// The message of [`crate::membership::Change::into_error`].
+/// The message of [`crate::membership::MembershipChange::into_error`].
 pub(crate) fn publication_change(
-    change: &Change,
+    change: &MembershipChange,
     publication: &str,
     f: &mut fmt::Formatter<'_>,
 ) -> fmt::Result {
     let (what, restart) = match change {
-        Change::PublicationRecreated => (
+        MembershipChange::PublicationRecreated => (
             format!(
                 "publication \"{publication}\" was dropped and created again while Siphon streamed (it is another publication now)"
             ),
@@ -74,7 +74,7 @@ pub(crate) fn publication_change(
             // of the stream was missing; that error names the way past it.
             " (on PostgreSQL before 18 the server may then stop at the first change written while the publication was missing, saying it does not exist; that error names how to move the slot past it)",
         ),
-        Change::TableAddedBack(table) => (
+        MembershipChange::TableAddedBack(table) => (
             format!(
                 "outbox table {} was taken out of publication \"{publication}\" and added back while Siphon streamed",
                 table.quoted()

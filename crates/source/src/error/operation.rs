@@ -2,7 +2,7 @@
 //! catalog query named by what it reads.
 //!
 //! # Invariants
-//! - Every server error is classified together with its [`Operation`]: the same SQLSTATE may
+//! - Every server error is classified together with its [`SourceOperation`]: the same SQLSTATE may
 //!   mean another thing for another command (42704 before streaming is the slot, while
 //!   streaming the publication).
 
@@ -10,7 +10,7 @@ use std::fmt;
 
 /// The command that failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Operation {
+pub enum SourceOperation {
     /// Opening the SQL connection (tokio-postgres): TCP, TLS, authentication.
     Connect,
     /// Opening the replication connection: TCP, TLS, startup message, authentication.
@@ -73,19 +73,19 @@ pub enum Query {
     Signals,
 }
 
-impl fmt::Display for Operation {
+impl fmt::Display for SourceOperation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Operation::Connect => f.write_str("connecting to PostgreSQL"),
-            Operation::ReplicationLogin => f.write_str("opening the replication connection"),
-            Operation::IdentifySystem => f.write_str("IDENTIFY_SYSTEM"),
-            Operation::AlterReplicationSlot => f.write_str("ALTER_REPLICATION_SLOT"),
-            Operation::TimelineHistory => f.write_str("TIMELINE_HISTORY"),
-            Operation::CreateReplicationSlot => f.write_str("creating the replication slot"),
-            Operation::CreatePublication { .. } => f.write_str("creating the publication"),
-            Operation::StartReplication => f.write_str("START_REPLICATION"),
-            Operation::Stream => f.write_str("streaming"),
-            Operation::Query(query) => query.fmt(f),
+            SourceOperation::Connect => f.write_str("connecting to PostgreSQL"),
+            SourceOperation::ReplicationLogin => f.write_str("opening the replication connection"),
+            SourceOperation::IdentifySystem => f.write_str("IDENTIFY_SYSTEM"),
+            SourceOperation::AlterReplicationSlot => f.write_str("ALTER_REPLICATION_SLOT"),
+            SourceOperation::TimelineHistory => f.write_str("TIMELINE_HISTORY"),
+            SourceOperation::CreateReplicationSlot => f.write_str("creating the replication slot"),
+            SourceOperation::CreatePublication { .. } => f.write_str("creating the publication"),
+            SourceOperation::StartReplication => f.write_str("START_REPLICATION"),
+            SourceOperation::Stream => f.write_str("streaming"),
+            SourceOperation::Query(query) => query.fmt(f),
         }
     }
 }

@@ -3,12 +3,12 @@
 //!
 //! # Invariants
 //! - [`consequence_of`] is the one table that says what a server error means for the process;
-//!   it reads the SQLSTATE (code, else class) and the [`Operation`], nothing else.
+//!   it reads the SQLSTATE (code, else class) and the [`SourceOperation`], nothing else.
 //! - [`ServerFailure::server_message`] is only ever displayed.
 //! - A class the table does not name is [`Consequence::Fix`]: an error nobody classified stops
 //!   Siphon with the server's message and SQLSTATE instead of reconnecting forever.
 
-use super::{Operation, SqlState};
+use super::{SourceOperation, SqlState};
 use crate::names::SslMode;
 use siphon_core::Consequence;
 use std::fmt;
@@ -36,18 +36,18 @@ use std::fmt;
 /// | class 55 object not in prerequisite state (an invalidated slot, a slot of another database) | | Fix |
 /// | class 0A feature not supported, 22 data exception, 23 integrity, 54 program limit, F0 configuration file | | Fix |
 /// | any other class | not classified: stop with the server's message | Fix |
-pub fn consequence_of(code: SqlState, operation: &Operation) -> Consequence {
+pub fn consequence_of(code: SqlState, operation: &SourceOperation) -> Consequence {
     use Consequence::{Fix, Retry};
     match code {
         SqlState::OBJECT_IN_USE | SqlState::LOCK_NOT_AVAILABLE => Retry,
         SqlState::READ_ONLY_SQL_TRANSACTION
-            if *operation == Operation::Query(super::Query::OutboxRows) =>
+            if *operation == SourceOperation::Query(super::Query::OutboxRows) =>
         {
             Fix
         }
         SqlState::READ_ONLY_SQL_TRANSACTION => Retry,
         SqlState::CONFIGURATION_LIMIT_EXCEEDED
-            if *operation == Operation::CreateReplicationSlot =>
+            if *operation == SourceOperation::CreateReplicationSlot =>
         {
             Fix
         }
@@ -74,7 +74,7 @@ pub struct LoginTls {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerFailure {
     /// What Siphon was doing.
-    pub operation: Operation,
+    pub operation: SourceOperation,
     /// The SQLSTATE: what the error is.
     pub code: SqlState,
     /// What the server said (severity, message, detail, hint), in its `lc_messages` language:
@@ -128,7 +128,7 @@ impl ServerFailure {
 
     /// What the error is, from its SQLSTATE and the command that failed.
     pub fn diagnosis(&self) -> Diagnosis {
-        use Operation as O;
+        use SourceOperation as O;
         let code = self.code;
         match &self.operation {
             O::ReplicationLogin
@@ -214,7 +214,7 @@ impl fmt::Display for ServerFailure {
         let code = self.code;
         let slot = self.slot();
         let login = match self.operation {
-            Operation::ReplicationLogin => "PostgreSQL refused the replication login",
+            SourceOperation::ReplicationLogin => "PostgreSQL refused the replication login",
             _ => "connecting to PostgreSQL",
         };
         match self.diagnosis() {
@@ -250,7 +250,7 @@ impl fmt::Display for ServerFailure {
             ),
             Diagnosis::NoConnectionFree => {
                 let limit = match self.operation {
-                    Operation::ReplicationLogin => "max_wal_senders (replication connections: the stream and each snapshot or re-send use one)",
+                    SourceOperation::ReplicationLogin => "max_wal_senders (replication connections: the stream and each snapshot or re-send use one)",
                     _ => "max_connections",
                 };
                 write!(
@@ -265,7 +265,7 @@ impl fmt::Display for ServerFailure {
             ),
             Diagnosis::PublicationNotCreated => {
                 let command = match &self.operation {
-                    Operation::CreatePublication { command } => command.as_str(),
+                    SourceOperation::CreatePublication { command } => command.as_str(),
                     _ => "CREATE PUBLICATION ...",
                 };
                 write!(
@@ -328,7 +328,7 @@ mod tests {
     use crate::error::Query;
     use Consequence::{Fix, Retry};
 
-    fn failure(code: &str, operation: Operation) -> ServerFailure {
+    fn failure(code: &str, operation: SourceOperation) -> ServerFailure {
         ServerFailure {
             operation,
             code: SqlState::parse(code),
@@ -342,11 +342,11 @@ mod tests {
 
     #[test]
     fn the_table_sorts_sqlstates_by_consequence() {
-        use Operation as O;
+        use SourceOperation as O;
         let publication = O::CreatePublication {
             command: "CREATE PUBLICATION p".into(),
         };
-        let rows: &[(&str, Operation, Consequence)] = &[
+        let rows: &[(&str, SourceOperation, Consequence)] = &[
             // The slot is active for another process: a standby waits to take over.
             ("55006", O::StartReplication, Retry),
             ("55006", O::AlterReplicationSlot, Retry),
@@ -411,8 +411,8 @@ mod tests {
 
     #[test]
     fn the_diagnosis_comes_from_the_code_and_the_command() {
-        use Operation as O;
-        let rows: &[(&str, Operation, Diagnosis)] = &[
+        use SourceOperation as O;
+        let rows: &[(&str, SourceOperation, Diagnosis)] = &[
             ("55006", O::StartReplication, Diagnosis::SlotInUse),
             ("42704", O::StartReplication, Diagnosis::SlotMissing),
             ("42704", O::Stream, Diagnosis::PublicationMissing),
@@ -446,7 +446,7 @@ mod tests {
                 mode,
                 client_certificate,
             }),
-            ..failure("28000", Operation::ReplicationLogin)
+            ..failure("28000", SourceOperation::ReplicationLogin)
         };
         assert_eq!(
             login(SslMode::Disable, false).diagnosis(),
@@ -471,7 +471,7 @@ mod tests {
 
     #[test]
     fn messages_name_the_fix_whatever_the_server_s_language() {
-        let text = failure("42704", Operation::Stream).to_string();
+        let text = failure("42704", SourceOperation::Stream).to_string();
         for fix in [
             "CREATE PUBLICATION",
             "SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())",
@@ -481,14 +481,14 @@ mod tests {
         ] {
             assert!(text.contains(fix), "{text}");
         }
-        let text = failure("42501", Operation::ReplicationLogin).to_string();
+        let text = failure("42501", SourceOperation::ReplicationLogin).to_string();
         assert!(text.contains(r#"ALTER ROLE "cdc" REPLICATION"#), "{text}");
         assert!(text.contains("no REPLICATION attribute"), "{text}");
-        let text = failure("55006", Operation::StartReplication).to_string();
+        let text = failure("55006", SourceOperation::StartReplication).to_string();
         assert!(text.contains("waiting to take over"), "{text}");
-        let text = failure("55000", Operation::StartReplication).to_string();
+        let text = failure("55000", SourceOperation::StartReplication).to_string();
         assert!(text.contains("invalidated") && text.contains("pg_drop_replication_slot('s')"));
-        let text = failure("P0001", Operation::Stream).to_string();
+        let text = failure("P0001", SourceOperation::Stream).to_string();
         assert!(
             text.contains("does not retry errors of SQLSTATE class P0"),
             "{text}"

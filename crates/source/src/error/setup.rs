@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::names::{quote_ident, Change, TableName};
+use crate::names::{quote_ident, MembershipChange, TableName};
 
 /// A check of the server, slot, publication or tables that failed.
 #[derive(Debug)]
@@ -23,7 +23,10 @@ pub enum SetupProblem {
     /// The publication exists but does not publish what Siphon needs.
     Publication(PublicationProblem),
     /// The publication changed under the stream, so events were not published.
-    PublicationChanged { publication: String, change: Change },
+    PublicationChanged {
+        publication: String,
+        change: MembershipChange,
+    },
     /// The publication names an outbox table's changes by its partition `leaf`.
     LeafPublished {
         publication: String,
