@@ -276,6 +276,22 @@ pub async fn read_topic_async(
     read_topic_isolated_async(bootstrap, topic, timeout, Isolation::ReadCommitted).await
 }
 
+/// Waits up to `timeout` until `topic` holds at least `count` committed records, and returns
+/// them (each read waits at most `read_timeout` for the partitions' ends).
+pub async fn wait_for_topic_records(
+    bootstrap: &str,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+    read_timeout: Duration,
+) -> Result<Vec<ConsumedRecord>> {
+    crate::wait_for(timeout, Duration::from_millis(300), || async {
+        let records = read_topic_async(bootstrap, topic, read_timeout).await?;
+        Ok((records.len() >= count).then_some(records))
+    })
+    .await
+}
+
 /// [`read_topic_isolated`] on Tokio's blocking thread pool.
 pub async fn read_topic_isolated_async(
     bootstrap: &str,

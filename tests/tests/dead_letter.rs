@@ -327,14 +327,12 @@ async fn by_default_a_row_routed_to_the_progress_topic_stops_siphon_naming_it() 
 
 /// Reads `topic` until it holds at least `n` records.
 async fn wait_for_records(broker: &Broker, topic: &str, n: usize) -> Result<Vec<ConsumedRecord>> {
-    wait_for(
+    siphon_tests::kafka_read::wait_for_topic_records(
+        &broker.bootstrap(),
+        topic,
+        n,
         Duration::from_secs(60),
-        Duration::from_millis(300),
-        || async {
-            let records =
-                read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(20)).await?;
-            Ok((records.len() >= n).then_some(records))
-        },
+        Duration::from_secs(20),
     )
     .await
 }

@@ -140,14 +140,12 @@ async fn records(
     count: usize,
     siphon: &SiphonProcess,
 ) -> Result<Vec<ConsumedRecord>> {
-    wait_for(
+    siphon_tests::kafka_read::wait_for_topic_records(
+        &broker.bootstrap(),
+        topic,
+        count,
         Duration::from_secs(90),
-        Duration::from_millis(300),
-        || async {
-            let records =
-                read_topic_async(&broker.bootstrap(), topic, Duration::from_secs(30)).await?;
-            Ok((records.len() >= count).then_some(records))
-        },
+        Duration::from_secs(30),
     )
     .await
     .with_context(|| siphon.log())

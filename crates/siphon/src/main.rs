@@ -12,7 +12,7 @@ use siphon::{
     alloc, config, error, import, progress_record, publication_record, resend, settings, status,
     supervisor, telemetry, transfer,
 };
-use siphon_record::registered::SubjectStrategy;
+use siphon_record::registered::key_subject;
 use siphon_source::row_condition::{ConditionSource, RowCondition};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -178,15 +178,13 @@ fn check_config(path: &Path) -> anyhow::Result<ExitCode> {
         let level = runtime
             .block_on(registry.registry().compatibility())
             .with_context(|| format!("asking the schema registry at {url}"))?;
-        let values = match settings.subject_strategy {
-            SubjectStrategy::Topic => "<topic>-value",
-            SubjectStrategy::TopicRecord => "<topic>-<event type>",
-            SubjectStrategy::Record => "<event type>",
-        };
+        let values = settings
+            .subject_strategy
+            .value_subject("<topic>", Some("<event type>"));
         let keys = if config.format.key == config::EncodingName::Avro {
-            ", key schemas under <topic>-key"
+            format!(", key schemas under {}", key_subject("<topic>"))
         } else {
-            ""
+            String::new()
         };
         println!(
             "schema registry {url} answers (compatibility {level}); value schemas are under {values}{keys}"

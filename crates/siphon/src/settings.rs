@@ -56,12 +56,17 @@ fn value_encoding(config: &Config) -> Encoding {
     }
 }
 
+/// Whether values are written with the schemas registered for them (not derived): with
+/// `schema_registry.schemas = "registered"`, and always with `json-sr`.
+fn writes_registered_schemas(config: &Config) -> bool {
+    config.schema_registry.schemas == SchemaSource::Registered
+        || config.format.value == EncodingName::JsonSr
+}
+
 /// `schema_registry.versions`: the subjects written with a version of their own.
 fn pinned_versions(config: &Config) -> anyhow::Result<HashMap<String, i32>> {
     let section = &config.schema_registry;
-    let registered =
-        section.schemas == SchemaSource::Registered || config.format.value == EncodingName::JsonSr;
-    if !section.versions.is_empty() && !registered {
+    if !section.versions.is_empty() && !writes_registered_schemas(config) {
         anyhow::bail!("schema_registry.versions pins the schemas payloads are written with, which needs schemas = \"registered\"; remove it, or set schema_registry.schemas = \"registered\"");
     }
     section
@@ -100,9 +105,9 @@ pub fn registry_config(config: &Config) -> anyhow::Result<Option<RegistryConfig>
     if !needed {
         anyhow::bail!("schema_registry.url is set but no format uses the registry; set format.value = \"avro\" or \"json-sr\" (or format.key = \"avro\"), or remove the [schema_registry] section");
     }
-    let registered =
-        section.schemas == SchemaSource::Registered || config.format.value == EncodingName::JsonSr;
-    if section.subject_name_strategy != SubjectNameStrategy::Topic && !registered {
+    if section.subject_name_strategy != SubjectNameStrategy::Topic
+        && !writes_registered_schemas(config)
+    {
         anyhow::bail!("schema_registry.subject_name_strategy names value subjects by event type, which needs the schemas registered for them: set schema_registry.schemas = \"registered\", or subject_name_strategy = \"topic\" (derived schemas are registered under <topic>-value)");
     }
     if config.format.value == EncodingName::JsonSr && section.schemas != SchemaSource::Registered {
@@ -355,12 +360,8 @@ pub fn build(config: &Config) -> anyhow::Result<PipelineSettings> {
     let pinned = pinned_versions(config)?;
     let registry = registry_config(config)?
         .map(|c| {
-            crate::registry::SchemaIds::new(
-                &c,
-                config.schema_registry.schemas == SchemaSource::Registered
-                    || config.format.value == EncodingName::JsonSr,
-            )
-            .map(|ids| ids.with_pinned(pinned))
+            crate::registry::SchemaIds::new(&c, writes_registered_schemas(config))
+                .map(|ids| ids.with_pinned(pinned))
         })
         .transpose()
         .context("[schema_registry]")?;

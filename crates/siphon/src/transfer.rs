@@ -676,7 +676,7 @@ impl RowRefusal {
 
     /// Whether the row's payload did not fit the schema registered for it.
     fn is_misfit(&self) -> bool {
-        matches!(self, RowRefusal::Registry(Refusal::Misfit { .. }))
+        matches!(self, RowRefusal::Registry(refusal) if refusal.is_misfit())
     }
 
     /// The transfer's end for a row of `table` with `key` that is not dead-lettered.

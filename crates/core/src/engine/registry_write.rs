@@ -157,6 +157,12 @@ impl<R: std::fmt::Display> Refusal<R> {
         }
     }
 
+    /// Whether the payload did not fit the schema registered for it (what
+    /// `siphon_schema_misfits_total` counts).
+    pub fn is_misfit(&self) -> bool {
+        matches!(self, Refusal::Misfit { .. })
+    }
+
     /// The subject the refusal is about.
     pub fn subject(&self) -> &str {
         match self {

@@ -1017,7 +1017,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         refusal: Refusal<V::RegistryError>,
         lsn: Lsn,
     ) -> Result<Resolved<'a>, V::Error> {
-        if matches!(refusal, Refusal::Misfit { .. }) {
+        if refusal.is_misfit() {
             self.notes.push_back(Note::SchemaMisfit);
         }
         if let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error {

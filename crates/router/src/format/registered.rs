@@ -110,19 +110,25 @@ impl RegisteredJson {
     /// # Errors
     /// A [`Misfit`] naming where the payload breaks the schema.
     pub fn encode(&self, payload: &[u8]) -> Result<Vec<u8>, Misfit> {
-        let misfit = |reason: String| Misfit {
-            id: self.id,
-            reason: shortened(reason),
-        };
-        let json: JsonValue = serde_json::from_slice(payload)
-            .map_err(|e| misfit(format!("the payload is not JSON ({e})")))?;
+        let json = payload_json(self.id, payload)?;
         if let Err(error) = self.validator.validate(&json) {
             let at = error.instance_path().to_string();
             let at = if at.is_empty() { "/".to_owned() } else { at };
-            return Err(misfit(format!("at {at}: {error}")));
+            return Err(Misfit {
+                id: self.id,
+                reason: shortened(format!("at {at}: {error}")),
+            });
         }
         Ok(framed(self.id, payload))
     }
+}
+
+/// The payload parsed as JSON, or the misfit of a payload that is not JSON.
+fn payload_json(id: u32, payload: &[u8]) -> Result<JsonValue, Misfit> {
+    serde_json::from_slice(payload).map_err(|e| Misfit {
+        id,
+        reason: shortened(format!("the payload is not JSON ({e})")),
+    })
 }
 
 /// A registered Avro schema: its id and its parsed form.
@@ -165,8 +171,7 @@ impl RegisteredAvro {
             id: self.id,
             reason: shortened(reason),
         };
-        let json: JsonValue = serde_json::from_slice(payload)
-            .map_err(|e| misfit(format!("the payload is not JSON ({e})")))?;
+        let json = payload_json(self.id, payload)?;
         let mut path = String::from("$");
         if let Some(reason) = self.unknown_member(&self.schema, &json, &mut path) {
             return Err(misfit(reason));
