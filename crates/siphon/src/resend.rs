@@ -31,7 +31,7 @@
 use crate::pipeline::PipelineSettings;
 use crate::telemetry::{Metrics, TransferKind};
 use crate::transfer::{
-    self, ProgressLog, Sender, Stamp, TableCopy, TransferError, TransferProgress, RESEND_HEADER,
+    self, CopyPlan, ProgressLog, Stamp, TableCopy, TransferError, TransferProgress, RESEND_HEADER,
 };
 use bytes::Bytes;
 use siphon_core::Backoff;
@@ -39,7 +39,7 @@ use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::RowReader;
 use siphon_source::TableName;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// What to re-send.
@@ -202,42 +202,20 @@ async fn attempt(
             progress
         }
     };
-    let started = Instant::now();
     let sent_before = progress.rows_sent;
-    let mut sender = Sender::new(
-        &settings.sink,
-        settings.max_in_flight_records,
-        settings.max_in_flight_bytes,
-        &settings.on_error,
-        Arc::clone(metrics),
-    )
-    .map_err(TransferError::from)?;
     let until = progress.until.clone();
-    let mut copy = TableCopy {
+    let plan = CopyPlan {
         kind: TransferKind::Resend,
-        routers: &settings.router,
-        on_error: &settings.on_error,
-        chunk_rows: settings.snapshot.chunk_rows,
         stamp: Stamp::Resend(Bytes::from(progress.id.clone())),
         lsn: pgoutput::Lsn::ZERO,
-        metrics: Arc::clone(metrics),
-        log: &log,
-        started,
         sent_before,
-        last_report: (started, sent_before),
-        pace: transfer::Pace::new(request.max_rows_per_second),
-        writing: None,
-        registry: settings
-            .registry
-            .clone()
-            .map(|ids| transfer::TransferRegistry::new(ids, settings.subject_strategy)),
-        chunk_bytes: settings.max_in_flight_bytes,
+        max_rows_per_second: request.max_rows_per_second,
     };
+    let mut copy = TableCopy::new(settings, plan, &log, metrics)?;
     if let Some(until) = &until {
         if !progress.finished(&request.table) {
             copy.table(
                 &mut reader,
-                &mut sender,
                 &table,
                 condition,
                 Some(until),
@@ -251,7 +229,12 @@ async fn attempt(
         .await?;
     reader.finish().await?;
     let sent = progress.rows_sent.saturating_sub(sent_before);
-    transfer::finished(TransferKind::Resend, progress.rows_sent, started, metrics);
+    transfer::finished(
+        TransferKind::Resend,
+        progress.rows_sent,
+        copy.started(),
+        metrics,
+    );
     info!(
         id = %progress.id,
         table = %request.table,

@@ -32,12 +32,11 @@ use crate::pipeline::PipelineSettings;
 use crate::position::PositionHeaders;
 use crate::telemetry::{Metrics, TransferKind};
 use crate::transfer::{
-    self, ProgressLog, Sender, Stamp, TableCopy, TransferError, TransferProgress,
+    self, CopyPlan, ProgressLog, Stamp, TableCopy, TransferError, TransferProgress,
 };
 use siphon_source::snapshot::RowReader;
 use siphon_source::SlotState;
 use std::sync::Arc;
-use std::time::Instant;
 use tracing::{info, warn};
 
 pub use crate::snapshot_plan::{Plan, TablePlan, DEFAULT_CHUNK_ROWS};
@@ -156,14 +155,6 @@ async fn send_all(
         in_snapshot = reader.in_snapshot(),
         "initial snapshot: sending the outbox rows before streaming"
     );
-    let started = Instant::now();
-    let mut sender = Sender::new(
-        &settings.sink,
-        settings.max_in_flight_records,
-        settings.max_in_flight_bytes,
-        &settings.on_error,
-        Arc::clone(metrics),
-    )?;
     let position = settings
         .position_headers
         .then(|| {
@@ -176,30 +167,17 @@ async fn send_all(
             let next = u32::try_from(progress.rows_sent).unwrap_or(u32::MAX);
             (position, next)
         });
-    let mut copy = TableCopy {
+    let plan = CopyPlan {
         kind: TransferKind::Snapshot,
-        routers: &settings.router,
-        on_error: &settings.on_error,
-        chunk_rows: settings.snapshot.chunk_rows,
         stamp: Stamp::Snapshot(position),
         lsn: slot.confirmed_flush_lsn,
-        metrics: Arc::clone(metrics),
-        log,
-        started,
         sent_before: progress.rows_sent,
-        last_report: (started, progress.rows_sent),
-        pace: crate::transfer::Pace::new(0),
-        writing: None,
-        registry: settings
-            .registry
-            .clone()
-            .map(|ids| transfer::TransferRegistry::new(ids, settings.subject_strategy)),
-        chunk_bytes: settings.max_in_flight_bytes,
+        max_rows_per_second: 0,
     };
+    let mut copy = TableCopy::new(settings, plan, log, metrics)?;
     for (outbox, filter, until) in &described {
         copy.table(
             reader,
-            &mut sender,
             outbox,
             filter.as_ref(),
             until.as_deref(),
@@ -209,6 +187,11 @@ async fn send_all(
     }
     progress.done = true;
     copy.report("*", &mut progress).await?;
-    transfer::finished(TransferKind::Snapshot, progress.rows_sent, started, metrics);
+    transfer::finished(
+        TransferKind::Snapshot,
+        progress.rows_sent,
+        copy.started(),
+        metrics,
+    );
     Ok(())
 }

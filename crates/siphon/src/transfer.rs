@@ -1,48 +1,39 @@
-//! Sending outbox rows read outside the stream (initial snapshots and re-sends): each row is
-//! routed by the table's router into the record streaming makes of its INSERT, sent through a
-//! producer of its own within the in-flight window, and acknowledged chunk by chunk; after each
-//! chunk the progress (the last key acknowledged) is written to the state topic.
+//! Sending outbox rows read outside the stream (initial snapshots and re-sends): the rows are
+//! read chunk by chunk and given to the transfer's engine
+//! ([`siphon_core::engine::transfer`]), which routes each into the record streaming makes of its
+//! INSERT and decides, by the stream's rules, what becomes of a row or record that cannot be
+//! delivered; this module carries out what it asks (a producer of its own, the registry) and,
+//! after each chunk Kafka acknowledged, writes the progress (the last key acknowledged) to the
+//! state topic.
 //!
 //! # Invariants
 //! - Memory is bounded by one chunk of rows (read with one keyset query: at most `chunk_rows`
 //!   rows, and as many as fit in `max_in_flight_bytes` at the size of the chunk before) and
-//!   the in-flight window (`pipeline.max_in_flight_records` and `max_in_flight_bytes`).
+//!   the engine's window (`pipeline.max_in_flight_records` and `max_in_flight_bytes`).
 //! - Progress names only keys whose rows (and every row before them in key order) Kafka
-//!   acknowledged: a transfer resumed from it loses no row; rows after it may be sent twice.
-//! - A record Kafka did not take ends the transfer with an error (transient: it resumes from the
-//!   last progress written); nothing is skipped silently. A row the router cannot route, and a
-//!   record Kafka refuses for its own sake ([`RecordFault`]), follow `pipeline.on_error` as in
-//!   the stream: dead-lettered, or the transfer stops naming it.
-//! - A record in a registry format goes through the core's [`RegistryWrite`], as the stream's
-//!   do: the same questions to the registry, and the same rule for which refusals are
-//!   dead-lettered.
-//! - The records are the router's, byte for byte: the same topic, key, value and headers as
-//!   the stream makes of the row's INSERT, with only the headers of [`Stamp`] appended.
+//!   acknowledged: a chunk counts once the engine is settled. A transfer resumed from it loses
+//!   no row; rows after it may be sent twice.
+//! - Nothing here decides what a row or a refusal becomes: a stop of the engine ends the
+//!   transfer with the error naming the row's table and key, and a record not delivered for a
+//!   transient reason ends it too (it resumes from the last progress written).
 
-use crate::dead_letter::Stage;
-use crate::pipeline::{ErrorPolicy, Routers};
-use crate::position::PositionHeaders;
-use crate::record_fault::RecordFault;
+use crate::pipeline::{PipelineSettings, Routers};
+use crate::session::core::{TransferInput, TransferSession, TransferStop};
+use crate::session::recorder::Recorder;
 use crate::telemetry::{Event, Metrics, TransferKind};
-use bytes::Bytes;
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
-use siphon_core::engine::registry_write::{
-    Answered, Ask, Refusal, RegistryWrite, SchemaCache, Step,
-};
+use siphon_core::engine::registry_write::{Answered, Ask, Refusal, SchemaCache};
+use siphon_core::engine::transfer::{TransferAction, TransferSettings};
+pub use siphon_core::engine::transfer::{Stamp, RESEND_HEADER};
 use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
-use siphon_record::registered::SchemaAsk;
-use siphon_router::{Header, RegistryRecord, RouteError, Routed, RoutedRecord, TableBinding};
 use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::{OutboxTable, RowReader};
 use siphon_source::TableName;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
-
-/// The header a re-sent record carries, its value the re-send's id.
-pub const RESEND_HEADER: &str = "siphon.resend";
+use tracing::debug;
 
 pub use crate::transfer_error::TransferError;
 /// The format of [`TransferProgress`]; a record of another version is refused, not guessed at.
@@ -198,226 +189,120 @@ impl ProgressLog {
     }
 }
 
-/// The headers appended to each record of a transfer.
-pub enum Stamp {
-    /// Initial snapshot: with `format.position_headers`, the position `0:<index>` (before every
-    /// streamed record), counted on from the rows sent before (the index of the next row).
-    Snapshot(Option<(PositionHeaders, u32)>),
-    /// Re-send: [`RESEND_HEADER`] with the re-send's id.
-    Resend(Bytes),
-}
-
-impl Stamp {
-    fn apply(&mut self, record: &mut RoutedRecord) {
-        match self {
-            Stamp::Snapshot(Some((position, next))) => {
-                position.stamp(Lsn::ZERO, *next, record);
-                *next = next.saturating_add(1);
-            }
-            Stamp::Snapshot(None) => {}
-            Stamp::Resend(id) => record.headers.push(Header {
-                name: Arc::from(RESEND_HEADER),
-                value: Some(id.clone()),
-            }),
-        }
-    }
-}
-
-/// A producer of the transfer's own, with the in-flight window. A record Kafka refuses for its
-/// own sake ([`RecordFault`]) follows `pipeline.on_error` as in the stream: with dead letters
-/// its letter is sent in its place (acknowledged before the chunk counts as done); otherwise
-/// the transfer stops naming it.
+/// A transfer's own producer, and its delivery reports.
 pub struct Sender {
     sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
-    next_token: usize,
-    /// Size of each record in flight, by token.
-    in_flight: std::collections::HashMap<usize, usize>,
-    in_flight_bytes: usize,
-    max_records: usize,
-    max_bytes: usize,
-    on_error: ErrorPolicy,
-    metrics: Arc<Metrics>,
-    /// Dead letters of refused records, still to be sent.
-    letters: Vec<RoutedRecord>,
 }
 
 impl Sender {
-    /// A producer for `config`, with at most `max_records` records of `max_bytes` bytes in
-    /// flight. Its records are counted by the `siphon_transfer_*` series only, not by the
-    /// stream's per-topic counters.
-    pub fn new(
-        config: &SinkConfig,
-        max_records: usize,
-        max_bytes: usize,
-        on_error: &ErrorPolicy,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, SinkError> {
+    /// A producer for `config`. Its records are counted by the `siphon_transfer_*` series
+    /// only, not by the stream's per-topic counters.
+    pub fn new(config: &SinkConfig) -> Result<Self, SinkError> {
         let (sink, deliveries) = KafkaSink::new(config, None)?;
-        Ok(Sender {
-            sink,
-            deliveries,
-            next_token: 0,
-            in_flight: std::collections::HashMap::new(),
-            in_flight_bytes: 0,
-            max_records: max_records.max(1),
-            max_bytes: max_bytes.max(1),
-            on_error: on_error.clone(),
-            metrics,
-            letters: Vec::new(),
-        })
+        Ok(Sender { sink, deliveries })
     }
 
-    /// Hands `record` to the producer once the window has room for it (and the dead letters
-    /// of records refused meanwhile).
-    pub async fn send(&mut self, record: RoutedRecord) -> Result<(), TransferError> {
-        self.hand(record).await?;
-        self.send_letters().await
-    }
-
-    /// Waits until every record sent (and every dead letter) was acknowledged.
-    pub async fn flush(&mut self) -> Result<(), TransferError> {
+    /// The next delivery report.
+    async fn next_report(&mut self) -> Result<Delivery, TransferError> {
         loop {
-            while !self.in_flight.is_empty() {
-                self.settle_one().await?;
-            }
-            if self.letters.is_empty() {
-                return Ok(());
-            }
-            self.send_letters().await?;
-        }
-    }
-
-    async fn send_letters(&mut self) -> Result<(), TransferError> {
-        while let Some(letter) = self.letters.pop() {
-            self.hand(letter).await?;
-        }
-        Ok(())
-    }
-
-    /// Hands one record to the producer once the window has room for it.
-    async fn hand(&mut self, record: RoutedRecord) -> Result<(), TransferError> {
-        let size = siphon_kafka_sink::producer::record_bytes(&record);
-        while !self.in_flight.is_empty()
-            && (self.in_flight.len() >= self.max_records
-                || self.in_flight_bytes + size > self.max_bytes)
-        {
-            self.settle_one().await?;
-        }
-        let token = self.next_token;
-        self.next_token = self.next_token.wrapping_add(1);
-        match self.sink.send(token, &record).await {
-            Ok(()) => {
-                self.in_flight.insert(token, size);
-                self.in_flight_bytes += size;
-                Ok(())
-            }
-            Err(error) => match RecordFault::of_enqueue(error) {
-                Ok(fault) => self.refused(record, fault),
-                Err(error) => Err(error.into()),
-            },
-        }
-    }
-
-    /// Waits for one delivery report.
-    async fn settle_one(&mut self) -> Result<(), TransferError> {
-        let delivery = loop {
             tokio::select! {
                 () = self.sink.reports_ready() => self.sink.serve_reports(),
-                delivery = self.deliveries.recv() => match delivery {
-                    Some(delivery) => break delivery,
-                    None => return Err(TransferError::ReportsLost),
-                },
-            }
-        };
-        if let Some(size) = self.in_flight.remove(&delivery.token) {
-            self.in_flight_bytes -= size;
-        }
-        let Err(failure) = delivery.result else {
-            return Ok(());
-        };
-        let failure = *failure;
-        match RecordFault::of_delivery(failure.error) {
-            Ok(fault) => self.refused(failure.record, fault),
-            Err(error) => {
-                // The others in flight may still arrive; the transfer resumes from its last
-                // progress, which names none of them.
-                self.sink.purge();
-                Err(TransferError::Delivery {
-                    topic: failure.record.topic.to_string(),
-                    error: Box::new(error),
-                })
-            }
-        }
-    }
-
-    /// `record` is refused for `fault`: its dead letter is queued, or the transfer stops.
-    fn refused(&mut self, record: RoutedRecord, fault: RecordFault) -> Result<(), TransferError> {
-        match &self.on_error {
-            ErrorPolicy::DeadLetter(dead_letters) if &*record.topic != dead_letters.topic() => {
-                Event::RecordDeadLettered {
-                    topic: &record.topic,
-                    error: &fault,
+                delivery = self.deliveries.recv() => {
+                    return delivery.ok_or(TransferError::ReportsLost);
                 }
-                .emit(&self.metrics);
-                self.letters
-                    .push(dead_letters.for_record(record, &fault, Stage::Produce, None));
-                Ok(())
             }
-            ErrorPolicy::DeadLetter(_) => Err(TransferError::DeadLetterRefused(Box::new(fault))),
-            ErrorPolicy::Fail => Err(TransferError::Refused {
-                topic: record.topic.to_string(),
-                fault: Box::new(fault),
-            }),
         }
     }
 }
 
-/// One table's rows, routed and sent chunk by chunk.
+/// One table's rows after another, read chunk by chunk and sent through the transfer's
+/// engine ([`TransferSession`]), which decides what becomes of each.
 pub struct TableCopy<'a> {
     pub kind: TransferKind,
-    pub routers: &'a Routers,
-    pub on_error: &'a ErrorPolicy,
-    pub chunk_rows: usize,
+    routers: &'a Routers,
+    session: TransferSession<'a>,
+    sender: Sender,
+    recorder: Recorder,
+    chunk_rows: usize,
+    /// The bytes of row values a chunk should hold at most.
+    chunk_bytes: usize,
+    metrics: Arc<Metrics>,
+    /// Where progress is written after each chunk.
+    log: &'a ProgressLog,
+    /// When this run started, for the rate.
+    started: Instant,
+    /// Rows acknowledged before this run started.
+    sent_before: u64,
+    /// When progress was last written (and logged), and the rows sent then.
+    last_report: (Instant, u64),
+    /// At most so many rows a second, row by row.
+    pace: Pace,
+    /// The progress write running beside the reading (`None` at first): each waits for the one
+    /// before it, so they reach the state topic in order.
+    writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
+    /// The schema registry of the registry formats.
+    registry: Option<crate::registry::SchemaIds>,
+}
+
+/// How a transfer runs: what it stamps, where its dead letters point, how fast it goes.
+pub struct CopyPlan {
+    pub kind: TransferKind,
     pub stamp: Stamp,
     /// The position dead-lettered rows name (the consistent point for a snapshot).
     pub lsn: Lsn,
-    pub metrics: Arc<Metrics>,
-    /// Where progress is written after each chunk.
-    pub log: &'a ProgressLog,
-    /// When this run started, for the rate.
-    pub started: Instant,
     /// Rows acknowledged before this run started.
     pub sent_before: u64,
-    /// When progress was last written (and logged), and the rows sent then.
-    pub last_report: (Instant, u64),
-    /// At most so many rows a second, row by row.
-    pub pace: Pace,
-    /// The bytes of row values a chunk should hold at most (`pipeline.max_in_flight_bytes`).
-    pub chunk_bytes: usize,
-    /// The progress write running beside the reading (`None` at first): each waits for the one
-    /// before it, so they reach the state topic in order.
-    pub writing: Option<tokio::task::JoinHandle<Result<(), TransferError>>>,
-    /// The schema registry of the registry formats, and what it answered.
-    pub registry: Option<TransferRegistry>,
+    /// At most so many rows a second (0: as fast as Kafka acknowledges).
+    pub max_rows_per_second: u64,
 }
 
-/// The registry the records of a transfer are written through: asked as the stream asks it,
-/// its answers kept for the transfer.
-pub struct TransferRegistry {
-    ids: crate::registry::SchemaIds,
-    cache: SchemaCache,
-}
-
-impl TransferRegistry {
-    /// A transfer's registry, through `ids`, with nothing answered yet, for value subjects
-    /// named by `strategy`.
+impl<'a> TableCopy<'a> {
+    /// A transfer with the pipeline's routers, `on_error`, registry and window, and a
+    /// producer of its own, writing its progress to `log`.
     pub fn new(
-        ids: crate::registry::SchemaIds,
-        strategy: siphon_record::registered::SubjectStrategy,
-    ) -> Self {
-        let cache = SchemaCache::new(ids.latest_ttl(), strategy);
-        TransferRegistry { ids, cache }
+        settings: &'a PipelineSettings,
+        plan: CopyPlan,
+        log: &'a ProgressLog,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Self, TransferError> {
+        let started = Instant::now();
+        let session = TransferSession::new(TransferSettings {
+            on_error: &settings.on_error,
+            max_records: settings.max_in_flight_records,
+            max_bytes: settings.max_in_flight_bytes,
+            lsn: plan.lsn,
+            stamp: plan.stamp,
+            schemas: SchemaCache::new(
+                settings
+                    .registry
+                    .as_ref()
+                    .map_or(Duration::ZERO, crate::registry::SchemaIds::latest_ttl),
+                settings.subject_strategy,
+            ),
+        });
+        Ok(TableCopy {
+            kind: plan.kind,
+            routers: &settings.router,
+            session,
+            sender: Sender::new(&settings.sink)?,
+            recorder: Recorder::new(Arc::clone(metrics)),
+            chunk_rows: settings.snapshot.chunk_rows,
+            chunk_bytes: settings.max_in_flight_bytes,
+            metrics: Arc::clone(metrics),
+            log,
+            started,
+            sent_before: plan.sent_before,
+            last_report: (started, plan.sent_before),
+            pace: Pace::new(plan.max_rows_per_second),
+            writing: None,
+            registry: settings.registry.clone(),
+        })
+    }
+
+    /// When this run started.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 }
 
@@ -485,7 +370,6 @@ impl TableCopy<'_> {
     pub async fn table(
         &mut self,
         reader: &mut RowReader,
-        sender: &mut Sender,
         table: &OutboxTable,
         filter: Option<&RowCondition>,
         until: Option<&[String]>,
@@ -496,15 +380,11 @@ impl TableCopy<'_> {
         progress.table = Some(name.clone());
         progress.after = after.clone();
         let router = self.routers.for_table(&table.table);
-        let binding = match router
-            .bind_with_not_null(&table.relation, &|column| table.not_null.contains(column))
-        {
-            Ok(binding) => Ok(binding),
-            Err(e) => match self.on_error {
-                ErrorPolicy::Fail => return Err(TransferError::Unbindable(Box::new(e))),
-                ErrorPolicy::DeadLetter(_) => Err(e),
-            },
-        };
+        let begun =
+            self.session
+                .begin_table(router, Arc::clone(&table.relation), &table.not_null);
+        self.recorder.notes_of_transfer(&mut self.session);
+        begun.map_err(|stop| self.stopped(stop, &table.table, Vec::new()))?;
         // A chunk holds at most `chunk_bytes` of values (the rows past them are read again by the
         // next chunk). Its row count starts small and follows the size of the rows read, so
         // that few rows are read past the bytes.
@@ -527,60 +407,18 @@ impl TableCopy<'_> {
             limit = next_limit(&rows, self.chunk_rows, self.chunk_bytes);
             debug!(table = %name, rows = count, "chunk read");
             for row in rows {
-                let routed = match &binding {
-                    Ok(binding) => route(router, binding, &row.tuple),
-                    Err(e) => Err(e.clone()),
-                };
-                let routed = match routed {
-                    Ok(Some(Routed::Record(record))) => Ok(Some(record)),
-                    Ok(Some(Routed::Registry(routed))) => match self.written(routed).await {
-                        Ok(record) => Ok(Some(record)),
-                        Err(refusal) => {
-                            if refusal.is_misfit() {
-                                self.metrics.schema_misfit();
-                            }
-                            if !refusal.dead_lettered(self.on_error) {
-                                return Err(refusal.into_error(table.table.clone(), row.key));
-                            }
-                            Err(refusal)
-                        }
-                    },
-                    Ok(Some(Routed::Skipped(_)) | None) => Ok(None),
-                    Err(error) => Err(RowRefusal::Route(error)),
-                };
-                match routed {
-                    Ok(Some(mut record)) => {
-                        self.stamp.apply(&mut record);
-                        self.pace.wait().await;
-                        sender.send(record).await?;
-                    }
-                    Ok(None) => {}
-                    Err(error) => match self.on_error {
-                        ErrorPolicy::Fail => {
-                            return Err(error.into_error(table.table.clone(), row.key));
-                        }
-                        ErrorPolicy::DeadLetter(dead_letters) => {
-                            Event::RowDeadLettered {
-                                table: &name,
-                                lsn: self.lsn,
-                                error: &error,
-                                dead_letter_topic: dead_letters.topic(),
-                            }
-                            .emit(&self.metrics);
-                            let record = dead_letters.for_row(
-                                &table.relation,
-                                &row.tuple,
-                                &error,
-                                self.lsn,
-                                None,
-                            );
-                            self.pace.wait().await;
-                            sender.send(record).await?;
-                        }
-                    },
+                while !self.session.can_take_row() {
+                    self.settle_one(&table.table).await?;
                 }
+                self.pace.wait().await;
+                let handled = self
+                    .session
+                    .handle(Instant::now(), TransferInput::Row(row.tuple));
+                self.carry_out(handled, &table.table, &row.key).await?;
             }
-            sender.flush().await?;
+            while !self.session.is_settled() {
+                self.settle_one(&table.table).await?;
+            }
             debug!(table = %name, rows = count, "chunk acknowledged");
             progress.rows_sent += count;
             progress.after = Some(last.clone());
@@ -593,6 +431,109 @@ impl TableCopy<'_> {
         progress.table = None;
         progress.after = None;
         Ok(())
+    }
+
+    /// Carries out what the engine asks after `handled` (the handling of an input while the
+    /// row of `table` with `key` was the last one read): records handed to the producer,
+    /// questions put to the registry.
+    async fn carry_out(
+        &mut self,
+        mut handled: Result<(), TransferStop>,
+        table: &TableName,
+        key: &[String],
+    ) -> Result<(), TransferError> {
+        loop {
+            self.recorder.notes_of_transfer(&mut self.session);
+            handled.map_err(|stop| self.stopped(stop, table, key.to_vec()))?;
+            let input = match self.session.poll_action() {
+                None => return Ok(()),
+                Some(TransferAction::Send { token, record }) => {
+                    match self.sender.sink.send(token, &record).await {
+                        Ok(()) => {
+                            handled = Ok(());
+                            continue;
+                        }
+                        Err(error) => TransferInput::SendRefused {
+                            token,
+                            record,
+                            error,
+                        },
+                    }
+                }
+                Some(TransferAction::Ask(ask)) => TransferInput::Answer(self.ask(ask).await),
+            };
+            handled = self.session.handle(Instant::now(), input);
+        }
+    }
+
+    /// The registry's answer to `ask`.
+    async fn ask(&self, ask: Ask) -> Answered<siphon_schema_registry::RegistryError> {
+        let Some(ids) = &self.registry else {
+            // Settings give every registry format a registry.
+            return Answered::SchemaId(Err(siphon_schema_registry::RegistryError::InvalidUrl {
+                url: String::new(),
+                reason: "no schema registry is configured: set schema_registry.url",
+            }));
+        };
+        match ask {
+            Ask::SchemaId { subject, schema } => Answered::SchemaId(ids.id(&subject, &schema).await),
+            Ask::LatestSchema { subject } => Answered::LatestSchema(ids.latest(&subject).await),
+        }
+    }
+
+    /// Waits for one delivery report and gives it to the engine.
+    async fn settle_one(&mut self, table: &TableName) -> Result<(), TransferError> {
+        let delivery = self.sender.next_report().await?;
+        let handled = self
+            .session
+            .handle(Instant::now(), TransferInput::Delivery(delivery));
+        self.carry_out(handled, table, &[]).await
+    }
+
+    /// The transfer's end for `stop`, while a row of `table` with `key` was the last read.
+    fn stopped(&mut self, stop: TransferStop, table: &TableName, key: Vec<String>) -> TransferError {
+        let table = table.clone();
+        match stop {
+            TransferStop::Row(error) => TransferError::Row {
+                table,
+                key,
+                error: Box::new(error),
+            },
+            TransferStop::Unbindable(error) => TransferError::Unbindable(Box::new(error)),
+            TransferStop::Registry(Refusal::Registry { subject, error, .. }) => {
+                TransferError::Registry {
+                    table,
+                    key,
+                    subject,
+                    error: Box::new(error),
+                }
+            }
+            TransferStop::Registry(
+                Refusal::Misfit { subject, error } | Refusal::Unreadable { subject, error },
+            ) => TransferError::Misfit {
+                table,
+                key,
+                subject,
+                error: Box::new(error),
+            },
+            TransferStop::Refused { topic, fault } => TransferError::Refused {
+                topic: topic.to_string(),
+                fault: Box::new(fault),
+            },
+            TransferStop::DeadLetterRefused(fault) => {
+                TransferError::DeadLetterRefused(Box::new(fault))
+            }
+            TransferStop::Undelivered { topic, error } => {
+                // The others in flight may still arrive; the transfer resumes from its last
+                // progress, which names none of them.
+                self.sender.sink.purge();
+                TransferError::Delivery {
+                    topic: topic.to_string(),
+                    error: Box::new(error),
+                }
+            }
+            TransferStop::NotTaken(error) => TransferError::Sink(error),
+        }
     }
 }
 
@@ -651,122 +592,6 @@ fn next_limit(rows: &[siphon_source::snapshot::Row], max_rows: usize, budget: us
         .sum();
     let per_row = (bytes / rows.len().max(1)).max(1);
     (budget / per_row).clamp(1, max_rows.max(1))
-}
-
-/// Why a row of a transfer is not sent as its record.
-#[derive(Debug)]
-enum RowRefusal {
-    /// The router cannot route it.
-    Route(RouteError),
-    /// The registry refused it, or its payload does not fit the schema registered for it.
-    Registry(Refusal<siphon_schema_registry::RegistryError>),
-}
-
-impl RowRefusal {
-    /// Whether `on_error` sends the row to the dead-letter topic: a row the router cannot
-    /// route, and a registry refusal as [`Refusal::dead_letterable`] says, as in the stream.
-    fn dead_lettered(&self, on_error: &ErrorPolicy) -> bool {
-        matches!(on_error, ErrorPolicy::DeadLetter(_))
-            && match self {
-                RowRefusal::Route(_) => true,
-                RowRefusal::Registry(refusal) => refusal
-                    .dead_letterable(siphon_schema_registry::RegistryError::is_schema_refusal),
-            }
-    }
-
-    /// Whether the row's payload did not fit the schema registered for it.
-    fn is_misfit(&self) -> bool {
-        matches!(self, RowRefusal::Registry(refusal) if refusal.is_misfit())
-    }
-
-    /// The transfer's end for a row of `table` with `key` that is not dead-lettered.
-    fn into_error(self, table: siphon_source::TableName, key: Vec<String>) -> TransferError {
-        match self {
-            RowRefusal::Route(error) => TransferError::Row {
-                table,
-                key,
-                error: Box::new(error),
-            },
-            RowRefusal::Registry(Refusal::Registry { subject, error, .. }) => {
-                TransferError::Registry {
-                    table,
-                    key,
-                    subject,
-                    error: Box::new(error),
-                }
-            }
-            RowRefusal::Registry(
-                Refusal::Misfit { subject, error } | Refusal::Unreadable { subject, error },
-            ) => TransferError::Misfit {
-                table,
-                key,
-                subject,
-                error: Box::new(error),
-            },
-        }
-    }
-}
-
-impl std::fmt::Display for RowRefusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RowRefusal::Route(error) => error.fmt(f),
-            RowRefusal::Registry(refusal) => refusal.fmt(f),
-        }
-    }
-}
-
-impl TableCopy<'_> {
-    /// The record of `routed`, written as the stream writes it: through the registry's
-    /// answers ([`RegistryWrite`]).
-    async fn written(&mut self, routed: RegistryRecord) -> Result<RoutedRecord, RowRefusal> {
-        let Some(registry) = &mut self.registry else {
-            // Settings give every registry format a registry.
-            return Err(RowRefusal::Registry(Refusal::Registry {
-                ask: SchemaAsk::Register,
-                subject: String::new(),
-                error: siphon_schema_registry::RegistryError::InvalidUrl {
-                    url: String::new(),
-                    reason: "no schema registry is configured: set schema_registry.url",
-                },
-            }));
-        };
-        let mut write = RegistryWrite::new(routed);
-        loop {
-            let (waiting, ask) = match write.advance(&registry.cache, Instant::now()) {
-                Step::Ready(record) => return Ok(record),
-                Step::Refused(refusal) => return Err(RowRefusal::Registry(refusal)),
-                Step::Waiting(waiting, ask) => (waiting, ask),
-            };
-            let answer = match ask {
-                Ask::SchemaId { subject, schema } => {
-                    Answered::SchemaId(registry.ids.id(&subject, &schema).await)
-                }
-                Ask::LatestSchema { subject } => {
-                    Answered::LatestSchema(registry.ids.latest(&subject).await)
-                }
-            };
-            write = waiting
-                .answered(&mut registry.cache, Instant::now(), answer)
-                .map_err(RowRefusal::Registry)?;
-        }
-    }
-}
-
-/// What routing an inserted row gave, as the stream's INSERT of it would be routed: a record,
-/// one that still needs the registry, or `None` for a row the router skips.
-fn route(
-    router: &siphon_router::EventRouter,
-    binding: &TableBinding,
-    tuple: &pgoutput::TupleData,
-) -> Result<Option<Routed>, RouteError> {
-    match router.route(binding, siphon_router::Change::Insert(tuple))? {
-        Routed::Skipped(reason) => {
-            warn!(?reason, "row skipped by the router");
-            Ok(None)
-        }
-        routed => Ok(Some(routed)),
-    }
 }
 
 /// The initial snapshot's and the re-sends' progress recorded in the state topic for the slot
@@ -928,7 +753,7 @@ mod tests {
         let row = |bytes: usize| siphon_source::snapshot::Row {
             tuple: pgoutput::TupleData {
                 columns: vec![
-                    pgoutput::Column::Text(Bytes::from(vec![b'x'; bytes])),
+                    pgoutput::Column::Text(bytes::Bytes::from(vec![b'x'; bytes])),
                     pgoutput::Column::Null,
                 ],
             },

@@ -28,4 +28,5 @@ pub mod session;
 mod simulation;
 pub mod suspects;
 pub mod table;
+pub mod transfer;
 pub mod vocabulary;

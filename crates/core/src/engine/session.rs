@@ -42,7 +42,7 @@ use super::elapsed::LastElapsed;
 use super::encoding::DatabaseEncoding;
 use super::message::MessageRows;
 use super::note::{FailureKind, Note};
-use super::policy::{ErrorPolicy, NonTransactionalPolicy, RoutedKind};
+use super::policy::{Disposal, ErrorPolicy, NonTransactionalPolicy, RoutedKind};
 use super::position::PositionHeaders;
 use super::registry_write::{Answered, Ask, Refusal, RegistryWrite, SchemaCache, Step};
 use super::routers::Routers;
@@ -724,7 +724,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 binding: Box::new(binding),
                 router,
             }),
-            Err(e) if matches!(self.settings.on_error, ErrorPolicy::DeadLetter(_)) => {
+            Err(e) if matches!(self.settings.on_error.for_row(true), Disposal::DeadLetter(_)) => {
                 self.notes.push_back(Note::TableUnroutable {
                     table: format!("{}.{}", relation.namespace, relation.name),
                     error: Box::new(e.clone()),
@@ -775,9 +775,9 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             }
             Err(e) => {
                 self.notes.push_back(Note::EventRead);
-                return match self.settings.on_error {
-                    ErrorPolicy::Fail => Err(EngineError::Message(e).into()),
-                    ErrorPolicy::DeadLetter(dead_letters) => {
+                return match self.settings.on_error.for_row(true) {
+                    Disposal::Stop | Disposal::LetterRefused => Err(EngineError::Message(e).into()),
+                    Disposal::DeadLetter(dead_letters) => {
                         // Dead-lettered as a row of its own, its content as text.
                         let txn = self.txn.ok_or(LedgerError::NoOpenTransaction)?;
                         let (relation, row) = self.messages.unreadable(prefix, content);
@@ -881,13 +881,13 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 ));
                 Ok(())
             }
-            Err(reason) => match self.settings.on_error {
-                ErrorPolicy::Fail => Err(EngineError::Row {
+            Err(reason) => match self.settings.on_error.for_row(true) {
+                Disposal::Stop | Disposal::LetterRefused => Err(EngineError::Row {
                     error: Box::new(reason),
                     lsn,
                 }
                 .into()),
-                ErrorPolicy::DeadLetter(dead_letters) => self.dead_letter_row(
+                Disposal::DeadLetter(dead_letters) => self.dead_letter_row(
                     now,
                     dead_letters,
                     txn,
@@ -1020,13 +1020,14 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         if refusal.is_misfit() {
             self.notes.push_back(Note::SchemaMisfit);
         }
-        if let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error {
-            if refusal.dead_letterable(V::schema_refused) {
-                return Ok(Resolved::DeadLetter {
-                    dead_letters,
-                    reason: refusal.to_string(),
-                });
-            }
+        let on_error = self.settings.on_error;
+        if let Disposal::DeadLetter(dead_letters) =
+            on_error.for_row(refusal.dead_letterable(V::schema_refused))
+        {
+            return Ok(Resolved::DeadLetter {
+                dead_letters,
+                reason: refusal.to_string(),
+            });
         }
         Err(match refusal {
             Refusal::Registry { subject, error, .. } => EngineError::Registry {
@@ -1177,8 +1178,11 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         record: RoutedRecord,
         fault: V::Fault,
     ) -> Result<(), V::Error> {
-        let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
-            return Err(EngineError::RefusedInTransaction(fault).into());
+        let on_error = self.settings.on_error;
+        let dead_letters = match on_error.for_refused(&record.topic) {
+            Disposal::DeadLetter(dead_letters) => dead_letters,
+            Disposal::Stop => return Err(EngineError::RefusedInTransaction(fault).into()),
+            Disposal::LetterRefused => return Err(EngineError::DeadLetterRefused(fault).into()),
         };
         let letter = self.letter_for(dead_letters, txn, record, &fault);
         let bytes = record_bytes(&letter);
@@ -1448,12 +1452,12 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
             record,
             fault,
         } = letter;
-        let ErrorPolicy::DeadLetter(dead_letters) = self.settings.on_error else {
-            return Err(EngineError::Refused(fault).into());
+        let on_error = self.settings.on_error;
+        let dead_letters = match on_error.for_refused(&record.topic) {
+            Disposal::DeadLetter(dead_letters) => dead_letters,
+            Disposal::Stop => return Err(EngineError::Refused(fault).into()),
+            Disposal::LetterRefused => return Err(EngineError::DeadLetterRefused(fault).into()),
         };
-        if &*record.topic == dead_letters.topic() {
-            return Err(EngineError::DeadLetterRefused(fault).into());
-        }
         let letter = self.letter_for(dead_letters, txn, record, &fault);
         self.notes.push_back(Note::Produced {
             topic: Arc::clone(&letter.topic),

@@ -62,7 +62,7 @@
 //!
 //! `SIPHON_SIM_SEEDS=N` runs more seeds; `SIPHON_SIM_SEED=S` runs one, printing its trace.
 
-mod model;
+pub(super) mod model;
 
 use super::dead_letter::DeadLetters;
 use super::note::Note;
@@ -93,7 +93,7 @@ type DeliveryFailure = siphon_record::DeliveryFailure<DeliveryError>;
 type Suspects = super::suspects::Suspects<model::RecordFault>;
 
 /// The schema the model's registry holds for every topic: innocent payloads fit it.
-const REGISTERED_SCHEMA: &str =
+pub(super) const REGISTERED_SCHEMA: &str =
     r#"{"type":"record","name":"Event","fields":[{"name":"n","type":"long"}]}"#;
 
 /// The seeded generator of the simulation's interleavings (SplitMix64).
@@ -133,7 +133,7 @@ struct Txn {
     deletes: usize,
 }
 
-fn relation() -> Arc<Relation> {
+pub(super) fn relation() -> Arc<Relation> {
     let column = |name: &'static str, type_oid: u32| RelationColumn {
         flags: 0,
         name: Text::from_static(name),
@@ -156,7 +156,7 @@ fn relation() -> Arc<Relation> {
     })
 }
 
-fn row(event: u64, key: u64, poison: bool) -> TupleData {
+pub(super) fn row(event: u64, key: u64, poison: bool) -> TupleData {
     let text = |s: String| Column::Text(Bytes::from(s));
     TupleData {
         columns: vec![

@@ -30,6 +30,12 @@ pub type Action = session::Action<Siphon>;
 pub type CoreSettings<'a> = session::CoreSettings<'a, Siphon>;
 /// The answer to a [`Lookup`].
 pub type Answer = session::Answer<Siphon>;
+/// A transfer's engine over Siphon's vocabulary.
+pub type TransferSession<'a> = siphon_core::engine::transfer::TransferSession<'a, Siphon>;
+/// What happened, for a transfer's engine.
+pub type TransferInput = siphon_core::engine::transfer::TransferInput<Siphon>;
+/// Why a transfer stops.
+pub type TransferStop = siphon_core::engine::transfer::TransferStop<Siphon>;
 
 /// Siphon's errors, as the session engine reads them.
 #[derive(Debug)]

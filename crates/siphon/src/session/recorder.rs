@@ -68,6 +68,13 @@ impl Recorder {
         }
     }
 
+    /// Takes every note a transfer's engine has.
+    pub fn notes_of_transfer(&mut self, transfer: &mut super::core::TransferSession<'_>) {
+        while let Some(note) = transfer.poll_note() {
+            self.record(note);
+        }
+    }
+
     /// Takes every note `core` has, and sets the window's gauges.
     pub fn drain(&mut self, core: &mut SessionCore<'_>) {
         self.notes(core);

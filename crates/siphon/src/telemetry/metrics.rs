@@ -373,13 +373,13 @@ impl Metrics {
         let schema_ids_known = Counter::default();
         registry.register(
             "siphon_schema_ids_known",
-            "Registry-format records whose schema id the session already knew (no request)",
+            "Registry-format records, streamed or transferred, whose schema id was known already (no request)",
             schema_ids_known.clone(),
         );
         let schema_ids_looked_up = Counter::default();
         registry.register(
             "siphon_schema_ids_looked_up",
-            "Registry-format records whose schema id the session had to look up (reading waited)",
+            "Registry-format records, streamed or transferred, whose schema id had to be looked up (reading waited)",
             schema_ids_looked_up.clone(),
         );
         let schema_misfits = Counter::default();

@@ -1,0 +1,725 @@
+//! A transfer's rows (an initial snapshot's, a re-send's) through the session's rules: each
+//! row becomes the record the stream makes of its INSERT, goes through the same registry
+//! steps, and what cannot be delivered as it is goes where `pipeline.on_error` sends the
+//! stream's. The driver reads the rows, hands the records to a producer and brings back the
+//! reports and the registry's answers; every decision is taken here.
+//!
+//! A [`TransferSession`] is driven as the stream's engine is: [`TransferSession::handle`] an
+//! input, then [`TransferSession::poll_action`] until it has none, and
+//! [`TransferSession::poll_note`] for the telemetry.
+//!
+//! # Invariants
+//! - A row is routed by its table's router as an INSERT, its registry format written through
+//!   [`RegistryWrite`], and a row or record that cannot be delivered disposed of by
+//!   [`ErrorPolicy::for_row`] and [`ErrorPolicy::for_refused`]: the stream's rules, not a copy
+//!   of them.
+//! - At most `max_records` records of at most `max_bytes` bytes are in flight; a record larger
+//!   than the whole window goes alone.
+//! - A row is taken only when nothing waits ([`TransferSession::can_take_row`]): no registry
+//!   answer outstanding, no record waiting for room in the window. So a transfer holds one
+//!   row beyond its window at most.
+//! - [`TransferSession::is_settled`] only once every record and dead letter handed over was
+//!   acknowledged: progress written then names only acknowledged rows.
+//! - A failure that is not the record's own fault stops the transfer ([`TransferStop`]); it
+//!   resumes from its last progress, never skipping a row.
+//! - No IO and no clock: time comes in as a parameter.
+
+use super::dead_letter::Stage;
+use super::note::Note;
+use super::policy::{Disposal, ErrorPolicy};
+use super::position::PositionHeaders;
+use super::registry_write::{Answered, Ask, Refusal, RegistryWrite, SchemaCache, Step};
+use super::vocabulary::{DeliveryReading, Vocabulary};
+use bytes::Bytes;
+use pgoutput::{Lsn, Relation, TupleData};
+use rustc_hash::FxHashMap;
+use siphon_record::{record_bytes, Delivery, Header, RoutedRecord};
+use siphon_router::{Change, EventRouter, RouteError, Routed, TableBinding};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The header a re-sent record carries, its value the re-send's id.
+pub const RESEND_HEADER: &str = "siphon.resend";
+
+/// The headers appended to each record of a transfer (not to dead letters).
+pub enum Stamp {
+    /// Initial snapshot: with `format.position_headers`, the position `0:<index>` (before every
+    /// streamed record), counted on from the rows sent before (the index of the next row).
+    Snapshot(Option<(PositionHeaders, u32)>),
+    /// Re-send: [`RESEND_HEADER`] with the re-send's id.
+    Resend(Bytes),
+}
+
+impl Stamp {
+    fn apply(&mut self, record: &mut RoutedRecord) {
+        match self {
+            Stamp::Snapshot(Some((position, next))) => {
+                position.stamp(Lsn::ZERO, *next, record);
+                *next = next.saturating_add(1);
+            }
+            Stamp::Snapshot(None) => {}
+            Stamp::Resend(id) => record.headers.push(Header {
+                name: Arc::from(RESEND_HEADER),
+                value: Some(id.clone()),
+            }),
+        }
+    }
+}
+
+/// A transfer's fixed settings.
+pub struct TransferSettings<'a> {
+    pub on_error: &'a ErrorPolicy,
+    /// The window: records and bytes in flight at most.
+    pub max_records: usize,
+    pub max_bytes: usize,
+    /// The position dead-lettered rows name (the consistent point for a snapshot).
+    pub lsn: Lsn,
+    pub stamp: Stamp,
+    /// What the registry answered (empty at first).
+    pub schemas: SchemaCache,
+}
+
+/// What happened, for a transfer.
+pub enum TransferInput<V: Vocabulary> {
+    /// A row of the table begun last ([`TransferSession::begin_table`]).
+    Row(TupleData),
+    /// The producer reported a record.
+    Delivery(Delivery<V::DeliveryError>),
+    /// The producer did not take a record ([`TransferAction::Send`] failed).
+    SendRefused {
+        token: usize,
+        record: RoutedRecord,
+        error: V::SendError,
+    },
+    /// The registry answered the last [`TransferAction::Ask`].
+    Answer(Answered<V::RegistryError>),
+}
+
+/// What the driver must do, in order.
+#[derive(Debug)]
+pub enum TransferAction {
+    /// Hand `record` to the producer; its report carries `token`.
+    Send { token: usize, record: RoutedRecord },
+    /// Put the question to the registry; answer with [`TransferInput::Answer`].
+    Ask(Ask),
+}
+
+/// Why a transfer stops. A row's stop is about the row handled last.
+#[derive(Debug)]
+pub enum TransferStop<V: Vocabulary> {
+    /// A row the router cannot route, with `on_error = "fail"`.
+    Row(RouteError),
+    /// The table's columns do not fit the router's options, with `on_error = "fail"`.
+    Unbindable(RouteError),
+    /// The registry refused the row's record, and `on_error` does not take the refusal.
+    Registry(Refusal<V::RegistryError>),
+    /// Kafka refused a record: with `on_error = "fail"`, or a refusal only the operator can
+    /// lift.
+    Refused { topic: Arc<str>, fault: V::Fault },
+    /// Even the dead-letter topic refused a record.
+    DeadLetterRefused(V::Fault),
+    /// A record was not delivered, for a reason sending again may cure.
+    Undelivered {
+        topic: Arc<str>,
+        error: V::DeliveryError,
+    },
+    /// The producer did not take a record, not for the record's own sake.
+    NotTaken(V::SendError),
+}
+
+/// The table whose rows come now.
+struct TableRoute<'a> {
+    router: &'a EventRouter,
+    relation: Arc<Relation>,
+    /// Its binding, or (with dead letters) why its rows cannot be routed.
+    binding: Result<TableBinding, RouteError>,
+}
+
+/// A row whose record waits for the registry.
+struct Held {
+    write: RegistryWrite,
+    row: TupleData,
+}
+
+/// A transfer's decisions: rows in, records out, within one window.
+pub struct TransferSession<'a, V: Vocabulary> {
+    settings: TransferSettings<'a>,
+    table: Option<TableRoute<'a>>,
+    held: Option<Held>,
+    /// Records waiting for room in the window, dead letters first.
+    waiting: VecDeque<RoutedRecord>,
+    /// The size of each record in flight, by token.
+    in_flight: FxHashMap<usize, usize>,
+    in_flight_bytes: usize,
+    next_token: usize,
+    actions: VecDeque<TransferAction>,
+    notes: VecDeque<Note>,
+    _vocabulary: std::marker::PhantomData<V>,
+}
+
+impl<'a, V: Vocabulary> TransferSession<'a, V> {
+    pub fn new(settings: TransferSettings<'a>) -> Self {
+        TransferSession {
+            settings: TransferSettings {
+                max_records: settings.max_records.max(1),
+                max_bytes: settings.max_bytes.max(1),
+                ..settings
+            },
+            table: None,
+            held: None,
+            waiting: VecDeque::new(),
+            in_flight: FxHashMap::default(),
+            in_flight_bytes: 0,
+            next_token: 0,
+            actions: VecDeque::new(),
+            notes: VecDeque::new(),
+            _vocabulary: std::marker::PhantomData,
+        }
+    }
+
+    /// The rows that come next are `relation`'s (its NOT NULL columns `not_null`), routed by
+    /// `router`.
+    ///
+    /// # Errors
+    /// The table's columns do not fit the router, with `on_error = "fail"`.
+    pub fn begin_table(
+        &mut self,
+        router: &'a EventRouter,
+        relation: Arc<Relation>,
+        not_null: &HashSet<String>,
+    ) -> Result<(), TransferStop<V>> {
+        let binding = router.bind_with_not_null(&relation, &|column| not_null.contains(column));
+        if let Err(error) = &binding {
+            if !matches!(
+                self.settings.on_error.for_row(true),
+                Disposal::DeadLetter(_)
+            ) {
+                return Err(TransferStop::Unbindable(error.clone()));
+            }
+            self.notes.push_back(Note::TableUnroutable {
+                table: table_name(&relation),
+                error: Box::new(error.clone()),
+            });
+        }
+        self.table = Some(TableRoute {
+            router,
+            relation,
+            binding,
+        });
+        Ok(())
+    }
+
+    /// Whether a row may be handled now: no registry answer outstanding, no record waiting
+    /// for room in the window.
+    pub fn can_take_row(&self) -> bool {
+        self.held.is_none() && self.waiting.is_empty()
+    }
+
+    /// Whether every record handed over was acknowledged, and none waits.
+    pub fn is_settled(&self) -> bool {
+        self.can_take_row() && self.in_flight.is_empty()
+    }
+
+    /// Records and bytes in flight.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.in_flight.len(), self.in_flight_bytes)
+    }
+
+    /// The next thing the driver must do.
+    pub fn poll_action(&mut self) -> Option<TransferAction> {
+        self.actions.pop_front()
+    }
+
+    /// The next thing noticed, for the log and the metrics.
+    pub fn poll_note(&mut self) -> Option<Note> {
+        self.notes.pop_front()
+    }
+
+    /// Takes in what happened.
+    ///
+    /// # Errors
+    /// Why the transfer stops (see [`TransferStop`]).
+    pub fn handle(&mut self, now: Instant, input: TransferInput<V>) -> Result<(), TransferStop<V>> {
+        match input {
+            TransferInput::Row(row) => self.on_row(now, row),
+            TransferInput::Delivery(delivery) => self.on_delivery(delivery),
+            TransferInput::SendRefused {
+                token,
+                record,
+                error,
+            } => {
+                self.settle(token);
+                match V::enqueue_fault(error) {
+                    Ok(fault) => self.refused(record, fault),
+                    Err(error) => Err(TransferStop::NotTaken(error)),
+                }
+            }
+            TransferInput::Answer(answer) => self.on_answer(now, answer),
+        }?;
+        self.hand_waiting();
+        Ok(())
+    }
+
+    fn on_row(&mut self, now: Instant, row: TupleData) -> Result<(), TransferStop<V>> {
+        let Some(table) = &self.table else {
+            return Ok(());
+        };
+        let routed = match &table.binding {
+            Ok(binding) => table.router.route(binding, Change::Insert(&row)),
+            Err(error) => Err(error.clone()),
+        };
+        match routed {
+            Ok(Routed::Record(record)) => {
+                self.send_row_record(record);
+                Ok(())
+            }
+            Ok(Routed::Registry(routed)) => {
+                let step = RegistryWrite::new(routed).advance(&self.settings.schemas, now);
+                self.notes.push_back(Note::SchemaId {
+                    known: !matches!(step, Step::Waiting(..)),
+                });
+                self.on_step(step, row)
+            }
+            Ok(Routed::Skipped(reason)) => {
+                let level = table.router.log_level(reason);
+                self.notes
+                    .push_back(Note::skipped(table_name(&table.relation), reason, level));
+                Ok(())
+            }
+            Err(error) => match self.settings.on_error.for_row(true) {
+                Disposal::DeadLetter(_) => {
+                    self.dead_letter_row(&row, &error);
+                    Ok(())
+                }
+                Disposal::Stop | Disposal::LetterRefused => Err(TransferStop::Row(error)),
+            },
+        }
+    }
+
+    /// Where the registry write of `row`'s record got to.
+    fn on_step(
+        &mut self,
+        step: Step<V::RegistryError>,
+        row: TupleData,
+    ) -> Result<(), TransferStop<V>> {
+        match step {
+            Step::Ready(record) => {
+                self.send_row_record(record);
+                Ok(())
+            }
+            Step::Waiting(write, ask) => {
+                self.held = Some(Held { write, row });
+                self.actions.push_back(TransferAction::Ask(ask));
+                Ok(())
+            }
+            Step::Refused(refusal) => {
+                if refusal.is_misfit() {
+                    self.notes.push_back(Note::SchemaMisfit);
+                }
+                match self
+                    .settings
+                    .on_error
+                    .for_row(refusal.dead_letterable(V::schema_refused))
+                {
+                    Disposal::DeadLetter(_) => {
+                        self.dead_letter_row(&row, &refusal);
+                        Ok(())
+                    }
+                    Disposal::Stop | Disposal::LetterRefused => {
+                        Err(TransferStop::Registry(refusal))
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_answer(
+        &mut self,
+        now: Instant,
+        answer: Answered<V::RegistryError>,
+    ) -> Result<(), TransferStop<V>> {
+        let Some(Held { write, row }) = self.held.take() else {
+            return Ok(());
+        };
+        let step = match write.answered(&mut self.settings.schemas, now, answer) {
+            Ok(write) => write.advance(&self.settings.schemas, now),
+            Err(refusal) => Step::Refused(refusal),
+        };
+        self.on_step(step, row)
+    }
+
+    fn on_delivery(&mut self, delivery: Delivery<V::DeliveryError>) -> Result<(), TransferStop<V>> {
+        self.settle(delivery.token);
+        let Err(failure) = delivery.result else {
+            return Ok(());
+        };
+        let failure = *failure;
+        match V::read_delivery(failure.error) {
+            DeliveryReading::Refused {
+                fault,
+                on_error_applies: true,
+            } => self.refused(failure.record, fault),
+            DeliveryReading::Refused { fault, .. } => Err(TransferStop::Refused {
+                topic: failure.record.topic,
+                fault,
+            }),
+            DeliveryReading::Transient { error, .. } => Err(TransferStop::Undelivered {
+                topic: failure.record.topic,
+                error,
+            }),
+        }
+    }
+
+    /// `record` was refused for its own sake: its dead letter goes next, or the transfer stops.
+    fn refused(&mut self, record: RoutedRecord, fault: V::Fault) -> Result<(), TransferStop<V>> {
+        match self.settings.on_error.for_refused(&record.topic) {
+            Disposal::DeadLetter(dead_letters) => {
+                self.notes.push_back(Note::RecordDeadLettered {
+                    topic: Arc::clone(&record.topic),
+                    error: Box::new(fault.clone()),
+                });
+                let letter = dead_letters.for_record(record, &fault, Stage::Produce, None);
+                self.waiting.push_front(letter);
+                Ok(())
+            }
+            Disposal::Stop => Err(TransferStop::Refused {
+                topic: record.topic,
+                fault,
+            }),
+            Disposal::LetterRefused => Err(TransferStop::DeadLetterRefused(fault)),
+        }
+    }
+
+    /// The dead letter of the current table's `row`, which cannot be sent for `error`.
+    fn dead_letter_row(&mut self, row: &TupleData, error: &(impl std::fmt::Display + ?Sized)) {
+        let (Some(table), ErrorPolicy::DeadLetter(dead_letters)) =
+            (&self.table, self.settings.on_error)
+        else {
+            return;
+        };
+        let letter = dead_letters.for_row(&table.relation, row, error, self.settings.lsn, None);
+        self.notes.push_back(Note::RowDeadLettered {
+            table: table_name(&table.relation),
+            lsn: self.settings.lsn,
+            error: Box::new(error.to_string()),
+            dead_letter_topic: dead_letters.topic().to_owned(),
+        });
+        self.waiting.push_back(letter);
+    }
+
+    /// A row's record, stamped, in line for the window.
+    fn send_row_record(&mut self, mut record: RoutedRecord) {
+        self.settings.stamp.apply(&mut record);
+        self.waiting.push_back(record);
+    }
+
+    /// Hands the records waiting to the producer while the window has room (a record larger
+    /// than the window when nothing is in flight).
+    fn hand_waiting(&mut self) {
+        while let Some(record) = self.waiting.front() {
+            let size = record_bytes(record);
+            let full = self.in_flight.len() >= self.settings.max_records
+                || self.in_flight_bytes + size > self.settings.max_bytes;
+            if full && !self.in_flight.is_empty() {
+                return;
+            }
+            let Some(record) = self.waiting.pop_front() else {
+                return;
+            };
+            let token = self.next_token;
+            self.next_token = self.next_token.wrapping_add(1);
+            self.in_flight.insert(token, size);
+            self.in_flight_bytes += size;
+            self.actions.push_back(TransferAction::Send { token, record });
+        }
+    }
+
+    /// The record of `token` left the window.
+    fn settle(&mut self, token: usize) {
+        if let Some(size) = self.in_flight.remove(&token) {
+            self.in_flight_bytes -= size;
+        }
+    }
+}
+
+fn table_name(relation: &Relation) -> String {
+    format!("{}.{}", relation.namespace, relation.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::dead_letter::DeadLetters;
+    use super::super::simulation::model::{
+        DeliveryError, Model, Operation, RDKafkaErrorCode, SinkError,
+    };
+    use super::super::simulation::{relation, row, REGISTERED_SCHEMA};
+    use super::*;
+    use siphon_record::{Delivered, DeliveryFailure, RegistrySchemaKind};
+    use siphon_router::{Encoding, Format, RouterOptions};
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    const DLQ: &str = "dlq";
+
+    fn router(value: Encoding) -> EventRouter {
+        let options = RouterOptions::from_map(&BTreeMap::new()).expect("default options");
+        EventRouter::new(
+            options,
+            Format {
+                value,
+                ..Format::default()
+            },
+        )
+    }
+
+    fn dead_letters() -> ErrorPolicy {
+        ErrorPolicy::DeadLetter(DeadLetters::new(DLQ.to_owned(), 1_000_000))
+    }
+
+    fn session<'a>(
+        on_error: &'a ErrorPolicy,
+        max_records: usize,
+        stamp: Stamp,
+    ) -> TransferSession<'a, Model> {
+        TransferSession::new(TransferSettings {
+            on_error,
+            max_records,
+            max_bytes: 1 << 20,
+            lsn: Lsn(0x100),
+            stamp,
+            schemas: SchemaCache::new(
+                Duration::from_secs(60),
+                siphon_record::registered::SubjectStrategy::Topic,
+            ),
+        })
+    }
+
+    fn sends(session: &mut TransferSession<'_, Model>) -> Vec<(usize, RoutedRecord)> {
+        let mut sent = Vec::new();
+        while let Some(action) = session.poll_action() {
+            match action {
+                TransferAction::Send { token, record } => sent.push((token, record)),
+                TransferAction::Ask(ask) => panic!("unexpected {ask:?}"),
+            }
+        }
+        sent
+    }
+
+    fn acked(token: usize) -> TransferInput<Model> {
+        TransferInput::Delivery(Delivery {
+            token,
+            generation: 0,
+            result: Ok(Delivered {
+                partition: 0,
+                offset: 0,
+            }),
+        })
+    }
+
+    fn failed(token: usize, record: RoutedRecord, code: RDKafkaErrorCode) -> TransferInput<Model> {
+        TransferInput::Delivery(Delivery {
+            token,
+            generation: 0,
+            result: Err(Box::new(DeliveryFailure {
+                error: DeliveryError::from_code(&record.topic, code),
+                record,
+            })),
+        })
+    }
+
+    fn header<'r>(record: &'r RoutedRecord, name: &str) -> Option<&'r [u8]> {
+        record
+            .headers
+            .iter()
+            .find(|h| &*h.name == name)
+            .and_then(|h| h.value.as_deref())
+    }
+
+    fn notes(session: &mut TransferSession<'_, Model>) -> Vec<String> {
+        std::iter::from_fn(|| session.poll_note())
+            .map(|n| format!("{n:?}"))
+            .collect()
+    }
+
+    #[test]
+    fn rows_become_stamped_records_within_the_window() {
+        let on_error = ErrorPolicy::Fail;
+        let router = router(Encoding::Json);
+        let mut s = session(&on_error, 2, Stamp::Resend(Bytes::from_static(b"r1")));
+        s.begin_table(&router, relation(), &HashSet::new())
+            .expect("binds");
+        let now = Instant::now();
+        let mut sent = Vec::new();
+        for event in 0..3 {
+            assert!(s.can_take_row());
+            s.handle(now, TransferInput::Row(row(event, event, false)))
+                .expect("routed");
+            sent.extend(sends(&mut s));
+        }
+        // The third waits for room: no fourth row is taken meanwhile.
+        assert_eq!(sent.len(), 2);
+        assert!(!s.can_take_row());
+        assert_eq!(s.in_flight().0, 2);
+        s.handle(now, acked(sent[0].0)).expect("acknowledged");
+        sent.extend(sends(&mut s));
+        assert_eq!(sent.len(), 3);
+        assert!(s.can_take_row() && !s.is_settled());
+        for (token, record) in &sent[1..] {
+            assert_eq!(header(record, RESEND_HEADER), Some(&b"r1"[..]));
+            s.handle(now, acked(*token)).expect("acknowledged");
+        }
+        assert!(s.is_settled());
+        assert_eq!(&*sent[0].1.topic, "outbox.event.order");
+    }
+
+    #[test]
+    fn a_refused_record_is_dead_lettered_or_stops_the_transfer_as_on_error_says() {
+        let router = router(Encoding::Json);
+        let now = Instant::now();
+        for dead_lettering in [true, false] {
+            let on_error = if dead_lettering {
+                dead_letters()
+            } else {
+                ErrorPolicy::Fail
+            };
+            let mut s = session(&on_error, 10, Stamp::Snapshot(None));
+            s.begin_table(&router, relation(), &HashSet::new())
+                .expect("binds");
+            s.handle(now, TransferInput::Row(row(1, 1, false)))
+                .expect("routed");
+            let (token, record) = sends(&mut s).remove(0);
+            let refused = s.handle(
+                now,
+                failed(token, record, RDKafkaErrorCode::MessageSizeTooLarge),
+            );
+            if !dead_lettering {
+                assert!(matches!(refused, Err(TransferStop::Refused { .. })));
+                continue;
+            }
+            refused.expect("dead-lettered");
+            let (token, letter) = sends(&mut s).remove(0);
+            assert_eq!(&*letter.topic, DLQ);
+            assert_eq!(
+                header(&letter, "siphon.original.topic"),
+                Some(&b"outbox.event.invoice"[..])
+            );
+            assert!(!s.is_settled(), "settled before its letter was acknowledged");
+            assert!(notes(&mut s).iter().any(|n| n.starts_with("RecordDeadLettered")));
+            // A letter the dead-letter topic refuses ends the transfer.
+            assert!(matches!(
+                s.handle(now, failed(token, letter, RDKafkaErrorCode::PolicyViolation)),
+                Err(TransferStop::DeadLetterRefused(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn only_the_records_own_fault_is_dead_lettered() {
+        let on_error = dead_letters();
+        let router = router(Encoding::Json);
+        let now = Instant::now();
+        let mut s = session(&on_error, 10, Stamp::Snapshot(None));
+        s.begin_table(&router, relation(), &HashSet::new())
+            .expect("binds");
+        for event in 0..3 {
+            s.handle(now, TransferInput::Row(row(event, event, false)))
+                .expect("routed");
+        }
+        let mut sent = sends(&mut s);
+        let (token, record) = sent.remove(0);
+        // Not taken at enqueue for its size: dead-lettered.
+        let too_large = SinkError::Kafka {
+            operation: Operation::Enqueue,
+            topic: record.topic.to_string(),
+            code: RDKafkaErrorCode::MessageSizeTooLarge,
+        };
+        s.handle(
+            now,
+            TransferInput::SendRefused {
+                token,
+                record,
+                error: too_large,
+            },
+        )
+        .expect("dead-lettered");
+        assert_eq!(&*sends(&mut s)[0].1.topic, DLQ);
+        // A failed producer: the transfer stops and resumes from its progress.
+        let (token, record) = sent.remove(0);
+        assert!(matches!(
+            s.handle(now, failed(token, record, RDKafkaErrorCode::MessageTimedOut)),
+            Err(TransferStop::Undelivered { .. })
+        ));
+        // Refused until the operator acts: no dead letter cures it.
+        let (token, record) = sent.remove(0);
+        assert!(matches!(
+            s.handle(now, failed(token, record, RDKafkaErrorCode::State)),
+            Err(TransferStop::Refused { .. })
+        ));
+    }
+
+    #[test]
+    fn an_unroutable_table_dead_letters_its_rows_or_stops_the_transfer() {
+        let router = router(Encoding::Json);
+        let mut without_payload = (*relation()).clone();
+        without_payload.columns.pop();
+        let without_payload = Arc::new(without_payload);
+        let stopped: TransferStop<Model> = session(&ErrorPolicy::Fail, 10, Stamp::Snapshot(None))
+            .begin_table(&router, Arc::clone(&without_payload), &HashSet::new())
+            .expect_err("the table does not fit the router");
+        assert!(matches!(stopped, TransferStop::Unbindable(_)));
+
+        let on_error = dead_letters();
+        let mut s = session(&on_error, 10, Stamp::Snapshot(None));
+        s.begin_table(&router, without_payload, &HashSet::new())
+            .expect("its rows are dead-lettered");
+        s.handle(Instant::now(), TransferInput::Row(row(7, 7, false)))
+            .expect("dead-lettered");
+        let (_, letter) = sends(&mut s).remove(0);
+        assert_eq!(&*letter.topic, DLQ);
+        assert_eq!(header(&letter, "siphon.source.lsn"), Some(&b"0/100"[..]));
+        let noted = notes(&mut s);
+        assert!(noted[0].starts_with("TableUnroutable"), "{noted:?}");
+        assert!(noted[1].starts_with("RowDeadLettered"), "{noted:?}");
+    }
+
+    #[test]
+    fn a_payload_that_misfits_its_registered_schema_follows_on_error() {
+        let router = router(Encoding::Registered(RegistrySchemaKind::Avro));
+        let now = Instant::now();
+        for dead_lettering in [true, false] {
+            let on_error = if dead_lettering {
+                dead_letters()
+            } else {
+                ErrorPolicy::Fail
+            };
+            let mut s = session(&on_error, 10, Stamp::Snapshot(None));
+            s.begin_table(&router, relation(), &HashSet::new())
+                .expect("binds");
+            s.handle(now, TransferInput::Row(row(1, 1, false)))
+                .expect("asks");
+            let Some(TransferAction::Ask(Ask::LatestSchema { .. })) = s.poll_action() else {
+                panic!("the subject's schema is asked first");
+            };
+            assert!(!s.can_take_row(), "a row is taken while one waits");
+            let schema = Answered::LatestSchema(Ok((
+                2,
+                RegistrySchemaKind::Avro,
+                Arc::from(REGISTERED_SCHEMA),
+            )));
+            s.handle(now, TransferInput::Answer(schema))
+                .expect("written");
+            let (_, record) = sends(&mut s).remove(0);
+            assert_eq!(record.value.as_deref().map(|v| v[..5].to_vec()), Some(vec![0, 0, 0, 0, 2]));
+            // The poison field is not in the registered schema.
+            let misfit = s.handle(now, TransferInput::Row(row(2, 1, true)));
+            if dead_lettering {
+                misfit.expect("dead-lettered");
+                assert_eq!(&*sends(&mut s)[0].1.topic, DLQ);
+                assert!(notes(&mut s).iter().any(|n| n == "SchemaMisfit"));
+            } else {
+                assert!(matches!(misfit, Err(TransferStop::Registry(Refusal::Misfit { .. }))));
+            }
+        }
+    }
+}
