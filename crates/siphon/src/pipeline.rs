@@ -57,3 +57,59 @@ pub struct ExactlyOnce {
     /// When a Kafka transaction is committed.
     pub bounds: siphon_core::exactly_once::TransactionBounds,
 }
+
+/// Records and bytes in flight at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub records: usize,
+    pub bytes: usize,
+}
+
+/// A re-send beside the stream (asked for by a signal row) takes one part in this many of
+/// `pipeline.max_in_flight_records` and `max_in_flight_bytes`, for its records in flight and
+/// for its chunks of rows; the stream keeps the rest.
+pub const TRANSFER_SHARE: usize = 4;
+
+impl PipelineSettings {
+    /// The transfers' share of the window: at least one record and one byte.
+    fn transfer_share(&self) -> Window {
+        Window {
+            records: (self.max_in_flight_records / TRANSFER_SHARE).max(1),
+            bytes: (self.max_in_flight_bytes / TRANSFER_SHARE).max(1),
+        }
+    }
+
+    /// The stream's window: all of it, less the transfers' share when signal rows may start
+    /// re-sends beside the stream, so that the process holds no more than the configured
+    /// window (or one record more) in flight.
+    pub fn stream_window(&self) -> Window {
+        if self.snapshot.signal_table.is_none() {
+            return Window {
+                records: self.max_in_flight_records,
+                bytes: self.max_in_flight_bytes,
+            };
+        }
+        let share = self.transfer_share();
+        Window {
+            records: self
+                .max_in_flight_records
+                .saturating_sub(share.records)
+                .max(1),
+            bytes: self.max_in_flight_bytes.saturating_sub(share.bytes).max(1),
+        }
+    }
+
+    /// A transfer's window: the share when it runs beside the stream, all of it otherwise (an
+    /// initial snapshot runs before the stream starts, `siphon resend` in a process of its
+    /// own).
+    pub fn transfer_window(&self, beside_stream: bool) -> Window {
+        if beside_stream {
+            self.transfer_share()
+        } else {
+            Window {
+                records: self.max_in_flight_records,
+                bytes: self.max_in_flight_bytes,
+            }
+        }
+    }
+}

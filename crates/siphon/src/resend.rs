@@ -210,18 +210,13 @@ async fn attempt(
         lsn: pgoutput::Lsn::ZERO,
         sent_before,
         max_rows_per_second: request.max_rows_per_second,
+        beside_stream: request.signal.is_some(),
     };
     let mut copy = TableCopy::new(settings, plan, &log, metrics)?;
     if let Some(until) = &until {
         if !progress.finished(&request.table) {
-            copy.table(
-                &mut reader,
-                &table,
-                condition,
-                Some(until),
-                &mut progress,
-            )
-            .await?;
+            copy.table(&mut reader, &table, condition, Some(until), &mut progress)
+                .await?;
         }
     }
     progress.done = true;

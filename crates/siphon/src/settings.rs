@@ -712,4 +712,23 @@ mod tests {
         )
         .contains("table.expand.json.payload"));
     }
+
+    #[test]
+    fn a_signal_table_keeps_a_share_of_the_window_for_resends_beside_the_stream() {
+        let with = |source: &str| {
+            let text = format!(
+                "[source]\nurl = \"postgres://siphon@127.0.0.1:5432/app\"\nslot = \"s1\"\n{source}[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[pipeline]\nmax_in_flight_records = 1000\nmax_in_flight_bytes = 4000\n"
+            );
+            build(&Config::from_table(text.parse().expect("toml")).expect("valid")).expect("valid")
+        };
+        let window = |records, bytes| crate::pipeline::Window { records, bytes };
+        let plain = with("");
+        assert_eq!(plain.stream_window(), window(1000, 4000));
+        assert_eq!(plain.transfer_window(false), window(1000, 4000));
+        let signals = with("signal_table = \"public.siphon_signal\"\n");
+        assert_eq!(signals.stream_window(), window(750, 3000));
+        assert_eq!(signals.transfer_window(true), window(250, 1000));
+        // `siphon resend` and the initial snapshot run without the stream beside them.
+        assert_eq!(signals.transfer_window(false), window(1000, 4000));
+    }
 }

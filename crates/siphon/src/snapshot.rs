@@ -173,6 +173,7 @@ async fn send_all(
         lsn: slot.confirmed_flush_lsn,
         sent_before: progress.rows_sent,
         max_rows_per_second: 0,
+        beside_stream: false,
     };
     let mut copy = TableCopy::new(settings, plan, log, metrics)?;
     for (outbox, filter, until) in &described {

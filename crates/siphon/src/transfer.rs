@@ -8,8 +8,9 @@
 //!
 //! # Invariants
 //! - Memory is bounded by one chunk of rows (read with one keyset query: at most `chunk_rows`
-//!   rows, and as many as fit in `max_in_flight_bytes` at the size of the chunk before) and
-//!   the engine's window (`pipeline.max_in_flight_records` and `max_in_flight_bytes`).
+//!   rows, and as many as fit in the window's bytes at the size of the chunk before) and the
+//!   engine's window: `pipeline.max_in_flight_records` and `max_in_flight_bytes`, or the
+//!   transfers' share of them beside the stream ([`PipelineSettings::transfer_window`]).
 //! - Progress names only keys whose rows (and every row before them in key order) Kafka
 //!   acknowledged: a chunk counts once the engine is settled. A transfer resumed from it loses
 //!   no row; rows after it may be sent twice.
@@ -24,8 +25,8 @@ use crate::telemetry::{Event, Metrics, TransferKind};
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
 use siphon_core::engine::registry_write::{Answered, Ask, Refusal, SchemaCache};
-use siphon_core::engine::transfer::{TransferAction, TransferSettings};
 pub use siphon_core::engine::transfer::{Stamp, RESEND_HEADER};
+use siphon_core::engine::transfer::{TransferAction, TransferSettings};
 use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
 use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::{OutboxTable, RowReader};
@@ -255,6 +256,9 @@ pub struct CopyPlan {
     pub sent_before: u64,
     /// At most so many rows a second (0: as fast as Kafka acknowledges).
     pub max_rows_per_second: u64,
+    /// Whether it runs beside the stream (a signal row's re-send): it then takes the
+    /// transfers' share of the window ([`PipelineSettings::transfer_window`]).
+    pub beside_stream: bool,
 }
 
 impl<'a> TableCopy<'a> {
@@ -267,10 +271,11 @@ impl<'a> TableCopy<'a> {
         metrics: &Arc<Metrics>,
     ) -> Result<Self, TransferError> {
         let started = Instant::now();
+        let window = settings.transfer_window(plan.beside_stream);
         let session = TransferSession::new(TransferSettings {
             on_error: &settings.on_error,
-            max_records: settings.max_in_flight_records,
-            max_bytes: settings.max_in_flight_bytes,
+            max_records: window.records,
+            max_bytes: window.bytes,
             lsn: plan.lsn,
             stamp: plan.stamp,
             schemas: SchemaCache::new(
@@ -288,7 +293,7 @@ impl<'a> TableCopy<'a> {
             sender: Sender::new(&settings.sink)?,
             recorder: Recorder::new(Arc::clone(metrics)),
             chunk_rows: settings.snapshot.chunk_rows,
-            chunk_bytes: settings.max_in_flight_bytes,
+            chunk_bytes: window.bytes,
             metrics: Arc::clone(metrics),
             log,
             started,
@@ -380,9 +385,9 @@ impl TableCopy<'_> {
         progress.table = Some(name.clone());
         progress.after = after.clone();
         let router = self.routers.for_table(&table.table);
-        let begun =
-            self.session
-                .begin_table(router, Arc::clone(&table.relation), &table.not_null);
+        let begun = self
+            .session
+            .begin_table(router, Arc::clone(&table.relation), &table.not_null);
         self.recorder.notes_of_transfer(&mut self.session);
         begun.map_err(|stop| self.stopped(stop, &table.table, Vec::new()))?;
         // A chunk holds at most `chunk_bytes` of values (the rows past them are read again by the
@@ -476,7 +481,9 @@ impl TableCopy<'_> {
             }));
         };
         match ask {
-            Ask::SchemaId { subject, schema } => Answered::SchemaId(ids.id(&subject, &schema).await),
+            Ask::SchemaId { subject, schema } => {
+                Answered::SchemaId(ids.id(&subject, &schema).await)
+            }
             Ask::LatestSchema { subject } => Answered::LatestSchema(ids.latest(&subject).await),
         }
     }
@@ -491,7 +498,12 @@ impl TableCopy<'_> {
     }
 
     /// The transfer's end for `stop`, while a row of `table` with `key` was the last read.
-    fn stopped(&mut self, stop: TransferStop, table: &TableName, key: Vec<String>) -> TransferError {
+    fn stopped(
+        &mut self,
+        stop: TransferStop,
+        table: &TableName,
+        key: Vec<String>,
+    ) -> TransferError {
         let table = table.clone();
         match stop {
             TransferStop::Row(error) => TransferError::Row {

@@ -724,7 +724,12 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 binding: Box::new(binding),
                 router,
             }),
-            Err(e) if matches!(self.settings.on_error.for_row(true), Disposal::DeadLetter(_)) => {
+            Err(e)
+                if matches!(
+                    self.settings.on_error.for_row(true),
+                    Disposal::DeadLetter(_)
+                ) =>
+            {
                 self.notes.push_back(Note::TableUnroutable {
                     table: format!("{}.{}", relation.namespace, relation.name),
                     error: Box::new(e.clone()),

@@ -431,7 +431,8 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
             self.next_token = self.next_token.wrapping_add(1);
             self.in_flight.insert(token, size);
             self.in_flight_bytes += size;
-            self.actions.push_back(TransferAction::Send { token, record });
+            self.actions
+                .push_back(TransferAction::Send { token, record });
         }
     }
 
@@ -604,11 +605,19 @@ mod tests {
                 header(&letter, "siphon.original.topic"),
                 Some(&b"outbox.event.invoice"[..])
             );
-            assert!(!s.is_settled(), "settled before its letter was acknowledged");
-            assert!(notes(&mut s).iter().any(|n| n.starts_with("RecordDeadLettered")));
+            assert!(
+                !s.is_settled(),
+                "settled before its letter was acknowledged"
+            );
+            assert!(notes(&mut s)
+                .iter()
+                .any(|n| n.starts_with("RecordDeadLettered")));
             // A letter the dead-letter topic refuses ends the transfer.
             assert!(matches!(
-                s.handle(now, failed(token, letter, RDKafkaErrorCode::PolicyViolation)),
+                s.handle(
+                    now,
+                    failed(token, letter, RDKafkaErrorCode::PolicyViolation)
+                ),
                 Err(TransferStop::DeadLetterRefused(_))
             ));
         }
@@ -647,7 +656,10 @@ mod tests {
         // A failed producer: the transfer stops and resumes from its progress.
         let (token, record) = sent.remove(0);
         assert!(matches!(
-            s.handle(now, failed(token, record, RDKafkaErrorCode::MessageTimedOut)),
+            s.handle(
+                now,
+                failed(token, record, RDKafkaErrorCode::MessageTimedOut)
+            ),
             Err(TransferStop::Undelivered { .. })
         ));
         // Refused until the operator acts: no dead letter cures it.
@@ -710,7 +722,10 @@ mod tests {
             s.handle(now, TransferInput::Answer(schema))
                 .expect("written");
             let (_, record) = sends(&mut s).remove(0);
-            assert_eq!(record.value.as_deref().map(|v| v[..5].to_vec()), Some(vec![0, 0, 0, 0, 2]));
+            assert_eq!(
+                record.value.as_deref().map(|v| v[..5].to_vec()),
+                Some(vec![0, 0, 0, 0, 2])
+            );
             // The poison field is not in the registered schema.
             let misfit = s.handle(now, TransferInput::Row(row(2, 1, true)));
             if dead_lettering {
@@ -718,7 +733,10 @@ mod tests {
                 assert_eq!(&*sends(&mut s)[0].1.topic, DLQ);
                 assert!(notes(&mut s).iter().any(|n| n == "SchemaMisfit"));
             } else {
-                assert!(matches!(misfit, Err(TransferStop::Registry(Refusal::Misfit { .. }))));
+                assert!(matches!(
+                    misfit,
+                    Err(TransferStop::Registry(Refusal::Misfit { .. }))
+                ));
             }
         }
     }

@@ -301,8 +301,8 @@ pub async fn run_session(
                 .iter()
                 .cloned()
                 .collect::<HashSet<_>>(),
-            max_in_flight_records: settings.max_in_flight_records,
-            max_in_flight_bytes: settings.max_in_flight_bytes,
+            max_in_flight_records: settings.stream_window().records,
+            max_in_flight_bytes: settings.stream_window().bytes,
             shutdown_timeout: settings.shutdown_timeout,
             delivery_timeout: settings.delivery_timeout,
             replacement_backoff: (
