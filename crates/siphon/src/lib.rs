@@ -3,7 +3,8 @@
 //! before it.
 //!
 //! The binary (`src/main.rs`) is a thin command line over these modules:
-//! - [`config`] and [`settings`]: `siphon.toml`, environment overrides, validation.
+//! - [`config`] (the `siphon-config` crate) and [`settings`]: `siphon.toml`, environment
+//!   overrides, validation, and the pipeline's settings built from them.
 //! - [`session`] and [`supervisor`]: one streaming session (a pure core, its ledger and a thin
 //!   async driver), and reconnection between sessions.
 //! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
@@ -20,7 +21,7 @@
 //! - The position confirmed to PostgreSQL is only ever the [`session::ledger::Ledger`] watermark.
 
 pub mod alloc;
-pub mod config;
+pub use siphon_config as config;
 #[cfg(test)]
 mod doc_links;
 pub mod error;
