@@ -14,8 +14,10 @@
 //! - [`snapshot`]: the initial snapshot of the outbox tables when Siphon creates its slot.
 //! - [`transfer`]: outbox rows read outside the stream (initial snapshots, re-sends), routed
 //!   and sent chunk by chunk, their progress kept in the state topic.
-//! - [`import`]: converting a Debezium connector configuration.
 //! - [`alloc`]: the C library allocator's set-up for large records.
+//!
+//! `siphon import-debezium` calls the `siphon-import-debezium` crate, which converts a Debezium
+//! connector configuration.
 //!
 //! # Invariants
 //! - The position confirmed to PostgreSQL is only ever the [`session::ledger::Ledger`] watermark.
@@ -25,7 +27,6 @@ pub use siphon_config as config;
 #[cfg(test)]
 mod doc_links;
 pub mod error;
-pub mod import;
 pub mod pipeline;
 pub use siphon_core::engine::{dead_letter, message, position};
 pub mod progress_record;
