@@ -3,7 +3,8 @@
 //! before it.
 //!
 //! The binary (`src/main.rs`) is a thin command line over these modules:
-//! - [`config`] and [`settings`]: `siphon.toml`, environment overrides, validation.
+//! - [`config`] (the `siphon-config` crate) and [`settings`]: `siphon.toml`, environment
+//!   overrides, validation, and the pipeline's settings built from them.
 //! - [`session`] and [`supervisor`]: one streaming session (a pure core, its ledger and a thin
 //!   async driver), and reconnection between sessions.
 //! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
@@ -13,18 +14,19 @@
 //! - [`snapshot`]: the initial snapshot of the outbox tables when Siphon creates its slot.
 //! - [`transfer`]: outbox rows read outside the stream (initial snapshots, re-sends), routed
 //!   and sent chunk by chunk, their progress kept in the state topic.
-//! - [`import`]: converting a Debezium connector configuration.
 //! - [`alloc`]: the C library allocator's set-up for large records.
+//!
+//! `siphon import-debezium` calls the `siphon-import-debezium` crate, which converts a Debezium
+//! connector configuration.
 //!
 //! # Invariants
 //! - The position confirmed to PostgreSQL is only ever the [`session::ledger::Ledger`] watermark.
 
 pub mod alloc;
-pub mod config;
+pub use siphon_config as config;
 #[cfg(test)]
 mod doc_links;
 pub mod error;
-pub mod import;
 pub mod pipeline;
 pub use siphon_core::engine::{dead_letter, message, position};
 pub mod progress_record;

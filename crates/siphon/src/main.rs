@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use siphon::status::Render as _;
 use siphon::{
-    alloc, config, error, import, progress_record, publication_record, resend, settings, status,
+    alloc, config, error, progress_record, publication_record, resend, settings, status,
     supervisor, telemetry, transfer,
 };
 use siphon_record::registered::key_subject;
@@ -371,7 +371,7 @@ fn resend(
 fn import_debezium(path: &Path) -> anyhow::Result<ExitCode> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let imported = import::import_debezium(&text)?;
+    let imported = siphon_import_debezium::import_debezium(&text)?;
     print!("{}", imported.toml);
     for note in &imported.notes {
         eprintln!("note: {note}");

@@ -126,7 +126,7 @@ pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<Strin
             match value.parse::<i32>() {
                 Ok(n) => {
                     let setting = format!("kafka.topic_creation.{field}");
-                    match crate::config::ranges::refusal(&setting, n.into()) {
+                    match siphon_config::ranges::refusal(&setting, n.into()) {
                         None => creation.push((field, n)),
                         Some(why) => notes.push(format!(
                             "`{key}` = `{value}` is not carried over (-1, the broker's default, applies): {why}"
@@ -160,8 +160,8 @@ pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<Strin
 
 #[cfg(test)]
 mod tests {
-    use crate::import::import_debezium;
-    use crate::import::tests::{minimal, note_with, parse};
+    use crate::import_debezium;
+    use crate::tests::{minimal, note_with, parse};
 
     #[test]
     fn producer_overrides_map_to_librdkafka_names() {
@@ -176,7 +176,7 @@ mod tests {
         .unwrap();
         let c = parse(&import);
         assert_eq!(c.kafka.bootstrap_servers, "k1:9092,k2:9092");
-        let props = crate::config::option_strings(&c.kafka.properties, "p").unwrap();
+        let props = siphon_config::option_strings(&c.kafka.properties, "p").unwrap();
         assert_eq!(props["message.max.bytes"], "5000000");
         assert_eq!(props["message.timeout.ms"], "600000");
         assert!(!props.contains_key("acks") && !props.contains_key("enable.idempotence"));

@@ -181,9 +181,9 @@ fn registry_options(
 
 #[cfg(test)]
 mod tests {
-    use crate::config::EncodingName;
-    use crate::import::import_debezium;
-    use crate::import::tests::{minimal, note_with, parse};
+    use crate::import_debezium;
+    use crate::tests::{minimal, note_with, parse};
+    use siphon_config::EncodingName;
 
     #[test]
     fn converters_map_to_encodings() {

@@ -97,8 +97,8 @@ pub(super) fn note_unread(props: &Props, notes: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use crate::import::import_debezium;
-    use crate::import::tests::{minimal, note_with};
+    use crate::import_debezium;
+    use crate::tests::{minimal, note_with};
 
     #[test]
     fn a_slot_debezium_drops_on_stop_is_a_warning() {

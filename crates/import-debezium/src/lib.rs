@@ -1,9 +1,8 @@
-//! `siphon import-debezium`: a Debezium PostgreSQL connector configuration, as Kafka Connect
-//! takes it (JSON), turned into a `siphon.toml`, with a note for everything that does not carry
-//! over.
+//! A Debezium PostgreSQL connector configuration, as Kafka Connect takes it (JSON), turned into
+//! a `siphon.toml`, with a note for everything that does not carry over: the crate's one job.
 //!
-//! The conversion is a pure function ([`import_debezium`]); the caller prints
-//! [`Import::toml`] and shows [`Import::notes`] to the user.
+//! The conversion is a pure function ([`import_debezium`]); the caller (the binary's
+//! `siphon import-debezium`) prints [`Import::toml`] and shows [`Import::notes`] to the user.
 //!
 //! # Invariants
 //! - Every key of the connector configuration is either carried into the TOML or named in a
@@ -13,7 +12,7 @@
 //! - The database password never reaches the output: it is not written into the TOML and no note
 //!   repeats it (nor the value of any other key that looks secret).
 //! - The TOML only uses keys and values Siphon's configuration accepts, so it parses as a
-//!   [`crate::config::Config`]. Router options are copied verbatim and not checked here:
+//!   [`siphon_config::Config`]. Router options are copied verbatim and not checked here:
 //!   `siphon check-config` names any option Siphon's router does not support.
 //!
 //! # Layout

@@ -186,7 +186,7 @@ pub(super) fn section(props: &mut Props, out: &mut Output, notes: &mut Vec<Strin
 
     if let Some(ms) = props.take("status.update.interval.ms") {
         match ms.parse::<i64>() {
-            Ok(ms) => match crate::config::ranges::refusal("source.status_interval_ms", ms) {
+            Ok(ms) => match siphon_config::ranges::refusal("source.status_interval_ms", ms) {
                 None => {
                     out.source
                         .insert("status_interval_ms".into(), toml::Value::Integer(ms));
@@ -250,8 +250,8 @@ fn percent_encode(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::import::import_debezium;
-    use crate::import::tests::{minimal, note_with, parse};
+    use crate::import_debezium;
+    use crate::tests::{minimal, note_with, parse};
 
     #[test]
     fn decoderbufs_moves_to_a_new_pgoutput_slot() {

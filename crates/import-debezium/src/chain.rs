@@ -180,8 +180,8 @@ const KEEPS_TOPIC: &[&str] = &[
 
 #[cfg(test)]
 mod tests {
-    use crate::import::import_debezium;
-    use crate::import::tests::{minimal, note_with};
+    use crate::import_debezium;
+    use crate::tests::{minimal, note_with};
 
     #[test]
     fn a_predicate_that_misses_the_outbox_tables_is_a_warning() {

@@ -1,4 +1,6 @@
-//! `siphon.toml`: the user's configuration, with environment overrides.
+//! `siphon.toml`: the user's configuration, with environment overrides. The crate's one job is
+//! to read the file and the environment into a checked [`Config`]; it connects to nothing, and
+//! the binary turns the [`Config`] into the pieces the pipeline runs with.
 //!
 //! Doc comments on the fields below are the reference for every key (docs/configuration.md
 //! lists them; a test keeps the two in step).
@@ -212,7 +214,7 @@ pub struct SourceSection {
     /// `sync_replication_slots = on` holds a synchronized copy to resume from after a failover.
     #[serde(default)]
     pub failover: bool,
-    // -- Initial snapshot and re-sends (see `crate::snapshot`, `crate::signal`) --
+    // -- Initial snapshot and re-sends (the binary's `snapshot` and `signal` modules) --
     /// `never` (default) or `initial`: when Siphon creates the slot, send the rows already in
     /// the outbox tables (those matching `snapshot_filter`) before streaming.
     #[serde(default)]
