@@ -12,7 +12,7 @@
 //! This is a chunked read beside the stream rather than a watermark-interleaved read inside it
 //! (DBLog, Debezium's incremental snapshots): a re-send is a repeat the consumers asked for, not
 //! state the stream must reconcile, so it needs no window of the WAL to drop rows changed
-//! meanwhile; and the live stream keeps its own producer, window and slot, untouched: no live
+//! meanwhile; and the live stream keeps its own producer, its share of the window and its slot: no live
 //! event waits behind a chunk, and a failed re-send cannot hold back the slot.
 //!
 //! # Invariants

@@ -25,7 +25,8 @@
 //!   look.
 //! - A row's condition is checked as a signal's ([`ConditionSource::Signal`]): one expression
 //!   comparing columns with constants, never SQL of the row's writer's choosing.
-//! - Streaming does not wait for a re-send: it runs as a task of its own with its own producer.
+//! - Streaming does not wait for a re-send: it runs as a task of its own with its own producer,
+//!   within the transfers' share of the window ([`crate::pipeline::PipelineSettings::transfer_window`]).
 
 use crate::resend::{self, Request};
 use crate::session::PipelineSettings;
