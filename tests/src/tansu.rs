@@ -1,5 +1,5 @@
 //! A Tansu Kafka-protocol broker, for the smoke test that shows Siphon works with a broker
-//! other than Apache Kafka (`tests/tests/other_brokers.rs`); every other end-to-end test runs
+//! other than Apache Kafka (`tests/tests/operations/other_brokers.rs`); every other end-to-end test runs
 //! on Apache Kafka ([`crate::broker`]). Spawned from the binary that
 //! `scripts/install-deps.sh` caches.
 //!

@@ -66,7 +66,7 @@
 //! - `table.json.payload.empty.array.behavior` is Siphon's own option (Debezium 3.x has no
 //!   such option); its default, `ignore`, is what Debezium does.
 //!
-//! The bytes are checked against a real Debezium by `tests/tests/differential.rs`.
+//! The bytes are checked against a real Debezium by `tests/tests/debezium_bytes/differential.rs`.
 
 mod extension;
 mod format;
