@@ -8,7 +8,8 @@
 //! - [`session`] and [`supervisor`]: one streaming session (a pure core, its ledger and a thin
 //!   async driver), and reconnection between sessions.
 //! - [`dead_letter`]: records for rows and records that can never be delivered as they are.
-//! - [`telemetry`] and [`status`]: metrics, health endpoints, the slot's status.
+//! - [`telemetry`] (the `siphon-telemetry` crate) and [`status`]: metrics, health endpoints,
+//!   the slot's status.
 //! - [`signal`]: re-sends asked for by rows of a signal table, carried out while streaming.
 //! - [`resend`]: `siphon resend`, rows still in an outbox table sent again on demand.
 //! - [`snapshot`]: the initial snapshot of the outbox tables when Siphon creates its slot.
@@ -41,17 +42,6 @@ pub mod snapshot;
 pub mod snapshot_plan;
 pub mod status;
 pub mod supervisor;
-pub mod telemetry;
+pub use siphon_telemetry as telemetry;
 pub mod transfer;
 pub mod transfer_error;
-
-impl siphon_kafka_sink::DeliveryObserver for telemetry::Metrics {
-    fn acked_counter(&self, topic: &str) -> siphon_kafka_sink::AckCounter {
-        let topic = self.topic(topic);
-        Box::new(move || topic.acked())
-    }
-
-    fn broker_latencies(&self, brokers: &[siphon_kafka_sink::BrokerLatencies]) {
-        telemetry::Event::KafkaLatencies { brokers }.emit(self);
-    }
-}

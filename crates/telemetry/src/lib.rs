@@ -1,4 +1,9 @@
-//! Observability: Prometheus metrics, liveness and readiness, and the HTTP endpoint serving them.
+//! Siphon's observability, the crate's one job: Prometheus metrics, liveness and readiness, and
+//! the HTTP endpoint serving them.
+//!
+//! The binary's pipeline only drives them: it moves the metrics, emits [`Event`]s, sets
+//! [`Health`] and spawns [`serve`]. The Kafka sink reports acknowledgements and broker latencies
+//! into [`Metrics`] as its [`siphon_kafka_sink::DeliveryObserver`].
 //!
 //! - [`Metrics`] holds every series Siphon exports; the pipeline moves them through cheap
 //!   methods on a shared `Arc<Metrics>`.

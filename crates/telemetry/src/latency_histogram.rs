@@ -153,7 +153,7 @@ mod tests {
         fn exports_as_prometheus_clients_histogram(
             micros in proptest::collection::vec(0u64..120_000_000, 0..200)
         ) {
-            let bounds = crate::telemetry::metrics::COMMIT_TO_ACK_BUCKETS;
+            let bounds = crate::metrics::COMMIT_TO_ACK_BUCKETS;
             let ours = LatencyHistogram::new(&bounds);
             let theirs = Histogram::new(bounds);
             for m in &micros {

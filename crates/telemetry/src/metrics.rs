@@ -842,6 +842,18 @@ impl Metrics {
     }
 }
 
+/// The Kafka sink counts acknowledgements and reports broker latencies into these metrics.
+impl siphon_kafka_sink::DeliveryObserver for Metrics {
+    fn acked_counter(&self, topic: &str) -> siphon_kafka_sink::AckCounter {
+        let topic = self.topic(topic);
+        Box::new(move || topic.acked())
+    }
+
+    fn broker_latencies(&self, brokers: &[siphon_kafka_sink::BrokerLatencies]) {
+        super::Event::KafkaLatencies { brokers }.emit(self);
+    }
+}
+
 /// The series of `family` with `key="value"`, created now so it is exported from the start.
 fn fixed(family: &Family<FixedLabels, Counter>, key: &'static str, value: &'static str) -> Counter {
     family.get_or_create_owned(&[(key, value)])
