@@ -26,7 +26,7 @@
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
@@ -207,8 +207,9 @@ pub struct KafkaNode {
     dir_path: PathBuf,
     libs: PathBuf,
     child: Mutex<Option<Child>>,
-    /// Whether the JVM gets `PR_SET_PDEATHSIG`: killed when the thread that spawned it ends.
-    die_with_thread: bool,
+    /// Whether the node lives as long as the test process: its JVM is spawned by
+    /// [`spawn_for_process`], so the kernel kills it when the process is gone.
+    for_process: bool,
 }
 
 impl KafkaNode {
@@ -232,6 +233,23 @@ impl KafkaNode {
         users: &[(&str, &str)],
         extra: &[(&str, &str)],
     ) -> Result<KafkaNode> {
+        Self::sasl_node(users, extra, false)
+    }
+
+    /// Like [`KafkaNode::start_single_with_sasl`], for a node the tests of one process share:
+    /// it lives as long as the process ([`KafkaNode::start_single_for_process`]).
+    pub fn start_single_with_sasl_for_process(
+        users: &[(&str, &str)],
+        extra: &[(&str, &str)],
+    ) -> Result<KafkaNode> {
+        Self::sasl_node(users, extra, true)
+    }
+
+    fn sasl_node(
+        users: &[(&str, &str)],
+        extra: &[(&str, &str)],
+        for_process: bool,
+    ) -> Result<KafkaNode> {
         let logins: String = users
             .iter()
             .map(|(name, password)| format!(" user_{name}=\"{password}\""))
@@ -253,7 +271,10 @@ impl KafkaNode {
             ("allow.everyone.if.no.acl.found", "false"),
         ];
         settings.extend_from_slice(extra);
-        let node = Self::prepare_single(None, &settings, None, Some(crate::free_port()))?;
+        let prefix = for_process.then(process_dir_prefix);
+        let mut node =
+            Self::prepare_single(None, &settings, prefix.as_deref(), Some(crate::free_port()))?;
+        node.for_process = for_process;
         node.format(&new_cluster_id(&node.libs)?)?;
         node.spawn()?;
         node.wait_ready(1)?;
@@ -268,6 +289,12 @@ impl KafkaNode {
         args.extend_from_slice(acls);
         self.run_admin_program("Acls.java", &args)
             .with_context(|| format!("granting {principal} {acls:?}"))
+    }
+
+    /// Deletes every ACL of `principal`, on any resource (`tests/kafka/Acls.java`).
+    pub fn revoke_all(&self, principal: &str) -> Result<()> {
+        self.run_admin_program("Acls.java", &[principal, "--revoke-all"])
+            .with_context(|| format!("revoking every ACL of {principal}"))
     }
 
     /// Sets `user`'s SCRAM-SHA-256 password (creating the credential, or replacing the password
@@ -322,13 +349,12 @@ impl KafkaNode {
     }
 
     /// Like [`KafkaNode::start_single`], for a node that lives as long as the test process: the
-    /// JVM is killed by the kernel when the calling thread ends (`PR_SET_PDEATHSIG`), and its
+    /// JVM is killed by the kernel when the process is gone ([`spawn_for_process`]), and its
     /// directory is named after the process (see [`crate::broker`]). The handle must never be
     /// dropped while the process runs.
     pub(crate) fn start_single_for_process(extra: &[(&str, &str)]) -> Result<KafkaNode> {
-        let prefix = format!("{SHARED_DIR_PREFIX}{}-", std::process::id());
-        let mut node = Self::prepare_single(None, extra, Some(&prefix), None)?;
-        node.die_with_thread = true;
+        let mut node = Self::prepare_single(None, extra, Some(&process_dir_prefix()), None)?;
+        node.for_process = true;
         node.format(&new_cluster_id(&node.libs)?)?;
         node.spawn()?;
         node.wait_ready(1)?;
@@ -383,7 +409,7 @@ impl KafkaNode {
             dir: Some(dir),
             libs,
             child: Mutex::new(None),
-            die_with_thread: false,
+            for_process: false,
         };
         std::fs::write(
             node.properties_path(),
@@ -479,20 +505,6 @@ impl KafkaNode {
             .arg(self.properties_path())
             .stdout(log.try_clone().context("duplicating the log handle")?)
             .stderr(log);
-        if self.die_with_thread {
-            use std::os::unix::process::CommandExt as _;
-            // SAFETY: prctl(2) is async-signal-safe, and nothing else runs in the child
-            // between fork and exec.
-            unsafe {
-                command.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
-        }
         if own_session() {
             use std::os::unix::process::CommandExt as _;
             // SAFETY: setsid(2) is async-signal-safe, and nothing else runs in the child
@@ -506,9 +518,12 @@ impl KafkaNode {
                 });
             }
         }
-        let child = command
-            .spawn()
-            .with_context(|| format!("spawning {} for Kafka", java().display()))?;
+        let child = if self.for_process {
+            spawn_for_process(command)
+        } else {
+            command.spawn()
+        }
+        .with_context(|| format!("spawning {} for Kafka", java().display()))?;
         *self.lock() = Some(child);
         Ok(())
     }
@@ -684,6 +699,57 @@ fn new_cluster_id(libs: &Path) -> Result<String> {
     Ok(id)
 }
 
+/// The directory prefix of a node that lives as long as this process: a later process that
+/// finds it with this process gone removes it (see [`crate::broker`]).
+fn process_dir_prefix() -> String {
+    format!("{SHARED_DIR_PREFIX}{}-", std::process::id())
+}
+
+/// Spawns `command` from a thread that lives as long as the process, with
+/// `PR_SET_PDEATHSIG`: the kernel kills the child when that thread, so the process, is gone,
+/// however the process ends. (The signal follows the thread that spawned the child, so a
+/// node spawned again by a test's own thread would die with that test.)
+pub(crate) fn spawn_for_process(mut command: Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt as _;
+    use std::sync::mpsc;
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    // SAFETY: prctl(2) is async-signal-safe, and nothing else runs in the child between fork
+    // and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        // Never joined: it ends with the process, which is when its children must end.
+        let _ = std::thread::Builder::new()
+            .name("process-children".into())
+            .spawn(move || {
+                for (mut command, answer) in rx {
+                    let _ = answer.send(command.spawn());
+                }
+                loop {
+                    std::thread::park();
+                }
+            });
+        Mutex::new(tx)
+    });
+    let (tx, rx) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .send((command, tx))
+        .map_err(|_| std::io::Error::other("the spawning thread is gone"))?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("the spawning thread is gone"))?
+}
+
 /// Three Kafka nodes in one KRaft quorum, every one a broker and a controller.
 pub struct KafkaCluster {
     nodes: Vec<KafkaNode>,
@@ -693,6 +759,17 @@ impl KafkaCluster {
     /// Formats and starts three nodes with [`CLUSTER_SETTINGS`] (and `extra` on top) and
     /// waits until every node answers metadata listing all three.
     pub fn start(extra: &[(&str, &str)]) -> Result<KafkaCluster> {
+        Self::start_with(extra, false)
+    }
+
+    /// Like [`KafkaCluster::start`], for a cluster the tests of one process share: its nodes
+    /// live as long as the process ([`KafkaNode::start_single_for_process`]), whoever starts
+    /// them again.
+    pub fn start_for_process(extra: &[(&str, &str)]) -> Result<KafkaCluster> {
+        Self::start_with(extra, true)
+    }
+
+    fn start_with(extra: &[(&str, &str)], for_process: bool) -> Result<KafkaCluster> {
         const NODES: u32 = 3;
         let ports: Vec<(u16, u16)> = (0..NODES)
             .map(|_| (crate::free_port(), crate::free_port()))
@@ -716,7 +793,7 @@ impl KafkaCluster {
             .iter()
             .zip(1..)
             .map(|(&(port, controller_port), id)| {
-                KafkaNode::new(NodeSpec {
+                let spec = NodeSpec {
                     id,
                     port,
                     controller_port,
@@ -724,7 +801,11 @@ impl KafkaCluster {
                     sasl_port: None,
                     voters: voters.clone(),
                     extra: settings.clone(),
-                })
+                };
+                let prefix = for_process.then(process_dir_prefix);
+                let mut node = KafkaNode::new_in(spec, prefix.as_deref())?;
+                node.for_process = for_process;
+                Ok(node)
             })
             .collect::<Result<Vec<_>>>()?;
         let cluster_id = new_cluster_id(&nodes[0].libs)?;

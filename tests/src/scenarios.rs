@@ -1,37 +1,26 @@
-//! Tests that run several scenarios one after another on servers they share (a cluster, a
-//! locked-down broker): one scenario's faults never land in another's timing, and a JVM starts
-//! once.
+//! Scenarios that share a server a test process starts once (a three-node cluster, a
+//! locked-down broker): a JVM starts once per process, each scenario is a test of its own
+//! (`cargo test NAME` runs one), and they take turns, so one scenario's faults never land in
+//! another's timing.
 //!
 //! # Invariants
-//! - Every scenario runs, unless `SIPHON_FAULT_SCENARIOS` (names, comma-separated) is set and
-//!   leaves it out; each prints PASS or FAIL with its time, and a failed one's name is kept, so
-//!   the test fails naming every failed scenario.
+//! - At most one scenario holds the server at a time: each runs holding [`TURN`].
+//! - The server lives as long as the test process and no longer: its JVMs are spawned by
+//!   [`crate::kafka`]'s process-lifetime spawner, which the kernel ends with the process.
+//! - A server that failed to start fails every scenario that asks for it, naming why.
 
-/// Whether the scenario `name` runs: `SIPHON_FAULT_SCENARIOS` is unset or empty, or names it.
-pub fn selected(name: &str) -> bool {
-    let only = std::env::var("SIPHON_FAULT_SCENARIOS").unwrap_or_default();
-    only.trim().is_empty() || only.split(',').any(|n| n.trim() == name)
-}
+use anyhow::{anyhow, Result};
+use std::sync::OnceLock;
 
-/// Runs the scenario `$name` by awaiting `$run` (a future of `anyhow::Result<()>`) unless
-/// [`selected`] leaves it out; prints PASS or FAIL with its time and pushes a failed
-/// scenario's name onto `$failures` (a `Vec<&str>`).
-#[macro_export]
-macro_rules! run_scenario {
-    ($failures:expr, $name:ident, $run:expr) => {{
-        let name = stringify!($name);
-        if $crate::scenarios::selected(name) {
-            let started = std::time::Instant::now();
-            let outcome: anyhow::Result<()> = $run.await;
-            match outcome {
-                Ok(()) => eprintln!("PASS {name} ({:?})", started.elapsed()),
-                Err(e) => {
-                    eprintln!("FAIL {name} ({:?}): {e:#}", started.elapsed());
-                    $failures.push(name);
-                }
-            }
-        } else {
-            eprintln!("not run (SIPHON_FAULT_SCENARIOS): {name}");
-        }
-    }};
+/// The turn to use the shared server: held for a whole scenario.
+pub static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The server in `cell`, started by `start` on first use.
+pub fn shared<T>(
+    cell: &'static OnceLock<std::result::Result<T, String>>,
+    start: impl FnOnce() -> Result<T>,
+) -> Result<&'static T> {
+    cell.get_or_init(|| start().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("the shared server did not start: {e}"))
 }

@@ -17,7 +17,9 @@
 //! fix, confirms nothing it did not deliver, and neither retries in a tight loop nor skips the
 //! events.
 //!
-//! One node (its own: the shared one has no authorizer) serves every scenario, one after another.
+//! One node (its own: the shared one has no authorizer) serves every scenario, one after another:
+//! each is a test of its own (`cargo test NAME` runs one), and starts with no ACL for Siphon's
+//! principal.
 
 use anyhow::{ensure, Context as _, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -31,11 +33,13 @@ use siphon_tests::outbox::{
     wait_for_all, wait_for_slot_past, with_exactly_once, KafkaTarget as _, Via, OUTBOX_DDL,
 };
 use siphon_tests::proxy::ThrottlingProxy;
+use siphon_tests::scenarios;
 use siphon_tests::{
     create_topic, read_topic_async, strip_ansi, wait_until, Isolation, KafkaNode, Postgres,
     SiphonProcess,
 };
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
@@ -1122,42 +1126,57 @@ async fn topics_an_operator_created_need_no_create_acl(node: &KafkaNode) -> Resu
     events_once_read_committed(&target, 3, &siphon).await
 }
 
-/// Runs every scenario on one node, one after another, and reports each; fails if any did.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_refusal_of_a_locked_down_broker_names_its_fix() -> Result<()> {
-    let node = KafkaNode::start_single_with_sasl(
-        &[(USER, PASSWORD)],
-        &[
-            ("auto.create.topics.enable", "false"),
-            (
-                "listener.name.sasl_plaintext.scram-sha-256.connections.max.reauth.ms",
-                &SCRAM_SESSION.as_millis().to_string(),
-            ),
-        ],
-    )?;
-    let mut failures = Vec::new();
-    macro_rules! scenario {
-        ($name:ident) => {
-            siphon_tests::run_scenario!(failures, $name, $name(&node))
-        };
-    }
-    scenario!(no_acls);
-    scenario!(wrong_password);
-    scenario!(no_acls_on_the_outbox_topics);
-    scenario!(outbox_topics_not_writable);
-    scenario!(the_documented_acls_suffice);
-    scenario!(a_topic_nobody_created);
-    scenario!(exactly_once_without_the_transactional_id_acl);
-    scenario!(exactly_once_with_the_documented_acls);
-    scenario!(password_rotated_while_running);
-    scenario!(password_rotated_while_running_exactly_once);
-    scenario!(a_topic_nobody_created_with_exactly_once);
-    scenario!(dead_letters_without_then_with_their_topics_acls);
-    scenario!(a_login_refused_once_is_not_a_refusal);
-    scenario!(a_login_refused_once_then_a_hung_broker_is_not_a_refusal);
-    scenario!(a_topic_deleted_on_brokers_that_create_none);
-    scenario!(a_topic_deleted_that_siphon_may_not_create);
-    scenario!(topics_an_operator_created_need_no_create_acl);
-    ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
-    Ok(())
+/// The locked-down node this process's scenarios share.
+fn node() -> Result<&'static KafkaNode> {
+    static NODE: OnceLock<std::result::Result<KafkaNode, String>> = OnceLock::new();
+    scenarios::shared(&NODE, || {
+        KafkaNode::start_single_with_sasl_for_process(
+            &[(USER, PASSWORD)],
+            &[
+                ("auto.create.topics.enable", "false"),
+                (
+                    "listener.name.sasl_plaintext.scram-sha-256.connections.max.reauth.ms",
+                    &SCRAM_SESSION.as_millis().to_string(),
+                ),
+            ],
+        )
+    })
 }
+
+/// Each scenario a test of its own, on the shared node, one at a time, starting with no ACL
+/// for Siphon's principal (whatever the scenario before granted).
+macro_rules! on_the_node {
+    ($($name:ident),* $(,)?) => {
+        mod on_the_node {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    let _turn = siphon_tests::scenarios::TURN.lock().await;
+                    let node = super::node()?;
+                    node.revoke_all(&format!("User:{}", super::USER))?;
+                    super::$name(node).await
+                }
+            )*
+        }
+    };
+}
+
+on_the_node!(
+    no_acls,
+    wrong_password,
+    no_acls_on_the_outbox_topics,
+    outbox_topics_not_writable,
+    the_documented_acls_suffice,
+    a_topic_nobody_created,
+    exactly_once_without_the_transactional_id_acl,
+    exactly_once_with_the_documented_acls,
+    password_rotated_while_running,
+    password_rotated_while_running_exactly_once,
+    a_topic_nobody_created_with_exactly_once,
+    dead_letters_without_then_with_their_topics_acls,
+    a_login_refused_once_is_not_a_refusal,
+    a_login_refused_once_then_a_hung_broker_is_not_a_refusal,
+    a_topic_deleted_on_brokers_that_create_none,
+    a_topic_deleted_that_siphon_may_not_create,
+    topics_an_operator_created_need_no_create_acl,
+);

@@ -5,8 +5,9 @@
 //! partitions while Siphon writes, and (exactly-once) the transaction coordinator's node killed
 //! between recording a commit and answering it, and while a restarted Siphon registers.
 //!
-//! Each scenario runs against the same cluster (a JVM start costs seconds; the scenarios run one
-//! after another so that one's faults never land in another's timing), with a PostgreSQL, a slot
+//! Each scenario is a test of its own (`cargo test NAME` runs one) against the same cluster (a
+//! JVM start costs seconds; the scenarios take turns so that one's faults never land in
+//! another's timing), with a PostgreSQL, a slot
 //! and a topic namespace of its own, and a writer committing outbox transactions of 1 to 5 events
 //! throughout. Every scenario then checks the promises from outside: every committed event is in
 //! Kafka, nothing else is, the first delivery of each event comes in commit order per key, and
@@ -25,10 +26,11 @@ use siphon_tests::outbox::{
 };
 use siphon_tests::partition::partition_for_key;
 use siphon_tests::proxy::ClusterProxies;
+use siphon_tests::scenarios;
 use siphon_tests::{wait_for, wait_until, ConsumedRecord, KafkaCluster, Postgres, SiphonProcess};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The delivery deadline (`kafka.properties."message.timeout.ms"`) of the scenarios that ride
@@ -753,30 +755,39 @@ fn admin(cluster: &KafkaCluster) -> Result<AdminClient<DefaultClientContext>> {
         .context("creating an admin client")
 }
 
-/// Runs every scenario on one cluster, one after another, and reports each; fails if any did.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn broker_faults_on_a_three_node_cluster() -> Result<()> {
-    let cluster = KafkaCluster::start(&[])?;
-    let mut failures = Vec::new();
-    // Every node runs before each scenario (one may have left one down or frozen).
-    macro_rules! scenario {
-        ($name:ident) => {
-            siphon_tests::run_scenario!(failures, $name, async {
-                all_nodes_up(&cluster)?;
-                $name(&cluster).await
-            })
-        };
-    }
-    scenario!(leader_killed_mid_stream);
-    scenario!(two_of_three_down);
-    scenario!(two_of_three_down_exactly_once);
-    scenario!(rolling_restart);
-    scenario!(cluster_frozen_past_the_deadline);
-    scenario!(topic_deleted_while_writing);
-    scenario!(topic_deleted_while_writing_exactly_once);
-    scenario!(partitions_raised_while_writing);
-    scenario!(coordinator_killed_mid_commit);
-    scenario!(coordinator_killed_while_registering);
-    ensure!(failures.is_empty(), "scenarios failed: {failures:?}");
-    Ok(())
+/// The cluster this process's scenarios share.
+fn cluster() -> Result<&'static KafkaCluster> {
+    static CLUSTER: OnceLock<std::result::Result<KafkaCluster, String>> = OnceLock::new();
+    scenarios::shared(&CLUSTER, || KafkaCluster::start_for_process(&[]))
 }
+
+/// Each scenario a test of its own, on the shared cluster, one at a time; every node runs
+/// before each (one may have left one down).
+macro_rules! on_the_cluster {
+    ($($name:ident),* $(,)?) => {
+        mod on_the_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    let _turn = siphon_tests::scenarios::TURN.lock().await;
+                    let cluster = super::cluster()?;
+                    super::all_nodes_up(cluster)?;
+                    super::$name(cluster).await
+                }
+            )*
+        }
+    };
+}
+
+on_the_cluster!(
+    leader_killed_mid_stream,
+    two_of_three_down,
+    two_of_three_down_exactly_once,
+    rolling_restart,
+    cluster_frozen_past_the_deadline,
+    topic_deleted_while_writing,
+    topic_deleted_while_writing_exactly_once,
+    partitions_raised_while_writing,
+    coordinator_killed_mid_commit,
+    coordinator_killed_while_registering,
+);
