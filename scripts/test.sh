@@ -130,6 +130,14 @@ stop_kafka() {
     fi
     # Kafka JVMs of test processes that died without dropping their handles.
     pkill -9 -f -- '-Dsiphon.test.kafka=/tmp/siphon-kafka' 2>/dev/null || true
+    # Directories of the nodes test processes kept for their lifetime, once the process is gone.
+    local dir pid
+    for dir in /tmp/siphon-kafka-shared-*; do
+        [[ -d $dir ]] || continue
+        pid=${dir#/tmp/siphon-kafka-shared-}
+        pid=${pid%%-*}
+        [[ -d /proc/$pid ]] || rm -rf "$dir"
+    done
 }
 trap stop_kafka EXIT
 

@@ -84,8 +84,8 @@ fn start_shared() -> Result<Shared> {
         .context("the shared Kafka thread ended without an answer")?
 }
 
-/// Removes the directories of shared brokers whose test process is gone.
-fn remove_stale_shared_dirs() {
+/// Removes the directories of process-lifetime Kafka nodes whose test process is gone.
+pub(crate) fn remove_stale_shared_dirs() {
     let Ok(entries) = std::fs::read_dir("/tmp") else {
         return;
     };

@@ -700,8 +700,10 @@ fn new_cluster_id(libs: &Path) -> Result<String> {
 }
 
 /// The directory prefix of a node that lives as long as this process: a later process that
-/// finds it with this process gone removes it (see [`crate::broker`]).
+/// finds it with this process gone removes it, the first time it asks for a prefix.
 fn process_dir_prefix() -> String {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(crate::broker::remove_stale_shared_dirs);
     format!("{SHARED_DIR_PREFIX}{}-", std::process::id())
 }
 
