@@ -10,6 +10,10 @@
 //!   holds back the event of a new schema and everything after it: nothing is sent without
 //!   its id, the slot does not pass it, the retries are spaced by backoff; then every event
 //!   arrives once, in order per aggregate.
+//! - With exactly-once delivery, a registry that cannot answer for longer than the Kafka
+//!   transaction timeout while a PostgreSQL transaction waits for a new schema's id (its
+//!   earlier events already in the open Kafka transaction): a read_committed consumer sees
+//!   nothing of the transaction until the registry answers, then each event once, in order.
 //! - A registry refusing Siphon's credentials (401), at start and mid-stream, stops Siphon
 //!   (exit status 2) after one request, naming the settings to fix, the slot not past the
 //!   unsent event; `check-config` names them too. Started again after the fix, Siphon
@@ -427,6 +431,87 @@ async fn registry_outage(servers: Arc<Servers>) -> Result<()> {
     Ok(())
 }
 
+/// The Kafka transaction timeout (`transaction.timeout.ms`) of the exactly-once case, and how
+/// long its registry stays down: past the timeout, so the broker would abort a transaction
+/// held open for the schema id.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+const EXACTLY_ONCE_OUTAGE: Duration = Duration::from_secs(25);
+
+/// Exactly-once, the registry down past the transaction timeout while a PostgreSQL
+/// transaction waits for a new schema's id: a read_committed consumer sees none of that
+/// transaction meanwhile, then each event of it once.
+async fn outage_past_the_transaction_timeout(servers: Arc<Servers>) -> Result<()> {
+    let case = Case::new(&servers, "eosoutage").await?;
+    let proxy = RegistryProxy::start(servers.registry.port())?;
+    let timeout_ms = TRANSACTION_TIMEOUT.as_millis().to_string();
+    let config = siphon_tests::outbox::with_exactly_once(
+        &case.config(&proxy.url(), "request_timeout_ms = 1000"),
+        &servers.broker,
+    )
+    .replacen(
+        "\"message.timeout.ms\" = \"10000\"",
+        &format!("\"message.timeout.ms\" = \"{timeout_ms}\"\n\"transaction.timeout.ms\" = \"{timeout_ms}\""),
+        1,
+    );
+    ensure!(config.contains("transaction.timeout.ms"), "{config}");
+    let siphon = case.start(&config).await?;
+    let expected: BTreeMap<u64, serde_json::Value> = [
+        (1, shape_a(1)),
+        (2, shape_a(2)),
+        (3, shape_b(3)),
+        (4, shape_a(4)),
+    ]
+    .into_iter()
+    .collect();
+    case.commit_each(&[(1, expected[&1].clone())]).await?;
+    case.records(1, &siphon).await?;
+
+    proxy.set(RegistryFault::Status(503));
+    let start = Instant::now();
+    // One PostgreSQL transaction: event 2's schema is known, event 3's is new and waits, 4
+    // follows it.
+    let mut client = servers.pg.connect().await?;
+    let txn = client.transaction().await?;
+    for n in [2, 3, 4] {
+        txn.execute(
+            "INSERT INTO outbox_eosoutage VALUES ($1::text::uuid, 'Eosoutage', $2, 'T', $3::text::jsonb)",
+            &[&event_id(n), &format!("k{}", n % 3), &expected[&n].to_string()],
+        )
+        .await?;
+    }
+    txn.commit().await?;
+    let end = current_insert_lsn(&case.client).await?;
+    while start.elapsed() < EXACTLY_ONCE_OUTAGE {
+        let sent = case.sent().await?;
+        ensure!(
+            sent.len() == 1,
+            "a read_committed consumer saw {} records during the outage: a transaction is \
+             seen whole or not at all",
+            sent.len()
+        );
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    proxy.set(RegistryFault::None);
+    let records = case.records(4, &siphon).await?;
+    wait_for_slot_past(&case.client, "eosoutage", end, Duration::from_secs(90))
+        .await
+        .with_context(|| siphon.log())?;
+    // Settled: nothing more arrives.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let records = if case.sent().await?.len() > records.len() {
+        case.sent().await?
+    } else {
+        records
+    };
+    case.check_delivered(&records, &expected)?;
+    ensure!(siphon.is_running(), "{}", siphon.log());
+    eprintln!(
+        "exactly-once outage {EXACTLY_ONCE_OUTAGE:?}, delivered after {:?}",
+        start.elapsed()
+    );
+    Ok(())
+}
+
 /// A 401 at start and mid-stream stops Siphon once, naming the credentials' settings; after
 /// the fix every event arrives.
 async fn refused_credentials(servers: Arc<Servers>) -> Result<()> {
@@ -533,6 +618,10 @@ async fn registry_faults_hold_records_back_or_stop_siphon_and_lose_nothing() -> 
         (
             "refused credentials",
             tokio::spawn(refused_credentials(Arc::clone(&servers))),
+        ),
+        (
+            "exactly-once outage past the transaction timeout",
+            tokio::spawn(outage_past_the_transaction_timeout(Arc::clone(&servers))),
         ),
     ];
     let mut failures = Vec::new();

@@ -72,13 +72,9 @@ fn avro_config(
 
 /// `config` with exactly-once delivery (Kafka transactions of 100 ms at most).
 fn exactly_once(config: &str, broker: &Broker) -> String {
-    let bootstrap = format!("bootstrap_servers = \"{}\"", broker.bootstrap());
-    config.replacen(
-        &bootstrap,
-        &format!(
-            "{bootstrap}\ndelivery = \"exactly-once\"\nprogress_topic = \"{}\"\ntransaction_interval_ms = 100",
-            broker.topic("siphon.progress")
-        ),
+    siphon_tests::outbox::with_exactly_once(config, broker).replacen(
+        "delivery = \"exactly-once\"",
+        "delivery = \"exactly-once\"\ntransaction_interval_ms = 100",
         1,
     )
 }
