@@ -478,6 +478,23 @@ mod tests {
         ErrorPolicy::DeadLetter(DeadLetters::new(DLQ.to_owned(), 1_000_000))
     }
 
+    /// `on_error = "dead-letter"` or `"fail"`.
+    fn on_error(dead_lettering: bool) -> ErrorPolicy {
+        if dead_lettering {
+            dead_letters()
+        } else {
+            ErrorPolicy::Fail
+        }
+    }
+
+    /// A transfer of `outbox` rows routed by `router`, within a window of 10 records.
+    fn begun<'a>(on_error: &'a ErrorPolicy, router: &'a EventRouter) -> TransferSession<'a, Model> {
+        let mut s = session(on_error, 10, Stamp::Snapshot(None));
+        s.begin_table(router, relation(), &HashSet::new())
+            .expect("binds");
+        s
+    }
+
     fn session<'a>(
         on_error: &'a ErrorPolicy,
         max_records: usize,
@@ -579,14 +596,8 @@ mod tests {
         let router = router(Encoding::Json);
         let now = Instant::now();
         for dead_lettering in [true, false] {
-            let on_error = if dead_lettering {
-                dead_letters()
-            } else {
-                ErrorPolicy::Fail
-            };
-            let mut s = session(&on_error, 10, Stamp::Snapshot(None));
-            s.begin_table(&router, relation(), &HashSet::new())
-                .expect("binds");
+            let policy = on_error(dead_lettering);
+            let mut s = begun(&policy, &router);
             s.handle(now, TransferInput::Row(row(1, 1, false)))
                 .expect("routed");
             let (token, record) = sends(&mut s).remove(0);
@@ -628,9 +639,7 @@ mod tests {
         let on_error = dead_letters();
         let router = router(Encoding::Json);
         let now = Instant::now();
-        let mut s = session(&on_error, 10, Stamp::Snapshot(None));
-        s.begin_table(&router, relation(), &HashSet::new())
-            .expect("binds");
+        let mut s = begun(&on_error, &router);
         for event in 0..3 {
             s.handle(now, TransferInput::Row(row(event, event, false)))
                 .expect("routed");
@@ -700,14 +709,8 @@ mod tests {
         let router = router(Encoding::Registered(RegistrySchemaKind::Avro));
         let now = Instant::now();
         for dead_lettering in [true, false] {
-            let on_error = if dead_lettering {
-                dead_letters()
-            } else {
-                ErrorPolicy::Fail
-            };
-            let mut s = session(&on_error, 10, Stamp::Snapshot(None));
-            s.begin_table(&router, relation(), &HashSet::new())
-                .expect("binds");
+            let policy = on_error(dead_lettering);
+            let mut s = begun(&policy, &router);
             s.handle(now, TransferInput::Row(row(1, 1, false)))
                 .expect("asks");
             let Some(TransferAction::Ask(Ask::LatestSchema { .. })) = s.poll_action() else {
