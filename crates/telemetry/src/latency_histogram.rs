@@ -68,6 +68,7 @@ impl LatencyHistogram {
     }
 
     /// Records one observation.
+    #[inline]
     pub fn observe(&self, value: Duration) {
         let nanos = u64::try_from(value.as_nanos()).unwrap_or(u64::MAX);
         let inner = &*self.inner;

@@ -12,8 +12,10 @@
 //!   arrives once, in order per aggregate.
 //! - With exactly-once delivery, a registry that cannot answer for longer than the Kafka
 //!   transaction timeout while a PostgreSQL transaction waits for a new schema's id (its
-//!   earlier events already in the open Kafka transaction): a read_committed consumer sees
-//!   nothing of the transaction until the registry answers, then each event once, in order.
+//!   earlier event already in the open Kafka transaction): that Kafka transaction is committed
+//!   inside the PostgreSQL transaction (split by age), so the broker aborts nothing; a
+//!   read_committed consumer sees nothing that waits for its id, then each event once, in
+//!   order.
 //! - A registry refusing Siphon's credentials (401), at start and mid-stream, stops Siphon
 //!   (exit status 2) after one request, naming the settings to fix, the slot not past the
 //!   unsent event; `check-config` names them too. Started again after the fix, Siphon
@@ -438,8 +440,8 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 const EXACTLY_ONCE_OUTAGE: Duration = Duration::from_secs(25);
 
 /// Exactly-once, the registry down past the transaction timeout while a PostgreSQL
-/// transaction waits for a new schema's id: a read_committed consumer sees none of that
-/// transaction meanwhile, then each event of it once.
+/// transaction waits for a new schema's id: the Kafka transaction holding its first event is
+/// committed by age, none is aborted, and a read_committed consumer sees each event once.
 async fn outage_past_the_transaction_timeout(servers: Arc<Servers>) -> Result<()> {
     let case = Case::new(&servers, "eosoutage").await?;
     let proxy = RegistryProxy::start(servers.registry.port())?;
@@ -449,8 +451,10 @@ async fn outage_past_the_transaction_timeout(servers: Arc<Servers>) -> Result<()
         &servers.broker,
     )
     .replacen(
-        "\"message.timeout.ms\" = \"10000\"",
-        &format!("\"message.timeout.ms\" = \"{timeout_ms}\"\n\"transaction.timeout.ms\" = \"{timeout_ms}\""),
+        "[kafka.properties]\n",
+        &format!(
+            "[kafka.properties]\n\"message.timeout.ms\" = \"{timeout_ms}\"\n\"transaction.timeout.ms\" = \"{timeout_ms}\"\n"
+        ),
         1,
     );
     ensure!(config.contains("transaction.timeout.ms"), "{config}");
@@ -481,16 +485,29 @@ async fn outage_past_the_transaction_timeout(servers: Arc<Servers>) -> Result<()
     }
     txn.commit().await?;
     let end = current_insert_lsn(&case.client).await?;
+    let mut split = false;
     while start.elapsed() < EXACTLY_ONCE_OUTAGE {
-        let sent = case.sent().await?;
+        let seen: Vec<u64> = case
+            .sent()
+            .await?
+            .iter()
+            .map(number)
+            .collect::<Result<_>>()?;
         ensure!(
-            sent.len() == 1,
-            "a read_committed consumer saw {} records during the outage: a transaction is \
-             seen whole or not at all",
-            sent.len()
+            seen.iter().all(|n| *n <= 2),
+            "a read_committed consumer saw {seen:?} during the outage: events 3 and 4 wait for \
+             their schema id"
         );
+        split |= seen.contains(&2);
         tokio::time::sleep(Duration::from_millis(1000)).await;
     }
+    // The Kafka transaction holding event 2 was committed inside the PostgreSQL transaction
+    // (split by age), so none stayed open for the broker to abort.
+    ensure!(
+        split,
+        "event 2 was not committed during the outage: {}",
+        siphon.log()
+    );
     proxy.set(RegistryFault::None);
     let records = case.records(4, &siphon).await?;
     wait_for_slot_past(&case.client, "eosoutage", end, Duration::from_secs(90))
@@ -504,7 +521,12 @@ async fn outage_past_the_transaction_timeout(servers: Arc<Servers>) -> Result<()
         records
     };
     case.check_delivered(&records, &expected)?;
-    ensure!(siphon.is_running(), "{}", siphon.log());
+    let log = siphon.log();
+    ensure!(siphon.is_running(), "{log}");
+    ensure!(
+        !log.contains("Kafka transaction is aborted") && !log.contains("fenced"),
+        "no Kafka transaction was aborted: {log}"
+    );
     eprintln!(
         "exactly-once outage {EXACTLY_ONCE_OUTAGE:?}, delivered after {:?}",
         start.elapsed()
