@@ -43,8 +43,9 @@
 # while it is down.
 #
 # Environment:
-#   SIPHON_BROKER_HEAP       heap options of each JVM (default -Xmx1g; the other JVM options are
-#                           those of Kafka's bin/kafka-run-class.sh: G1, full JIT)
+#   SIPHON_BROKER_HEAP       heap (and any other added) options of each JVM (default -Xmx1g; the
+#                           other JVM options are those of Kafka's bin/kafka-run-class.sh: G1, full
+#                           JIT; scripts/test.sh adds -XX:TieredStopAtLevel=1)
 #   SIPHON_BROKER_LIBS       the Kafka jar directory (default
 #                           ${SIPHON_CACHE_DIR:-$HOME/.cache/siphon}/kafka-4.4.0/libs, which
 #                           scripts/install-kafka.sh fills)
