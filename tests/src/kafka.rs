@@ -307,14 +307,25 @@ impl KafkaNode {
     }
 
     /// Runs the Java program `tests/kafka/<program>` with the broker's jars, its bootstrap
-    /// address and `args`; fails with its stderr if it does.
+    /// address and `args`; fails with its stderr if it does. The programs are compiled once
+    /// ([`admin_classes`]); without `javac` each runs from its source.
     fn run_admin_program(&self, program: &str, args: &[&str]) -> Result<()> {
         let program = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("kafka")
             .join(program);
-        let output = Command::new(java())
-            .args(["-cp", &format!("{}/*", self.libs.display())])
-            .arg(&program)
+        let mut command = Command::new(java());
+        match admin_classes(&self.libs) {
+            Some(classes) => command
+                .args([
+                    "-cp",
+                    &format!("{}/*:{}", self.libs.display(), classes.display()),
+                ])
+                .arg(program.file_stem().unwrap_or_default()),
+            None => command
+                .args(["-cp", &format!("{}/*", self.libs.display())])
+                .arg(&program),
+        };
+        let output = command
             .arg(self.bootstrap())
             .args(args)
             .stdin(Stdio::null())
@@ -697,6 +708,52 @@ fn new_cluster_id(libs: &Path) -> Result<String> {
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(id)
+}
+
+/// The admin programs of `tests/kafka` compiled against the broker's jars in `libs`, once for
+/// every test process: in `target/tmp/kafka-admin-<hash of the sources>`, each process
+/// compiling into a directory of its own and renaming it into place (the first wins). `None`
+/// when they cannot be compiled (no `javac` beside `java`).
+fn admin_classes(libs: &Path) -> Option<&'static Path> {
+    static CLASSES: OnceLock<Option<PathBuf>> = OnceLock::new();
+    CLASSES
+        .get_or_init(|| {
+            use std::hash::{Hash as _, Hasher as _};
+            let sources_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka");
+            let mut sources: Vec<PathBuf> = std::fs::read_dir(&sources_dir)
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "java"))
+                .collect();
+            sources.sort();
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            for source in &sources {
+                std::fs::read(source).ok()?.hash(&mut hasher);
+            }
+            libs.hash(&mut hasher);
+            let tmp = crate::workspace_root().join("target/tmp");
+            let dir = tmp.join(format!("kafka-admin-{:016x}", hasher.finish()));
+            if dir.is_dir() {
+                return Some(dir);
+            }
+            std::fs::create_dir_all(&tmp).ok()?;
+            let building = tmp.join(format!("kafka-admin-building-{}", std::process::id()));
+            let javac = java().with_file_name("javac");
+            let compiled = Command::new(&javac)
+                .args(["-cp", &format!("{}/*", libs.display())])
+                .arg("-d")
+                .arg(&building)
+                .args(&sources)
+                .stdin(Stdio::null())
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !compiled || std::fs::rename(&building, &dir).is_err() {
+                let _ = std::fs::remove_dir_all(&building);
+            }
+            dir.is_dir().then_some(dir)
+        })
+        .as_deref()
 }
 
 /// The directory prefix of a node that lives as long as this process: a later process that
