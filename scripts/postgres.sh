@@ -178,6 +178,36 @@ make_template() {
     mv -T "$building" "$template" 2>/dev/null || rm -rf "$building"
 }
 
+# Gives the copy of the template a system identifier of its own, as initdb would (the seconds
+# since the epoch in the high half): Siphon tells servers apart by it, and keys what it records
+# in Kafka with it. The identifier is in pg_control, under its CRC-32C, and in the header of
+# every WAL page: pg_resetwal writes the WAL anew for the cleanly stopped copy.
+new_system_identifier() {
+    pg python3 - "$datadir/global/pg_control" <<'PY' || die "could not set a system identifier"
+import os, struct, sys, time
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+path = sys.argv[1]
+control = bytearray(open(path, "rb").read())
+# The CRC covers the struct up to the CRC itself; find where it is.
+end = next(o for o in range(16, 1024, 4)
+           if crc32c(control[:o]) == struct.unpack_from("<I", control, o)[0])
+identifier = (int(time.time()) << 32) | int.from_bytes(os.urandom(4), "little")
+struct.pack_into("<Q", control, 0, identifier)
+struct.pack_into("<I", control, end, crc32c(control[:end]))
+with open(path, "r+b") as f:
+    f.write(control)
+PY
+    pg "$pg_bin/pg_resetwal" -D "$datadir" >/dev/null || die "pg_resetwal of the copy failed"
+}
+
 init_cluster() {
     if [[ -n $(ls -A "$datadir") ]]; then
         die "DATADIR $datadir is not empty and holds no cluster"
@@ -198,6 +228,7 @@ init_cluster() {
     if [[ -f $template/siphon-template-ready && -f $template/PG_VERSION ]]; then
         pg cp -a "$template/." "$datadir/" || die "copying the cluster template $template failed"
         pg rm -f "$datadir/siphon-template-ready"
+        new_system_identifier
         from_template=1
     elif ! out=$(pg "$pg_bin/initdb" -D "$datadir" -U siphon --no-sync --no-locale -E UTF8 \
         --auth-host=scram-sha-256 --auth-local=trust 2>&1); then
