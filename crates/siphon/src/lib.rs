@@ -35,6 +35,7 @@ pub mod publication_record;
 pub mod record_fault;
 pub mod registry;
 pub mod resend;
+pub mod row_fault;
 pub mod session;
 pub mod settings;
 pub mod signal;
