@@ -18,6 +18,7 @@ use siphon_source::stall::Seen;
 use siphon_source::SourceError;
 
 pub use crate::record_fault::RecordFault;
+pub use crate::row_fault::RowFault;
 
 /// Why a pipeline session ended.
 #[derive(Debug, thiserror::Error)]
@@ -35,25 +36,10 @@ pub enum PipelineError {
     /// Even the dead-letter topic refused a record: nothing more can be done but stop.
     #[error("the dead-letter topic refused a record: {0}")]
     DeadLetterRefused(RecordFault),
-    /// A row that cannot be routed, with `on_error = "fail"`.
-    #[error("{error} (the row at {lsn} was not delivered; fix it, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)")]
-    Row { error: Box<RouteError>, lsn: Lsn },
-    /// The schema registry refused a record value's schema, or refused Siphon (credentials, the
-    /// URL): the error names the fix.
-    #[error("{error} (subject {subject:?}; the row at {lsn} was not delivered{})", if error.is_schema_refusal() { "; set pipeline.on_error = \"dead-letter\" to send rows whose schema is refused to a dead-letter topic" } else { "" })]
-    Registry {
-        subject: String,
-        error: Box<siphon_schema_registry::RegistryError>,
-        lsn: Lsn,
-    },
-    /// A payload does not fit the schema registered for it (`on_error = "fail"`), or that
-    /// schema cannot be read.
-    #[error("{error} (subject {subject:?}; the row at {lsn} was not delivered; fix the payload or register a schema it fits, or set pipeline.on_error = \"dead-letter\" to send such rows to a dead-letter topic)")]
-    Misfit {
-        subject: String,
-        error: Box<siphon_router::Misfit>,
-        lsn: Lsn,
-    },
+    /// A row not delivered as its record (`on_error = "fail"`, or a registry that refuses
+    /// Siphon).
+    #[error("{fault}; the row at {lsn} was not delivered")]
+    Row { fault: RowFault, lsn: Lsn },
     /// An outbox table whose columns do not fit the router's options.
     #[error("{0}")]
     Unbindable(Box<RouteError>),
@@ -130,7 +116,7 @@ impl PipelineError {
             PipelineError::ProgressTopic(e) => e.consequence(),
             PipelineError::Ledger(_) => Consequence::Bug,
             PipelineError::Snapshot(e) => e.consequence(),
-            PipelineError::Registry { error, .. } => error.consequence(),
+            PipelineError::Row { fault, .. } => fault.consequence(),
             _ => Consequence::Fix,
         }
     }

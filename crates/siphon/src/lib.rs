@@ -13,8 +13,11 @@
 //! - [`signal`]: re-sends asked for by rows of a signal table, carried out while streaming.
 //! - [`resend`]: `siphon resend`, rows still in an outbox table sent again on demand.
 //! - [`snapshot`]: the initial snapshot of the outbox tables when Siphon creates its slot.
-//! - [`transfer`]: outbox rows read outside the stream (initial snapshots, re-sends), routed
-//!   and sent chunk by chunk, their progress kept in the state topic.
+//! - [`transfer`]: outbox rows read outside the stream (initial snapshots, re-sends), read
+//!   chunk by chunk and carried through the core's transfer engine, their progress kept in the
+//!   state topic.
+//! - [`error`], [`transfer_error`], [`row_fault`], [`record_fault`]: why a session or a
+//!   transfer ends; why a row or a record was not delivered, said once for both.
 //! - [`alloc`]: the C library allocator's set-up for large records.
 //!
 //! `siphon import-debezium` calls the `siphon-import-debezium` crate, which converts a Debezium
@@ -35,6 +38,7 @@ pub mod publication_record;
 pub mod record_fault;
 pub mod registry;
 pub mod resend;
+pub mod row_fault;
 pub mod session;
 pub mod settings;
 pub mod signal;

@@ -19,12 +19,13 @@
 //!   transient reason ends it too (it resumes from the last progress written).
 
 use crate::pipeline::{PipelineSettings, Routers};
+use crate::row_fault::RowFault;
 use crate::session::core::{TransferInput, TransferSession, TransferStop};
 use crate::session::recorder::Recorder;
 use crate::telemetry::{Event, Metrics, TransferKind};
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
-use siphon_core::engine::registry_write::{Answered, Ask, Refusal, SchemaCache};
+use siphon_core::engine::registry_write::{Answered, Ask, SchemaCache};
 pub use siphon_core::engine::transfer::{Stamp, RESEND_HEADER};
 use siphon_core::engine::transfer::{TransferAction, TransferSettings};
 use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
@@ -53,7 +54,7 @@ impl TransferError {
             },
             TransferError::State(e) => e.consequence(),
             TransferError::ReportsLost => Consequence::Bug,
-            TransferError::Registry { error, .. } => error.consequence(),
+            TransferError::Row { fault, .. } => fault.consequence(),
             _ => Consequence::Fix,
         }
     }
@@ -509,24 +510,13 @@ impl TableCopy<'_> {
             TransferStop::Row(error) => TransferError::Row {
                 table,
                 key,
-                error: Box::new(error),
+                fault: RowFault::Route(Box::new(error)),
             },
             TransferStop::Unbindable(error) => TransferError::Unbindable(Box::new(error)),
-            TransferStop::Registry(Refusal::Registry { subject, error, .. }) => {
-                TransferError::Registry {
-                    table,
-                    key,
-                    subject,
-                    error: Box::new(error),
-                }
-            }
-            TransferStop::Registry(
-                Refusal::Misfit { subject, error } | Refusal::Unreadable { subject, error },
-            ) => TransferError::Misfit {
+            TransferStop::Registry(refusal) => TransferError::Row {
                 table,
                 key,
-                subject,
-                error: Box::new(error),
+                fault: RowFault::from(refusal),
             },
             TransferStop::Refused { topic, fault } => TransferError::Refused {
                 topic: topic.to_string(),

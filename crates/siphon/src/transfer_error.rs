@@ -4,6 +4,7 @@
 //! - Below the transfers and the pipeline's errors (which carry it): it imports neither.
 
 use crate::record_fault::RecordFault;
+use crate::row_fault::RowFault;
 use siphon_kafka_sink::{DeliveryError, SinkError, StateTopicError};
 use siphon_router::RouteError;
 use siphon_source::{SourceError, TableName};
@@ -35,30 +36,13 @@ pub enum TransferError {
     /// Even the dead-letter topic refused a record.
     #[error("the dead-letter topic refused a record: {0}")]
     DeadLetterRefused(Box<RecordFault>),
-    /// A row the router cannot route, with `pipeline.on_error = "fail"`.
-    #[error("{error} (a row of {table} with key {key:?} was not sent; fix it, or set pipeline.on_error = \"dead-letter\")")]
+    /// A row not sent as its record (`pipeline.on_error = "fail"`, or a registry that refuses
+    /// Siphon).
+    #[error("{fault}; a row of {table} with key {key:?} was not sent")]
     Row {
         table: TableName,
         key: Vec<String>,
-        error: Box<RouteError>,
-    },
-    /// The schema registry refused a row's value schema (with `pipeline.on_error = "fail"`),
-    /// or refused Siphon.
-    #[error("{error} (subject {subject:?}; a row of {table} with key {key:?} was not sent)")]
-    Registry {
-        table: TableName,
-        key: Vec<String>,
-        subject: String,
-        error: Box<siphon_schema_registry::RegistryError>,
-    },
-    /// A row's payload does not fit the schema registered for it (with
-    /// `pipeline.on_error = "fail"`), or that schema cannot be read.
-    #[error("{error} (subject {subject:?}; a row of {table} with key {key:?} was not sent)")]
-    Misfit {
-        table: TableName,
-        key: Vec<String>,
-        subject: String,
-        error: Box<siphon_router::Misfit>,
+        fault: RowFault,
     },
     /// The table's columns do not fit the router's options.
     #[error("{0}")]

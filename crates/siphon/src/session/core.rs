@@ -10,7 +10,7 @@
 //!   [`RecordFault`] says so, a refusal `on_error` applies to only when
 //!   [`siphon_kafka_sink::Refusal::on_error_applies`].
 
-use crate::error::{AbortCause, PipelineError, RecordFault};
+use crate::error::{AbortCause, PipelineError, RecordFault, RowFault};
 use siphon_core::engine::session;
 use siphon_core::engine::vocabulary::{self, DeliveryReading, EngineError, Vocabulary};
 use siphon_kafka_sink::{DeliveryError, SinkError};
@@ -91,18 +91,22 @@ impl From<EngineError<Siphon>> for PipelineError {
                 subject,
                 error,
                 lsn,
-            } => PipelineError::Misfit {
-                subject,
-                error: Box::new(error),
+            } => PipelineError::Row {
+                fault: RowFault::Misfit {
+                    subject,
+                    error: Box::new(error),
+                },
                 lsn,
             },
             EngineError::Registry {
                 subject,
                 error,
                 lsn,
-            } => PipelineError::Registry {
-                subject,
-                error: Box::new(error),
+            } => PipelineError::Row {
+                fault: RowFault::Registry {
+                    subject,
+                    error: Box::new(error),
+                },
                 lsn,
             },
             EngineError::Stalled(seen) => PipelineError::Stalled(seen),
@@ -113,7 +117,10 @@ impl From<EngineError<Siphon>> for PipelineError {
             EngineError::DeleteWithoutRow { relation, lsn } => {
                 PipelineError::Source(ProtocolFault::DeleteWithoutRow { relation, lsn }.into())
             }
-            EngineError::Row { error, lsn } => PipelineError::Row { error, lsn },
+            EngineError::Row { error, lsn } => PipelineError::Row {
+                fault: RowFault::Route(error),
+                lsn,
+            },
             EngineError::Unbindable(e) => PipelineError::Unbindable(e),
             EngineError::Message(e) => PipelineError::Message(e),
             EngineError::NonTransactionalMessage { prefix, lsn } => {
