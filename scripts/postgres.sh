@@ -5,8 +5,8 @@
 #        scripts/postgres.sh standby DATADIR PORT PRIMARY_DATADIR PRIMARY_PORT SLOT
 #
 #   start    create a cluster in DATADIR if it holds none yet (a copy of a template made
-#            once with initdb, under /tmp), then start the server on 127.0.0.1:PORT and wait
-#            until it accepts connections.
+#            once with initdb, under /tmp, given a system identifier of its own), then start
+#            the server on 127.0.0.1:PORT and wait until it accepts connections.
 #   stop     fast shutdown (waits). Succeeds if the server is not running.
 #   kill     immediate shutdown (no checkpoint: the next start runs crash
 #            recovery). Succeeds if the server is not running.
