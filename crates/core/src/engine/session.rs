@@ -1034,21 +1034,7 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
                 reason: refusal.to_string(),
             });
         }
-        Err(match refusal {
-            Refusal::Registry { subject, error, .. } => EngineError::Registry {
-                subject,
-                error,
-                lsn,
-            },
-            Refusal::Misfit { subject, error } | Refusal::Unreadable { subject, error } => {
-                EngineError::Misfit {
-                    subject,
-                    error,
-                    lsn,
-                }
-            }
-        }
-        .into())
+        Err(EngineError::RegistryRefusal { refusal, lsn }.into())
     }
 
     /// Sends the held record (or its dead letter) once its lookup is answered and records may

@@ -87,17 +87,11 @@ pub enum AbortCause<V: Vocabulary> {
 pub enum EngineError<V: Vocabulary> {
     /// A catalog lookup failed.
     Catalog(V::CatalogError),
-    /// A payload does not fit the schema registered for it, or that schema cannot be read (the
-    /// row at `lsn`).
-    Misfit {
-        subject: String,
-        error: siphon_router::Misfit,
-        lsn: Lsn,
-    },
-    /// The schema registry refused the schema of a record value (the row at `lsn`).
-    Registry {
-        subject: String,
-        error: V::RegistryError,
+    /// The schema registry refused the record of the row at `lsn`, or its payload does not fit
+    /// the schema registered for it (with `on_error = "fail"`, or a refusal dead letters do
+    /// not take).
+    RegistryRefusal {
+        refusal: super::registry_write::Refusal<V::RegistryError>,
         lsn: Lsn,
     },
     /// The replication connection makes no progress (what was seen).

@@ -87,26 +87,8 @@ impl From<EngineError<Siphon>> for PipelineError {
     fn from(error: EngineError<Siphon>) -> Self {
         match error {
             EngineError::Catalog(e) => PipelineError::Source(e),
-            EngineError::Misfit {
-                subject,
-                error,
-                lsn,
-            } => PipelineError::Row {
-                fault: RowFault::Misfit {
-                    subject,
-                    error: Box::new(error),
-                },
-                lsn,
-            },
-            EngineError::Registry {
-                subject,
-                error,
-                lsn,
-            } => PipelineError::Row {
-                fault: RowFault::Registry {
-                    subject,
-                    error: Box::new(error),
-                },
+            EngineError::RegistryRefusal { refusal, lsn } => PipelineError::Row {
+                fault: RowFault::from(refusal),
                 lsn,
             },
             EngineError::Stalled(seen) => PipelineError::Stalled(seen),

@@ -219,8 +219,7 @@ impl PipelineError {
                 | EngineError::Refused(_)
                 | EngineError::DeadLetterRefused(_)
                 | EngineError::RefusedInTransaction(_)
-                | EngineError::Registry { .. }
-                | EngineError::Misfit { .. } => false,
+                | EngineError::RegistryRefusal { .. } => false,
             },
         }
     }
