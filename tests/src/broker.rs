@@ -14,10 +14,10 @@
 //!   write or read the same topic on the shared broker.
 //! - A shared broker is never killed or restarted by a test: [`Broker::kill`] and
 //!   [`Broker::start_again`] refuse unless the broker is the test's own.
-//! - The broker a test process starts for itself lives until the process exits: it is
-//!   started from a thread that never ends, with `PR_SET_PDEATHSIG`, so the kernel kills the
-//!   JVM when the process is gone, however it ends. Its directory is removed by the next test
-//!   process that finds it stale.
+//! - The broker a test process starts for itself lives until the process exits
+//!   ([`KafkaNode::start_single_for_process`]): the kernel kills the JVM when the process is
+//!   gone, however it ends. Its directory is removed by the next test process that finds it
+//!   stale.
 //! - A started broker has answered a metadata request through rdkafka.
 
 use std::path::PathBuf;
@@ -35,6 +35,9 @@ use crate::kafka::KafkaNode;
 struct Shared {
     bootstrap: String,
     log: Option<PathBuf>,
+    /// The node this process started (`None`: the one at `$SIPHON_BROKER_BOOTSTRAP`), kept in
+    /// the static for the life of the process.
+    _node: Option<KafkaNode>,
 }
 
 fn shared() -> Result<&'static Shared> {
@@ -53,35 +56,18 @@ fn start_shared() -> Result<Shared> {
         broker_metadata(&bootstrap, Duration::from_secs(10))
             .with_context(|| format!("SIPHON_BROKER_BOOTSTRAP={bootstrap} does not answer"))?;
         let log = std::env::var_os("SIPHON_BROKER_LOG").map(PathBuf::from);
-        return Ok(Shared { bootstrap, log });
+        return Ok(Shared {
+            bootstrap,
+            log,
+            _node: None,
+        });
     }
-    remove_stale_shared_dirs();
-    // The node is started, and then kept, by a thread that never ends: PR_SET_PDEATHSIG fires
-    // when the thread that spawned the JVM ends, which is then the process's exit.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("shared-kafka".into())
-        .spawn(move || {
-            let started = KafkaNode::start_single_for_process(&[]);
-            match started {
-                Ok(node) => {
-                    let _ = tx.send(Ok(Shared {
-                        bootstrap: node.bootstrap(),
-                        log: Some(node.log_path()),
-                    }));
-                    // Kept alive (never dropped) for the life of the process.
-                    loop {
-                        std::thread::park();
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                }
-            }
-        })
-        .context("spawning the shared Kafka thread")?;
-    rx.recv()
-        .context("the shared Kafka thread ended without an answer")?
+    let node = KafkaNode::start_single_for_process(&[])?;
+    Ok(Shared {
+        bootstrap: node.bootstrap(),
+        log: Some(node.log_path()),
+        _node: Some(node),
+    })
 }
 
 /// Removes the directories of process-lifetime Kafka nodes whose test process is gone.
