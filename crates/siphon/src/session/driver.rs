@@ -1,6 +1,7 @@
 //! The session driver: the IO around [`SessionCore`].
 //!
-//! It reads the replication stream (only while the core allows), hands records to the producer,
+//! It reads the replication stream (only while the core allows), hands records to the
+//! [`Sink`] its [`Destination`] opened (Kafka's in production, an in-memory one in its tests),
 //! passes delivery reports and catalog answers back, confirms positions, and runs everything
 //! that talks to PostgreSQL over SQL beside the loop.
 //!
@@ -22,7 +23,7 @@
 //! - What the core noticed is given to the log and the metrics ([`Recorder`]) as each action is
 //!   taken, and at the end of each round of actions with the window's gauges.
 //! - Delivery reports are served by this loop when librdkafka's queue wakes it
-//!   ([`KafkaSink::reports_ready`]); no other thread polls the producer.
+//!   ([`Sink::reports_ready`]); no other thread polls the producer.
 //! - From the moment the replication stream starts, whatever the session awaits, the stream is
 //!   driven beside it (reading ahead within its budget, status updates on time): also while
 //!   the exactly-once producer registers with its coordinator and the progress is read, before
@@ -31,6 +32,7 @@
 use super::core::{Action, Answer, CoreSettings, Input, Lookup, Now, SessionCore};
 use super::position::PositionHeaders;
 use super::recorder::Recorder;
+use super::sink::{Destination, KafkaDestination, Probe, Sink};
 use super::transactional::{self, PROGRESS_TOKEN};
 use super::RoutedKind;
 use super::{Carry, PipelineSettings, SeenPublication};
@@ -41,7 +43,7 @@ use pgoutput::Lsn;
 use siphon_core::exactly_once::Progress;
 use siphon_core::topic_gate::{Creation as Outcome, Step, TopicGate};
 use siphon_core::Intervals;
-use siphon_kafka_sink::{BrokerProbe, DeliveryObserver, KafkaSink, SinkError};
+use siphon_kafka_sink::{DeliveryObserver, SinkError};
 use siphon_router::RoutedRecord;
 use siphon_source::queries::Catalog;
 use siphon_source::Membership;
@@ -60,7 +62,7 @@ const REPORT_BATCH: usize = 1024;
 
 /// Keeps the readiness flag in step with whether the brokers answer (until aborted).
 async fn watch_brokers(
-    probe: BrokerProbe,
+    probe: impl Probe,
     health: Arc<crate::telemetry::Health>,
     intervals: Intervals,
 ) {
@@ -141,13 +143,13 @@ impl Waiting {
 }
 
 /// What a session needs that takes a round trip to set up.
-struct Connections {
+struct Connections<S> {
     /// The server streamed from, as `prepare` identified it.
     server: Option<siphon_source::ServerIdentity>,
     /// The publication membership as last seen (see [`Driver::publication`]).
     publication: Arc<Mutex<Membership>>,
     start: Lsn,
-    sink: KafkaSink,
+    sink: S,
     deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
     sql: Arc<Catalog>,
     stream: ReplicationStream,
@@ -160,11 +162,12 @@ struct Connections {
 }
 
 /// Checks the server, opens the producer, the SQL connection and the replication stream.
-async fn connect(
+async fn connect<D: Destination>(
+    destination: &D,
     settings: &PipelineSettings,
     metrics: &Arc<Metrics>,
     carry: &mut Carry,
-) -> Result<Connections, PipelineError> {
+) -> Result<Connections<D::Sink>, PipelineError> {
     // A slot this process streamed from is never created again behind its back.
     let missing = if carry.slot_seen {
         MissingSlot::Refuse
@@ -211,13 +214,14 @@ async fn connect(
     // and the progress is read (see `transactional`).
     let (sink, deliveries, exactly_once) = match &settings.exactly_once {
         None => {
-            let (sink, deliveries) = KafkaSink::new(&settings.sink, Some(observer))?;
+            let (sink, deliveries) = destination.open(&settings.sink, Some(observer))?;
             (sink, deliveries, None)
         }
         Some(exactly_once) => {
             let source =
                 transactional::Source::new(settings, exactly_once, slot.identity.as_ref())?;
             let opening = transactional::open(
+                destination,
                 settings,
                 exactly_once,
                 source,
@@ -248,8 +252,19 @@ async fn connect(
     })
 }
 
-/// Runs one session until shutdown (`Ok`) or an error.
+/// Runs one session to Kafka until shutdown (`Ok`) or an error.
 pub async fn run_session(
+    settings: &PipelineSettings,
+    metrics: &Arc<Metrics>,
+    carry: &mut Carry,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    run_session_with(&KafkaDestination, settings, metrics, carry, shutdown).await
+}
+
+/// Runs one session to `destination` until shutdown (`Ok`) or an error.
+pub async fn run_session_with<D: Destination>(
+    destination: &D,
     settings: &PipelineSettings,
     metrics: &Arc<Metrics>,
     carry: &mut Carry,
@@ -274,7 +289,7 @@ pub async fn run_session(
             info!("shutdown requested while connecting");
             return Ok(());
         }
-        connections = connect(settings, metrics, carry) => connections?,
+        connections = connect(destination, settings, metrics, carry) => connections?,
     };
     carry.slot_seen = true;
     let database_encoding = stream.database_encoding().clone();
@@ -436,10 +451,10 @@ enum CommitStage {
     Running(std::time::Instant),
 }
 
-struct Driver<'a> {
+struct Driver<'a, S> {
     settings: &'a PipelineSettings,
     metrics: Arc<Metrics>,
-    sink: KafkaSink,
+    sink: S,
     deliveries: mpsc::UnboundedReceiver<siphon_kafka_sink::Delivery>,
     stream: ReplicationStream,
     sql: Arc<Catalog>,
@@ -468,7 +483,7 @@ struct Driver<'a> {
     recorder: Recorder,
 }
 
-impl Driver<'_> {
+impl<S: Sink> Driver<'_, S> {
     async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), PipelineError> {
         let mut tick = tokio::time::interval(self.settings.intervals.status_tick);
         let mut shutdown_seen = false;
@@ -845,7 +860,7 @@ impl Driver<'_> {
                 .set_registry_requests(registry.registry().requests_sent());
         }
         self.metrics
-            .set_retired_producer_unreported(self.sink.retired().map_or(0, |r| r.unreported));
+            .set_retired_producer_unreported(self.sink.retired_unreported());
         self.metrics
             .set_server_wal_end(self.stream.server_wal_end());
         self.metrics.set_confirmed_lsn(self.stream.reported());

@@ -3,7 +3,9 @@
 //! - [`core`]: the pure state machine that decides (what to send, confirm, look up, when to
 //!   replace the producer and when to stop), with time as a parameter: siphon-core's session
 //!   engine over Siphon's errors.
-//! - [`driver`]: the thin async loop that does the IO the core asks for.
+//! - [`driver`]: the thin async loop that does the IO the core asks for, through a [`Sink`]
+//!   that a [`Destination`] opens ([`sink`]: Kafka's; `memory_sink`: the in-memory one of the
+//!   driver's tests).
 //! - [`note`]: what the core noticed, as values; [`recorder`]: the driver's side, which logs
 //!   and counts them.
 //! - [`ledger`] (from `siphon_core`): the one per-transaction, per-record book behind the
@@ -18,7 +20,12 @@
 
 pub mod core;
 pub mod driver;
+#[cfg(test)]
+mod driver_tests;
+#[cfg(test)]
+pub mod memory_sink;
 pub mod recorder;
+pub mod sink;
 
 pub use siphon_core::engine::note;
 pub mod transactional;
@@ -33,7 +40,8 @@ use pgoutput::Lsn;
 #[cfg(test)]
 use siphon_source::TableName;
 
-pub use driver::run_session;
+pub use driver::{run_session, run_session_with};
+pub use sink::{Destination, KafkaDestination, Sink};
 
 /// Exactly-once: how the broker refused a record of a Kafka transaction.
 pub type Suspect = siphon_core::engine::suspects::Suspect<crate::error::RecordFault>;

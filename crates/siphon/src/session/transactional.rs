@@ -15,13 +15,14 @@
 //! - Nothing here is retried in place: a failure ends the session (with the supervisor's
 //!   backoff), and the next one starts over with a new producer.
 
+use super::sink::{Destination, Sink as _};
 use super::{ExactlyOnce, PipelineSettings};
 use crate::error::PipelineError;
 use crate::progress_record::{self, OnTimeline, Recorded};
 use bytes::Bytes;
 use pgoutput::Lsn;
 use siphon_core::exactly_once::{KafkaTransactions, Progress};
-use siphon_kafka_sink::{Delivery, DeliveryObserver, KafkaSink};
+use siphon_kafka_sink::{Delivery, DeliveryObserver};
 use siphon_router::RoutedRecord;
 use siphon_source::ServerIdentity;
 use std::sync::Arc;
@@ -94,8 +95,8 @@ impl Source {
 }
 
 /// A transactional producer ready for the session, and where its source stands.
-pub struct Opened {
-    pub sink: KafkaSink,
+pub struct Opened<S> {
+    pub sink: S,
     pub deliveries: mpsc::UnboundedReceiver<Delivery>,
     pub transactions: KafkaTransactions,
     pub source: Source,
@@ -104,28 +105,27 @@ pub struct Opened {
 /// Creates the transactional producer of `source`, registers it (fencing older instances),
 /// and reads the last committed progress; the session streams from `endpoint`, starting at
 /// `start`.
-pub async fn open(
+pub async fn open<D: Destination>(
+    destination: &D,
     settings: &PipelineSettings,
     exactly_once: &ExactlyOnce,
     source: Source,
     endpoint: &siphon_source::Endpoint,
     start: Lsn,
     observer: Arc<dyn DeliveryObserver>,
-) -> Result<Opened, PipelineError> {
-    exactly_once
-        .progress_topic
-        .ensure()
+) -> Result<Opened<D::Sink>, PipelineError> {
+    destination
+        .ensure_progress_topic(exactly_once)
         .await
         .map_err(PipelineError::ProgressTopic)?;
     let mut config = settings.sink.clone();
     config.transactional_id = Some(source.transactional_id.clone());
-    let (mut sink, deliveries) = KafkaSink::new(&config, Some(observer))?;
+    let (mut sink, deliveries) = destination.open(&config, Some(observer))?;
     // The progress topic exists: its records never wait for a creation on the session loop.
     sink.topic_created(exactly_once.progress_topic.topic());
     sink.init_transactions(INIT_TIMEOUT).await?;
-    let value = exactly_once
-        .progress_topic
-        .read_committed(source.key.as_bytes())
+    let value = destination
+        .committed_progress(exactly_once, source.key.as_bytes())
         .await
         .map_err(PipelineError::ProgressTopic)?;
     let recorded = match value {
