@@ -49,3 +49,4 @@ pub mod supervisor;
 pub use siphon_telemetry as telemetry;
 pub mod transfer;
 pub mod transfer_error;
+pub mod transfer_transaction;

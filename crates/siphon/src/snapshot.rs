@@ -20,9 +20,18 @@
 //!   interrupted (a crash, a lost connection): the exported snapshot died with its connection,
 //!   so the rows are read again as they are now, from the last key acknowledged, before
 //!   streaming starts from the slot's (still unconfirmed) consistent point. Rows committed
-//!   after the consistent point may then arrive twice (at-least-once after a crash); none is
-//!   lost: rows before that key were acknowledged, rows after it still in the table are read,
-//!   and every change committed after the consistent point is streamed.
+//!   after the consistent point and still in the table may then arrive twice (once read, once
+//!   streamed); none is lost: rows before that key were acknowledged, rows after it still in
+//!   the table are read, and every change committed after the consistent point is streamed.
+//! - At-least-once, the last key acknowledged is written to the state topic after chunks, so
+//!   rows sent after the last write are sent again after a crash. With exactly-once delivery
+//!   the chunks go in Kafka transactions of the stream's transactional producer, each committed
+//!   with the progress in the progress topic ([`crate::transfer_transaction`]); an interrupted
+//!   snapshot registers the producer (aborting the dead one's open transaction) before it
+//!   reads that progress, so a read_committed consumer sees each row of the snapshot once. The
+//!   state topic then records only that the snapshot runs (before the slot is created) and
+//!   that it is done (after its last transaction committed): a start that finds it done
+//!   registers no producer, and so never fences a running instance's.
 //! - A slot that exists without a record of an unfinished snapshot (created before, or by a
 //!   Siphon without `source.snapshot`) is streamed from as it is: the snapshot is taken only
 //!   when Siphon creates the slot.
@@ -32,9 +41,11 @@ use crate::pipeline::PipelineSettings;
 use crate::position::PositionHeaders;
 use crate::telemetry::{Metrics, TransferKind};
 use crate::transfer::{
-    self, CopyPlan, ProgressLog, Stamp, TableCopy, TransferError, TransferProgress,
+    self, CopyPlan, ProgressLog, Sender, Stamp, TableCopy, TransferError, TransferProgress,
 };
-use siphon_source::snapshot::RowReader;
+use crate::transfer_transaction::{resume_from, Transactional};
+use siphon_source::row_condition::RowCondition;
+use siphon_source::snapshot::{OutboxTable, RowReader};
 use siphon_source::SlotState;
 use std::sync::Arc;
 use tracing::{info, warn};
@@ -62,7 +73,8 @@ pub async fn before_streaming(
             what: "source.snapshot = \"initial\"",
         })?;
     let system_id = slot.identity.as_ref().map(|s| s.system_id.clone());
-    let log = ProgressLog::new(state, key(system_id.as_deref(), &settings.source.slot));
+    let snapshot_key = key(system_id.as_deref(), &settings.source.slot);
+    let log = ProgressLog::new(state, snapshot_key.clone());
     if !slot.exists {
         // Written before the slot exists: a crash between the two leaves a record whose slot
         // does not exist, and the next start takes the snapshot anew.
@@ -79,12 +91,56 @@ pub async fn before_streaming(
         slot.created = true;
         slot.confirmed_flush_lsn = consistent_point;
         progress.id = consistent_point.to_string();
-        send_all(settings, metrics, &log, &mut reader, progress, slot).await?;
+        // Exactly-once: a new consistent point, so no progress of it was committed yet.
+        let transactional = match &settings.exactly_once {
+            Some(exactly_once) => Some(
+                Transactional::register(
+                    settings,
+                    exactly_once,
+                    slot.identity.as_ref(),
+                    snapshot_key,
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        send_all(
+            settings,
+            metrics,
+            &log,
+            &mut reader,
+            progress,
+            slot,
+            transactional,
+        )
+        .await?;
         reader.finish().await?;
         return Ok(());
     }
     match log.read().await? {
-        Some(progress) if !progress.done => {
+        Some(recorded) if !recorded.done => {
+            // Exactly-once: the progress committed with the rows, read once older producers
+            // are fenced and their open transaction aborted.
+            let (progress, transactional) = match &settings.exactly_once {
+                None => (recorded, None),
+                Some(exactly_once) => {
+                    let (sender, transactional) = Transactional::register(
+                        settings,
+                        exactly_once,
+                        slot.identity.as_ref(),
+                        snapshot_key,
+                    )
+                    .await?;
+                    let committed = transactional.read().await?;
+                    let progress = resume_from(recorded, committed, slot.confirmed_flush_lsn);
+                    if progress.done {
+                        // Committed to the end; the state topic had not learnt it yet.
+                        log.write(&progress).await?;
+                        return Ok(());
+                    }
+                    (progress, Some((sender, transactional)))
+                }
+            };
             info!(
                 slot = %settings.source.slot,
                 consistent_point = %progress.id,
@@ -92,7 +148,16 @@ pub async fn before_streaming(
                 "the initial snapshot was interrupted: reading the outbox tables again as they are now, from the last row acknowledged, before streaming from the slot's consistent point (rows committed since may arrive twice)"
             );
             let mut reader = RowReader::connect(&settings.source, &slot.endpoint).await?;
-            send_all(settings, metrics, &log, &mut reader, progress, slot).await?;
+            send_all(
+                settings,
+                metrics,
+                &log,
+                &mut reader,
+                progress,
+                slot,
+                transactional,
+            )
+            .await?;
             reader.finish().await?;
             Ok(())
         }
@@ -101,7 +166,7 @@ pub async fn before_streaming(
 }
 
 /// Reads and sends every table of the plan from where `progress` is, and records the snapshot
-/// as done.
+/// as done; exactly-once, in the Kafka transactions of `transactional`.
 async fn send_all(
     settings: &PipelineSettings,
     metrics: &Arc<Metrics>,
@@ -109,6 +174,7 @@ async fn send_all(
     reader: &mut RowReader,
     mut progress: TransferProgress,
     slot: &SlotState,
+    transactional: Option<(Sender, Transactional)>,
 ) -> Result<(), TransferError> {
     let plan = &settings.snapshot;
     let mut described = Vec::new();
@@ -175,19 +241,17 @@ async fn send_all(
         max_rows_per_second: 0,
         beside_stream: false,
     };
-    let mut copy = TableCopy::new(settings, plan, log, metrics)?;
-    for (outbox, filter, until) in &described {
-        copy.table(
-            reader,
-            outbox,
-            filter.as_ref(),
-            until.as_deref(),
-            &mut progress,
-        )
-        .await?;
+    let mut copy = match transactional {
+        None => TableCopy::new(settings, plan, log, metrics)?,
+        Some(transactional) => {
+            TableCopy::in_transactions(settings, plan, log, metrics, transactional)
+        }
+    };
+    let sent = copy_all(&mut copy, reader, &described, &mut progress).await;
+    if sent.is_err() {
+        copy.abort().await;
     }
-    progress.done = true;
-    copy.report("*", &mut progress).await?;
+    sent?;
     transfer::finished(
         TransferKind::Snapshot,
         progress.rows_sent,
@@ -195,4 +259,22 @@ async fn send_all(
         metrics,
     );
     Ok(())
+}
+
+/// A table to read: described, with its filter and the last key to read (`None`: its end).
+type Described = (OutboxTable, Option<RowCondition>, Option<Vec<String>>);
+
+/// Sends the `described` tables from where `progress` is, and records the snapshot as done.
+async fn copy_all(
+    copy: &mut TableCopy<'_>,
+    reader: &mut RowReader,
+    described: &[Described],
+    progress: &mut TransferProgress,
+) -> Result<(), TransferError> {
+    for (outbox, filter, until) in described {
+        copy.table(reader, outbox, filter.as_ref(), until.as_deref(), progress)
+            .await?;
+    }
+    progress.done = true;
+    copy.report("*", progress).await
 }

@@ -4,7 +4,9 @@
 //! INSERT and decides, by the stream's rules, what becomes of a row or record that cannot be
 //! delivered; this module carries out what it asks (a producer of its own, the registry) and,
 //! after each chunk Kafka acknowledged, writes the progress (the last key acknowledged) to the
-//! state topic.
+//! state topic. Under exactly-once delivery an initial snapshot's chunks go in Kafka
+//! transactions instead, each committed with the progress in the progress topic
+//! ([`crate::transfer_transaction`]).
 //!
 //! # Invariants
 //! - Memory is bounded by one chunk of rows (read with one keyset query: at most `chunk_rows`
@@ -13,7 +15,9 @@
 //!   transfers' share of them beside the stream ([`PipelineSettings::transfer_window`]).
 //! - Progress names only keys whose rows (and every row before them in key order) Kafka
 //!   acknowledged: a chunk counts once the engine is settled. A transfer resumed from it loses
-//!   no row; rows after it may be sent twice.
+//!   no row; rows after it may be sent twice, except in Kafka transactions: there the progress
+//!   is committed with the chunks' records (and their dead letters), so a read_committed
+//!   consumer sees a row resumed after a crash only once.
 //! - Nothing here decides what a row or a refusal becomes: a stop of the engine ends the
 //!   transfer with the error naming the row's table and key, and a record not delivered for a
 //!   transient reason ends it too (it resumes from the last progress written).
@@ -22,13 +26,16 @@ use crate::pipeline::{PipelineSettings, Routers};
 use crate::row_fault::RowFault;
 use crate::session::core::{TransferInput, TransferSession, TransferStop};
 use crate::session::recorder::Recorder;
+use crate::session::transactional::{ABORT_TIMEOUT, PROGRESS_TOKEN};
 use crate::telemetry::{Event, Metrics, TransferKind};
+use crate::transfer_transaction::Transactional;
 use pgoutput::Lsn;
 use serde::{Deserialize, Serialize};
 use siphon_core::engine::registry_write::{Answered, Ask, SchemaCache};
 pub use siphon_core::engine::transfer::{Stamp, RESEND_HEADER};
 use siphon_core::engine::transfer::{TransferAction, TransferSettings};
 use siphon_kafka_sink::{Delivery, DeliveryError, KafkaSink, SinkConfig, SinkError, StateTopic};
+use siphon_router::record_bytes;
 use siphon_source::row_condition::RowCondition;
 use siphon_source::snapshot::{OutboxTable, RowReader};
 use siphon_source::TableName;
@@ -149,6 +156,22 @@ impl TransferProgress {
     }
 }
 
+/// `bytes`, the progress record under `key`, read as a [`TransferProgress`] of this version.
+pub fn parse_progress(key: &str, bytes: &[u8]) -> Result<TransferProgress, TransferError> {
+    let progress: TransferProgress =
+        serde_json::from_slice(bytes).map_err(|source| TransferError::Unreadable {
+            key: key.to_owned(),
+            source,
+        })?;
+    if progress.version != VERSION {
+        return Err(TransferError::Version {
+            key: key.to_owned(),
+            version: progress.version,
+        });
+    }
+    Ok(progress)
+}
+
 /// Reads and writes [`TransferProgress`] records under one key of the state topic.
 #[derive(Clone)]
 pub struct ProgressLog {
@@ -166,18 +189,7 @@ impl ProgressLog {
         let Some(bytes) = self.state.read(self.key.as_bytes()).await? else {
             return Ok(None);
         };
-        let progress: TransferProgress =
-            serde_json::from_slice(&bytes).map_err(|source| TransferError::Unreadable {
-                key: self.key.clone(),
-                source,
-            })?;
-        if progress.version != VERSION {
-            return Err(TransferError::Version {
-                key: self.key.clone(),
-                version: progress.version,
-            });
-        }
-        Ok(Some(progress))
+        parse_progress(&self.key, &bytes).map(Some)
     }
 
     /// Writes `progress` and waits for the broker's acknowledgement.
@@ -193,7 +205,7 @@ impl ProgressLog {
 
 /// A transfer's own producer, and its delivery reports.
 pub struct Sender {
-    sink: KafkaSink,
+    pub(crate) sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
 }
 
@@ -230,8 +242,13 @@ pub struct TableCopy<'a> {
     /// The bytes of row values a chunk should hold at most.
     chunk_bytes: usize,
     metrics: Arc<Metrics>,
-    /// Where progress is written after each chunk.
+    /// Where progress is written after each chunk (at-least-once), and where the end of an
+    /// initial snapshot is recorded.
     log: &'a ProgressLog,
+    /// Exactly-once: the Kafka transaction the records go in, committed with the progress.
+    transaction: Option<Transactional>,
+    /// How long a commit may take (`transaction.timeout.ms`).
+    transaction_timeout: Duration,
     /// When this run started, for the rate.
     started: Instant,
     /// Rows acknowledged before this run started.
@@ -271,6 +288,33 @@ impl<'a> TableCopy<'a> {
         log: &'a ProgressLog,
         metrics: &Arc<Metrics>,
     ) -> Result<Self, TransferError> {
+        let sender = Sender::new(&settings.sink)?;
+        Ok(Self::with_sender(
+            settings, plan, log, metrics, sender, None,
+        ))
+    }
+
+    /// A transfer as [`TableCopy::new`]'s, whose records go in Kafka transactions of
+    /// `sender` (registered by [`Transactional::register`]), each committed with the progress;
+    /// `log` learns only that it is done.
+    pub fn in_transactions(
+        settings: &'a PipelineSettings,
+        plan: CopyPlan,
+        log: &'a ProgressLog,
+        metrics: &Arc<Metrics>,
+        (sender, transaction): (Sender, Transactional),
+    ) -> Self {
+        Self::with_sender(settings, plan, log, metrics, sender, Some(transaction))
+    }
+
+    fn with_sender(
+        settings: &'a PipelineSettings,
+        plan: CopyPlan,
+        log: &'a ProgressLog,
+        metrics: &Arc<Metrics>,
+        sender: Sender,
+        transaction: Option<Transactional>,
+    ) -> Self {
         let started = Instant::now();
         let window = settings.transfer_window(plan.beside_stream);
         let session = TransferSession::new(TransferSettings {
@@ -286,24 +330,30 @@ impl<'a> TableCopy<'a> {
                     .map_or(Duration::ZERO, crate::registry::SchemaIds::latest_ttl),
                 settings.subject_strategy,
             ),
+            in_transaction: transaction.is_some(),
         });
-        Ok(TableCopy {
+        TableCopy {
             kind: plan.kind,
             routers: &settings.router,
             session,
-            sender: Sender::new(&settings.sink)?,
+            sender,
             recorder: Recorder::new(Arc::clone(metrics)),
             chunk_rows: settings.snapshot.chunk_rows,
             chunk_bytes: window.bytes,
             metrics: Arc::clone(metrics),
             log,
+            transaction,
+            transaction_timeout: settings
+                .sink
+                .transaction_timeout()
+                .unwrap_or(siphon_kafka_sink::config::DEFAULT_TRANSACTION_TIMEOUT),
             started,
             sent_before: plan.sent_before,
             last_report: (started, plan.sent_before),
             pace: Pace::new(plan.max_rows_per_second),
             writing: None,
             registry: settings.registry.clone(),
-        })
+        }
     }
 
     /// When this run started.
@@ -428,7 +478,12 @@ impl TableCopy<'_> {
             debug!(table = %name, rows = count, "chunk acknowledged");
             progress.rows_sent += count;
             progress.after = Some(last.clone());
-            if self.last_report.0.elapsed() >= PROGRESS_INTERVAL {
+            let since = self.last_report.0.elapsed();
+            let due = match &self.transaction {
+                Some(transaction) => transaction.due(since),
+                None => since >= PROGRESS_INTERVAL,
+            };
+            if due {
                 self.report(&name, progress).await?;
             }
             after = Some(last);
@@ -454,6 +509,9 @@ impl TableCopy<'_> {
             let input = match self.session.poll_action() {
                 None => return Ok(()),
                 Some(TransferAction::Send { token, record }) => {
+                    if let Some(transaction) = &mut self.transaction {
+                        transaction.before_send(&self.sender.sink, record_bytes(&record))?;
+                    }
                     match self.sender.sink.send(token, &record).await {
                         Ok(()) => {
                             handled = Ok(());
@@ -525,6 +583,12 @@ impl TableCopy<'_> {
             TransferStop::DeadLetterRefused(fault) => {
                 TransferError::DeadLetterRefused(Box::new(fault))
             }
+            TransferStop::RefusedInTransaction { topic, fault } => {
+                TransferError::RefusedInTransaction {
+                    topic: topic.to_string(),
+                    fault: Box::new(fault),
+                }
+            }
             TransferStop::Undelivered { topic, error } => {
                 // The others in flight may still arrive; the transfer resumes from its last
                 // progress, which names none of them.
@@ -540,23 +604,36 @@ impl TableCopy<'_> {
 }
 
 impl TableCopy<'_> {
-    /// Writes `progress` to the state topic and logs it (rows of `table` lately). The write runs
-    /// beside the reading of the next chunks (a write waits for the broker), after the one
-    /// before it; a `done` progress is written before this returns.
+    /// Records `progress` and logs it (rows of `table` lately).
+    ///
+    /// At-least-once, it is written to the state topic. The write runs beside the reading of
+    /// the next chunks (a write waits for the broker), after the one before it; a `done`
+    /// progress is written before this returns.
+    ///
+    /// In Kafka transactions, it is committed in the progress topic with the open
+    /// transaction, once every record of it was acknowledged; a `done` one is then written to
+    /// the state topic too.
     pub async fn report(
         &mut self,
         table: &str,
         progress: &mut TransferProgress,
     ) -> Result<(), TransferError> {
         progress.updated_ms = now_ms();
-        if let Some(previous) = self.writing.take() {
-            previous.await.map_err(|_| TransferError::ReportsLost)??;
-        }
-        if progress.done {
-            self.log.write(progress).await?;
+        if self.transaction.is_some() {
+            self.commit(table, progress).await?;
+            if progress.done {
+                self.log.write(progress).await?;
+            }
         } else {
-            let (log, written) = (self.log.clone(), progress.clone());
-            self.writing = Some(tokio::spawn(async move { log.write(&written).await }));
+            if let Some(previous) = self.writing.take() {
+                previous.await.map_err(|_| TransferError::ReportsLost)??;
+            }
+            if progress.done {
+                self.log.write(progress).await?;
+            } else {
+                let (log, written) = (self.log.clone(), progress.clone());
+                self.writing = Some(tokio::spawn(async move { log.write(&written).await }));
+            }
         }
         let elapsed = self.started.elapsed().as_secs_f64();
         let rate = if elapsed > 0.0 {
@@ -575,6 +652,65 @@ impl TableCopy<'_> {
         .emit(&self.metrics);
         self.last_report = (Instant::now(), progress.rows_sent);
         Ok(())
+    }
+}
+
+impl TableCopy<'_> {
+    /// Exactly-once: writes `progress` as the last record of the open Kafka transaction (one
+    /// begins if none is open) and commits it. Called only while the engine is settled, so
+    /// every other record of the transaction was acknowledged.
+    async fn commit(
+        &mut self,
+        table: &str,
+        progress: &TransferProgress,
+    ) -> Result<(), TransferError> {
+        let Some(transaction) = &mut self.transaction else {
+            return Ok(());
+        };
+        let record = transaction.record(progress)?;
+        transaction.before_send(&self.sender.sink, record_bytes(&record))?;
+        self.sender.sink.send(PROGRESS_TOKEN, &record).await?;
+        // The commit starts once the progress record reported: its flush then has nothing to
+        // wait for (see the session's driver).
+        // The engine is settled: the one report still to come is the progress record's.
+        let delivery = self.sender.next_report().await?;
+        if delivery.token != PROGRESS_TOKEN {
+            return Err(TransferError::ReportsLost);
+        }
+        if let Err(failure) = delivery.result {
+            return Err(TransferError::Delivery {
+                topic: failure.record.topic.to_string(),
+                error: Box::new(failure.error),
+            });
+        }
+        let timeout = self.transaction_timeout;
+        let committed = self.sender.sink.commit_transaction(timeout).await;
+        if let Some(transaction) = &mut self.transaction {
+            transaction.ended();
+        }
+        committed?;
+        debug!(
+            table,
+            rows_sent = progress.rows_sent,
+            "Kafka transaction committed"
+        );
+        Ok(())
+    }
+
+    /// Exactly-once: aborts the open Kafka transaction of a transfer that failed (its
+    /// records are never shown to read_committed consumers; the next registration would abort
+    /// it too, this only ends it sooner).
+    pub async fn abort(&mut self) {
+        let Some(transaction) = &mut self.transaction else {
+            return;
+        };
+        if !transaction.is_open() {
+            return;
+        }
+        transaction.ended();
+        if let Err(e) = self.sender.sink.abort_transaction(ABORT_TIMEOUT).await {
+            debug!(error = %e, "the open Kafka transaction was not aborted; the next registration aborts it");
+        }
     }
 }
 
@@ -609,7 +745,8 @@ pub async fn recorded(
         .await
         .map(|s| s.system_id);
     let slot = &settings.source.slot;
-    let mut keys = vec![snapshot_key(system_id.as_deref(), slot)];
+    let snapshot = snapshot_key(system_id.as_deref(), slot);
+    let mut keys = vec![snapshot.clone()];
     keys.extend(
         settings
             .source
@@ -619,11 +756,42 @@ pub async fn recorded(
     );
     let mut found = Vec::new();
     for key in keys {
-        if let Some(progress) = ProgressLog::new(state.clone(), key).read().await? {
+        if let Some(mut progress) = ProgressLog::new(state.clone(), key.clone()).read().await? {
+            if key == snapshot && !progress.done {
+                if let Some(committed) = committed_snapshot(settings, &key, &progress).await {
+                    progress = committed;
+                }
+            }
             found.push(progress);
         }
     }
     Ok(found)
+}
+
+/// Exactly-once: the progress committed by the unfinished snapshot `recorded` (its record in
+/// the state topic, under `key`), which the state topic does not follow; `None` when there is
+/// none, or it cannot be read now (another source's transaction open in the progress topic).
+async fn committed_snapshot(
+    settings: &crate::pipeline::PipelineSettings,
+    key: &str,
+    recorded: &TransferProgress,
+) -> Option<TransferProgress> {
+    let exactly_once = settings.exactly_once.as_ref()?;
+    let bytes = match exactly_once
+        .progress_topic
+        .read_committed(key.as_bytes())
+        .await
+    {
+        Ok(bytes) => bytes?,
+        Err(e) => {
+            debug!(error = %e, "the snapshot's committed progress was not read");
+            return None;
+        }
+    };
+    // A record of an earlier slot of the same name started at another time.
+    parse_progress(key, &bytes)
+        .ok()
+        .filter(|committed| committed.started_ms == recorded.started_ms)
 }
 
 /// One line on `progress` for `siphon status`: what, where, how far, how fast, how long still.

@@ -33,6 +33,13 @@ pub enum TransferError {
         topic: String,
         fault: Box<RecordFault>,
     },
+    /// Exactly-once: the broker refused a record for its own sake, which aborts the Kafka
+    /// transaction its dead letter would have gone in.
+    #[error("Kafka refused a record for topic {topic}: {fault}; with kafka.delivery = \"exactly-once\" the refusal aborts the Kafka transaction of the record, so its dead letter cannot be committed with it: fix the cause (the topic's max.message.bytes, its policy), or leave the row out with source.snapshot_filter")]
+    RefusedInTransaction {
+        topic: String,
+        fault: Box<RecordFault>,
+    },
     /// Even the dead-letter topic refused a record.
     #[error("the dead-letter topic refused a record: {0}")]
     DeadLetterRefused(Box<RecordFault>),
@@ -47,8 +54,9 @@ pub enum TransferError {
     /// The table's columns do not fit the router's options.
     #[error("{0}")]
     Unbindable(Box<RouteError>),
-    /// Reading or writing the progress in the state topic.
-    #[error("progress in the state topic: {0}")]
+    /// Reading or writing the progress in the state topic (or, exactly-once, the progress
+    /// topic).
+    #[error("a transfer's progress: {0}")]
     State(#[from] StateTopicError),
     /// The progress record in the state topic cannot be read.
     #[error("the progress record {key} in the state topic cannot be read ({source}); delete it (a tombstone) to start over")]

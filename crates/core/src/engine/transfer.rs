@@ -22,6 +22,10 @@
 //!   acknowledged: progress written then names only acknowledged rows.
 //! - A failure that is not the record's own fault stops the transfer ([`TransferStop`]); it
 //!   resumes from its last progress, never skipping a row.
+//! - In a Kafka transaction (`in_transaction`), a record the broker refused is never followed
+//!   by its dead letter: the refusal aborts the transaction, so nothing sent with it can be
+//!   committed ([`TransferStop::RefusedInTransaction`]). A record the producer would not take
+//!   (refused before it left) leaves the transaction sound, and is dead-lettered in it.
 //! - No IO and no clock: time comes in as a parameter.
 
 use super::dead_letter::Stage;
@@ -78,6 +82,8 @@ pub struct TransferSettings<'a> {
     pub stamp: Stamp,
     /// What the registry answered (empty at first).
     pub schemas: SchemaCache,
+    /// Whether the records go in Kafka transactions (exactly-once delivery).
+    pub in_transaction: bool,
 }
 
 /// What happened, for a transfer.
@@ -119,6 +125,9 @@ pub enum TransferStop<V: Vocabulary> {
     Refused { topic: Arc<str>, fault: V::Fault },
     /// Even the dead-letter topic refused a record.
     DeadLetterRefused(V::Fault),
+    /// The broker refused a record for its own sake inside a Kafka transaction, which the
+    /// refusal aborts: its dead letter could not be committed with it.
+    RefusedInTransaction { topic: Arc<str>, fault: V::Fault },
     /// A record was not delivered, for a reason sending again may cure.
     Undelivered {
         topic: Arc<str>,
@@ -359,6 +368,20 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
             DeliveryReading::Refused {
                 fault,
                 on_error_applies: true,
+            } if self.settings.in_transaction
+                && matches!(
+                    self.settings.on_error.for_refused(&failure.record.topic),
+                    Disposal::DeadLetter(_)
+                ) =>
+            {
+                Err(TransferStop::RefusedInTransaction {
+                    topic: failure.record.topic,
+                    fault,
+                })
+            }
+            DeliveryReading::Refused {
+                fault,
+                on_error_applies: true,
             } => self.refused(failure.record, fault),
             DeliveryReading::Refused { fault, .. } => Err(TransferStop::Refused {
                 topic: failure.record.topic,
@@ -510,6 +533,7 @@ mod tests {
                 Duration::from_secs(60),
                 siphon_record::registered::SubjectStrategy::Topic,
             ),
+            in_transaction: false,
         })
     }
 
@@ -632,6 +656,64 @@ mod tests {
                 Err(TransferStop::DeadLetterRefused(_))
             ));
         }
+    }
+
+    #[test]
+    fn in_a_kafka_transaction_a_refusal_stops_the_transfer_rather_than_dead_letter_it() {
+        let router = router(Encoding::Json);
+        let now = Instant::now();
+        let on_error = dead_letters();
+        let mut s = session(&on_error, 10, Stamp::Snapshot(None));
+        s.settings.in_transaction = true;
+        s.begin_table(&router, relation(), &HashSet::new())
+            .expect("binds");
+        for event in 0..2 {
+            s.handle(now, TransferInput::Row(row(event, event, false)))
+                .expect("routed");
+        }
+        let mut sent = sends(&mut s);
+        // Not taken at enqueue: the transaction is sound, the letter goes in it.
+        let (token, record) = sent.remove(0);
+        let too_large = SinkError::Kafka {
+            operation: Operation::Enqueue,
+            topic: record.topic.to_string(),
+            code: RDKafkaErrorCode::MessageSizeTooLarge,
+        };
+        s.handle(
+            now,
+            TransferInput::SendRefused {
+                token,
+                record,
+                error: too_large,
+            },
+        )
+        .expect("dead-lettered");
+        assert_eq!(&*sends(&mut s)[0].1.topic, DLQ);
+        // Refused by the broker: the transaction is aborted with it, no letter follows.
+        let (token, record) = sent.remove(0);
+        assert!(matches!(
+            s.handle(
+                now,
+                failed(token, record, RDKafkaErrorCode::MessageSizeTooLarge)
+            ),
+            Err(TransferStop::RefusedInTransaction { .. })
+        ));
+        assert!(sends(&mut s).is_empty());
+        // With on_error = "fail" the refusal stops it as outside a transaction.
+        let mut s = session(&ErrorPolicy::Fail, 10, Stamp::Snapshot(None));
+        s.settings.in_transaction = true;
+        s.begin_table(&router, relation(), &HashSet::new())
+            .expect("binds");
+        s.handle(now, TransferInput::Row(row(1, 1, false)))
+            .expect("routed");
+        let (token, record) = sends(&mut s).remove(0);
+        assert!(matches!(
+            s.handle(
+                now,
+                failed(token, record, RDKafkaErrorCode::MessageSizeTooLarge)
+            ),
+            Err(TransferStop::Refused { .. })
+        ));
     }
 
     #[test]
