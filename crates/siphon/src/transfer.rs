@@ -156,15 +156,22 @@ impl TransferProgress {
     }
 }
 
-/// `bytes`, the progress record under `key`, read as a [`TransferProgress`] of this version.
-pub fn parse_progress(key: &str, bytes: &[u8]) -> Result<TransferProgress, TransferError> {
+/// `bytes`, the progress record under `key` in `topic`, read as a [`TransferProgress`] of this
+/// version.
+pub fn parse_progress(
+    topic: &str,
+    key: &str,
+    bytes: &[u8],
+) -> Result<TransferProgress, TransferError> {
     let progress: TransferProgress =
         serde_json::from_slice(bytes).map_err(|source| TransferError::Unreadable {
+            topic: topic.to_owned(),
             key: key.to_owned(),
             source,
         })?;
     if progress.version != VERSION {
         return Err(TransferError::Version {
+            topic: topic.to_owned(),
             key: key.to_owned(),
             version: progress.version,
         });
@@ -189,12 +196,13 @@ impl ProgressLog {
         let Some(bytes) = self.state.read(self.key.as_bytes()).await? else {
             return Ok(None);
         };
-        parse_progress(&self.key, &bytes).map(Some)
+        parse_progress(self.state.topic(), &self.key, &bytes).map(Some)
     }
 
     /// Writes `progress` and waits for the broker's acknowledgement.
     pub async fn write(&self, progress: &TransferProgress) -> Result<(), TransferError> {
         let value = serde_json::to_vec(progress).map_err(|source| TransferError::Unreadable {
+            topic: self.state.topic().to_owned(),
             key: self.key.clone(),
             source,
         })?;
@@ -789,7 +797,7 @@ async fn committed_snapshot(
         }
     };
     // A record of an earlier slot of the same name started at another time.
-    parse_progress(key, &bytes)
+    parse_progress(exactly_once.progress_topic.topic(), key, &bytes)
         .ok()
         .filter(|committed| committed.started_ms == recorded.started_ms)
 }

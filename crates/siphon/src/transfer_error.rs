@@ -58,16 +58,22 @@ pub enum TransferError {
     /// topic).
     #[error("a transfer's progress: {0}")]
     State(#[from] StateTopicError),
-    /// The progress record in the state topic cannot be read.
-    #[error("the progress record {key} in the state topic cannot be read ({source}); delete it (a tombstone) to start over")]
+    /// The progress record in the state topic (or the progress topic) cannot be read.
+    #[error("the progress record {key} in topic {topic} cannot be read ({source}); delete it (a tombstone) to start over")]
     Unreadable {
+        topic: String,
         key: String,
         #[source]
         source: serde_json::Error,
     },
-    /// The progress record in the state topic is of another format version.
-    #[error("the progress record {key} in the state topic has format version {version}, this Siphon reads {PROGRESS_VERSION}: use the Siphon version that wrote it")]
-    Version { key: String, version: u32 },
+    /// The progress record in the state topic (or the progress topic) is of another format
+    /// version.
+    #[error("the progress record {key} in topic {topic} has format version {version}, this Siphon reads {PROGRESS_VERSION}: use the Siphon version that wrote it")]
+    Version {
+        topic: String,
+        key: String,
+        version: u32,
+    },
     /// The producer's delivery reports stopped coming (it was dropped), or a progress write
     /// task was lost: a bug.
     #[error("internal error: the transfer's producer or progress writer stopped")]

@@ -36,9 +36,6 @@ use siphon_source::ServerIdentity;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long registering the producer may take (the coordinator may be loading its log).
-const INIT_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Exactly-once: where a transfer's Kafka transactions stand, and where their progress goes.
 pub struct Transactional {
     progress_topic: ProgressTopic,
@@ -72,7 +69,10 @@ impl Transactional {
         sender
             .sink
             .topic_created(exactly_once.progress_topic.topic());
-        sender.sink.init_transactions(INIT_TIMEOUT).await?;
+        sender
+            .sink
+            .init_transactions(crate::session::transactional::INIT_TIMEOUT)
+            .await?;
         Ok((
             sender,
             Transactional {
@@ -93,7 +93,9 @@ impl Transactional {
             .read_committed(self.key.as_bytes())
             .await?
         {
-            Some(bytes) => crate::transfer::parse_progress(&self.key, &bytes).map(Some),
+            Some(bytes) => {
+                crate::transfer::parse_progress(&self.topic, &self.key, &bytes).map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -133,6 +135,7 @@ impl Transactional {
     /// The record that commits `progress` in the open transaction.
     pub fn record(&self, progress: &TransferProgress) -> Result<RoutedRecord, TransferError> {
         let value = serde_json::to_vec(progress).map_err(|source| TransferError::Unreadable {
+            topic: self.topic.to_string(),
             key: self.key.clone(),
             source,
         })?;

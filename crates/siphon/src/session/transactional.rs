@@ -35,7 +35,7 @@ use tracing::{info, warn};
 pub const PROGRESS_TOKEN: usize = usize::MAX;
 
 /// How long registering the producer may take (the coordinator may be loading its log).
-const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long aborting the open transaction at a session's failed end may take.
 pub const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
