@@ -46,7 +46,7 @@ use super::policy::{Disposal, ErrorPolicy, NonTransactionalPolicy, RoutedKind};
 use super::position::PositionHeaders;
 use super::registry_write::{Answered, Ask, Refusal, RegistryWrite, SchemaCache, Step};
 use super::routers::Routers;
-use super::suspects::{Suspect, Suspects};
+use super::suspects::{self, Suspect, Suspects};
 use super::table::TableName;
 use super::vocabulary::{AbortCause, DeliveryReading, EngineError, Vocabulary};
 use crate::assembly::{RowChange, SourceEvent};
@@ -1391,14 +1391,12 @@ impl<'a, V: Vocabulary> SessionCore<'a, V> {
         let (Some(position), true, true) = (position, dead_letters, on_error_applies) else {
             return EngineError::RefusedInTransaction(fault);
         };
-        if self.solo == Some(position) {
-            self.suspects
-                .insert(position, Suspect::Alone(fault.clone()));
-        } else {
-            self.suspects
-                .entry(position)
-                .or_insert_with(|| Suspect::Shared(fault.clone()));
-        }
+        suspects::refused(
+            &mut self.suspects,
+            position,
+            self.solo == Some(position),
+            &fault,
+        );
         EngineError::TransactionAborted {
             topic,
             cause: AbortCause::Refused(fault),
