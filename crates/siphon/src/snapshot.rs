@@ -32,6 +32,10 @@
 //!   state topic then records only that the snapshot runs (before the slot is created) and
 //!   that it is done (after its last transaction committed): a start that finds it done
 //!   registers no producer, and so never fences a running instance's.
+//! - Exactly-once with dead letters, a run the broker's refusal of a record aborted runs again
+//!   from the last committed progress, in the same `REPEATABLE READ` snapshot, with the refused
+//!   records as suspects (named by their row's index, the same rows in the same order): each
+//!   is sent alone once, and dead-lettered if refused alone, so the snapshot finishes.
 //! - A slot that exists without a record of an unfinished snapshot (created before, or by a
 //!   Siphon without `source.snapshot`) is streamed from as it is: the snapshot is taken only
 //!   when Siphon creates the slot.
@@ -41,7 +45,8 @@ use crate::pipeline::PipelineSettings;
 use crate::position::PositionHeaders;
 use crate::telemetry::{Metrics, TransferKind};
 use crate::transfer::{
-    self, CopyPlan, ProgressLog, Sender, Stamp, TableCopy, TransferError, TransferProgress,
+    self, CopyPlan, ProgressLog, Sender, Stamp, Suspects, TableCopy, TransferError,
+    TransferProgress,
 };
 use crate::transfer_transaction::{resume_from, Transactional};
 use siphon_source::row_condition::RowCondition;
@@ -175,7 +180,82 @@ async fn send_all(
     mut progress: TransferProgress,
     slot: &SlotState,
     transactional: Option<(Sender, Transactional)>,
-) -> Result<(), TransferError> {
+) -> Result<(), PipelineError> {
+    let described = describe_all(settings, reader, &mut progress).await?;
+    // Exactly-once: a run of the snapshot that the broker's refusal of a record aborted runs
+    // again from its last committed progress, in the same snapshot of the rows, with the
+    // refused records as suspects (see crate::transfer_transaction).
+    let mut suspects = Suspects::new();
+    let mut transactional = transactional;
+    let mut first_started = None;
+    loop {
+        let position = settings
+            .position_headers
+            .then(|| {
+                PositionHeaders::new(
+                    slot.identity.as_ref().map(|s| s.system_id.as_str()),
+                    &settings.source.slot,
+                )
+            })
+            .map(|position| {
+                let next = u32::try_from(progress.rows_sent).unwrap_or(u32::MAX);
+                (position, next)
+            });
+        let plan = CopyPlan {
+            kind: TransferKind::Snapshot,
+            stamp: Stamp::Snapshot(position),
+            lsn: slot.confirmed_flush_lsn,
+            sent_before: progress.rows_sent,
+            max_rows_per_second: 0,
+            beside_stream: false,
+        };
+        let mut copy = match transactional.take() {
+            None => TableCopy::new(settings, plan, log, metrics)?,
+            Some(transactional) => {
+                TableCopy::in_transactions(settings, plan, log, metrics, transactional)
+                    .with_suspects(std::mem::take(&mut suspects))
+            }
+        };
+        let started = *first_started.get_or_insert(copy.started());
+        let run_from = progress.clone();
+        let error = match copy_all(&mut copy, reader, &described, &mut progress).await {
+            Ok(()) => {
+                transfer::finished(TransferKind::Snapshot, progress.rows_sent, started, metrics);
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        copy.abort().await;
+        let (TransferError::Aborted { .. }, Some(exactly_once)) = (&error, &settings.exactly_once)
+        else {
+            return Err(error.into());
+        };
+        suspects = copy.take_suspects();
+        progress = copy.committed().cloned().unwrap_or(run_from);
+        drop(copy);
+        warn!(
+            error = %error,
+            rows_sent = progress.rows_sent,
+            "initial snapshot: sending again from the last committed progress"
+        );
+        // A producer of its own for the next run: the aborted one's reports are not its.
+        let key = key(
+            slot.identity.as_ref().map(|s| s.system_id.as_str()),
+            &settings.source.slot,
+        );
+        transactional = Some(
+            Transactional::register(settings, exactly_once, slot.identity.as_ref(), key).await?,
+        );
+    }
+}
+
+/// Describes the tables of the plan still to read from where `progress` is, and sets its
+/// total of rows.
+async fn describe_all(
+    settings: &PipelineSettings,
+    reader: &mut RowReader,
+    progress: &mut TransferProgress,
+) -> Result<Vec<Described>, TransferError> {
     let plan = &settings.snapshot;
     let mut described = Vec::new();
     let mut total = progress.rows_sent;
@@ -221,44 +301,7 @@ async fn send_all(
         in_snapshot = reader.in_snapshot(),
         "initial snapshot: sending the outbox rows before streaming"
     );
-    let position = settings
-        .position_headers
-        .then(|| {
-            PositionHeaders::new(
-                slot.identity.as_ref().map(|s| s.system_id.as_str()),
-                &settings.source.slot,
-            )
-        })
-        .map(|position| {
-            let next = u32::try_from(progress.rows_sent).unwrap_or(u32::MAX);
-            (position, next)
-        });
-    let plan = CopyPlan {
-        kind: TransferKind::Snapshot,
-        stamp: Stamp::Snapshot(position),
-        lsn: slot.confirmed_flush_lsn,
-        sent_before: progress.rows_sent,
-        max_rows_per_second: 0,
-        beside_stream: false,
-    };
-    let mut copy = match transactional {
-        None => TableCopy::new(settings, plan, log, metrics)?,
-        Some(transactional) => {
-            TableCopy::in_transactions(settings, plan, log, metrics, transactional)
-        }
-    };
-    let sent = copy_all(&mut copy, reader, &described, &mut progress).await;
-    if sent.is_err() {
-        copy.abort().await;
-    }
-    sent?;
-    transfer::finished(
-        TransferKind::Snapshot,
-        progress.rows_sent,
-        copy.started(),
-        metrics,
-    );
-    Ok(())
+    Ok(described)
 }
 
 /// A table to read: described, with its filter and the last key to read (`None`: its end).
@@ -272,6 +315,9 @@ async fn copy_all(
     progress: &mut TransferProgress,
 ) -> Result<(), TransferError> {
     for (outbox, filter, until) in described {
+        if progress.finished(&outbox.table) {
+            continue;
+        }
         copy.table(reader, outbox, filter.as_ref(), until.as_deref(), progress)
             .await?;
     }

@@ -20,7 +20,10 @@
 //!   consumer sees a row resumed after a crash only once.
 //! - Nothing here decides what a row or a refusal becomes: a stop of the engine ends the
 //!   transfer with the error naming the row's table and key, and a record not delivered for a
-//!   transient reason ends it too (it resumes from the last progress written).
+//!   transient reason ends it too (it resumes from the last progress written). In Kafka
+//!   transactions the engine also names the commits between two rows that send a suspect
+//!   record alone ([`TransferAction::Commit`]); they are carried out here once every record
+//!   handed over was acknowledged, with the progress through the row it names.
 
 use crate::pipeline::{PipelineSettings, Routers};
 use crate::row_fault::RowFault;
@@ -62,6 +65,7 @@ impl TransferError {
             TransferError::State(e) => e.consequence(),
             TransferError::ReportsLost => Consequence::Bug,
             TransferError::Row { fault, .. } => fault.consequence(),
+            TransferError::Aborted { .. } => Consequence::Retry,
             _ => Consequence::Fix,
         }
     }
@@ -255,6 +259,8 @@ pub struct TableCopy<'a> {
     log: &'a ProgressLog,
     /// Exactly-once: the Kafka transaction the records go in, committed with the progress.
     transaction: Option<Transactional>,
+    /// Exactly-once: the progress committed last in this run (`None`: none yet).
+    committed: Option<TransferProgress>,
     /// How long a commit may take (`transaction.timeout.ms`).
     transaction_timeout: Duration,
     /// When this run started, for the rate.
@@ -339,6 +345,7 @@ impl<'a> TableCopy<'a> {
                 settings.subject_strategy,
             ),
             in_transaction: transaction.is_some(),
+            first_row: plan.sent_before,
         });
         TableCopy {
             kind: plan.kind,
@@ -351,6 +358,7 @@ impl<'a> TableCopy<'a> {
             metrics: Arc::clone(metrics),
             log,
             transaction,
+            committed: None,
             transaction_timeout: settings
                 .sink
                 .transaction_timeout()
@@ -368,7 +376,30 @@ impl<'a> TableCopy<'a> {
     pub fn started(&self) -> Instant {
         self.started
     }
+
+    /// Exactly-once: the transfer runs again from its last committed progress, with the
+    /// records the broker refused in an earlier run of it ([`TableCopy::take_suspects`]).
+    #[must_use]
+    pub fn with_suspects(mut self, suspects: Suspects) -> Self {
+        self.session = self.session.with_suspects(suspects);
+        self
+    }
+
+    /// Exactly-once: the records the broker refused so far, by their row's index, for the
+    /// next run.
+    pub fn take_suspects(&mut self) -> Suspects {
+        self.session.take_suspects()
+    }
+
+    /// Exactly-once: the progress committed last in this run (`None`: none yet).
+    pub fn committed(&self) -> Option<&TransferProgress> {
+        self.committed.as_ref()
+    }
 }
+
+/// Exactly-once: the records the broker refused in a transfer's Kafka transactions, by their
+/// row's index among the transfer's rows.
+pub type Suspects = siphon_core::engine::suspects::Suspects<crate::record_fault::RecordFault, u64>;
 
 /// A rate of rows handed to the producer, kept row by row (the generic cell rate algorithm):
 /// each row is due one interval (`1 / rate`) after the row before was due, or after it was
@@ -472,20 +503,23 @@ impl TableCopy<'_> {
             debug!(table = %name, rows = count, "chunk read");
             for row in rows {
                 while !self.session.can_take_row() {
-                    self.settle_one(&table.table).await?;
+                    self.settle_one(&table.table, progress).await?;
                 }
                 self.pace.wait().await;
                 let handled = self
                     .session
                     .handle(Instant::now(), TransferInput::Row(row.tuple));
-                self.carry_out(handled, &table.table, &row.key).await?;
+                self.carry_out(handled, &table.table, &row.key, progress)
+                    .await?;
+                // Counted once handed over: progress is recorded only once the engine is
+                // settled (or at the commits it asks for, through a row it names).
+                progress.rows_sent += 1;
+                progress.after = Some(row.key);
             }
             while !self.session.is_settled() {
-                self.settle_one(&table.table).await?;
+                self.settle_one(&table.table, progress).await?;
             }
             debug!(table = %name, rows = count, "chunk acknowledged");
-            progress.rows_sent += count;
-            progress.after = Some(last.clone());
             let since = self.last_report.0.elapsed();
             let due = match &self.transaction {
                 Some(transaction) => transaction.due(since),
@@ -503,19 +537,49 @@ impl TableCopy<'_> {
     }
 
     /// Carries out what the engine asks after `handled` (the handling of an input while the
-    /// row of `table` with `key` was the last one read): records handed to the producer,
-    /// questions put to the registry.
+    /// row of `table` with `key` was the last one read, `progress` the progress before it):
+    /// records handed to the producer, questions put to the registry, and (exactly-once)
+    /// commits between two rows.
     async fn carry_out(
         &mut self,
         mut handled: Result<(), TransferStop>,
         table: &TableName,
         key: &[String],
+        progress: &TransferProgress,
     ) -> Result<(), TransferError> {
+        // A commit asked for: through the row handled last, or the one before it.
+        let mut commit: Option<bool> = None;
         loop {
             self.recorder.notes_of_transfer(&mut self.session);
             handled.map_err(|stop| self.stopped(stop, table, key.to_vec()))?;
+            if let Some(with_last_row) = commit {
+                if self.session.in_flight().0 > 0 {
+                    let delivery = self.sender.next_report().await?;
+                    handled = self
+                        .session
+                        .handle(Instant::now(), TransferInput::Delivery(delivery));
+                    continue;
+                }
+                commit = None;
+                let mut through = progress.clone();
+                if with_last_row {
+                    through.rows_sent += 1;
+                    through.after = Some(key.to_vec());
+                }
+                through.updated_ms = now_ms();
+                self.commit(&table.to_string(), &through).await?;
+                handled = self
+                    .session
+                    .handle(Instant::now(), TransferInput::Committed);
+                continue;
+            }
             let input = match self.session.poll_action() {
                 None => return Ok(()),
+                Some(TransferAction::Commit { with_last_row }) => {
+                    commit = Some(with_last_row);
+                    handled = Ok(());
+                    continue;
+                }
                 Some(TransferAction::Send { token, record }) => {
                     if let Some(transaction) = &mut self.transaction {
                         transaction.before_send(&self.sender.sink, record_bytes(&record))?;
@@ -555,13 +619,17 @@ impl TableCopy<'_> {
         }
     }
 
-    /// Waits for one delivery report and gives it to the engine.
-    async fn settle_one(&mut self, table: &TableName) -> Result<(), TransferError> {
+    /// Waits for one delivery report and gives it to the engine (`progress` as it is).
+    async fn settle_one(
+        &mut self,
+        table: &TableName,
+        progress: &TransferProgress,
+    ) -> Result<(), TransferError> {
         let delivery = self.sender.next_report().await?;
         let handled = self
             .session
             .handle(Instant::now(), TransferInput::Delivery(delivery));
-        self.carry_out(handled, table, &[]).await
+        self.carry_out(handled, table, &[], progress).await
     }
 
     /// The transfer's end for `stop`, while a row of `table` with `key` was the last read.
@@ -591,12 +659,10 @@ impl TableCopy<'_> {
             TransferStop::DeadLetterRefused(fault) => {
                 TransferError::DeadLetterRefused(Box::new(fault))
             }
-            TransferStop::RefusedInTransaction { topic, fault } => {
-                TransferError::RefusedInTransaction {
-                    topic: topic.to_string(),
-                    fault: Box::new(fault),
-                }
-            }
+            TransferStop::Aborted { topic, fault } => TransferError::Aborted {
+                topic: topic.to_string(),
+                fault: Box::new(fault),
+            },
             TransferStop::Undelivered { topic, error } => {
                 // The others in flight may still arrive; the transfer resumes from its last
                 // progress, which names none of them.
@@ -697,6 +763,7 @@ impl TableCopy<'_> {
             transaction.ended();
         }
         committed?;
+        self.committed = Some(progress.clone());
         debug!(
             table,
             rows_sent = progress.rows_sent,

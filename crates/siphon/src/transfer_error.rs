@@ -33,10 +33,12 @@ pub enum TransferError {
         topic: String,
         fault: Box<RecordFault>,
     },
-    /// Exactly-once: the broker refused a record for its own sake, which aborts the Kafka
-    /// transaction its dead letter would have gone in.
-    #[error("Kafka refused a record for topic {topic}: {fault}; with kafka.delivery = \"exactly-once\" the refusal aborts the Kafka transaction of the record, so its dead letter cannot be committed with it: fix the cause (the topic's max.message.bytes, its policy), or leave the row out with source.snapshot_filter")]
-    RefusedInTransaction {
+    /// Exactly-once, with `pipeline.on_error = "dead-letter"`: the broker refused a record for
+    /// its own sake, which aborted the Kafka transaction it was sent in. The record is a
+    /// suspect: the transfer runs again from its last committed progress, the suspect alone in
+    /// a transaction of its own, dead-lettered if refused alone.
+    #[error("Kafka refused a record for topic {topic} in a Kafka transaction, which is aborted: {fault}; sending again from the last committed progress, the record alone (dead-lettered if refused again)")]
+    Aborted {
         topic: String,
         fault: Box<RecordFault>,
     },

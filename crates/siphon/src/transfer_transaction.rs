@@ -22,7 +22,10 @@
 //! - A committed progress is used only for the snapshot of the slot's consistent point it
 //!   names ([`resume_from`]): a record left by an earlier slot of the same name is ignored.
 //! - Nothing is committed once the transfer failed: it ends, and its open transaction is
-//!   aborted (or by the next registration).
+//!   aborted (or by the next registration). A run of the snapshot ended by the broker's
+//!   refusal of a record (with dead letters) is followed by another, from the last progress
+//!   committed and in the same snapshot of the rows, on a producer registered anew, with the
+//!   refused records as suspects ([`crate::snapshot`]).
 
 use crate::error::PipelineError;
 use crate::pipeline::{ExactlyOnce, PipelineSettings};

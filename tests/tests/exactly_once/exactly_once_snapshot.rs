@@ -6,13 +6,16 @@
 //!   read_committed consumer sees every unpublished row's event exactly once, in key order per
 //!   aggregate, followed by the events streamed after the slot's consistent point, each once;
 //!   no row the relay had published arrives.
+//! - With `pipeline.on_error = "dead-letter"`, rows whose records the broker refuses (a topic
+//!   whose `max.message.bytes` is below them) are dead-lettered once each, in committed
+//!   transactions, the other rows arrive once each, and the snapshot finishes.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
     check_first_deliveries_in_order, count_by_id, read_event_records_isolated, siphon_config,
     slot_confirmed_lsn, wait_for_all, with_exactly_once,
 };
-use siphon_tests::{Broker, Isolation, Postgres, SiphonProcess};
+use siphon_tests::{read_topic_isolated_async, Broker, Isolation, Postgres, SiphonProcess};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -169,5 +172,110 @@ async fn a_snapshot_killed_with_kill_9_is_seen_once_by_a_read_committed_consumer
         committed_view.len(),
         uncommitted_view.len()
     );
+    Ok(())
+}
+
+/// Creates `topic` (3 partitions) taking records of `max_bytes` at most.
+async fn create_small_topic(broker: &Broker, topic: &str, max_bytes: usize) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .context("creating an admin client")?;
+    let max_bytes = max_bytes.to_string();
+    let new_topic =
+        NewTopic::new(topic, 3, TopicReplication::Fixed(1)).set("max.message.bytes", &max_bytes);
+    for result in admin
+        .create_topics([&new_topic], &AdminOptions::new())
+        .await?
+    {
+        result.map_err(|(name, code)| anyhow::anyhow!("creating topic {name}: {code}"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_the_broker_refuses_in_a_snapshot_are_dead_lettered_once() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(RELAY_OUTBOX_DDL).await?;
+    // Customer events go to a topic taking 50 kB at most: four rows of 80 kB are refused by
+    // the broker (the producer takes them), two of them one after the other.
+    create_small_topic(&broker, &broker.topic("outbox.event.Customer"), 50_000).await?;
+    insert_rows(&client, 1, 300, false).await?;
+    let large = [40i64, 41, 150, 299];
+    for seq in large {
+        client
+            .execute(
+                "UPDATE outbox SET aggregatetype = 'Customer', aggregateid = 'customer-big', \
+                 payload = jsonb_build_object('big', repeat('x', 80000)) WHERE id = $1::text::uuid",
+                &[&id(seq)],
+            )
+            .await
+            .context("making a row large")?;
+    }
+    let dead_letter_topic = broker.topic("outbox.dlq");
+    let config = with_exactly_once(
+        &siphon_config(
+            &pg,
+            &broker,
+            "eos_snap_refused",
+            &format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""),
+        ),
+        &broker,
+    )
+    .replacen(
+        "[source]\n",
+        "[source]\nsnapshot = \"initial\"\nsnapshot_chunk_rows = 25\n",
+        1,
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    siphon
+        .wait_for_log("snapshot finished", Duration::from_secs(120))
+        .await
+        .with_context(|| siphon.log())?;
+    let expected: BTreeSet<String> = (1..=300)
+        .filter(|seq| !large.contains(seq))
+        .map(id)
+        .collect();
+    wait_for_all(&broker, &expected, Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    anyhow::ensure!(siphon.is_running(), "Siphon stopped:\n{}", siphon.log());
+
+    let seen = count_by_id(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
+    let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "read_committed saw events more than once: {repeated:?}\n{}",
+        siphon.log()
+    );
+    assert_eq!(
+        seen.keys().cloned().collect::<BTreeSet<_>>(),
+        expected,
+        "every other row once, no refused one"
+    );
+    let letters = read_topic_isolated_async(
+        &broker.bootstrap(),
+        &dead_letter_topic,
+        Duration::from_secs(30),
+        Isolation::ReadCommitted,
+    )
+    .await?;
+    let dead = count_by_id(&letters);
+    assert_eq!(
+        dead.into_iter().collect::<Vec<_>>(),
+        large.iter().map(|seq| (id(*seq), 1)).collect::<Vec<_>>(),
+        "each refused row dead-lettered once\n{}",
+        siphon.log()
+    );
+    for letter in &letters {
+        assert_eq!(
+            letter.header("siphon.error.stage").map(<[u8]>::to_vec),
+            Some(b"produce".to_vec())
+        );
+    }
     Ok(())
 }

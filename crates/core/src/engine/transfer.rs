@@ -23,9 +23,14 @@
 //! - A failure that is not the record's own fault stops the transfer ([`TransferStop`]); it
 //!   resumes from its last progress, never skipping a row.
 //! - In a Kafka transaction (`in_transaction`), a record the broker refused is never followed
-//!   by its dead letter: the refusal aborts the transaction, so nothing sent with it can be
-//!   committed ([`TransferStop::RefusedInTransaction`]). A record the producer would not take
-//!   (refused before it left) leaves the transaction sound, and is dead-lettered in it.
+//!   by its dead letter in that transaction: the refusal aborts it, so nothing sent with it can
+//!   be committed. With dead letters the refused record becomes a suspect, named by its row's
+//!   index (the stream's rule, [`suspects::refused`]), and the transfer stops
+//!   ([`TransferStop::Aborted`]) to run again from its last committed progress with the
+//!   suspects ([`TransferSession::with_suspects`]): a suspect's record goes alone, in a Kafka
+//!   transaction of its own between two commits ([`TransferAction::Commit`]); refused alone,
+//!   its dead letter takes its place next time. A record the producer would not take (refused
+//!   before it left) leaves the transaction sound, and is dead-lettered in it.
 //! - No IO and no clock: time comes in as a parameter.
 
 use super::dead_letter::Stage;
@@ -33,6 +38,7 @@ use super::note::Note;
 use super::policy::{Disposal, ErrorPolicy};
 use super::position::PositionHeaders;
 use super::registry_write::{Answered, Ask, Refusal, RegistryWrite, SchemaCache, Step};
+use super::suspects::{self, Suspect, Suspects};
 use super::vocabulary::{DeliveryReading, Vocabulary};
 use bytes::Bytes;
 use pgoutput::{Lsn, Relation, TupleData};
@@ -84,6 +90,9 @@ pub struct TransferSettings<'a> {
     pub schemas: SchemaCache,
     /// Whether the records go in Kafka transactions (exactly-once delivery).
     pub in_transaction: bool,
+    /// The index of the first row to come among the transfer's rows (the rows handled before
+    /// it, in earlier runs): a refused record is named by its row's index.
+    pub first_row: u64,
 }
 
 /// What happened, for a transfer.
@@ -100,6 +109,8 @@ pub enum TransferInput<V: Vocabulary> {
     },
     /// The registry answered the last [`TransferAction::Ask`].
     Answer(Answered<V::RegistryError>),
+    /// The Kafka transaction a [`TransferAction::Commit`] asked for committed.
+    Committed,
 }
 
 /// What the driver must do, in order.
@@ -109,6 +120,10 @@ pub enum TransferAction {
     Send { token: usize, record: RoutedRecord },
     /// Put the question to the registry; answer with [`TransferInput::Answer`].
     Ask(Ask),
+    /// In a Kafka transaction: once every record handed over is acknowledged, commit the open
+    /// transaction with the progress through the row handled last (`with_last_row`) or the one
+    /// before it, and answer with [`TransferInput::Committed`]. Nothing is sent meanwhile.
+    Commit { with_last_row: bool },
 }
 
 /// Why a transfer stops. A row's stop is about the row handled last.
@@ -126,8 +141,10 @@ pub enum TransferStop<V: Vocabulary> {
     /// Even the dead-letter topic refused a record.
     DeadLetterRefused(V::Fault),
     /// The broker refused a record for its own sake inside a Kafka transaction, which the
-    /// refusal aborts: its dead letter could not be committed with it.
-    RefusedInTransaction { topic: Arc<str>, fault: V::Fault },
+    /// refusal aborts, with dead letters: the record is a suspect now
+    /// ([`TransferSession::take_suspects`]). The transfer runs again from its last committed
+    /// progress, with the suspects.
+    Aborted { topic: Arc<str>, fault: V::Fault },
     /// A record was not delivered, for a reason sending again may cure.
     Undelivered {
         topic: Arc<str>,
@@ -149,6 +166,8 @@ struct TableRoute<'a> {
 struct Held {
     write: RegistryWrite,
     row: TupleData,
+    /// The row's index.
+    index: u64,
 }
 
 /// A transfer's decisions: rows in, records out, within one window.
@@ -156,19 +175,33 @@ pub struct TransferSession<'a, V: Vocabulary> {
     settings: TransferSettings<'a>,
     table: Option<TableRoute<'a>>,
     held: Option<Held>,
-    /// Records waiting for room in the window, dead letters first.
-    waiting: VecDeque<RoutedRecord>,
-    /// The size of each record in flight, by token.
-    in_flight: FxHashMap<usize, usize>,
+    /// Records waiting for room in the window, dead letters first, with their row's index.
+    waiting: VecDeque<(RoutedRecord, u64)>,
+    /// The size and the row's index of each record in flight, by token.
+    in_flight: FxHashMap<usize, (usize, u64)>,
     in_flight_bytes: usize,
     next_token: usize,
     actions: VecDeque<TransferAction>,
     notes: VecDeque<Note>,
+    /// The index of the next row.
+    next_row: u64,
+    /// In a Kafka transaction: records the broker refused, by their row's index, carried from
+    /// run to run (see [`Suspect`]).
+    suspects: Suspects<V::Fault, u64>,
+    /// A suspect's record waiting for the open Kafka transaction to commit, to go alone after
+    /// it (its row's index, the record).
+    parked: Option<(u64, RoutedRecord)>,
+    /// The suspect's row sent alone in the Kafka transaction now open.
+    solo: Option<u64>,
+    /// In a Kafka transaction: why the open transaction cannot commit (a record failed),
+    /// held until every record in flight reported, so that every refusal among them is known.
+    doomed: Option<TransferStop<V>>,
     _vocabulary: std::marker::PhantomData<V>,
 }
 
 impl<'a, V: Vocabulary> TransferSession<'a, V> {
     pub fn new(settings: TransferSettings<'a>) -> Self {
+        let next_row = settings.first_row;
         TransferSession {
             settings: TransferSettings {
                 max_records: settings.max_records.max(1),
@@ -183,8 +216,27 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
             next_token: 0,
             actions: VecDeque::new(),
             notes: VecDeque::new(),
+            next_row,
+            suspects: Suspects::new(),
+            parked: None,
+            solo: None,
+            doomed: None,
             _vocabulary: std::marker::PhantomData,
         }
+    }
+
+    /// The transfer with the `suspects` an earlier run of it left
+    /// ([`TransferSession::take_suspects`]), when it runs again from its last committed
+    /// progress in the same rows.
+    #[must_use]
+    pub fn with_suspects(mut self, suspects: Suspects<V::Fault, u64>) -> Self {
+        self.suspects = suspects;
+        self
+    }
+
+    /// In a Kafka transaction: the records the broker refused so far, for the next run.
+    pub fn take_suspects(&mut self) -> Suspects<V::Fault, u64> {
+        std::mem::take(&mut self.suspects)
     }
 
     /// The rows that come next are `relation`'s (its NOT NULL columns `not_null`), routed by
@@ -220,9 +272,13 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
     }
 
     /// Whether a row may be handled now: no registry answer outstanding, no record waiting
-    /// for room in the window.
+    /// for room in the window, no suspect waiting to go alone or sent alone and not committed.
     pub fn can_take_row(&self) -> bool {
-        self.held.is_none() && self.waiting.is_empty()
+        self.held.is_none()
+            && self.waiting.is_empty()
+            && self.parked.is_none()
+            && self.solo.is_none()
+            && self.doomed.is_none()
     }
 
     /// Whether every record handed over was acknowledged, and none waits.
@@ -250,6 +306,68 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
     /// # Errors
     /// Why the transfer stops (see [`TransferStop`]).
     pub fn handle(&mut self, now: Instant, input: TransferInput<V>) -> Result<(), TransferStop<V>> {
+        if self.doomed.is_some() {
+            return self.on_doomed(input);
+        }
+        let handled = self.on_input(now, input);
+        match handled {
+            Err(stop) if self.settings.in_transaction && !self.in_flight.is_empty() => {
+                self.doom(stop);
+                Ok(())
+            }
+            handled => handled,
+        }
+    }
+
+    /// In a Kafka transaction that cannot commit: `stop` is why. It holds until every record
+    /// in flight reported (the producer purges those it had not sent, and their reports may
+    /// come before a refusal's); nothing new is sent meanwhile.
+    fn doom(&mut self, stop: TransferStop<V>) {
+        self.waiting.clear();
+        self.held = None;
+        self.parked = None;
+        self.actions
+            .retain(|action| !matches!(action, TransferAction::Send { .. }));
+        self.doomed = Some(stop);
+    }
+
+    /// An input while the open Kafka transaction is doomed: reports are taken (a refusal makes
+    /// a suspect, and is the stop unless an operator's fix is needed), the rest ignored; the
+    /// stop once nothing is in flight.
+    fn on_doomed(&mut self, input: TransferInput<V>) -> Result<(), TransferStop<V>> {
+        let failed = match input {
+            TransferInput::Delivery(delivery) => self.on_delivery(delivery).err(),
+            TransferInput::SendRefused { token, error, .. } => {
+                self.settle(token);
+                V::enqueue_fault(error).err().map(TransferStop::NotTaken)
+            }
+            _ => None,
+        };
+        if let Some(failed) = failed {
+            let held_back = self.doomed.as_ref().is_some_and(|held| {
+                matches!(
+                    held,
+                    TransferStop::Undelivered { .. } | TransferStop::NotTaken(_)
+                )
+            });
+            if held_back
+                && !matches!(
+                    failed,
+                    TransferStop::Undelivered { .. } | TransferStop::NotTaken(_)
+                )
+            {
+                self.doomed = Some(failed);
+            }
+        }
+        self.actions.clear();
+        self.waiting.clear();
+        if self.in_flight.is_empty() {
+            return self.doomed.take().map_or(Ok(()), Err);
+        }
+        Ok(())
+    }
+
+    fn on_input(&mut self, now: Instant, input: TransferInput<V>) -> Result<(), TransferStop<V>> {
         match input {
             TransferInput::Row(row) => self.on_row(now, row),
             TransferInput::Delivery(delivery) => self.on_delivery(delivery),
@@ -258,19 +376,25 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
                 record,
                 error,
             } => {
-                self.settle(token);
+                let row = self.settle(token);
                 match V::enqueue_fault(error) {
-                    Ok(fault) => self.refused(record, fault),
+                    Ok(fault) => self.refused(record, fault, row.unwrap_or(self.next_row)),
                     Err(error) => Err(TransferStop::NotTaken(error)),
                 }
             }
             TransferInput::Answer(answer) => self.on_answer(now, answer),
+            TransferInput::Committed => {
+                self.on_committed();
+                Ok(())
+            }
         }?;
         self.hand_waiting();
         Ok(())
     }
 
     fn on_row(&mut self, now: Instant, row: TupleData) -> Result<(), TransferStop<V>> {
+        let index = self.next_row;
+        self.next_row = self.next_row.saturating_add(1);
         let Some(table) = &self.table else {
             return Ok(());
         };
@@ -279,16 +403,13 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
             Err(error) => Err(error.clone()),
         };
         match routed {
-            Ok(Routed::Record(record)) => {
-                self.send_row_record(record);
-                Ok(())
-            }
+            Ok(Routed::Record(record)) => self.send_row_record(record, index),
             Ok(Routed::Registry(routed)) => {
                 let step = RegistryWrite::new(routed).advance(&self.settings.schemas, now);
                 self.notes.push_back(Note::SchemaId {
                     known: !matches!(step, Step::Waiting(..)),
                 });
-                self.on_step(step, row)
+                self.on_step(step, row, index)
             }
             Ok(Routed::Skipped(reason)) => {
                 let level = table.router.log_level(reason);
@@ -298,7 +419,7 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
             }
             Err(error) => match self.settings.on_error.for_row(true) {
                 Disposal::DeadLetter(_) => {
-                    self.dead_letter_row(&row, &error);
+                    self.dead_letter_row(&row, &error, index);
                     Ok(())
                 }
                 Disposal::Stop | Disposal::LetterRefused => Err(TransferStop::Row(error)),
@@ -306,19 +427,17 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
         }
     }
 
-    /// Where the registry write of `row`'s record got to.
+    /// Where the registry write of `row`'s (row `index`'s) record got to.
     fn on_step(
         &mut self,
         step: Step<V::RegistryError>,
         row: TupleData,
+        index: u64,
     ) -> Result<(), TransferStop<V>> {
         match step {
-            Step::Ready(record) => {
-                self.send_row_record(record);
-                Ok(())
-            }
+            Step::Ready(record) => self.send_row_record(record, index),
             Step::Waiting(write, ask) => {
-                self.held = Some(Held { write, row });
+                self.held = Some(Held { write, row, index });
                 self.actions.push_back(TransferAction::Ask(ask));
                 Ok(())
             }
@@ -332,7 +451,7 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
                     .for_row(refusal.dead_letterable(V::schema_refused))
                 {
                     Disposal::DeadLetter(_) => {
-                        self.dead_letter_row(&row, &refusal);
+                        self.dead_letter_row(&row, &refusal, index);
                         Ok(())
                     }
                     Disposal::Stop | Disposal::LetterRefused => {
@@ -348,18 +467,18 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
         now: Instant,
         answer: Answered<V::RegistryError>,
     ) -> Result<(), TransferStop<V>> {
-        let Some(Held { write, row }) = self.held.take() else {
+        let Some(Held { write, row, index }) = self.held.take() else {
             return Ok(());
         };
         let step = match write.answered(&mut self.settings.schemas, now, answer) {
             Ok(write) => write.advance(&self.settings.schemas, now),
             Err(refusal) => Step::Refused(refusal),
         };
-        self.on_step(step, row)
+        self.on_step(step, row, index)
     }
 
     fn on_delivery(&mut self, delivery: Delivery<V::DeliveryError>) -> Result<(), TransferStop<V>> {
-        self.settle(delivery.token);
+        let row = self.settle(delivery.token);
         let Err(failure) = delivery.result else {
             return Ok(());
         };
@@ -374,7 +493,10 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
                     Disposal::DeadLetter(_)
                 ) =>
             {
-                Err(TransferStop::RefusedInTransaction {
+                if let Some(row) = row {
+                    suspects::refused(&mut self.suspects, row, self.solo == Some(row), &fault);
+                }
+                Err(TransferStop::Aborted {
                     topic: failure.record.topic,
                     fault,
                 })
@@ -382,7 +504,7 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
             DeliveryReading::Refused {
                 fault,
                 on_error_applies: true,
-            } => self.refused(failure.record, fault),
+            } => self.refused(failure.record, fault, row.unwrap_or(self.next_row)),
             DeliveryReading::Refused { fault, .. } => Err(TransferStop::Refused {
                 topic: failure.record.topic,
                 fault,
@@ -394,8 +516,29 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
         }
     }
 
-    /// `record` was refused for its own sake: its dead letter goes next, or the transfer stops.
-    fn refused(&mut self, record: RoutedRecord, fault: V::Fault) -> Result<(), TransferStop<V>> {
+    /// A Kafka transaction asked for committed: a suspect committed alone was innocent; a
+    /// parked one goes now, alone, and its transaction is committed at once.
+    fn on_committed(&mut self) {
+        if let Some(row) = self.solo.take() {
+            self.suspects.remove(&row);
+        }
+        if let Some((row, record)) = self.parked.take() {
+            self.hand(record, row);
+            self.solo = Some(row);
+            self.actions.push_back(TransferAction::Commit {
+                with_last_row: true,
+            });
+        }
+    }
+
+    /// `record` (of row `row`) was refused for its own sake: its dead letter goes next, or the
+    /// transfer stops.
+    fn refused(
+        &mut self,
+        record: RoutedRecord,
+        fault: V::Fault,
+        row: u64,
+    ) -> Result<(), TransferStop<V>> {
         match self.settings.on_error.for_refused(&record.topic) {
             Disposal::DeadLetter(dead_letters) => {
                 self.notes.push_back(Note::RecordDeadLettered {
@@ -403,7 +546,7 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
                     error: Box::new(fault.clone()),
                 });
                 let letter = dead_letters.for_record(record, &fault, Stage::Produce, None);
-                self.waiting.push_front(letter);
+                self.waiting.push_front((letter, row));
                 Ok(())
             }
             Disposal::Stop => Err(TransferStop::Refused {
@@ -414,8 +557,14 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
         }
     }
 
-    /// The dead letter of the current table's `row`, which cannot be sent for `error`.
-    fn dead_letter_row(&mut self, row: &TupleData, error: &(impl std::fmt::Display + ?Sized)) {
+    /// The dead letter of the current table's `row` (of index `index`), which cannot be sent
+    /// for `error`.
+    fn dead_letter_row(
+        &mut self,
+        row: &TupleData,
+        error: &(impl std::fmt::Display + ?Sized),
+        index: u64,
+    ) {
         let (Some(table), ErrorPolicy::DeadLetter(dead_letters)) =
             (&self.table, self.settings.on_error)
         else {
@@ -428,42 +577,70 @@ impl<'a, V: Vocabulary> TransferSession<'a, V> {
             error: Box::new(error.to_string()),
             dead_letter_topic: dead_letters.topic().to_owned(),
         });
-        self.waiting.push_back(letter);
+        self.waiting.push_back((letter, index));
     }
 
-    /// A row's record, stamped, in line for the window.
-    fn send_row_record(&mut self, mut record: RoutedRecord) {
+    /// Row `index`'s record, stamped, in line for the window. In a Kafka transaction, a
+    /// suspect's record waits to go alone, and a guilty one's dead letter takes its place.
+    fn send_row_record(
+        &mut self,
+        mut record: RoutedRecord,
+        index: u64,
+    ) -> Result<(), TransferStop<V>> {
         self.settings.stamp.apply(&mut record);
-        self.waiting.push_back(record);
+        if self.settings.in_transaction {
+            match self.suspects.get(&index) {
+                None => {}
+                Some(Suspect::Alone(fault)) => {
+                    let fault = fault.clone();
+                    return self.refused(record, fault, index);
+                }
+                Some(Suspect::Shared(_)) => {
+                    self.parked = Some((index, record));
+                    self.actions.push_back(TransferAction::Commit {
+                        with_last_row: false,
+                    });
+                    return Ok(());
+                }
+            }
+        }
+        self.waiting.push_back((record, index));
+        Ok(())
     }
 
     /// Hands the records waiting to the producer while the window has room (a record larger
     /// than the window when nothing is in flight).
     fn hand_waiting(&mut self) {
-        while let Some(record) = self.waiting.front() {
+        while let Some((record, _)) = self.waiting.front() {
             let size = record_bytes(record);
             let full = self.in_flight.len() >= self.settings.max_records
                 || self.in_flight_bytes + size > self.settings.max_bytes;
             if full && !self.in_flight.is_empty() {
                 return;
             }
-            let Some(record) = self.waiting.pop_front() else {
+            let Some((record, row)) = self.waiting.pop_front() else {
                 return;
             };
-            let token = self.next_token;
-            self.next_token = self.next_token.wrapping_add(1);
-            self.in_flight.insert(token, size);
-            self.in_flight_bytes += size;
-            self.actions
-                .push_back(TransferAction::Send { token, record });
+            self.hand(record, row);
         }
     }
 
-    /// The record of `token` left the window.
-    fn settle(&mut self, token: usize) {
-        if let Some(size) = self.in_flight.remove(&token) {
-            self.in_flight_bytes -= size;
-        }
+    /// Hands `record` (of row `row`) to the producer.
+    fn hand(&mut self, record: RoutedRecord, row: u64) {
+        let size = record_bytes(&record);
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1);
+        self.in_flight.insert(token, (size, row));
+        self.in_flight_bytes += size;
+        self.actions
+            .push_back(TransferAction::Send { token, record });
+    }
+
+    /// The record of `token` left the window: its row's index.
+    fn settle(&mut self, token: usize) -> Option<u64> {
+        let (size, row) = self.in_flight.remove(&token)?;
+        self.in_flight_bytes -= size;
+        Some(row)
     }
 }
 
@@ -534,6 +711,7 @@ mod tests {
                 siphon_record::registered::SubjectStrategy::Topic,
             ),
             in_transaction: false,
+            first_row: 0,
         })
     }
 
@@ -542,7 +720,7 @@ mod tests {
         while let Some(action) = session.poll_action() {
             match action {
                 TransferAction::Send { token, record } => sent.push((token, record)),
-                TransferAction::Ask(ask) => panic!("unexpected {ask:?}"),
+                action => panic!("unexpected {action:?}"),
             }
         }
         sent
@@ -658,16 +836,34 @@ mod tests {
         }
     }
 
+    /// A transfer in Kafka transactions with `on_error`, from row `first_row` on, with the
+    /// `suspects` of an earlier run, given rows `rows` (event numbers).
+    fn transactional<'a>(
+        on_error: &'a ErrorPolicy,
+        router: &'a EventRouter,
+        first_row: u64,
+        suspects: Suspects<<Model as Vocabulary>::Fault, u64>,
+    ) -> TransferSession<'a, Model> {
+        let mut s = session(on_error, 10, Stamp::Snapshot(None)).with_suspects(suspects);
+        s.settings.in_transaction = true;
+        s.settings.first_row = first_row;
+        s.next_row = first_row;
+        s.begin_table(router, relation(), &HashSet::new())
+            .expect("binds");
+        s
+    }
+
+    fn actions(session: &mut TransferSession<'_, Model>) -> Vec<TransferAction> {
+        std::iter::from_fn(|| session.poll_action()).collect()
+    }
+
     #[test]
-    fn in_a_kafka_transaction_a_refusal_stops_the_transfer_rather_than_dead_letter_it() {
+    fn in_a_kafka_transaction_a_refused_record_goes_alone_then_is_dead_lettered() {
         let router = router(Encoding::Json);
         let now = Instant::now();
         let on_error = dead_letters();
-        let mut s = session(&on_error, 10, Stamp::Snapshot(None));
-        s.settings.in_transaction = true;
-        s.begin_table(&router, relation(), &HashSet::new())
-            .expect("binds");
-        for event in 0..2 {
+        let mut s = transactional(&on_error, &router, 0, Suspects::new());
+        for event in 0..3 {
             s.handle(now, TransferInput::Row(row(event, event, false)))
                 .expect("routed");
         }
@@ -688,22 +884,97 @@ mod tests {
             },
         )
         .expect("dead-lettered");
-        assert_eq!(&*sends(&mut s)[0].1.topic, DLQ);
-        // Refused by the broker: the transaction is aborted with it, no letter follows.
+        let (letter, dead) = sends(&mut s).remove(0);
+        assert_eq!(&*dead.topic, DLQ);
+        // Refused by the broker: the transaction is aborted with it, no letter follows; row 1
+        // is a suspect, and the transfer stops once the records in flight reported.
         let (token, record) = sent.remove(0);
+        s.handle(
+            now,
+            failed(token, record, RDKafkaErrorCode::MessageSizeTooLarge),
+        )
+        .expect("held until every record reported");
+        assert!(sends(&mut s).is_empty());
+        s.handle(now, acked(letter)).expect("one still in flight");
+        assert!(matches!(
+            s.handle(now, acked(sent.remove(0).0)),
+            Err(TransferStop::Aborted { .. })
+        ));
+        let suspects = s.take_suspects();
+        assert!(matches!(suspects.get(&1), Some(Suspect::Shared(_))));
+
+        // Run again from row 1 (row 0 committed): the suspect goes alone, between commits.
+        let mut s = transactional(&on_error, &router, 1, suspects.clone());
+        s.handle(now, TransferInput::Row(row(1, 1, false)))
+            .expect("parked");
+        assert!(matches!(
+            actions(&mut s)[..],
+            [TransferAction::Commit {
+                with_last_row: false
+            }]
+        ));
+        assert!(!s.can_take_row(), "a row is taken while a suspect waits");
+        s.handle(now, TransferInput::Committed).expect("committed");
+        let alone = actions(&mut s);
+        let [TransferAction::Send { token, record }, TransferAction::Commit {
+            with_last_row: true,
+        }] = &alone[..]
+        else {
+            panic!("the suspect alone, then its commit: {alone:?}");
+        };
+        assert_eq!(&*record.topic, "outbox.event.invoice");
+        // Refused alone: guilty.
         assert!(matches!(
             s.handle(
                 now,
-                failed(token, record, RDKafkaErrorCode::MessageSizeTooLarge)
+                failed(
+                    *token,
+                    record.clone(),
+                    RDKafkaErrorCode::MessageSizeTooLarge
+                )
             ),
-            Err(TransferStop::RefusedInTransaction { .. })
+            Err(TransferStop::Aborted { .. })
         ));
-        assert!(sends(&mut s).is_empty());
+        let guilty = s.take_suspects();
+        assert!(matches!(guilty.get(&1), Some(Suspect::Alone(_))));
+        // Next time its dead letter takes its place, in a transaction with what follows.
+        let mut s = transactional(&on_error, &router, 1, guilty);
+        for event in 1..3 {
+            s.handle(now, TransferInput::Row(row(event, event, false)))
+                .expect("routed");
+        }
+        let sent = sends(&mut s);
+        let topics: Vec<&str> = sent.iter().map(|(_, r)| &*r.topic).collect();
+        assert_eq!(topics.len(), 2);
+        assert_eq!(topics[0], DLQ);
+        assert_ne!(topics[1], DLQ);
+        assert_eq!(
+            header(&sent[0].1, "siphon.original.topic"),
+            Some(&b"outbox.event.invoice"[..])
+        );
+        assert!(notes(&mut s)
+            .iter()
+            .any(|n| n.starts_with("RecordDeadLettered")));
+
+        // Acknowledged alone instead: innocent, and the rows go on.
+        let mut s = transactional(&on_error, &router, 1, suspects);
+        s.handle(now, TransferInput::Row(row(1, 1, false)))
+            .expect("parked");
+        actions(&mut s);
+        s.handle(now, TransferInput::Committed).expect("committed");
+        let Some(TransferAction::Send { token, .. }) = s.poll_action() else {
+            panic!("the suspect goes alone");
+        };
+        s.handle(now, acked(token)).expect("acknowledged");
+        assert!(
+            !s.can_take_row(),
+            "a row is taken before the suspect committed"
+        );
+        s.handle(now, TransferInput::Committed).expect("committed");
+        assert!(s.is_settled() && s.take_suspects().is_empty());
+
         // With on_error = "fail" the refusal stops it as outside a transaction.
-        let mut s = session(&ErrorPolicy::Fail, 10, Stamp::Snapshot(None));
-        s.settings.in_transaction = true;
-        s.begin_table(&router, relation(), &HashSet::new())
-            .expect("binds");
+        let mut s = transactional(&ErrorPolicy::Fail, &router, 0, Suspects::new());
         s.handle(now, TransferInput::Row(row(1, 1, false)))
             .expect("routed");
         let (token, record) = sends(&mut s).remove(0);
@@ -713,6 +984,42 @@ mod tests {
                 failed(token, record, RDKafkaErrorCode::MessageSizeTooLarge)
             ),
             Err(TransferStop::Refused { .. })
+        ));
+    }
+
+    #[test]
+    fn in_a_kafka_transaction_every_report_is_taken_before_the_transfer_stops() {
+        let router = router(Encoding::Json);
+        let now = Instant::now();
+        let on_error = dead_letters();
+        let mut s = transactional(&on_error, &router, 0, Suspects::new());
+        for event in 0..3 {
+            s.handle(now, TransferInput::Row(row(event, event, false)))
+                .expect("routed");
+        }
+        let mut sent = sends(&mut s);
+        // The producer purged a record it had not sent before the refusal reported.
+        let (token, record) = sent.remove(0);
+        s.handle(
+            now,
+            failed(token, record, RDKafkaErrorCode::MessageTimedOut),
+        )
+        .expect("held until every record reported");
+        assert!(!s.can_take_row() && sends(&mut s).is_empty());
+        let (token, record) = sent.remove(0);
+        s.handle(
+            now,
+            failed(token, record, RDKafkaErrorCode::MessageSizeTooLarge),
+        )
+        .expect("held until every record reported");
+        let (token, _) = sent.remove(0);
+        assert!(matches!(
+            s.handle(now, acked(token)),
+            Err(TransferStop::Aborted { .. })
+        ));
+        assert!(matches!(
+            s.take_suspects().get(&1),
+            Some(Suspect::Shared(_))
         ));
     }
 
