@@ -8,7 +8,8 @@
 //!   no row the relay had published arrives.
 //! - With `pipeline.on_error = "dead-letter"`, rows whose records the broker refuses (a topic
 //!   whose `max.message.bytes` is below them) are dead-lettered once each, in committed
-//!   transactions, the other rows arrive once each, and the snapshot finishes.
+//!   transactions, the other rows arrive once each, and the snapshot finishes; the stream
+//!   does the same with such rows among hundreds of others in one transaction.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
@@ -277,5 +278,93 @@ async fn records_the_broker_refuses_in_a_snapshot_are_dead_lettered_once() -> Re
             Some(b"produce".to_vec())
         );
     }
+    Ok(())
+}
+
+/// The stream's side of the same rule: rows whose records the broker refuses, written in one
+/// PostgreSQL transaction among many others (one Kafka transaction holds them all), are
+/// dead-lettered once each; every other row arrives once; Siphon keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_the_broker_refuses_while_streaming_are_dead_lettered_once() -> Result<()> {
+    let (pg, broker) = (Postgres::start()?, Broker::start()?);
+    let client = pg.connect().await?;
+    client.batch_execute(RELAY_OUTBOX_DDL).await?;
+    create_small_topic(&broker, &broker.topic("outbox.event.Customer"), 50_000).await?;
+    let dead_letter_topic = broker.topic("outbox.dlq");
+    let config = with_exactly_once(
+        &siphon_config(
+            &pg,
+            &broker,
+            "eos_stream_refused",
+            &format!("on_error = \"dead-letter\"\ndead_letter_topic = \"{dead_letter_topic}\""),
+        ),
+        &broker,
+    );
+    let siphon = SiphonProcess::start(&config)?;
+    siphon_tests::wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { siphon_tests::outbox::slot_active(&client, "eos_stream_refused").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    let large = [40i64, 41, 150, 299];
+    client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT format('00000000-0000-4000-8000-%s', lpad(g::text, 12, '0'))::uuid, \
+                    CASE WHEN g = ANY($2) OR g % 3 = 0 THEN 'Customer' ELSE 'Order' END, \
+                    CASE WHEN g = ANY($2) THEN 'customer-big' \
+                         WHEN g % 3 = 0 THEN 'customer-' || (g % 17) \
+                         ELSE 'order-' || (g % 17) END, 'Event', \
+                    CASE WHEN g = ANY($2) THEN jsonb_build_object('big', repeat('x', 80000)) \
+                         ELSE jsonb_build_object('seq', g) END \
+             FROM generate_series(1, $1::bigint) g",
+            &[&300i64, &large.to_vec()],
+        )
+        .await
+        .context("inserting the rows")?;
+    let expected: BTreeSet<String> = (1..=300)
+        .filter(|seq| !large.contains(seq))
+        .map(id)
+        .collect();
+    wait_for_all(&broker, &expected, Duration::from_secs(90))
+        .await
+        .with_context(|| siphon.log())?;
+    let letters = siphon_tests::wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let letters = read_topic_isolated_async(
+                &broker.bootstrap(),
+                &dead_letter_topic,
+                Duration::from_secs(5),
+                Isolation::ReadCommitted,
+            )
+            .await?;
+            Ok((letters.len() >= large.len()).then_some(letters))
+        },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    anyhow::ensure!(siphon.is_running(), "Siphon stopped:\n{}", siphon.log());
+    let seen = count_by_id(&read_event_records_isolated(&broker, Isolation::ReadCommitted).await?);
+    let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "read_committed saw events more than once: {repeated:?}\n{}",
+        siphon.log()
+    );
+    assert_eq!(
+        seen.keys().cloned().collect::<BTreeSet<_>>(),
+        expected,
+        "every other row once, no refused one"
+    );
+    assert_eq!(
+        count_by_id(&letters).into_iter().collect::<Vec<_>>(),
+        large.iter().map(|seq| (id(*seq), 1)).collect::<Vec<_>>(),
+        "each refused row dead-lettered once\n{}",
+        siphon.log()
+    );
     Ok(())
 }
