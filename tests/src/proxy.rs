@@ -340,6 +340,8 @@ pub fn intercept(fault: &ProduceFault, frame: &[u8]) -> Option<Intercept> {
 struct Shared {
     links: [Link; 2],
     paused: watch::Sender<bool>,
+    /// Pauses the proxy once a client sent bytes containing this (after passing them on).
+    pause_after: Mutex<Option<Vec<u8>>>,
     accepted: AtomicU64,
     /// Whether connections are forwarded frame by frame (Kafka mode).
     kafka: bool,
@@ -495,6 +497,7 @@ impl ThrottlingProxy {
         let shared = Arc::new(Shared {
             links: [Link::new(), Link::new()],
             paused: watch::channel(false).0,
+            pause_after: Mutex::new(None),
             accepted: AtomicU64::new(0),
             kafka,
             fault: Mutex::new(None),
@@ -558,6 +561,17 @@ impl ThrottlingProxy {
     }
 
     /// Forwards again after [`ThrottlingProxy::pause`].
+    /// Pauses the proxy, both ways and for every connection, right after a client's bytes
+    /// containing `marker` were passed on (once): the server gets the request, its answer is
+    /// held.
+    pub fn pause_after_client_sends(&self, marker: &[u8]) {
+        *self
+            .shared
+            .pause_after
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(marker.to_vec());
+    }
+
     pub fn resume(&self) {
         self.shared.paused.send_replace(false);
     }
@@ -778,6 +792,19 @@ async fn pump(
             }
             sent += granted;
             link.forwarded.fetch_add(granted as u64, Ordering::Relaxed);
+        }
+        if direction == Direction::ToServer {
+            let mut pause_after = shared
+                .pause_after
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let seen = pause_after.as_ref().is_some_and(|m| {
+                !m.is_empty() && buf[..n].windows(m.len()).any(|w| w == m.as_slice())
+            });
+            if seen {
+                *pause_after = None;
+                shared.paused.send_replace(true);
+            }
         }
     }
     let _ = to.shutdown().await;

@@ -6,6 +6,9 @@
 //!   [`crate::wire`]), so they can sit in a `select!`.
 //! - Read-ahead is bounded by bytes: `SourceConfig::read_ahead_bytes` of messages read and not
 //!   yet decoded (one larger message is read alone).
+//! - Starting is bounded: the login, and then the commands up to `START_REPLICATION`'s answer,
+//!   each within the connect timeout (`connect_timeout` in the URL, else 30 s); an unanswered
+//!   start is a lost connection, retried with the supervisor's backoff.
 
 use crate::assembly::{SlotAssembler, SourceEvent};
 use crate::error::{Interruption, LoginTls, Query, SourceOperation, Subject};
@@ -91,27 +94,43 @@ impl ReplicationStream {
             }),
         };
         let failed = |operation, e| SourceError::from_replication_about(operation, subject, e);
+        let start_timeout = login.timeout;
         let mut session = Session::connect(login)
             .await
             .map_err(|e| failed(SourceOperation::ReplicationLogin, e))?;
-        before_start(&mut session, config, slot, params.target)
-            .await
-            .map_err(|e| match e {
-                BeforeStart::Wire(operation, e) => failed(operation, e),
-                BeforeStart::Source(e) => e,
-            })?;
         // Reported by every server at login; UTF8 (content must then be UTF-8) if not.
         let encoding =
             DatabaseEncoding::from_server_encoding(session.server_encoding().unwrap_or("UTF8"));
-        let wire = session
-            .start_replication(
-                &start_command(config, start_lsn),
-                start_lsn,
-                config.read_ahead_bytes,
-                config.status_interval,
-            )
-            .await
-            .map_err(|e| failed(SourceOperation::StartReplication, e))?;
+        // Bounded as the login is: a path that black-holes once the server took the slot would
+        // otherwise hold this session here, before any stall check runs, for good.
+        let starting = async {
+            before_start(&mut session, config, slot, params.target)
+                .await
+                .map_err(|e| match e {
+                    BeforeStart::Wire(operation, e) => failed(operation, e),
+                    BeforeStart::Source(e) => e,
+                })?;
+            session
+                .start_replication(
+                    &start_command(config, start_lsn),
+                    start_lsn,
+                    config.read_ahead_bytes,
+                    config.status_interval,
+                )
+                .await
+                .map_err(|e| failed(SourceOperation::StartReplication, e))
+        };
+        let wire = match tokio::time::timeout(start_timeout, starting).await {
+            Ok(started) => started?,
+            Err(_) => {
+                return Err(failed(
+                    SourceOperation::StartReplication,
+                    WireError::StartTimeout {
+                        seconds: start_timeout.as_secs(),
+                    },
+                ))
+            }
+        };
         info!(slot = %config.slot, from = %start_lsn, host = %endpoint, %sslmode, "streaming");
         let escalation = Arc::new(std::sync::Mutex::new(escalation));
         Ok(ReplicationStream {

@@ -2,7 +2,8 @@
 //! on a table outside the publication (as it is written, then its commit; or all of it when
 //! Siphon restarts behind it), the stream carries nothing, for far longer than
 //! `stall_timeout_secs = 1`. Siphon asks the server, sees the walsender working, keeps the
-//! connection, and the outbox events written afterwards arrive.
+//! connection, and the outbox events written afterwards arrive. The other side: a connection
+//! that carries nothing is a stall, and a start of replication never answered is tried again.
 
 use anyhow::{Context, Result};
 use siphon_tests::outbox::{
@@ -131,6 +132,12 @@ async fn a_connection_that_carries_nothing_is_still_a_stall() -> Result<()> {
         )
         .replace(&format!("127.0.0.1:{}", pg.port()), &proxy.address());
     let siphon = start_streaming(&client, &config, "cut").await?;
+    // The slot is taken before Siphon reads the server's answer: paused in between, this
+    // would test the start's timeout instead (a_replication_start_that_is_never_answered_…).
+    siphon
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await
+        .with_context(|| siphon.log())?;
 
     proxy.pause();
     let first: Vec<Event> = (1..=10).map(|s| event(s, true)).collect();
@@ -151,6 +158,48 @@ async fn a_connection_that_carries_nothing_is_still_a_stall() -> Result<()> {
         .find(|l| l.contains("replication connection stalled"))
         .unwrap_or_default();
     eprintln!("{stall}");
+    assert!(siphon.is_running());
+    Ok(())
+}
+
+/// A path that black-holes right after the server took the slot (`START_REPLICATION` passed
+/// on, its answer held): the start is given up at the connect timeout and tried again, so the
+/// session neither hangs before its stall checks run nor keeps the slot's WAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replication_start_that_is_never_answered_is_tried_again() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let mut client = pg.connect().await?;
+    client.batch_execute(OUTBOX_DDL).await?;
+    let proxy = ThrottlingProxy::start(format!("127.0.0.1:{}", pg.port()).parse()?)?;
+    let direct = format!("127.0.0.1:{}/siphon", pg.port());
+    let config = siphon_config(&pg, &broker, "unanswered", "").replace(
+        &direct,
+        &format!("{}/siphon?connect_timeout=3", proxy.address()),
+    );
+    proxy.pause_after_client_sends(b"START_REPLICATION");
+    let siphon = SiphonProcess::start(&config)?;
+    siphon
+        .wait_for_log(
+            "did not answer the start of replication within 3 s",
+            Duration::from_secs(60),
+        )
+        .await
+        .with_context(|| siphon.log())?;
+    proxy.resume();
+    let events: Vec<Event> = (1..=10).map(|s| event(s, true)).collect();
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { slot_active(&client, "unanswered").await },
+    )
+    .await
+    .with_context(|| siphon.log())?;
+    insert_transaction(&mut client, &events, true).await?;
+    let expected: BTreeSet<String> = events.iter().map(|e| e.id.clone()).collect();
+    wait_for_each_once(&broker, &expected, Duration::from_secs(90))
+        .await
+        .with_context(|| format!("siphon log:\n{}", siphon.log()))?;
     assert!(siphon.is_running());
     Ok(())
 }

@@ -17,6 +17,10 @@ pub enum WireError {
     /// Opening the session took longer than the connect timeout.
     #[error("connecting to {address}: no answer within {seconds} s")]
     ConnectTimeout { address: String, seconds: u64 },
+    /// The server did not answer the commands that start replication (`IDENTIFY_SYSTEM`,
+    /// `START_REPLICATION`, …) within the connect timeout: the path to it may be a black hole.
+    #[error("the server did not answer the start of replication within {seconds} s")]
+    StartTimeout { seconds: u64 },
     /// `sslmode` requires TLS and the server answered the SSL request with "no".
     #[error("the server does not support TLS (ssl = off)")]
     TlsUnsupported,
