@@ -4,8 +4,8 @@
 //!   replace the producer and when to stop), with time as a parameter: siphon-core's session
 //!   engine over Siphon's errors.
 //! - [`driver`]: the thin async loop that does the IO the core asks for, through a [`Sink`]
-//!   that a [`Destination`] opens ([`sink`]: Kafka's; `memory_sink`: the in-memory one of the
-//!   driver's tests).
+//!   that a [`Destination`] opens ([`sink`]: Kafka's; the driver's tests in
+//!   `crates/siphon/tests/driver` bring an in-memory one).
 //! - [`note`]: what the core noticed, as values; [`recorder`]: the driver's side, which logs
 //!   and counts them.
 //! - [`ledger`] (from `siphon_core`): the one per-transaction, per-record book behind the
@@ -20,10 +20,6 @@
 
 pub mod core;
 pub mod driver;
-#[cfg(test)]
-mod driver_tests;
-#[cfg(test)]
-pub mod memory_sink;
 pub mod recorder;
 pub mod sink;
 

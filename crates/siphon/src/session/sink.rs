@@ -2,7 +2,7 @@
 //! and the [`Destination`] that opens one for each session.
 //!
 //! Kafka is the destination Siphon runs with ([`KafkaDestination`], over
-//! [`siphon_kafka_sink::KafkaSink`]); the in-memory one (`memory_sink`) lets the
+//! [`siphon_kafka_sink::KafkaSink`]); the in-memory one of `crates/siphon/tests/driver` lets the
 //! driver's own tests hold, fail and read back every record without a broker.
 //!
 //! # Invariants

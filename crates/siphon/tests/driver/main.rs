@@ -1,10 +1,12 @@
 //! The driver against a real PostgreSQL and the in-memory destination: what it confirms, sends,
 //! holds and commits, with every report given when the test says.
 
-use super::memory_sink::{MemoryDestination, SinkEvent};
-use super::{run_session_with, Carry, PipelineSettings};
-use crate::error::PipelineError;
-use crate::telemetry::Metrics;
+mod memory_sink;
+
+use memory_sink::{MemoryDestination, SinkEvent};
+use siphon::error::PipelineError;
+use siphon::session::{run_session_with, Carry, PipelineSettings};
+use siphon::telemetry::Metrics;
 use siphon_kafka_sink::RDKafkaErrorCode;
 use siphon_router::RoutedRecord;
 use siphon_tests::outbox::{
@@ -46,8 +48,8 @@ shutdown_timeout_secs = 2
         url = pg.url()
     );
     let table: toml::Table = toml::from_str(&text).expect("a valid TOML document");
-    let config = crate::config::Config::from_table(table).expect("a valid configuration");
-    crate::settings::build(&config).expect("settings")
+    let config = siphon::config::Config::from_table(table).expect("a valid configuration");
+    siphon::settings::build(&config).expect("settings")
 }
 
 /// A cluster with the outbox table and its publication.

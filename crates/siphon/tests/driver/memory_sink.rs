@@ -11,8 +11,8 @@
 //!   transaction's never appear there. [`MemoryDestination::written`] is every record
 //!   delivered, in delivery order.
 
-use super::sink::{Destination, Probe, Sink};
-use super::ExactlyOnce;
+use siphon::session::sink::{Destination, Probe, Sink};
+use siphon::session::ExactlyOnce;
 use siphon_kafka_sink::{
     Delivered, Delivery, DeliveryError, DeliveryObserver, RDKafkaErrorCode, SinkConfig, SinkError,
     StateTopicError,
