@@ -113,13 +113,12 @@ pub async fn before_streaming(
             settings,
             metrics,
             &log,
-            &mut reader,
+            reader,
             progress,
             slot,
             transactional,
         )
         .await?;
-        reader.finish().await?;
         return Ok(());
     }
     match log.read().await? {
@@ -152,36 +151,35 @@ pub async fn before_streaming(
                 rows_sent = progress.rows_sent,
                 "the initial snapshot was interrupted: reading the outbox tables again as they are now, from the last row acknowledged, before streaming from the slot's consistent point (rows committed since may arrive twice)"
             );
-            let mut reader = RowReader::connect(&settings.source, &slot.endpoint).await?;
+            let reader = RowReader::connect(&settings.source, &slot.endpoint).await?;
             send_all(
                 settings,
                 metrics,
                 &log,
-                &mut reader,
+                reader,
                 progress,
                 slot,
                 transactional,
             )
-            .await?;
-            reader.finish().await?;
-            Ok(())
+            .await
         }
         _ => Ok(()),
     }
 }
 
-/// Reads and sends every table of the plan from where `progress` is, and records the snapshot
-/// as done; exactly-once, in the Kafka transactions of `transactional`.
+/// Reads with `reader` and sends every table of the plan from where `progress` is, records the
+/// snapshot as done and ends the reader; exactly-once, in the Kafka transactions of
+/// `transactional`.
 async fn send_all(
     settings: &PipelineSettings,
     metrics: &Arc<Metrics>,
     log: &ProgressLog,
-    reader: &mut RowReader,
+    mut reader: RowReader,
     mut progress: TransferProgress,
     slot: &SlotState,
     transactional: Option<(Sender, Transactional)>,
 ) -> Result<(), PipelineError> {
-    let described = describe_all(settings, reader, &mut progress).await?;
+    let described = describe_all(settings, &mut reader, &mut progress).await?;
     // Exactly-once: a run of the snapshot that the broker's refusal of a record aborted runs
     // again from its last committed progress, in the same snapshot of the rows, with the
     // refused records as suspects (see crate::transfer_transaction).
@@ -218,9 +216,10 @@ async fn send_all(
         };
         let started = *first_started.get_or_insert(copy.started());
         let run_from = progress.clone();
-        let error = match copy_all(&mut copy, reader, &described, &mut progress).await {
+        let error = match copy_all(&mut copy, &mut reader, &described, &mut progress).await {
             Ok(()) => {
                 transfer::finished(TransferKind::Snapshot, progress.rows_sent, started, metrics);
+                reader.finish().await?;
                 return Ok(());
             }
             Err(error) => error,

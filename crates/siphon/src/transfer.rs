@@ -154,6 +154,13 @@ impl TransferProgress {
         }
     }
 
+    /// Whether `self`, a progress committed in Kafka transactions, is of the transfer whose
+    /// record in the state topic is `recorded`: a record an earlier transfer under the same key
+    /// left (a snapshot of an earlier slot of the same name) started at another time.
+    pub fn continues(&self, recorded: &TransferProgress) -> bool {
+        self.started_ms == recorded.started_ms
+    }
+
     /// Whether `table` was read to its end.
     pub fn finished(&self, table: &TableName) -> bool {
         self.tables_done.contains(&table.to_string())
@@ -863,10 +870,9 @@ async fn committed_snapshot(
             return None;
         }
     };
-    // A record of an earlier slot of the same name started at another time.
     parse_progress(exactly_once.progress_topic.topic(), key, &bytes)
         .ok()
-        .filter(|committed| committed.started_ms == recorded.started_ms)
+        .filter(|committed| committed.continues(recorded))
 }
 
 /// One line on `progress` for `siphon status`: what, where, how far, how fast, how long still.

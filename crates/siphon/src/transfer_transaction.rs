@@ -19,8 +19,9 @@
 //!   rows' records and their dead letters) was acknowledged, with the progress naming the last
 //!   key of its last chunk as its last record: a committed progress covers exactly the rows
 //!   committed, which are every row before it in key order.
-//! - A committed progress is used only for the snapshot of the slot's consistent point it
-//!   names ([`resume_from`]): a record left by an earlier slot of the same name is ignored.
+//! - A committed progress is used only for the snapshot that started it ([`resume_from`],
+//!   [`TransferProgress::continues`], which `siphon status` asks too): a record left by an
+//!   earlier slot of the same name is ignored.
 //! - Nothing is committed once the transfer failed: it ends, and its open transaction is
 //!   aborted (or by the next registration). A run of the snapshot ended by the broker's
 //!   refusal of a record (with dead letters) is followed by another, from the last progress
@@ -155,18 +156,20 @@ impl Transactional {
 }
 
 /// Where an interrupted snapshot of the slot whose consistent point is `consistent_point`
-/// resumes: after the progress `committed` in the progress topic when it is this snapshot's;
-/// otherwise where the state topic's record `recorded` says (no row of this snapshot was
-/// committed in a Kafka transaction).
+/// resumes: after the progress `committed` in the progress topic when it is this snapshot's
+/// ([`TransferProgress::continues`]); otherwise where the state topic's record `recorded` says
+/// (no row of this snapshot was committed in a Kafka transaction).
 pub fn resume_from(
     recorded: TransferProgress,
     committed: Option<TransferProgress>,
     consistent_point: Lsn,
 ) -> TransferProgress {
-    let id = consistent_point.to_string();
     match committed {
-        Some(committed) if committed.id == id => committed,
-        _ => TransferProgress { id, ..recorded },
+        Some(committed) if committed.continues(&recorded) => committed,
+        _ => TransferProgress {
+            id: consistent_point.to_string(),
+            ..recorded
+        },
     }
 }
 
@@ -190,6 +193,7 @@ mod tests {
         // state topic says, for this consistent point.
         let mut stale = committed.clone();
         stale.id = Lsn(0x10).to_string();
+        stale.started_ms = recorded.started_ms.saturating_sub(60_000);
         for committed in [None, Some(stale)] {
             let resumed = resume_from(recorded.clone(), committed, point);
             assert_eq!(resumed.id, point.to_string());
