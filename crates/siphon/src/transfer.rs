@@ -225,7 +225,7 @@ impl ProgressLog {
 /// A transfer's own producer, and its delivery reports.
 pub struct Sender {
     pub(crate) sink: KafkaSink,
-    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    pub(crate) deliveries: mpsc::UnboundedReceiver<Delivery>,
 }
 
 impl Sender {

@@ -30,6 +30,7 @@
 
 use crate::error::PipelineError;
 use crate::pipeline::{ExactlyOnce, PipelineSettings};
+use crate::session::{transactional, KafkaDestination};
 use crate::transfer::{Sender, TransferError, TransferProgress};
 use bytes::Bytes;
 use pgoutput::Lsn;
@@ -60,23 +61,11 @@ impl Transactional {
         server: Option<&ServerIdentity>,
         key: String,
     ) -> Result<(Sender, Transactional), PipelineError> {
-        exactly_once
-            .progress_topic
-            .ensure()
-            .await
-            .map_err(PipelineError::ProgressTopic)?;
-        let source = crate::session::transactional::Source::new(settings, exactly_once, server)?;
-        let mut config = settings.sink.clone();
-        config.transactional_id = Some(source.transactional_id);
-        let mut sender = Sender::new(&config)?;
-        // The progress topic exists: its records never wait for a creation.
-        sender
-            .sink
-            .topic_created(exactly_once.progress_topic.topic());
-        sender
-            .sink
-            .init_transactions(crate::session::transactional::INIT_TIMEOUT)
-            .await?;
+        let source = transactional::Source::new(settings, exactly_once, server)?;
+        let (sink, deliveries) =
+            transactional::register(&KafkaDestination, settings, exactly_once, &source, None)
+                .await?;
+        let sender = Sender { sink, deliveries };
         Ok((
             sender,
             Transactional {

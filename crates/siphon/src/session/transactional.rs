@@ -35,7 +35,7 @@ use tracing::{info, warn};
 pub const PROGRESS_TOKEN: usize = usize::MAX;
 
 /// How long registering the producer may take (the coordinator may be loading its log).
-pub const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long aborting the open transaction at a session's failed end may take.
 pub const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -102,6 +102,29 @@ pub struct Opened<S> {
     pub source: Source,
 }
 
+/// The transactional producer of `source` on `destination`, registered with its coordinator
+/// (fencing older producers with its id and aborting what they left open), the progress topic
+/// made sure of (its records never wait for a creation); and its delivery channel. Both the
+/// stream and the exactly-once snapshot register through here.
+pub async fn register<D: Destination>(
+    destination: &D,
+    settings: &PipelineSettings,
+    exactly_once: &ExactlyOnce,
+    source: &Source,
+    observer: Option<Arc<dyn DeliveryObserver>>,
+) -> Result<(D::Sink, mpsc::UnboundedReceiver<Delivery>), PipelineError> {
+    destination
+        .ensure_progress_topic(exactly_once)
+        .await
+        .map_err(PipelineError::ProgressTopic)?;
+    let mut config = settings.sink.clone();
+    config.transactional_id = Some(source.transactional_id.clone());
+    let (mut sink, deliveries) = destination.open(&config, observer)?;
+    sink.topic_created(exactly_once.progress_topic.topic());
+    sink.init_transactions(INIT_TIMEOUT).await?;
+    Ok((sink, deliveries))
+}
+
 /// Creates the transactional producer of `source`, registers it (fencing older instances),
 /// and reads the last committed progress; the session streams from `endpoint`, starting at
 /// `start`.
@@ -114,16 +137,8 @@ pub async fn open<D: Destination>(
     start: Lsn,
     observer: Arc<dyn DeliveryObserver>,
 ) -> Result<Opened<D::Sink>, PipelineError> {
-    destination
-        .ensure_progress_topic(exactly_once)
-        .await
-        .map_err(PipelineError::ProgressTopic)?;
-    let mut config = settings.sink.clone();
-    config.transactional_id = Some(source.transactional_id.clone());
-    let (mut sink, deliveries) = destination.open(&config, Some(observer))?;
-    // The progress topic exists: its records never wait for a creation on the session loop.
-    sink.topic_created(exactly_once.progress_topic.topic());
-    sink.init_transactions(INIT_TIMEOUT).await?;
+    let (sink, deliveries) =
+        register(destination, settings, exactly_once, &source, Some(observer)).await?;
     let value = destination
         .committed_progress(exactly_once, source.key.as_bytes())
         .await
