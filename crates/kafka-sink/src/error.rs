@@ -495,7 +495,11 @@ pub fn explicit(code: RDKafkaErrorCode) -> Option<DeliveryConsequence> {
         | C::StaleControllerEpoch
         | C::NotController
         | C::StaleBrokerEpoch
-        | C::RebootstrapRequired => ProducerFailed,
+        | C::RebootstrapRequired
+        // A transactional producer takes no record once its transaction failed (a record of
+        // it refused, its report perhaps still on the way): the transaction is aborted and
+        // sent again by a new producer.
+        | C::State => ProducerFailed,
 
         // Authorization, security and configuration: the operator must act.
         C::TopicAuthorizationFailed
@@ -529,7 +533,6 @@ pub fn explicit(code: RDKafkaErrorCode) -> Option<DeliveryConsequence> {
         | C::UnknownProtocol
         | C::InvalidType
         | C::ReadOnly
-        | C::State
         | C::Conflict
         | C::TopicDeletionDisabled
         | C::ListenerNotFound
